@@ -1,0 +1,67 @@
+# Quartermaster: the two commands that matter are `make up` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard protos/qm/v1/*.proto)
+GEN_STAMP := gen/.generated
+TEST_KAFKA := QM_KAFKA_DIR=$(CURDIR)/.local/kafka-test QM_KAFKA_PORT=19092
+
+.PHONY: install protos up down test test-unit lint typecheck bench kafka-start kafka-stop clean
+
+install: $(STAMP) $(GEN_STAMP)
+
+# gen/qm must exist before the editable install so that the package is found.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	mkdir -p gen/qm/v1 && touch gen/qm/__init__.py gen/qm/v1/__init__.py
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+protos: $(GEN_STAMP)
+
+$(GEN_STAMP): $(PROTOS) $(STAMP)
+	mkdir -p gen/qm/v1 && touch gen/qm/__init__.py gen/qm/v1/__init__.py
+	$(PY) -m grpc_tools.protoc -I protos \
+	  --python_out=gen --grpc_python_out=gen \
+	  --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=gen \
+	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=gen \
+	  $(PROTOS)
+	touch gen/qm/py.typed $@
+
+up: install
+	deploy/local/stack.sh up
+
+down:
+	deploy/local/stack.sh down
+
+kafka-start:
+	deploy/local/kafka.sh start
+
+kafka-stop:
+	deploy/local/kafka.sh stop
+
+# Starts a broker of its own (separate port and data folder), runs every test,
+# and stops the broker whatever the outcome.
+test: install
+	$(TEST_KAFKA) deploy/local/kafka.sh start
+	rm -rf .local/test-run; \
+	QM_KAFKA_BOOTSTRAP=127.0.0.1:19092 $(PY) -m pytest -q; status=$$?; \
+	$(TEST_KAFKA) deploy/local/kafka.sh stop; exit $$status
+
+test-unit: install
+	$(PY) -m pytest -q -m 'not kafka'
+
+lint: install
+	$(BIN)/ruff check libs services cli tests
+	$(BIN)/ruff format --check libs services cli tests
+	$(BIN)/mypy
+
+bench: install
+	$(PY) -m tests.perf.bench
+
+clean: down
+	rm -rf $(VENV) gen .local

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# A real, single-node Apache Kafka (KRaft: broker and controller in one JVM)
+# on loopback, assembled from Maven Central artifacts. Usage:
+#   deploy/local/kafka.sh start|stop|status
+# Settings (environment): QM_KAFKA_DIR (data, logs and jars; default .local/kafka),
+# QM_KAFKA_PORT (client port, default 9092; the controller uses the next one).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+dir="${QM_KAFKA_DIR:-$root/.local/kafka}"
+port="${QM_KAFKA_PORT:-9092}"
+controller_port=$((port + 1))
+libs="$root/.local/kafka-libs"        # jars are shared by every data folder
+pidfile="$dir/kafka.pid"
+
+fetch_jars() {
+  [ -f "$libs/.complete" ] && return
+  echo "kafka: resolving the broker from Maven Central (pinned in deploy/local/kafka/pom.xml)"
+  rm -rf "$libs"
+  mvn -q -B -Dstyle.color=never -f "$here/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$libs"
+  touch "$libs/.complete"
+}
+
+java_args=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+  -Dkafka.logs.dir="$dir/logs" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties"
+  -cp "$libs/*")
+
+write_config() {
+  mkdir -p "$dir/data" "$dir/logs"
+  cat > "$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$controller_port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$dir/data
+# One broker: internal topics cannot be replicated.
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# Quartermaster creates its topics explicitly (libs/bus/topics.py).
+auto.create.topics.enable=false
+num.partitions=1
+PROPS
+}
+
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+
+start() {
+  if running; then echo "kafka: already running on 127.0.0.1:$port"; return; fi
+  command -v java >/dev/null || { echo "kafka: java (17+) is required" >&2; exit 1; }
+  fetch_jars
+  write_config
+  if [ ! -f "$dir/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id="$(java "${java_args[@]}" kafka.tools.StorageTool random-uuid)"
+    java "${java_args[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >/dev/null
+    echo "kafka: formatted KRaft storage in $dir/data (cluster $cluster_id)"
+  fi
+  : > "$dir/logs/server.log"
+  java "${java_args[@]}" kafka.Kafka "$dir/server.properties" </dev/null >"$dir/logs/stdout.log" 2>&1 &
+  echo $! > "$pidfile"
+  for _ in $(seq 1 120); do
+    if grep -q "Kafka Server started" "$dir/logs/server.log" 2>/dev/null \
+      && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "kafka: ready on 127.0.0.1:$port (data in $dir)"
+      return
+    fi
+    if ! running; then
+      echo "kafka: the broker exited; last lines of its logs:" >&2
+      tail -n 30 "$dir/logs/stdout.log" "$dir/logs/server.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  echo "kafka: not ready after 60 s; see $dir/logs/server.log" >&2
+  exit 1
+}
+
+stop() {
+  if ! running; then rm -f "$pidfile"; echo "kafka: not running"; return; fi
+  local pid; pid="$(cat "$pidfile")"
+  kill -TERM "$pid"
+  for _ in $(seq 1 60); do
+    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; echo "kafka: stopped"; return; }
+    sleep 0.5
+  done
+  echo "kafka: did not stop in 30 s, killing" >&2
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+}
+
+status() {
+  if running; then echo "kafka: running (pid $(cat "$pidfile")) on 127.0.0.1:$port"
+  else echo "kafka: not running"; return 1; fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""Shared code: events, Kafka plumbing, the pure scheduling core, telemetry."""

@@ -1,0 +1,116 @@
+"""Consume envelopes; undecodable records go to the dead-letter topic."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from opentelemetry.context import Context
+from qm.v1 import events_pb2
+
+from libs.bus.deadletter import dead_letter
+from libs.bus.producer import EventProducer
+from libs.bus.settings import KafkaSettings
+from libs.events import DecodeError, decode
+from libs.telemetry import extract_context
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One decoded record and where it sits in the log."""
+
+    envelope: events_pb2.Envelope
+    topic: str
+    partition: int
+    offset: int
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def context(self) -> Context:
+        return extract_context(self.headers)
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class EventConsumer:
+    """Wraps one aiokafka consumer.
+
+    Reads only committed records (``read_committed``) so that placement's
+    transactional output is seen exactly once, all or nothing.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topics: list[str],
+        *,
+        name: str,
+        deadletter_topic: str,
+        deadletter_producer: EventProducer,
+        group_id: str | None = None,
+        auto_offset_reset: str = "earliest",
+        enable_auto_commit: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.name = name
+        self._topics = topics
+        self._deadletter_topic = deadletter_topic
+        self._deadletter_producer = deadletter_producer
+        self._consumer = AIOKafkaConsumer(
+            **settings.client_kwargs(),
+            client_id=name,
+            group_id=group_id,
+            auto_offset_reset=auto_offset_reset,
+            enable_auto_commit=enable_auto_commit,
+            isolation_level="read_committed",
+            **kwargs,
+        )
+
+    @property
+    def kafka(self) -> AIOKafkaConsumer:
+        return self._consumer
+
+    async def start(self, *, subscribe: bool = True, **subscribe_kwargs: Any) -> None:
+        await self._consumer.start()
+        if subscribe:
+            self._consumer.subscribe(self._topics, **subscribe_kwargs)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def batches(self, timeout_ms: int = 500) -> AsyncIterator[list[Delivery]]:
+        """Yield decoded records a batch at a time (possibly empty), forever."""
+        while True:
+            polled = await self._consumer.getmany(timeout_ms=timeout_ms)
+            batch: list[Delivery] = []
+            for records in polled.values():
+                for record in records:
+                    delivery = await self.decode(record)
+                    if delivery is not None:
+                        batch.append(delivery)
+            yield batch
+
+    async def decode(self, record: ConsumerRecord[bytes, bytes]) -> Delivery | None:
+        try:
+            env = decode(record.value)
+        except DecodeError as exc:
+            await dead_letter(
+                self._deadletter_producer,
+                self._deadletter_topic,
+                record,
+                reason=str(exc),
+                consumer=self.name,
+            )
+            return None
+        return Delivery(
+            envelope=env,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            headers=tuple(record.headers or ()),
+        )

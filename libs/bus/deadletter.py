@@ -1,0 +1,38 @@
+"""Records that cannot be decoded are parked, with the reason, and skipped."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.structs import ConsumerRecord
+
+from libs.bus.producer import EventProducer
+
+log = logging.getLogger(__name__)
+
+REASON = "qm-dlq-reason"
+SOURCE_TOPIC = "qm-dlq-topic"
+SOURCE_PARTITION = "qm-dlq-partition"
+SOURCE_OFFSET = "qm-dlq-offset"
+CONSUMER = "qm-dlq-consumer"
+
+
+async def dead_letter(
+    producer: EventProducer,
+    topic: str,
+    record: ConsumerRecord[bytes, bytes],
+    *,
+    reason: str,
+    consumer: str,
+) -> None:
+    headers = [
+        (REASON, reason.encode()),
+        (SOURCE_TOPIC, record.topic.encode()),
+        (SOURCE_PARTITION, str(record.partition).encode()),
+        (SOURCE_OFFSET, str(record.offset).encode()),
+        (CONSUMER, consumer.encode()),
+    ]
+    await producer.send_raw(topic, record.value, key=record.key, headers=headers)
+    log.warning(
+        "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+    )

@@ -1,0 +1,93 @@
+"""Topic names and settings from ``deploy/topics.yaml`` (or ``$QM_TOPICS``).
+
+``python -m libs.bus`` creates them; existing topics are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from libs.bus.settings import KafkaSettings
+
+_DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "topics.yaml"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    retention_ms: int | None = None
+    compacted: bool = False
+
+    def configs(self) -> dict[str, str]:
+        configs: dict[str, str] = {}
+        if self.compacted:
+            configs["cleanup.policy"] = "compact"
+        if self.retention_ms is not None:
+            configs["retention.ms"] = str(self.retention_ms)
+        return configs
+
+
+@dataclass(frozen=True)
+class Topics:
+    events: TopicSpec
+    decisions: TopicSpec
+    deadletter: TopicSpec
+    jobs_view: TopicSpec
+    nodes_view: TopicSpec
+
+    def all(self) -> list[TopicSpec]:
+        return [self.events, self.decisions, self.deadletter, self.jobs_view, self.nodes_view]
+
+
+def load_topic_config(path: Path | None = None) -> Topics:
+    path = path or Path(os.environ.get("QM_TOPICS", _DEFAULT))
+    raw = yaml.safe_load(path.read_text())
+    partitions = int(raw["partitions"])
+    replication = int(raw.get("replication_factor", 1))
+    specs = {
+        key: TopicSpec(
+            name=str(value["name"]),
+            partitions=int(value.get("partitions", partitions)),
+            replication_factor=replication,
+            retention_ms=value.get("retention_ms"),
+            compacted=bool(value.get("compacted", False)),
+        )
+        for key, value in raw["topics"].items()
+    }
+    return Topics(**specs)
+
+
+async def ensure_topics(settings: KafkaSettings, topics: Topics) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [spec for spec in topics.all() if spec.name not in existing]
+        created = []
+        for spec in wanted:
+            try:
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            name=spec.name,
+                            num_partitions=spec.partitions,
+                            replication_factor=spec.replication_factor,
+                            topic_configs=spec.configs(),
+                        )
+                    ]
+                )
+                created.append(spec.name)
+            except TopicAlreadyExistsError:
+                pass
+        return created
+    finally:
+        await admin.close()

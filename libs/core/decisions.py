@@ -1,0 +1,42 @@
+"""What the scheduler decides. Each becomes one output event at the service edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Place:
+    job_id: str
+    task_id: str
+    node_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The job cannot start now; ``reason`` is for the person who asks why."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Ask a node agent to stop a running task."""
+
+    job_id: str
+    task_id: str
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A job that never started is withdrawn."""
+
+    job_id: str
+    reason: str
+
+
+Decision = Place | Wait | Stop | Cancel

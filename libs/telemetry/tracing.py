@@ -1,0 +1,45 @@
+"""One tracer provider per service; the exporter is chosen by environment.
+
+``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp`` (which
+honours the standard ``OTEL_EXPORTER_OTLP_*`` variables).
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+
+def setup_tracing(service: str) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    exporter = _exporter(os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower())
+    if isinstance(exporter, ConsoleSpanExporter):
+        # Synchronous, so that the last spans are in the log when a service stops.
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def _exporter(name: str) -> SpanExporter | None:
+    if name in ("", "none"):
+        return None
+    if name == "console":
+        return ConsoleSpanExporter(
+            formatter=lambda span: span.to_json(indent=None) + os.linesep
+        )
+    if name == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: use none, console or otlp")
