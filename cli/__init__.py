@@ -1,0 +1,1 @@
+"""``qm``: the command line for researchers, managers and operators."""

@@ -2,6 +2,7 @@
 
 from libs.bus.consumer import Delivery, EventConsumer
 from libs.bus.producer import EventProducer
+from libs.bus.reader import LogReader
 from libs.bus.settings import KafkaSettings
 from libs.bus.topics import Topics, ensure_topics, load_topic_config
 
@@ -10,6 +11,7 @@ __all__ = [
     "EventConsumer",
     "EventProducer",
     "KafkaSettings",
+    "LogReader",
     "Topics",
     "ensure_topics",
     "load_topic_config",

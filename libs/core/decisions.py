@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libs.core.model import JobSpec
 
 @dataclass(frozen=True)
 class Place:
@@ -11,6 +12,7 @@ class Place:
     task_id: str
     node_id: str
     gpu_indices: tuple[int, ...]
+    spec: JobSpec
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class Scheduler:
                 )
                 task_id = f"{job_id}/0"
                 self._running[job_id] = _Running(task_id, fit.node_id, fit.gpu_indices)
-                decisions.append(Place(job_id, task_id, fit.node_id, fit.gpu_indices))
+                decisions.append(Place(job_id, task_id, fit.node_id, fit.gpu_indices, spec))
             elif self._reasons.get(job_id) != fit.reason:
                 self._reasons[job_id] = fit.reason
                 decisions.append(Wait(job_id, fit.reason))

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The whole Quartermaster stack on this machine: Kafka, the five services and
+# simulated nodes, each its own process. Usage: deploy/local/stack.sh up|down|status
+# Logs: .local/logs/<service>.log. Task output: .local/logs/tasks/<job>.log.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+py="${QM_PYTHON:-$root/.venv/bin/python}"
+run="$root/.local/run"
+logs="$root/.local/logs"
+services=(budget projector placement node_agent admission)
+
+export QM_KAFKA_BOOTSTRAP="${QM_KAFKA_BOOTSTRAP:-127.0.0.1:${QM_KAFKA_PORT:-9092}}"
+export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
+export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
+export PYTHONUNBUFFERED=1
+
+start_service() {
+  local name="$1"; shift
+  if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
+    echo "$name: already running"; return
+  fi
+  nohup "$py" -m "services.$name" "$@" </dev/null >>"$logs/$name.log" 2>&1 &
+  echo $! > "$run/$name.pid"
+}
+
+wait_for() {
+  "$py" deploy/local/wait_ready.py --timeout 90 "$@" || {
+    echo "stack: a service did not come up; see $logs/" >&2
+    tail -n 20 "$logs"/*.log >&2
+    exit 1
+  }
+}
+
+up() {
+  mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
+  deploy/local/kafka.sh start
+  "$py" -m libs.bus
+  if [ ! -s "$QM_AUTH_SECRET_FILE" ]; then
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$QM_AUTH_SECRET_FILE"
+    chmod 600 "$QM_AUTH_SECRET_FILE"
+  fi
+  start_service budget
+  start_service projector
+  wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/nodes
+  start_service placement
+  start_service node_agent --nodes deploy/local/nodes.yaml
+  start_service admission
+  wait_for grpc:127.0.0.1:50051
+  sign_in
+  cat <<MSG
+
+Quartermaster is up: 4 simulated nodes of 8 GPUs (deploy/local/nodes.yaml).
+  source .venv/bin/activate
+  qm submit --gpus 2 -- python -c 'print(42)'
+  qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
+Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
+MSG
+}
+
+# The local user is alice (deploy/local/budget.yaml); qm reads ~/.config/qm/token.
+sign_in() {
+  local file="${QM_TOKEN_FILE:-$HOME/.config/qm/token}"
+  mkdir -p "$(dirname "$file")"
+  "$py" -m cli token issue "${QM_LOCAL_USER:-alice}" > "$file"
+  chmod 600 "$file"
+  echo "signed in as ${QM_LOCAL_USER:-alice} (token in $file)"
+}
+
+stop_pid() {
+  local name="$1" pidfile="$run/$1.pid"
+  [ -f "$pidfile" ] || return 0
+  local pid; pid="$(cat "$pidfile")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$name: did not stop in 10 s, killing" >&2
+      pkill -KILL -P "$pid" 2>/dev/null || true
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$pidfile"
+  echo "$name: stopped"
+}
+
+down() {
+  local i
+  for ((i = ${#services[@]} - 1; i >= 0; i--)); do stop_pid "${services[$i]}"; done
+  deploy/local/kafka.sh stop
+}
+
+status() {
+  for name in "${services[@]}"; do
+    if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
+      echo "$name: running (pid $(cat "$run/$name.pid"))"
+    else
+      echo "$name: not running"
+    fi
+  done
+  deploy/local/kafka.sh status || true
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,131 @@
+"""The budget tree: weights, members and managers. Pure; refuses invalid trees.
+
+Each node's weight is its share among its siblings; a leaf's entitlement is
+the product of its shares down from the root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InvalidTree(ValueError):
+    """The tree breaks a rule; the message names the node."""
+
+
+@dataclass(frozen=True)
+class BudgetNode:
+    name: str
+    parent: str = ""
+    weight: float = 1.0
+    members: tuple[str, ...] = ()
+    managers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BudgetTree:
+    nodes: tuple[BudgetNode, ...]
+    _by_name: dict[str, BudgetNode] = field(init=False, repr=False, compare=False)
+    _children: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, BudgetNode] = {}
+        for node in self.nodes:
+            if not node.name:
+                raise InvalidTree("a node has no name")
+            if node.name in by_name:
+                raise InvalidTree(f"{node.name}: duplicate name")
+            if not node.weight > 0:
+                raise InvalidTree(f"{node.name}: weight must be > 0, got {node.weight}")
+            by_name[node.name] = node
+        roots = [n.name for n in self.nodes if not n.parent]
+        if len(roots) != 1:
+            raise InvalidTree(f"the tree needs exactly one root, found {len(roots)}: {roots}")
+        children: dict[str, list[str]] = {name: [] for name in by_name}
+        for node in self.nodes:
+            if node.parent:
+                if node.parent not in by_name:
+                    raise InvalidTree(f"{node.name}: unknown parent {node.parent!r}")
+                children[node.parent].append(node.name)
+        reachable = _descendants(roots[0], children)
+        if unreached := sorted(set(by_name) - reachable):
+            raise InvalidTree(f"{unreached[0]}: part of a cycle, not reachable from the root")
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_children", {k: tuple(sorted(v)) for k, v in children.items()})
+
+    @property
+    def root(self) -> str:
+        return next(n.name for n in self.nodes if not n.parent)
+
+    def node(self, name: str) -> BudgetNode | None:
+        return self._by_name.get(name)
+
+    def leaves(self) -> list[str]:
+        return sorted(name for name, kids in self._children.items() if not kids)
+
+    def allocations_of(self, user: str) -> list[str]:
+        """Leaves the user may submit to."""
+        return [leaf for leaf in self.leaves() if user in self._by_name[leaf].members]
+
+    def can_manage(self, user: str, name: str) -> bool:
+        """Managers of a node manage its whole subtree."""
+        current = self._by_name.get(name)
+        while current is not None:
+            if user in current.managers:
+                return True
+            current = self._by_name.get(current.parent)
+        return False
+
+    def entitlements(self) -> dict[str, float]:
+        """Each leaf's share of the whole cluster."""
+        shares: dict[str, float] = {}
+        stack = [(self.root, 1.0)]
+        while stack:
+            name, share = stack.pop()
+            kids = self._children[name]
+            if not kids:
+                shares[name] = share
+                continue
+            total = sum(self._by_name[k].weight for k in kids)
+            stack.extend((k, share * self._by_name[k].weight / total) for k in kids)
+        return dict(sorted(shares.items()))
+
+    def with_node(self, node: BudgetNode) -> BudgetTree:
+        """A new tree with ``node`` added or replaced (validated like any tree)."""
+        kept = [n for n in self.nodes if n.name != node.name]
+        return BudgetTree((*kept, node))
+
+
+def tree_from_dict(raw: Mapping[str, Any]) -> BudgetTree:
+    """Parse the nested YAML form: ``{name, weight, members, managers, children: [...]}``."""
+    nodes: list[BudgetNode] = []
+
+    def visit(entry: Mapping[str, Any], parent: str) -> None:
+        if not isinstance(entry, Mapping) or "name" not in entry:
+            raise InvalidTree(f"under {parent or 'the root'}: every node needs a name")
+        nodes.append(
+            BudgetNode(
+                name=str(entry["name"]),
+                parent=parent,
+                weight=float(entry.get("weight", 1.0)),
+                members=tuple(str(m) for m in entry.get("members", ())),
+                managers=tuple(str(m) for m in entry.get("managers", ())),
+            )
+        )
+        for child in entry.get("children", ()):
+            visit(child, str(entry["name"]))
+
+    visit(raw, "")
+    return BudgetTree(tuple(nodes))
+
+
+def _descendants(root: str, children: Mapping[str, Iterable[str]]) -> set[str]:
+    seen, stack = {root}, [root]
+    while stack:
+        for kid in children[stack.pop()]:
+            if kid not in seen:
+                seen.add(kid)
+                stack.append(kid)
+    return seen

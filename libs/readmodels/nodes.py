@@ -1,0 +1,92 @@
+"""The node read model: envelopes folded into ``qm.v1.Node``.
+
+A node's inventory comes from its agent's registrations; its running tasks from
+placement's ``task_placed`` and the agent's task ends. Running tasks are kept
+sorted by task id, so the same set of tasks always yields the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from qm.v1 import events_pb2, types_pb2
+
+from libs.events import event_type
+
+
+def node_key(env: events_pb2.Envelope) -> str | None:
+    """The id of the node an envelope changes; None when it changes none."""
+    node_id: str
+    match event_type(env):
+        case "node_registered":
+            node_id = env.node_registered.inventory.node_id
+        case "task_placed":
+            node_id = env.task_placed.node_id
+        case "task_finished":
+            node_id = env.task_finished.node_id
+        case "task_failed":
+            node_id = env.task_failed.node_id
+        case _:
+            return None
+    return node_id or None
+
+
+def apply_node_event(
+    node: types_pb2.Node | None, env: events_pb2.Envelope
+) -> types_pb2.Node | None:
+    """Fold one envelope into a node; returns a new message, never mutates its inputs.
+
+    A registration creates or replaces the inventory and keeps the running tasks
+    (an agent that restarts re-registers while its tasks still hold GPUs). A
+    placement on a node not registered yet creates it with an empty inventory,
+    so the task is not lost; a task end on an unknown node changes nothing.
+    """
+    node_id = node_key(env)
+    if node_id is None:
+        return node
+    if node is not None and node.inventory.node_id != node_id:
+        raise ValueError(
+            f"envelope for node {node_id!r} applied to node {node.inventory.node_id!r}"
+        )
+    kind = event_type(env)
+    if node is None and kind in ("task_finished", "task_failed"):
+        return None
+    new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
+    if node is not None:
+        new.CopyFrom(node)
+    match kind:
+        case "node_registered":
+            new.inventory.CopyFrom(env.node_registered.inventory)
+            new.registered_at.CopyFrom(env.occurred_at)
+        case "task_placed":
+            placed = env.task_placed
+            task = types_pb2.RunningTask(
+                job_id=placed.job_id, task_id=placed.task_id, gpu_indices=placed.gpu_indices
+            )
+            _set_running(new, [*_without(new.running, placed.task_id), task])
+        case "task_finished":
+            _set_running(new, _without(new.running, env.task_finished.task_id))
+        case "task_failed":
+            _set_running(new, _without(new.running, env.task_failed.task_id))
+    return new
+
+
+def nodes_in_cluster(nodes: Iterable[types_pb2.Node], *, cluster: str = "") -> list[types_pb2.Node]:
+    """Nodes of one cluster (all when empty), sorted by node id."""
+    chosen = [node for node in nodes if not cluster or node.inventory.cluster == cluster]
+    return sorted(chosen, key=lambda node: node.inventory.node_id)
+
+
+def _without(running: Iterable[types_pb2.RunningTask], task_id: str) -> list[types_pb2.RunningTask]:
+    return [task for task in running if task.task_id != task_id]
+
+
+def _set_running(node: types_pb2.Node, running: list[types_pb2.RunningTask]) -> None:
+    running.sort(key=lambda task: task.task_id)
+    # Copies: the tasks may still belong to the container being replaced.
+    copies = [
+        types_pb2.RunningTask(job_id=t.job_id, task_id=t.task_id, gpu_indices=t.gpu_indices)
+        for t in running
+    ]
+    del node.running[:]
+    node.running.extend(copies)

@@ -1,0 +1,1 @@
+"""Admission: the gRPC front door. Authenticates, validates, deduplicates, records."""

@@ -1,0 +1,42 @@
+"""Admission's cached view of the budget tree, fetched from the budget service."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
+
+from libs.core.budget_tree import BudgetTree
+from services.budget.book import tree_from_proto
+from services.grpc_server import bearer
+
+
+class BudgetUnavailable(Exception):
+    pass
+
+
+class BudgetView:
+    def __init__(self, target: str, token: str, ttl_s: float = 2.0) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = budget_service_pb2_grpc.BudgetServiceStub(self._channel)
+        self._metadata = bearer(token)
+        self._ttl_s = ttl_s
+        self._tree: BudgetTree | None = None
+        self._fetched = 0.0
+
+    async def tree(self) -> BudgetTree:
+        if self._tree is None or time.monotonic() - self._fetched > self._ttl_s:
+            try:
+                reply = await self._stub.GetTree(
+                    budget_service_pb2.GetTreeRequest(), metadata=self._metadata, timeout=5
+                )
+            except grpc.aio.AioRpcError as exc:
+                if self._tree is not None:  # stale beats unavailable
+                    return self._tree
+                raise BudgetUnavailable(f"budget service: {exc.details()}") from exc
+            self._tree, self._fetched = tree_from_proto(reply), time.monotonic()
+        return self._tree
+
+    async def close(self) -> None:
+        await self._channel.close()

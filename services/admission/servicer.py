@@ -1,0 +1,244 @@
+"""JobService and ClusterService: decode, check, call the core, record, answer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.message import Message
+from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, types_pb2
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+
+from libs.bus import EventProducer
+from libs.core import Limits, validate_job
+from libs.events import new_envelope
+from libs.events.convert import spec_from_proto
+from services.admission.budget_view import BudgetView
+from services.authn import caller
+from services.projector.client import ProjectorClient
+
+_NAMESPACE = uuid.UUID("6f1d7a4e-2b1c-4e55-9a43-6c1f0e6f0a11")
+_TERMINAL = {
+    types_pb2.JOB_STATE_REJECTED,
+    types_pb2.JOB_STATE_FINISHED,
+    types_pb2.JOB_STATE_FAILED,
+    types_pb2.JOB_STATE_CANCELLED,
+}
+PRODUCER = "admission"
+
+
+def job_id_for(user: str, client_request_id: str) -> str:
+    """Deterministic for a given request id, so retries land on the same job."""
+    if client_request_id:
+        return "j-" + uuid.uuid5(_NAMESPACE, f"{user}\n{client_request_id}").hex[:16]
+    return "j-" + uuid.uuid4().hex[:16]
+
+
+class JobServicer(js_grpc.JobServiceServicer):
+    def __init__(
+        self,
+        *,
+        producer: EventProducer,
+        topic: str,
+        budget: BudgetView,
+        projector: ProjectorClient,
+        limits: Limits,
+        secret: bytes,
+        watch_interval_s: float = 0.2,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._budget = budget
+        self._projector = projector
+        self._limits = limits
+        self._secret = secret
+        self._watch_interval_s = watch_interval_s
+        self._recent: OrderedDict[str, str] = OrderedDict()  # request key -> job id
+
+    async def SubmitJob(
+        self, request: js.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.SubmitJobResponse:
+        user = await caller(context, self._secret)
+        spec = types_pb2.JobSpec()
+        spec.CopyFrom(request.spec)
+        if spec.user and spec.user != user:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"{user} cannot submit as {spec.user}"
+            )
+        spec.user = user
+        spec.cluster = spec.cluster or "default"
+        tree = await self._budget.tree()
+        mine = tree.allocations_of(user)
+        if not spec.allocation and len(mine) == 1:
+            spec.allocation = mine[0]
+        job_id = job_id_for(user, spec.client_request_id)
+        if spec.client_request_id and await self._known(job_id):
+            return js.SubmitJobResponse(job_id=job_id, duplicate=True)
+
+        if not spec.allocation:
+            message = _membership(user, "", mine)
+            await self._reject(job_id, spec, "allocation", message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
+        violations = validate_job(spec_from_proto(spec), self._limits, tree.leaves())
+        if not violations and spec.allocation not in mine:
+            await self._reject(job_id, spec, "allocation", _membership(user, spec.allocation, mine))
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, _membership(user, spec.allocation, mine)
+            )
+        if violations:
+            message = "; ".join(str(v) for v in violations)
+            await self._reject(job_id, spec, violations[0].field, message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
+
+        await self._record(
+            [
+                events_pb2.JobSubmitted(job_id=job_id, spec=spec),
+                events_pb2.JobAdmitted(job_id=job_id, spec=spec),
+            ],
+            job_id,
+            spec.cluster,
+        )
+        if spec.client_request_id:
+            self._remember(job_id)
+        return js.SubmitJobResponse(job_id=job_id)
+
+    async def CancelJob(
+        self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.CancelJobResponse:
+        user = await caller(context, self._secret)
+        job = await self._job_or_abort(request.job_id, context)
+        tree = await self._budget.tree()
+        if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{user} may cancel only their own jobs or jobs of allocations they manage",
+            )
+        if job.state in _TERMINAL:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job.job_id} already ended ({types_pb2.JobState.Name(job.state)})",
+            )
+        await self._record(
+            [events_pb2.JobCancelRequested(job_id=job.job_id, requested_by=user)],
+            job.job_id,
+            job.spec.cluster or "default",
+        )
+        return js.CancelJobResponse(job_id=job.job_id)
+
+    async def GetJob(
+        self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> types_pb2.Job:
+        await caller(context, self._secret)
+        return await self._job_or_abort(request.job_id, context)
+
+    async def ListJobs(
+        self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> js.ListJobsResponse:
+        await caller(context, self._secret)
+        jobs = await self._projector.list_jobs(request.allocation, request.limit or 100)
+        return js.ListJobsResponse(jobs=jobs)
+
+    async def WatchJob(
+        self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[types_pb2.Job]:
+        await caller(context, self._secret)
+        last: types_pb2.Job | None = None
+        while True:
+            job = await self._projector.get_job(request.job_id)
+            if job is None and last is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
+            if job is not None and job != last:
+                yield job
+                last = job
+                if job.state in _TERMINAL:
+                    return
+            await asyncio.sleep(self._watch_interval_s)
+
+    async def ExplainJob(
+        self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.Explanation:
+        await caller(context, self._secret)
+        job = await self._job_or_abort(request.job_id, context)
+        return js.Explanation(job_id=job.job_id, state=job.state, reason=_explain(job))
+
+    async def _job_or_abort(
+        self, job_id: str, context: grpc.aio.ServicerContext
+    ) -> types_pb2.Job:
+        job = await self._projector.get_job(job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        assert job is not None
+        return job
+
+    async def _known(self, job_id: str) -> bool:
+        return job_id in self._recent or await self._projector.get_job(job_id) is not None
+
+    def _remember(self, job_id: str) -> None:
+        self._recent[job_id] = job_id
+        if len(self._recent) > 100_000:
+            self._recent.popitem(last=False)
+
+    async def _reject(
+        self, job_id: str, spec: types_pb2.JobSpec, field: str, reason: str
+    ) -> None:
+        await self._record(
+            [events_pb2.JobRejected(job_id=job_id, spec=spec, field=field, reason=reason)],
+            job_id,
+            spec.cluster or "default",
+        )
+
+    async def _record(self, payloads: list[Message], job_id: str, cluster: str) -> None:
+        """Append events in order and wait until the broker has all of them."""
+        acks = []
+        causation = ""
+        for payload in payloads:
+            env = new_envelope(
+                payload,
+                producer=PRODUCER,
+                cluster=cluster,
+                correlation_id=job_id,
+                causation_id=causation,
+            )
+            causation = env.event_id
+            acks.append(await self._producer.enqueue(self._topic, env, key=cluster))
+        await asyncio.gather(*acks)
+
+
+class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
+    def __init__(self, *, projector: ProjectorClient, secret: bytes) -> None:
+        self._projector = projector
+        self._secret = secret
+
+    async def ListNodes(
+        self, request: cluster_service_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_service_pb2.ListNodesResponse:
+        await caller(context, self._secret)
+        return cluster_service_pb2.ListNodesResponse(
+            nodes=await self._projector.list_nodes(request.cluster)
+        )
+
+
+def _membership(user: str, allocation: str, mine: list[str]) -> str:
+    if allocation:
+        return (
+            f"{user} is not a member of allocation {allocation!r}; "
+            f"member of: {', '.join(mine) or 'none'}"
+        )
+    return (
+        f"allocation: is required; {user} belongs to {len(mine)} allocations "
+        f"({', '.join(mine) or 'none'}): choose one with --allocation"
+    )
+
+
+def _explain(job: types_pb2.Job) -> str:
+    state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
+    if job.state == types_pb2.JOB_STATE_PENDING:
+        return job.reason or "waiting for the scheduler to consider it"
+    if job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING):
+        gpus = ",".join(str(g) for g in job.gpu_indices)
+        return f"{state} on {job.node_id} (GPUs {gpus})"
+    return f"{state}" + (f": {job.reason}" if job.reason else "")

@@ -1,0 +1,1 @@
+"""Budget: the budget tree and the usage ledger, both folded from the event log."""

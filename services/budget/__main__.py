@@ -1,0 +1,84 @@
+"""``python -m services.budget``: serve the budget tree and balances.
+
+Settings: ``QM_BUDGET_ADDR`` (listen address, default 127.0.0.1:50052),
+``QM_BUDGET_TREE`` (YAML that seeds an empty log; default
+deploy/local/budget.yaml), ``QM_CLUSTERS`` (comma-separated, default
+``default``), plus the Kafka and auth settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+import yaml
+
+from libs.auth import load_secret
+from libs.bus import EventProducer, KafkaSettings, LogReader, load_topic_config
+from libs.core.budget_tree import tree_from_dict
+from libs.telemetry import setup_tracing
+from services.budget.book import BudgetBook
+from services.budget.server import BudgetServicer, publish_tree
+from services.grpc_server import start_server
+from services.runtime import run_until_signalled
+from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
+
+log = logging.getLogger("budget")
+_DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budget.yaml"
+
+
+async def serve() -> None:
+    settings, topics = KafkaSettings.from_env(), load_topic_config()
+    clusters = os.environ.get("QM_CLUSTERS", "default").split(",")
+    book = BudgetBook()
+    reader = LogReader(settings, topics.events.name)
+    producer = EventProducer(settings, client_id="budget")
+    await reader.start()
+    await producer.start()
+    try:
+        replayed = await reader.catch_up(book.apply)
+        log.info("folded %d events; tree version %d", replayed, book.version)
+        if book.tree is None:
+            path = Path(os.environ.get("QM_BUDGET_TREE", _DEFAULT_TREE))
+            tree = tree_from_dict(yaml.safe_load(path.read_text()))
+            await publish_tree(
+                producer, topics.events.name, clusters, tree, 1, changed_by="budget", node=tree.root
+            )
+            book.tree, book.version = tree, 1
+            log.info("seeded the budget tree from %s", path)
+        servicer = BudgetServicer(
+            book, producer, topic=topics.events.name, clusters=clusters, secret=load_secret()
+        )
+        server, port = await start_server(
+            os.environ.get("QM_BUDGET_ADDR", "127.0.0.1:50052"),
+            [lambda s: budget_service_pb2_grpc.add_BudgetServiceServicer_to_server(servicer, s)],
+            [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
+        )
+        log.info("serving BudgetService on port %d", port)
+        follower = asyncio.create_task(reader.follow(book.apply))
+        try:
+            await server.wait_for_termination()
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+            await server.stop(grace=2)
+    finally:
+        await reader.stop()
+        await producer.stop()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
+        format="%(asctime)s budget %(levelname)s %(message)s",
+    )
+    setup_tracing("budget")
+    asyncio.run(run_until_signalled(serve()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""BudgetService over gRPC: anyone signed in reads; only managers change the tree."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types_pb2
+
+from libs.bus import EventProducer
+from libs.core.budget_tree import BudgetTree, InvalidTree
+from libs.events import new_envelope
+from services.authn import caller
+from services.budget.book import BudgetBook, node_from_proto, tree_to_proto
+
+
+class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
+    def __init__(
+        self,
+        book: BudgetBook,
+        producer: EventProducer,
+        *,
+        topic: str,
+        clusters: list[str],
+        secret: bytes,
+    ) -> None:
+        self._book = book
+        self._producer = producer
+        self._topic = topic
+        self._clusters = clusters
+        self._secret = secret
+        self._lock = asyncio.Lock()  # one change at a time: no lost updates
+
+    async def GetTree(
+        self, request: budget_service_pb2.GetTreeRequest, context: grpc.aio.ServicerContext
+    ) -> types_pb2.BudgetTree:
+        await caller(context, self._secret)
+        return tree_to_proto(self._tree(), self._book.version)
+
+    async def SetAllocation(
+        self, request: budget_service_pb2.SetAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> types_pb2.BudgetTree:
+        user = await caller(context, self._secret)
+        node = node_from_proto(request.node)
+        async with self._lock:
+            tree = self._tree()
+            existing = tree.node(node.name)
+            # Weights are claims against siblings, so changing a node takes a
+            # manager of its parent (of the root itself for the root).
+            guarded = {p for p in (node.parent, existing.parent if existing else "") if p}
+            guarded = guarded or {node.name}
+            denied = sorted(p for p in guarded if not tree.can_manage(user, p))
+            if denied:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{user} does not manage {denied[0]!r}; ask one of its managers",
+                )
+            try:
+                changed = tree.with_node(node)
+            except InvalidTree as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget tree: {exc}")
+            await publish_tree(
+                self._producer, self._topic, self._clusters, changed, self._book.version + 1,
+                changed_by=user, node=node.name,
+            )
+            self._book.tree, self._book.version = changed, self._book.version + 1
+            return tree_to_proto(changed, self._book.version)
+
+    async def GetBalances(
+        self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext
+    ) -> budget_service_pb2.Balances:
+        await caller(context, self._secret)
+        ledger = self._book.ledger
+        return budget_service_pb2.Balances(
+            balances=[
+                budget_service_pb2.Balance(
+                    allocation=leaf,
+                    entitlement=share,
+                    gpu_seconds=ledger.usage(leaf).allocated_gpu_s,
+                )
+                for leaf, share in self._tree().entitlements().items()
+            ]
+        )
+
+    def _tree(self) -> BudgetTree:
+        if self._book.tree is None:
+            raise RuntimeError("budget service is serving before its tree is loaded")
+        return self._book.tree
+
+
+async def publish_tree(
+    producer: EventProducer,
+    topic: str,
+    clusters: list[str],
+    tree: BudgetTree,
+    version: int,
+    *,
+    changed_by: str,
+    node: str,
+) -> None:
+    """Record a tree change in every cluster's scheduler input."""
+    payload = events_pb2.BudgetChanged(
+        tree=tree_to_proto(tree, version), changed_by=changed_by, node=node
+    )
+    for cluster in clusters:
+        env = new_envelope(payload, producer="budget", cluster=cluster, correlation_id=node)
+        await producer.send(topic, env, key=cluster)

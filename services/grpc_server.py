@@ -1,0 +1,41 @@
+"""A gRPC server with the standard health service and server reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+Registrar = Callable[[grpc.aio.Server], None]
+
+
+async def start_server(
+    address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
+) -> tuple[grpc.aio.Server, int]:
+    """Start serving; returns the server and the bound port (0 in ``address`` picks one)."""
+    server = grpc.aio.server(interceptors=[aio_server_interceptor()])
+    for register in registrars:
+        register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    await server.start()
+    for name in ("", *service_names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+def bearer(token: str) -> tuple[tuple[str, Any], ...]:
+    """Call metadata that authenticates as the holder of ``token``."""
+    return (("authorization", f"Bearer {token}"),)

@@ -1,0 +1,174 @@
+"""How a placed task runs: as a real process on its GPUs, or simulated by a timer.
+
+Both report an exit code the way ``subprocess`` does: negative when a signal ended
+the task, so a stopped task reads -15 (SIGTERM) or -9 (SIGKILL) under either executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shlex
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from qm.v1 import events_pb2
+
+
+class LaunchError(Exception):
+    """The task could not start; exit codes as in a shell: 127 not found, 126 not runnable."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+class Execution(Protocol):
+    """One started task."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def wait(self) -> int:
+        """Wait for the task to end; return its exit code."""
+        ...
+
+    async def stop(self) -> None:
+        """Ask the task to end, and make sure it does; ``wait`` then returns its exit code."""
+        ...
+
+
+class Executor(Protocol):
+    async def start(self, task: events_pb2.TaskPlaced) -> Execution:
+        """Start the task, or raise LaunchError saying why it could not start."""
+        ...
+
+
+def task_environment(base: Mapping[str, str], task: events_pb2.TaskPlaced) -> dict[str, str]:
+    """The agent's environment, then the job's extras, then what the agent decides.
+
+    The agent's own variables come last so that a job cannot widen its GPU set.
+    """
+    return {
+        **base,
+        **task.spec.env,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in task.gpu_indices),
+        "QM_JOB_ID": task.job_id,
+        "QM_TASK_ID": task.task_id,
+    }
+
+
+def log_file_name(job_id: str) -> str:
+    """``<job_id>.log``, with anything that could leave the log folder replaced."""
+    return re.sub(r"[^A-Za-z0-9_.-]|^\.+", "_", job_id) + ".log"
+
+
+class ProcessExecutor:
+    """Runs ``spec.command`` without a shell, output appended to ``<log_dir>/<job_id>.log``."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        grace_s: float = 10.0,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._log_dir = log_dir
+        self._grace_s = grace_s
+        self._base_env = dict(os.environ if base_env is None else base_env)
+
+    async def start(self, task: events_pb2.TaskPlaced) -> ProcessExecution:
+        argv = list(task.spec.command)
+        if not argv:
+            raise LaunchError("the job has no command to run", 127)
+        log_path = self._log_dir / log_file_name(task.job_id)
+        try:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            log = log_path.open("ab")
+        except OSError as exc:
+            raise LaunchError(f"cannot open the task log {log_path}: {exc.strerror}", 126) from exc
+        with log:
+            # A header per attempt: a job that is preempted and requeued appends again.
+            gpus = ",".join(str(index) for index in task.gpu_indices)
+            log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {shlex.join(argv)}\n".encode())
+            log.flush()
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=task_environment(self._base_env, task),
+                    # Its own process group: stop() reaches the task's children too, and a
+                    # Ctrl-C meant for the agent does not hit tasks before their grace period.
+                    start_new_session=True,
+                )
+            except FileNotFoundError:
+                raise LaunchError(f"command not found: {argv[0]}", 127) from None
+            except PermissionError:
+                raise LaunchError(f"permission denied: {argv[0]}", 126) from None
+            except OSError as exc:
+                raise LaunchError(f"cannot run {argv[0]}: {exc.strerror}", 126) from None
+        return ProcessExecution(process, grace_s=self._grace_s)
+
+
+class ProcessExecution:
+    def __init__(self, process: asyncio.subprocess.Process, *, grace_s: float) -> None:
+        self._process = process
+        self._grace_s = grace_s
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM to the task's process group; SIGKILL if it outlives the grace period."""
+        if self._process.returncode is not None:
+            return
+        self._signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._process.wait(), self._grace_s)
+        except TimeoutError:
+            self._signal(signal.SIGKILL)
+            await self._process.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
+            os.killpg(self._process.pid, sig)
+
+
+class SimulatedExecutor:
+    """Runs nothing: the task "runs" for ``spec.simulated_duration_s`` and exits as told."""
+
+    async def start(self, task: events_pb2.TaskPlaced) -> SimulatedExecution:
+        return SimulatedExecution(
+            task.spec.simulated_duration_s, exit_code=task.spec.simulated_exit_code
+        )
+
+
+class SimulatedExecution:
+    pid = 0  # no process
+
+    def __init__(self, duration_s: float, *, exit_code: int) -> None:
+        self._deadline = asyncio.get_running_loop().time() + max(duration_s, 0.0)
+        self._exit_code = exit_code
+        self._stopped = asyncio.Event()
+
+    async def wait(self) -> int:
+        remaining = self._deadline - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(self._stopped.wait(), max(remaining, 0.0))
+        except TimeoutError:
+            return self._exit_code
+        return -signal.SIGTERM.value
+
+    async def stop(self) -> None:
+        self._stopped.set()

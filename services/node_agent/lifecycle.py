@@ -1,0 +1,79 @@
+"""The agent's decisions as pure functions: which records concern it, what to report."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Container
+
+from qm.v1 import events_pb2
+
+from libs.events import event_type
+from services.node_agent.executors import LaunchError
+
+Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested
+Outcome = events_pb2.TaskFinished | events_pb2.TaskFailed
+
+
+def decision_for(env: events_pb2.Envelope, node_ids: Container[str]) -> Decision | None:
+    """The placement decision in ``env`` if it is addressed to one of ``node_ids``."""
+    kind = event_type(env)
+    decision: Decision
+    if kind == "task_placed":
+        decision = env.task_placed
+    elif kind == "task_stop_requested":
+        decision = env.task_stop_requested
+    else:
+        return None
+    return decision if decision.node_id in node_ids else None
+
+
+def producer_name(node_id: str) -> str:
+    return f"node-agent/{node_id}"
+
+
+def started(task: events_pb2.TaskPlaced, pid: int) -> events_pb2.TaskStarted:
+    return events_pb2.TaskStarted(
+        job_id=task.job_id, task_id=task.task_id, node_id=task.node_id, pid=pid
+    )
+
+
+def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2.TaskFailed:
+    return _failed(task, error.exit_code, error.reason)
+
+
+def stop_reason(request: events_pb2.TaskStopRequested) -> str:
+    return f"stop requested: {request.reason}" if request.reason else "stop requested"
+
+
+def ended(task: events_pb2.TaskPlaced, exit_code: int, stopped_because: str = "") -> Outcome:
+    """How a task that ran came to an end.
+
+    A stopped task failed even if it exited 0 on SIGTERM: it did not complete its work,
+    and a preempted resumable job must be requeued, not counted as done.
+    """
+    if stopped_because:
+        return _failed(task, exit_code, stopped_because)
+    if exit_code == 0:
+        return events_pb2.TaskFinished(
+            job_id=task.job_id, task_id=task.task_id, node_id=task.node_id, exit_code=0
+        )
+    return _failed(task, exit_code, exit_reason(exit_code))
+
+
+def exit_reason(exit_code: int) -> str:
+    if exit_code >= 0:
+        return f"exited with code {exit_code}"
+    try:
+        return f"killed by {signal.Signals(-exit_code).name}"
+    except ValueError:
+        return f"killed by signal {-exit_code}"
+
+
+def _failed(task: events_pb2.TaskPlaced, exit_code: int, reason: str) -> events_pb2.TaskFailed:
+    return events_pb2.TaskFailed(
+        job_id=task.job_id,
+        task_id=task.task_id,
+        node_id=task.node_id,
+        exit_code=exit_code,
+        reason=reason,
+    )

@@ -1,0 +1,16 @@
+"""Fluent-free builders for scenario tests: small functions with sensible defaults."""
+
+from __future__ import annotations
+
+from libs.core import JobSpec, NodeSpec
+
+
+def job(
+    gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object
+) -> JobSpec:
+    fields: dict[str, object] = {"command": ("true",), **kw}
+    return JobSpec(allocation=allocation, user=user, gpus=gpus, **fields)  # type: ignore[arg-type]
+
+
+def node(node_id: str, gpus: int = 8, gpu_type: str = "H100") -> NodeSpec:
+    return NodeSpec(node_id=node_id, gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))

@@ -1,0 +1,115 @@
+"""Envelope builders for read-model tests: one function per event, times in seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from google.protobuf.message import Message
+from qm.v1 import events_pb2, types_pb2
+
+from libs.events import new_envelope
+
+T0 = 1_760_000_000.0
+
+
+def spec(allocation: str = "team-a", gpus: int = 1) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(allocation=allocation, user="ada", gpus=gpus, command=["train"])
+
+
+def env(payload: Message, at: float = T0, cluster: str = "default") -> events_pb2.Envelope:
+    return new_envelope(
+        payload,
+        producer="test",
+        cluster=cluster,
+        occurred=datetime.fromtimestamp(at, UTC),
+        event_id=f"{payload.DESCRIPTOR.name}@{at}",
+    )
+
+
+def submitted(job: str, at: float = T0, s: types_pb2.JobSpec | None = None) -> events_pb2.Envelope:
+    return env(events_pb2.JobSubmitted(job_id=job, spec=s or spec()), at)
+
+
+def admitted(job: str, at: float = T0, s: types_pb2.JobSpec | None = None) -> events_pb2.Envelope:
+    return env(events_pb2.JobAdmitted(job_id=job, spec=s or spec()), at)
+
+
+def rejected(job: str, field: str, reason: str, at: float = T0) -> events_pb2.Envelope:
+    return env(events_pb2.JobRejected(job_id=job, spec=spec(), field=field, reason=reason), at)
+
+
+def pending(job: str, reason: str, at: float = T0) -> events_pb2.Envelope:
+    return env(events_pb2.JobPending(job_id=job, reason=reason), at)
+
+
+def placed(
+    job: str,
+    node: str = "n1",
+    gpus: Iterable[int] = (0,),
+    at: float = T0,
+    task: str | None = None,
+    cluster: str = "default",
+) -> events_pb2.Envelope:
+    payload = events_pb2.TaskPlaced(
+        job_id=job, task_id=task or f"{job}/0", node_id=node, gpu_indices=gpus, spec=spec()
+    )
+    return env(payload, at, cluster)
+
+
+def started(job: str, node: str = "n1", at: float = T0) -> events_pb2.Envelope:
+    return env(events_pb2.TaskStarted(job_id=job, task_id=f"{job}/0", node_id=node, pid=42), at)
+
+
+def finished(
+    job: str, *, node: str = "n1", exit_code: int = 0, at: float = T0, task: str | None = None
+) -> events_pb2.Envelope:
+    payload = events_pb2.TaskFinished(
+        job_id=job, task_id=task or f"{job}/0", node_id=node, exit_code=exit_code
+    )
+    return env(payload, at)
+
+
+def failed(
+    job: str,
+    reason: str = "oom",
+    *,
+    node: str = "n1",
+    exit_code: int = 1,
+    at: float = T0,
+    task: str | None = None,
+) -> events_pb2.Envelope:
+    payload = events_pb2.TaskFailed(
+        job_id=job, task_id=task or f"{job}/0", node_id=node, exit_code=exit_code, reason=reason
+    )
+    return env(payload, at)
+
+
+def stop(job: str, reason: str, node: str = "n1", at: float = T0) -> events_pb2.Envelope:
+    payload = events_pb2.TaskStopRequested(
+        job_id=job, task_id=f"{job}/0", node_id=node, reason=reason
+    )
+    return env(payload, at)
+
+
+def cancelled(
+    job: str, reason: str = "cancelled before it started", at: float = T0
+) -> events_pb2.Envelope:
+    return env(events_pb2.JobCancelled(job_id=job, reason=reason), at)
+
+
+def registered(
+    node: str, gpus: int = 4, cluster: str = "default", at: float = T0
+) -> events_pb2.Envelope:
+    inventory = types_pb2.NodeInventory(
+        node_id=node,
+        cluster=cluster,
+        gpus=[types_pb2.Gpu(index=i, type="H100") for i in range(gpus)],
+        executor=types_pb2.EXECUTOR_SIMULATED,
+        source="declared",
+    )
+    return env(events_pb2.NodeRegistered(inventory=inventory), at, cluster)
+
+
+def tick(at: float = T0) -> events_pb2.Envelope:
+    return env(events_pb2.ClockTick(), at)

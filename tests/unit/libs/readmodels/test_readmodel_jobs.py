@@ -1,0 +1,368 @@
+"""The job fold: each event's effect, order tolerance, and listing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import reduce
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from qm.v1 import events_pb2, types_pb2
+from readmodel_builders import (
+    T0,
+    admitted,
+    cancelled,
+    failed,
+    finished,
+    pending,
+    placed,
+    registered,
+    rejected,
+    spec,
+    started,
+    stop,
+    submitted,
+    tick,
+)
+
+from libs.readmodels import apply_job_event, job_key, newest_jobs
+
+S = types_pb2.JobState
+NON_TERMINAL_ORDER = [
+    S.JOB_STATE_UNSPECIFIED,
+    S.JOB_STATE_SUBMITTED,
+    S.JOB_STATE_PENDING,
+    S.JOB_STATE_PLACED,
+    S.JOB_STATE_RUNNING,
+]
+TERMINAL = {S.JOB_STATE_REJECTED, S.JOB_STATE_FINISHED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED}
+
+
+def fold(events: list[events_pb2.Envelope]) -> types_pb2.Job | None:
+    return reduce(apply_job_event, events, None)
+
+
+def folded(events: list[events_pb2.Envelope]) -> types_pb2.Job:
+    job = fold(events)
+    assert job is not None
+    return job
+
+
+# --- one event at a time ------------------------------------------------------
+
+
+def test_submission_creates_the_job() -> None:
+    job = folded([submitted("j1", at=T0 + 5)])
+    assert job.job_id == "j1"
+    assert job.state == S.JOB_STATE_SUBMITTED
+    assert job.spec == spec()
+    assert job.submitted_at.seconds == int(T0) + 5
+
+
+@dataclass
+class Case:
+    name: str
+    events: list[events_pb2.Envelope]
+    state: types_pb2.JobState.ValueType
+    reason: str = ""
+    node_id: str = ""
+    gpu_indices: list[int] = field(default_factory=list)
+    exit_code: int = 0
+    stop_reason: str = ""
+    finished: bool = False
+
+
+CASES = [
+    Case(
+        "rejected names the field",
+        [submitted("j"), rejected("j", "gpus", "must be 1..64")],
+        S.JOB_STATE_REJECTED,
+        reason="gpus: must be 1..64",
+        finished=True,
+    ),
+    Case(
+        "rejected without a field",
+        [submitted("j"), rejected("j", "", "not a member")],
+        S.JOB_STATE_REJECTED,
+        reason="not a member",
+        finished=True,
+    ),
+    Case("admitted waits", [submitted("j"), admitted("j")], S.JOB_STATE_PENDING),
+    Case(
+        "pending keeps the latest reason",
+        [submitted("j"), admitted("j"), pending("j", "no node fits"), pending("j", "queued")],
+        S.JOB_STATE_PENDING,
+        reason="queued",
+    ),
+    Case(
+        "placement clears the waiting reason",
+        [submitted("j"), admitted("j"), pending("j", "queued"), placed("j", "n2", [1, 3])],
+        S.JOB_STATE_PLACED,
+        node_id="n2",
+        gpu_indices=[1, 3],
+    ),
+    Case(
+        "started",
+        [submitted("j"), admitted("j"), placed("j"), started("j")],
+        S.JOB_STATE_RUNNING,
+        node_id="n1",
+        gpu_indices=[0],
+    ),
+    Case(
+        "finished",
+        [submitted("j"), admitted("j"), placed("j"), started("j"), finished("j", exit_code=0)],
+        S.JOB_STATE_FINISHED,
+        node_id="n1",
+        gpu_indices=[0],
+        finished=True,
+    ),
+    Case(
+        "failed",
+        [
+            submitted("j"),
+            admitted("j"),
+            placed("j"),
+            started("j"),
+            failed("j", "oom", exit_code=137),
+        ],
+        S.JOB_STATE_FAILED,
+        reason="oom",
+        node_id="n1",
+        gpu_indices=[0],
+        exit_code=137,
+        finished=True,
+    ),
+    Case(
+        "stop requested, still running",
+        [submitted("j"), admitted("j"), placed("j"), started("j"), stop("j", "preempted")],
+        S.JOB_STATE_RUNNING,
+        node_id="n1",
+        gpu_indices=[0],
+        stop_reason="preempted",
+    ),
+    Case(
+        "preempted then failed stays failed",
+        [placed("j"), started("j"), stop("j", "preempted"), failed("j", "SIGTERM", exit_code=143)],
+        S.JOB_STATE_FAILED,
+        reason="SIGTERM",
+        node_id="n1",
+        gpu_indices=[0],
+        exit_code=143,
+        stop_reason="preempted",
+        finished=True,
+    ),
+    Case(
+        "a task end after a stop for cancellation is a cancellation",
+        [placed("j"), started("j"), stop("j", "cancelled by user"), finished("j", exit_code=143)],
+        S.JOB_STATE_CANCELLED,
+        node_id="n1",
+        gpu_indices=[0],
+        exit_code=143,
+        stop_reason="cancelled by user",
+        finished=True,
+    ),
+    Case(
+        "a stop for cancellation seen after the task end still cancels",
+        [placed("j"), started("j"), failed("j", "SIGTERM", exit_code=143), stop("j", "cancelled")],
+        S.JOB_STATE_CANCELLED,
+        reason="SIGTERM",
+        node_id="n1",
+        gpu_indices=[0],
+        exit_code=143,
+        stop_reason="cancelled",
+        finished=True,
+    ),
+    Case(
+        "cancelled before it started",
+        [submitted("j"), admitted("j"), pending("j", "queued"), cancelled("j", "withdrawn")],
+        S.JOB_STATE_CANCELLED,
+        reason="withdrawn",
+        finished=True,
+    ),
+    Case(
+        "late placement fills in fields but never moves the job back",
+        [submitted("j"), started("j", node=""), finished("j"), placed("j", "n7", [2])],
+        S.JOB_STATE_FINISHED,
+        node_id="n7",
+        gpu_indices=[2],
+        finished=True,
+    ),
+    Case(
+        "late pending after running is ignored",
+        [submitted("j"), placed("j"), started("j"), pending("j", "queued"), admitted("j")],
+        S.JOB_STATE_RUNNING,
+        node_id="n1",
+        gpu_indices=[0],
+    ),
+    Case(
+        "terminal states stick",
+        [submitted("j"), rejected("j", "gpus", "too many"), admitted("j"), pending("j", "x")],
+        S.JOB_STATE_REJECTED,
+        reason="gpus: too many",
+        finished=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fold(case: Case) -> None:
+    job = folded(case.events)
+    assert job.job_id == "j"
+    assert job.state == case.state
+    assert job.reason == case.reason
+    assert job.node_id == case.node_id
+    assert list(job.gpu_indices) == case.gpu_indices
+    assert job.exit_code == case.exit_code
+    assert job.stop_reason == case.stop_reason
+    assert job.HasField("finished_at") == case.finished
+
+
+def test_timestamps_come_from_the_events() -> None:
+    job = folded([submitted("j", at=T0), started("j", at=T0 + 2), finished("j", at=T0 + 9)])
+    assert (job.submitted_at.seconds, job.started_at.seconds, job.finished_at.seconds) == (
+        int(T0),
+        int(T0) + 2,
+        int(T0) + 9,
+    )
+
+
+def test_any_job_event_creates_an_unknown_job() -> None:
+    job = folded([placed("j", "n3", [0, 1])])
+    assert (job.state, job.node_id, job.spec) == (S.JOB_STATE_PLACED, "n3", spec())
+
+
+def test_submission_spec_wins_over_copies() -> None:
+    own = spec(allocation="team-b", gpus=2)
+    job = folded([placed("j"), submitted("j", s=own)])
+    assert job.spec == own
+
+
+@pytest.mark.parametrize("envelope", [registered("n1"), tick()])
+def test_envelopes_about_no_job_change_nothing(envelope: events_pb2.Envelope) -> None:
+    job = folded([submitted("j")])
+    assert job_key(envelope) is None
+    assert apply_job_event(job, envelope) is job
+    assert apply_job_event(None, envelope) is None
+
+
+def test_event_without_job_id_is_ignored() -> None:
+    assert job_key(pending("", "x")) is None
+    assert apply_job_event(None, pending("", "x")) is None
+
+
+def test_inputs_are_not_mutated() -> None:
+    job = folded([submitted("j"), admitted("j")])
+    before = job.SerializeToString(deterministic=True)
+    event = placed("j", "n1", [0])
+    event_before = event.SerializeToString(deterministic=True)
+    after = apply_job_event(job, event)
+    assert after is not job
+    assert job.SerializeToString(deterministic=True) == before
+    assert event.SerializeToString(deterministic=True) == event_before
+
+
+def test_wrong_job_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="j2"):
+        apply_job_event(folded([submitted("j1")]), submitted("j2"))
+
+
+# --- order tolerance ------------------------------------------------------------
+
+OUTCOMES = {
+    "waiting": S.JOB_STATE_PENDING,
+    "rejected": S.JOB_STATE_REJECTED,
+    "cancelled_before_start": S.JOB_STATE_CANCELLED,
+    "placed": S.JOB_STATE_PLACED,
+    "running": S.JOB_STATE_RUNNING,
+    "finished": S.JOB_STATE_FINISHED,
+    "failed": S.JOB_STATE_FAILED,
+    "preempted": S.JOB_STATE_FAILED,
+    "cancelled_while_running": S.JOB_STATE_CANCELLED,
+}
+reasons = st.text(alphabet="abcdefgh ", min_size=1, max_size=8)
+
+
+@st.composite
+def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType]:
+    """One job's events in the order its producers wrote them, and its final state."""
+    outcome = draw(st.sampled_from(sorted(OUTCOMES)))
+    clock = iter(range(int(T0), int(T0) + 100))
+    j = "job-1"
+    events = [submitted(j, at=next(clock))]
+    if outcome == "rejected":
+        return [*events, rejected(j, "gpus", "too many", at=next(clock))], OUTCOMES[outcome]
+    events.append(admitted(j, at=next(clock)))
+    # A job still waiting shows its one reason; a job that moved on shows none,
+    # so only there may several reasons arrive in any order.
+    waits = draw(st.lists(reasons, max_size=1 if outcome == "waiting" else 3))
+    events += [pending(j, r, at=next(clock)) for r in waits]
+    if outcome == "cancelled_before_start":
+        events.append(cancelled(j, at=next(clock)))
+    if outcome in ("waiting", "cancelled_before_start"):
+        return events, OUTCOMES[outcome]
+    node = draw(st.sampled_from(["n1", "n2"]))
+    gpus = draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
+    events.append(placed(j, node, gpus, at=next(clock)))
+    if outcome != "placed":
+        events.append(started(j, node, at=next(clock)))
+    if outcome == "preempted":
+        events.append(stop(j, "preempted by team-b", node, at=next(clock)))
+    if outcome == "cancelled_while_running":
+        events.append(stop(j, "cancelled by user", node, at=next(clock)))
+    code = draw(st.integers(-15, 255))
+    if outcome == "finished" or (outcome == "cancelled_while_running" and draw(st.booleans())):
+        events.append(finished(j, node=node, exit_code=code, at=next(clock)))
+    elif outcome in ("failed", "preempted", "cancelled_while_running"):
+        events.append(failed(j, draw(reasons), node=node, exit_code=code, at=next(clock)))
+    return events, OUTCOMES[outcome]
+
+
+@given(lifecycles(), st.data())
+def test_any_order_and_any_repeats_end_in_the_same_job(
+    lifecycle: tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType], data: st.DataObject
+) -> None:
+    events, final_state = lifecycle
+    in_order = folded(events)
+    assert in_order.state == final_state
+    repeats = data.draw(st.lists(st.sampled_from(events), max_size=4), label="redelivered")
+    shuffled = data.draw(st.permutations(events + repeats), label="arrival order")
+    assert folded(shuffled) == in_order
+
+
+@given(lifecycles(), st.data())
+def test_a_job_never_moves_backwards(
+    lifecycle: tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType], data: st.DataObject
+) -> None:
+    events, _ = lifecycle
+    job: types_pb2.Job | None = None
+    for event in data.draw(st.permutations(events)):
+        before = job.state if job is not None else S.JOB_STATE_UNSPECIFIED
+        job = apply_job_event(job, event)
+        assert job is not None
+        if before in TERMINAL:
+            assert job.state in TERMINAL
+        elif job.state not in TERMINAL:
+            assert NON_TERMINAL_ORDER.index(job.state) >= NON_TERMINAL_ORDER.index(before)
+
+
+# --- listing --------------------------------------------------------------------
+
+
+def _job(job_id: str, allocation: str, at: float) -> types_pb2.Job:
+    return folded([submitted(job_id, at=at, s=spec(allocation=allocation))])
+
+
+def test_newest_jobs_first_filtered_and_limited() -> None:
+    jobs = [_job("a", "x", T0), _job("b", "y", T0 + 2), _job("c", "x", T0 + 1)]
+    assert [j.job_id for j in newest_jobs(jobs)] == ["b", "c", "a"]
+    assert [j.job_id for j in newest_jobs(jobs, allocation="x")] == ["c", "a"]
+    assert [j.job_id for j in newest_jobs(jobs, limit=2)] == ["b", "c"]
+    assert newest_jobs(jobs, allocation="none") == []
+
+
+def test_newest_jobs_default_limit_and_ties() -> None:
+    jobs = [_job(f"j{i:03}", "x", T0) for i in range(150)]
+    listed = newest_jobs(jobs, limit=0)
+    assert len(listed) == 100
+    assert listed[0].job_id == "j149"  # same time: ordered by id, also newest-looking first

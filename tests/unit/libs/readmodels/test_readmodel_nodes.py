@@ -1,0 +1,173 @@
+"""The node fold: inventory from registrations, running tasks from placements and ends."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from qm.v1 import events_pb2, types_pb2
+from readmodel_builders import (
+    T0,
+    failed,
+    finished,
+    pending,
+    placed,
+    registered,
+    submitted,
+    tick,
+)
+
+from libs.readmodels import apply_node_event, node_key, nodes_in_cluster
+
+
+def fold(events: list[events_pb2.Envelope]) -> types_pb2.Node | None:
+    return reduce(apply_node_event, events, None)
+
+
+def folded(events: list[events_pb2.Envelope]) -> types_pb2.Node:
+    node = fold(events)
+    assert node is not None
+    return node
+
+
+def running(node: types_pb2.Node) -> list[tuple[str, str, list[int]]]:
+    return [(t.job_id, t.task_id, list(t.gpu_indices)) for t in node.running]
+
+
+def test_registration_creates_the_node() -> None:
+    node = folded([registered("n1", gpus=2, cluster="east", at=T0 + 3)])
+    assert node.inventory.node_id == "n1"
+    assert node.inventory.cluster == "east"
+    assert [g.index for g in node.inventory.gpus] == [0, 1]
+    assert node.registered_at.seconds == int(T0) + 3
+    assert list(node.running) == []
+
+
+def test_placements_add_and_task_ends_remove_running_tasks() -> None:
+    node = folded(
+        [
+            registered("n1"),
+            placed("b", "n1", [2, 3]),
+            placed("a", "n1", [0]),
+            placed("c", "n1", [1]),
+            finished("b"),
+            failed("c"),
+        ]
+    )
+    assert running(node) == [("a", "a/0", [0])]
+
+
+def test_reregistration_replaces_inventory_and_keeps_running_tasks() -> None:
+    node = folded([registered("n1", gpus=4), placed("a", "n1", [3]), registered("n1", gpus=8)])
+    assert len(node.inventory.gpus) == 8
+    assert running(node) == [("a", "a/0", [3])]
+
+
+def test_placement_on_an_unregistered_node_creates_it() -> None:
+    node = folded([placed("a", "n9", [0], cluster="west")])
+    assert (node.inventory.node_id, node.inventory.cluster) == ("n9", "west")
+    assert list(node.inventory.gpus) == []
+    assert running(node) == [("a", "a/0", [0])]
+    node = folded([placed("a", "n9", [0], cluster="west"), registered("n9", cluster="west")])
+    assert len(node.inventory.gpus) == 4
+    assert running(node) == [("a", "a/0", [0])]
+
+
+def test_a_repeated_placement_is_not_counted_twice() -> None:
+    node = folded([registered("n1"), placed("a", "n1", [0]), placed("a", "n1", [0])])
+    assert running(node) == [("a", "a/0", [0])]
+
+
+def test_task_end_on_an_unknown_node_creates_nothing() -> None:
+    assert fold([finished("a", node="n5")]) is None
+    assert fold([failed("a", node="n5")]) is None
+
+
+def test_task_end_of_an_unknown_task_changes_nothing_but_a_copy() -> None:
+    node = folded([registered("n1"), placed("a", "n1")])
+    after = apply_node_event(node, finished("zzz"))
+    assert after == node
+    assert after is not node
+
+
+@pytest.mark.parametrize("envelope", [submitted("j"), pending("j", "x"), tick()])
+def test_envelopes_about_no_node_change_nothing(envelope: events_pb2.Envelope) -> None:
+    node = folded([registered("n1")])
+    assert node_key(envelope) is None
+    assert apply_node_event(node, envelope) is node
+
+
+def test_event_without_node_id_is_ignored() -> None:
+    assert node_key(placed("a", "")) is None
+    assert apply_node_event(None, placed("a", "")) is None
+
+
+def test_inputs_are_not_mutated() -> None:
+    node = folded([registered("n1"), placed("a", "n1")])
+    before = node.SerializeToString(deterministic=True)
+    for event in (finished("a"), placed("b", "n1", [1]), registered("n1", gpus=1)):
+        apply_node_event(node, event)
+        assert node.SerializeToString(deterministic=True) == before
+
+
+def test_wrong_node_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="n2"):
+        apply_node_event(folded([registered("n1")]), registered("n2"))
+
+
+@st.composite
+def node_histories(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], list[str]]:
+    """Registrations, placements and ends of one node, and the task ids left running."""
+    jobs = [f"job-{i}" for i in range(draw(st.integers(0, 6)))]
+    ended = draw(st.sets(st.sampled_from(jobs))) if jobs else set()
+    placements = [placed(j, "n1", [i]) for i, j in enumerate(jobs)]
+    ends = [finished(j) if i % 2 else failed(j) for i, j in enumerate(jobs) if j in ended]
+    # Any order, except that an end is held back until its placement was seen.
+    shuffled = _respecting_ends(draw(st.permutations(placements + ends)))
+    for _ in range(draw(st.integers(1, 3))):
+        shuffled.insert(draw(st.integers(0, len(shuffled))), registered("n1", gpus=8))
+    still_running = sorted(f"{j}/0" for j in jobs if j not in ended)
+    return shuffled, still_running
+
+
+def _respecting_ends(events: list[events_pb2.Envelope]) -> list[events_pb2.Envelope]:
+    placed_jobs: set[str] = set()
+    held: dict[str, events_pb2.Envelope] = {}
+    out: list[events_pb2.Envelope] = []
+    for e in events:
+        kind = e.WhichOneof("payload")
+        if kind == "task_placed":
+            out.append(e)
+            placed_jobs.add(e.task_placed.job_id)
+            if e.task_placed.job_id in held:
+                out.append(held.pop(e.task_placed.job_id))
+            continue
+        job_id = e.task_finished.job_id if kind == "task_finished" else e.task_failed.job_id
+        if job_id in placed_jobs:
+            out.append(e)
+        else:
+            held[job_id] = e
+    return out
+
+
+@given(node_histories())
+def test_running_tasks_are_those_placed_and_not_ended(
+    history: tuple[list[events_pb2.Envelope], list[str]],
+) -> None:
+    events, still_running = history
+    node = folded(events)
+    assert [t.task_id for t in node.running] == still_running
+    assert len(node.inventory.gpus) == 8
+
+
+def test_nodes_in_cluster_sorted_by_id() -> None:
+    nodes = [
+        folded([registered("n3", cluster="east")]),
+        folded([registered("n1", cluster="west")]),
+        folded([registered("n2", cluster="east")]),
+    ]
+    assert [n.inventory.node_id for n in nodes_in_cluster(nodes)] == ["n1", "n2", "n3"]
+    assert [n.inventory.node_id for n in nodes_in_cluster(nodes, cluster="east")] == ["n2", "n3"]
+    assert nodes_in_cluster(nodes, cluster="north") == []

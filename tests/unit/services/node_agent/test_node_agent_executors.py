@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from qm.v1 import events_pb2, types_pb2
+
+from services.node_agent.executors import (
+    LaunchError,
+    ProcessExecutor,
+    SimulatedExecutor,
+    log_file_name,
+    task_environment,
+)
+
+
+def placed(
+    *command: str,
+    gpus: tuple[int, ...] = (0,),
+    env: dict[str, str] | None = None,
+    duration_s: float = 0.0,
+    exit_code: int = 0,
+) -> events_pb2.TaskPlaced:
+    return events_pb2.TaskPlaced(
+        job_id="job-1",
+        task_id="job-1/0",
+        node_id="sim-0",
+        gpu_indices=gpus,
+        spec=types_pb2.JobSpec(
+            command=command,
+            env=env or {},
+            simulated_duration_s=duration_s,
+            simulated_exit_code=exit_code,
+        ),
+    )
+
+
+def python(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+def test_task_environment_puts_the_agent_last() -> None:
+    task = placed("true", gpus=(2, 5), env={"FOO": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    env = task_environment({"PATH": "/bin", "FOO": "0"}, task)
+    assert env == {
+        "PATH": "/bin",
+        "FOO": "1",
+        "CUDA_VISIBLE_DEVICES": "2,5",
+        "QM_JOB_ID": "job-1",
+        "QM_TASK_ID": "job-1/0",
+    }
+
+
+def test_log_file_name_stays_in_the_log_folder() -> None:
+    assert log_file_name("job-1") == "job-1.log"
+    assert "/" not in log_file_name("../../etc/passwd")
+    assert not log_file_name("..hidden").startswith(".")
+
+
+async def test_process_exit_code_is_reported(tmp_path: Path) -> None:
+    execution = await ProcessExecutor(tmp_path).start(placed(*python("import sys; sys.exit(3)")))
+    assert execution.pid > 0
+    assert await execution.wait() == 3
+
+
+async def test_process_sees_its_gpus_and_ids_and_logs_to_the_job_file(tmp_path: Path) -> None:
+    code = (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['QM_JOB_ID'],"
+        " os.environ['QM_TASK_ID'], os.environ['EXTRA']); import sys; print('oops', file=sys.stderr)"
+    )
+    executor = ProcessExecutor(tmp_path / "logs")
+    task = placed(*python(code), gpus=(1, 3), env={"EXTRA": "yes"})
+    for _ in range(2):
+        assert await (await executor.start(task)).wait() == 0
+    lines = (tmp_path / "logs" / "job-1.log").read_text().splitlines()
+    assert lines[1:3] == ["1,3 job-1 job-1/0 yes", "oops"]
+    assert lines[0].startswith("--- task job-1/0 on GPUs [1,3]: ")
+    assert lines[3:] == lines[:3], "a second attempt appends to the same log"
+
+
+async def test_stop_terminates_a_sleeping_process(tmp_path: Path) -> None:
+    execution = await ProcessExecutor(tmp_path).start(
+        placed(*python("import time; time.sleep(60)"))
+    )
+    began = time.monotonic()
+    await execution.stop()
+    assert await execution.wait() == -15
+    assert time.monotonic() - began < 5
+
+
+async def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    execution = await ProcessExecutor(tmp_path, grace_s=0.3).start(placed(*python(code)))
+    log = tmp_path / "job-1.log"
+    while "ready" not in log.read_text():  # SIGTERM before the handler is set would just end it
+        await asyncio.sleep(0.02)
+    await execution.stop()
+    assert await execution.wait() == -9
+
+
+async def test_stop_after_exit_is_harmless(tmp_path: Path) -> None:
+    execution = await ProcessExecutor(tmp_path).start(placed(*python("pass")))
+    assert await execution.wait() == 0
+    await execution.stop()
+    assert await execution.wait() == 0
+
+
+@pytest.mark.parametrize(
+    ("command", "reason", "exit_code"),
+    [
+        (("no-such-command-qm",), "command not found: no-such-command-qm", 127),
+        (("/etc/hostname",), "permission denied: /etc/hostname", 126),
+        ((), "the job has no command to run", 127),
+    ],
+)
+async def test_unstartable_commands_say_why(
+    tmp_path: Path, command: tuple[str, ...], reason: str, exit_code: int
+) -> None:
+    with pytest.raises(LaunchError) as caught:
+        await ProcessExecutor(tmp_path).start(placed(*command))
+    assert (caught.value.reason, caught.value.exit_code) == (reason, exit_code)
+
+
+async def test_simulated_task_runs_for_its_duration_and_exits_as_told() -> None:
+    began = time.monotonic()
+    execution = await SimulatedExecutor().start(placed(duration_s=0.2, exit_code=4))
+    assert execution.pid == 0
+    assert await execution.wait() == 4
+    assert 0.15 < time.monotonic() - began < 2
+
+
+async def test_stopping_a_simulated_task_ends_it_with_sigterm() -> None:
+    execution = await SimulatedExecutor().start(placed(duration_s=60))
+    waiting = asyncio.create_task(execution.wait())
+    await asyncio.sleep(0.05)
+    await execution.stop()
+    assert await asyncio.wait_for(waiting, 1) == -15

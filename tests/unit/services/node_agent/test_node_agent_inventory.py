@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from qm.v1 import types_pb2
+
+from services.node_agent.inventory import (
+    DEFAULT_INVENTORY,
+    InventoryError,
+    gpu_type_from_name,
+    load_inventory,
+    nvml_inventory,
+    parse_inventory,
+    select_nodes,
+)
+
+GIB = 2**30
+
+
+def parse(text: str) -> list[types_pb2.NodeInventory]:
+    return parse_inventory(yaml.safe_load(text), source="nodes.yaml")
+
+
+TWO_NODES = """
+nodes:
+  - {node_id: a, gpu_type: H100, gpu_count: 2, gpu_memory_gib: 80}
+  - {node_id: b, cluster: west, gpu_type: A100, gpu_count: 1, gpu_memory_gib: 40.5,
+     executor: simulated}
+"""
+
+
+def test_declared_nodes_get_gpus_and_defaults() -> None:
+    a, b = parse(TWO_NODES)
+    assert (a.node_id, a.cluster, a.executor, a.source) == (
+        "a",
+        "default",
+        types_pb2.EXECUTOR_PROCESS,
+        "declared",
+    )
+    assert [(g.index, g.type, g.memory_bytes) for g in a.gpus] == [
+        (0, "H100", 80 * GIB),
+        (1, "H100", 80 * GIB),
+    ]
+    assert (b.cluster, b.executor, b.gpus[0].memory_bytes) == (
+        "west",
+        types_pb2.EXECUTOR_SIMULATED,
+        round(40.5 * GIB),
+    )
+
+
+def test_declared_gpu_uuids_are_unique_and_stable() -> None:
+    uuids = [g.uuid for node in parse(TWO_NODES) for g in node.gpus]
+    assert len(set(uuids)) == 3
+    assert uuids == [g.uuid for node in parse(TWO_NODES) for g in node.gpus]
+
+
+def test_local_stack_declares_four_h100_nodes() -> None:
+    nodes = load_inventory(DEFAULT_INVENTORY)
+    assert [node.node_id for node in nodes] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    for node in nodes:
+        assert node.executor == types_pb2.EXECUTOR_PROCESS
+        assert [g.index for g in node.gpus] == list(range(8))
+        assert {(g.type, g.memory_bytes) for g in node.gpus} == {("H100", 80 * GIB)}
+
+
+A = "node_id: a, gpu_type: H100"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nodes: []", "nodes.yaml: expected a mapping with a non-empty list under 'nodes'"),
+        ("- a", "non-empty list under 'nodes'"),
+        ("nodes: [plain]", "nodes.yaml: nodes[0]: expected a mapping of fields, got 'plain'"),
+        (
+            "nodes: [{gpu_type: H100, gpu_count: 1, gpu_memory_gib: 8}]",
+            "nodes.yaml: nodes[0]: field 'node_id' is required",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_memory_gib: 80}}]",
+            "nodes.yaml: node 'a' (nodes[0]): field 'gpu_count' is required",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: eight, gpu_memory_gib: 80}}]",
+            "node 'a' (nodes[0]): field 'gpu_count' must be an integer >= 1, got 'eight'",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 0, gpu_memory_gib: 80}}]",
+            "field 'gpu_count' must be an integer >= 1, got 0",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: true, gpu_memory_gib: 80}}]",
+            "field 'gpu_count' must be an integer >= 1, got True",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: -1}}]",
+            "field 'gpu_memory_gib' must be a number > 0, got -1",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, executor: docker}}]",
+            "field 'executor' must be one of process, simulated, got 'docker'",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, cluster: ''}}]",
+            "field 'cluster' must be a non-empty string, got ''",
+        ),
+        (
+            f"nodes: [{{{A}, gpus: 8, gpu_count: 8, gpu_memory_gib: 80}}]",
+            "node 'a' (nodes[0]): unknown field 'gpus'; known fields: node_id, gpu_type",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80}},"
+            f" {{{A}, gpu_count: 8, gpu_memory_gib: 80}}]",
+            "node 'a' (nodes[1]): duplicate node_id, already declared at nodes[0]",
+        ),
+    ],
+)
+def test_bad_inventories_name_the_node_and_field(text: str, message: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        parse(text)
+    assert message in str(caught.value)
+
+
+def test_unreadable_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r"missing\.yaml: cannot read the inventory"):
+        load_inventory(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes: [\n")
+    with pytest.raises(InventoryError, match=r"broken\.yaml: not valid YAML"):
+        load_inventory(broken)
+
+
+def test_select_nodes_keeps_file_order_and_names_unknown_ids() -> None:
+    nodes = load_inventory(DEFAULT_INVENTORY)
+    assert [n.node_id for n in select_nodes(nodes, [])] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    assert [n.node_id for n in select_nodes(nodes, ["sim-2", "sim-0"])] == ["sim-0", "sim-2"]
+    with pytest.raises(InventoryError, match="node.s. gpu-9 not in the inventory; known: sim-0"):
+        select_nodes(nodes, ["sim-1", "gpu-9"])
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+@dataclass
+class FakeMemory:
+    total: int
+
+
+class FakeNvml:
+    NVMLError = FakeNvmlError
+
+    def __init__(self, names: list[str], *, init_error: str = "") -> None:
+        self.names = names
+        self.init_error = init_error
+        self.shut_down = False
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise FakeNvmlError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.names)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        return index
+
+    def nvmlDeviceGetIndex(self, handle: object) -> int:
+        assert isinstance(handle, int)
+        return handle
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        assert isinstance(handle, int)
+        return self.names[handle]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> FakeMemory:
+        return FakeMemory(total=80 * GIB)
+
+
+def test_nvml_inventory_lists_the_gpus() -> None:
+    nvml = FakeNvml(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
+    node = nvml_inventory("host-1", cluster="west", nvml=nvml)
+    assert (node.node_id, node.cluster, node.source) == ("host-1", "west", "nvml")
+    assert node.executor == types_pb2.EXECUTOR_PROCESS
+    assert [(g.index, g.uuid, g.type, g.memory_bytes) for g in node.gpus] == [
+        (0, "GPU-0", "H100", 80 * GIB),
+        (1, "GPU-1", "H100", 80 * GIB),
+    ]
+    assert nvml.shut_down
+
+
+def test_nvml_absence_is_a_clear_error() -> None:
+    nvml = FakeNvml([], init_error="NVML Shared Library Not Found")
+    with pytest.raises(InventoryError, match=r"NVML is not available \(NVML Shared Library"):
+        nvml_inventory("host-1", cluster="default", nvml=nvml)
+    with pytest.raises(InventoryError, match="NVML reports no GPUs"):
+        nvml_inventory("host-1", cluster="default", nvml=FakeNvml([]))
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("Tesla V100-SXM2-32GB", "V100"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA H200", "H200"),
+    ],
+)
+def test_gpu_type_from_nvml_name(name: str, short: str) -> None:
+    assert gpu_type_from_name(name) == short
