@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
 from collections.abc import Coroutine
 from typing import Any
@@ -17,3 +19,14 @@ async def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def configure_logging(service: str) -> None:
+    """One log format for every service; ``QM_LOG_LEVEL`` sets the level."""
+    logging.basicConfig(
+        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+    )
+    # The Kafka clients narrate every rebalance at INFO; keep their warnings only.
+    for noisy in ("aiokafka", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -6,6 +6,7 @@ skipped here; the group consumers of the same topic dead-letter them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
@@ -22,19 +23,23 @@ class LogReader:
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
         self._topic = topic
         self._consumer = AIOKafkaConsumer(
-            **settings.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+            **settings.client_kwargs(),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
         )
         self._partitions: list[TopicPartition] = []
 
     async def start(self) -> None:
         await self._consumer.start()
-        partitions = self._consumer.partitions_for_topic(self._topic)
-        if not partitions:
+        if self._topic not in await self._consumer.topics():
             await self._consumer.stop()
             raise RuntimeError(f"topic {self._topic} does not exist; run `python -m libs.bus`")
-        self._partitions = [TopicPartition(self._topic, p) for p in sorted(partitions)]
-        self._consumer.assign(self._partitions)
-        await self._consumer.seek_to_beginning(*self._partitions)
+        # Without a group, subscribing assigns every partition, from the earliest offset.
+        self._consumer.subscribe([self._topic])
+        while not self._consumer.assignment():
+            await asyncio.sleep(0.05)
+        self._partitions = sorted(self._consumer.assignment())
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -43,9 +48,15 @@ class LogReader:
         """Apply every record up to the current end of the topic; return how many."""
         ends = await self._consumer.end_offsets(self._partitions)
         count = 0
-        while any(await self._consumer.position(tp) < ends[tp] for tp in self._partitions):
+        while await self._behind(ends):
             count += await self._poll(apply)
         return count
+
+    async def _behind(self, ends: dict[TopicPartition, int]) -> bool:
+        for tp in self._partitions:
+            if await self._consumer.position(tp) < ends[tp]:
+                return True
+        return False
 
     async def follow(self, apply: Apply) -> None:
         while True:

@@ -64,6 +64,11 @@ def job_key(env: events_pb2.Envelope) -> str | None:
     return job_id or None
 
 
+def has_ended(job: types_pb2.Job) -> bool:
+    """Whether the job is in a terminal state; it never returns to a non-terminal one."""
+    return _RANK[job.state] >= _RANK[_S.JOB_STATE_REJECTED]
+
+
 def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> types_pb2.Job | None:
     """Fold one envelope into a job; returns a new message, never mutates its inputs.
 

@@ -3,15 +3,22 @@
 A node's inventory comes from its agent's registrations; its running tasks from
 placement's ``task_placed`` and the agent's task ends. Running tasks are kept
 sorted by task id, so the same set of tasks always yields the same bytes.
+
+Placements (decisions topic) and task ends (events topic) are not ordered with
+respect to each other, and the Node message has no room to remember an end
+seen before its placement; so a late placement leaves a task that is no
+longer running. ``without_ended_tasks`` settles that against the job read
+model, which tolerates any order, when a node is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
+from libs.readmodels.jobs import has_ended
 
 
 def node_key(env: events_pb2.Envelope) -> str | None:
@@ -77,13 +84,33 @@ def nodes_in_cluster(nodes: Iterable[types_pb2.Node], *, cluster: str = "") -> l
     return sorted(chosen, key=lambda node: node.inventory.node_id)
 
 
+def without_ended_tasks(
+    node: types_pb2.Node, job_of: Callable[[str], types_pb2.Job | None]
+) -> types_pb2.Node:
+    """The node without running tasks whose job has ended; ``job_of`` looks a job up.
+
+    A task whose job is unknown is kept: the job's events may still be on their way.
+    """
+    running = [task for task in node.running if not _job_ended(job_of(task.job_id))]
+    if len(running) == len(node.running):
+        return node
+    new = types_pb2.Node()
+    new.CopyFrom(node)
+    _set_running(new, running)
+    return new
+
+
+def _job_ended(job: types_pb2.Job | None) -> bool:
+    return job is not None and has_ended(job)
+
+
 def _without(running: Iterable[types_pb2.RunningTask], task_id: str) -> list[types_pb2.RunningTask]:
     return [task for task in running if task.task_id != task_id]
 
 
 def _set_running(node: types_pb2.Node, running: list[types_pb2.RunningTask]) -> None:
     running.sort(key=lambda task: task.task_id)
-    # Copies: the tasks may still belong to the container being replaced.
+    # Copy first: the tasks may be elements of node.running, which is cleared next.
     copies = [
         types_pb2.RunningTask(job_id=t.job_id, task_id=t.task_id, gpu_indices=t.gpu_indices)
         for t in running

@@ -23,7 +23,7 @@ from services.admission.budget_view import BudgetView
 from services.admission.servicer import ClusterServicer, JobServicer
 from services.grpc_server import start_server
 from services.projector.client import ProjectorClient
-from services.runtime import run_until_signalled
+from services.runtime import configure_logging, run_until_signalled
 
 log = logging.getLogger("admission")
 
@@ -81,10 +81,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s admission %(levelname)s %(message)s",
-    )
+    configure_logging("admission")
     setup_tracing("admission")
     asyncio.run(run_until_signalled(serve()))
 

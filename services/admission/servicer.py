@@ -57,7 +57,8 @@ class JobServicer(js_grpc.JobServiceServicer):
         self._limits = limits
         self._secret = secret
         self._watch_interval_s = watch_interval_s
-        self._recent: OrderedDict[str, str] = OrderedDict()  # request key -> job id
+        # Jobs this instance recorded, for read-your-writes until the projector has them.
+        self._recent: OrderedDict[str, types_pb2.Job] = OrderedDict()
 
     async def SubmitJob(
         self, request: js.SubmitJobRequest, context: grpc.aio.ServicerContext
@@ -94,7 +95,7 @@ class JobServicer(js_grpc.JobServiceServicer):
             await self._reject(job_id, spec, violations[0].field, message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
 
-        await self._record(
+        submitted = await self._record(
             [
                 events_pb2.JobSubmitted(job_id=job_id, spec=spec),
                 events_pb2.JobAdmitted(job_id=job_id, spec=spec),
@@ -102,8 +103,14 @@ class JobServicer(js_grpc.JobServiceServicer):
             job_id,
             spec.cluster,
         )
-        if spec.client_request_id:
-            self._remember(job_id)
+        self._remember(
+            types_pb2.Job(
+                job_id=job_id,
+                spec=spec,
+                state=types_pb2.JOB_STATE_PENDING,
+                submitted_at=submitted.occurred_at,
+            )
+        )
         return js.SubmitJobResponse(job_id=job_id)
 
     async def CancelJob(
@@ -148,7 +155,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         await caller(context, self._secret)
         last: types_pb2.Job | None = None
         while True:
-            job = await self._projector.get_job(request.job_id)
+            job = await self._lookup(request.job_id)
             if job is None and last is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
             if job is not None and job != last:
@@ -168,18 +175,21 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def _job_or_abort(
         self, job_id: str, context: grpc.aio.ServicerContext
     ) -> types_pb2.Job:
-        job = await self._projector.get_job(job_id)
+        job = await self._lookup(job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
         assert job is not None
         return job
 
-    async def _known(self, job_id: str) -> bool:
-        return job_id in self._recent or await self._projector.get_job(job_id) is not None
+    async def _lookup(self, job_id: str) -> types_pb2.Job | None:
+        return await self._projector.get_job(job_id) or self._recent.get(job_id)
 
-    def _remember(self, job_id: str) -> None:
-        self._recent[job_id] = job_id
-        if len(self._recent) > 100_000:
+    async def _known(self, job_id: str) -> bool:
+        return await self._lookup(job_id) is not None
+
+    def _remember(self, job: types_pb2.Job) -> None:
+        self._recent[job.job_id] = job
+        if len(self._recent) > 10_000:
             self._recent.popitem(last=False)
 
     async def _reject(
@@ -191,21 +201,24 @@ class JobServicer(js_grpc.JobServiceServicer):
             spec.cluster or "default",
         )
 
-    async def _record(self, payloads: list[Message], job_id: str, cluster: str) -> None:
-        """Append events in order and wait until the broker has all of them."""
+    async def _record(
+        self, payloads: list[Message], job_id: str, cluster: str
+    ) -> events_pb2.Envelope:
+        """Append events in order, wait until the broker has all; return the first."""
         acks = []
-        causation = ""
+        envelopes: list[events_pb2.Envelope] = []
         for payload in payloads:
             env = new_envelope(
                 payload,
                 producer=PRODUCER,
                 cluster=cluster,
                 correlation_id=job_id,
-                causation_id=causation,
+                causation_id=envelopes[-1].event_id if envelopes else "",
             )
-            causation = env.event_id
+            envelopes.append(env)
             acks.append(await self._producer.enqueue(self._topic, env, key=cluster))
         await asyncio.gather(*acks)
+        return envelopes[0]
 
 
 class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):

@@ -23,7 +23,7 @@ from libs.telemetry import setup_tracing
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
 from services.grpc_server import start_server
-from services.runtime import run_until_signalled
+from services.runtime import configure_logging, run_until_signalled
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 log = logging.getLogger("budget")
@@ -72,10 +72,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s budget %(levelname)s %(message)s",
-    )
+    configure_logging("budget")
     setup_tracing("budget")
     asyncio.run(run_until_signalled(serve()))
 

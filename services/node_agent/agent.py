@@ -90,7 +90,8 @@ class NodeAgent:
         """Stop every running task and wait until each has reported how it ended."""
         for run in list(self._running.values()):
             self._request_stop(run, SHUTDOWN_REASON, run.placed_event_id)
-        await asyncio.gather(*self._waiters)
+        # Failures are logged by _waiter_done; one must not keep the others from ending.
+        await asyncio.gather(*self._waiters, return_exceptions=True)
 
     async def _start(self, task: events_pb2.TaskPlaced, delivery: Delivery) -> None:
         if task.task_id in self._started:
@@ -124,7 +125,7 @@ class NodeAgent:
         log.info("task %s started on %s GPUs %s", task.task_id, node.node_id, task.gpu_indices)
         run = _Running(node, task, placed_event_id, execution, span)
         self._running[task.task_id] = run
-        waiter = asyncio.create_task(self._await_exit(run))
+        waiter = asyncio.create_task(self._await_exit(run), name=task.task_id)
         self._waiters.add(waiter)
         waiter.add_done_callback(self._waiter_done)
 
@@ -145,7 +146,9 @@ class NodeAgent:
     def _waiter_done(self, waiter: asyncio.Task[None]) -> None:
         self._waiters.discard(waiter)
         if not waiter.cancelled() and waiter.exception() is not None:
-            log.error("lost the end of a task", exc_info=waiter.exception())
+            log.error(
+                "could not report how task %s ended", waiter.get_name(), exc_info=waiter.exception()
+            )
 
     def _stop(self, request: events_pb2.TaskStopRequested, event_id: str) -> None:
         run = self._running.get(request.task_id)

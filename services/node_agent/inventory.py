@@ -142,7 +142,8 @@ class _MemoryInfo(Protocol):
 class Nvml(Protocol):
     """The part of ``pynvml`` the agent uses; tests hand in a fake."""
 
-    NVMLError: type[Exception]
+    @property
+    def NVMLError(self) -> type[Exception]: ...
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...

@@ -1,4 +1,8 @@
-"""``python -m services.placement``: run the scheduler service."""
+"""``python -m services.placement``: run the scheduler service.
+
+Settings: ``QM_PLACEMENT_GROUP`` (consumer group and transactional id, default
+``qm-placement``), plus the Kafka settings.
+"""
 
 import asyncio
 import logging
@@ -7,16 +11,17 @@ import os
 from libs.bus import KafkaSettings, load_topic_config
 from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
-from services.runtime import run_until_signalled
+from services.runtime import configure_logging, run_until_signalled
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s placement %(levelname)s %(message)s",
-    )
+    configure_logging("placement")
     setup_tracing("placement")
-    service = PlacementService(KafkaSettings.from_env(), load_topic_config())
+    service = PlacementService(
+        KafkaSettings.from_env(),
+        load_topic_config(),
+        group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-placement"),
+    )
     asyncio.run(run_until_signalled(service.run()))
 
 

@@ -2,9 +2,9 @@
 
 Each poll's decisions and the consumer offsets that produced them are
 committed in one Kafka transaction, so a crash never loses or doubles a
-decision. On partition assignment the scheduler state for that partition is
-rebuilt by replaying the log up to the committed offset (outputs suppressed):
-the state is a pure function of the log.
+decision. Before the first record of a newly assigned partition is decided,
+the scheduler state for that partition is rebuilt by replaying the log up to
+that record (outputs suppressed): the state is a pure function of the log.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
-from qm.v1 import events_pb2
 
 from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
 from libs.core import Scheduler
@@ -26,33 +26,31 @@ from libs.events.decide import decide
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
-GROUP_ID = "qm-placement"
-
-
 @dataclass
 class PlacementService:
     settings: KafkaSettings
     topics: Topics
-    transactional_id: str = "qm-placement"
+    # Also the transactional id: a restarted (or standby) instance fences the old one.
+    group_id: str = "qm-placement"
     schedulers: dict[int, Scheduler] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         producer = EventProducer(
-            self.settings, client_id="placement", transactional_id=self.transactional_id
+            self.settings, client_id="placement", transactional_id=self.group_id
         )
         deadletters = EventProducer(self.settings, client_id="placement-dlq")
         consumer = EventConsumer(
             self.settings,
             [self.topics.events.name],
             name="placement",
-            group_id=GROUP_ID,
+            group_id=self.group_id,
             deadletter_topic=self.topics.deadletter.name,
             deadletter_producer=deadletters,
         )
         await producer.start()
         await deadletters.start()
-        await consumer.start(listener=_Rebuild(self, consumer.kafka))
+        await consumer.start(listener=_Rebalance(self))
         try:
             async for batch in consumer.batches():
                 if not consumer.kafka.assignment():
@@ -67,6 +65,9 @@ class PlacementService:
         self, producer: EventProducer, consumer: EventConsumer, batch: list[Delivery]
     ) -> None:
         kafka = consumer.kafka
+        for delivery in batch:
+            if delivery.partition not in self.schedulers:
+                await self.rebuild(delivery.topic_partition, delivery.offset)
         # The positions cover dead-lettered records too, so those are not re-read.
         offsets = {tp: await kafka.position(tp) for tp in kafka.assignment()}
         committed = {tp: await kafka.committed(tp) for tp in offsets}
@@ -75,15 +76,12 @@ class PlacementService:
         async with producer.kafka.transaction():
             acks = []
             for delivery in batch:
-                for out in self._step(delivery):
-                    acks.append(
-                        await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
-                    )
+                acks.extend(await self._decide(producer, delivery))
             await asyncio.gather(*acks)
-            await producer.kafka.send_offsets_to_transaction(offsets, GROUP_ID)
+            await producer.kafka.send_offsets_to_transaction(offsets, self.group_id)
 
-    def _step(self, delivery: Delivery) -> list[events_pb2.Envelope]:
-        scheduler = self.schedulers.setdefault(delivery.partition, Scheduler())
+    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
+        """Decide one record and queue its outputs inside its span, so they carry its trace."""
         env = delivery.envelope
         with tracer.start_as_current_span(
             f"placement {event_type(env)}",
@@ -94,17 +92,25 @@ class PlacementService:
                 "qm.offset": delivery.offset,
             },
         ):
+            scheduler = self.schedulers[delivery.partition]
             outputs = decide(scheduler, env, partition=delivery.partition, offset=delivery.offset)
+            acks = []
             for out in outputs:
                 log.info("%s %s", event_type(out), out.correlation_id)
-            return outputs
+                acks.append(
+                    await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
+                )
+            return acks
 
     async def rebuild(self, tp: TopicPartition, upto: int) -> None:
         """Fold records [0, upto) of one partition into a fresh scheduler."""
         scheduler = Scheduler()
+        if upto > 0:
+            await self._replay(scheduler, tp, upto)
+            log.info("rebuilt partition %d from %d records", tp.partition, upto)
         self.schedulers[tp.partition] = scheduler
-        if upto <= 0:
-            return
+
+    async def _replay(self, scheduler: Scheduler, tp: TopicPartition, upto: int) -> None:
         reader = AIOKafkaConsumer(
             **self.settings.client_kwargs(),
             enable_auto_commit=False,
@@ -128,20 +134,17 @@ class PlacementService:
                 position = await reader.position(tp)
         finally:
             await reader.stop()
-        log.info("rebuilt partition %d from %d records", tp.partition, upto)
 
 
-class _Rebuild(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, service: PlacementService, consumer: AIOKafkaConsumer) -> None:
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Forget the state of partitions that another instance now owns."""
+
+    def __init__(self, service: PlacementService) -> None:
         self._service = service
-        self._consumer = consumer
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
             self._service.schedulers.pop(tp.partition, None)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        for tp in sorted(assigned):
-            committed = await self._consumer.committed(tp) or 0
-            await self._service.rebuild(tp, committed)
         self._service.ready.set()

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
-from readmodel_builders import (
+
+from libs.readmodels import apply_job_event, job_key, newest_jobs
+from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
     cancelled,
@@ -25,8 +27,6 @@ from readmodel_builders import (
     submitted,
     tick,
 )
-
-from libs.readmodels import apply_job_event, job_key, newest_jobs
 
 S = types_pb2.JobState
 NON_TERMINAL_ORDER = [

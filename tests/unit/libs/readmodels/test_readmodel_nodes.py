@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
-from readmodel_builders import (
+
+from libs.readmodels import (
+    apply_job_event,
+    apply_node_event,
+    node_key,
+    nodes_in_cluster,
+    without_ended_tasks,
+)
+from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     failed,
     finished,
@@ -18,8 +26,6 @@ from readmodel_builders import (
     submitted,
     tick,
 )
-
-from libs.readmodels import apply_node_event, node_key, nodes_in_cluster
 
 
 def fold(events: list[events_pb2.Envelope]) -> types_pb2.Node | None:
@@ -160,6 +166,24 @@ def test_running_tasks_are_those_placed_and_not_ended(
     node = folded(events)
     assert [t.task_id for t in node.running] == still_running
     assert len(node.inventory.gpus) == 8
+
+
+def job(events: list[events_pb2.Envelope]) -> types_pb2.Job | None:
+    return reduce(apply_job_event, events, None)
+
+
+def test_an_end_read_before_its_placement_leaves_a_task_the_jobs_settle() -> None:
+    node = folded([registered("n1"), finished("a"), placed("a", "n1", [0]), placed("b", "n1", [1])])
+    assert [t.task_id for t in node.running] == ["a/0", "b/0"]  # the fold alone cannot know
+    jobs = {"a": job([finished("a"), placed("a", "n1", [0])]), "b": job([placed("b", "n1", [1])])}
+    settled = without_ended_tasks(node, jobs.get)
+    assert running(settled) == [("b", "b/0", [1])]
+    assert [t.task_id for t in node.running] == ["a/0", "b/0"]  # input untouched
+
+
+def test_tasks_of_running_or_unknown_jobs_are_kept() -> None:
+    node = folded([registered("n1"), placed("a", "n1", [0]), placed("b", "n1", [1])])
+    assert without_ended_tasks(node, {"a": job([placed("a", "n1", [0])])}.get) is node
 
 
 def test_nodes_in_cluster_sorted_by_id() -> None:

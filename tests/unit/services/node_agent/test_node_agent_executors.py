@@ -68,8 +68,9 @@ async def test_process_exit_code_is_reported(tmp_path: Path) -> None:
 
 async def test_process_sees_its_gpus_and_ids_and_logs_to_the_job_file(tmp_path: Path) -> None:
     code = (
-        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['QM_JOB_ID'],"
-        " os.environ['QM_TASK_ID'], os.environ['EXTRA']); import sys; print('oops', file=sys.stderr)"
+        "import os, sys; e = os.environ; "
+        "print(e['CUDA_VISIBLE_DEVICES'], e['QM_JOB_ID'], e['QM_TASK_ID'], e['EXTRA']); "
+        "print('oops', file=sys.stderr)"
     )
     executor = ProcessExecutor(tmp_path / "logs")
     task = placed(*python(code), gpus=(1, 3), env={"EXTRA": "yes"})
@@ -98,7 +99,8 @@ async def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None
     )
     execution = await ProcessExecutor(tmp_path, grace_s=0.3).start(placed(*python(code)))
     log = tmp_path / "job-1.log"
-    while "ready" not in log.read_text():  # SIGTERM before the handler is set would just end it
+    # A SIGTERM sent before the handler is in place would end it at once.
+    while "ready" not in log.read_text().splitlines():
         await asyncio.sleep(0.02)
     await execution.stop()
     assert await execution.wait() == -9
@@ -115,7 +117,6 @@ async def test_stop_after_exit_is_harmless(tmp_path: Path) -> None:
     ("command", "reason", "exit_code"),
     [
         (("no-such-command-qm",), "command not found: no-such-command-qm", 127),
-        (("/etc/hostname",), "permission denied: /etc/hostname", 126),
         ((), "the job has no command to run", 127),
     ],
 )
@@ -125,6 +126,14 @@ async def test_unstartable_commands_say_why(
     with pytest.raises(LaunchError) as caught:
         await ProcessExecutor(tmp_path).start(placed(*command))
     assert (caught.value.reason, caught.value.exit_code) == (reason, exit_code)
+
+
+async def test_a_file_without_execute_permission_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(LaunchError) as caught:
+        await ProcessExecutor(tmp_path).start(placed(str(script)))
+    assert (caught.value.reason, caught.value.exit_code) == (f"permission denied: {script}", 126)
 
 
 async def test_simulated_task_runs_for_its_duration_and_exits_as_told() -> None:

@@ -1,0 +1,16 @@
+"""``python -m services.projector``: run one projector worker.
+
+Quiet by default; ``QM_PROJECTOR_LOGLEVEL`` (e.g. ``info``) says more.
+"""
+
+import os
+
+import faust
+
+from services.projector.app import app
+
+worker = faust.Worker(app, loglevel=os.environ.get("QM_PROJECTOR_LOGLEVEL", "warning"), quiet=True)
+# faust's terminal spinner turns the root logger to DEBUG so that every record
+# spins it; in a service that only costs CPU and litters the log with escapes.
+worker.spinner = None
+worker.execute_from_commandline()

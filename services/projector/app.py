@@ -1,0 +1,78 @@
+"""The projector's one faust App: folds the event log into queryable read models.
+
+Configured from the environment: ``QM_PROJECTOR_APP_ID`` (also the consumer
+group and the prefix of the table changelogs), ``QM_PROJECTOR_HOST`` and
+``QM_PROJECTOR_PORT`` for the web server, ``QM_PROJECTOR_DATA_DIR`` for faust's
+data folder (default: in the temp dir), the Kafka settings of ``libs.bus`` and
+the topic config of ``QM_TOPICS``.
+
+Co-partitioning: the events and decisions topics are both keyed by cluster and
+have the same partition count as the table changelogs, so everything about one
+job or node arrives on partition P of either topic and is written to changelog
+partition P. Views read the local tables and know nothing of routing, so a
+single worker must own every partition; more workers would need table_route
+and a key-to-partition map.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import faust
+from faust.types import TableT
+
+from libs.bus import KafkaSettings, load_topic_config
+from libs.bus.topics import TopicSpec
+
+APP_ID = os.environ.get("QM_PROJECTOR_APP_ID", "qm-projector")
+TOPICS = load_topic_config()
+
+app = faust.App(
+    APP_ID,
+    broker=KafkaSettings.from_env().faust_broker(),
+    # Modules holding agents, tables and views; imported by the worker at start.
+    autodiscover=[
+        "services.projector.jobs",
+        "services.projector.nodes",
+        "services.projector.health",
+    ],
+    origin="services.projector.app",
+    topic_partitions=TOPICS.events.partitions,
+    store="memory://",
+    # Tables live in memory, but faust still makes <datadir>/v1/tables; keep it out of the CWD.
+    datadir=os.environ.get("QM_PROJECTOR_DATA_DIR")
+    or os.path.join(tempfile.gettempdir(), f"{APP_ID}-data"),
+    key_serializer="raw",
+    value_serializer="raw",
+    web_bind=os.environ.get("QM_PROJECTOR_HOST", "127.0.0.1"),
+    web_host=os.environ.get("QM_PROJECTOR_HOST", "127.0.0.1"),
+    web_port=int(os.environ.get("QM_PROJECTOR_PORT", "6066")),
+    # Static group membership: a worker restarted after a crash takes its
+    # partitions back at once instead of waiting out the dead member's session
+    # (about a minute). It also means one worker per app id, as said above.
+    consumer_group_instance_id=f"{APP_ID}-worker",
+)
+
+
+def protobuf_table(name: str, changelog: TopicSpec) -> TableT[str, bytes]:
+    """A table of serialized protobuf messages by id, kept in memory.
+
+    faust names the changelog ``<app id>-<name>-changelog``; it must be the topic
+    the config declares (created in advance, compacted), or the table would be
+    recovered from, and written to, a topic nobody created.
+    """
+    table: TableT[str, bytes] = app.Table(
+        name,
+        key_type=str,
+        value_type=bytes,
+        partitions=changelog.partitions,
+        help=f"{name} by id, serialized protobuf",
+    )
+    derived = table.changelog_topic.get_topic_name()
+    if derived != changelog.name:
+        raise RuntimeError(
+            f"table {name!r} would use changelog {derived!r}, but the topic config names "
+            f"{changelog.name!r}; set QM_PROJECTOR_APP_ID or QM_TOPICS to agree"
+        )
+    return table

@@ -1,0 +1,25 @@
+"""``GET /ready``: 200 once the tables are recovered and the worker consumes, else 503.
+
+The web server answers before recovery ends; until then views would serve
+partial tables, so whoever starts a worker waits for this.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from faust import web
+from faust.tables.manager import TableManager
+
+from services.projector.app import app
+from services.projector.contract import READY
+
+
+@app.page(READY)
+class ReadyView(web.View):
+    async def get(self, request: web.Request) -> web.Response:
+        # The abstract TableManagerT does not declare the recovery service.
+        recovered = cast(TableManager, app.tables).recovery.completed.is_set()
+        if recovered and not app.rebalancing and not app.in_recovery:
+            return self.text("ready")
+        return self.text("recovering", status=503)

@@ -1,0 +1,21 @@
+"""Keeps the ``nodes`` table: decode, fold with ``libs.readmodels``, store."""
+
+from __future__ import annotations
+
+import faust
+
+from libs.readmodels import apply_node_event, node_key
+from services.projector.app import app
+from services.projector.inputs import envelopes, log_topics
+from services.projector.nodes.tables import get_node, put_node
+
+
+@app.agent(log_topics)
+async def project_nodes(stream: faust.StreamT[bytes]) -> None:
+    async for env in envelopes(stream, consumer="nodes"):
+        node_id = node_key(env)
+        if node_id is None:
+            continue
+        node = apply_node_event(get_node(node_id), env)
+        if node is not None:
+            put_node(node)

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
+
+from libs.bus import KafkaSettings, load_topic_config
+from tests.integration.stack import Stack
+
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.path):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack(tmp_path_factory.mktemp("stack"))
+    try:
+        stack.up()
+        yield stack
+    finally:
+        stack.down()
+
+
+@pytest.fixture(scope="session")
+def jobs(stack: Stack) -> js_grpc.JobServiceStub:
+    return js_grpc.JobServiceStub(stack.channel())
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 30, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or probe}")
+        time.sleep(0.2)
+
+
+def wait_for_end(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> types_pb2.Job:
+    """Follow WatchJob until the job ends; return its last state."""
+    last = None
+    for job in jobs.WatchJob(
+        js.WatchJobRequest(job_id=job_id), metadata=stack.auth("alice"), timeout=60
+    ):
+        last = job
+    assert last is not None
+    return last
+
+
+def read_topic(stack: Stack, key: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record currently in one of the session's topics (by config key)."""
+    topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
+
+    async def read() -> list[ConsumerRecord[bytes, bytes]]:
+        consumer = AIOKafkaConsumer(
+            topic,
+            **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        try:
+            while not consumer.assignment():
+                await asyncio.sleep(0.05)
+            ends = await consumer.end_offsets(list(consumer.assignment()))
+            records: list[ConsumerRecord[bytes, bytes]] = []
+            while any([await consumer.position(tp) < end for tp, end in ends.items()]):
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records.extend(batch)
+            return records
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())

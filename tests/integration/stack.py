@@ -1,0 +1,164 @@
+"""The real services as processes against the real broker, isolated per test session.
+
+Each session gets its own topic names, consumer groups, ports and secret, so
+runs never see each other's events even on a reused broker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import yaml
+
+from libs.auth import issue_token
+from services.grpc_server import bearer
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "deploy" / "local"))
+from wait_ready import answers  # noqa: E402
+
+BUDGET_TREE = {
+    "name": "lab",
+    "managers": ["carol"],
+    "children": [
+        {"name": "vision", "weight": 60, "members": ["alice"], "managers": ["dana"]},
+        {"name": "nlp", "weight": 40, "members": ["bob", "alice"]},
+    ],
+}
+
+NODES = {
+    "nodes": [
+        {"node_id": "proc-0", "gpu_type": "H100", "gpu_count": 4, "gpu_memory_gib": 80, "executor": "process"},
+        {"node_id": "proc-1", "gpu_type": "H100", "gpu_count": 4, "gpu_memory_gib": 80, "executor": "process"},
+        {"node_id": "sim-0", "gpu_type": "A100", "gpu_count": 8, "gpu_memory_gib": 40, "executor": "simulated"},
+    ]
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    bootstrap: str = field(default_factory=lambda: os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.admission_port = free_port()
+        self.budget_port = free_port()
+        self.projector_port = free_port()
+        self.topics_file = self.workdir / "topics.yaml"
+        self.logs = self.workdir / "logs"
+        self.task_logs = self.logs / "tasks"
+        self.task_logs.mkdir(parents=True, exist_ok=True)
+        prefix = f"t{self.run_id}"
+        self.app_id = f"{prefix}-projector"
+        config = yaml.safe_load((ROOT / "deploy" / "topics.yaml").read_text())
+        for key, topic in config["topics"].items():
+            # Faust names changelogs <app id>-<table>-changelog.
+            topic["name"] = (
+                f"{self.app_id}-{key.removesuffix('_view')}-changelog"
+                if key.endswith("_view")
+                else f"{prefix}.{topic['name']}"
+            )
+        self.topics_file.write_text(yaml.safe_dump(config))
+        (self.workdir / "budget.yaml").write_text(yaml.safe_dump(BUDGET_TREE))
+        (self.workdir / "nodes.yaml").write_text(yaml.safe_dump(NODES))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "QM_KAFKA_BOOTSTRAP": self.bootstrap,
+            "QM_TOPICS": str(self.topics_file),
+            "QM_AUTH_SECRET": self.secret.decode(),
+            "QM_ADMISSION_ADDR": f"127.0.0.1:{self.admission_port}",
+            "QM_BUDGET_ADDR": f"127.0.0.1:{self.budget_port}",
+            "QM_BUDGET_TARGET": f"127.0.0.1:{self.budget_port}",
+            "QM_BUDGET_TREE": str(self.workdir / "budget.yaml"),
+            "QM_PROJECTOR_APP_ID": self.app_id,
+            "QM_PROJECTOR_PORT": str(self.projector_port),
+            "QM_PROJECTOR_URL": f"http://127.0.0.1:{self.projector_port}",
+            "QM_PROJECTOR_DATA_DIR": str(self.workdir / "projector"),
+            "QM_TASK_LOG_DIR": str(self.task_logs),
+            "QM_PLACEMENT_GROUP": f"t{self.run_id}-placement",
+            "OTEL_TRACES_EXPORTER": "console",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start(self, name: str, *args: str) -> None:
+        log = (self.logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self, name: str) -> int:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def wait_ready(self, *targets: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = list(targets)
+        while waiting:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}: {self.tail(name)}")
+            waiting = [t for t in waiting if not answers(t)]
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"not ready: {waiting}")
+            time.sleep(0.2)
+
+    def up(self) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "libs.bus"], cwd=ROOT, env=self.env, check=True, capture_output=True
+        )
+        self.start("budget")
+        self.start("projector")
+        self.wait_ready(
+            f"grpc:127.0.0.1:{self.budget_port}", f"http://127.0.0.1:{self.projector_port}/nodes"
+        )
+        self.start("placement")
+        self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)
+        self.start("admission")
+        self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
+
+    def down(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        path = self.logs / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"127.0.0.1:{self.admission_port}")
+
+    def budget_channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"127.0.0.1:{self.budget_port}")
+
+    def auth(self, user: str) -> tuple[tuple[str, str], ...]:
+        return bearer(issue_token(user, self.secret))

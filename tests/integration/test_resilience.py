@@ -1,0 +1,118 @@
+"""Bad records, restarts and traces: the stack loses nothing and keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from qm.v1 import types_pb2
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+
+from libs.bus import KafkaSettings, load_topic_config
+from libs.bus.deadletter import CONSUMER, REASON, SOURCE_TOPIC
+from tests.integration.conftest import eventually, read_topic, wait_for_end
+from tests.integration.stack import Stack
+from tests.integration.test_job_lifecycle import submit
+
+
+def produce_raw(stack: Stack, key: str, value: bytes) -> None:
+    topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
+
+    async def send() -> None:
+        producer = AIOKafkaProducer(**KafkaSettings(bootstrap=stack.bootstrap).client_kwargs())
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, value=value, key=b"default")
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
+
+
+def test_garbage_is_dead_lettered_and_the_stack_goes_on(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    produce_raw(stack, "events", b"\x08\x96\x01 not an envelope")
+    produce_raw(stack, "decisions", b"")
+
+    events_reason = "not a qm.v1.Envelope: Error parsing message with type 'qm.v1.Envelope'"
+    wanted = {
+        ("placement", "events", events_reason),
+        ("projector", "events", events_reason),
+        ("projector", "decisions", "empty record value"),
+        ("node-agent", "decisions", "empty record value"),
+    }
+
+    def parked() -> bool:
+        found = set()
+        for record in read_topic(stack, "deadletter"):
+            headers = {k: v.decode() for k, v in record.headers}
+            consumer = next(
+                (role for role in ("placement", "node-agent", "projector") if role in headers[CONSUMER]),
+                headers[CONSUMER],
+            )
+            reason = headers[REASON][: len(events_reason)]
+            found.add((consumer, headers[SOURCE_TOPIC].rsplit(".", 1)[-1], reason))
+        return wanted <= found
+
+    eventually(parked, what=f"dead letters from every consumer: {wanted}")
+    job_id = submit(stack, jobs, command=["true"])
+    assert wait_for_end(stack, jobs, job_id).state == types_pb2.JOB_STATE_FINISHED
+
+
+def test_placement_rebuilds_its_state_after_a_restart(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    sleeper = submit(
+        stack, jobs, gpus=4, gpu_type="H100", command=["python", "-c", "import time; time.sleep(60)"]
+    )
+    held = eventually(
+        lambda: (
+            job := jobs.GetJob(js.GetJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
+        ).state == types_pb2.JOB_STATE_RUNNING and job,
+        what="the first job to run",
+    )
+    stack.stop("placement")
+    waiting = submit(stack, jobs, gpus=4, gpu_type="H100", command=["true"])
+    stack.start("placement")
+    done = wait_for_end(stack, jobs, waiting)
+    assert done.state == types_pb2.JOB_STATE_FINISHED
+    assert done.node_id != held.node_id, "the rebuilt scheduler gave away GPUs still in use"
+    jobs.CancelJob(js.CancelJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
+    assert wait_for_end(stack, jobs, sleeper).state == types_pb2.JOB_STATE_CANCELLED
+
+
+def spans(stack: Stack, service: str) -> list[dict[str, object]]:
+    found = []
+    for line in (stack.logs / f"{service}.log").read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"trace_id"' in line:
+            found.append(json.loads(line))
+    return found
+
+
+def test_one_trace_spans_submit_placement_and_the_node_agent(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    job_id = submit(stack, jobs, command=["true"])
+    wait_for_end(stack, jobs, job_id)
+    [submit_span] = [
+        s for s in spans(stack, "admission")
+        if s["name"] == "/qm.v1.JobService/SubmitJob"
+        and any(
+            s["context"]["trace_id"] == p["context"]["trace_id"]  # type: ignore[index]
+            for p in spans(stack, "placement")
+        )
+        and s["context"]["trace_id"]  # type: ignore[index]
+        in {n["context"]["trace_id"] for n in spans(stack, "node_agent")}  # type: ignore[index]
+    ][-1:]
+    trace_id = submit_span["context"]["trace_id"]  # type: ignore[index]
+    services = {
+        service
+        for service in ("placement", "node_agent")
+        for span in spans(stack, service)
+        if span["context"]["trace_id"] == trace_id  # type: ignore[index]
+    }
+    assert services == {"placement", "node_agent"}

@@ -1,0 +1,199 @@
+"""The agent against an in-memory emit: what it reports, and under which trace."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf.message import Message
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext
+from qm.v1 import events_pb2, types_pb2
+
+from libs.bus import Delivery
+from libs.events import event_type, new_envelope
+from services.node_agent.agent import NodeAgent
+from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.inventory import parse_inventory
+
+NODES = parse_inventory(
+    yaml.safe_load(
+        """
+nodes:
+  - {node_id: sim-0, cluster: west, gpu_type: H100, gpu_count: 2, gpu_memory_gib: 80,
+     executor: simulated}
+  - {node_id: proc-0, gpu_type: H100, gpu_count: 2, gpu_memory_gib: 80}
+"""
+    ),
+    source="test",
+)
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PLACEMENT_SPAN_ID = "b7ad6b7169203331"
+
+
+class Recorder:
+    """Stands in for the producer: keeps each envelope and the span it was sent under."""
+
+    def __init__(self) -> None:
+        self.events: list[events_pb2.Envelope] = []
+        self.spans: list[SpanContext] = []
+
+    async def __call__(self, env: events_pb2.Envelope) -> None:
+        self.events.append(env)
+        self.spans.append(trace.get_current_span().get_span_context())
+
+    def types(self) -> list[str]:
+        return [event_type(env) for env in self.events]
+
+    async def until(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.events) < count:
+                await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def emitted() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def agent(tmp_path: Path, emitted: Recorder, spans: InMemorySpanExporter) -> NodeAgent:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    return NodeAgent(
+        NODES,
+        executors={
+            types_pb2.EXECUTOR_PROCESS: ProcessExecutor(tmp_path, grace_s=1),
+            types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
+        },
+        emit=emitted,
+        tracer=provider.get_tracer("test"),
+    )
+
+
+def delivery(payload: Message, offset: int = 0) -> Delivery:
+    traceparent = f"00-{TRACE_ID}-{PLACEMENT_SPAN_ID}-01".encode()
+    return Delivery(
+        envelope=new_envelope(payload, producer="placement", cluster="west"),
+        topic="decisions",
+        partition=0,
+        offset=offset,
+        headers=(("traceparent", traceparent),),
+    )
+
+
+def placement(
+    node_id: str = "sim-0", *command: str, duration_s: float = 0.05
+) -> events_pb2.TaskPlaced:
+    return events_pb2.TaskPlaced(
+        job_id="job-1",
+        task_id="job-1/0",
+        node_id=node_id,
+        gpu_indices=[1],
+        spec=types_pb2.JobSpec(command=command, simulated_duration_s=duration_s),
+    )
+
+
+def stop_request(reason: str = "preempted") -> events_pb2.TaskStopRequested:
+    return events_pb2.TaskStopRequested(
+        job_id="job-1", task_id="job-1/0", node_id="sim-0", reason=reason
+    )
+
+
+async def test_registers_every_node_under_its_own_name(agent: NodeAgent, emitted: Recorder) -> None:
+    await agent.register()
+    assert [
+        (env.node_registered.inventory.node_id, env.producer, env.cluster) for env in emitted.events
+    ] == [("sim-0", "node-agent/sim-0", "west"), ("proc-0", "node-agent/proc-0", "default")]
+    assert all(env.HasField("occurred_at") for env in emitted.events)
+
+
+async def test_a_placed_task_starts_and_finishes_inside_placements_trace(
+    agent: NodeAgent, emitted: Recorder, spans: InMemorySpanExporter
+) -> None:
+    placed = delivery(placement())
+    assert await agent.handle(placed)
+    await emitted.until(2)
+    assert emitted.types() == ["task_started", "task_finished"]
+    for env in emitted.events:
+        assert (env.correlation_id, env.causation_id) == ("job-1", placed.envelope.event_id)
+        assert (env.producer, env.cluster) == ("node-agent/sim-0", "west")
+    assert emitted.events[0].task_started.pid == 0
+    assert emitted.events[1].task_finished.exit_code == 0
+    await agent.shutdown()
+    (run,) = spans.get_finished_spans()
+    assert run.parent is not None
+    assert (run.context.trace_id, run.parent.span_id) == (
+        int(TRACE_ID, 16),
+        int(PLACEMENT_SPAN_ID, 16),
+    )
+    assert [span.span_id for span in emitted.spans] == [run.context.span_id] * 2
+
+
+async def test_decisions_for_other_nodes_are_ignored(agent: NodeAgent, emitted: Recorder) -> None:
+    assert not await agent.handle(delivery(placement("gpu-9")))
+    assert not await agent.handle(delivery(events_pb2.JobPending(job_id="job-1")))
+    assert emitted.events == []
+
+
+async def test_a_redelivered_placement_does_not_run_twice(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    assert await agent.handle(delivery(placement(duration_s=60)))
+    assert await agent.handle(delivery(placement(duration_s=60), offset=1))
+    await agent.shutdown()
+    assert emitted.types() == ["task_started", "task_failed"]
+
+
+async def test_a_command_that_cannot_start_fails_with_the_reason(
+    agent: NodeAgent, emitted: Recorder, spans: InMemorySpanExporter
+) -> None:
+    placed = delivery(placement("proc-0", "no-such-command-qm"))
+    await agent.handle(placed)
+    assert emitted.types() == ["task_failed"]
+    failed = emitted.events[0].task_failed
+    assert (failed.exit_code, failed.reason) == (127, "command not found: no-such-command-qm")
+    assert emitted.events[0].causation_id == placed.envelope.event_id
+    assert [span.name for span in spans.get_finished_spans()] == ["run task"]
+
+
+async def test_a_stop_request_ends_the_task_as_failed(agent: NodeAgent, emitted: Recorder) -> None:
+    await agent.handle(delivery(placement(duration_s=60)))
+    stop = delivery(stop_request("preempted by job-2"), offset=1)
+    assert await agent.handle(stop)
+    await emitted.until(2)
+    failed = emitted.events[1]
+    assert (failed.task_failed.exit_code, failed.task_failed.reason) == (
+        -15,
+        "stop requested: preempted by job-2",
+    )
+    assert failed.causation_id == stop.envelope.event_id
+
+
+async def test_a_stop_for_a_task_not_running_here_changes_nothing(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    assert await agent.handle(delivery(stop_request()))
+    assert emitted.events == []
+
+
+async def test_shutdown_stops_running_processes(agent: NodeAgent, emitted: Recorder) -> None:
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    await agent.handle(delivery(placement("proc-0", *sleeper)))
+    assert emitted.events[0].task_started.pid > 0
+    async with asyncio.timeout(5):
+        await agent.shutdown()
+    assert emitted.types() == ["task_started", "task_failed"]
+    failed = emitted.events[1].task_failed
+    assert (failed.exit_code, failed.reason) == (-15, "node agent stopped")

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import Message
+from qm.v1 import events_pb2
+
+from libs.events import new_envelope
+from services.node_agent.executors import LaunchError
+from services.node_agent.lifecycle import (
+    decision_for,
+    ended,
+    exit_reason,
+    launch_failed,
+    started,
+    stop_reason,
+)
+
+TASK = events_pb2.TaskPlaced(job_id="j", task_id="j/0", node_id="sim-0", gpu_indices=[0])
+
+
+def envelope(payload: Message) -> events_pb2.Envelope:
+    return new_envelope(payload, producer="placement")
+
+
+def test_only_decisions_for_these_nodes_concern_the_agent() -> None:
+    mine = {"sim-0", "sim-1"}
+    stop = events_pb2.TaskStopRequested(job_id="j", task_id="j/0", node_id="sim-1")
+    assert decision_for(envelope(TASK), mine) == TASK
+    assert decision_for(envelope(stop), mine) == stop
+    assert decision_for(envelope(TASK), {"sim-2"}) is None
+    assert decision_for(envelope(events_pb2.JobPending(job_id="j")), mine) is None
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stopped_because", "wanted"),
+    [
+        (0, "", events_pb2.TaskFinished(job_id="j", task_id="j/0", node_id="sim-0")),
+        (
+            3,
+            "",
+            events_pb2.TaskFailed(
+                job_id="j", task_id="j/0", node_id="sim-0", exit_code=3, reason="exited with code 3"
+            ),
+        ),
+        (
+            -9,
+            "",
+            events_pb2.TaskFailed(
+                job_id="j", task_id="j/0", node_id="sim-0", exit_code=-9, reason="killed by SIGKILL"
+            ),
+        ),
+        (
+            0,
+            "node agent stopped",
+            events_pb2.TaskFailed(
+                job_id="j", task_id="j/0", node_id="sim-0", exit_code=0, reason="node agent stopped"
+            ),
+        ),
+    ],
+)
+def test_how_a_task_ended(
+    exit_code: int,
+    stopped_because: str,
+    wanted: events_pb2.TaskFinished | events_pb2.TaskFailed,
+) -> None:
+    assert ended(TASK, exit_code, stopped_because) == wanted
+
+
+def test_other_reports() -> None:
+    assert started(TASK, 42) == events_pb2.TaskStarted(
+        job_id="j", task_id="j/0", node_id="sim-0", pid=42
+    )
+    failure = launch_failed(TASK, LaunchError("command not found: foo", 127))
+    assert (failure.exit_code, failure.reason) == (127, "command not found: foo")
+    assert exit_reason(-200) == "killed by signal 200"
+    request = events_pb2.TaskStopRequested(task_id="j/0", reason="preempted by k")
+    assert stop_reason(request) == "stop requested: preempted by k"
+    assert stop_reason(events_pb2.TaskStopRequested(task_id="j/0")) == "stop requested"

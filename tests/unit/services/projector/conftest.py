@@ -1,0 +1,35 @@
+"""The projector app in memory: no broker, tables emptied per test, dead letters captured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import faust
+import pytest
+
+from services.projector.app import app
+from services.projector.inputs import deadletters
+from services.projector.jobs.tables import jobs
+from services.projector.nodes.tables import nodes
+
+
+@pytest.fixture
+def projector() -> Iterator[faust.App]:
+    app.finalize()
+    app.discover()  # imports agents, tables and views as the worker does
+    app.flow_control.resume()
+    yield app
+    jobs.data.clear()
+    nodes.data.clear()
+
+
+@pytest.fixture
+def dead_letters() -> Iterator[mock.AsyncMock]:
+    with mock.patch.object(deadletters, "send", mock.AsyncMock()) as send:
+        yield send
+
+
+def sent_headers(call: Any) -> dict[str, bytes]:
+    return dict(call.kwargs["headers"])

@@ -1,0 +1,78 @@
+"""The agents move data: decode, fold, store; bad records are parked and skipped."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import faust
+from qm.v1 import types_pb2
+
+from libs.bus import deadletter
+from libs.events import encode
+from services.projector.jobs.agents import project_jobs
+from services.projector.jobs.tables import get_job, jobs
+from services.projector.nodes.agents import project_nodes
+from services.projector.nodes.tables import get_node, nodes
+from tests.unit.libs.readmodels.readmodel_builders import (
+    admitted,
+    finished,
+    placed,
+    registered,
+    started,
+    submitted,
+    tick,
+)
+from tests.unit.services.projector.conftest import sent_headers
+
+
+async def test_jobs_agent_folds_and_stores(projector: faust.App) -> None:
+    async with project_jobs.test_context() as agent:
+        for env in (submitted("j1"), admitted("j1"), placed("j1", "n2", [1]), started("j1")):
+            await agent.put(encode(env), key=b"default")
+    job = get_job("j1")
+    assert job is not None
+    assert (job.state, job.node_id) == (types_pb2.JOB_STATE_RUNNING, "n2")
+    assert jobs["j1"] == job.SerializeToString(deterministic=True)
+
+
+async def test_nodes_agent_folds_and_stores(projector: faust.App) -> None:
+    async with project_nodes.test_context() as agent:
+        for env in (
+            registered("n1"),
+            placed("a", "n1", [0]),
+            placed("b", "n1", [1]),
+            finished("a"),
+        ):
+            await agent.put(encode(env), key=b"default")
+    node = get_node("n1")
+    assert node is not None
+    assert [t.task_id for t in node.running] == ["b/0"]
+
+
+async def test_envelopes_about_nothing_stored_are_skipped(projector: faust.App) -> None:
+    async with project_jobs.test_context() as jobs_agent:
+        await jobs_agent.put(encode(tick()))
+        await jobs_agent.put(encode(registered("n1")))
+    async with project_nodes.test_context() as nodes_agent:
+        await nodes_agent.put(encode(submitted("j1")))
+    assert list(jobs.keys()) == []
+    assert list(nodes.keys()) == []
+
+
+async def test_undecodable_records_are_dead_lettered_and_processing_goes_on(
+    projector: faust.App, dead_letters: mock.AsyncMock
+) -> None:
+    async with project_jobs.test_context() as agent:
+        await agent.put(b"\xff\x00 not protobuf", key=b"default", partition=2)
+        await agent.put(None, key=b"default")
+        await agent.put(encode(submitted("after")), key=b"default")
+    assert get_job("after") is not None
+    assert dead_letters.await_count == 2
+    garbage, empty = dead_letters.await_args_list
+    assert garbage.kwargs["value"] == b"\xff\x00 not protobuf"
+    assert garbage.kwargs["key"] == b"default"
+    headers = sent_headers(garbage)
+    assert headers[deadletter.REASON].startswith(b"not a qm.v1.Envelope")
+    assert headers[deadletter.SOURCE_PARTITION] == b"2"
+    assert headers[deadletter.CONSUMER] == b"qm-projector.jobs"
+    assert sent_headers(empty)[deadletter.REASON] == b"empty record value"

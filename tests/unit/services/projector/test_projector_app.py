@@ -1,0 +1,45 @@
+"""The app's configuration: changelogs agree with the topic config, env decides the rest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from services.projector.app import TOPICS, app
+from services.projector.jobs.tables import jobs
+from services.projector.nodes.tables import nodes
+
+
+def test_changelogs_are_the_configured_topics() -> None:
+    assert jobs.changelog_topic.get_topic_name() == TOPICS.jobs_view.name
+    assert nodes.changelog_topic.get_topic_name() == TOPICS.nodes_view.name
+    assert jobs.partitions == TOPICS.jobs_view.partitions == TOPICS.events.partitions
+    assert app.conf.topic_partitions == TOPICS.events.partitions
+
+
+def run_app(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("QM_PROJECTOR_")}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_defaults_and_environment() -> None:
+    show = (
+        "from services.projector.app import app; c = app.conf; print(c.id, c.web_bind, c.web_port)"
+    )
+    assert run_app(show).stdout.split() == ["qm-projector", "127.0.0.1", "6066"]
+    moved = run_app(show, QM_PROJECTOR_HOST="0.0.0.0", QM_PROJECTOR_PORT="7070")
+    assert moved.stdout.split() == ["qm-projector", "0.0.0.0", "7070"]
+
+
+def test_an_app_id_that_disagrees_with_the_changelog_names_fails_fast() -> None:
+    result = run_app("import services.projector.jobs.tables", QM_PROJECTOR_APP_ID="qm-other")
+    assert result.returncode != 0
+    assert "would use changelog 'qm-other-jobs-changelog'" in result.stderr

@@ -1,0 +1,114 @@
+"""Views answer protobuf over HTTP; exercised through ProjectorClient, no broker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import cast
+
+import aiohttp
+import faust
+import pytest
+from aiohttp.test_utils import TestServer
+from faust.web.drivers.aiohttp import Web as AiohttpWeb
+from qm.v1 import events_pb2, job_service_pb2, types_pb2
+
+from libs.events import encode
+from services.projector.client import ProjectorClient, ProjectorError
+from services.projector.contract import PROTOBUF
+from services.projector.jobs.agents import project_jobs
+from services.projector.nodes.agents import project_nodes
+from tests.unit.libs.readmodels.readmodel_builders import (
+    T0,
+    finished,
+    placed,
+    registered,
+    spec,
+    submitted,
+)
+
+
+@pytest.fixture
+async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
+    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
+    await server.start_server()
+    async with ProjectorClient(str(server.make_url(""))) as client:
+        yield client
+    await server.close()
+
+
+async def feed(agent: faust.types.AgentT[bytes], *envs: events_pb2.Envelope) -> None:
+    async with agent.test_context() as test_agent:
+        for env in envs:
+            await test_agent.put(encode(env))
+
+
+async def feed_jobs(*envs: events_pb2.Envelope) -> None:
+    await feed(project_jobs, *envs)
+
+
+async def feed_nodes(*envs: events_pb2.Envelope) -> None:
+    await feed(project_nodes, *envs)
+
+
+async def test_get_job(client: ProjectorClient) -> None:
+    await feed_jobs(submitted("j/1 odd id"), placed("j/1 odd id", "n1", [0, 1]))
+    job = await client.get_job("j/1 odd id")
+    assert job is not None
+    assert (job.state, list(job.gpu_indices)) == (types_pb2.JOB_STATE_PLACED, [0, 1])
+    assert await client.get_job("unknown") is None
+
+
+async def test_list_jobs_newest_first_by_allocation_and_limit(client: ProjectorClient) -> None:
+    await feed_jobs(
+        submitted("old", at=T0, s=spec("team-a")),
+        submitted("new", at=T0 + 2, s=spec("team-a")),
+        submitted("other", at=T0 + 1, s=spec("team-b")),
+    )
+    assert [j.job_id for j in await client.list_jobs()] == ["new", "other", "old"]
+    assert [j.job_id for j in await client.list_jobs("team-a")] == ["new", "old"]
+    assert [j.job_id for j in await client.list_jobs(limit=1)] == ["new"]
+    assert await client.list_jobs("team-z") == []
+
+
+async def test_list_nodes_sorted_by_cluster_without_ended_tasks(client: ProjectorClient) -> None:
+    await feed_nodes(
+        registered("n2", cluster="east"),
+        registered("n1", cluster="west"),
+        registered("n3", cluster="east"),
+        finished("late", node="n2"),  # seen before its placement
+        placed("late", "n2", [0]),
+        placed("busy", "n2", [1]),
+    )
+    await feed_jobs(
+        finished("late", node="n2"), placed("late", "n2", [0]), placed("busy", "n2", [1])
+    )
+    assert [n.inventory.node_id for n in await client.list_nodes()] == ["n1", "n2", "n3"]
+    east = await client.list_nodes("east")
+    assert [n.inventory.node_id for n in east] == ["n2", "n3"]
+    assert [t.task_id for t in east[0].running] == ["busy/0"]
+
+
+async def test_answers_are_protobuf(client: ProjectorClient) -> None:
+    await feed_jobs(submitted("j1"))
+    url = f"{client.base_url}/jobs"
+    async with aiohttp.ClientSession() as http, http.get(url, params={"limit": "5"}) as response:
+        assert response.content_type == PROTOBUF
+        reply = job_service_pb2.ListJobsResponse.FromString(await response.read())
+    assert [j.job_id for j in reply.jobs] == ["j1"]
+
+
+@pytest.mark.parametrize("limit", ["-1", "x", "²", ""])
+async def test_bad_limit_is_a_clear_error(client: ProjectorClient, limit: str) -> None:
+    url = f"{client.base_url}/jobs"
+    async with aiohttp.ClientSession() as http, http.get(url, params={"limit": limit}) as response:
+        assert response.status == 400
+        assert "limit must be a non-negative integer" in await response.text()
+
+
+async def test_client_reports_answers_it_cannot_use(client: ProjectorClient) -> None:
+    with pytest.raises(ProjectorError, match="400"):
+        await client.list_jobs(limit=-1)
+
+
+async def test_not_ready_before_tables_are_recovered(client: ProjectorClient) -> None:
+    assert await client.ready() is False
