@@ -53,8 +53,8 @@ def _rpc() -> Iterator[Connection]:
         errors.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     except grpc.RpcError as exc:
-        code = exc.code()  # type: ignore[attr-defined]
-        details = exc.details()  # type: ignore[attr-defined]
+        code = exc.code()
+        details = exc.details()
         if code == grpc.StatusCode.UNAVAILABLE:
             details = f"{details} (is the stack running? `make up`)"
         errors.print(f"[red]error:[/] {code.name}: {details}")
@@ -78,7 +78,9 @@ def submit(
     min_runtime: Annotated[
         str, typer.Option(help="Contract: protected runtime, e.g. 30m; 0 = free, preemptible")
     ] = "0",
-    resumable: Annotated[bool, typer.Option(help="Requeue instead of failing on preemption")] = False,
+    resumable: Annotated[
+        bool, typer.Option(help="Requeue instead of failing on preemption")
+    ] = False,
     priority: Annotated[int, typer.Option(help="Order within your allocation")] = 0,
     request_id: Annotated[str, typer.Option(help="Idempotency key (default: random)")] = "",
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the task")] = None,
@@ -113,7 +115,9 @@ def submit(
 
 @app.command()
 def status(
-    job_id: Annotated[str | None, typer.Argument(help="One job; all recent jobs if omitted")] = None,
+    job_id: Annotated[
+        str | None, typer.Argument(help="One job; all recent jobs if omitted")
+    ] = None,
     allocation: Annotated[str, typer.Option(help="Only this allocation")] = "",
     limit: Annotated[int, typer.Option(help="How many jobs")] = 50,
 ) -> None:
@@ -121,7 +125,9 @@ def status(
     with _rpc() as conn:
         stub = _jobs(conn)
         if job_id:
-            console.print(render.job_detail(_call(stub.GetJob, js.GetJobRequest(job_id=job_id), conn)))
+            console.print(
+                render.job_detail(_call(stub.GetJob, js.GetJobRequest(job_id=job_id), conn))
+            )
         else:
             request = js.ListJobsRequest(allocation=allocation, limit=limit)
             console.print(render.jobs_table(list(_call(stub.ListJobs, request, conn).jobs)))

@@ -20,11 +20,11 @@ _STYLE = {
 }
 
 
-def state_name(state: int) -> str:
+def state_name(state: types_pb2.JobState.ValueType) -> str:
     return types_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
-def styled_state(state: int) -> str:
+def styled_state(state: types_pb2.JobState.ValueType) -> str:
     name = state_name(state)
     return f"[{_STYLE.get(name, 'white')}]{name}[/]"
 

@@ -7,7 +7,7 @@ import grpc
 from libs.auth import AuthError, verify_token
 
 
-async def caller(context: grpc.aio.ServicerContext, secret: bytes) -> str:  # type: ignore[type-arg]
+async def caller(context: grpc.aio.ServicerContext, secret: bytes) -> str:
     """The authenticated user, or abort the call with UNAUTHENTICATED."""
     metadata = dict(context.invocation_metadata() or ())
     header = str(metadata.get("authorization", ""))

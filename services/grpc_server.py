@@ -17,14 +17,18 @@ async def start_server(
     address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
 ) -> tuple[grpc.aio.Server, int]:
     """Start serving; returns the server and the bound port (0 in ``address`` picks one)."""
-    server = grpc.aio.server(interceptors=[aio_server_interceptor()])
+    # The instrumentation is untyped; it opens a server span per RPC.
+    server = grpc.aio.server(interceptors=[aio_server_interceptor()])  # type: ignore[no-untyped-call]
     for register in registrars:
         register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME],
+        [
+            *service_names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     port = server.add_insecure_port(address)

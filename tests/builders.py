@@ -5,9 +5,7 @@ from __future__ import annotations
 from libs.core import JobSpec, NodeSpec
 
 
-def job(
-    gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object
-) -> JobSpec:
+def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object) -> JobSpec:
     fields: dict[str, object] = {"command": ("true",), **kw}
     return JobSpec(allocation=allocation, user=user, gpus=gpus, **fields)  # type: ignore[arg-type]
 

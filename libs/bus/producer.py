@@ -62,9 +62,7 @@ class EventProducer:
         future = await self.enqueue(topic, env, key=key)
         await future
 
-    async def enqueue(
-        self, topic: str, env: events_pb2.Envelope, *, key: str | None = None
-    ) -> Any:
+    async def enqueue(self, topic: str, env: events_pb2.Envelope, *, key: str | None = None) -> Any:
         """Queue one envelope; the returned future resolves on acknowledgement."""
         headers = inject_context([(TYPE_HEADER, event_type(env).encode())])
         return await self._producer.send(
@@ -75,7 +73,12 @@ class EventProducer:
         )
 
     async def send_raw(
-        self, topic: str, value: bytes | None, *, key: bytes | None, headers: list[tuple[str, bytes]]
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
     ) -> None:
         await (await self._producer.send(topic, value=value, key=key, headers=headers))
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from libs.core.model import JobSpec
 
+
 @dataclass(frozen=True)
 class Place:
     job_id: str

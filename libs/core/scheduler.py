@@ -66,7 +66,9 @@ class Scheduler:
         h = hashlib.sha256()
         for node_id in sorted(self._nodes):
             node = self._nodes[node_id]
-            h.update(f"n|{node_id}|{node.gpu_type}|{node.gpu_indices}|{self._free[node_id]}\n".encode())
+            h.update(
+                f"n|{node_id}|{node.gpu_type}|{node.gpu_indices}|{self._free[node_id]}\n".encode()
+            )
         for job_id in self._queue:
             h.update(f"q|{job_id}\n".encode())
         for job_id in sorted(self._running):

@@ -14,7 +14,7 @@ HOUR = 3600
 class Limits:
     max_gpus: int = 64
     max_min_runtime_s: int = 8 * HOUR
-    gpu_types: frozenset[str] = frozenset()   # empty: any type is accepted
+    gpu_types: frozenset[str] = frozenset()  # empty: any type is accepted
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,7 @@ class Violation:
         return f"{self.field}: {self.rule}"
 
 
-def validate_job(
-    spec: JobSpec, limits: Limits, allocations: Collection[str]
-) -> list[Violation]:
+def validate_job(spec: JobSpec, limits: Limits, allocations: Collection[str]) -> list[Violation]:
     """All the ways ``spec`` breaks the rules; empty when it is valid.
 
     ``allocations`` are the leaves of the budget tree; membership is a

@@ -95,7 +95,12 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
 
 def decision_payload(
     decision: Decision, provenance: types_pb2.Provenance
-) -> events_pb2.TaskPlaced | events_pb2.JobPending | events_pb2.TaskStopRequested | events_pb2.JobCancelled:
+) -> (
+    events_pb2.TaskPlaced
+    | events_pb2.JobPending
+    | events_pb2.TaskStopRequested
+    | events_pb2.JobCancelled
+):
     match decision:
         case Place():
             return events_pb2.TaskPlaced(

@@ -40,9 +40,10 @@ def new_envelope(
         causation_id=causation_id,
     )
     env.occurred_at.FromDatetime(occurred or datetime.now(UTC))
-    field = _FIELD_BY_MESSAGE.get(payload.DESCRIPTOR.full_name)
+    descriptor = payload.DESCRIPTOR
+    field = _FIELD_BY_MESSAGE.get(descriptor.full_name) if descriptor else None
     if field is None:
-        raise TypeError(f"{payload.DESCRIPTOR.full_name} is not an envelope payload")
+        raise TypeError(f"{type(payload).__name__} is not an envelope payload")
     getattr(env, field).CopyFrom(payload)
     return env
 
@@ -85,4 +86,5 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
 _FIELD_BY_MESSAGE = {
     field.message_type.full_name: field.name
     for field in events_pb2.Envelope.DESCRIPTOR.oneofs_by_name["payload"].fields
+    if field.message_type is not None
 }

@@ -35,9 +35,7 @@ def _exporter(name: str) -> SpanExporter | None:
     if name in ("", "none"):
         return None
     if name == "console":
-        return ConsoleSpanExporter(
-            formatter=lambda span: span.to_json(indent=None) + os.linesep
-        )
+        return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + os.linesep)
     if name == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

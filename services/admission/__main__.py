@@ -12,8 +12,12 @@ import asyncio
 import logging
 import os
 
-from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, job_service_pb2
-from qm.v1 import job_service_pb2_grpc
+from qm.v1 import (
+    cluster_service_pb2,
+    cluster_service_pb2_grpc,
+    job_service_pb2,
+    job_service_pb2_grpc,
+)
 
 from libs.auth import issue_token, load_secret
 from libs.bus import EventProducer, KafkaSettings, load_topic_config
@@ -60,9 +64,7 @@ async def serve() -> None:
             os.environ.get("QM_ADMISSION_ADDR", "127.0.0.1:50051"),
             [
                 lambda s: job_service_pb2_grpc.add_JobServiceServicer_to_server(jobs, s),
-                lambda s: cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(
-                    cluster, s
-                ),
+                lambda s: cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),
             ],
             [
                 job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,

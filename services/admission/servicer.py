@@ -172,9 +172,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         job = await self._job_or_abort(request.job_id, context)
         return js.Explanation(job_id=job.job_id, state=job.state, reason=_explain(job))
 
-    async def _job_or_abort(
-        self, job_id: str, context: grpc.aio.ServicerContext
-    ) -> types_pb2.Job:
+    async def _job_or_abort(self, job_id: str, context: grpc.aio.ServicerContext) -> types_pb2.Job:
         job = await self._lookup(job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
@@ -192,9 +190,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         if len(self._recent) > 10_000:
             self._recent.popitem(last=False)
 
-    async def _reject(
-        self, job_id: str, spec: types_pb2.JobSpec, field: str, reason: str
-    ) -> None:
+    async def _reject(self, job_id: str, spec: types_pb2.JobSpec, field: str, reason: str) -> None:
         await self._record(
             [events_pb2.JobRejected(job_id=job_id, spec=spec, field=field, reason=reason)],
             job_id,

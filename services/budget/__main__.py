@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import yaml
+from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 from libs.auth import load_secret
 from libs.bus import EventProducer, KafkaSettings, LogReader, load_topic_config
@@ -24,7 +25,6 @@ from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
 from services.grpc_server import start_server
 from services.runtime import configure_logging, run_until_signalled
-from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 log = logging.getLogger("budget")
 _DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budget.yaml"

@@ -60,8 +60,13 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
             except InvalidTree as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget tree: {exc}")
             await publish_tree(
-                self._producer, self._topic, self._clusters, changed, self._book.version + 1,
-                changed_by=user, node=node.name,
+                self._producer,
+                self._topic,
+                self._clusters,
+                changed,
+                self._book.version + 1,
+                changed_by=user,
+                node=node.name,
             )
             self._book.tree, self._book.version = changed, self._book.version + 1
             return tree_to_proto(changed, self._book.version)

@@ -5,7 +5,6 @@ Settings: ``QM_PLACEMENT_GROUP`` (consumer group and transactional id, default
 """
 
 import asyncio
-import logging
 import os
 
 from libs.bus import KafkaSettings, load_topic_config

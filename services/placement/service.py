@@ -26,6 +26,7 @@ from libs.events.decide import decide
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
+
 @dataclass
 class PlacementService:
     settings: KafkaSettings

@@ -37,9 +37,27 @@ BUDGET_TREE = {
 
 NODES = {
     "nodes": [
-        {"node_id": "proc-0", "gpu_type": "H100", "gpu_count": 4, "gpu_memory_gib": 80, "executor": "process"},
-        {"node_id": "proc-1", "gpu_type": "H100", "gpu_count": 4, "gpu_memory_gib": 80, "executor": "process"},
-        {"node_id": "sim-0", "gpu_type": "A100", "gpu_count": 8, "gpu_memory_gib": 40, "executor": "simulated"},
+        {
+            "node_id": "proc-0",
+            "gpu_type": "H100",
+            "gpu_count": 4,
+            "gpu_memory_gib": 80,
+            "executor": "process",
+        },
+        {
+            "node_id": "proc-1",
+            "gpu_type": "H100",
+            "gpu_count": 4,
+            "gpu_memory_gib": 80,
+            "executor": "process",
+        },
+        {
+            "node_id": "sim-0",
+            "gpu_type": "A100",
+            "gpu_count": 8,
+            "gpu_memory_gib": 40,
+            "executor": "simulated",
+        },
     ]
 }
 
@@ -53,7 +71,9 @@ def free_port() -> int:
 @dataclass
 class Stack:
     workdir: Path
-    bootstrap: str = field(default_factory=lambda: os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    bootstrap: str = field(
+        default_factory=lambda: os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -126,7 +146,9 @@ class Stack:
         while waiting:
             for name, process in self.processes.items():
                 if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode}: {self.tail(name)}")
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode}: {self.tail(name)}"
+                    )
             waiting = [t for t in waiting if not answers(t)]
             if waiting and time.monotonic() > deadline:
                 raise TimeoutError(f"not ready: {waiting}")
@@ -134,7 +156,11 @@ class Stack:
 
     def up(self) -> None:
         subprocess.run(
-            [sys.executable, "-m", "libs.bus"], cwd=ROOT, env=self.env, check=True, capture_output=True
+            [sys.executable, "-m", "libs.bus"],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
         )
         self.start("budget")
         self.start("projector")
@@ -152,7 +178,11 @@ class Stack:
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(f"127.0.0.1:{self.admission_port}")

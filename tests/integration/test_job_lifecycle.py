@@ -14,9 +14,7 @@ from tests.integration.conftest import eventually, read_topic, wait_for_end
 from tests.integration.stack import Stack
 
 
-def submit(
-    stack: Stack, jobs: js_grpc.JobServiceStub, user: str = "alice", **spec: object
-) -> str:
+def submit(stack: Stack, jobs: js_grpc.JobServiceStub, user: str = "alice", **spec: object) -> str:
     spec.setdefault("allocation", "vision")
     spec.setdefault("gpus", 1)
     reply = jobs.SubmitJob(
@@ -57,8 +55,13 @@ def test_a_simulated_node_runs_for_the_declared_duration(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     job_id = submit(
-        stack, jobs, gpus=8, gpu_type="A100", command=["train"],
-        simulated_duration_s=0.5, simulated_exit_code=0,
+        stack,
+        jobs,
+        gpus=8,
+        gpu_type="A100",
+        command=["train"],
+        simulated_duration_s=0.5,
+        simulated_exit_code=0,
     )
     job = wait_for_end(stack, jobs, job_id)
     assert job.state == types_pb2.JOB_STATE_FINISHED and job.node_id == "sim-0"
@@ -114,8 +117,10 @@ def test_callers_must_authenticate_and_belong(stack: Stack, jobs: js_grpc.JobSer
 def test_cancelling_a_running_job(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
     job_id = submit(stack, jobs, command=["python", "-c", "import time; time.sleep(120)"])
     eventually(
-        lambda: jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).state
-        == types_pb2.JOB_STATE_RUNNING,
+        lambda: (
+            jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).state
+            == types_pb2.JOB_STATE_RUNNING
+        ),
         what="the job to run",
     )
     with pytest.raises(grpc.RpcError) as stranger:
@@ -131,8 +136,15 @@ def test_a_job_too_big_for_any_node_explains_why(
     job_id = submit(stack, jobs, gpus=16, command=["true"])
     explanation = eventually(
         lambda: (
-            e := jobs.ExplainJob(js.ExplainJobRequest(job_id=job_id), metadata=stack.auth("alice"))
-        ).state == types_pb2.JOB_STATE_PENDING and "needs" in e.reason and e,
+            (
+                e := jobs.ExplainJob(
+                    js.ExplainJobRequest(job_id=job_id), metadata=stack.auth("alice")
+                )
+            ).state
+            == types_pb2.JOB_STATE_PENDING
+            and "needs" in e.reason
+            and e
+        ),
         what="a pending explanation",
     )
     assert "needs 16×GPU on one node; no registered node has that many" in explanation.reason

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from qm.v1 import types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
 
 from libs.bus import KafkaSettings, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_TOPIC
@@ -51,7 +51,11 @@ def test_garbage_is_dead_lettered_and_the_stack_goes_on(
         for record in read_topic(stack, "deadletter"):
             headers = {k: v.decode() for k, v in record.headers}
             consumer = next(
-                (role for role in ("placement", "node-agent", "projector") if role in headers[CONSUMER]),
+                (
+                    role
+                    for role in ("placement", "node-agent", "projector")
+                    if role in headers[CONSUMER]
+                ),
                 headers[CONSUMER],
             )
             reason = headers[REASON][: len(events_reason)]
@@ -67,12 +71,20 @@ def test_placement_rebuilds_its_state_after_a_restart(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     sleeper = submit(
-        stack, jobs, gpus=4, gpu_type="H100", command=["python", "-c", "import time; time.sleep(60)"]
+        stack,
+        jobs,
+        gpus=4,
+        gpu_type="H100",
+        command=["python", "-c", "import time; time.sleep(60)"],
     )
     held = eventually(
         lambda: (
-            job := jobs.GetJob(js.GetJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
-        ).state == types_pb2.JOB_STATE_RUNNING and job,
+            (
+                job := jobs.GetJob(js.GetJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
+            ).state
+            == types_pb2.JOB_STATE_RUNNING
+            and job
+        ),
         what="the first job to run",
     )
     stack.stop("placement")
@@ -99,7 +111,8 @@ def test_one_trace_spans_submit_placement_and_the_node_agent(
     job_id = submit(stack, jobs, command=["true"])
     wait_for_end(stack, jobs, job_id)
     [submit_span] = [
-        s for s in spans(stack, "admission")
+        s
+        for s in spans(stack, "admission")
         if s["name"] == "/qm.v1.JobService/SubmitJob"
         and any(
             s["context"]["trace_id"] == p["context"]["trace_id"]  # type: ignore[index]

@@ -12,8 +12,9 @@ from tests.builders import job, node
 @st.composite
 def histories(draw: st.DrawFn) -> list[Input]:
     nodes = draw(st.integers(1, 4))
-    inputs: list[Input] = [NodeJoined(0, node(f"n{i}", draw(st.sampled_from([1, 2, 4, 8]))))
-                           for i in range(nodes)]
+    inputs: list[Input] = [
+        NodeJoined(0, node(f"n{i}", draw(st.sampled_from([1, 2, 4, 8])))) for i in range(nodes)
+    ]
     jobs = 0
     for step in range(draw(st.integers(1, 40))):
         kind = draw(st.sampled_from(["arrive", "arrive", "end", "tick"]))

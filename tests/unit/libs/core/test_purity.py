@@ -8,8 +8,22 @@ from pathlib import Path
 import libs.core
 
 FORBIDDEN = {
-    "asyncio", "socket", "os", "time", "random", "datetime", "subprocess", "threading",
-    "aiokafka", "grpc", "faust", "urllib", "http", "pathlib", "uuid", "qm",
+    "asyncio",
+    "socket",
+    "os",
+    "time",
+    "random",
+    "datetime",
+    "subprocess",
+    "threading",
+    "aiokafka",
+    "grpc",
+    "faust",
+    "urllib",
+    "http",
+    "pathlib",
+    "uuid",
+    "qm",
 }
 
 

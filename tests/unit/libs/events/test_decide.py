@@ -17,7 +17,9 @@ def _log() -> list[events_pb2.Envelope]:
     inventory = types_pb2.NodeInventory(
         node_id="n1", gpus=[types_pb2.Gpu(index=i, type="H100") for i in range(4)]
     )
-    log = [new_envelope(events_pb2.NodeRegistered(inventory=inventory), producer="agent", occurred=T0)]
+    log = [
+        new_envelope(events_pb2.NodeRegistered(inventory=inventory), producer="agent", occurred=T0)
+    ]
     for i in range(6):
         spec = types_pb2.JobSpec(allocation="a", user="u", gpus=2, command=["true"])
         log.append(
@@ -55,7 +57,9 @@ def test_replay_is_byte_for_byte() -> None:
 def test_outputs_carry_their_provenance() -> None:
     scheduler = Scheduler()
     log = _log()
-    outputs = [out for o, env in enumerate(log) for out in decide(scheduler, env, partition=2, offset=o)]
+    outputs = [
+        out for o, env in enumerate(log) for out in decide(scheduler, env, partition=2, offset=o)
+    ]
     placed = [out for out in outputs if event_type(out) == "task_placed"]
     assert [p.task_placed.provenance.input_offset for p in placed] == [1, 2, 7]
     assert placed[0].causation_id == log[1].event_id
