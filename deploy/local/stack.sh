@@ -43,7 +43,7 @@ up() {
   fi
   start_service budget
   start_service projector
-  wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/nodes
+  wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/ready
   start_service placement
   start_service node_agent --nodes deploy/local/nodes.yaml
   start_service admission

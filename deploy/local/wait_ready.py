@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.error
 import urllib.request
 
 import grpc
@@ -25,11 +24,9 @@ def answers(target: str) -> bool:
                 return False
             return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
     try:
-        with urllib.request.urlopen(target, timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except OSError:
+        with urllib.request.urlopen(target, timeout=1) as reply:
+            return bool(200 <= reply.status < 300)
+    except OSError:  # refused, or an HTTP error such as 503 "still recovering"
         return False
 
 

@@ -3,7 +3,7 @@
 A test (tests/unit/core/test_purity.py) keeps I/O imports out of this package.
 """
 
-from libs.core.decisions import Cancel, Decision, Place, Stop, Wait
+from libs.core.decisions import Cancel, Decision, Place, Stop, StopCause, Wait
 from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded, Tick
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import POLICY, POLICY_VERSION, Scheduler
@@ -24,6 +24,7 @@ __all__ = [
     "Place",
     "Scheduler",
     "Stop",
+    "StopCause",
     "TaskEnded",
     "Tick",
     "Violation",

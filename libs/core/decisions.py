@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec
@@ -24,6 +25,11 @@ class Wait:
     reason: str
 
 
+class StopCause(enum.Enum):
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+
 @dataclass(frozen=True)
 class Stop:
     """Ask a node agent to stop a running task."""
@@ -31,6 +37,7 @@ class Stop:
     job_id: str
     task_id: str
     node_id: str
+    cause: StopCause
     reason: str
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from libs.core.decisions import Cancel, Decision, Place, Stop, Wait
+from libs.core.decisions import Cancel, Decision, Place, Stop, StopCause, Wait
 from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded, Tick
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.placement import Fit, first_fit
@@ -107,7 +107,9 @@ class Scheduler:
         run = self._running.get(job_id)
         if run is not None and job_id not in self._stopping:
             self._stopping.add(job_id)
-            return [Stop(job_id, run.task_id, run.node_id, "cancelled by user")]
+            return [
+                Stop(job_id, run.task_id, run.node_id, StopCause.CANCELLED, "cancelled by user")
+            ]
         return []
 
     def _schedule(self) -> list[Decision]:

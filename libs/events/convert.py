@@ -19,11 +19,17 @@ from libs.core import (
     NodeSpec,
     Place,
     Stop,
+    StopCause,
     TaskEnded,
     Tick,
     Wait,
 )
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
+
+_STOP_CAUSES = {
+    StopCause.CANCELLED: types_pb2.STOP_CAUSE_CANCELLED,
+    StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
+}
 
 
 def spec_from_proto(spec: types_pb2.JobSpec) -> JobSpec:
@@ -121,6 +127,7 @@ def decision_payload(
                 task_id=decision.task_id,
                 node_id=decision.node_id,
                 reason=decision.reason,
+                cause=_STOP_CAUSES[decision.cause],
                 provenance=provenance,
             )
         case Cancel():

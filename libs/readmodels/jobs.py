@@ -129,6 +129,7 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
             stop = env.task_stop_requested
             _fill_node(new, stop.node_id)
             new.stop_reason = stop.reason
+            new.stop_cause = stop.cause
             _cancel_if_stopped(new)
         case "job_cancelled":
             _advance(new, _S.JOB_STATE_CANCELLED)
@@ -171,14 +172,8 @@ def _end_task(job: types_pb2.Job, state: _State, exit_code: int, at: Timestamp) 
 def _cancel_if_stopped(job: types_pb2.Job) -> None:
     # Checked on both the stop and the task end: whichever arrives last decides.
     ended = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
-    if ended and _is_cancellation(job.stop_reason):
+    if ended and job.stop_cause == types_pb2.STOP_CAUSE_CANCELLED:
         job.state = _S.JOB_STATE_CANCELLED
-
-
-def _is_cancellation(stop_reason: str) -> bool:
-    # TaskStopRequested carries only free text; the scheduler words a stop for
-    # cancellation "cancelled by user" and a preemption otherwise.
-    return stop_reason.startswith("cancel")
 
 
 def _fill_spec(job: types_pb2.Job, spec: types_pb2.JobSpec) -> None:

@@ -165,7 +165,7 @@ class Stack:
         self.start("budget")
         self.start("projector")
         self.wait_ready(
-            f"grpc:127.0.0.1:{self.budget_port}", f"http://127.0.0.1:{self.projector_port}/nodes"
+            f"grpc:127.0.0.1:{self.budget_port}", f"http://127.0.0.1:{self.projector_port}/ready"
         )
         self.start("placement")
         self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)

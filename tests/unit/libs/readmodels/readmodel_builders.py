@@ -85,9 +85,15 @@ def failed(
     return env(payload, at)
 
 
-def stop(job: str, reason: str, node: str = "n1", at: float = T0) -> events_pb2.Envelope:
+def stop(
+    job: str,
+    reason: str,
+    node: str = "n1",
+    at: float = T0,
+    cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_PREEMPTED,
+) -> events_pb2.Envelope:
     payload = events_pb2.TaskStopRequested(
-        job_id=job, task_id=f"{job}/0", node_id=node, reason=reason
+        job_id=job, task_id=f"{job}/0", node_id=node, reason=reason, cause=cause
     )
     return env(payload, at)
 

@@ -38,6 +38,8 @@ NON_TERMINAL_ORDER = [
 ]
 TERMINAL = {S.JOB_STATE_REJECTED, S.JOB_STATE_FINISHED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED}
 
+CANCELLED = types_pb2.STOP_CAUSE_CANCELLED
+
 
 def fold(events: list[events_pb2.Envelope]) -> types_pb2.Job | None:
     return reduce(apply_job_event, events, None)
@@ -154,7 +156,12 @@ CASES = [
     ),
     Case(
         "a task end after a stop for cancellation is a cancellation",
-        [placed("j"), started("j"), stop("j", "cancelled by user"), finished("j", exit_code=143)],
+        [
+            placed("j"),
+            started("j"),
+            stop("j", "cancelled by user", cause=CANCELLED),
+            finished("j", exit_code=143),
+        ],
         S.JOB_STATE_CANCELLED,
         node_id="n1",
         gpu_indices=[0],
@@ -164,7 +171,12 @@ CASES = [
     ),
     Case(
         "a stop for cancellation seen after the task end still cancels",
-        [placed("j"), started("j"), failed("j", "SIGTERM", exit_code=143), stop("j", "cancelled")],
+        [
+            placed("j"),
+            started("j"),
+            failed("j", "SIGTERM", exit_code=143),
+            stop("j", "cancelled", cause=CANCELLED),
+        ],
         S.JOB_STATE_CANCELLED,
         reason="SIGTERM",
         node_id="n1",
@@ -309,7 +321,7 @@ def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.Jo
     if outcome == "preempted":
         events.append(stop(j, "preempted by team-b", node, at=next(clock)))
     if outcome == "cancelled_while_running":
-        events.append(stop(j, "cancelled by user", node, at=next(clock)))
+        events.append(stop(j, "cancelled by user", node, at=next(clock), cause=CANCELLED))
     code = draw(st.integers(-15, 255))
     if outcome == "finished" or (outcome == "cancelled_while_running" and draw(st.booleans())):
         events.append(finished(j, node=node, exit_code=code, at=next(clock)))
