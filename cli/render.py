@@ -35,8 +35,16 @@ def when(ts: Timestamp) -> str:
     return datetime.fromtimestamp(ts.seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _table(key: str, *headers: str) -> Table:
+    table = Table()
+    table.add_column(key, no_wrap=True)  # ids stay whole: people copy them
+    for header in headers:
+        table.add_column(header)
+    return table
+
+
 def jobs_table(jobs: list[types_pb2.Job]) -> Table:
-    table = Table("JOB", "STATE", "ALLOCATION", "USER", "GPUS", "NODE", "SUBMITTED", "DETAIL")
+    table = _table("JOB", "STATE", "ALLOCATION", "USER", "GPUS", "NODE", "SUBMITTED", "DETAIL")
     for job in jobs:
         detail = job.reason
         if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
@@ -79,7 +87,7 @@ def job_detail(job: types_pb2.Job) -> Table:
 
 
 def nodes_table(nodes: list[types_pb2.Node]) -> Table:
-    table = Table("NODE", "CLUSTER", "GPUS", "FREE", "EXECUTOR", "TASKS")
+    table = _table("NODE", "CLUSTER", "GPUS", "FREE", "EXECUTOR", "TASKS")
     for node in nodes:
         inv = node.inventory
         held = {g for task in node.running for g in task.gpu_indices}

@@ -18,8 +18,13 @@ fetch_jars() {
   [ -f "$libs/.complete" ] && return
   echo "kafka: resolving the broker from Maven Central (pinned in deploy/local/kafka/pom.xml)"
   rm -rf "$libs"
-  mvn -q -B -Dstyle.color=never -f "$here/kafka/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$libs"
+  mkdir -p "$libs"
+  if ! mvn -B -f "$here/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$libs" >"$libs/maven.log" 2>&1; then
+    tail -n 40 "$libs/maven.log" >&2
+    echo "kafka: could not resolve the broker; full log in $libs/maven.log" >&2
+    exit 1
+  fi
   touch "$libs/.complete"
 }
 

@@ -99,9 +99,10 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
             _fill_spec(new, rejected.spec)
             _advance(new, _S.JOB_STATE_REJECTED)
             if new.state == _S.JOB_STATE_REJECTED:
-                reason = rejected.reason
-                new.reason = f"{rejected.field}: {reason}" if rejected.field else reason
+                new.reason = rejected.reason
                 new.finished_at.CopyFrom(at)
+                if not new.HasField("submitted_at"):  # a rejection is its only event
+                    new.submitted_at.CopyFrom(at)
         case "job_pending":
             _advance(new, _S.JOB_STATE_PENDING)
             if new.state == _S.JOB_STATE_PENDING:

@@ -78,7 +78,7 @@ class Case:
 CASES = [
     Case(
         "rejected names the field",
-        [submitted("j"), rejected("j", "gpus", "must be 1..64")],
+        [submitted("j"), rejected("j", "gpus", "gpus: must be 1..64")],
         S.JOB_STATE_REJECTED,
         reason="gpus: must be 1..64",
         finished=True,
@@ -209,7 +209,7 @@ CASES = [
     ),
     Case(
         "terminal states stick",
-        [submitted("j"), rejected("j", "gpus", "too many"), admitted("j"), pending("j", "x")],
+        [submitted("j"), rejected("j", "gpus", "gpus: too many"), admitted("j"), pending("j", "x")],
         S.JOB_STATE_REJECTED,
         reason="gpus: too many",
         finished=True,
