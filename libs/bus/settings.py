@@ -53,3 +53,18 @@ class KafkaSettings:
 
     def faust_broker(self) -> str:
         return ";".join(f"kafka://{host}" for host in self.bootstrap.split(","))
+
+    def faust_credentials(self) -> Any:
+        """The same security settings in faust's terms (None for plaintext)."""
+        import faust  # only the projector needs faust; keep it off other services' imports
+
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        context = ssl.create_default_context(cafile=self.ssl_cafile) if tls else None
+        if self.sasl_mechanism:
+            return faust.SASLCredentials(
+                username=self.sasl_username,
+                password=self.sasl_password,
+                mechanism=self.sasl_mechanism,
+                ssl_context=context,
+            )
+        return faust.SSLCredentials(context) if context else None

@@ -28,9 +28,12 @@ from libs.bus.topics import TopicSpec
 APP_ID = os.environ.get("QM_PROJECTOR_APP_ID", "qm-projector")
 TOPICS = load_topic_config()
 
+KAFKA = KafkaSettings.from_env()
+
 app = faust.App(
     APP_ID,
-    broker=KafkaSettings.from_env().faust_broker(),
+    broker=KAFKA.faust_broker(),
+    broker_credentials=KAFKA.faust_credentials(),
     # Modules holding agents, tables and views; imported by the worker at start.
     autodiscover=[
         "services.projector.jobs",
