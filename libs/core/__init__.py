@@ -1,17 +1,30 @@
 """The pure scheduling core: plain data in, decisions out. No I/O, no clock.
 
-A test (tests/unit/core/test_purity.py) keeps I/O imports out of this package.
+A test (tests/unit/libs/core/test_purity.py) keeps I/O imports out of this package.
 """
 
-from libs.core.decisions import Cancel, Decision, Place, Stop, StopCause, Wait
-from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded, Tick
-from libs.core.model import JobSpec, NodeSpec
+from libs.core.config import PolicyConfig
+from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
+from libs.core.inputs import (
+    BudgetSet,
+    CancelRequested,
+    Input,
+    JobArrived,
+    NodeJoined,
+    TaskEnded,
+    TaskIdle,
+    TaskStarted,
+    Tick,
+    UsageSnapshot,
+)
+from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.scheduler import POLICY, POLICY_VERSION, Scheduler
 from libs.core.validation import Limits, Violation, validate_job
 
 __all__ = [
     "POLICY",
     "POLICY_VERSION",
+    "BudgetSet",
     "Cancel",
     "CancelRequested",
     "Decision",
@@ -22,12 +35,19 @@ __all__ = [
     "NodeJoined",
     "NodeSpec",
     "Place",
+    "PolicyConfig",
+    "Preempted",
+    "Requeue",
     "Scheduler",
     "Stop",
     "StopCause",
     "TaskEnded",
+    "TaskIdle",
+    "TaskStarted",
     "Tick",
+    "UsageSnapshot",
     "Violation",
     "Wait",
+    "WorkClass",
     "validate_job",
 ]

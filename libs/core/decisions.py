@@ -10,6 +10,8 @@ from libs.core.model import JobSpec
 
 @dataclass(frozen=True)
 class Place:
+    """Start one task of a job on one node (a gang spanning nodes is one Place per node)."""
+
     job_id: str
     task_id: str
     node_id: str
@@ -49,4 +51,20 @@ class Cancel:
     reason: str
 
 
-Decision = Place | Wait | Stop | Cancel
+@dataclass(frozen=True)
+class Requeue:
+    """A preempted resumable job waits again; it keeps its place by submission order."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """A preempted job that is not resumable ends here."""
+
+    job_id: str
+    reason: str
+
+
+Decision = Place | Wait | Stop | Cancel | Requeue | Preempted

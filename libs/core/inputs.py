@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libs.core.budget_tree import BudgetTree
 from libs.core.model import JobSpec, NodeSpec
 
 
@@ -25,11 +26,32 @@ class NodeJoined:
 
 
 @dataclass(frozen=True)
+class TaskStarted:
+    """The contract's clock starts when the task really starts, not when placed."""
+
+    at: float
+    job_id: str
+    task_id: str
+    node_id: str
+
+
+@dataclass(frozen=True)
 class TaskEnded:
     at: float
     job_id: str
     task_id: str
     node_id: str
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class TaskIdle:
+    """A task's GPUs went idle (``idle``) or busy again, as its node agent measured."""
+
+    at: float
+    job_id: str
+    task_id: str
+    idle: bool
 
 
 @dataclass(frozen=True)
@@ -39,8 +61,33 @@ class CancelRequested:
 
 
 @dataclass(frozen=True)
+class BudgetSet:
+    at: float
+    tree: BudgetTree
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """Charged GPU-seconds per allocation over the lookback window ending at ``at``."""
+
+    at: float
+    window_s: float
+    usage: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class Tick:
     at: float
 
 
-Input = JobArrived | NodeJoined | TaskEnded | CancelRequested | Tick
+Input = (
+    JobArrived
+    | NodeJoined
+    | TaskStarted
+    | TaskEnded
+    | TaskIdle
+    | CancelRequested
+    | BudgetSet
+    | UsageSnapshot
+    | Tick
+)

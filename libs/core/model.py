@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+DEBUG_MAX_GPUS = 2
+DEBUG_MAX_MIN_RUNTIME_S = 15 * 60
+
+
+class WorkClass(enum.Enum):
+    """How the contract classes a job; the simulator reports waits per class."""
+
+    DEBUG = "debug"  # few GPUs, short protected runtime: the fast path
+    ALLOCATED = "allocated"  # minimum runtime > 0: charged and protected
+    UNALLOCATED = "unallocated"  # minimum runtime 0: free, preemptible, fills idle GPUs
 
 
 @dataclass(frozen=True)
@@ -20,6 +32,20 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     simulated_duration_s: float = 0.0
     simulated_exit_code: int = 0
+    min_gpu_memory_gib: float = 0.0
+    simulated_utilization: float = 0.0
+
+    @property
+    def allocated(self) -> bool:
+        return self.min_runtime_s > 0
+
+    @property
+    def work_class(self) -> WorkClass:
+        if not self.allocated:
+            return WorkClass.UNALLOCATED
+        if self.gpus <= DEBUG_MAX_GPUS and self.min_runtime_s <= DEBUG_MAX_MIN_RUNTIME_S:
+            return WorkClass.DEBUG
+        return WorkClass.ALLOCATED
 
 
 @dataclass(frozen=True)
@@ -27,6 +53,7 @@ class NodeSpec:
     node_id: str
     gpu_type: str
     gpu_indices: tuple[int, ...] = field(default=())
+    gpu_memory_gib: float = 0.0
 
     @property
     def gpu_count(self) -> int:

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from libs.core.decisions import Cancel, Decision, Place, Stop, StopCause, Wait
-from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded, Tick
+from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.placement import Fit, first_fit
 
@@ -53,8 +53,6 @@ class Scheduler:
                 self._end(event)
             case CancelRequested():
                 return self._cancel(event.job_id)
-            case Tick():
-                pass
         return self._schedule()
 
     def reason(self, job_id: str) -> str | None:

@@ -1,13 +1,19 @@
-"""GPU-seconds charged per allocation, folded from task lifecycle facts.
+"""GPU-seconds per allocation over a sliding lookback window.
 
-Charges are a pure function of the log, so a restarted budget service that
-refolds the log charges every task exactly once. Unallocated work (minimum
-runtime 0) is recorded apart and is free.
+Charges are a pure function of the task lifecycle, so whoever folds the log
+(the projector, the budget service, the simulator) computes the same usage,
+and a task is charged once: its end is counted only the first time.
+
+Finished work is kept in fixed buckets (an hour by default), so the window's
+trailing edge moves a bucket at a time; running work is counted exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -15,35 +21,84 @@ class Usage:
     allocated_gpu_s: float = 0.0
     unallocated_gpu_s: float = 0.0
 
-
-@dataclass
-class UsageLedger:
-    _jobs: dict[str, tuple[str, int, bool]] = field(default_factory=dict)
-    _started: dict[str, tuple[str, float]] = field(default_factory=dict)
-    _usage: dict[str, Usage] = field(default_factory=dict)
-
-    def job(self, job_id: str, allocation: str, gpus: int, *, allocated: bool) -> None:
-        self._jobs.setdefault(job_id, (allocation, gpus, allocated))
-
-    def started(self, job_id: str, task_id: str, at: float) -> None:
-        self._started.setdefault(task_id, (job_id, at))
-
-    def ended(self, task_id: str, at: float) -> None:
-        """Charge a task once, on its first end; later duplicates change nothing."""
-        start = self._started.pop(task_id, None)
-        if start is None:
-            return
-        job_id, started_at = start
-        if job_id not in self._jobs:
-            return
-        allocation, gpus, allocated = self._jobs[job_id]
-        gpu_s = gpus * max(0.0, at - started_at)
-        before = self._usage.get(allocation, Usage())
-        self._usage[allocation] = (
-            Usage(before.allocated_gpu_s + gpu_s, before.unallocated_gpu_s)
-            if allocated
-            else Usage(before.allocated_gpu_s, before.unallocated_gpu_s + gpu_s)
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.allocated_gpu_s + other.allocated_gpu_s,
+            self.unallocated_gpu_s + other.unallocated_gpu_s,
         )
 
-    def usage(self, allocation: str) -> Usage:
-        return self._usage.get(allocation, Usage())
+
+@dataclass(frozen=True)
+class _Running:
+    allocation: str
+    gpus: int
+    allocated: bool
+    started_at: float
+
+
+class WindowedUsage:
+    def __init__(self, window_s: float, bucket_s: float = 3600.0) -> None:
+        self.window_s = window_s
+        self.bucket_s = bucket_s
+        self._running: dict[str, _Running] = {}
+        self._ended: set[str] = set()
+        # bucket index -> allocation -> usage; totals hold the sum of the kept buckets.
+        self._buckets: dict[int, dict[str, Usage]] = {}
+        self._indices: list[int] = []  # heap of the kept bucket indices
+        self._horizon = -(2**62)  # buckets below this index have left the window
+        self._totals: dict[str, Usage] = defaultdict(Usage)
+
+    def start(
+        self, task_id: str, allocation: str, gpus: int, *, allocated: bool, at: float
+    ) -> None:
+        if task_id not in self._running and task_id not in self._ended:
+            self._running[task_id] = _Running(allocation, gpus, allocated, at)
+
+    def end(self, task_id: str, at: float) -> None:
+        """Charge a task's whole run; a repeated end changes nothing."""
+        run = self._running.pop(task_id, None)
+        if run is None:
+            return
+        self._ended.add(task_id)
+        start = run.started_at
+        while start < at:
+            index = math.floor(start / self.bucket_s)
+            stop = min(at, (index + 1) * self.bucket_s)
+            self._charge(index, run, (stop - start) * run.gpus)
+            start = stop
+
+    def snapshot(self, at: float) -> dict[str, Usage]:
+        """Usage per allocation over the window ending at ``at`` (sorted by name)."""
+        self._expire(at)
+        usage = dict(self._totals)
+        since = at - self.window_s
+        for run in self._running.values():
+            seconds = max(0.0, at - max(run.started_at, since))
+            usage[run.allocation] = usage.get(run.allocation, Usage()) + _usage(run, seconds)
+        return dict(sorted(usage.items()))
+
+    def _charge(self, index: int, run: _Running, gpu_s: float) -> None:
+        if index < self._horizon:
+            return  # already outside the window
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = {}
+            heapq.heappush(self._indices, index)
+        charge = _usage(run, gpu_s / run.gpus) if run.gpus else Usage()
+        bucket[run.allocation] = bucket.get(run.allocation, Usage()) + charge
+        self._totals[run.allocation] = self._totals[run.allocation] + charge
+
+    def _expire(self, at: float) -> None:
+        self._horizon = max(self._horizon, math.floor((at - self.window_s) / self.bucket_s))
+        while self._indices and self._indices[0] < self._horizon:
+            for allocation, usage in self._buckets.pop(heapq.heappop(self._indices)).items():
+                total = self._totals[allocation]
+                self._totals[allocation] = Usage(
+                    total.allocated_gpu_s - usage.allocated_gpu_s,
+                    total.unallocated_gpu_s - usage.unallocated_gpu_s,
+                )
+
+
+def _usage(run: _Running, seconds: float) -> Usage:
+    gpu_s = run.gpus * seconds
+    return Usage(allocated_gpu_s=gpu_s) if run.allocated else Usage(unallocated_gpu_s=gpu_s)

@@ -1,14 +1,17 @@
 """The service edge: protobuf events to core inputs, core decisions to events.
 
-Converting here, once, keeps protobuf out of the core. The placement service
-and the audit replayer both use these functions, so they read the log alike.
+Converting here, once, keeps protobuf out of the core. The placement service,
+the audit replayer and the budget service all use these functions, so they
+read the log alike.
 """
 
 from __future__ import annotations
 
+from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import (
+    BudgetSet,
     Cancel,
     CancelRequested,
     Decision,
@@ -18,13 +21,21 @@ from libs.core import (
     NodeJoined,
     NodeSpec,
     Place,
+    Preempted,
+    Requeue,
     Stop,
     StopCause,
     TaskEnded,
+    TaskIdle,
+    TaskStarted,
     Tick,
+    UsageSnapshot,
     Wait,
 )
+from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
+
+GIB = 1 << 30
 
 _STOP_CAUSES = {
     StopCause.CANCELLED: types_pb2.STOP_CAUSE_CANCELLED,
@@ -47,6 +58,8 @@ def spec_from_proto(spec: types_pb2.JobSpec) -> JobSpec:
         env=tuple(sorted(spec.env.items())),
         simulated_duration_s=spec.simulated_duration_s,
         simulated_exit_code=spec.simulated_exit_code,
+        min_gpu_memory_gib=spec.min_gpu_memory_gib,
+        simulated_utilization=spec.simulated_utilization,
     )
 
 
@@ -65,15 +78,49 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         env=dict(spec.env),
         simulated_duration_s=spec.simulated_duration_s,
         simulated_exit_code=spec.simulated_exit_code,
+        min_gpu_memory_gib=spec.min_gpu_memory_gib,
+        simulated_utilization=spec.simulated_utilization,
     )
 
 
 def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
     types = sorted({gpu.type for gpu in inventory.gpus})
+    memory = min((gpu.memory_bytes for gpu in inventory.gpus), default=0)
     return NodeSpec(
         node_id=inventory.node_id,
         gpu_type="/".join(types),
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
+        gpu_memory_gib=memory / GIB,
+    )
+
+
+def budget_node_from_proto(node: types_pb2.BudgetNode) -> BudgetNode:
+    return BudgetNode(
+        name=node.name,
+        parent=node.parent,
+        weight=node.weight,
+        members=tuple(node.members),
+        managers=tuple(node.managers),
+    )
+
+
+def tree_from_proto(tree: types_pb2.BudgetTree) -> BudgetTree:
+    return BudgetTree(tuple(budget_node_from_proto(n) for n in tree.nodes))
+
+
+def tree_to_proto(tree: BudgetTree, version: int) -> types_pb2.BudgetTree:
+    return types_pb2.BudgetTree(
+        version=version,
+        nodes=[
+            types_pb2.BudgetNode(
+                name=n.name,
+                parent=n.parent,
+                weight=n.weight,
+                members=list(n.members),
+                managers=list(n.managers),
+            )
+            for n in tree.nodes
+        ],
     )
 
 
@@ -86,27 +133,32 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
             return JobArrived(at, p.job_id, spec_from_proto(p.spec))
         case "node_registered":
             return NodeJoined(at, node_from_proto(env.node_registered.inventory))
+        case "task_started":
+            s = env.task_started
+            return TaskStarted(at, s.job_id, s.task_id, s.node_id)
         case "task_finished":
             f = env.task_finished
-            return TaskEnded(at, f.job_id, f.task_id, f.node_id)
+            return TaskEnded(at, f.job_id, f.task_id, f.node_id, f.exit_code)
         case "task_failed":
             g = env.task_failed
-            return TaskEnded(at, g.job_id, g.task_id, g.node_id)
+            return TaskEnded(at, g.job_id, g.task_id, g.node_id, g.exit_code)
+        case "task_idle":
+            i = env.task_idle
+            return TaskIdle(at, i.job_id, i.task_id, i.idle)
         case "job_cancel_requested":
             return CancelRequested(at, env.job_cancel_requested.job_id)
+        case "budget_changed":
+            return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
+        case "usage_snapshot":
+            u = env.usage_snapshot
+            usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
+            return UsageSnapshot(at, u.window_s, usage)
         case "clock_tick":
             return Tick(at)
     return None
 
 
-def decision_payload(
-    decision: Decision, provenance: types_pb2.Provenance
-) -> (
-    events_pb2.TaskPlaced
-    | events_pb2.JobPending
-    | events_pb2.TaskStopRequested
-    | events_pb2.JobCancelled
-):
+def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Message:
     match decision:
         case Place():
             return events_pb2.TaskPlaced(
@@ -117,10 +169,6 @@ def decision_payload(
                 spec=spec_to_proto(decision.spec),
                 provenance=provenance,
             )
-        case Wait():
-            return events_pb2.JobPending(
-                job_id=decision.job_id, reason=decision.reason, provenance=provenance
-            )
         case Stop():
             return events_pb2.TaskStopRequested(
                 job_id=decision.job_id,
@@ -130,7 +178,12 @@ def decision_payload(
                 cause=_STOP_CAUSES[decision.cause],
                 provenance=provenance,
             )
+        case Wait():
+            message: type[Message] = events_pb2.JobPending
         case Cancel():
-            return events_pb2.JobCancelled(
-                job_id=decision.job_id, reason=decision.reason, provenance=provenance
-            )
+            message = events_pb2.JobCancelled
+        case Requeue():
+            message = events_pb2.JobRequeued
+        case Preempted():
+            message = events_pb2.JobPreempted
+    return message(job_id=decision.job_id, reason=decision.reason, provenance=provenance)

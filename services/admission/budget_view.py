@@ -8,7 +8,7 @@ import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 from libs.core.budget_tree import BudgetTree
-from services.budget.book import tree_from_proto
+from libs.events.convert import tree_from_proto
 from services.grpc_server import bearer
 
 

@@ -6,16 +6,21 @@ from dataclasses import dataclass, field
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core.budget_tree import BudgetNode, BudgetTree
-from libs.core.usage import UsageLedger
+from libs.core.budget_tree import BudgetTree
+from libs.core.config import PolicyConfig
+from libs.core.usage import WindowedUsage
 from libs.events import event_type, occurred_at
+from libs.events.convert import tree_from_proto
 
 
 @dataclass
 class BudgetBook:
     tree: BudgetTree | None = None
     version: int = 0
-    ledger: UsageLedger = field(default_factory=UsageLedger)
+    usage: WindowedUsage = field(
+        default_factory=lambda: WindowedUsage(PolicyConfig().lookback_window_s)
+    )
+    _jobs: dict[str, types_pb2.JobSpec] = field(default_factory=dict)
 
     def apply(self, env: events_pb2.Envelope) -> None:
         at = occurred_at(env)
@@ -24,46 +29,19 @@ class BudgetBook:
                 self.tree = tree_from_proto(env.budget_changed.tree)
                 self.version = env.budget_changed.tree.version
             case "job_admitted":
-                spec = env.job_admitted.spec
-                self.ledger.job(
-                    env.job_admitted.job_id,
-                    spec.allocation,
-                    spec.gpus,
-                    allocated=spec.min_runtime_s > 0,
-                )
+                self._jobs[env.job_admitted.job_id] = env.job_admitted.spec
             case "task_started":
-                self.ledger.started(env.task_started.job_id, env.task_started.task_id, at)
+                started = env.task_started
+                spec = self._jobs.get(started.job_id)
+                if spec is not None:
+                    self.usage.start(
+                        started.task_id,
+                        spec.allocation,
+                        spec.gpus,
+                        allocated=spec.min_runtime_s > 0,
+                        at=at,
+                    )
             case "task_finished":
-                self.ledger.ended(env.task_finished.task_id, at)
+                self.usage.end(env.task_finished.task_id, at)
             case "task_failed":
-                self.ledger.ended(env.task_failed.task_id, at)
-
-
-def tree_from_proto(tree: types_pb2.BudgetTree) -> BudgetTree:
-    return BudgetTree(tuple(node_from_proto(n) for n in tree.nodes))
-
-
-def node_from_proto(node: types_pb2.BudgetNode) -> BudgetNode:
-    return BudgetNode(
-        name=node.name,
-        parent=node.parent,
-        weight=node.weight,
-        members=tuple(node.members),
-        managers=tuple(node.managers),
-    )
-
-
-def tree_to_proto(tree: BudgetTree, version: int) -> types_pb2.BudgetTree:
-    return types_pb2.BudgetTree(
-        version=version,
-        nodes=[
-            types_pb2.BudgetNode(
-                name=n.name,
-                parent=n.parent,
-                weight=n.weight,
-                members=list(n.members),
-                managers=list(n.managers),
-            )
-            for n in tree.nodes
-        ],
-    )
+                self.usage.end(env.task_failed.task_id, at)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types_pb2
@@ -10,8 +11,9 @@ from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types
 from libs.bus import EventProducer
 from libs.core.budget_tree import BudgetTree, InvalidTree
 from libs.events import new_envelope
+from libs.events.convert import budget_node_from_proto, tree_to_proto
 from services.authn import caller
-from services.budget.book import BudgetBook, node_from_proto, tree_to_proto
+from services.budget.book import BudgetBook
 
 
 class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
@@ -41,7 +43,7 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         self, request: budget_service_pb2.SetAllocationRequest, context: grpc.aio.ServicerContext
     ) -> types_pb2.BudgetTree:
         user = await caller(context, self._secret)
-        node = node_from_proto(request.node)
+        node = budget_node_from_proto(request.node)
         async with self._lock:
             tree = self._tree()
             existing = tree.node(node.name)
@@ -75,13 +77,13 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext
     ) -> budget_service_pb2.Balances:
         await caller(context, self._secret)
-        ledger = self._book.ledger
+        usage = self._book.usage.snapshot(time.time())
         return budget_service_pb2.Balances(
             balances=[
                 budget_service_pb2.Balance(
                     allocation=leaf,
                     entitlement=share,
-                    gpu_seconds=ledger.usage(leaf).allocated_gpu_s,
+                    gpu_seconds=usage[leaf].allocated_gpu_s if leaf in usage else 0.0,
                 )
                 for leaf, share in self._tree().entitlements().items()
             ]
