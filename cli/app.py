@@ -22,6 +22,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from rich.console import Console
 
 from cli import render
+from cli.audit import audit_app
 from cli.connection import Connection, NotSignedIn
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
@@ -29,6 +30,7 @@ budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balance
 token_app = typer.Typer(no_args_is_help=True, help="Operator tools for tokens.")
 app.add_typer(budget_app, name="budget")
 app.add_typer(token_app, name="token")
+app.add_typer(audit_app, name="audit")
 console = Console()
 errors = Console(stderr=True)
 T = TypeVar("T")
@@ -86,6 +88,9 @@ def submit(
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the task")] = None,
     sim_duration: Annotated[float, typer.Option(help="Simulated nodes: run time, s")] = 0.0,
     sim_exit_code: Annotated[int, typer.Option(help="Simulated nodes: exit code")] = 0,
+    sim_utilization: Annotated[
+        float, typer.Option(help="Simulated nodes: GPU utilisation the task reports, 0..1")
+    ] = 1.0,
     wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
 ) -> None:
     """Submit a job: qm submit --gpus 2 -- python train.py"""
@@ -102,6 +107,7 @@ def submit(
         env=pairs,
         simulated_duration_s=sim_duration,
         simulated_exit_code=sim_exit_code,
+        simulated_utilization=sim_utilization,
     )
     with _rpc() as conn:
         reply = _call(_jobs(conn).SubmitJob, js.SubmitJobRequest(spec=spec), conn)

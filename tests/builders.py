@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from libs.core import JobSpec, NodeSpec
+from libs.core.budget_tree import BudgetTree, tree_from_dict
 
 
 def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object) -> JobSpec:
@@ -12,3 +13,10 @@ def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw:
 
 def node(node_id: str, gpus: int = 8, gpu_type: str = "H100") -> NodeSpec:
     return NodeSpec(node_id=node_id, gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))
+
+
+def tree(**weights: float) -> BudgetTree:
+    """A flat budget tree: one leaf per keyword, weighted as given."""
+    return tree_from_dict(
+        {"name": "root", "children": [{"name": k, "weight": w} for k, w in weights.items()]}
+    )

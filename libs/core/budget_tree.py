@@ -62,6 +62,12 @@ class BudgetTree:
     def node(self, name: str) -> BudgetNode | None:
         return self._by_name.get(name)
 
+    def children(self, name: str) -> tuple[str, ...]:
+        return self._children.get(name, ())
+
+    def weight(self, name: str) -> float:
+        return self._by_name[name].weight
+
     def leaves(self) -> list[str]:
         return sorted(name for name, kids in self._children.items() if not kids)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 DAY = 86_400.0
 HOUR = 3_600.0
@@ -11,9 +13,21 @@ HOUR = 3_600.0
 @dataclass(frozen=True)
 class PolicyConfig:
     lookback_window_s: float = 7 * DAY
+    # No contract protects a job longer than this, whatever it asked for.
     max_min_runtime_s: float = 8 * HOUR
     # Running work counts toward its allocation's usage this far ahead, so that
     # a pass that just placed work for an allocation ranks it accordingly.
     running_horizon_s: float = HOUR
-    # Debug jobs may preempt to start; the reference system's p90 target is 30 s.
-    debug_preempts: bool = True
+
+
+def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:
+    """Knobs from a parsed YAML/JSON mapping; unknown keys are an error, not a typo lost."""
+    known = {f.name: f.type for f in fields(PolicyConfig)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(
+            f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
+        )
+    default = PolicyConfig()
+    values = {name: type(getattr(default, name))(value) for name, value in raw.items()}
+    return replace(default, **values)

@@ -1,20 +1,24 @@
-"""Where a job fits: first fit over nodes in a fixed order.
+"""Where work fits: an index of free GPUs by node class and free count.
 
-Returns a value, never raises: either the GPUs to use or a reason a person can act on.
+Best fit: a job goes to the matching node with the fewest free GPUs that
+still holds it, which keeps large blocks whole for large jobs. Gangs larger
+than one node take whole free nodes, all or nothing. Every answer is a value:
+the GPUs to use, or a reason a person can act on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec, NodeSpec
 
+_NodeClass = tuple[str, float]  # (GPU type, GPU memory in GiB)
+
 
 @dataclass(frozen=True)
 class Fit:
-    node_id: str
-    gpu_indices: tuple[int, ...]
+    tasks: tuple[tuple[str, tuple[int, ...]], ...]  # (node id, GPU indices) per node
 
 
 @dataclass(frozen=True)
@@ -22,30 +26,142 @@ class NoFit:
     reason: str
 
 
-def first_fit(
-    spec: JobSpec,
-    nodes: Mapping[str, NodeSpec],
-    free: Mapping[str, tuple[int, ...]],
-) -> Fit | NoFit:
-    """The first node (by id) of the right type with enough free GPUs.
+def describe(spec: JobSpec) -> str:
+    memory = f" with ≥{spec.min_gpu_memory_gib:g} GiB" if spec.min_gpu_memory_gib else ""
+    return f"{spec.gpus}×{spec.gpu_type or 'GPU'}{memory}"
 
-    Takes the lowest free GPU indices so that the choice depends on nothing
-    but the state.
-    """
-    largest_free = 0
-    matching = 0
-    for node_id in sorted(nodes):
-        node = nodes[node_id]
-        if spec.gpu_type and node.gpu_type != spec.gpu_type:
-            continue
-        if node.gpu_count < spec.gpus:
-            continue
-        matching += 1
-        available = free.get(node_id, ())
-        if len(available) >= spec.gpus:
-            return Fit(node_id, available[: spec.gpus])
-        largest_free = max(largest_free, len(available))
-    wanted = f"{spec.gpus}×{spec.gpu_type or 'GPU'} on one node"
-    if matching == 0:
-        return NoFit(f"needs {wanted}; no registered node has that many")
-    return NoFit(f"needs {wanted}; the largest free block is {largest_free}")
+
+class Capacity:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeSpec] = {}
+        self._free: dict[str, tuple[int, ...]] = {}
+        self._by_class: dict[_NodeClass, dict[int, set[str]]] = {}
+        self._class_size: dict[_NodeClass, int] = {}  # the most GPUs a node of the class has
+        self._class_total: dict[_NodeClass, int] = {}
+        self.total_gpus = 0
+        self.total_free = 0
+
+    def add(self, node: NodeSpec, held: Collection[int]) -> None:
+        """Register or re-register a node; ``held`` GPUs stay taken by running tasks."""
+        if node.node_id in self.nodes:
+            self._unindex(node.node_id)
+            self.total_gpus -= self.nodes[node.node_id].gpu_count
+            self.total_free -= len(self._free[node.node_id])
+        self.nodes[node.node_id] = node
+        self._free[node.node_id] = tuple(g for g in sorted(node.gpu_indices) if g not in held)
+        self.total_gpus += node.gpu_count
+        self.total_free += len(self._free[node.node_id])
+        self._index(node.node_id)
+        cls = (node.gpu_type, node.gpu_memory_gib)
+        self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
+        self._class_total[cls] = sum(
+            n.gpu_count for n in self.nodes.values() if (n.gpu_type, n.gpu_memory_gib) == cls
+        )
+
+    def free(self, node_id: str) -> tuple[int, ...]:
+        return self._free.get(node_id, ())
+
+    def take(self, node_id: str, gpus: Collection[int]) -> None:
+        self._unindex(node_id)
+        before = self._free[node_id]
+        self._free[node_id] = tuple(g for g in before if g not in gpus)
+        self.total_free -= len(before) - len(self._free[node_id])
+        self._index(node_id)
+
+    def give(self, node_id: str, gpus: Collection[int]) -> None:
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        self._unindex(node_id)
+        before = self._free[node_id]
+        back = [g for g in gpus if g in node.gpu_indices and g not in before]
+        self._free[node_id] = tuple(sorted((*before, *back)))
+        self.total_free += len(back)
+        self._index(node_id)
+
+    def matching(self, spec: JobSpec) -> list[_NodeClass]:
+        return sorted(
+            cls
+            for cls in self._by_class
+            if (not spec.gpu_type or cls[0] == spec.gpu_type) and cls[1] >= spec.min_gpu_memory_gib
+        )
+
+    def fit(self, spec: JobSpec, blocked: Collection[str] = ()) -> Fit | NoFit:
+        classes = self.matching(spec)
+        largest_node = max((self._class_size[c] for c in classes), default=0)
+        if largest_node == 0:
+            if not self.nodes:
+                return NoFit(f"needs {describe(spec)}; no node has registered yet")
+            return NoFit(f"needs {describe(spec)}; no registered node has that type")
+        if spec.gpus > largest_node:
+            total = sum(self._class_total[c] for c in classes)
+            if spec.gpus > total:
+                return NoFit(f"needs {describe(spec)}; the cluster has only {total} such GPUs")
+            return self._fit_gang(spec, classes, largest_node, blocked)
+        best: tuple[int, str] | None = None
+        largest_free = 0
+        for cls in classes:
+            for count, nodes in self._by_class[cls].items():
+                candidates = [n for n in nodes if n not in blocked] if blocked else nodes
+                if not candidates:
+                    continue
+                largest_free = max(largest_free, count)
+                if count >= spec.gpus:
+                    choice = (count, min(candidates))
+                    if best is None or choice < best:
+                        best = choice
+        if best is None:
+            return NoFit(
+                f"needs {describe(spec)} on one node; the largest free block is {largest_free}"
+            )
+        node_id = best[1]
+        return Fit(((node_id, self._free[node_id][: spec.gpus]),))
+
+    def shape(self) -> tuple[int, int, int]:
+        """(largest free block, largest node, GPUs on wholly free largest nodes)."""
+        largest = max((max(b) for b in self._by_class.values() if b), default=0)
+        node_size = max(self._class_size.values(), default=0)
+        whole = sum(
+            len(nodes) * node_size
+            for cls, buckets in self._by_class.items()
+            if self._class_size[cls] == node_size
+            for count, nodes in buckets.items()
+            if count == node_size
+        )
+        return largest, node_size, whole
+
+    def _fit_gang(
+        self, spec: JobSpec, classes: list[_NodeClass], node_size: int, blocked: Collection[str]
+    ) -> Fit | NoFit:
+        whole = sorted(
+            n
+            for cls in classes
+            for n in self._by_class[cls].get(node_size, ())
+            if n not in blocked and self.nodes[n].gpu_count == node_size
+        )
+        needed = -(-spec.gpus // node_size)
+        if len(whole) < needed:
+            return NoFit(
+                f"needs {describe(spec)} on {needed} whole nodes; {len(whole)} "
+                f"{'is' if len(whole) == 1 else 'are'} free"
+            )
+        tasks = []
+        remaining = spec.gpus
+        for node_id in whole[:needed]:
+            take = min(node_size, remaining)
+            tasks.append((node_id, self._free[node_id][:take]))
+            remaining -= take
+        return Fit(tuple(tasks))
+
+    def _index(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
+        buckets.setdefault(len(self._free[node_id]), set()).add(node_id)
+
+    def _unindex(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
+        count = len(self._free[node_id])
+        buckets[count].discard(node_id)
+        if not buckets[count]:
+            del buckets[count]

@@ -1,130 +1,448 @@
-"""The scheduler as a deterministic state machine.
+"""The budget scheduler: a deterministic state machine driven by its input log.
 
 ``handle`` folds one input into the state and returns the decisions it causes.
 The placement service, the simulator and the audit replayer all drive this
-class, so replaying the same inputs yields the same decisions and digests.
+class, so the same inputs always yield the same decisions and digests.
 Iteration follows insertion order (the input order) or sorted keys, never
-hash order.
+hash order; time comes only from the inputs.
+
+A scheduling pass, in order:
+  1. rank allocations by fair share (usage ÷ entitlement, level by level);
+  2. walk the tiers: debug work (the fast path), allocated work, free work;
+  3. in each tier, walk allocations in rank order and their jobs in queue
+     order, placing every job that fits (best fit, gangs all or nothing);
+  4. the first job of a tier that does not fit may preempt: free work first,
+     then past-contract work of allocations ranked below its own; the node it
+     frees is reserved for it;
+  5. jobs that still wait get a reason when their reason changes.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from libs.core.decisions import Cancel, Decision, Place, Stop, StopCause, Wait
-from libs.core.inputs import CancelRequested, Input, JobArrived, NodeJoined, TaskEnded
-from libs.core.model import JobSpec, NodeSpec
-from libs.core.placement import Fit, first_fit
+from libs.core.budget_tree import BudgetTree
+from libs.core.config import PolicyConfig
+from libs.core.contract import RunningJob
+from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
+from libs.core.explain import Explanation, explain_running, explain_waiting
+from libs.core.fairshare import Standing, leaf_order, standings
+from libs.core.fingerprint import Fingerprint
+from libs.core.inputs import (
+    BudgetSet,
+    CancelRequested,
+    Input,
+    JobArrived,
+    NodeJoined,
+    TaskEnded,
+    TaskIdle,
+    TaskStarted,
+    UsageSnapshot,
+)
+from libs.core.model import JobSpec, NodeSpec, WorkClass
+from libs.core.placement import Capacity, Fit, describe
+from libs.core.preemption import plan_preemption
+from libs.core.queues import TIERS, Queues, Waiting
 
-POLICY = "first-fit"
-POLICY_VERSION = 1
+POLICY = "budget"
+POLICY_VERSION = 2
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Running:
-    task_id: str
-    node_id: str
-    gpu_indices: tuple[int, ...]
+    job_id: str
+    spec: JobSpec
+    seq: int
+    attempt: int
+    placed_at: float
+    tasks: dict[str, tuple[str, tuple[int, ...]]]  # task id -> (node id, GPU indices)
+    started_at: float | None = None
+    idle: bool = False
+    stopping: StopCause | None = None
+    ended: set[str] = field(default_factory=set)
+
+    @property
+    def fact(self) -> str:
+        return (
+            f"r|{self.job_id}|{self.attempt}|{sorted(self.tasks.items())}|{self.started_at}"
+            f"|{self.idle}|{self.stopping}|{sorted(self.ended)}"
+        )
 
 
 class Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        self.config = config or PolicyConfig()
         self.now = 0.0
-        self._nodes: dict[str, NodeSpec] = {}
-        self._free: dict[str, tuple[int, ...]] = {}
-        self._queue: dict[str, JobSpec] = {}  # arrival order
+        self._capacity = Capacity()
+        self._queues = Queues()
         self._running: dict[str, _Running] = {}
-        self._stopping: set[str] = set()
+        self._on_node: dict[str, dict[str, None]] = {}  # node -> running job ids (ordered set)
+        self._tree: BudgetTree | None = None
+        self._entitlements: dict[str, float] = {}
+        self._snapshot: dict[str, float] = {}
+        self._snapshot_at = 0.0
+        self._reserved: dict[str, tuple[str, float]] = {}  # node -> (job id, since)
+        self._nominated: dict[str, str] = {}  # job id -> reserved node
         self._reasons: dict[str, str] = {}
         self._seen: set[str] = set()
+        self._seq = 0
+        self._fingerprint = Fingerprint()
+        self._running_version = 0  # bumped whenever the set of running work changes
+        self._no_plan: tuple[tuple[str, int], float] | None = None
+
+    # -- the one entry point -------------------------------------------------
 
     def handle(self, event: Input) -> list[Decision]:
         self.now = max(self.now, event.at)
+        decisions: list[Decision] = []
         match event:
             case JobArrived():
                 if event.job_id in self._seen:  # a duplicate submission: already decided
                     return []
                 self._seen.add(event.job_id)
-                self._queue[event.job_id] = event.spec
+                self._seq += 1
+                self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
             case NodeJoined():
                 self._join(event.node)
+            case TaskStarted():
+                self._started(event)
             case TaskEnded():
-                self._end(event)
+                decisions += self._ended(event)
+            case TaskIdle():
+                self._update(event.job_id, idle=event.idle, task_id=event.task_id)
             case CancelRequested():
-                return self._cancel(event.job_id)
-        return self._schedule()
-
-    def reason(self, job_id: str) -> str | None:
-        """Why a queued job waits, as last decided."""
-        return self._reasons.get(job_id)
+                decisions += self._cancel(event.job_id)
+            case BudgetSet():
+                self._set_tree(event.tree)
+                self._running_version += 1  # ranks changed
+            case UsageSnapshot():
+                before = self._snapshot_fact
+                self._snapshot = dict(event.usage)
+                self._snapshot_at = event.at
+                self._fingerprint.replace(before, self._snapshot_fact)
+        decisions += self._schedule()
+        if isinstance(event, JobArrived) and event.job_id not in self._reasons:
+            # Every new job hears why it waits, even when the pass stopped early.
+            waiting = self._queues.jobs.get(event.job_id)
+            if waiting is not None:
+                decisions += self._wait(waiting)
+        return decisions
 
     def digest(self) -> bytes:
         """A fingerprint of the whole state, recorded with every decision."""
-        h = hashlib.sha256()
-        for node_id in sorted(self._nodes):
-            node = self._nodes[node_id]
-            h.update(
-                f"n|{node_id}|{node.gpu_type}|{node.gpu_indices}|{self._free[node_id]}\n".encode()
+        return self._fingerprint.digest()
+
+    def explain(self, job_id: str) -> Explanation | None:
+        """Why a job waits (or where it runs), computed from the current state."""
+        rank = self._rank()
+        standing = self._standings().get
+        job = self._queues.jobs.get(job_id)
+        if job is not None:
+            fit = self._capacity.fit(job.spec, self._blocked_for(job_id))
+            return explain_waiting(
+                job,
+                standing(job.spec.allocation),
+                reason=fit.reason if not isinstance(fit, Fit) else "fits now: next in line",
+                ahead=self._queues.ahead_of(job, rank),
+                reserved=self._nominated.get(job_id),
             )
-        for job_id in self._queue:
-            h.update(f"q|{job_id}\n".encode())
-        for job_id in sorted(self._running):
-            run = self._running[job_id]
-            h.update(f"r|{job_id}|{run.task_id}|{run.node_id}|{run.gpu_indices}\n".encode())
-        return h.digest()
+        run = self._running.get(job_id)
+        if run is not None:
+            return explain_running(
+                job_id,
+                run.spec.allocation,
+                standing(run.spec.allocation),
+                nodes=sorted({node for node, _ in run.tasks.values()}),
+                protected_until=self._protected_until(run),
+                now=self.now,
+                stopping=run.stopping,
+            )
+        return None
+
+    # -- folding inputs ------------------------------------------------------
+
+    @property
+    def _snapshot_fact(self) -> str:
+        return f"u|{self._snapshot_at}|{sorted(self._snapshot.items())}"
+
+    def _enqueue(self, job: Waiting) -> None:
+        self._queues.push(job)
+        self._fingerprint.add(f"w|{job.job_id}|{job.attempt}")
+
+    def _dequeue(self, job_id: str) -> Waiting | None:
+        job = self._queues.remove(job_id)
+        if job is not None:
+            self._fingerprint.remove(f"w|{job.job_id}|{job.attempt}")
+            self._reasons.pop(job_id, None)
+            self._release(job_id)
+        return job
 
     def _join(self, node: NodeSpec) -> None:
-        if self._nodes.get(node.node_id) == node:
+        old = self._capacity.nodes.get(node.node_id)
+        if old == node:
             return
+        if old is not None:
+            self._fingerprint.remove(_node_fact(old))
         held = {
             gpu
-            for run in self._running.values()
-            if run.node_id == node.node_id
-            for gpu in run.gpu_indices
+            for job_id in self._on_node.get(node.node_id, {})
+            for task_node, gpus in self._running[job_id].tasks.values()
+            if task_node == node.node_id
+            for gpu in gpus
         }
-        self._nodes[node.node_id] = node
-        self._free[node.node_id] = tuple(g for g in sorted(node.gpu_indices) if g not in held)
+        self._capacity.add(node, held)
+        self._fingerprint.add(_node_fact(node))
 
-    def _end(self, event: TaskEnded) -> None:
+    def _set_tree(self, tree: BudgetTree) -> None:
+        self._fingerprint.replace(_tree_fact(self._tree), _tree_fact(tree))
+        self._tree = tree
+        self._entitlements = tree.entitlements()
+
+    def _started(self, event: TaskStarted) -> None:
         run = self._running.get(event.job_id)
-        if run is None or run.task_id != event.task_id:
+        if run is not None and event.task_id in run.tasks and run.started_at is None:
+            self._update(event.job_id, started_at=event.at)
+
+    def _update(self, job_id: str, *, task_id: str = "", **changes: object) -> None:
+        run = self._running.get(job_id)
+        if run is None or (task_id and task_id not in run.tasks):
             return
+        before = run.fact
+        for name, value in changes.items():
+            setattr(run, name, value)
+        self._fingerprint.replace(before, run.fact)
+        self._running_version += 1
+
+    def _ended(self, event: TaskEnded) -> list[Decision]:
+        run = self._running.get(event.job_id)
+        if run is None or event.task_id not in run.tasks or event.task_id in run.ended:
+            return []
+        before = run.fact
+        run.ended.add(event.task_id)
+        self._running_version += 1
+        node_id, gpus = run.tasks[event.task_id]
+        self._capacity.give(node_id, gpus)
+        self._on_node.get(node_id, {}).pop(event.job_id, None)
+        if len(run.ended) < len(run.tasks):
+            self._fingerprint.replace(before, run.fact)
+            # A gang lives and dies together: the rest of it is stopped.
+            if run.stopping is None:
+                return self._stop(run, StopCause.PREEMPTED, "another task of its gang ended")
+            return []
+        self._fingerprint.remove(before)
         del self._running[event.job_id]
-        self._stopping.discard(event.job_id)
-        node = self._nodes.get(run.node_id)
-        if node is not None:
-            still_present = tuple(g for g in run.gpu_indices if g in node.gpu_indices)
-            self._free[run.node_id] = tuple(sorted(self._free[run.node_id] + still_present))
+        if run.stopping is not StopCause.PREEMPTED:
+            return []
+        if run.spec.resumable:
+            self._enqueue(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, event.at))
+            return [Requeue(run.job_id, "preempted; requeued (resumable)")]
+        return [Preempted(run.job_id, "preempted; not resumable")]
 
     def _cancel(self, job_id: str) -> list[Decision]:
-        if job_id in self._queue:
-            del self._queue[job_id]
-            self._reasons.pop(job_id, None)
-            return [Cancel(job_id, "cancelled before it started"), *self._schedule()]
+        if self._dequeue(job_id) is not None:
+            return [Cancel(job_id, "cancelled before it started")]
         run = self._running.get(job_id)
-        if run is not None and job_id not in self._stopping:
-            self._stopping.add(job_id)
-            return [
-                Stop(job_id, run.task_id, run.node_id, StopCause.CANCELLED, "cancelled by user")
-            ]
+        if run is not None and run.stopping is None:
+            return self._stop(run, StopCause.CANCELLED, "cancelled by user")
         return []
 
+    def _stop(self, run: _Running, cause: StopCause, reason: str) -> list[Decision]:
+        self._update(run.job_id, stopping=cause)
+        return [
+            Stop(run.job_id, task_id, node_id, cause, reason)
+            for task_id, (node_id, _) in sorted(run.tasks.items())
+            if task_id not in run.ended
+        ]
+
+    # -- the scheduling pass -------------------------------------------------
+
     def _schedule(self) -> list[Decision]:
+        if not self._queues:
+            return []
+        self._expire_reservations()
+        rank = self._rank()
         decisions: list[Decision] = []
-        for job_id, spec in list(self._queue.items()):
-            fit = first_fit(spec, self._nodes, self._free)
-            if isinstance(fit, Fit):
-                del self._queue[job_id]
-                self._reasons.pop(job_id, None)
-                taken = set(fit.gpu_indices)
-                self._free[fit.node_id] = tuple(
-                    g for g in self._free[fit.node_id] if g not in taken
-                )
-                task_id = f"{job_id}/0"
-                self._running[job_id] = _Running(task_id, fit.node_id, fit.gpu_indices)
-                decisions.append(Place(job_id, task_id, fit.node_id, fit.gpu_indices, spec))
-            elif self._reasons.get(job_id) != fit.reason:
-                self._reasons[job_id] = fit.reason
-                decisions.append(Wait(job_id, fit.reason))
+        for tier in TIERS:
+            # Only the best-ranked blocked job of a tier may preempt in one pass:
+            # planning scans the running work, and one stop at a time is plenty.
+            may_preempt = tier is not WorkClass.UNALLOCATED
+            for allocation in sorted(
+                self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
+            ):
+                decisions += self._place_allocation(tier, allocation)
+                head = self._queues.head(tier, allocation)
+                if head is None:
+                    continue
+                if may_preempt and head.job_id not in self._nominated:
+                    may_preempt = False
+                    decisions += self._preempt_for(head, rank)
+                decisions += self._wait(head)
         return decisions
+
+    def _place_allocation(self, tier: WorkClass, allocation: str) -> list[Decision]:
+        decisions: list[Decision] = []
+        capacity = self._capacity
+        if capacity.total_free == 0:
+            return decisions
+        largest, node_size, whole = capacity.shape()
+
+        def could_fit(gpus: int) -> bool:
+            # A gang spans whole free nodes; anything else needs one free block.
+            return gpus <= largest or node_size < gpus <= whole
+
+        for job in self._queues.candidates(tier, allocation, could_fit):
+            fit = capacity.fit(job.spec, self._blocked_for(job.job_id))
+            if isinstance(fit, Fit):
+                decisions += self._place(job, fit)
+                if capacity.total_free == 0:
+                    break
+                largest, node_size, whole = capacity.shape()
+            else:
+                decisions += self._wait(job, fit.reason)
+        return decisions
+
+    def _place(self, job: Waiting, fit: Fit) -> list[Decision]:
+        self._dequeue(job.job_id)
+        tasks: dict[str, tuple[str, tuple[int, ...]]] = {}
+        decisions: list[Decision] = []
+        for rank, (node_id, gpus) in enumerate(fit.tasks):
+            task_id = f"{job.job_id}/{job.attempt}" + (f".{rank}" if len(fit.tasks) > 1 else "")
+            tasks[task_id] = (node_id, gpus)
+            self._capacity.take(node_id, gpus)
+            self._on_node.setdefault(node_id, {})[job.job_id] = None
+            decisions.append(Place(job.job_id, task_id, node_id, gpus, job.spec))
+        run = _Running(job.job_id, job.spec, job.seq, job.attempt, self.now, tasks)
+        self._running[job.job_id] = run
+        self._running_version += 1
+        self._fingerprint.add(run.fact)
+        return decisions
+
+    def _wait(self, job: Waiting, reason: str | None = None) -> list[Decision]:
+        if reason is None:
+            if job.job_id in self._nominated:
+                node = self._nominated[job.job_id]
+                reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {node}"
+            else:
+                fit = self._capacity.fit(job.spec, self._blocked_for(job.job_id))
+                reason = fit.reason if not isinstance(fit, Fit) else ""
+        if not reason or self._reasons.get(job.job_id) == reason:
+            return []
+        self._reasons[job.job_id] = reason
+        return [Wait(job.job_id, reason)]
+
+    # -- preemption and reservations ----------------------------------------
+
+    def _preempt_for(self, job: Waiting, rank: dict[str, int]) -> list[Decision]:
+        if not job.spec.allocated:
+            return []
+        # A plan that failed stays failed until the running work changes, or a
+        # minute passes (contracts expire and ranks drift with time).
+        attempt = (job.job_id, self._running_version)
+        if (
+            self._no_plan is not None
+            and self._no_plan[0] == attempt
+            and self.now < self._no_plan[1] + 60
+        ):
+            return []
+        candidates = [
+            (node_id, node.gpu_count, len(self._capacity.free(node_id)))
+            for node_id, node in sorted(self._capacity.nodes.items())
+            if node_id not in self._reserved
+            and (not job.spec.gpu_type or node.gpu_type == job.spec.gpu_type)
+            and node.gpu_memory_gib >= job.spec.min_gpu_memory_gib
+        ]
+        plan = plan_preemption(job.spec, candidates, self._preemptible_by_node(), rank, self.now)
+        if plan is None:
+            self._no_plan = (attempt, self.now)
+            return []
+        self._reserved[plan.node_id] = (job.job_id, self.now)
+        self._nominated[job.job_id] = plan.node_id
+        self._fingerprint.add(f"v|{plan.node_id}|{job.job_id}")
+        decisions: list[Decision] = []
+        for victim in plan.victims:
+            why = f"preempted for {job.job_id} of {job.spec.allocation}"
+            decisions += self._stop(self._running[victim.job_id], StopCause.PREEMPTED, why)
+        return decisions
+
+    def _preemptible_by_node(self) -> dict[str, list[RunningJob]]:
+        by_node: dict[str, list[RunningJob]] = {}
+        for node_id, job_ids in self._on_node.items():
+            for job_id in job_ids:
+                run = self._running[job_id]
+                if run.stopping is not None or len(run.tasks) > 1:
+                    continue  # already going, or a gang (never preempted piecemeal)
+                [(task_node, gpus)] = run.tasks.values()
+                protect_s = min(run.spec.min_runtime_s, self.config.max_min_runtime_s)
+                by_node.setdefault(node_id, []).append(
+                    RunningJob(
+                        job_id,
+                        run.spec,
+                        task_node,
+                        len(gpus),
+                        run.started_at,
+                        run.idle,
+                        run.seq,
+                        protect_s,
+                    )
+                )
+        return by_node
+
+    def _blocked_for(self, job_id: str) -> set[str]:
+        return {node for node, (holder, _) in self._reserved.items() if holder != job_id}
+
+    def _release(self, job_id: str) -> None:
+        node = self._nominated.pop(job_id, None)
+        if node is not None:
+            del self._reserved[node]
+            self._fingerprint.remove(f"v|{node}|{job_id}")
+
+    def _expire_reservations(self) -> None:
+        # Victims normally end within their stop grace; a node that never
+        # reports back must not stay reserved forever.
+        limit = self.now - 600
+        for _node, (job_id, since) in sorted(self._reserved.items()):
+            if since < limit:
+                self._release(job_id)
+
+    # -- fair share ----------------------------------------------------------
+
+    def _usage(self) -> dict[str, float]:
+        """Charged usage per allocation: the last snapshot plus what ran since,
+        plus running work counted ``running_horizon_s`` ahead."""
+        usage = dict(self._snapshot)
+        horizon = self.config.running_horizon_s
+        for run in self._running.values():
+            if run.spec.allocated:
+                gpus = sum(len(g) for _, g in run.tasks.values())
+                since = self.now - max(run.placed_at, self._snapshot_at)
+                usage[run.spec.allocation] = usage.get(run.spec.allocation, 0.0) + gpus * (
+                    since + horizon
+                )
+        return usage
+
+    def _rank(self) -> dict[str, int]:
+        if self._tree is None:
+            return {}
+        return {leaf: i for i, leaf in enumerate(leaf_order(self._tree, self._usage()))}
+
+    def _standings(self) -> dict[str, Standing]:
+        if self._tree is None:
+            return {}
+        return standings(self._tree, self._usage(), self._entitlements)
+
+    def _protected_until(self, run: _Running) -> float | None:
+        if not run.spec.allocated or run.started_at is None:
+            return None
+        return run.started_at + min(run.spec.min_runtime_s, self.config.max_min_runtime_s)
+
+
+def _node_fact(node: NodeSpec) -> str:
+    return f"n|{node.node_id}|{node.gpu_type}|{node.gpu_memory_gib}|{node.gpu_indices}"
+
+
+def _tree_fact(tree: BudgetTree | None) -> str:
+    if tree is None:
+        return "t|"
+    return "t|" + "|".join(
+        f"{n.name}:{n.parent}:{n.weight}" for n in sorted(tree.nodes, key=lambda n: n.name)
+    )

@@ -59,4 +59,8 @@ def validate_job(spec: JobSpec, limits: Limits, allocations: Collection[str]) ->
         found.append(Violation("command", "is required (the program and its arguments)"))
     if spec.simulated_duration_s < 0:
         found.append(Violation("simulated_duration_s", "must be >= 0"))
+    if not 0.0 <= spec.simulated_utilization <= 1.0:
+        found.append(Violation("simulated_utilization", "must be between 0 and 1"))
+    if spec.min_gpu_memory_gib < 0:
+        found.append(Violation("min_gpu_memory_gib", "must be >= 0"))
     return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,20 +21,26 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventConsumer
 from libs.events import new_envelope
 from services.node_agent.executors import Execution, Executor, LaunchError
+from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import (
     decision_for,
     ended,
+    idle_changed,
     launch_failed,
     producer_name,
     started,
     stop_reason,
 )
+from services.node_agent.utilization import Sampler, SamplingError
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[events_pb2.Envelope], Awaitable[None]]
 
 SHUTDOWN_REASON = "node agent stopped"
+# Redeliveries come soon after the original placement: older ended tasks need not be known.
+REMEMBER_ENDED = 10_000
+DEFAULT_SAMPLE_S = 10.0
 
 
 @dataclass
@@ -49,7 +56,11 @@ class _Running:
 
 
 class NodeAgent:
-    """Runs the tasks placed on its nodes and reports how each one starts and ends."""
+    """Runs the tasks placed on its nodes and reports how each one starts and ends.
+
+    With ``samplers`` (node id -> sampler) it also reports when a task's GPUs go idle
+    or busy again, sampling every ``sample_s`` seconds once ``watch_utilization`` runs.
+    """
 
     def __init__(
         self,
@@ -58,14 +69,25 @@ class NodeAgent:
         executors: Mapping[types_pb2.Executor.ValueType, Executor],
         emit: Emit,
         tracer: Tracer | None = None,
+        samplers: Mapping[str, Sampler] | None = None,
+        idle: IdleThresholds | None = None,
+        sample_s: float = DEFAULT_SAMPLE_S,
+        remember_ended: int = REMEMBER_ENDED,
     ) -> None:
         self._nodes = {node.node_id: node for node in nodes}
         self._executors = executors
         self._emit = emit
         self._tracer = tracer or trace.get_tracer(__name__)
-        # Every task ever started here, so that a redelivered placement does not run twice.
+        # Tasks started here and not long ended, so that a redelivered placement does not
+        # run twice; _ended says which to forget first.
         self._started: set[str] = set()
+        self._ended: deque[str] = deque()
+        self._remember_ended = remember_ended
         self._running: dict[str, _Running] = {}
+        self._samplers = dict(samplers or {})
+        thresholds = idle or IdleThresholds()
+        self._detectors = {node_id: IdleDetector(thresholds) for node_id in self._samplers}
+        self._sample_s = sample_s
         self._waiters: set[asyncio.Task[None]] = set()
 
     async def register(self) -> None:
@@ -120,6 +142,7 @@ class NodeAgent:
                 span.set_status(Status(StatusCode.ERROR, exc.reason))
                 await self._report(node, launch_failed(task, exc), task, placed_event_id)
                 span.end()
+                self._forget_later(task.task_id)
                 return
             await self._report(node, started(task, execution.pid), task, placed_event_id)
         log.info("task %s started on %s GPUs %s", task.task_id, node.node_id, task.gpu_indices)
@@ -142,6 +165,12 @@ class NodeAgent:
                 log.info("task %s ended: exit code %d", run.task.task_id, exit_code)
         finally:
             del self._running[run.task.task_id]
+            self._forget_later(run.task.task_id)
+
+    def _forget_later(self, task_id: str) -> None:
+        self._ended.append(task_id)
+        if len(self._ended) > self._remember_ended:
+            self._started.discard(self._ended.popleft())
 
     def _waiter_done(self, waiter: asyncio.Task[None]) -> None:
         self._waiters.discard(waiter)
@@ -165,6 +194,46 @@ class NodeAgent:
         # In the background: one task's grace period must not hold up other decisions.
         run.stopper = asyncio.create_task(run.execution.stop())
 
+    async def watch_utilization(self) -> None:
+        """Sample the nodes every ``sample_s`` seconds until cancelled."""
+        while True:
+            try:
+                await self.sample_utilization()
+            except Exception:
+                # One failed round (a send that failed, say) must not end idle detection.
+                log.exception("GPU utilisation round failed")
+            await asyncio.sleep(self._sample_s)
+
+    async def sample_utilization(self) -> None:
+        """Sample each node once; report the tasks whose GPUs went idle or busy again."""
+        for node_id, sampler in self._samplers.items():
+            # A task being stopped is on its way out: its GPUs going quiet is no news.
+            runs = {
+                run.task.task_id: run
+                for run in self._running.values()
+                if run.node.node_id == node_id and run.stopper is None
+            }
+            try:
+                sample = sampler.sample([run.task for run in runs.values()])
+            except SamplingError as exc:
+                log.warning("cannot sample GPU utilisation on %s: %s", node_id, exc)
+                continue
+            levels = {
+                task_id: task_utilization(sample.by_gpu, run.task.gpu_indices)
+                for task_id, run in runs.items()
+            }
+            for change in self._detectors[node_id].observe(sample.at, levels):
+                run = runs[change.task_id]
+                log.info(
+                    "task %s is %s: GPU utilisation %.0f%%",
+                    change.task_id,
+                    "idle" if change.idle else "busy again",
+                    change.utilization * 100,
+                )
+                payload = idle_changed(run.task, change.idle, change.utilization)
+                with trace.use_span(run.span):
+                    await self._report(run.node, payload, run.task, run.placed_event_id)
+
     async def _report(
         self,
         node: types_pb2.NodeInventory,
@@ -184,16 +253,19 @@ class NodeAgent:
 
 
 async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) -> None:
-    """Register the nodes, act on decisions until ``stop`` is set, then stop the tasks.
+    """Register the nodes, act on decisions and watch GPU utilisation until ``stop`` is
+    set, then stop the tasks.
 
     Offsets are committed once a record is acted upon, so a restarted agent neither
     misses a placement nor starts a task twice.
     """
     await consumer.start()
+    watcher: asyncio.Task[None] | None = None
     try:
         if not await _until_assigned(consumer, stop):
             return
         await agent.register()
+        watcher = asyncio.create_task(agent.watch_utilization())
         async for batch in consumer.batches():
             done: dict[TopicPartition, int] = {}
             for delivery in batch:
@@ -207,6 +279,9 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
             if stop.is_set():
                 return
     finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.wait({watcher})
         try:
             await consumer.stop()
         finally:

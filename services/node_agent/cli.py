@@ -1,14 +1,16 @@
 """Command line: which nodes to host, where their inventory comes from, then serve.
 
 Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, default
-``.local/logs/tasks``), plus the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings
-read by ``libs``.
+``.local/logs/tasks``), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
+``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection), plus the
+``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,8 +25,9 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import EventConsumer, EventProducer, KafkaSettings, load_topic_config
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
-from services.node_agent.agent import NodeAgent, serve
+from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import (
     DEFAULT_INVENTORY,
     InventoryError,
@@ -32,8 +35,10 @@ from services.node_agent.inventory import (
     nvml_inventory,
     select_nodes,
 )
+from services.node_agent.utilization import nvml_session, sampler_for
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")
+_IDLE = IdleThresholds()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -72,11 +77,46 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=10.0,
         help="time a stopped task gets between SIGTERM and SIGKILL (default: %(default)s)",
     )
+    # String defaults from the environment go through type=float, so a bad one is named.
+    parser.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=os.environ.get("QM_IDLE_THRESHOLD", str(_IDLE.idle_below)),
+        help="a task is idle once its mean GPU utilisation (0..1) over the window is below "
+        "this; 0 turns idle detection off (env QM_IDLE_THRESHOLD; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--busy-threshold",
+        type=float,
+        default=os.environ.get("QM_BUSY_THRESHOLD", str(_IDLE.busy_above)),
+        help="an idle task is busy again once that mean is above this "
+        "(env QM_BUSY_THRESHOLD; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--idle-window-seconds",
+        type=float,
+        default=os.environ.get("QM_IDLE_WINDOW_SECONDS", str(_IDLE.window_s)),
+        help="the window the mean is taken over (env QM_IDLE_WINDOW_SECONDS; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sample-seconds",
+        type=float,
+        default=os.environ.get("QM_SAMPLE_SECONDS", str(DEFAULT_SAMPLE_S)),
+        help="time between GPU utilisation samples (env QM_SAMPLE_SECONDS; default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.nvml and len(args.node) > 1:
         parser.error("--nvml reads this one machine: give at most one --node")
     if args.grace_seconds < 0:
         parser.error("--grace-seconds must be >= 0")
+    if args.sample_seconds <= 0:
+        parser.error("--sample-seconds must be > 0")
+    try:
+        args.idle = IdleThresholds(
+            args.idle_threshold, args.busy_threshold, args.idle_window_seconds
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -92,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tracing = setup_tracing("node-agent")
     try:
-        asyncio.run(_run(args, nodes))
+        # Initialised while the agent runs, for the utilisation sampler.
+        with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
+            asyncio.run(_run(args, nodes))
     finally:
         tracing.shutdown()
     return 0
@@ -126,6 +168,9 @@ async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -
                 types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
             },
             emit=emit,
+            samplers={node.node_id: sampler_for(node, pynvml) for node in nodes},
+            idle=args.idle,
+            sample_s=args.sample_seconds,
         )
         consumer = EventConsumer(
             settings,

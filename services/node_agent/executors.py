@@ -52,11 +52,14 @@ class Executor(Protocol):
 def task_environment(base: Mapping[str, str], task: events_pb2.TaskPlaced) -> dict[str, str]:
     """The agent's environment, then the job's extras, then what the agent decides.
 
-    The agent's own variables come last so that a job cannot widen its GPU set.
+    The agent's own variables come last so that a job cannot widen its GPU set. CUDA
+    numbers GPUs fastest first unless told otherwise; NVML, whose indices the inventory
+    and the utilisation sampler use, numbers them by PCI bus.
     """
     return {
         **base,
         **task.spec.env,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in task.gpu_indices),
         "QM_JOB_ID": task.job_id,
         "QM_TASK_ID": task.task_id,

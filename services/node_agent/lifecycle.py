@@ -41,6 +41,18 @@ def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2
     return _failed(task, error.exit_code, error.reason)
 
 
+def idle_changed(
+    task: events_pb2.TaskPlaced, idle: bool, utilization: float
+) -> events_pb2.TaskIdle:
+    return events_pb2.TaskIdle(
+        job_id=task.job_id,
+        task_id=task.task_id,
+        node_id=task.node_id,
+        idle=idle,
+        utilization=utilization,
+    )
+
+
 def stop_reason(request: events_pb2.TaskStopRequested) -> str:
     return f"stop requested: {request.reason}" if request.reason else "stop requested"
 

@@ -19,7 +19,7 @@ from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 
 from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
-from libs.core import Scheduler
+from libs.core import PolicyConfig, Scheduler
 from libs.events import DecodeError, decode, event_type
 from libs.events.decide import decide
 
@@ -33,6 +33,7 @@ class PlacementService:
     topics: Topics
     # Also the transactional id: a restarted (or standby) instance fences the old one.
     group_id: str = "qm-placement"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     schedulers: dict[int, Scheduler] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -105,7 +106,7 @@ class PlacementService:
 
     async def rebuild(self, tp: TopicPartition, upto: int) -> None:
         """Fold records [0, upto) of one partition into a fresh scheduler."""
-        scheduler = Scheduler()
+        scheduler = Scheduler(self.policy)
         if upto > 0:
             await self._replay(scheduler, tp, upto)
             log.info("rebuilt partition %d from %d records", tp.partition, upto)

@@ -133,7 +133,7 @@ def test_cancelling_a_running_job(stack: Stack, jobs: js_grpc.JobServiceStub) ->
 def test_a_job_too_big_for_any_node_explains_why(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    job_id = submit(stack, jobs, gpus=16, command=["true"])
+    job_id = submit(stack, jobs, gpus=64, command=["true"])
     explanation = eventually(
         lambda: (
             (
@@ -147,7 +147,7 @@ def test_a_job_too_big_for_any_node_explains_why(
         ),
         what="a pending explanation",
     )
-    assert "needs 16×GPU on one node; no registered node has that many" in explanation.reason
+    assert "needs 64×GPU; the cluster has only 16 such GPUs" in explanation.reason
     jobs.CancelJob(js.CancelJobRequest(job_id=job_id), metadata=stack.auth("alice"))
     assert wait_for_end(stack, jobs, job_id).state == types_pb2.JOB_STATE_CANCELLED
 

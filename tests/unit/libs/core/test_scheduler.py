@@ -41,7 +41,7 @@ CASES = [
     Case(
         "a job larger than any node says so",
         [NodeJoined(0, node("n1", 4)), JobArrived(1, "j1", job(8))],
-        waiting={"j1": "needs 8×GPU on one node; no registered node has that many"},
+        waiting={"j1": "needs 8×GPU; the cluster has only 4 such GPUs"},
     ),
     Case(
         "waits for the largest free block, then starts when a task ends",
@@ -67,7 +67,7 @@ CASES = [
         "a job that arrives before any node waits, then starts when one joins",
         [JobArrived(1, "j1", job(1)), NodeJoined(2, node("n1"))],
         placed={"j1": ("n1", (0,))},
-        waiting={"j1": "needs 1×GPU on one node; no registered node has that many"},
+        waiting={"j1": "needs 1×GPU; no node has registered yet"},
     ),
     Case(
         "a duplicate submission is decided once",
@@ -77,7 +77,7 @@ CASES = [
     Case(
         "cancelling a queued job withdraws it",
         [NodeJoined(0, node("n1", 1)), JobArrived(1, "j1", job(2)), CancelRequested(2, "j1")],
-        waiting={"j1": "needs 2×GPU on one node; no registered node has that many"},
+        waiting={"j1": "needs 2×GPU; the cluster has only 1 such GPUs"},
         other=[Cancel],
     ),
     Case(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,14 +15,16 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
 from libs.events import event_type, new_envelope
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import parse_inventory
+from services.node_agent.utilization import DeclaredSampler, Sample, SamplingError
 
 NODES = parse_inventory(
     yaml.safe_load(
@@ -68,9 +72,13 @@ def emitted() -> Recorder:
 
 
 @pytest.fixture
-def agent(tmp_path: Path, emitted: Recorder, spans: InMemorySpanExporter) -> NodeAgent:
+def tracer(spans: InMemorySpanExporter) -> Tracer:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
+    return provider.get_tracer("test")
+
+
+def make_agent(tmp_path: Path, emitted: Recorder, tracer: Tracer, **options: Any) -> NodeAgent:
     return NodeAgent(
         NODES,
         executors={
@@ -78,8 +86,14 @@ def agent(tmp_path: Path, emitted: Recorder, spans: InMemorySpanExporter) -> Nod
             types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
         },
         emit=emitted,
-        tracer=provider.get_tracer("test"),
+        tracer=tracer,
+        **options,
     )
+
+
+@pytest.fixture
+def agent(tmp_path: Path, emitted: Recorder, tracer: Tracer) -> NodeAgent:
+    return make_agent(tmp_path, emitted, tracer)
 
 
 def delivery(payload: Message, offset: int = 0) -> Delivery:
@@ -197,3 +211,136 @@ async def test_shutdown_stops_running_processes(agent: NodeAgent, emitted: Recor
     assert emitted.types() == ["task_started", "task_failed"]
     failed = emitted.events[1].task_failed
     assert (failed.exit_code, failed.reason) == (-15, "node agent stopped")
+
+
+async def test_a_task_ended_long_ago_is_forgotten_and_may_run_again(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    agent = make_agent(tmp_path, emitted, tracer, remember_ended=1)
+    first = placement(duration_s=0)
+    second = events_pb2.TaskPlaced()
+    second.CopyFrom(first)
+    second.job_id, second.task_id = "job-2", "job-2/0"
+    await agent.handle(delivery(first))
+    await emitted.until(2)
+    await agent.handle(delivery(first, offset=1))  # just ended: still known
+    assert len(emitted.events) == 2
+    await agent.handle(delivery(second, offset=2))
+    await emitted.until(4)
+    await agent.handle(delivery(second, offset=3))
+    await agent.handle(delivery(first, offset=4))  # pushed out by the second
+    await emitted.until(6)
+    assert emitted.types() == ["task_started", "task_finished"] * 3
+    assert [env.correlation_id for env in emitted.events[::2]] == ["job-1", "job-2", "job-1"]
+
+
+class ScriptedSampler:
+    """GPU utilisation as the test sets it, a sample every 10 s."""
+
+    def __init__(self, *, fail_first: bool = False) -> None:
+        self.by_gpu = {0: 0.0, 1: 0.0}
+        self.at = 0.0
+        self.seen: list[list[str]] = []
+        self.fail_next = fail_first
+
+    def sample(self, tasks: Sequence[events_pb2.TaskPlaced]) -> Sample:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("sampler bug")
+        self.seen.append([task.task_id for task in tasks])
+        self.at += 10
+        return Sample(self.at, dict(self.by_gpu))
+
+
+class BrokenSampler:
+    def sample(self, tasks: Sequence[events_pb2.TaskPlaced]) -> Sample:
+        raise SamplingError("NVML: GPU is lost")
+
+
+def idle_reports(emitted: Recorder) -> list[tuple[bool, float]]:
+    return [
+        (env.task_idle.idle, env.task_idle.utilization)
+        for env in emitted.events
+        if event_type(env) == "task_idle"
+    ]
+
+
+async def test_an_idle_task_is_reported_once_inside_its_trace(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    clock = iter(range(0, 100, 10))
+    sampler = DeclaredSampler(NODES[0], clock=lambda: float(next(clock)))
+    agent = make_agent(
+        tmp_path, emitted, tracer, samplers={"sim-0": sampler}, idle=IdleThresholds(window_s=20)
+    )
+    placed = delivery(placement(duration_s=60))  # declares no utilisation: 0
+    await agent.handle(placed)
+    for _ in range(4):
+        await agent.sample_utilization()
+    assert emitted.types() == ["task_started", "task_idle"]
+    report = emitted.events[1]
+    assert report.task_idle == events_pb2.TaskIdle(
+        job_id="job-1", task_id="job-1/0", node_id="sim-0", idle=True, utilization=0.0
+    )
+    assert (report.producer, report.cluster, report.correlation_id, report.causation_id) == (
+        "node-agent/sim-0",
+        "west",
+        "job-1",
+        placed.envelope.event_id,
+    )
+    assert emitted.spans[1].span_id == emitted.spans[0].span_id
+    await agent.shutdown()
+
+
+async def test_a_task_busy_again_is_reported_and_a_stopping_one_is_not_sampled(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    sampler = ScriptedSampler()
+    agent = make_agent(
+        tmp_path, emitted, tracer, samplers={"sim-0": sampler}, idle=IdleThresholds(window_s=20)
+    )
+    await agent.handle(delivery(placement(duration_s=60)))
+    for _ in range(3):
+        await agent.sample_utilization()
+    sampler.by_gpu[1] = 1.0  # the task's GPU
+    await agent.sample_utilization()
+    assert idle_reports(emitted) == [(True, 0.0), (False, 0.5)]
+    await agent.handle(delivery(stop_request(), offset=1))
+    await agent.sample_utilization()
+    assert sampler.seen == [["job-1/0"]] * 4 + [[]]
+    await agent.shutdown()
+
+
+async def test_a_node_that_cannot_be_sampled_does_not_hold_up_the_others(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer, caplog: pytest.LogCaptureFixture
+) -> None:
+    sampler = ScriptedSampler()
+    agent = make_agent(
+        tmp_path, emitted, tracer, samplers={"proc-0": BrokenSampler(), "sim-0": sampler}
+    )
+    await agent.sample_utilization()
+    assert sampler.seen == [[]]
+    assert "cannot sample GPU utilisation on proc-0: NVML: GPU is lost" in caplog.text
+
+
+async def test_watching_samples_periodically_and_outlives_a_failed_round(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer, caplog: pytest.LogCaptureFixture
+) -> None:
+    sampler = ScriptedSampler(fail_first=True)
+    agent = make_agent(
+        tmp_path,
+        emitted,
+        tracer,
+        samplers={"sim-0": sampler},
+        idle=IdleThresholds(window_s=10),
+        sample_s=0.001,
+    )
+    await agent.handle(delivery(placement(duration_s=60)))
+    watcher = asyncio.create_task(agent.watch_utilization())
+    try:
+        await emitted.until(2)
+    finally:
+        watcher.cancel()
+    assert idle_reports(emitted) == [(True, 0.0)]
+    assert "GPU utilisation round failed" in caplog.text
+    await agent.shutdown()

@@ -48,6 +48,7 @@ def test_task_environment_puts_the_agent_last() -> None:
     assert env == {
         "PATH": "/bin",
         "FOO": "1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": "2,5",
         "QM_JOB_ID": "job-1",
         "QM_TASK_ID": "job-1/0",

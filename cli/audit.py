@@ -1,0 +1,113 @@
+"""``qm audit``: replay the event log and check that every decision reproduces.
+
+Reads Kafka directly (``QM_KAFKA_*`` settings and ``QM_TOPICS``, as the services
+do), so it needs no running service and no token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from aiokafka.errors import KafkaError
+from google.protobuf import text_format
+from qm.v1 import events_pb2
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from libs.audit import AuditResult, Divergence, audit_topics, policy_from_mapping
+from libs.bus import KafkaSettings, load_topic_config
+from libs.core import POLICY, POLICY_VERSION, PolicyConfig
+
+audit_app = typer.Typer(no_args_is_help=True, help="Replay the log and check the decisions.")
+console = Console()
+errors = Console(stderr=True)
+
+
+@audit_app.command()
+def verify(
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="QM_POLICY_FILE",
+            help="Policy settings (YAML) placement runs with; defaults if omitted",
+        ),
+    ] = None,
+    cluster: Annotated[
+        list[str] | None, typer.Option(help="Only the partitions holding this cluster (repeat)")
+    ] = None,
+    group: Annotated[
+        str,
+        typer.Option(
+            envvar="QM_PLACEMENT_GROUP",
+            help="Placement's consumer group: the audit stops where it has committed",
+        ),
+    ] = "qm-placement",
+) -> None:
+    """Replay every input through the scheduler; compare with the recorded decisions."""
+    try:
+        config = _policy(policy)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        errors.print(f"[red]error:[/] policy file {policy}: {exc}")
+        raise typer.Exit(2) from exc
+    started = time.monotonic()
+    try:
+        with Progress(console=errors, transient=True) as progress:
+            result = asyncio.run(
+                audit_topics(
+                    KafkaSettings.from_env(),
+                    load_topic_config(),
+                    config,
+                    group=group,
+                    clusters=cluster or (),
+                    progress=progress,
+                )
+            )
+    except (KafkaError, RuntimeError) as exc:
+        errors.print(f"[red]error:[/] {exc} (is Kafka reachable at QM_KAFKA_BOOTSTRAP?)")
+        raise typer.Exit(2) from exc
+    elapsed = time.monotonic() - started
+    errors.print(f"{result.inputs} events replayed in {elapsed:.1f} s")
+    if result.divergence is None:
+        console.print(f"[green]{result.checked} decisions, {result.reproduced} reproduced[/]")
+        return
+    _show_divergence(result, result.divergence)
+    raise typer.Exit(1)
+
+
+def _policy(path: Path | None) -> PolicyConfig:
+    if path is None:
+        return PolicyConfig()
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError("expected a mapping of setting names to values")
+    return policy_from_mapping(raw)
+
+
+def _show_divergence(result: AuditResult, found: Divergence) -> None:
+    console.print(
+        f"[red]{result.checked} decisions checked, {result.reproduced} reproduced; "
+        f"the first divergence is at partition {found.partition}, input offset "
+        f"{found.input_offset}, decision #{found.index}: {found.difference.value}[/]"
+    )
+    if found.fields:
+        console.print("differing fields: " + ", ".join(found.fields))
+    table = Table(expand=True)
+    table.add_column(f"replayed ({POLICY} v{POLICY_VERSION})", ratio=1)
+    table.add_column("recorded", ratio=1)
+    table.add_row(_text(found.expected), _text(found.recorded))
+    console.print(table)
+    if any(f.endswith(("provenance.policy", "provenance.policy_version")) for f in found.fields):
+        console.print(
+            "[yellow]the log was decided by another policy version: "
+            "audit it with the release that recorded it[/]"
+        )
+
+
+def _text(env: events_pb2.Envelope | None) -> str:
+    return text_format.MessageToString(env, as_utf8=True) if env is not None else "(none)"

@@ -1,0 +1,20 @@
+"""The audit replayer: decide the input log again and compare with the recorded decisions.
+
+The third driver of the core (after placement and the simulator). ``replay``
+holds the pure comparison, ``kafka_source`` reads the topics into it.
+"""
+
+from libs.audit.divergence import Difference, Divergence
+from libs.audit.kafka_source import audit_topics
+from libs.audit.policy import policy_from_mapping
+from libs.audit.replay import AuditResult, Replay, replay
+
+__all__ = [
+    "AuditResult",
+    "Difference",
+    "Divergence",
+    "Replay",
+    "audit_topics",
+    "policy_from_mapping",
+    "replay",
+]

@@ -1,0 +1,200 @@
+"""The audit's Kafka edge: read the events and decisions topics into a :class:`Replay`.
+
+Both topics are read to the ends they had when the audit began, committed
+records only, as placement's consumers read them. Inputs stop at the offsets
+placement's consumer group has committed: those are committed atomically with
+their decisions, so every input below them has all its decisions on the log,
+and inputs placement has not reached yet are not counted as missing decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
+from rich.progress import Progress
+
+from libs.audit.replay import AuditResult, Replay
+from libs.bus import KafkaSettings, Topics
+from libs.core import PolicyConfig
+from libs.events import DecodeError, decode
+
+# Decisions recomputed (or recorded) ahead of the other side before that side's
+# reading pauses: bounds memory when one topic arrives faster than the other.
+WAITING_LIMIT = 20_000
+MAX_RECORDS = 50_000
+FETCH_BYTES = 16 << 20
+
+
+async def audit_topics(
+    settings: KafkaSettings,
+    topics: Topics,
+    config: PolicyConfig | None = None,
+    *,
+    group: str | None = None,
+    clusters: Collection[str] = (),
+    progress: Progress | None = None,
+) -> AuditResult:
+    """Replay the events topic against the decisions topic; stop at the first divergence.
+
+    ``group`` is placement's consumer group (its committed offsets bound the
+    audit); ``clusters`` limits it to the input partitions holding those
+    clusters (each partition is replayed whole: its scheduler folds them all).
+    """
+    consumer = AIOKafkaConsumer(
+        **settings.client_kwargs(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=FETCH_BYTES,
+        fetch_max_bytes=4 * FETCH_BYTES,
+    )
+    await consumer.start()
+    try:
+        inputs = await _partitions(consumer, topics.events.name, clusters)
+        starts = await consumer.beginning_offsets(inputs)
+        bounds = await _bounds(settings, group, inputs, await consumer.end_offsets(inputs))
+        # After the bounds: every decision of an input below them is on the log by now.
+        outputs = await _partitions(consumer, topics.decisions.name, ())
+        starts.update(await consumer.beginning_offsets(outputs))
+        ends = {**bounds, **await consumer.end_offsets(outputs)}
+        replay = Replay(config, bounds={tp.partition: end for tp, end in bounds.items()})
+        reading = _Reading(consumer, replay, starts, ends, topics.events.name, progress)
+        await reading.run(inputs, outputs)
+        return replay.finish()
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(
+    consumer: AIOKafkaConsumer, topic: str, clusters: Collection[str]
+) -> list[TopicPartition]:
+    if topic not in await consumer.topics():
+        raise RuntimeError(f"topic {topic} does not exist (is QM_TOPICS right?)")
+    partitions = sorted(consumer.partitions_for_topic(topic))
+    if clusters:
+        # Where the producers' default partitioner puts each cluster's key.
+        keyed = {DefaultPartitioner()(c.encode(), partitions, partitions) for c in clusters}
+        partitions = sorted(keyed)
+    return [TopicPartition(topic, p) for p in partitions]
+
+
+async def _bounds(
+    settings: KafkaSettings,
+    group: str | None,
+    partitions: list[TopicPartition],
+    ends: dict[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    """Per input partition, the offset below which placement has decided every record."""
+    if not group:
+        return ends
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group, partitions=partitions)
+    finally:
+        await admin.close()
+    positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
+    if not positions:
+        # No such group (or it never committed): audit everything, so that a
+        # wrong group name shows as missing decisions rather than a silent pass.
+        return ends
+    return {tp: min(ends[tp], positions.get(tp, 0)) for tp in partitions}
+
+
+class _Reading:
+    """One pass over both topics, pausing whichever side runs too far ahead."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        replay: Replay,
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        events_topic: str,
+        progress: Progress | None,
+    ) -> None:
+        self._consumer = consumer
+        self._replay = replay
+        self._starts = starts
+        self._ends = ends
+        self._events_topic = events_topic
+        self._progress = progress
+
+    async def run(self, inputs: list[TopicPartition], outputs: list[TopicPartition]) -> None:
+        sides = {"events": inputs, "decisions": outputs}
+        tasks = {
+            name: self._progress.add_task(name, total=self._span(tps, self._ends))
+            for name, tps in sides.items()
+            if self._progress is not None
+        }
+        unread = {tp for tp in self._ends if self._ends[tp] > self._starts[tp]}
+        self._consumer.assign(sorted(unread))
+        for tp in unread:
+            self._consumer.seek(tp, self._starts[tp])
+        self._end_sides(unread)
+        while unread and not self._replay.divergence:
+            polled = await self._consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
+            for tp, records in polled.items():
+                end = self._ends[tp]
+                if tp.topic == self._events_topic:
+                    self._feed_inputs(tp.partition, [(r.offset, r.value) for r in records], end)
+                else:
+                    self._feed_recorded([r.value for r in records if r.offset < end])
+            positions = {tp: await self._consumer.position(tp) for tp in unread}
+            if done := {tp for tp, at in positions.items() if at >= self._ends[tp]}:
+                self._consumer.pause(*done)
+                unread -= done
+                self._end_sides(unread)
+            if self._progress is not None:
+                reached = {**self._ends, **positions}
+                for name, tps in sides.items():
+                    self._progress.update(tasks[name], completed=self._span(tps, reached))
+            self._throttle(unread)
+
+    def _span(self, tps: list[TopicPartition], at: dict[TopicPartition, int]) -> int:
+        return sum(min(at[tp], self._ends[tp]) - self._starts[tp] for tp in tps)
+
+    def _feed_inputs(self, partition: int, records: list[tuple[int, bytes | None]], end: int) -> None:
+        for offset, value in records:
+            if offset >= end:
+                return
+            try:
+                env = decode(value)
+            except DecodeError:
+                continue  # placement dead-letters it and decides nothing
+            self._replay.feed_input(partition, offset, env)
+
+    def _feed_recorded(self, values: list[bytes | None]) -> None:
+        for value in values:
+            try:
+                env = decode(value)
+            except DecodeError:
+                # Cannot be paired; the decision it should have been shows as missing.
+                continue
+            self._replay.feed_recorded(env)
+
+    def _end_sides(self, unread: set[TopicPartition]) -> None:
+        if not any(tp.topic == self._events_topic for tp in unread):
+            self._replay.end_inputs()
+        if all(tp.topic == self._events_topic for tp in unread):
+            self._replay.end_recorded()
+
+    def _throttle(self, unread: set[TopicPartition]) -> None:
+        replay = self._replay
+        ahead = {
+            tp
+            for tp in unread
+            if (
+                replay.expected_waiting(tp.partition) > WAITING_LIMIT
+                if tp.topic == self._events_topic
+                else replay.recorded_waiting > WAITING_LIMIT
+            )
+        }
+        if ahead == unread:  # both sides ahead of each other: only reading on resolves it
+            ahead = set()
+        self._consumer.pause(*ahead)
+        self._consumer.resume(*(unread - ahead))

@@ -1,0 +1,216 @@
+"""The audit replayer: decide the input log again and pair the result with the recorded log.
+
+A fresh ``Scheduler(config)`` per input partition folds that partition's
+records through :func:`~libs.events.decide.decide`, exactly as placement does,
+and each recomputed decision must equal its recorded one byte for byte.
+
+Recorded decisions are paired by their provenance. Outputs of one cluster go
+to one decisions partition (keyed by cluster), in the order placement decided
+them, so each (input partition, cluster) is one ordered stream on both sides;
+streams are paired independently, and only the unpaired part of each is held.
+The replay never reads ahead on its own: its driver feeds both logs, at any
+interleaving, and may use :meth:`Replay.expected_waiting` and
+:attr:`Replay.recorded_waiting` to keep the two sides close.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from qm.v1 import events_pb2
+
+from libs.audit.divergence import Difference, Divergence, compare
+from libs.core import PolicyConfig, Scheduler
+from libs.events import encode, event_type
+from libs.events.decide import decide
+
+# (input offset, index among that input's decisions, decision)
+_Entry = tuple[int, int, events_pb2.Envelope]
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    inputs: int  # input records replayed
+    checked: int  # recorded decisions compared, the diverging one included
+    reproduced: int
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+@dataclass
+class _Stream:
+    partition: int
+    expected: deque[_Entry] = field(default_factory=deque)
+    recorded: deque[_Entry] = field(default_factory=deque)
+    last_recorded: tuple[int, int] = (-1, -1)  # (input offset, index) of the latest recorded
+
+
+class Replay:
+    """Feed inputs and recorded decisions in any interleaving; :meth:`finish` gives the verdict.
+
+    ``bounds`` limits the audit to input offsets below ``bounds[partition]``
+    (only the partitions named): what placement has committed so far. Recorded
+    decisions of other inputs are ignored. After the first divergence every
+    feed is ignored.
+    """
+
+    def __init__(
+        self, config: PolicyConfig | None = None, *, bounds: Mapping[int, int] | None = None
+    ) -> None:
+        self._config = config or PolicyConfig()
+        self._bounds = dict(bounds) if bounds is not None else None
+        self._schedulers: dict[int, Scheduler] = {}
+        self._streams: dict[tuple[int, str], _Stream] = {}
+        self._fed: dict[int, int] = {}  # partition -> latest input offset decided
+        self._expected_waiting: dict[int, int] = {}
+        self._inputs_ended = False
+        self._recorded_ended = False
+        self.recorded_waiting = 0
+        self.inputs = 0
+        self.checked = 0
+        self.reproduced = 0
+        self.divergence: Divergence | None = None
+
+    def feed_input(self, partition: int, offset: int, env: events_pb2.Envelope) -> None:
+        """One decoded input record; a partition's records must come in offset order."""
+        if self.divergence or not self._audited(partition, offset):
+            return
+        scheduler = self._schedulers.get(partition)
+        if scheduler is None:
+            scheduler = self._schedulers[partition] = Scheduler(self._config)
+        outputs = decide(scheduler, env, partition=partition, offset=offset)
+        self.inputs += 1
+        self._fed[partition] = offset
+        for index, out in enumerate(outputs):
+            self._stream(partition, out.cluster).expected.append((offset, index, out))
+        self._expected_waiting[partition] = self.expected_waiting(partition) + len(outputs)
+        for stream in self._streams.values():
+            if stream.partition == partition:
+                self._pair(stream)
+
+    def feed_recorded(self, env: events_pb2.Envelope) -> None:
+        """One decoded record of the decisions topic, in its partition's order."""
+        payload = getattr(env, event_type(env))
+        # Only decisions carry provenance; anything else on the topic is not placement's.
+        if self.divergence or "provenance" not in payload.DESCRIPTOR.fields_by_name:
+            return
+        provenance = payload.provenance
+        partition, offset = provenance.input_partition, provenance.input_offset
+        if not self._audited(partition, offset):
+            return
+        stream = self._stream(partition, env.cluster)
+        last_offset, last_index = stream.last_recorded
+        index = last_index + 1 if offset == last_offset else 0
+        stream.last_recorded = (offset, index)
+        stream.recorded.append((offset, index, env))
+        self.recorded_waiting += 1
+        self._pair(stream)
+
+    def expected_waiting(self, partition: int) -> int:
+        """Recomputed decisions of one input partition not yet paired with recorded ones."""
+        return self._expected_waiting.get(partition, 0)
+
+    def end_inputs(self) -> None:
+        """No more inputs: recorded decisions still unpaired are extra."""
+        self._inputs_ended = True
+        self._pair_all()
+
+    def end_recorded(self) -> None:
+        """No more recorded decisions: recomputed ones still unpaired are missing."""
+        self._recorded_ended = True
+        self._pair_all()
+
+    def finish(self) -> AuditResult:
+        self.end_inputs()
+        self.end_recorded()
+        return AuditResult(self.inputs, self.checked, self.reproduced, self.divergence)
+
+    def _audited(self, partition: int, offset: int) -> bool:
+        return self._bounds is None or offset < self._bounds.get(partition, 0)
+
+    def _stream(self, partition: int, cluster: str) -> _Stream:
+        stream = self._streams.get((partition, cluster))
+        if stream is None:
+            stream = self._streams[(partition, cluster)] = _Stream(partition)
+        return stream
+
+    def _pair_all(self) -> None:
+        # Several streams may diverge at once; the first by position is reported.
+        for key in sorted(self._streams):
+            self._pair(self._streams[key])
+
+    def _pair(self, stream: _Stream) -> None:
+        while stream.expected and stream.recorded and not self.divergence:
+            mine, theirs = stream.expected[0], stream.recorded[0]
+            if mine[:2] < theirs[:2]:  # the log went past it
+                return self._diverge(stream, mine, Difference.MISSING, expected=mine[2])
+            if theirs[:2] < mine[:2]:  # replay went past it
+                return self._diverge(stream, theirs, Difference.EXTRA, recorded=theirs[2])
+            self._pop(stream)
+            self.checked += 1
+            if encode(mine[2]) != encode(theirs[2]):
+                difference, fields = compare(mine[2], theirs[2])
+                return self._diverge(stream, mine, difference, mine[2], theirs[2], fields)
+            self.reproduced += 1
+        if self.divergence:
+            return
+        if stream.recorded and not stream.expected:
+            theirs = stream.recorded[0]
+            # Every decision of an input is queued when the input is fed.
+            if self._inputs_ended or theirs[0] <= self._fed.get(stream.partition, -1):
+                self._diverge(stream, theirs, Difference.EXTRA, recorded=theirs[2])
+        elif stream.expected and not stream.recorded and self._recorded_ended:
+            mine = stream.expected[0]
+            self._diverge(stream, mine, Difference.MISSING, expected=mine[2])
+
+    def _pop(self, stream: _Stream) -> None:
+        stream.expected.popleft()
+        stream.recorded.popleft()
+        self._expected_waiting[stream.partition] -= 1
+        self.recorded_waiting -= 1
+
+    def _diverge(
+        self,
+        stream: _Stream,
+        at: _Entry,
+        difference: Difference,
+        expected: events_pb2.Envelope | None = None,
+        recorded: events_pb2.Envelope | None = None,
+        fields: tuple[str, ...] = (),
+    ) -> None:
+        if difference in (Difference.MISSING, Difference.EXTRA):
+            self.checked += 1
+        self.divergence = Divergence(
+            stream.partition, at[0], at[1], difference, expected, recorded, fields
+        )
+
+
+def replay(
+    inputs: Iterable[tuple[int, int, events_pb2.Envelope]],
+    recorded: Iterable[events_pb2.Envelope],
+    config: PolicyConfig | None = None,
+) -> AuditResult:
+    """Audit two logs held as iterables (files, tests), pulling recorded decisions as needed.
+
+    Holds little when the recorded decisions come in input order, as they do
+    for one partition.
+    """
+    audit = Replay(config)
+    pending: Iterator[events_pb2.Envelope] = iter(recorded)
+    for partition, offset, env in inputs:
+        audit.feed_input(partition, offset, env)
+        while audit.expected_waiting(partition) and not audit.divergence:
+            decision = next(pending, None)
+            if decision is None:
+                break
+            audit.feed_recorded(decision)
+    for decision in pending:
+        if audit.divergence:
+            break
+        audit.feed_recorded(decision)
+    return audit.finish()

@@ -1,0 +1,60 @@
+"""The contract: what a job's minimum runtime protects, and who may be preempted.
+
+Work with minimum runtime > 0 is protected until it has run that long (from
+its real start, as its node agent reported it). Work with minimum runtime 0
+is never protected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libs.core.model import JobSpec
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What preemption needs to know about one running single-node job."""
+
+    job_id: str
+    spec: JobSpec
+    node_id: str
+    gpus: int
+    started_at: float | None  # None until its task reported started
+    idle: bool
+    seq: int  # submission order
+    protect_s: float  # its minimum runtime, within the policy's cap
+
+    def protected(self, now: float) -> bool:
+        if not self.spec.allocated:
+            return False
+        if self.started_at is None:
+            return True  # the contract's clock has not started yet
+        return now < self.started_at + self.protect_s
+
+
+def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now: float) -> bool:
+    """Whether ``waiting`` may take ``victim``'s GPUs.
+
+    Free work never preempts. Allocated work preempts free work at any time,
+    and past-contract work of allocations that rank below its own.
+    """
+    if not waiting.allocated or victim.protected(now):
+        return False
+    if not victim.spec.allocated:
+        return True
+    unknown = len(rank)
+    return rank.get(victim.spec.allocation, unknown) > rank.get(waiting.allocation, unknown)
+
+
+def victim_order(victim: RunningJob, rank: dict[str, int]) -> tuple[int, int, int, int, int]:
+    """Sort key, first victim first: free work, then the most over-served allocation,
+    jobs whose GPUs sit idle, the fewest GPUs, the newest."""
+    over_served = -rank.get(victim.spec.allocation, len(rank))
+    return (
+        1 if victim.spec.allocated else 0,
+        over_served if victim.spec.allocated else 0,
+        0 if victim.idle else 1,
+        victim.gpus,
+        -victim.seq,
+    )

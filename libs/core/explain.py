@@ -1,0 +1,68 @@
+"""Explanations a person can act on: why a job waits, or what it is doing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libs.core.decisions import StopCause
+from libs.core.fairshare import Standing
+from libs.core.queues import Waiting
+
+
+@dataclass(frozen=True)
+class Explanation:
+    job_id: str
+    waiting: bool
+    allocation: str
+    standing: Standing | None
+    jobs_ahead: int
+    text: str
+
+
+def explain_waiting(
+    job: Waiting,
+    standing: Standing | None,
+    *,
+    reason: str,
+    ahead: int,
+    reserved: str | None,
+) -> Explanation:
+    spec = job.spec
+    parts = [reason]
+    if reserved:
+        parts.append(f"{reserved} is reserved for it while preempted work stops")
+    parts.append(_standing_text(spec.allocation, standing))
+    parts.append(f"{ahead} job{'s' if ahead != 1 else ''} ahead of it")
+    if not spec.allocated:
+        parts.append("free work runs only on otherwise idle GPUs")
+    return Explanation(job.job_id, True, spec.allocation, standing, ahead, "; ".join(parts))
+
+
+def explain_running(
+    job_id: str,
+    allocation: str,
+    standing: Standing | None,
+    *,
+    nodes: list[str],
+    protected_until: float | None,
+    now: float,
+    stopping: StopCause | None,
+) -> Explanation:
+    parts = [f"running on {', '.join(nodes)}"]
+    if stopping is not None:
+        parts.append(f"being stopped ({stopping.value})")
+    elif protected_until is not None and protected_until > now:
+        parts.append(f"protected by its contract for {protected_until - now:.0f} s more")
+    else:
+        parts.append("past its minimum runtime: preemptible when higher-ranked work waits")
+    parts.append(_standing_text(allocation, standing))
+    return Explanation(job_id, False, allocation, standing, 0, "; ".join(parts))
+
+
+def _standing_text(allocation: str, standing: Standing | None) -> str:
+    if standing is None:
+        return f"{allocation} is not in the budget tree"
+    return (
+        f"{allocation} ranks {standing.rank} of {standing.of} by fair share "
+        f"(usage/entitlement {standing.ratio:.2f})"
+    )

@@ -1,0 +1,63 @@
+"""Fair-share order: which allocation's work goes next.
+
+Siblings are compared level by level (as in Slurm's Fair Tree): at each node
+of the budget tree, children are ordered by usage ÷ share (lower first), where
+a child's usage is the sum over its subtree. The order of leaves is the
+depth-first walk in that order, so a team below its entitlement goes before
+its siblings, and a program below its entitlement goes before other programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from libs.core.budget_tree import BudgetTree
+
+
+@dataclass(frozen=True)
+class Standing:
+    """An allocation's place in the order, for explanations."""
+
+    rank: int  # 1 = goes first
+    of: int
+    ratio: float  # its share of usage ÷ its entitlement: 1.0 = exactly what it is owed
+
+
+def leaf_order(tree: BudgetTree, usage: Mapping[str, float]) -> list[str]:
+    """Leaves, most under-served first. Unknown allocations in ``usage`` are ignored."""
+    totals: dict[str, float] = {}
+
+    def subtree_usage(name: str) -> float:
+        total = usage.get(name, 0.0) + sum(subtree_usage(k) for k in tree.children(name))
+        totals[name] = total
+        return total
+
+    subtree_usage(tree.root)
+    order: list[str] = []
+    stack = [tree.root]
+    while stack:
+        name = stack.pop()
+        kids = tree.children(name)
+        if not kids:
+            order.append(name)
+            continue
+        weights = {k: tree.weight(k) for k in kids}
+        ranked = sorted(kids, key=lambda k: (totals[k] / weights[k], k))
+        stack.extend(reversed(ranked))
+    return order
+
+
+def standings(
+    tree: BudgetTree, usage: Mapping[str, float], entitlements: Mapping[str, float]
+) -> dict[str, Standing]:
+    order = leaf_order(tree, usage)
+    total = sum(usage.get(leaf, 0.0) for leaf in order)
+    return {
+        leaf: Standing(
+            rank=i + 1,
+            of=len(order),
+            ratio=(usage.get(leaf, 0.0) / total / entitlements[leaf]) if total else 0.0,
+        )
+        for i, leaf in enumerate(order)
+    }

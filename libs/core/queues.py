@@ -1,0 +1,101 @@
+"""Waiting work, by tier, allocation and size, each list in queue order.
+
+Splitting an allocation's queue by GPU count lets a scheduling pass jump to
+the first job that can fit the largest free block instead of walking past
+every job that cannot: a pass costs what it places, not the queue's length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from libs.core.model import JobSpec, WorkClass
+
+TIERS = (WorkClass.DEBUG, WorkClass.ALLOCATED, WorkClass.UNALLOCATED)
+
+
+@dataclass
+class Waiting:
+    job_id: str
+    spec: JobSpec
+    seq: int  # submission order; kept across requeues
+    attempt: int  # 0 for the first placement; +1 per requeue
+    since: float
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        return (-self.spec.priority, self.seq, self.job_id)
+
+
+class Queues:
+    def __init__(self) -> None:
+        self.jobs: dict[str, Waiting] = {}
+        # tier -> allocation -> gpus -> sorted keys
+        self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {
+            tier: {} for tier in TIERS
+        }
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def push(self, job: Waiting) -> None:
+        self.jobs[job.job_id] = job
+        sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
+        bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
+
+    def remove(self, job_id: str) -> Waiting | None:
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return None
+        allocations = self._lists[job.spec.work_class]
+        sizes = allocations[job.spec.allocation]
+        keys = sizes[job.spec.gpus]
+        del keys[bisect.bisect_left(keys, job.key)]
+        if not keys:
+            del sizes[job.spec.gpus]
+            if not sizes:
+                del allocations[job.spec.allocation]
+        return job
+
+    def allocations(self, tier: WorkClass) -> list[str]:
+        return list(self._lists[tier])
+
+    def candidates(
+        self, tier: WorkClass, allocation: str, size_ok: Callable[[int], bool]
+    ) -> Iterator[Waiting]:
+        """Jobs of one allocation whose GPU count passes ``size_ok`` (re-asked as
+        the pass goes on), in queue order."""
+        sizes = self._lists[tier].get(allocation, {})
+        # Lazy merge of the sorted per-size lists; copies, as the caller removes jobs.
+        lists = [list(keys) for gpus, keys in sizes.items() if size_ok(gpus)]
+        for key in heapq.merge(*lists):
+            job = self.jobs.get(key[2])
+            if job is not None and size_ok(job.spec.gpus):
+                yield job
+
+    def head(self, tier: WorkClass, allocation: str) -> Waiting | None:
+        sizes = self._lists[tier].get(allocation)
+        if not sizes:
+            return None
+        return self.jobs[min(keys[0] for keys in sizes.values())[2]]
+
+    def ahead_of(self, job: Waiting, rank: dict[str, int]) -> int:
+        """How many waiting jobs go before ``job`` in the current order."""
+        tier = job.spec.work_class
+        mine = (rank.get(job.spec.allocation, len(rank)), job.spec.allocation)
+        count = 0
+        for other_tier in TIERS:
+            for allocation, sizes in self._lists[other_tier].items():
+                keys = [k for ks in sizes.values() for k in ks]
+                if TIERS.index(other_tier) < TIERS.index(tier):
+                    count += len(keys)
+                elif other_tier == tier:
+                    theirs = (rank.get(allocation, len(rank)), allocation)
+                    if theirs < mine:
+                        count += len(keys)
+                    elif allocation == job.spec.allocation:
+                        count += sum(1 for k in keys if k < job.key)
+        return count

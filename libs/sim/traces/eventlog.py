@@ -1,0 +1,123 @@
+"""A recorded Quartermaster log: length-delimited ``qm.v1.Envelope`` records.
+
+Each record is a base-128 varint byte length followed by the encoded envelope
+(protobuf's "delimited" framing). Envelopes become core inputs with the same
+``to_input`` the placement service uses. The simulator makes its own task
+lifecycle, so the log contributes submissions, cancellations, nodes and the
+budget; a job's runtime is its ``simulated_duration_s``, or else the longest
+task run the log recorded for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from qm.v1 import events_pb2
+
+from libs.core.budget_tree import BudgetTree
+from libs.core.inputs import (
+    BudgetSet,
+    CancelRequested,
+    JobArrived,
+    NodeJoined,
+    TaskEnded,
+    TaskStarted,
+)
+from libs.core.model import NodeSpec
+from libs.events import DecodeError, decode, encode
+from libs.events.convert import to_input
+from libs.sim.traces.raw import TraceError
+from libs.sim.workload import SimJob
+
+
+@dataclass(frozen=True)
+class RecordedLog:
+    jobs: tuple[SimJob, ...]
+    cancels: tuple[tuple[float, str], ...]
+    nodes: tuple[NodeSpec, ...]  # as last registered
+    tree: BudgetTree | None  # the last budget set, if any
+    dropped: tuple[str, ...]  # jobs with no runtime to replay
+
+
+def read_envelopes(data: bytes) -> Iterator[events_pb2.Envelope]:
+    position = 0
+    while position < len(data):
+        length, position = _varint(data, position)
+        end = position + length
+        if end > len(data):
+            raise TraceError(f"record at byte {position} is cut short")
+        try:
+            yield decode(data[position:end])
+        except DecodeError as exc:
+            raise TraceError(f"record at byte {position}: {exc}") from exc
+        position = end
+
+
+def write_envelopes(envelopes: list[events_pb2.Envelope]) -> bytes:
+    out = bytearray()
+    for env in envelopes:
+        body = encode(env)
+        out += _encode_varint(len(body)) + body
+    return bytes(out)
+
+
+def load_event_log(path: Path) -> RecordedLog:
+    arrivals: dict[str, JobArrived] = {}
+    started: dict[str, float] = {}
+    longest: dict[str, float] = {}
+    cancels: list[tuple[float, str]] = []
+    nodes: dict[str, NodeSpec] = {}
+    tree: BudgetTree | None = None
+    for env in read_envelopes(path.read_bytes()):
+        match to_input(env):
+            case JobArrived() as arrived:
+                arrivals.setdefault(arrived.job_id, arrived)
+            case NodeJoined(node=node):
+                nodes[node.node_id] = node
+            case BudgetSet() as budget:
+                tree = budget.tree
+            case CancelRequested(at=at, job_id=job_id):
+                cancels.append((at, job_id))
+            case TaskStarted(at=at, task_id=task_id):
+                started.setdefault(task_id, at)
+            case TaskEnded(at=at, job_id=job_id, task_id=task_id) if task_id in started:
+                run = at - started[task_id]
+                longest[job_id] = max(longest.get(job_id, 0.0), run)
+    jobs: list[SimJob] = []
+    dropped: list[str] = []
+    for job_id, arrived in sorted(arrivals.items(), key=lambda item: item[1].at):
+        runtime = arrived.spec.simulated_duration_s or longest.get(job_id, 0.0)
+        if runtime > 0:
+            jobs.append(SimJob(arrived.at, job_id, arrived.spec, runtime))
+        else:
+            dropped.append(job_id)
+    return RecordedLog(
+        jobs=tuple(jobs),
+        cancels=tuple(sorted(cancels)),
+        nodes=tuple(nodes[k] for k in sorted(nodes)),
+        tree=tree,
+        dropped=tuple(dropped),
+    )
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while position < len(data):
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+    raise TraceError("the log ends inside a record length")
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -1,0 +1,243 @@
+"""Record the golden logs: ``python -m tests.golden.record`` (rerun when POLICY_VERSION changes).
+
+A scenario is a small simulated cluster around the scheduler: admission
+submits jobs, node agents start and end the tasks placement places (and stop
+the ones it stops), users cancel, managers change the budget, the ticker and
+the projector report time and usage. Every id, timestamp and choice comes from
+the seed, so a scenario is the same log on every run. Each input goes through
+:func:`decide` as placement would, and the decisions are recorded.
+
+Next to each log, a sidecar JSON names its files and the policy that decided
+it; tampered copies of the decisions name the divergence the audit must find.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from google.protobuf.message import Message
+from qm.v1 import events_pb2, types_pb2
+
+from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
+from libs.events import event_type, new_envelope
+from libs.events.decide import decide
+from tests.golden.logfile import write_log
+
+HERE = Path(__file__).resolve().parent
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+TICK_S = 60.0
+USAGE_EVERY_S = 3600.0
+GIB = 1 << 30
+STOPPED = -15  # the exit code of a task stopped by SIGTERM
+
+ALLOCATIONS = {"vision": ("alice", "dana"), "nlp": ("bob",), "speech": ("erin",)}
+NODES = (("h100-0", "H100", 8, 80), ("h100-1", "H100", 8, 80), ("a100-0", "A100", 4, 40))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One input record and the decisions placement made for it."""
+
+    offset: int
+    input: events_pb2.Envelope
+    decisions: list[events_pb2.Envelope]
+
+
+def budget_tree(version: int, vision_weight: float) -> types_pb2.BudgetTree:
+    leaves = [
+        types_pb2.BudgetNode(name=name, parent="lab", weight=weight, members=list(members))
+        for (name, members), weight in zip(
+            ALLOCATIONS.items(), (vision_weight, 30.0, 10.0), strict=True
+        )
+    ]
+    root = types_pb2.BudgetNode(name="lab", weight=1.0, managers=["carol"])
+    return types_pb2.BudgetTree(nodes=[root, *leaves], version=version)
+
+
+def job_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
+    allocation = rng.choice(sorted(ALLOCATIONS))
+    gpu_type = rng.choice(("", "", "H100", "A100"))
+    # Within what the nodes have (A100 nodes have 4): jobs that can never fit
+    # would only pile up in the queue.
+    gpus = rng.choice((1, 1, 1, 2, 2, 4) if gpu_type == "A100" else (1, 1, 1, 2, 2, 4, 8, 12))
+    command = rng.choice((["true"], ["false"], ["python", "train.py"], ["sleep", "0.5"]))
+    return types_pb2.JobSpec(
+        allocation=allocation,
+        user=rng.choice(ALLOCATIONS[allocation]),
+        gpus=gpus,
+        gpu_type=gpu_type,
+        min_runtime_s=rng.choice((0, 0, 300, 900, 3600, 4 * 3600)),
+        resumable=rng.random() < 0.4,
+        command=command,
+        priority=rng.choice((0, 0, 1, 5)),
+        cluster=cluster,
+        simulated_duration_s=round(rng.uniform(20, 1200), 1),
+        simulated_exit_code=0 if command != ["false"] else 1,
+        simulated_utilization=rng.choice((0.9, 0.9, 0.02)),
+    )
+
+
+class Scenario:
+    """The simulated world around one input partition, driven by a seeded generator."""
+
+    def __init__(
+        self,
+        seed: int,
+        jobs: int,
+        *,
+        partition: int = 0,
+        cluster: str = "default",
+        arrival_s: float = 45.0,
+        config: PolicyConfig | None = None,
+    ) -> None:
+        self._rng = random.Random(seed)
+        self._jobs = jobs
+        self._partition = partition
+        self._cluster = cluster
+        self._arrival_s = arrival_s
+        self._scheduler = Scheduler(config or PolicyConfig())
+        self._window_s = (config or PolicyConfig()).lookback_window_s
+        # (time, sequence, producer, payload): the sequence breaks ties in creation order.
+        self._agenda: list[tuple[float, int, str, Message]] = []
+        self._sequence = 0
+        self._live: dict[str, events_pb2.TaskPlaced] = {}  # task id -> placement
+        self._started: dict[str, float] = {}
+        self._stopping: set[str] = set()
+        self._charged: dict[str, float] = dict.fromkeys(sorted(ALLOCATIONS), 0.0)
+
+    def steps(self) -> Iterator[Step]:
+        self._plan()
+        offset = 0
+        while self._agenda:
+            at, _, producer, payload = heapq.heappop(self._agenda)
+            if not self._still_happens(at, payload):
+                continue
+            env = new_envelope(
+                payload,
+                producer=producer,
+                cluster=self._cluster,
+                correlation_id=getattr(payload, "job_id", ""),
+                occurred=T0 + timedelta(seconds=at),
+                event_id=f"{self._cluster}-{self._partition}-{offset:07d}",
+            )
+            decisions = decide(self._scheduler, env, partition=self._partition, offset=offset)
+            for decision in decisions:
+                self._react(at, decision)
+            yield Step(offset, env, decisions)
+            offset += 1
+
+    def _at(self, at: float, producer: str, payload: Message) -> None:
+        heapq.heappush(self._agenda, (round(at, 3), self._sequence, producer, payload))
+        self._sequence += 1
+
+    def _plan(self) -> None:
+        self._at(0.0, "budget", events_pb2.BudgetChanged(tree=budget_tree(1, 60.0)))
+        for node_id, gpu_type, count, memory in NODES:
+            gpus = [
+                types_pb2.Gpu(
+                    index=i, uuid=f"{node_id}-{i}", type=gpu_type, memory_bytes=memory * GIB
+                )
+                for i in range(count)
+            ]
+            inventory = types_pb2.NodeInventory(
+                node_id=node_id,
+                cluster=self._cluster,
+                gpus=gpus,
+                executor=types_pb2.EXECUTOR_SIMULATED,
+                source="declared",
+            )
+            self._at(0.5, "node-agent", events_pb2.NodeRegistered(inventory=inventory))
+        self._at(TICK_S, "ticker", events_pb2.ClockTick())
+        self._at(USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
+        self._arrive(1.0, 0)
+
+    def _arrive(self, at: float, number: int) -> None:
+        """Plan one job's submission (and, sometimes, its cancel); each plans the next."""
+        rng = self._rng
+        job_id = f"job-{self._partition}-{number:07d}"
+        spec = job_spec(rng, self._cluster)
+        self._at(at, "admission", events_pb2.JobSubmitted(job_id=job_id, spec=spec))
+        if rng.random() < 0.06:
+            cancel = events_pb2.JobCancelRequested(job_id=job_id, requested_by=spec.user)
+            self._at(at + rng.uniform(5, 900), "admission", cancel)
+        if number == self._jobs // 2:
+            self._at(at, "budget", events_pb2.BudgetChanged(tree=budget_tree(2, 20.0)))
+
+    def _still_happens(self, at: float, payload: Message) -> bool:
+        """Fill in what depends on the moment, plan what follows, drop what a stop overtook."""
+        match payload:
+            case events_pb2.JobSubmitted():
+                admitted = events_pb2.JobAdmitted(job_id=payload.job_id, spec=payload.spec)
+                self._at(at, "admission", admitted)
+                number = int(payload.job_id.rsplit("-", 1)[1]) + 1
+                if number < self._jobs:
+                    self._arrive(at + self._rng.expovariate(1 / self._arrival_s), number)
+            case events_pb2.ClockTick() | events_pb2.UsageSnapshot() if not self._busy():
+                return False
+            case events_pb2.ClockTick():
+                self._at(at + TICK_S, "ticker", events_pb2.ClockTick())
+            case events_pb2.UsageSnapshot():
+                self._at(at + USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
+                payload.window_s = self._window_s
+                payload.usage.extend(
+                    types_pb2.AllocationUsage(allocation=name, allocated_gpu_s=round(used, 3))
+                    for name, used in sorted(self._charged.items())
+                )
+            case events_pb2.TaskStarted() | events_pb2.TaskIdle():
+                return payload.task_id in self._live
+            case events_pb2.TaskFinished() | events_pb2.TaskFailed():
+                # Once placement stops a task, only the stop's outcome ends it.
+                stopped = payload.task_id in self._stopping
+                if stopped != (payload.exit_code == STOPPED) or payload.task_id not in self._live:
+                    return False
+                self._stopping.discard(payload.task_id)
+                placed = self._live.pop(payload.task_id)
+                started = self._started.pop(payload.task_id, at)
+                if placed.spec.min_runtime_s:
+                    used = len(placed.gpu_indices) * (at - started)
+                    self._charged[placed.spec.allocation] += used
+        return True
+
+    def _busy(self) -> bool:
+        return any(
+            not isinstance(payload, events_pb2.ClockTick | events_pb2.UsageSnapshot)
+            for _, _, _, payload in self._agenda
+        ) or bool(self._live)
+
+    def _react(self, at: float, decision: events_pb2.Envelope) -> None:
+        """What the node agents do with placement's decisions."""
+        kind = event_type(decision)
+        if kind == "task_placed":
+            placed = decision.task_placed
+            self._live[placed.task_id] = placed
+            ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
+            start = at + 1.0
+            self._started[placed.task_id] = start
+            self._at(start, "node-agent", events_pb2.TaskStarted(**ids, pid=4000 + self._sequence))
+            if placed.spec.simulated_utilization < 0.1:
+                self._at(
+                    start + 120,
+                    "node-agent",
+                    events_pb2.TaskIdle(**ids, idle=True, utilization=0.02),
+                )
+            end = start + placed.spec.simulated_duration_s
+            code = placed.spec.simulated_exit_code
+            outcome: Message = (
+                events_pb2.TaskFinished(**ids, exit_code=0)
+                if code == 0
+                else events_pb2.TaskFailed(**ids, exit_code=code, reason=f"exited with code {code}")
+            )
+            self._at(end, "node-agent", outcome)
+        elif kind == "task_stop_requested":
+            stop = decision.task_stop_requested
+            if stop.task_id in self._live and stop.task_id not in self._stopping:
+                self._stopping.add(stop.task_id)
+                ids = {"job_id": stop.job_id, "task_id": stop.task_id, "node_id": stop.node_id}
+                failed = events_pb2.TaskFailed(**ids, exit_code=STOPPED, reason="killed by SIGTERM")
+                self._at(at + 2.0, "node-agent", failed)

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print numbers (``make bench``), not timed unit tests."""

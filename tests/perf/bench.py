@@ -1,0 +1,84 @@
+"""``python -m tests.perf.bench [core|live|all] [flags]``: run benchmarks, print numbers.
+
+``make bench`` runs both. Each benchmark measures a baseline in the same run and
+prints medians and ratios against it; nothing is written to disk but scratch logs.
+
+    python -m tests.perf.bench core --waiting 2000 --inputs 1000
+    python -m tests.perf.bench live --rate 500 --duration 20 --modes echo,placement
+    python -m tests.perf.bench live --duration 10 --modes placement --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from tests.perf.core_bench import CoreParams, report_core, run_core
+from tests.perf.live_bench import LiveParams, run_live
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.perf.bench", description=__doc__)
+    parser.add_argument("which", nargs="?", choices=("core", "live", "all"), default="all")
+    core = parser.add_argument_group("core")
+    c = CoreParams()
+    core.add_argument("--nodes", type=int, default=c.nodes)
+    core.add_argument("--gpus-per-node", type=int, default=c.gpus_per_node)
+    core.add_argument("--waiting", type=int, default=c.waiting, help="jobs to queue")
+    core.add_argument("--inputs", type=int, default=c.inputs, help="measured inputs, at most")
+    core.add_argument("--seed", type=int, default=c.seed)
+    core.add_argument("--setup-budget", type=float, default=c.setup_budget_s, metavar="S")
+    core.add_argument("--measure-budget", type=float, default=c.measure_budget_s, metavar="S")
+    live = parser.add_argument_group("live")
+    lp = LiveParams()
+    live.add_argument("--sim-nodes", type=int, default=lp.nodes)
+    live.add_argument("--rate", type=float, default=lp.rate, help="submissions per second")
+    live.add_argument("--duration", type=float, default=lp.duration_s, metavar="S")
+    live.add_argument("--concurrency", type=int, default=lp.concurrency)
+    live.add_argument("--job-seconds", type=float, default=lp.job_s, metavar="S")
+    live.add_argument("--modes", default=",".join(lp.modes), help="echo,placement")
+    live.add_argument("--bootstrap", default=lp.bootstrap)
+    live.add_argument(
+        "--profile", action="store_true", help="run placement under cProfile (skews latency)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.which in ("core", "all"):
+        report_core(
+            run_core(
+                CoreParams(
+                    nodes=args.nodes,
+                    gpus_per_node=args.gpus_per_node,
+                    waiting=args.waiting,
+                    inputs=args.inputs,
+                    seed=args.seed,
+                    setup_budget_s=args.setup_budget,
+                    measure_budget_s=args.measure_budget,
+                )
+            )
+        )
+    if args.which in ("live", "all"):
+        modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+        unknown = set(modes) - {"echo", "placement"}
+        if unknown:
+            raise SystemExit(f"--modes: unknown {sorted(unknown)}; use echo and/or placement")
+        run_live(
+            LiveParams(
+                nodes=args.sim_nodes,
+                rate=args.rate,
+                duration_s=args.duration,
+                concurrency=args.concurrency,
+                job_s=args.job_seconds,
+                modes=modes,
+                bootstrap=args.bootstrap,
+                profile=args.profile,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

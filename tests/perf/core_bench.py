@@ -1,0 +1,352 @@
+"""Core cost: time per ``Scheduler.handle`` call on a full cluster with a long queue.
+
+Only the public interface of ``libs.core`` is used (plus ``BudgetTree`` to build the
+``BudgetSet`` input), so the benchmark keeps working while the policy is rewritten.
+The workload is seeded and the core is deterministic, so two runs feed the same inputs.
+
+Phases: a budget tree of ~20 allocations, ``nodes`` × ``gpus_per_node`` GPUs joining,
+then job arrivals (sizes 1/2/4/8, mixed contracts) until the cluster is full and
+``waiting`` jobs queue. Then a measured stream of TaskEnded (frees GPUs, hence
+placements), JobArrived, Tick and UsageSnapshot, plus the TaskStarted (after each
+Place) and TaskEnded (after each Stop) that node agents would report. The baseline
+replays the very same inputs through a no-op policy that only updates a few dicts.
+
+Setup and measurement each stop at a time budget: a core whose cost grows with the
+queue may not reach the full queue in bounded time; the report then says how far
+it got and what a call cost at each queue length on the way.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from libs.core import (
+    BudgetSet,
+    Decision,
+    Input,
+    JobArrived,
+    JobSpec,
+    NodeJoined,
+    NodeSpec,
+    Place,
+    PolicyConfig,
+    Scheduler,
+    Stop,
+    TaskEnded,
+    TaskStarted,
+    Tick,
+    UsageSnapshot,
+)
+from libs.core.budget_tree import BudgetNode, BudgetTree
+from tests.perf.stats import console, fmt, percentile, ratio, summary, table
+
+SIZES = (1, 2, 4, 8)
+SIZE_WEIGHTS = (40, 25, 20, 15)
+# (min_runtime_s, weight): unallocated, debug-length, allocated of several lengths.
+CONTRACTS = ((0, 30), (600, 20), (3600, 25), (4 * 3600, 15), (8 * 3600, 10))
+# The measured stream: (kind, weight); follow-ups (TaskStarted, TaskEnded after Stop) jump in.
+STREAM = (("TaskEnded", 40), ("JobArrived", 40), ("Tick", 12), ("UsageSnapshot", 8))
+STEP_S = 0.5  # event time between two stream inputs
+
+
+@dataclass(frozen=True)
+class CoreParams:
+    nodes: int = 1000
+    gpus_per_node: int = 8
+    waiting: int = 10_000
+    inputs: int = 5_000
+    seed: int = 7
+    setup_budget_s: float = 120.0
+    measure_budget_s: float = 60.0
+
+
+class Policy(Protocol):
+    def handle(self, event: Input) -> list[Decision]: ...
+
+
+def new_scheduler(config: PolicyConfig) -> Scheduler:
+    """``Scheduler(config)`` once the core takes its policy config, ``Scheduler()`` before."""
+    factory: Callable[..., Scheduler] = Scheduler
+    return factory(config) if inspect.signature(Scheduler).parameters else factory()
+
+
+class NullPolicy:
+    """The baseline: the bookkeeping any policy needs (a few dict updates), no decisions."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.queue: dict[str, JobSpec] = {}
+        self.nodes: dict[str, NodeSpec] = {}
+        self.ended: dict[str, float] = {}
+        self.usage: dict[str, float] = {}
+
+    def handle(self, event: Input) -> list[Decision]:
+        self.now = max(self.now, event.at)
+        match event:
+            case JobArrived():
+                self.queue[event.job_id] = event.spec
+            case NodeJoined():
+                self.nodes[event.node.node_id] = event.node
+            case TaskEnded():
+                self.queue.pop(event.job_id, None)
+                self.ended[event.task_id] = event.at
+            case UsageSnapshot():
+                self.usage.update(event.usage)
+        return []
+
+
+class Workload:
+    """Seeded generator of the tree, nodes, jobs and stream inputs."""
+
+    def __init__(self, params: CoreParams) -> None:
+        self.params = params
+        self.rng = random.Random(params.seed)
+        self.count = 0
+        nodes = [BudgetNode("org", managers=("root",))]
+        for p in range(4):
+            program = f"prog{p}"
+            nodes.append(BudgetNode(program, "org", weight=self.rng.choice((1, 2, 3, 4))))
+            for t in range(5):
+                members = tuple(f"u{p}{t}{m}" for m in range(3))
+                weight = float(self.rng.randint(1, 10))
+                nodes.append(BudgetNode(f"{program}-team{t}", program, weight, members))
+        self.tree = BudgetTree(tuple(nodes))
+        self.leaves = self.tree.leaves()
+
+    def node(self, index: int) -> NodeSpec:
+        return NodeSpec(f"node-{index:05d}", "H100", tuple(range(self.params.gpus_per_node)), 80.0)
+
+    def job(self, at: float) -> JobArrived:
+        self.count += 1
+        rng = self.rng
+        allocation = rng.choice(self.leaves)
+        members = self.tree.node(allocation)
+        user = rng.choice(members.members) if members and members.members else "u"
+        gpus = rng.choices(SIZES, SIZE_WEIGHTS)[0]
+        min_runtime = rng.choices([c for c, _ in CONTRACTS], [w for _, w in CONTRACTS])[0]
+        spec = JobSpec(
+            allocation=allocation,
+            user=user,
+            gpus=gpus,
+            command=("train.py",),
+            min_runtime_s=min_runtime,
+            resumable=rng.random() < 0.5,
+            priority=rng.randint(0, 3),
+        )
+        return JobArrived(at, f"job-{self.count:06d}", spec)
+
+    def usage(self, at: float) -> UsageSnapshot:
+        values = tuple((leaf, round(self.rng.uniform(0, 5e6), 1)) for leaf in self.leaves)
+        return UsageSnapshot(at, PolicyConfig().lookback_window_s, values)
+
+
+@dataclass(frozen=True)
+class Call:
+    kind: str
+    ns: int
+    places: int
+    decisions: int
+    queue: int
+
+
+@dataclass
+class Driver:
+    """Feeds one policy, answers its decisions as node agents would, times every call."""
+
+    policy: Policy
+    running: dict[str, tuple[str, str]] = field(default_factory=dict)  # task -> (job, node)
+    running_ids: list[str] = field(default_factory=list)
+    followups: deque[Input] = field(default_factory=deque)
+    waiting: set[str] = field(default_factory=set)
+    fed: list[Input] = field(default_factory=list)
+
+    def feed(self, event: Input) -> Call:
+        self.fed.append(event)
+        if isinstance(event, JobArrived):
+            self.waiting.add(event.job_id)
+        start = time.perf_counter_ns()
+        decisions = self.policy.handle(event)
+        elapsed = time.perf_counter_ns() - start
+        places = 0
+        for decision in decisions:
+            if isinstance(decision, Place):
+                places += 1
+                self.waiting.discard(decision.job_id)
+                if decision.task_id not in self.running:
+                    self.running_ids.append(decision.task_id)
+                self.running[decision.task_id] = (decision.job_id, decision.node_id)
+                self.followups.append(
+                    TaskStarted(event.at, decision.job_id, decision.task_id, decision.node_id)
+                )
+            elif isinstance(decision, Stop):
+                self.followups.append(
+                    TaskEnded(event.at, decision.job_id, decision.task_id, decision.node_id)
+                )
+        return Call(type(event).__name__, elapsed, places, len(decisions), len(self.waiting))
+
+    def end_random(self, rng: random.Random, at: float) -> TaskEnded | None:
+        while self.running_ids:
+            index = rng.randrange(len(self.running_ids))
+            self.running_ids[index], self.running_ids[-1] = (
+                self.running_ids[-1],
+                self.running_ids[index],
+            )
+            task_id = self.running_ids.pop()
+            if task_id in self.running:
+                job_id, node_id = self.running.pop(task_id)
+                return TaskEnded(at, job_id, task_id, node_id)
+        return None
+
+
+@dataclass
+class CoreResult:
+    params: CoreParams
+    setup_s: float
+    queue_reached: int
+    running: int
+    setup_calls: list[Call]
+    calls: list[Call]
+    null_calls: list[Call]
+    digest_us: list[float]
+    measure_s: float
+
+
+def run_core(params: CoreParams) -> CoreResult:
+    work = Workload(params)
+    scheduler = new_scheduler(PolicyConfig())
+    driver = Driver(scheduler)
+    setup_calls: list[Call] = []
+    started = time.monotonic()
+    setup_deadline = started + params.setup_budget_s
+    driver.feed(BudgetSet(0.0, work.tree))
+    for index in range(params.nodes):
+        driver.feed(NodeJoined(0.0, work.node(index)))
+    at = 1.0
+    max_arrivals = params.nodes * params.gpus_per_node + 2 * params.waiting
+    for _ in range(max_arrivals):
+        if len(driver.waiting) >= params.waiting or time.monotonic() > setup_deadline:
+            break
+        at += 0.001
+        setup_calls.append(driver.feed(work.job(at)))
+        while driver.followups:
+            driver.feed(driver.followups.popleft())
+    setup_s = time.monotonic() - started
+    queue_reached, running = len(driver.waiting), len(driver.running)
+    console.print(
+        f"core setup: {params.nodes} nodes × {params.gpus_per_node} GPUs, "
+        f"{running} tasks running, {queue_reached} of {params.waiting} jobs queued "
+        f"in {setup_s:.1f} s"
+    )
+    setup_inputs = len(driver.fed)
+
+    gc.collect()
+    calls: list[Call] = []
+    digest_us: list[float] = []
+    kinds = [k for k, _ in STREAM]
+    weights = [w for _, w in STREAM]
+    started = time.monotonic()
+    deadline = started + params.measure_budget_s
+    while len(calls) < params.inputs and time.monotonic() < deadline:
+        event: Input | None
+        if driver.followups:
+            event = driver.followups.popleft()
+        else:
+            at += STEP_S
+            kind = work.rng.choices(kinds, weights)[0]
+            if kind == "TaskEnded":
+                event = driver.end_random(work.rng, at)
+            elif kind == "JobArrived":
+                event = work.job(at)
+            elif kind == "Tick":
+                event = Tick(at)
+            else:
+                event = work.usage(at)
+            if event is None:
+                continue
+        call = driver.feed(event)
+        calls.append(call)
+        if call.places and len(digest_us) < 50:
+            start = time.perf_counter_ns()
+            scheduler.digest()
+            digest_us.append((time.perf_counter_ns() - start) / 1e3)
+    measure_s = time.monotonic() - started
+
+    # Baseline: the same inputs, in the same order, through the no-op policy.
+    null = Driver(NullPolicy())
+    for event in driver.fed[:setup_inputs]:
+        null.policy.handle(event)
+    gc.collect()
+    null_calls = [null.feed(event) for event in driver.fed[setup_inputs:]]
+    return CoreResult(
+        params,
+        setup_s,
+        queue_reached,
+        running,
+        setup_calls,
+        calls,
+        null_calls,
+        digest_us,
+        measure_s,
+    )
+
+
+def _us(calls: Sequence[Call]) -> list[float]:
+    return [c.ns / 1e3 for c in calls]
+
+
+def report_core(result: CoreResult) -> None:
+    calls, null = result.calls, result.null_calls
+    null_all = _us(null)
+    rows: list[list[str]] = []
+
+    def row(label: str, mine: Sequence[Call], base: Sequence[Call]) -> None:
+        p50, p90, p99 = summary(_us(mine))
+        base50 = percentile(_us(base), 50)
+        rows.append(
+            [label, str(len(mine)), fmt(p50), fmt(p90), fmt(p99), fmt(base50), ratio(p50, base50)]
+        )
+
+    placing = [i for i, c in enumerate(calls) if c.places]
+    row("every input", calls, null)
+    row("placement-producing input", [calls[i] for i in placing], [null[i] for i in placing])
+    for kind in sorted({c.kind for c in calls}):
+        idx = [i for i, c in enumerate(calls) if c.kind == kind]
+        row(f"  {kind}", [calls[i] for i in idx], [null[i] for i in idx])
+    per_place = [c.ns / 1e3 / c.places for c in calls if c.places]
+    p50, p90, p99 = summary(per_place)
+    rows.append(["per Place decision", str(len(per_place)), fmt(p50), fmt(p90), fmt(p99), "", ""])
+    p50, p90, p99 = summary(result.digest_us)
+    rows.append(
+        ["digest() (service, per decision input)", str(len(result.digest_us)), fmt(p50)]
+        + [fmt(p90), fmt(p99), "", ""]
+    )
+    queue = summary([c.queue for c in calls])[0]
+    table(
+        f"core: Scheduler.handle, µs per call ({result.params.nodes}×"
+        f"{result.params.gpus_per_node} GPUs, queue ~{queue:.0f}, "
+        f"{len(calls)} inputs in {result.measure_s:.1f} s; baseline = no-op policy)",
+        ["calls", "n", "p50", "p90", "p99", "no-op p50", "ratio"],
+        rows,
+    )
+    # How the cost grew with the queue while it filled (JobArrived calls that queued a job).
+    queued = [c for c in result.setup_calls if not c.places]
+    if queued:
+        points = []
+        for frac in (0.1, 0.25, 0.5, 0.75, 1.0):
+            at = max(0, int(frac * len(queued)) - 1)
+            window = queued[max(0, at - 20) : at + 1]
+            points.append(f"q={window[-1].queue}: {fmt(percentile(_us(window), 50))} µs")
+        console.print("JobArrived cost while the queue filled: " + ", ".join(points))
+    placing_p50 = percentile(_us([calls[i] for i in placing]), 50)
+    verdict = "MET" if placing_p50 <= 1000 else "NOT MET"
+    console.print(
+        f"target: median per placement-producing call <= 1 ms: {fmt(placing_p50 / 1e3)} ms "
+        f"→ {verdict}; no-op median per input {fmt(percentile(null_all, 50))} µs"
+    )

@@ -1,0 +1,478 @@
+"""Live stack: submit-to-TaskPlaced latency through gRPC, Kafka and placement.
+
+For each mode a fresh stack (``tests/integration/stack.py``: fresh topics, groups and
+ports) runs on the broker with ``nodes`` simulated 8-GPU nodes in one node agent:
+
+- ``placement``: the real placement service;
+- ``echo``: ``tests.perf.echo`` in its place, the same Kafka hops and transaction
+  shape with no scheduling: the baseline.
+
+A seeded open-loop submitter (grpc.aio, ``concurrency`` callers, submission ``i`` due
+at ``t0 + i / rate``) calls ``SubmitJob`` for ``duration_s``; a consumer of the
+decisions topic (read_committed, like every downstream reader) notes when each
+job's TaskPlaced arrives. Latency = bench receive time - client send time, both
+``time.time()`` in this process, so it covers the whole path a node agent sees,
+including the transaction commit. The TaskPlaced envelope carries the admission's
+timestamp of the JobAdmitted (``occurred_at``) and Kafka's CreateTime (set when
+placement queued it), which split the path into admission / decide+produce /
+commit+delivery (same host, one clock). Per-process CPU over the window comes from
+/proc, to show where the two cores went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import itertools
+import os
+import pstats
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import yaml
+from aiokafka import AIOKafkaConsumer
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
+
+from libs.bus import KafkaSettings, load_topic_config
+from libs.events import DecodeError, decode, event_type, occurred_at
+from tests.integration.stack import ROOT, Stack
+from tests.perf.echo import node_name
+from tests.perf.stats import console, fmt, percentile, ratio, table
+
+TEST_KAFKA_DIR = ROOT / ".local" / "kafka-test"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class LiveParams:
+    nodes: int = 200
+    gpus_per_node: int = 8
+    rate: float = 500.0
+    duration_s: float = 20.0
+    concurrency: int = 64
+    job_s: float = 0.5
+    modes: tuple[str, ...] = ("echo", "placement")
+    bootstrap: str = "127.0.0.1:19092"
+    profile: bool = False
+    warmup: int = 40
+    drain_s: float = 30.0
+    seed: int = 11
+
+
+@dataclass
+class PerfStack(Stack):
+    """The integration Stack with many simulated nodes, and echo or a profiled placement."""
+
+    mode: str = "placement"
+    nodes: int = 200
+    gpus_per_node: int = 8
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        nodes = [
+            {
+                "node_id": node_name(i),
+                "gpu_type": "H100",
+                "gpu_count": self.gpus_per_node,
+                "gpu_memory_gib": 80,
+                "executor": "simulated",
+            }
+            for i in range(self.nodes)
+        ]
+        (self.workdir / "nodes.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
+        self.profile_path = self.workdir / "placement.prof"
+
+    @property
+    def env(self) -> dict[str, str]:
+        # The production default: no span export (the tests print spans to the logs).
+        return {**super().env, "OTEL_TRACES_EXPORTER": "none", "QM_ECHO_NODES": str(self.nodes)}
+
+    def start(self, name: str, *args: str) -> None:
+        command = [sys.executable, "-m", f"services.{name}", *args]
+        if name == "placement" and self.mode == "echo":
+            command = [sys.executable, "-m", "tests.perf.echo"]
+        elif name == "placement" and self.profile:
+            command[1:1] = ["-m", "cProfile", "-o", str(self.profile_path)]
+        log = (self.logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+@dataclass
+class Submission:
+    index: int
+    sent: float = 0.0  # time.time() just before the call
+    replied: float = 0.0
+    late_s: float = 0.0  # how far behind its due time it went out
+    job_id: str = ""
+    error: str = ""
+
+
+@dataclass
+class Placed:
+    received: float  # time.time() when this process got the record
+    created: float  # Kafka CreateTime: when placement queued the record
+    admitted: float  # the JobAdmitted's occurred_at, set by admission
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    submissions: list[Submission]
+    placed: dict[str, Placed]
+    pending: int
+    window_s: float
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> % of one core
+
+    @property
+    def ok(self) -> list[Submission]:
+        return [s for s in self.submissions if not s.error]
+
+    def latencies_ms(self) -> list[float]:
+        return [
+            (self.placed[s.job_id].received - s.sent) * 1e3
+            for s in self.ok
+            if s.job_id in self.placed
+        ]
+
+    def split_ms(self) -> tuple[list[float], list[float], list[float]]:
+        admission, decide, commit = [], [], []
+        for s in self.ok:
+            p = self.placed.get(s.job_id)
+            if p is not None:
+                admission.append((p.admitted - s.sent) * 1e3)
+                decide.append((p.created - p.admitted) * 1e3)
+                commit.append((p.received - p.created) * 1e3)
+        return admission, decide, commit
+
+    def achieved_rate(self) -> float:
+        sent = sorted(s.sent for s in self.ok)
+        return (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
+
+
+def _answers(bootstrap: str) -> bool:
+    host, port = bootstrap.rsplit(":", 1)
+    with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str) -> Iterator[None]:
+    """Use the broker if it answers; otherwise start the test broker and stop it after."""
+    if _answers(bootstrap):
+        yield
+        return
+    if bootstrap != "127.0.0.1:19092":
+        raise SystemExit(f"no broker answers on {bootstrap}")
+    env = {**os.environ, "QM_KAFKA_DIR": str(TEST_KAFKA_DIR), "QM_KAFKA_PORT": "19092"}
+    script = str(ROOT / "deploy" / "local" / "kafka.sh")
+    subprocess.run([script, "start"], env=env, check=True, timeout=180)
+    try:
+        yield
+    finally:
+        subprocess.run([script, "stop"], env=env, check=False, timeout=60)
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def _pids(stack: Stack) -> dict[str, int]:
+    pids = {name: process.pid for name, process in stack.processes.items()}
+    pids["bench (this process)"] = os.getpid()
+    pidfile = TEST_KAFKA_DIR / "kafka.pid"
+    if stack.bootstrap.endswith(":19092") and pidfile.exists():
+        with contextlib.suppress(ValueError):
+            pids["kafka broker"] = int(pidfile.read_text().strip())
+    return pids
+
+
+class Collector:
+    """Reads the decisions topic from the start and notes each job's first TaskPlaced."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.topic = load_topic_config(stack.topics_file).decisions.name
+        self.consumer = AIOKafkaConsumer(
+            self.topic,
+            **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=50,
+        )
+        self.placed: dict[str, Placed] = {}
+        self.pending = 0
+
+    async def run(self) -> None:
+        while True:
+            polled = await self.consumer.getmany(timeout_ms=200, max_records=2000)
+            now = time.time()
+            for records in polled.values():
+                for record in records:
+                    try:
+                        env = decode(record.value)
+                    except DecodeError:
+                        continue
+                    kind = event_type(env)
+                    if kind == "task_placed":
+                        job_id = env.task_placed.job_id
+                        if job_id not in self.placed:
+                            self.placed[job_id] = Placed(
+                                now, record.timestamp / 1e3, occurred_at(env)
+                            )
+                    elif kind == "job_pending":
+                        self.pending += 1
+
+
+async def _wait_nodes(stack: Stack, nodes: int, timeout: float) -> None:
+    """Until every simulated node's NodeRegistered is in the event log."""
+    consumer = AIOKafkaConsumer(
+        load_topic_config(stack.topics_file).events.name,
+        **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(seen) < nodes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(seen)} of {nodes} nodes registered")
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    with contextlib.suppress(DecodeError):
+                        env = decode(record.value)
+                        if event_type(env) == "node_registered":
+                            seen.add(env.node_registered.inventory.node_id)
+    finally:
+        await consumer.stop()
+
+
+def _request(rng: random.Random, job_s: float) -> js.SubmitJobRequest:
+    return js.SubmitJobRequest(
+        spec=types_pb2.JobSpec(
+            allocation=rng.choice(("vision", "nlp")),
+            gpus=rng.choice((1, 1, 1, 2, 2, 4)),
+            command=["train.py"],
+            min_runtime_s=rng.choice((0, 0, 600)),
+            simulated_duration_s=job_s,
+        )
+    )
+
+
+async def _submit(
+    stub: js_grpc.JobServiceStub,
+    metadata: tuple[tuple[str, str], ...],
+    requests: list[js.SubmitJobRequest],
+    rate: float,
+    concurrency: int,
+) -> list[Submission]:
+    loop = asyncio.get_running_loop()
+    results = [Submission(i) for i in range(len(requests))]
+    indices = itertools.count()
+    start = loop.time() + 0.05
+
+    async def caller() -> None:
+        while (i := next(indices)) < len(requests):
+            due = start + i / rate
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sub = results[i]
+            sub.late_s = max(0.0, loop.time() - due)
+            sub.sent = time.time()
+            try:
+                reply = await stub.SubmitJob(requests[i], metadata=metadata, timeout=30)
+                sub.job_id = reply.job_id
+            except grpc.aio.AioRpcError as exc:
+                sub.error = f"{exc.code().name}: {exc.details()}"
+            sub.replied = time.time()
+
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return results
+
+
+async def _measure(stack: PerfStack, params: LiveParams) -> ModeResult:
+    await _wait_nodes(stack, params.nodes, timeout=90)
+    collector = Collector(stack)
+    await collector.consumer.start()
+    reader = asyncio.create_task(collector.run())
+    rng = random.Random(params.seed)
+    pids = _pids(stack)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.admission_port}") as channel:
+            stub = js_grpc.JobServiceStub(channel)
+            metadata = stack.auth("alice")
+            # Warm-up (excluded): first RPCs, budget fetch, transactions, rebalances.
+            warm = await _submit(
+                stub, metadata, [_request(rng, params.job_s) for _ in range(params.warmup)], 20, 4
+            )
+            await _until_placed(collector, [s.job_id for s in warm if s.job_id], 60)
+            count = int(params.rate * params.duration_s)
+            requests = [_request(rng, params.job_s) for _ in range(count)]
+            before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            began = time.monotonic()
+            pending_before = collector.pending
+            subs = await _submit(stub, metadata, requests, params.rate, params.concurrency)
+            await _until_placed(collector, [s.job_id for s in subs if s.job_id], params.drain_s)
+            window = time.monotonic() - began
+            cpu = {
+                name: (_cpu_seconds(pid) - before[name]) / window * 100
+                for name, pid in pids.items()
+            }
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await collector.consumer.stop()
+    return ModeResult(
+        stack.mode, subs, collector.placed, collector.pending - pending_before, window, cpu
+    )
+
+
+async def _until_placed(collector: Collector, job_ids: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(j not in collector.placed for j in job_ids):
+        await asyncio.sleep(0.1)
+
+
+def run_mode(params: LiveParams, mode: str) -> ModeResult:
+    workdir = Path(tempfile.mkdtemp(prefix=f"qm-bench-{mode}-"))
+    stack = PerfStack(
+        workdir,
+        bootstrap=params.bootstrap,
+        mode=mode,
+        nodes=params.nodes,
+        gpus_per_node=params.gpus_per_node,
+        profile=params.profile and mode == "placement",
+    )
+    console.print(f"live {mode}: stack logs in {workdir / 'logs'}")
+    # Stop the stack on SIGTERM too (``make`` interrupted, a timeout).
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        stack.up()
+        result = asyncio.run(_measure(stack, params))
+    finally:
+        stack.down()
+        signal.signal(signal.SIGTERM, previous)
+    if stack.profile:
+        _print_profile(stack.profile_path)
+    return result
+
+
+def _print_profile(path: Path) -> None:
+    if not path.exists():
+        console.print(f"no profile at {path}")
+        return
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        stats = pstats.Stats(str(path), stream=out)
+        stats.strip_dirs().sort_stats(key).print_stats(18)
+        text = out.getvalue()
+        console.print(f"placement profile by {key}:\n" + text[text.find("   ncalls") :])
+
+
+def report_live(params: LiveParams, results: list[ModeResult]) -> None:
+    rows = []
+    base = next((r for r in results if r.mode == "echo"), None)
+    for r in results:
+        lat = r.latencies_ms()
+        admission, decide, commit = r.split_ms()
+        rpc = [(s.replied - s.sent) * 1e3 for s in r.ok]
+        late = [s.late_s * 1e3 for s in r.submissions]
+        rows.append(
+            [
+                r.mode,
+                f"{len(r.ok)}/{len(r.submissions)}",
+                fmt(r.achieved_rate()),
+                f"{len(lat)}",
+                fmt(percentile(lat, 50)),
+                fmt(percentile(lat, 90)),
+                fmt(percentile(lat, 99)),
+                fmt(max(lat, default=float("nan"))),
+                fmt(percentile(rpc, 50)),
+                fmt(percentile(admission, 50)),
+                fmt(percentile(decide, 50)),
+                fmt(percentile(commit, 50)),
+                fmt(percentile(late, 99)),
+            ]
+        )
+    if base is not None:
+        for r in results:
+            if r is base:
+                continue
+            mine, theirs = r.latencies_ms(), base.latencies_ms()
+            splits = [
+                ratio(percentile(a, 50), percentile(b, 50))
+                for a, b in zip(r.split_ms(), base.split_ms(), strict=True)
+            ]
+            rpc_r = [(s.replied - s.sent) * 1e3 for s in r.ok]
+            rpc_b = [(s.replied - s.sent) * 1e3 for s in base.ok]
+            rows.append(
+                [
+                    f"{r.mode} ÷ echo",
+                    "",
+                    ratio(r.achieved_rate(), base.achieved_rate()),
+                    "",
+                    *(ratio(percentile(mine, q), percentile(theirs, q)) for q in (50, 90, 99)),
+                    ratio(max(mine, default=0), max(theirs, default=0)),
+                    ratio(percentile(rpc_r, 50), percentile(rpc_b, 50)),
+                    *splits,
+                    "",
+                ]
+            )
+    table(
+        f"live: submit → TaskPlaced received, ms ({params.nodes} simulated nodes × "
+        f"{params.gpus_per_node} GPUs, {params.rate:g}/s for {params.duration_s:g} s, "
+        f"{params.concurrency} callers)",
+        [
+            "mode",
+            "ok",
+            "rate/s",
+            "placed",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "rpc p50",
+            "→admit p50",
+            "→queued p50",
+            "→visible p50",
+            "late p99",
+        ],
+        rows,
+    )
+    for r in results:
+        errors = sorted({s.error for s in r.submissions if s.error})
+        cpu = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(r.cpu.items(), key=lambda kv: -kv[1]))
+        console.print(
+            f"{r.mode}: window {r.window_s:.1f} s, JobPending {r.pending}; CPU (% of one core): "
+            f"{cpu}" + (f"; errors: {errors[:3]}" if errors else "")
+        )
+
+
+def run_live(params: LiveParams) -> list[ModeResult]:
+    with broker(params.bootstrap):
+        results = [run_mode(params, mode) for mode in params.modes]
+    report_live(params, results)
+    return results

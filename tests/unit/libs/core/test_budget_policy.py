@@ -1,0 +1,174 @@
+"""Fair share, the contract and preemption: scenario by scenario."""
+
+from __future__ import annotations
+
+from libs.core import (
+    BudgetSet,
+    Decision,
+    JobArrived,
+    NodeJoined,
+    Place,
+    Preempted,
+    Requeue,
+    Scheduler,
+    Stop,
+    StopCause,
+    TaskEnded,
+    TaskIdle,
+    TaskStarted,
+    Tick,
+    UsageSnapshot,
+    Wait,
+)
+from libs.core.fairshare import leaf_order
+from tests.builders import job, node, tree
+
+HOUR = 3600.0
+
+
+def started(s: Scheduler, decisions: list[Decision], at: float) -> None:
+    """Report every placed task as started, as node agents would."""
+    for d in decisions:
+        if isinstance(d, Place):
+            s.handle(TaskStarted(at, d.job_id, d.task_id, d.node_id))
+
+
+def cluster(*nodes: int, **weights: float) -> Scheduler:
+    s = Scheduler()
+    s.handle(BudgetSet(0, tree(**weights)))
+    for i, gpus in enumerate(nodes):
+        s.handle(NodeJoined(0, node(f"n{i}", gpus)))
+    return s
+
+
+def placed(decisions: list[Decision]) -> list[str]:
+    return [d.job_id for d in decisions if isinstance(d, Place)]
+
+
+def test_siblings_are_ordered_by_usage_over_share() -> None:
+    t = tree(a=1, b=1, c=2)
+    assert leaf_order(t, {"a": 10, "b": 5, "c": 12}) == ["b", "c", "a"]
+
+
+def test_the_under_served_allocation_goes_first() -> None:
+    s = cluster(1, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 100.0), ("b", 10.0))))
+    d = s.handle(JobArrived(1, "filler", job(1, allocation="a", min_runtime_s=60)))
+    started(s, d, 1)
+    s.handle(JobArrived(2, "a-job", job(1, allocation="a", min_runtime_s=60)))
+    s.handle(JobArrived(3, "b-job", job(1, allocation="b", min_runtime_s=60)))
+    assert placed(s.handle(TaskEnded(4, "filler", "filler/0", "n0"))) == ["b-job"]
+
+
+def test_priority_orders_jobs_only_inside_one_allocation() -> None:
+    s = cluster(1, a=1, b=1)
+    d = s.handle(JobArrived(0, "filler", job(1, allocation="a", min_runtime_s=60)))
+    started(s, d, 0)
+    s.handle(JobArrived(1, "low", job(1, allocation="b", priority=0, min_runtime_s=60)))
+    s.handle(JobArrived(2, "high", job(1, allocation="b", priority=5, min_runtime_s=60)))
+    assert placed(s.handle(TaskEnded(3, "filler", "filler/0", "n0"))) == ["high"]
+
+
+def test_best_fit_keeps_large_blocks_whole() -> None:
+    s = cluster(8, 2, a=1)
+    d = s.handle(JobArrived(0, "small", job(2, allocation="a", min_runtime_s=60)))
+    assert [(p.node_id, p.gpu_indices) for p in d if isinstance(p, Place)] == [("n1", (0, 1))]
+    assert placed(s.handle(JobArrived(1, "big", job(8, allocation="a", min_runtime_s=60)))) == [
+        "big"
+    ]
+
+
+def test_a_gang_takes_whole_nodes_all_or_nothing() -> None:
+    s = cluster(8, 8, 8, a=1)
+    s.handle(JobArrived(0, "one", job(1, allocation="a", min_runtime_s=60)))
+    d = s.handle(JobArrived(1, "gang", job(16, allocation="a", min_runtime_s=60)))
+    assert sorted((p.node_id, len(p.gpu_indices)) for p in d if isinstance(p, Place)) == [
+        ("n1", 8),
+        ("n2", 8),
+    ]
+    [wait] = s.handle(JobArrived(2, "gang2", job(16, allocation="a", min_runtime_s=60)))
+    assert isinstance(wait, Wait) and "on 2 whole nodes; 0 are free" in wait.reason
+
+
+def test_memory_per_gpu_is_a_constraint() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("small")))
+    [wait] = s.handle(JobArrived(1, "j", job(1, min_gpu_memory_gib=80)))
+    assert isinstance(wait, Wait) and "≥80 GiB" in wait.reason
+
+
+def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
+    s = cluster(2, a=1)
+    d = s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0, resumable=True)))
+    started(s, d, 0)
+    d = s.handle(JobArrived(1, "paid", job(2, allocation="a", min_runtime_s=HOUR)))
+    [stop] = [x for x in d if isinstance(x, Stop)]
+    assert (stop.job_id, stop.cause) == ("free", StopCause.PREEMPTED)
+    d = s.handle(TaskEnded(2, "free", stop.task_id, "n0", exit_code=-15))
+    assert [type(x) for x in d] == [Requeue, Place, Wait]
+    assert placed(d) == ["paid"]
+
+
+def test_protected_work_is_never_preempted() -> None:
+    s = cluster(1, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 0.0), ("b", 1e9))))
+    d = s.handle(JobArrived(0, "b-job", job(1, allocation="b", min_runtime_s=HOUR)))
+    started(s, d, 0)
+    d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
+    assert not any(isinstance(x, Stop) for x in d)
+    # Past its contract, the over-served allocation's job yields.
+    d = s.handle(Tick(HOUR + 61))
+    assert [(x.job_id, x.cause) for x in d if isinstance(x, Stop)] == [
+        ("b-job", StopCause.PREEMPTED)
+    ]
+    d = s.handle(TaskEnded(HOUR + 70, "b-job", "b-job/0", "n0"))
+    assert isinstance(d[0], Preempted) and placed(d) == ["a-job"]
+
+
+def test_past_contract_work_keeps_running_while_its_allocation_ranks_above() -> None:
+    s = cluster(1, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 1e9), ("b", 0.0))))
+    d = s.handle(JobArrived(0, "b-job", job(1, allocation="b", min_runtime_s=60)))
+    started(s, d, 0)
+    s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=60)))
+    assert not any(isinstance(x, Stop) for x in s.handle(Tick(HOUR)))
+
+
+def test_victims_are_free_work_then_idle_then_fewest_gpus() -> None:
+    s = cluster(4, 4, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 0.0), ("b", 1e9))))
+    for name, gpus, minimum in [
+        ("b-big", 3, 60),
+        ("b-small", 1, 60),
+        ("b-idle", 2, 60),
+        ("free", 2, 0),
+    ]:
+        d = s.handle(JobArrived(0, name, job(gpus, allocation="b", min_runtime_s=minimum)))
+        started(s, d, 0)
+    s.handle(TaskIdle(10, "b-idle", "b-idle/0", True))
+    d = s.handle(JobArrived(HOUR, "a-job", job(4, allocation="a", min_runtime_s=60)))
+    assert sorted(x.job_id for x in d if isinstance(x, Stop)) == ["b-idle", "free"]
+
+
+def test_debug_work_takes_the_fast_path() -> None:
+    s = cluster(1, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 1e9), ("b", 0.0))))
+    d = s.handle(JobArrived(0, "b-train", job(1, allocation="b", min_runtime_s=8 * HOUR)))
+    started(s, d, 0)
+    s.handle(JobArrived(1, "b-more", job(1, allocation="b", min_runtime_s=8 * HOUR)))
+    s.handle(JobArrived(2, "a-debug", job(1, allocation="a", min_runtime_s=600)))
+    assert placed(s.handle(TaskEnded(3, "b-train", "b-train/0", "n0"))) == ["a-debug"]
+
+
+def test_explanations_name_rank_ratio_and_queue_position() -> None:
+    s = cluster(2, a=1, b=1)
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 3e5), ("b", 1e5))))
+    started(s, s.handle(JobArrived(0, "fill", job(2, allocation="b", min_runtime_s=HOUR))), 0)
+    s.handle(JobArrived(1, "b1", job(2, allocation="b", min_runtime_s=HOUR)))
+    s.handle(JobArrived(2, "a1", job(2, allocation="a", min_runtime_s=HOUR)))
+    why = s.explain("a1")
+    assert why is not None and why.waiting and why.jobs_ahead == 1
+    assert "a ranks 2 of 2 by fair share" in why.text
+    assert "needs 2×GPU on one node; the largest free block is 0" in why.text
+    running = s.explain("fill")
+    assert running is not None and "protected by its contract" in running.text

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from services.node_agent.cli import parse_args
+from services.node_agent.idle import IdleThresholds
+
+IDLE_ENV = ("QM_IDLE_THRESHOLD", "QM_BUSY_THRESHOLD", "QM_IDLE_WINDOW_SECONDS", "QM_SAMPLE_SECONDS")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in IDLE_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_idle_detection_defaults() -> None:
+    args = parse_args([])
+    assert (args.idle, args.sample_seconds) == (IdleThresholds(), 10.0)
+
+
+def test_idle_detection_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QM_IDLE_WINDOW_SECONDS", "60")
+    monkeypatch.setenv("QM_SAMPLE_SECONDS", "30")
+    args = parse_args(
+        ["--idle-threshold", "0.1", "--busy-threshold", "0.2", "--sample-seconds", "5"]
+    )
+    assert (args.idle, args.sample_seconds) == (IdleThresholds(0.1, 0.2, 60.0), 5.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--idle-threshold", "0.3"], "need 0 <= idle threshold <= busy threshold <= 1"),
+        (["--idle-window-seconds", "0"], "the idle window must be > 0 seconds"),
+        (["--sample-seconds", "0"], "--sample-seconds must be > 0"),
+    ],
+)
+def test_bad_idle_settings_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_setting_in_the_environment_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QM_BUSY_THRESHOLD", "lots")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "argument --busy-threshold: invalid float value: 'lots'" in capsys.readouterr().err
