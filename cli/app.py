@@ -24,6 +24,7 @@ from rich.console import Console
 from cli import render
 from cli.audit import audit_app
 from cli.connection import Connection, NotSignedIn
+from cli.sim import sim_app
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
@@ -31,6 +32,7 @@ token_app = typer.Typer(no_args_is_help=True, help="Operator tools for tokens.")
 app.add_typer(budget_app, name="budget")
 app.add_typer(token_app, name="token")
 app.add_typer(audit_app, name="audit")
+app.add_typer(sim_app, name="sim")
 console = Console()
 errors = Console(stderr=True)
 T = TypeVar("T")

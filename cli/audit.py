@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from libs.audit import AuditResult, Divergence, audit_topics, policy_from_mapping
+from libs.audit import AuditResult, Divergence, audit_topics
 from libs.bus import KafkaSettings, load_topic_config
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig
+from libs.core.config import policy_from_mapping
 
 audit_app = typer.Typer(no_args_is_help=True, help="Replay the log and check the decisions.")
 console = Console()

@@ -23,7 +23,13 @@ class Fit:
 
 @dataclass(frozen=True)
 class NoFit:
-    reason: str
+    reason: str  # with the current numbers, for `qm why`
+    possible: bool = False  # would fit an empty cluster: it only waits for room
+    summary: str = ""  # stable while the job waits for room, for JobPending events
+
+    @property
+    def stable(self) -> str:
+        return self.summary or self.reason
 
 
 def describe(spec: JobSpec) -> str:
@@ -35,7 +41,9 @@ class Capacity:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeSpec] = {}
         self._free: dict[str, tuple[int, ...]] = {}
-        self._by_class: dict[_NodeClass, dict[int, set[str]]] = {}
+        # class -> free count -> nodes, in the order they got that count: taking
+        # the first is O(1) and deterministic (the order follows the input).
+        self._by_class: dict[_NodeClass, dict[int, dict[str, None]]] = {}
         self._class_size: dict[_NodeClass, int] = {}  # the most GPUs a node of the class has
         self._class_total: dict[_NodeClass, int] = {}
         self.total_gpus = 0
@@ -102,27 +110,39 @@ class Capacity:
         largest_free = 0
         for cls in classes:
             for count, nodes in self._by_class[cls].items():
-                candidates = [n for n in nodes if n not in blocked] if blocked else nodes
-                if not candidates:
+                first = next((n for n in nodes if n not in blocked), None)
+                if first is None:
                     continue
                 largest_free = max(largest_free, count)
                 if count >= spec.gpus:
-                    choice = (count, min(candidates))
+                    choice = (count, first)
                     if best is None or choice < best:
                         best = choice
         if best is None:
+            wanted = f"needs {describe(spec)} on one node"
             return NoFit(
-                f"needs {describe(spec)} on one node; the largest free block is {largest_free}"
+                f"{wanted}; the largest free block is {largest_free}",
+                possible=True,
+                summary=f"{wanted}; waiting for a block that large to free up",
             )
         node_id = best[1]
         return Fit(((node_id, self._free[node_id][: spec.gpus]),))
 
-    def shape(self) -> tuple[int, int, int]:
-        """(largest free block, largest node, GPUs on wholly free largest nodes)."""
-        largest = max((max(b) for b in self._by_class.values() if b), default=0)
+    def shape(self, blocked: Collection[str] = ()) -> tuple[int, int, int]:
+        """(largest free block, largest node, GPUs on wholly free largest nodes),
+        leaving out ``blocked`` nodes."""
+        largest = max(
+            (
+                count
+                for buckets in self._by_class.values()
+                for count, nodes in buckets.items()
+                if any(n not in blocked for n in nodes)
+            ),
+            default=0,
+        )
         node_size = max(self._class_size.values(), default=0)
         whole = sum(
-            len(nodes) * node_size
+            sum(1 for n in nodes if n not in blocked) * node_size
             for cls, buckets in self._by_class.items()
             if self._class_size[cls] == node_size
             for count, nodes in buckets.items()
@@ -141,9 +161,11 @@ class Capacity:
         )
         needed = -(-spec.gpus // node_size)
         if len(whole) < needed:
+            wanted = f"needs {describe(spec)} on {needed} whole nodes"
             return NoFit(
-                f"needs {describe(spec)} on {needed} whole nodes; {len(whole)} "
-                f"{'is' if len(whole) == 1 else 'are'} free"
+                f"{wanted}; {len(whole)} {'is' if len(whole) == 1 else 'are'} free",
+                possible=True,
+                summary=f"{wanted}; waiting for them to free up",
             )
         tasks = []
         remaining = spec.gpus
@@ -156,12 +178,12 @@ class Capacity:
     def _index(self, node_id: str) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
-        buckets.setdefault(len(self._free[node_id]), set()).add(node_id)
+        buckets.setdefault(len(self._free[node_id]), {})[node_id] = None
 
     def _unindex(self, node_id: str) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
         count = len(self._free[node_id])
-        buckets[count].discard(node_id)
+        del buckets[count][node_id]
         if not buckets[count]:
             del buckets[count]

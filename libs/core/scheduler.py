@@ -40,12 +40,13 @@ from libs.core.inputs import (
     UsageSnapshot,
 )
 from libs.core.model import JobSpec, NodeSpec, WorkClass
-from libs.core.placement import Capacity, Fit, describe
+from libs.core.placement import Capacity, Fit, NoFit, describe
 from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
 POLICY_VERSION = 2
+PREEMPTION_ROUND_S = 10.0
 
 
 @dataclass
@@ -89,6 +90,12 @@ class Scheduler:
         self._fingerprint = Fingerprint()
         self._running_version = 0  # bumped whenever the set of running work changes
         self._no_plan: tuple[tuple[str, int], float] | None = None
+        self._next_preemption_at = 0.0
+        # Allocated running GPUs per allocation, and the sum of gpus × max(placed,
+        # snapshot time): usage since the snapshot in O(allocations).
+        self._running_gpus: dict[str, int] = {}
+        self._weighted_start: dict[str, float] = {}
+        self._impossible: set[str] = set()  # jobs no registered node can ever hold
 
     # -- the one entry point -------------------------------------------------
 
@@ -104,6 +111,7 @@ class Scheduler:
                 self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
             case NodeJoined():
                 self._join(event.node)
+                decisions += self._recheck_impossible()
             case TaskStarted():
                 self._started(event)
             case TaskEnded():
@@ -120,7 +128,14 @@ class Scheduler:
                 self._snapshot = dict(event.usage)
                 self._snapshot_at = event.at
                 self._fingerprint.replace(before, self._snapshot_fact)
-        decisions += self._schedule()
+                self._reweigh()
+        # Preemption planning scans the running work, so it runs in rounds: at
+        # most every 10 s of input time (ticks keep time moving), and when the
+        # budget changes.
+        preempt = isinstance(event, BudgetSet) or self.now >= self._next_preemption_at
+        if preempt:
+            self._next_preemption_at = self.now + PREEMPTION_ROUND_S
+        decisions += self._schedule(preempt)
         if isinstance(event, JobArrived) and event.job_id not in self._reasons:
             # Every new job hears why it waits, even when the pass stopped early.
             waiting = self._queues.jobs.get(event.job_id)
@@ -174,6 +189,7 @@ class Scheduler:
         if job is not None:
             self._fingerprint.remove(f"w|{job.job_id}|{job.attempt}")
             self._reasons.pop(job_id, None)
+            self._impossible.discard(job_id)
             self._release(job_id)
         return job
 
@@ -223,14 +239,12 @@ class Scheduler:
         node_id, gpus = run.tasks[event.task_id]
         self._capacity.give(node_id, gpus)
         self._on_node.get(node_id, {}).pop(event.job_id, None)
-        if len(run.ended) < len(run.tasks):
+        if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
             self._fingerprint.replace(before, run.fact)
-            # A gang lives and dies together: the rest of it is stopped.
-            if run.stopping is None:
-                return self._stop(run, StopCause.PREEMPTED, "another task of its gang ended")
             return []
         self._fingerprint.remove(before)
         del self._running[event.job_id]
+        self._count(run, -1)
         if run.stopping is not StopCause.PREEMPTED:
             return []
         if run.spec.resumable:
@@ -256,16 +270,22 @@ class Scheduler:
 
     # -- the scheduling pass -------------------------------------------------
 
-    def _schedule(self) -> list[Decision]:
+    def _schedule(self, preempt: bool) -> list[Decision]:
         if not self._queues:
             return []
         self._expire_reservations()
         rank = self._rank()
         decisions: list[Decision] = []
+        # Jobs that preempted for room go first, on the node freed for them.
+        for job_id in sorted(self._nominated):
+            job = self._queues.jobs[job_id]
+            fit = self._capacity.fit(job.spec, self._blocked_for(job_id))
+            if isinstance(fit, Fit):
+                decisions += self._place(job, fit)
         for tier in TIERS:
             # Only the best-ranked blocked job of a tier may preempt in one pass:
             # planning scans the running work, and one stop at a time is plenty.
-            may_preempt = tier is not WorkClass.UNALLOCATED
+            may_preempt = preempt and tier is not WorkClass.UNALLOCATED
             for allocation in sorted(
                 self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
             ):
@@ -276,7 +296,8 @@ class Scheduler:
                 if may_preempt and head.job_id not in self._nominated:
                     may_preempt = False
                     decisions += self._preempt_for(head, rank)
-                decisions += self._wait(head)
+                if head.job_id not in self._reasons or head.job_id in self._nominated:
+                    decisions += self._wait(head)
         return decisions
 
     def _place_allocation(self, tier: WorkClass, allocation: str) -> list[Decision]:
@@ -284,21 +305,22 @@ class Scheduler:
         capacity = self._capacity
         if capacity.total_free == 0:
             return decisions
-        largest, node_size, whole = capacity.shape()
+        reserved = self._reserved.keys()  # nominated jobs were placed before this
+        largest, node_size, whole = capacity.shape(reserved)
 
         def could_fit(gpus: int) -> bool:
             # A gang spans whole free nodes; anything else needs one free block.
             return gpus <= largest or node_size < gpus <= whole
 
         for job in self._queues.candidates(tier, allocation, could_fit):
-            fit = capacity.fit(job.spec, self._blocked_for(job.job_id))
+            fit = capacity.fit(job.spec, reserved)
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
                 if capacity.total_free == 0:
                     break
-                largest, node_size, whole = capacity.shape()
+                largest, node_size, whole = capacity.shape(reserved)
             else:
-                decisions += self._wait(job, fit.reason)
+                decisions += self._wait(job, fit)
         return decisions
 
     def _place(self, job: Waiting, fit: Fit) -> list[Decision]:
@@ -313,22 +335,38 @@ class Scheduler:
             decisions.append(Place(job.job_id, task_id, node_id, gpus, job.spec))
         run = _Running(job.job_id, job.spec, job.seq, job.attempt, self.now, tasks)
         self._running[job.job_id] = run
+        self._count(run, +1)
         self._running_version += 1
         self._fingerprint.add(run.fact)
         return decisions
 
-    def _wait(self, job: Waiting, reason: str | None = None) -> list[Decision]:
-        if reason is None:
-            if job.job_id in self._nominated:
-                node = self._nominated[job.job_id]
-                reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {node}"
+    def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
+        """Tell a waiting job why, when the reason changed."""
+        if job.job_id in self._nominated:
+            node = self._nominated[job.job_id]
+            reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {node}"
+        else:
+            fit = fit or self._capacity.fit(job.spec, self._blocked_for(job.job_id))
+            if isinstance(fit, Fit):
+                return []
+            reason = fit.stable
+            if fit.possible:
+                self._impossible.discard(job.job_id)
             else:
-                fit = self._capacity.fit(job.spec, self._blocked_for(job.job_id))
-                reason = fit.reason if not isinstance(fit, Fit) else ""
-        if not reason or self._reasons.get(job.job_id) == reason:
+                self._impossible.add(job.job_id)
+        if self._reasons.get(job.job_id) == reason:
             return []
         self._reasons[job.job_id] = reason
         return [Wait(job.job_id, reason)]
+
+    def _recheck_impossible(self) -> list[Decision]:
+        decisions: list[Decision] = []
+        for job_id in sorted(self._impossible):
+            job = self._queues.jobs.get(job_id)
+            self._impossible.discard(job_id)
+            if job is not None:
+                decisions += self._wait(job)
+        return decisions
 
     # -- preemption and reservations ----------------------------------------
 
@@ -410,15 +448,33 @@ class Scheduler:
         """Charged usage per allocation: the last snapshot plus what ran since,
         plus running work counted ``running_horizon_s`` ahead."""
         usage = dict(self._snapshot)
-        horizon = self.config.running_horizon_s
+        until = self.now + self.config.running_horizon_s
+        for allocation, gpus in self._running_gpus.items():
+            accrued = gpus * until - self._weighted_start[allocation]
+            usage[allocation] = usage.get(allocation, 0.0) + accrued
+        return usage
+
+    def _count(self, run: _Running, sign: int) -> None:
+        """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
+        if not run.spec.allocated:
+            return
+        gpus = sum(len(g) for _, g in run.tasks.values()) * sign
+        allocation = run.spec.allocation
+        self._running_gpus[allocation] = self._running_gpus.get(allocation, 0) + gpus
+        start = max(run.placed_at, self._snapshot_at)
+        self._weighted_start[allocation] = self._weighted_start.get(allocation, 0.0) + gpus * start
+        if not self._running_gpus[allocation]:
+            del self._running_gpus[allocation]
+            del self._weighted_start[allocation]
+
+    def _reweigh(self) -> None:
+        # The snapshot now holds what ran before it: count running work from it on.
+        self._weighted_start = dict.fromkeys(self._running_gpus, 0.0)
         for run in self._running.values():
             if run.spec.allocated:
                 gpus = sum(len(g) for _, g in run.tasks.values())
-                since = self.now - max(run.placed_at, self._snapshot_at)
-                usage[run.spec.allocation] = usage.get(run.spec.allocation, 0.0) + gpus * (
-                    since + horizon
-                )
-        return usage
+                start = max(run.placed_at, self._snapshot_at)
+                self._weighted_start[run.spec.allocation] += gpus * start
 
     def _rank(self) -> dict[str, int]:
         if self._tree is None:

@@ -21,6 +21,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.fairshare import leaf_order
+from libs.core.scheduler import PREEMPTION_ROUND_S
 from tests.builders import job, node, tree
 
 HOUR = 3600.0
@@ -87,7 +88,8 @@ def test_a_gang_takes_whole_nodes_all_or_nothing() -> None:
         ("n2", 8),
     ]
     [wait] = s.handle(JobArrived(2, "gang2", job(16, allocation="a", min_runtime_s=60)))
-    assert isinstance(wait, Wait) and "on 2 whole nodes; 0 are free" in wait.reason
+    assert isinstance(wait, Wait) and "on 2 whole nodes; waiting for them" in wait.reason
+    assert "2 whole nodes; 0 are free" in (s.explain("gang2") or _none()).text
 
 
 def test_memory_per_gpu_is_a_constraint() -> None:
@@ -101,7 +103,8 @@ def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
     s = cluster(2, a=1)
     d = s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0, resumable=True)))
     started(s, d, 0)
-    d = s.handle(JobArrived(1, "paid", job(2, allocation="a", min_runtime_s=HOUR)))
+    s.handle(JobArrived(1, "paid", job(2, allocation="a", min_runtime_s=HOUR)))
+    d = s.handle(Tick(PREEMPTION_ROUND_S))  # preemption runs in rounds
     [stop] = [x for x in d if isinstance(x, Stop)]
     assert (stop.job_id, stop.cause) == ("free", StopCause.PREEMPTED)
     d = s.handle(TaskEnded(2, "free", stop.task_id, "n0", exit_code=-15))
@@ -172,3 +175,7 @@ def test_explanations_name_rank_ratio_and_queue_position() -> None:
     assert "needs 2×GPU on one node; the largest free block is 0" in why.text
     running = s.explain("fill")
     assert running is not None and "protected by its contract" in running.text
+
+
+def _none() -> object:
+    raise AssertionError("no explanation")

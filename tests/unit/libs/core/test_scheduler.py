@@ -34,9 +34,9 @@ class Case:
 
 CASES = [
     Case(
-        "fits on the first node with room, lowest GPUs first",
+        "fits on the first node (in registration order) with room, lowest GPUs first",
         [NodeJoined(0, node("n2")), NodeJoined(0, node("n1")), JobArrived(1, "j1", job(2))],
-        placed={"j1": ("n1", (0, 1))},
+        placed={"j1": ("n2", (0, 1))},
     ),
     Case(
         "a job larger than any node says so",
@@ -52,7 +52,7 @@ CASES = [
             TaskEnded(3, "j1", "j1/0", "n1"),
         ],
         placed={"j1": ("n1", (0, 1, 2, 3, 4, 5)), "j2": ("n1", (0, 1, 2, 3))},
-        waiting={"j2": "needs 4×GPU on one node; the largest free block is 2"},
+        waiting={"j2": "needs 4×GPU on one node; waiting for a block that large to free up"},
     ),
     Case(
         "GPU type is a constraint",
@@ -115,7 +115,7 @@ def test_a_wait_reason_is_emitted_only_when_it_changes() -> None:
     scheduler.handle(NodeJoined(0, node("n1")))
     scheduler.handle(JobArrived(1, "big", job(8)))
     assert scheduler.handle(JobArrived(2, "j2", job(8))) == [
-        Wait("j2", "needs 8×GPU on one node; the largest free block is 0")
+        Wait("j2", "needs 8×GPU on one node; waiting for a block that large to free up")
     ]
     assert scheduler.handle(Tick(3)) == []
 

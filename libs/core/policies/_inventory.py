@@ -1,0 +1,112 @@
+"""Free GPUs per node and where a job fits, shared by the baseline policies.
+
+A job that fits on one node of the cluster always gets one node (the first by
+id with room, lowest GPU indices first); a larger job is a gang over whole
+free nodes, one placement per node.
+"""
+
+from __future__ import annotations
+
+from libs.core.model import NodeSpec
+
+Placement = tuple[tuple[str, tuple[int, ...]], ...]  # (node id, GPU indices) per node
+
+
+class Inventory:
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeSpec] = {}
+        self._order: list[str] = []  # node ids, sorted
+        self._size: dict[str, int] = {}
+        self._free: dict[str, list[int]] = {}  # sorted indices
+        self._held: dict[str, dict[int, str]] = {}  # node -> GPU index -> task id
+        self._largest_free: int | None = None  # cached until GPUs move
+        self._largest_node: dict[str, int] = {}  # GPU type ("" any) -> cached until a join
+
+    @property
+    def capacity(self) -> int:
+        return sum(self._size.values())
+
+    def node_ids(self) -> list[str]:
+        return self._order
+
+    def size(self, node_id: str) -> int:
+        return self._size.get(node_id, 0)
+
+    def gpu_type(self, node_id: str) -> str:
+        node = self._nodes.get(node_id)
+        return node.gpu_type if node else ""
+
+    def free(self, node_id: str) -> int:
+        return len(self._free.get(node_id, ()))
+
+    def join(self, node: NodeSpec) -> None:
+        """A node (re)registers; GPUs held by running tasks stay held."""
+        if node.node_id not in self._nodes:
+            self._order = sorted([*self._order, node.node_id])
+        self._nodes[node.node_id] = node
+        self._size[node.node_id] = node.gpu_count
+        held = self._held.setdefault(node.node_id, {})
+        self._free[node.node_id] = [g for g in sorted(node.gpu_indices) if g not in held]
+        self._largest_free = None
+        self._largest_node = {}
+
+    def take(self, node_id: str, gpus: tuple[int, ...], task_id: str) -> None:
+        taken = set(gpus)
+        self._free[node_id] = [g for g in self._free[node_id] if g not in taken]
+        held = self._held[node_id]
+        for gpu in gpus:
+            held[gpu] = task_id
+        self._largest_free = None
+
+    def release(self, node_id: str, gpus: tuple[int, ...]) -> None:
+        held = self._held.get(node_id, {})
+        back = [g for g in gpus if held.pop(g, None) is not None]
+        node = self._nodes.get(node_id)
+        if node is not None:
+            present = [g for g in back if g in node.gpu_indices]
+            self._free[node_id] = sorted(self._free[node_id] + present)
+        self._largest_free = None
+
+    def largest_free(self) -> int:
+        """The most free GPUs on one node."""
+        if self._largest_free is None:
+            self._largest_free = max(map(len, self._free.values()), default=0)
+        return self._largest_free
+
+    def could_ever_fit(self, gpus: int, gpu_type: str) -> bool:
+        if self._largest(gpu_type) >= gpus:
+            return True
+        return sum(self._size[n] for n in self._matching(gpu_type)) >= gpus
+
+    def fit(self, gpus: int, gpu_type: str) -> Placement | None:
+        nodes = self._matching(gpu_type)
+        if self._largest(gpu_type) >= gpus:
+            if gpus > self.largest_free():
+                return None
+            for node_id in nodes:
+                free = self._free[node_id]
+                if len(free) >= gpus:
+                    return ((node_id, tuple(free[:gpus])),)
+            return None
+        chosen: list[tuple[str, tuple[int, ...]]] = []
+        remaining = gpus
+        for node_id in nodes:
+            free = self._free[node_id]
+            if free and len(free) == self._size[node_id]:
+                chosen.append((node_id, tuple(free[:remaining])))
+                remaining -= len(chosen[-1][1])
+                if remaining == 0:
+                    return tuple(chosen)
+        return None
+
+    def _largest(self, gpu_type: str) -> int:
+        largest = self._largest_node.get(gpu_type)
+        if largest is None:
+            largest = max((self._size[n] for n in self._matching(gpu_type)), default=0)
+            self._largest_node[gpu_type] = largest
+        return largest
+
+    def _matching(self, gpu_type: str) -> list[str]:
+        if not gpu_type:
+            return self._order
+        return [n for n in self._order if self._nodes[n].gpu_type == gpu_type]
