@@ -170,7 +170,9 @@ def why(job_id: str) -> None:
     """Why a job is waiting (or what it is doing)."""
     with _rpc() as conn:
         answer = _call(_jobs(conn).ExplainJob, js.ExplainJobRequest(job_id=job_id), conn)
-        console.print(f"{answer.job_id} {render.styled_state(answer.state)}: {answer.reason}")
+        console.print(f"{answer.job_id} {render.styled_state(answer.state)}")
+        for part in answer.reason.split("; "):
+            console.print(f"  • {part}")
 
 
 @app.command()

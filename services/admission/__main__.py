@@ -24,8 +24,10 @@ from libs.bus import EventProducer, KafkaSettings, load_topic_config
 from libs.core import Limits
 from libs.telemetry import setup_tracing
 from services.admission.budget_view import BudgetView
+from services.admission.explainer import Explainer
 from services.admission.servicer import ClusterServicer, JobServicer
 from services.grpc_server import start_server
+from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import configure_logging, run_until_signalled
 
@@ -49,6 +51,7 @@ async def serve() -> None:
     budget = BudgetView(
         os.environ.get("QM_BUDGET_TARGET", "127.0.0.1:50052"), issue_token("svc-admission", secret)
     )
+    explainer = Explainer(settings, topics.events.name, policy_from_env())
     jobs = JobServicer(
         producer=producer,
         topic=topics.events.name,
@@ -56,9 +59,11 @@ async def serve() -> None:
         projector=projector,
         limits=limits_from_env(),
         secret=secret,
+        explainer=explainer,
     )
     cluster = ClusterServicer(projector=projector, secret=secret)
     await producer.start()
+    await explainer.start()
     try:
         server, port = await start_server(
             os.environ.get("QM_ADMISSION_ADDR", "127.0.0.1:50051"),
@@ -77,6 +82,7 @@ async def serve() -> None:
         finally:
             await server.stop(grace=2)
     finally:
+        await explainer.stop()
         await producer.stop()
         await projector.close()
         await budget.close()

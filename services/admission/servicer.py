@@ -18,6 +18,7 @@ from libs.core import Limits, validate_job
 from libs.events import new_envelope
 from libs.events.convert import spec_from_proto
 from services.admission.budget_view import BudgetView
+from services.admission.explainer import Explainer
 from services.authn import caller
 from services.projector.client import ProjectorClient
 
@@ -48,8 +49,10 @@ class JobServicer(js_grpc.JobServiceServicer):
         projector: ProjectorClient,
         limits: Limits,
         secret: bytes,
+        explainer: Explainer,
         watch_interval_s: float = 0.2,
     ) -> None:
+        self._explainer = explainer
         self._producer = producer
         self._topic = topic
         self._budget = budget
@@ -170,7 +173,18 @@ class JobServicer(js_grpc.JobServiceServicer):
     ) -> js.Explanation:
         await caller(context, self._secret)
         job = await self._job_or_abort(request.job_id, context)
-        return js.Explanation(job_id=job.job_id, state=job.state, reason=_explain(job))
+        answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
+        why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
+        if why is None or job.state in _TERMINAL:
+            answer.reason = _explain(job)
+            return answer
+        answer.reason = why.text
+        answer.jobs_ahead = why.jobs_ahead
+        if why.standing is not None:
+            answer.rank = why.standing.rank
+            answer.ranks = why.standing.of
+            answer.fair_share_ratio = why.standing.ratio
+        return answer
 
     async def _job_or_abort(self, job_id: str, context: grpc.aio.ServicerContext) -> types_pb2.Job:
         job = await self._lookup(job_id)

@@ -7,32 +7,22 @@ replay with the same file), plus the Kafka settings.
 
 import asyncio
 import os
-from pathlib import Path
-
-import yaml
 
 from libs.bus import KafkaSettings, load_topic_config
-from libs.core import PolicyConfig
-from libs.core.config import policy_from_mapping
 from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
+from services.policy_file import policy_from_env
 from services.runtime import configure_logging, run_until_signalled
 
 
 def main() -> None:
     configure_logging("placement")
     setup_tracing("placement")
-    policy_file = os.environ.get("QM_POLICY_FILE")
-    policy = (
-        policy_from_mapping(yaml.safe_load(Path(policy_file).read_text()) or {})
-        if policy_file
-        else PolicyConfig()
-    )
     service = PlacementService(
         KafkaSettings.from_env(),
         load_topic_config(),
         group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-placement"),
-        policy=policy,
+        policy=policy_from_env(),
     )
     asyncio.run(run_until_signalled(service.run()))
 

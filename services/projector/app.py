@@ -11,7 +11,8 @@ have the same partition count as the table changelogs, so everything about one
 job or node arrives on partition P of either topic and is written to changelog
 partition P. Views read the local tables and know nothing of routing, so a
 single worker must own every partition; more workers would need table_route
-and a key-to-partition map.
+and a key-to-partition map. The usage ledger is no table: it is rebuilt from
+the events topic on every start (see ``services.projector.usage``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ app = faust.App(
     autodiscover=[
         "services.projector.jobs",
         "services.projector.nodes",
+        "services.projector.usage",
         "services.projector.health",
     ],
     origin="services.projector.app",

@@ -8,10 +8,10 @@ from urllib.parse import quote
 
 import aiohttp
 from google.protobuf.message import DecodeError, Message
-from qm.v1 import cluster_service_pb2, job_service_pb2, types_pb2
+from qm.v1 import budget_service_pb2, cluster_service_pb2, job_service_pb2, types_pb2
 
 from libs.readmodels import DEFAULT_LIST_LIMIT
-from services.projector.contract import PROTOBUF, READY
+from services.projector.contract import PROTOBUF, READY, USAGE
 
 _M = TypeVar("_M", bound=Message)
 
@@ -51,6 +51,14 @@ class ProjectorClient:
         params = {"cluster": cluster} if cluster else {}
         reply = await self._get_found("/nodes", params, cluster_service_pb2.ListNodesResponse)
         return list(reply.nodes)
+
+    async def usage(self, cluster: str = "") -> budget_service_pb2.Balances:
+        """Charged GPU-seconds and entitlements over the lookback window of a cluster.
+
+        ``cluster`` defaults to the default cluster; an unknown one has no balances.
+        """
+        params = {"cluster": cluster} if cluster else {}
+        return await self._get_found(USAGE, params, budget_service_pb2.Balances)
 
     async def ready(self) -> bool:
         """Whether the projector serves complete tables; False while it starts or is down."""

@@ -2,3 +2,4 @@
 
 PROTOBUF = "application/x-protobuf"
 READY = "/ready"
+USAGE = "/usage"

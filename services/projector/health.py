@@ -1,7 +1,7 @@
-"""``GET /ready``: 200 once the tables are recovered and the worker consumes, else 503.
+"""``GET /ready``: 200 once the tables are recovered, the usage ledger is rebuilt
+and the worker consumes, else 503.
 
-The web server answers before recovery ends; until then views would serve
-partial tables, so whoever starts a worker waits for this.
+Until then views would serve partial tables, so whoever starts a worker waits for this.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from faust.tables.manager import TableManager
 
 from services.projector.app import app
 from services.projector.contract import READY
+from services.projector.usage import state as usage
 
 
 @app.page(READY)
@@ -20,6 +21,7 @@ class ReadyView(web.View):
     async def get(self, request: web.Request) -> web.Response:
         # The abstract TableManagerT does not declare the recovery service.
         recovered = cast(TableManager, app.tables).recovery.completed.is_set()
-        if recovered and not app.rebalancing and not app.in_recovery:
+        rebuilt = usage.rebuilt.is_set()
+        if recovered and rebuilt and not app.rebalancing and not app.in_recovery:
             return self.text("ready")
         return self.text("recovering", status=503)

@@ -148,6 +148,10 @@ def test_a_job_too_big_for_any_node_explains_why(
         what="a pending explanation",
     )
     assert "needs 64×GPU; the cluster has only 16 such GPUs" in explanation.reason
+    # The scheduler's own reasoning: the allocation's fair-share standing.
+    assert (explanation.allocation, explanation.ranks) == ("vision", 2)
+    assert explanation.rank in (1, 2)
+    assert f"vision ranks {explanation.rank} of 2 by fair share" in explanation.reason
     jobs.CancelJob(js.CancelJobRequest(job_id=job_id), metadata=stack.auth("alice"))
     assert wait_for_end(stack, jobs, job_id).state == types_pb2.JOB_STATE_CANCELLED
 

@@ -1,0 +1,67 @@
+"""Keeps the usage ledger and publishes its snapshots into the scheduler's input.
+
+The ledger is folded by a group-less ``LogReader`` (every partition, from
+offset 0 on each start, as the budget service does), not by a faust agent: the
+app's consumer group resumes from committed offsets and is shared with the
+jobs and nodes agents, which must not be rewound.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.errors import KafkaError
+
+from libs.bus import LogReader
+from libs.bus.producer import TYPE_HEADER
+from libs.events import encode
+from libs.telemetry import inject_context
+from services.projector.app import KAFKA, TOPICS, app
+from services.projector.usage import state
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "projector"
+
+events_out = app.topic(TOPICS.events.name, key_type=bytes, value_type=bytes)
+
+
+async def fold_events() -> None:
+    """Fold the whole log, mark the ledger rebuilt, then keep folding as the log grows."""
+    reader = LogReader(KAFKA, TOPICS.events.name)
+    await reader.start()
+    try:
+        folded = await reader.catch_up(state.ledger.apply)
+        log.info("usage ledger rebuilt from %d events", folded)
+        state.rebuilt.set()
+        await reader.follow(state.ledger.apply)
+    finally:
+        await reader.stop()
+
+
+# Registered by call: faust's decorators are untyped.
+app.task(fold_events)
+
+
+async def publish_snapshots() -> int:
+    """Send each cluster's snapshot that changed since its last one; returns how many."""
+    if not state.rebuilt.is_set():
+        return 0
+    sent = 0
+    for env in state.ledger.snapshots_due(PRODUCER):
+        headers = inject_context([(TYPE_HEADER, b"usage_snapshot")])
+        try:
+            delivery = await events_out.send(
+                key=env.cluster.encode(), value=encode(env), headers=headers
+            )
+            await delivery
+        except KafkaError as exc:
+            # Not recorded as sent, so the next round tries again with fresher usage.
+            log.warning("usage snapshot for %s not published: %s", env.cluster, exc)
+            break
+        state.ledger.sent(env)
+        sent += 1
+    return sent
+
+
+app.timer(interval=state.SNAPSHOT_SECONDS)(publish_snapshots)
