@@ -15,7 +15,8 @@ import typer
 import yaml
 from aiokafka.errors import KafkaError
 from google.protobuf import text_format
-from qm.v1 import events_pb2
+from google.protobuf.message import Message
+from qm.v1 import events_pb2, types_pb2
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -111,4 +112,18 @@ def _show_divergence(result: AuditResult, found: Divergence) -> None:
 
 
 def _text(env: events_pb2.Envelope | None) -> str:
-    return text_format.MessageToString(env, as_utf8=True) if env is not None else "(none)"
+    if env is None:
+        return "(none)"
+    return text_format.MessageToString(env, as_utf8=True, message_formatter=_hex_digest)
+
+
+def _hex_digest(message: Message, indent: int, as_one_line: bool) -> str | None:
+    """Provenance with its digest in hex: escaped bytes are hard to compare by eye."""
+    if not isinstance(message, types_pb2.Provenance) or as_one_line:
+        return None
+    rest = types_pb2.Provenance()
+    rest.CopyFrom(message)
+    rest.ClearField("state_digest")
+    lines = [f"state_digest: {message.state_digest.hex()}"]
+    lines += text_format.MessageToString(rest, as_utf8=True).splitlines()
+    return ("\n" + " " * indent).join(lines)

@@ -17,6 +17,7 @@ _STYLE = {
     "FAILED": "red",
     "REJECTED": "red",
     "CANCELLED": "magenta",
+    "PREEMPTED": "magenta",
 }
 
 
@@ -49,6 +50,8 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
         detail = job.reason
         if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
             detail = f"exit {job.exit_code}" + (f": {job.reason}" if job.reason else "")
+        if job.attempts > 1:
+            detail = f"attempt {job.attempts}; {detail}"
         table.add_row(
             job.job_id,
             styled_state(job.state),

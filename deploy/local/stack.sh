@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole Quartermaster stack on this machine: Kafka, the five services and
-# simulated nodes, each its own process. Usage: deploy/local/stack.sh up|down|status
+# The whole Quartermaster stack on this machine: Kafka, the five services, the
+# ticker and simulated nodes, each its own process. Usage: deploy/local/stack.sh up|down|status
 # Logs: .local/logs/<service>.log. Task output: .local/logs/tasks/<job>.log.
 set -euo pipefail
 
@@ -9,7 +9,7 @@ cd "$root"
 py="${QM_PYTHON:-$root/.venv/bin/python}"
 run="$root/.local/run"
 logs="$root/.local/logs"
-services=(budget projector placement node_agent admission)
+services=(budget projector placement ticker node_agent admission)
 
 export QM_KAFKA_BOOTSTRAP="${QM_KAFKA_BOOTSTRAP:-127.0.0.1:${QM_KAFKA_PORT:-9092}}"
 export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
@@ -45,6 +45,7 @@ up() {
   start_service projector
   wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/ready
   start_service placement
+  start_service ticker
   start_service node_agent --nodes deploy/local/nodes.yaml
   start_service admission
   wait_for grpc:127.0.0.1:50051

@@ -6,15 +6,13 @@ holds the pure comparison, ``kafka_source`` reads the topics into it.
 
 from libs.audit.divergence import Difference, Divergence
 from libs.audit.kafka_source import audit_topics
-from libs.audit.policy import policy_from_mapping
-from libs.audit.replay import AuditResult, Replay, replay
+from libs.audit.replay import AuditResult, Replay, audit_logs
 
 __all__ = [
     "AuditResult",
     "Difference",
     "Divergence",
     "Replay",
+    "audit_logs",
     "audit_topics",
-    "policy_from_mapping",
-    "replay",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from rich.progress import Progress
 
 from libs.audit.replay import AuditResult, Replay
@@ -44,6 +44,7 @@ async def audit_topics(
     audit); ``clusters`` limits it to the input partitions holding those
     clusters (each partition is replayed whole: its scheduler folds them all).
     """
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
     consumer = AIOKafkaConsumer(
         **settings.client_kwargs(),
         enable_auto_commit=False,
@@ -52,29 +53,33 @@ async def audit_topics(
         max_partition_fetch_bytes=FETCH_BYTES,
         fetch_max_bytes=4 * FETCH_BYTES,
     )
-    await consumer.start()
+    await admin.start()
     try:
-        inputs = await _partitions(consumer, topics.events.name, clusters)
-        starts = await consumer.beginning_offsets(inputs)
-        bounds = await _bounds(settings, group, inputs, await consumer.end_offsets(inputs))
+        await consumer.start()
+        inputs = await _partitions(admin, topics.events.name, clusters)
+        outputs = await _partitions(admin, topics.decisions.name, ())
+        ends = await consumer.end_offsets(inputs)
+        if group:
+            ends = _bounds(ends, await admin.list_consumer_group_offsets(group, partitions=inputs))
         # After the bounds: every decision of an input below them is on the log by now.
-        outputs = await _partitions(consumer, topics.decisions.name, ())
-        starts.update(await consumer.beginning_offsets(outputs))
-        ends = {**bounds, **await consumer.end_offsets(outputs)}
-        replay = Replay(config, bounds={tp.partition: end for tp, end in bounds.items()})
+        ends.update(await consumer.end_offsets(outputs))
+        starts = await consumer.beginning_offsets([*inputs, *outputs])
+        replay = Replay(config, bounds={tp.partition: ends[tp] for tp in inputs})
         reading = _Reading(consumer, replay, starts, ends, topics.events.name, progress)
         await reading.run(inputs, outputs)
         return replay.finish()
     finally:
         await consumer.stop()
+        await admin.close()
 
 
 async def _partitions(
-    consumer: AIOKafkaConsumer, topic: str, clusters: Collection[str]
+    admin: AIOKafkaAdminClient, topic: str, clusters: Collection[str]
 ) -> list[TopicPartition]:
-    if topic not in await consumer.topics():
+    [described] = await admin.describe_topics([topic])
+    if described["error_code"]:
         raise RuntimeError(f"topic {topic} does not exist (is QM_TOPICS right?)")
-    partitions = sorted(consumer.partitions_for_topic(topic))
+    partitions = sorted(p["partition"] for p in described["partitions"])
     if clusters:
         # Where the producers' default partitioner puts each cluster's key.
         keyed = {DefaultPartitioner()(c.encode(), partitions, partitions) for c in clusters}
@@ -82,27 +87,16 @@ async def _partitions(
     return [TopicPartition(topic, p) for p in partitions]
 
 
-async def _bounds(
-    settings: KafkaSettings,
-    group: str | None,
-    partitions: list[TopicPartition],
-    ends: dict[TopicPartition, int],
+def _bounds(
+    ends: dict[TopicPartition, int], committed: dict[TopicPartition, OffsetAndMetadata]
 ) -> dict[TopicPartition, int]:
     """Per input partition, the offset below which placement has decided every record."""
-    if not group:
-        return ends
-    admin = AIOKafkaAdminClient(**settings.client_kwargs())
-    await admin.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(group, partitions=partitions)
-    finally:
-        await admin.close()
     positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
     if not positions:
         # No such group (or it never committed): audit everything, so that a
         # wrong group name shows as missing decisions rather than a silent pass.
         return ends
-    return {tp: min(ends[tp], positions.get(tp, 0)) for tp in partitions}
+    return {tp: min(end, positions.get(tp, 0)) for tp, end in ends.items()}
 
 
 class _Reading:
@@ -139,11 +133,12 @@ class _Reading:
         while unread and not self._replay.divergence:
             polled = await self._consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
             for tp, records in polled.items():
-                end = self._ends[tp]
+                # Records past the ends arrived after the audit began: not audited.
+                records = [r for r in records if r.offset < self._ends[tp]]
                 if tp.topic == self._events_topic:
-                    self._feed_inputs(tp.partition, [(r.offset, r.value) for r in records], end)
+                    self._feed_inputs(tp.partition, [(r.offset, r.value) for r in records])
                 else:
-                    self._feed_recorded([r.value for r in records if r.offset < end])
+                    self._feed_recorded([r.value for r in records])
             positions = {tp: await self._consumer.position(tp) for tp in unread}
             if done := {tp for tp, at in positions.items() if at >= self._ends[tp]}:
                 self._consumer.pause(*done)
@@ -158,10 +153,8 @@ class _Reading:
     def _span(self, tps: list[TopicPartition], at: dict[TopicPartition, int]) -> int:
         return sum(min(at[tp], self._ends[tp]) - self._starts[tp] for tp in tps)
 
-    def _feed_inputs(self, partition: int, records: list[tuple[int, bytes | None]], end: int) -> None:
+    def _feed_inputs(self, partition: int, records: list[tuple[int, bytes | None]]) -> None:
         for offset, value in records:
-            if offset >= end:
-                return
             try:
                 env = decode(value)
             except DecodeError:
@@ -194,7 +187,7 @@ class _Reading:
                 else replay.recorded_waiting > WAITING_LIMIT
             )
         }
-        if ahead == unread:  # both sides ahead of each other: only reading on resolves it
+        if ahead == unread:  # nothing else left to read: reading on is the only way forward
             ahead = set()
         self._consumer.pause(*ahead)
         self._consumer.resume(*(unread - ahead))

@@ -15,6 +15,7 @@ interleaving, and may use :meth:`Replay.expected_waiting` and
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -151,11 +152,14 @@ class Replay:
                 return self._diverge(stream, mine, Difference.MISSING, expected=mine[2])
             if theirs[:2] < mine[:2]:  # replay went past it
                 return self._diverge(stream, theirs, Difference.EXTRA, recorded=theirs[2])
+            if encode(mine[2]) != encode(theirs[2]):
+                # Judged once the input's recorded decisions are all in: with the
+                # rest in sight, a gap or an insertion is told from a change.
+                if self._recorded_ended or stream.recorded[-1][0] > mine[0]:
+                    self._judge(stream, mine[0])
+                return
             self._pop(stream)
             self.checked += 1
-            if encode(mine[2]) != encode(theirs[2]):
-                difference, fields = compare(mine[2], theirs[2])
-                return self._diverge(stream, mine, difference, mine[2], theirs[2], fields)
             self.reproduced += 1
         if self.divergence:
             return
@@ -167,6 +171,20 @@ class Replay:
         elif stream.expected and not stream.recorded and self._recorded_ended:
             mine = stream.expected[0]
             self._diverge(stream, mine, Difference.MISSING, expected=mine[2])
+
+    def _judge(self, stream: _Stream, offset: int) -> None:
+        """The heads differ; the remaining decisions of the same input say how."""
+        mine = [e for e in itertools.takewhile(lambda e: e[0] == offset, stream.expected)]
+        theirs = [e for e in itertools.takewhile(lambda e: e[0] == offset, stream.recorded)]
+        mine_bytes = [encode(e[2]) for e in mine]
+        theirs_bytes = [encode(e[2]) for e in theirs]
+        if theirs_bytes[0] in mine_bytes[1:]:
+            self._diverge(stream, mine[0], Difference.MISSING, expected=mine[0][2])
+        elif mine_bytes[0] in theirs_bytes[1:]:
+            self._diverge(stream, theirs[0], Difference.EXTRA, recorded=theirs[0][2])
+        else:
+            difference, fields = compare(mine[0][2], theirs[0][2])
+            self._diverge(stream, mine[0], difference, mine[0][2], theirs[0][2], fields)
 
     def _pop(self, stream: _Stream) -> None:
         stream.expected.popleft()
@@ -183,14 +201,13 @@ class Replay:
         recorded: events_pb2.Envelope | None = None,
         fields: tuple[str, ...] = (),
     ) -> None:
-        if difference in (Difference.MISSING, Difference.EXTRA):
-            self.checked += 1
+        self.checked += 1
         self.divergence = Divergence(
             stream.partition, at[0], at[1], difference, expected, recorded, fields
         )
 
 
-def replay(
+def audit_logs(
     inputs: Iterable[tuple[int, int, events_pb2.Envelope]],
     recorded: Iterable[events_pb2.Envelope],
     config: PolicyConfig | None = None,

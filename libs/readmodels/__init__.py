@@ -1,6 +1,6 @@
-"""Read models: pure folds of envelopes into the ``qm.v1.Job`` and ``qm.v1.Node`` views.
+"""Read models: pure folds of envelopes into the job, node and usage views.
 
-No I/O here; the projector service stores what these functions return.
+No I/O here; the projector service stores or serves what these return.
 """
 
 from libs.readmodels.jobs import (
@@ -9,11 +9,16 @@ from libs.readmodels.jobs import (
     has_ended,
     job_key,
     newest_jobs,
+    task_attempt,
+    task_is_over,
 )
 from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, without_ended_tasks
+from libs.readmodels.usage import ClusterUsage, UsageLedger
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
+    "ClusterUsage",
+    "UsageLedger",
     "apply_job_event",
     "apply_node_event",
     "has_ended",
@@ -21,5 +26,7 @@ __all__ = [
     "newest_jobs",
     "node_key",
     "nodes_in_cluster",
+    "task_attempt",
+    "task_is_over",
     "without_ended_tasks",
 ]

@@ -1,12 +1,31 @@
-"""The job read model: envelopes folded into ``qm.v1.Job``, whatever order they arrive in.
+"""The job read model: envelopes folded into ``qm.v1.Job``, tolerant of arrival order.
 
 The projector reads two topics, events and decisions, that are not ordered with
 respect to each other: a task can be seen finishing before it is seen placed.
-So the fold merges facts rather than replaying transitions. The state only
-climbs a rank and terminal states stick; every other field is filled in when
-its event arrives, late or not. The outcome of one job's events is the same in
-any order, provided they agree on the spec and a job that is still waiting has
-one waiting reason (several ``job_pending`` come from one partition, in order).
+So the fold merges facts rather than replaying transitions.
+
+A job runs as a series of placements: a resumable job that is preempted is
+requeued and placed again. The scheduler numbers placements from 0 in the task
+ids (``<job id>/<n>``, or ``<job id>/<n>.<rank>`` for a gang spanning nodes),
+so the fold knows which task is the latest even when a newer task's events
+arrive before an older one's. Within the latest task the state only climbs a
+rank; an event about an older task changes nothing; the first event about a
+newer task starts the job's per-task fields afresh.
+
+How far arrival order may vary:
+
+- A job placed once ends the same in any order, with any repeats, provided its
+  events agree on the spec, a job still waiting has one waiting reason, and a
+  running task was reported idle or busy once (several ``job_pending`` or
+  ``task_idle`` come from one partition, in order).
+- ``JobRequeued`` names no task: it ends the latest task if that task was asked
+  to stop for preemption, and is otherwise taken for a stale one. Placement
+  writes the stop, then the requeue, then the next placement, all on the
+  decisions topic; so with that topic read in order, any interleaving with the
+  events topic, and a restart that reads either topic's tail again, give the
+  same job. A shuffled decisions topic may not. One race remains: a restart
+  that repeats a requeue after the next task was already asked to stop ends
+  that task early, and a job then preempted for good loses its node and exit code.
 """
 
 from __future__ import annotations
@@ -29,28 +48,36 @@ _RANK: dict[_State, int] = {
     _S.JOB_STATE_PENDING: 2,
     _S.JOB_STATE_PLACED: 3,
     _S.JOB_STATE_RUNNING: 4,
-    # Terminal. Two terminal claims on one job (a task that finished while a
+    # The task is over. Two claims on one task (a task that finished while a
     # cancellation stopped it) are settled by rank, so arrival order cannot matter.
     _S.JOB_STATE_REJECTED: 5,
     _S.JOB_STATE_FINISHED: 6,
     _S.JOB_STATE_FAILED: 7,
-    _S.JOB_STATE_CANCELLED: 8,
+    _S.JOB_STATE_PREEMPTED: 8,
+    _S.JOB_STATE_CANCELLED: 9,
 }
+# The job is over for good: no task of it is placed afterwards.
+_FINAL = frozenset({_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED})
 
-_JOB_EVENTS = frozenset(
+_TASK_EVENTS = frozenset(
     {
-        "job_submitted",
-        "job_admitted",
-        "job_rejected",
-        "job_pending",
-        "job_cancelled",
         "task_placed",
         "task_started",
         "task_finished",
         "task_failed",
         "task_stop_requested",
+        "task_idle",
     }
 )
+_JOB_EVENTS = _TASK_EVENTS | {
+    "job_submitted",
+    "job_admitted",
+    "job_rejected",
+    "job_pending",
+    "job_cancelled",
+    "job_requeued",
+    "job_preempted",
+}
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -64,9 +91,39 @@ def job_key(env: events_pb2.Envelope) -> str | None:
     return job_id or None
 
 
+def task_attempt(task_id: str) -> int:
+    """The placement a task belongs to: ``j-1/2`` and, in a gang, ``j-1/2.0`` -> 2.
+
+    0 for an id without that suffix.
+    """
+    number = task_id.rpartition("/")[2].partition(".")[0]
+    return int(number) if number.isascii() and number.isdigit() else 0
+
+
 def has_ended(job: types_pb2.Job) -> bool:
-    """Whether the job is in a terminal state; it never returns to a non-terminal one."""
-    return _RANK[job.state] >= _RANK[_S.JOB_STATE_REJECTED]
+    """Whether the job is over: no task of it runs now or will be placed later.
+
+    A task that ended after placement asked it to stop for preemption is not the
+    end yet: placement still decides between requeueing and ending the job.
+    """
+    if job.state in _FINAL:
+        return True
+    task_over = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    return task_over and job.stop_cause != types_pb2.STOP_CAUSE_PREEMPTED
+
+
+def task_is_over(job: types_pb2.Job, task_id: str) -> bool:
+    """Whether the job's events say this task of it no longer runs.
+
+    A task newer than any the job has seen is not over: its events are on their way.
+    """
+    if job.state in _FINAL:
+        return True
+    attempt = task_attempt(task_id)
+    latest = job.attempts - 1
+    if attempt != latest:
+        return attempt < latest
+    return _requeued(job) or job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
 
 
 def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> types_pb2.Job | None:
@@ -83,8 +140,13 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
     new = types_pb2.Job(job_id=job_id)
     if job is not None:
         new.CopyFrom(job)
+    kind = event_type(env)
+    if kind == "task_placed":
+        _fill_spec(new, env.task_placed.spec)
+    if kind in _TASK_EVENTS and not _enter_task(new, task_attempt(getattr(env, kind).task_id)):
+        return new
     at = env.occurred_at
-    match event_type(env):
+    match kind:
         case "job_submitted":
             # The submission is the authority on the spec; other copies only fill gaps.
             if env.job_submitted.HasField("spec"):
@@ -109,7 +171,6 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
                 new.reason = env.job_pending.reason
         case "task_placed":
             placed = env.task_placed
-            _fill_spec(new, placed.spec)
             _advance(new, _S.JOB_STATE_PLACED)
             new.node_id = placed.node_id
             new.gpu_indices[:] = placed.gpu_indices
@@ -125,17 +186,42 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
             failed = env.task_failed
             _fill_node(new, failed.node_id)
             _end_task(new, _S.JOB_STATE_FAILED, failed.exit_code, at)
-            new.reason = failed.reason
+            # Why a preempted job ended is the preemption, not the signal that carried it out.
+            if new.state != _S.JOB_STATE_PREEMPTED:
+                new.reason = failed.reason
         case "task_stop_requested":
             stop = env.task_stop_requested
             _fill_node(new, stop.node_id)
+            _advance(new, _S.JOB_STATE_PLACED)  # only a placed task is stopped
             new.stop_reason = stop.reason
             new.stop_cause = stop.cause
             _cancel_if_stopped(new)
+        case "task_idle":
+            idle = env.task_idle
+            _fill_node(new, idle.node_id)
+            _advance(new, _S.JOB_STATE_RUNNING)  # only a running task is measured
+            # A report read after the task's end describes GPUs it no longer holds.
+            if new.state == _S.JOB_STATE_RUNNING:
+                new.idle = idle.idle
         case "job_cancelled":
             _advance(new, _S.JOB_STATE_CANCELLED)
             new.reason = env.job_cancelled.reason
             new.finished_at.CopyFrom(at)
+        case "job_requeued":
+            # A requeue follows the stop it answers. Without one, it is about an
+            # older task (a newer one showed up first), or a repeat that can only
+            # restate why the job waits.
+            preempted_task = new.stop_cause == types_pb2.STOP_CAUSE_PREEMPTED
+            if new.state not in _FINAL and (preempted_task or _requeued(new)):
+                _clear_task(new)
+                new.state = _S.JOB_STATE_PENDING
+                new.reason = env.job_requeued.reason
+        case "job_preempted":
+            _advance(new, _S.JOB_STATE_PREEMPTED)
+            if new.state == _S.JOB_STATE_PREEMPTED:
+                new.reason = env.job_preempted.reason
+                if not new.HasField("finished_at"):  # the task's own end says it better
+                    new.finished_at.CopyFrom(at)
     return new
 
 
@@ -154,12 +240,63 @@ def newest_jobs(
     )
 
 
+def _requeued(job: types_pb2.Job) -> bool:
+    """Whether a requeue closed the latest task: the job waits, or was cancelled waiting.
+
+    Only a requeue brings a placed job back to PENDING. A job cancelled while its
+    task ran was stopped for it (stop cause CANCELLED); one cancelled while
+    waiting after a requeue has no stop cause, the requeue having cleared it.
+    """
+    if job.attempts == 0:
+        return False
+    cancelled_waiting = (
+        job.state == _S.JOB_STATE_CANCELLED and job.stop_cause == types_pb2.STOP_CAUSE_UNSPECIFIED
+    )
+    return job.state == _S.JOB_STATE_PENDING or cancelled_waiting
+
+
+def _enter_task(job: types_pb2.Job, attempt: int) -> bool:
+    """Make ``attempt`` the job's latest task if it is newer; False when it is stale.
+
+    Every task event raises the state to PLACED at least, so a job with attempts
+    is only PENDING again after a requeue, which closes its latest task.
+    """
+    latest = job.attempts - 1
+    if attempt < latest or (attempt == latest and _requeued(job)):
+        return False
+    if attempt > latest and job.attempts > 0:
+        if job.state in _FINAL:
+            return False  # no task is placed after the end; nothing newer can follow
+        _clear_task(job)
+        job.state = _S.JOB_STATE_PENDING
+    job.attempts = max(job.attempts, attempt + 1)
+    return True
+
+
+def _clear_task(job: types_pb2.Job) -> None:
+    """Forget the fields that describe one task, keeping those of the job."""
+    for name in (
+        "reason",
+        "node_id",
+        "gpu_indices",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "stop_reason",
+        "stop_cause",
+        "idle",
+    ):
+        job.ClearField(name)
+
+
 def _advance(job: types_pb2.Job, state: _State) -> None:
     """Raise the state to ``state`` unless the job is already there or beyond."""
     if _RANK[state] <= _RANK[job.state]:
         return
     if _RANK[job.state] <= _RANK[_S.JOB_STATE_PENDING]:
         job.reason = ""  # a reason to wait lapses once the job leaves the queue
+    if _RANK[state] > _RANK[_S.JOB_STATE_RUNNING]:
+        job.idle = False  # only a running task holds GPUs that can sit idle
     job.state = state
 
 

@@ -8,7 +8,8 @@ Placements (decisions topic) and task ends (events topic) are not ordered with
 respect to each other, and the Node message has no room to remember an end
 seen before its placement; so a late placement leaves a task that is no
 longer running. ``without_ended_tasks`` settles that against the job read
-model, which tolerates any order, when a node is read.
+model, which tolerates any order, when a node is read. A task stopped by
+preemption ends like any other; a requeued job's next task is another task id.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
-from libs.readmodels.jobs import has_ended
+from libs.readmodels.jobs import task_is_over
 
 
 def node_key(env: events_pb2.Envelope) -> str | None:
@@ -87,11 +88,11 @@ def nodes_in_cluster(nodes: Iterable[types_pb2.Node], *, cluster: str = "") -> l
 def without_ended_tasks(
     node: types_pb2.Node, job_of: Callable[[str], types_pb2.Job | None]
 ) -> types_pb2.Node:
-    """The node without running tasks whose job has ended; ``job_of`` looks a job up.
+    """The node without running tasks their job says are over; ``job_of`` looks a job up.
 
     A task whose job is unknown is kept: the job's events may still be on their way.
     """
-    running = [task for task in node.running if not _job_ended(job_of(task.job_id))]
+    running = [task for task in node.running if not _over(task, job_of(task.job_id))]
     if len(running) == len(node.running):
         return node
     new = types_pb2.Node()
@@ -100,8 +101,8 @@ def without_ended_tasks(
     return new
 
 
-def _job_ended(job: types_pb2.Job | None) -> bool:
-    return job is not None and has_ended(job)
+def _over(task: types_pb2.RunningTask, job: types_pb2.Job | None) -> bool:
+    return job is not None and task_is_over(job, task.task_id)
 
 
 def _without(running: Iterable[types_pb2.RunningTask], task_id: str) -> list[types_pb2.RunningTask]:

@@ -26,3 +26,12 @@ class Workload:
     @property
     def capacity(self) -> int:
         return sum(node.gpu_count for node in self.nodes)
+
+    def offered_load(self) -> float:
+        """GPU time submitted (cut at the last submission) over capacity × that span:
+        1.0 means exactly enough GPUs had every job started on arrival."""
+        if not self.jobs or not self.capacity:
+            return 0.0
+        start, end = self.jobs[0].at, self.jobs[-1].at
+        work = sum(j.spec.gpus * min(j.runtime_s, end - j.at) for j in self.jobs)
+        return work / (self.capacity * max(end - start, 1e-9))

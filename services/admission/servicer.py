@@ -17,18 +17,13 @@ from libs.bus import EventProducer
 from libs.core import Limits, validate_job
 from libs.events import new_envelope
 from libs.events.convert import spec_from_proto
+from libs.readmodels import has_ended
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.authn import caller
 from services.projector.client import ProjectorClient
 
 _NAMESPACE = uuid.UUID("6f1d7a4e-2b1c-4e55-9a43-6c1f0e6f0a11")
-_TERMINAL = {
-    types_pb2.JOB_STATE_REJECTED,
-    types_pb2.JOB_STATE_FINISHED,
-    types_pb2.JOB_STATE_FAILED,
-    types_pb2.JOB_STATE_CANCELLED,
-}
 PRODUCER = "admission"
 
 
@@ -127,7 +122,7 @@ class JobServicer(js_grpc.JobServiceServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{user} may cancel only their own jobs or jobs of allocations they manage",
             )
-        if job.state in _TERMINAL:
+        if has_ended(job):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job.job_id} already ended ({types_pb2.JobState.Name(job.state)})",
@@ -164,7 +159,7 @@ class JobServicer(js_grpc.JobServiceServicer):
             if job is not None and job != last:
                 yield job
                 last = job
-                if job.state in _TERMINAL:
+                if has_ended(job):
                     return
             await asyncio.sleep(self._watch_interval_s)
 
@@ -175,7 +170,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         job = await self._job_or_abort(request.job_id, context)
         answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
         why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
-        if why is None or job.state in _TERMINAL:
+        if why is None or has_ended(job):
             answer.reason = _explain(job)
             return answer
         answer.reason = why.text

@@ -14,6 +14,7 @@ it; tampered copies of the decisions name the divergence the audit must find.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -241,3 +242,84 @@ class Scenario:
                 ids = {"job_id": stop.job_id, "task_id": stop.task_id, "node_id": stop.node_id}
                 failed = events_pb2.TaskFailed(**ids, exit_code=STOPPED, reason="killed by SIGTERM")
                 self._at(at + 2.0, "node-agent", failed)
+
+
+# name: (seed, jobs, mean seconds between arrivals)
+SCENARIOS = {
+    # Light load: most jobs start at once; cancels, gangs, idle tasks, failures.
+    "scheduler-basic": (7, 120, 45.0),
+    # Arrivals outpace the nodes: queues, fair share between allocations, preemption.
+    "scheduler-contended": (11, 160, 8.0),
+}
+TAMPERED_FROM = "scheduler-contended"
+
+
+def record(name: str, seed: int, jobs: int, arrival_s: float) -> list[Step]:
+    steps = list(Scenario(seed, jobs, arrival_s=arrival_s).steps())
+    write_log(HERE / f"{name}.input.bin", (step.input for step in steps))
+    decisions = [d for step in steps for d in step.decisions]
+    _write(name, name, decisions, expect=None)
+    return steps
+
+
+def tamper(name: str, steps: list[Step]) -> None:
+    """Two recordings of the same input that the audit must reject, at a known place."""
+    decisions = [(step.offset, i, d) for step in steps for i, d in enumerate(step.decisions)]
+    middle = len(decisions) // 2
+    offset, index, placed = next(
+        entry for entry in decisions[middle:] if event_type(entry[2]) == "task_placed"
+    )
+    changed = events_pb2.Envelope()
+    changed.CopyFrom(placed)
+    changed.task_placed.gpu_indices[0] ^= 1
+    _write(
+        f"{name}-gpu-changed",
+        name,
+        [changed if d is placed else d for _, _, d in decisions],
+        expect={"input_offset": offset, "index": index, "difference": "PAYLOAD"},
+        fields=["task_placed.gpu_indices"],
+    )
+    # One followed by another of the same input: the audit must tell a gap from a change.
+    offset, index, dropped = next(
+        e for e, after in itertools.pairwise(decisions[middle:]) if e[0] == after[0]
+    )
+    _write(
+        f"{name}-decision-dropped",
+        name,
+        [d for _, _, d in decisions if d is not dropped],
+        expect={"input_offset": offset, "index": index, "difference": "MISSING"},
+    )
+
+
+def _write(
+    name: str,
+    input_name: str,
+    decisions: list[events_pb2.Envelope],
+    expect: dict[str, object] | None,
+    fields: list[str] | None = None,
+) -> None:
+    count = write_log(HERE / f"{name}.decisions.bin", decisions)
+    sidecar = {
+        "input": f"{input_name}.input.bin",
+        "decisions": f"{name}.decisions.bin",
+        "decision_count": count,
+        "policy": POLICY,
+        "policy_version": POLICY_VERSION,
+        "divergence": None
+        if expect is None
+        else {"partition": 0, **expect, "fields": fields or []},
+    }
+    (HERE / f"{name}.json").write_text(json.dumps(sidecar, indent=2) + "\n")
+
+
+def main() -> None:
+    for name, (seed, jobs, arrival_s) in SCENARIOS.items():
+        steps = record(name, seed, jobs, arrival_s)
+        if name == TAMPERED_FROM:
+            tamper(name, steps)
+        decided = sum(len(step.decisions) for step in steps)
+        print(f"{name}: {len(steps)} inputs, {decided} decisions ({POLICY} v{POLICY_VERSION})")
+
+
+if __name__ == "__main__":
+    main()

@@ -168,6 +168,7 @@ class Stack:
             f"grpc:127.0.0.1:{self.budget_port}", f"http://127.0.0.1:{self.projector_port}/ready"
         )
         self.start("placement")
+        self.start("ticker")
         self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")

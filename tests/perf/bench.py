@@ -5,7 +5,7 @@ prints medians and ratios against it; nothing is written to disk but scratch log
 
     python -m tests.perf.bench core --waiting 2000 --inputs 1000
     python -m tests.perf.bench live --rate 500 --duration 20 --modes echo,placement
-    python -m tests.perf.bench live --duration 10 --modes placement --profile
+    python -m tests.perf.bench live --duration 10 --modes placement --profile placement
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     live.add_argument("--modes", default=",".join(lp.modes), help="echo,placement")
     live.add_argument("--bootstrap", default=lp.bootstrap)
     live.add_argument(
-        "--profile", action="store_true", help="run placement under cProfile (skews latency)"
+        "--profile",
+        default="",
+        choices=("", "placement", "admission", "node_agent"),
+        help="run this service under cProfile (skews its latency)",
     )
     return parser.parse_args(argv)
 

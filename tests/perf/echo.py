@@ -20,8 +20,14 @@ from typing import Any
 from opentelemetry import trace
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
-from libs.bus import load_topic_config
+from libs.bus import (
+    Delivery,
+    EventConsumer,
+    EventProducer,
+    KafkaSettings,
+    Topics,
+    load_topic_config,
+)
 from libs.events import event_type, new_envelope
 from libs.telemetry import setup_tracing
 from services.runtime import configure_logging, run_until_signalled

@@ -10,19 +10,23 @@ ports) runs on the broker with ``nodes`` simulated 8-GPU nodes in one node agent
 A seeded open-loop submitter (grpc.aio, ``concurrency`` callers, submission ``i`` due
 at ``t0 + i / rate``) calls ``SubmitJob`` for ``duration_s``; a consumer of the
 decisions topic (read_committed, like every downstream reader) notes when each
-job's TaskPlaced arrives. Latency = bench receive time - client send time, both
-``time.time()`` in this process, so it covers the whole path a node agent sees,
-including the transaction commit. The TaskPlaced envelope carries the admission's
-timestamp of the JobAdmitted (``occurred_at``) and Kafka's CreateTime (set when
-placement queued it), which split the path into admission / decide+produce /
-commit+delivery (same host, one clock). Per-process CPU over the window comes from
-/proc, to show where the two cores went.
+job's first TaskPlaced, and its first decision of any kind (TaskPlaced or
+JobPending), arrive. Latency = bench receive time - client send time, both
+``time.time()`` in this process: the whole path a node agent sees, transaction
+commit included. "placed" depends on free GPUs (so on how fast node agents report
+ends); "decided" does not: it is how fast placement answers at all. Each decision
+envelope carries admission's timestamp of the JobAdmitted (``occurred_at``) and
+Kafka's CreateTime (set when placement queued it), which split the path into
+→admitted / →queued / →visible (same host, one clock). Per-process CPU over the
+window comes from /proc; services run under ``tests.perf.phases``, whose timers
+say where each one's wall time went.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import itertools
 import os
@@ -49,10 +53,18 @@ from libs.bus import KafkaSettings, load_topic_config
 from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
+from tests.perf.phases import diff, read_snapshots
 from tests.perf.stats import console, fmt, percentile, ratio, table
 
 TEST_KAFKA_DIR = ROOT / ".local" / "kafka-test"
+# Services run under tests.perf.phases (wall-clock timers on their Kafka seams).
+TIMED = {
+    "admission": "services.admission.__main__",
+    "placement": "services.placement.__main__",
+    "node_agent": "services.node_agent.cli",
+}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ class LiveParams:
     job_s: float = 0.5
     modes: tuple[str, ...] = ("echo", "placement")
     bootstrap: str = "127.0.0.1:19092"
-    profile: bool = False
+    profile: str = ""  # a service to run under cProfile (skews its latency)
     warmup: int = 40
     drain_s: float = 30.0
     seed: int = 11
@@ -78,7 +90,7 @@ class PerfStack(Stack):
     mode: str = "placement"
     nodes: int = 200
     gpus_per_node: int = 8
-    profile: bool = False
+    profile: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,7 +105,7 @@ class PerfStack(Stack):
             for i in range(self.nodes)
         ]
         (self.workdir / "nodes.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
-        self.profile_path = self.workdir / "placement.prof"
+        self.profile_path = self.workdir / f"{self.profile}.prof"
 
     @property
     def env(self) -> dict[str, str]:
@@ -101,10 +113,13 @@ class PerfStack(Stack):
         return {**super().env, "OTEL_TRACES_EXPORTER": "none", "QM_ECHO_NODES": str(self.nodes)}
 
     def start(self, name: str, *args: str) -> None:
-        command = [sys.executable, "-m", f"services.{name}", *args]
+        module = TIMED.get(name)
         if name == "placement" and self.mode == "echo":
-            command = [sys.executable, "-m", "tests.perf.echo"]
-        elif name == "placement" and self.profile:
+            module = "tests.perf.echo"
+        command = [sys.executable, "-m", f"services.{name}", *args]
+        if module is not None:
+            command = [sys.executable, "-m", "tests.perf.phases", module, *args]
+        if name == self.profile:
             command[1:1] = ["-m", "cProfile", "-o", str(self.profile_path)]
         log = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
@@ -123,7 +138,9 @@ class Submission:
 
 
 @dataclass
-class Placed:
+class Seen:
+    """One decision record for a job, as this process received it."""
+
     received: float  # time.time() when this process got the record
     created: float  # Kafka CreateTime: when placement queued the record
     admitted: float  # the JobAdmitted's occurred_at, set by admission
@@ -133,26 +150,33 @@ class Placed:
 class ModeResult:
     mode: str
     submissions: list[Submission]
-    placed: dict[str, Placed]
+    placed: dict[str, Seen]  # job id -> its first TaskPlaced
+    decided: dict[str, Seen]  # job id -> its first decision of any kind
     pending: int
     window_s: float
     cpu: dict[str, float] = field(default_factory=dict)  # process -> % of one core
+    machine: dict[str, float] = field(default_factory=dict)  # busy/steal % of all cores
+    phases: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> list[Submission]:
         return [s for s in self.submissions if not s.error]
 
-    def latencies_ms(self) -> list[float]:
+    def latencies_ms(
+        self, subs: list[Submission] | None = None, *, decided: bool = False
+    ) -> list[float]:
+        """Per successful submission; a job never placed (decided) counts as infinitely late."""
+        seen = self.decided if decided else self.placed
         return [
-            (self.placed[s.job_id].received - s.sent) * 1e3
-            for s in self.ok
-            if s.job_id in self.placed
+            (seen[s.job_id].received - s.sent) * 1e3 if s.job_id in seen else INF
+            for s in (self.ok if subs is None else subs)
         ]
 
     def split_ms(self) -> tuple[list[float], list[float], list[float]]:
+        """Per first decision: send→admitted, admitted→queued by placement, →received."""
         admission, decide, commit = [], [], []
         for s in self.ok:
-            p = self.placed.get(s.job_id)
+            p = self.decided.get(s.job_id)
             if p is not None:
                 admission.append((p.admitted - s.sent) * 1e3)
                 decide.append((p.created - p.admitted) * 1e3)
@@ -162,6 +186,14 @@ class ModeResult:
     def achieved_rate(self) -> float:
         sent = sorted(s.sent for s in self.ok)
         return (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
+
+    def timeline(self, parts: int = 4) -> list[float]:
+        """p50 latency of the submissions in each successive part of the run."""
+        ok = sorted(self.ok, key=lambda s: s.sent)
+        size = max(1, len(ok) // parts)
+        return [
+            percentile(self.latencies_ms(ok[i * size : (i + 1) * size]), 50) for i in range(parts)
+        ]
 
 
 def _answers(bootstrap: str) -> bool:
@@ -207,7 +239,7 @@ def _pids(stack: Stack) -> dict[str, int]:
 
 
 class Collector:
-    """Reads the decisions topic from the start and notes each job's first TaskPlaced."""
+    """Reads the decisions topic from the start; notes each job's first decisions."""
 
     def __init__(self, stack: Stack) -> None:
         self.topic = load_topic_config(stack.topics_file).decisions.name
@@ -219,7 +251,8 @@ class Collector:
             isolation_level="read_committed",
             fetch_max_wait_ms=50,
         )
-        self.placed: dict[str, Placed] = {}
+        self.placed: dict[str, Seen] = {}
+        self.decided: dict[str, Seen] = {}
         self.pending = 0
 
     async def run(self) -> None:
@@ -233,13 +266,14 @@ class Collector:
                     except DecodeError:
                         continue
                     kind = event_type(env)
+                    if kind not in ("task_placed", "job_pending"):
+                        continue
+                    seen = Seen(now, record.timestamp / 1e3, occurred_at(env))
+                    job_id = env.correlation_id
+                    self.decided.setdefault(job_id, seen)
                     if kind == "task_placed":
-                        job_id = env.task_placed.job_id
-                        if job_id not in self.placed:
-                            self.placed[job_id] = Placed(
-                                now, record.timestamp / 1e3, occurred_at(env)
-                            )
-                    elif kind == "job_pending":
+                        self.placed.setdefault(job_id, seen)
+                    else:
                         self.pending += 1
 
 
@@ -312,6 +346,22 @@ async def _submit(
     return results
 
 
+def _machine() -> tuple[int, int, int]:
+    """(busy, total, steal) jiffies over all CPUs, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait + steal, steal
+
+
+def _snapshot(stack: PerfStack) -> None:
+    """Ask every timed service for its phase totals (a QM-PHASES line in its log)."""
+    for name in TIMED:
+        process = stack.processes.get(name)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+
+
 async def _measure(stack: PerfStack, params: LiveParams) -> ModeResult:
     await _wait_nodes(stack, params.nodes, timeout=90)
     collector = Collector(stack)
@@ -331,22 +381,39 @@ async def _measure(stack: PerfStack, params: LiveParams) -> ModeResult:
             count = int(params.rate * params.duration_s)
             requests = [_request(rng, params.job_s) for _ in range(count)]
             before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            machine_before = _machine()
+            _snapshot(stack)
             began = time.monotonic()
             pending_before = collector.pending
             subs = await _submit(stub, metadata, requests, params.rate, params.concurrency)
             await _until_placed(collector, [s.job_id for s in subs if s.job_id], params.drain_s)
             window = time.monotonic() - began
+            _snapshot(stack)
             cpu = {
                 name: (_cpu_seconds(pid) - before[name]) / window * 100
                 for name, pid in pids.items()
             }
+            busy, total, steal = (b - a for a, b in zip(machine_before, _machine(), strict=True))
+            machine = {
+                "busy": 100 * busy / max(total, 1),
+                "steal": 100 * steal / max(total, 1),
+                "load": os.getloadavg()[0],
+            }
+            await asyncio.sleep(0.5)  # let the services write their snapshots
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
         await collector.consumer.stop()
     return ModeResult(
-        stack.mode, subs, collector.placed, collector.pending - pending_before, window, cpu
+        stack.mode,
+        subs,
+        collector.placed,
+        collector.decided,
+        collector.pending - pending_before,
+        window,
+        cpu,
+        machine,
     )
 
 
@@ -364,7 +431,7 @@ def run_mode(params: LiveParams, mode: str) -> ModeResult:
         mode=mode,
         nodes=params.nodes,
         gpus_per_node=params.gpus_per_node,
-        profile=params.profile and mode == "placement",
+        profile=params.profile if mode == "placement" or params.profile != "placement" else "",
     )
     console.print(f"live {mode}: stack logs in {workdir / 'logs'}")
     # Stop the stack on SIGTERM too (``make`` interrupted, a timeout).
@@ -375,45 +442,62 @@ def run_mode(params: LiveParams, mode: str) -> ModeResult:
     finally:
         stack.down()
         signal.signal(signal.SIGTERM, previous)
+    for name in TIMED:
+        path = stack.logs / f"{name}.log"
+        snapshots = read_snapshots(path.read_text(errors="replace")) if path.exists() else []
+        if len(snapshots) >= 2:
+            result.phases[name] = diff(snapshots[-2][1], snapshots[-1][1])
     if stack.profile:
-        _print_profile(stack.profile_path)
+        _print_profile(stack.profile_path, stack.profile)
     return result
 
 
-def _print_profile(path: Path) -> None:
+def _print_profile(path: Path, name: str) -> None:
     if not path.exists():
         console.print(f"no profile at {path}")
         return
-    for key in ("tottime", "cumulative"):
-        out = io.StringIO()
-        stats = pstats.Stats(str(path), stream=out)
-        stats.strip_dirs().sort_stats(key).print_stats(18)
-        text = out.getvalue()
-        console.print(f"placement profile by {key}:\n" + text[text.find("   ncalls") :])
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.strip_dirs().sort_stats("tottime").print_stats(20)
+    text = out.getvalue()
+    console.print(f"{name} cProfile, by own time (CPU only; awaits excluded):")
+    console.print(text[text.find("   ncalls") :], markup=False)
+
+
+def _ms(values: list[float], q: float) -> str:
+    value = percentile(values, q)
+    return "never" if value == INF else fmt(value)
+
+
+def _versus(mine: list[list[float]], theirs: list[list[float]], index: int, q: float) -> str:
+    return ratio(percentile(mine[index], q), percentile(theirs[index], q))
 
 
 def report_live(params: LiveParams, results: list[ModeResult]) -> None:
     rows = []
     base = next((r for r in results if r.mode == "echo"), None)
+
+    def columns(r: ModeResult) -> list[list[float]]:
+        return [
+            r.latencies_ms(),
+            r.latencies_ms(decided=True),
+            [(s.replied - s.sent) * 1e3 for s in r.ok],
+            *r.split_ms(),
+        ]
+
     for r in results:
-        lat = r.latencies_ms()
-        admission, decide, commit = r.split_ms()
-        rpc = [(s.replied - s.sent) * 1e3 for s in r.ok]
+        placed, decided, rpc, admitted, queued, visible = columns(r)
         late = [s.late_s * 1e3 for s in r.submissions]
         rows.append(
             [
                 r.mode,
                 f"{len(r.ok)}/{len(r.submissions)}",
                 fmt(r.achieved_rate()),
-                f"{len(lat)}",
-                fmt(percentile(lat, 50)),
-                fmt(percentile(lat, 90)),
-                fmt(percentile(lat, 99)),
-                fmt(max(lat, default=float("nan"))),
-                fmt(percentile(rpc, 50)),
-                fmt(percentile(admission, 50)),
-                fmt(percentile(decide, 50)),
-                fmt(percentile(commit, 50)),
+                f"{sum(1 for s in r.ok if s.job_id in r.placed)}",
+                *(_ms(placed, q) for q in (50, 90, 99)),
+                _ms(decided, 50),
+                _ms(decided, 99),
+                *(fmt(percentile(v, 50)) for v in (rpc, admitted, queued, visible)),
                 fmt(percentile(late, 99)),
             ]
         )
@@ -421,43 +505,42 @@ def report_live(params: LiveParams, results: list[ModeResult]) -> None:
         for r in results:
             if r is base:
                 continue
-            mine, theirs = r.latencies_ms(), base.latencies_ms()
-            splits = [
-                ratio(percentile(a, 50), percentile(b, 50))
-                for a, b in zip(r.split_ms(), base.split_ms(), strict=True)
-            ]
-            rpc_r = [(s.replied - s.sent) * 1e3 for s in r.ok]
-            rpc_b = [(s.replied - s.sent) * 1e3 for s in base.ok]
+            mine, theirs = columns(r), columns(base)
+            vs = functools.partial(_versus, mine, theirs)
             rows.append(
                 [
                     f"{r.mode} ÷ echo",
                     "",
                     ratio(r.achieved_rate(), base.achieved_rate()),
                     "",
-                    *(ratio(percentile(mine, q), percentile(theirs, q)) for q in (50, 90, 99)),
-                    ratio(max(mine, default=0), max(theirs, default=0)),
-                    ratio(percentile(rpc_r, 50), percentile(rpc_b, 50)),
-                    *splits,
+                    vs(0, 50),
+                    vs(0, 90),
+                    vs(0, 99),
+                    vs(1, 50),
+                    vs(1, 99),
+                    *(vs(i, 50) for i in range(2, 6)),
                     "",
                 ]
             )
     table(
-        f"live: submit → TaskPlaced received, ms ({params.nodes} simulated nodes × "
+        f"live: submit → decision received, ms ({params.nodes} simulated nodes × "
         f"{params.gpus_per_node} GPUs, {params.rate:g}/s for {params.duration_s:g} s, "
-        f"{params.concurrency} callers)",
+        f"{params.concurrency} callers, jobs {params.job_s:g} s; never = none within "
+        f"{params.drain_s:g} s after the last submit; splits are p50 of first decisions)",
         [
             "mode",
             "ok",
             "rate/s",
             "placed",
-            "p50",
+            "placed p50",
             "p90",
             "p99",
-            "max",
+            "decided p50",
+            "p99",
             "rpc p50",
-            "→admit p50",
-            "→queued p50",
-            "→visible p50",
+            "→admitted",
+            "→queued",
+            "→visible",
             "late p99",
         ],
         rows,
@@ -465,10 +548,23 @@ def report_live(params: LiveParams, results: list[ModeResult]) -> None:
     for r in results:
         errors = sorted({s.error for s in r.submissions if s.error})
         cpu = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(r.cpu.items(), key=lambda kv: -kv[1]))
+        quarters = " / ".join(_ms([v], 50) for v in r.timeline())
+        machine = r.machine
         console.print(
-            f"{r.mode}: window {r.window_s:.1f} s, JobPending {r.pending}; CPU (% of one core): "
-            f"{cpu}" + (f"; errors: {errors[:3]}" if errors else "")
+            f"{r.mode}: window {r.window_s:.1f} s, JobPending {r.pending}, placed p50 by quarter "
+            f"{quarters}; machine busy {machine.get('busy', 0):.0f}% of {os.cpu_count()} CPUs "
+            f"(steal {machine.get('steal', 0):.0f}%, load {machine.get('load', 0):.1f}); "
+            f"per process (% of one core): {cpu}" + (f"; errors: {errors[:3]}" if errors else "")
         )
+        for name, phases in r.phases.items():
+            shown = sorted(
+                ((label, v) for label, v in phases.items() if v[0]), key=lambda kv: -kv[1][1]
+            )
+            parts = [
+                f"{label} {v[1] / r.window_s * 100:.0f}% ({int(v[0])}× {v[1] / v[0] * 1e3:.2g} ms)"
+                for label, v in shown
+            ]
+            console.print(f"  {r.mode}/{name} wall time by seam: " + "; ".join(parts))
 
 
 def run_live(params: LiveParams) -> list[ModeResult]:

@@ -31,6 +31,17 @@ def fmt(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:,.0f}"
 
 
+def fmt_us(us: float) -> str:
+    """A duration given in µs, in the unit that reads best."""
+    if math.isnan(us):
+        return "-"
+    if us < 1000:
+        return f"{us:.3g} µs"
+    if us < 1_000_000:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us / 1e6:.3g} s"
+
+
 def ratio(value: float, base: float) -> str:
     if math.isnan(value) or math.isnan(base) or base <= 0:
         return "-"

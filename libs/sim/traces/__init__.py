@@ -1,7 +1,7 @@
 """Trace loaders: public cluster traces and recorded Quartermaster logs."""
 
 from libs.sim.traces.alibaba import load_alibaba, parse_alibaba
-from libs.sim.traces.eventlog import RecordedLog, load_event_log, read_envelopes, write_envelopes
+from libs.sim.traces.eventlog import RecordedLog, load_event_log, read_envelopes
 from libs.sim.traces.philly import load_philly, parse_philly
 from libs.sim.traces.raw import RawJob, TraceError, select
 
@@ -16,5 +16,4 @@ __all__ = [
     "parse_philly",
     "read_envelopes",
     "select",
-    "write_envelopes",
 ]

@@ -26,7 +26,7 @@ from libs.core.inputs import (
     TaskStarted,
 )
 from libs.core.model import NodeSpec
-from libs.events import DecodeError, decode, encode
+from libs.events import DecodeError, decode
 from libs.events.convert import to_input
 from libs.sim.traces.raw import TraceError
 from libs.sim.workload import SimJob
@@ -53,14 +53,6 @@ def read_envelopes(data: bytes) -> Iterator[events_pb2.Envelope]:
         except DecodeError as exc:
             raise TraceError(f"record at byte {position}: {exc}") from exc
         position = end
-
-
-def write_envelopes(envelopes: list[events_pb2.Envelope]) -> bytes:
-    out = bytearray()
-    for env in envelopes:
-        body = encode(env)
-        out += _encode_varint(len(body)) + body
-    return bytes(out)
 
 
 def load_event_log(path: Path) -> RecordedLog:
@@ -112,12 +104,3 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
             return value, position
         shift += 7
     raise TraceError("the log ends inside a record length")
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 
 class TraceError(ValueError):
@@ -22,13 +23,21 @@ class RawJob:
     priority: int | None = None  # None: the trace does not say
 
 
+class _Submitted(Protocol):
+    @property
+    def at(self) -> float: ...
+
+
+J = TypeVar("J", bound=_Submitted)
+
+
 def select(
-    jobs: Sequence[RawJob],
+    jobs: Sequence[J],
     *,
     skip_head: int = 0,
     start_s: float | None = None,
     end_s: float | None = None,
-) -> list[RawJob]:
+) -> list[J]:
     """Drop the first ``skip_head`` jobs, then keep those submitted in [start_s, end_s)."""
     return [
         job

@@ -1,6 +1,6 @@
 """The usage ledger and its settings; in memory, rebuilt from the events topic on each start.
 
-``QM_LOOKBACK_WINDOW_S`` sets the window (default: the policy's, 7 days) and
+``QM_LOOKBACK_WINDOW_S`` sets the window (default: the policy file's, as placement) and
 ``QM_SNAPSHOT_SECONDS`` how often changed snapshots are published (default 10).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from libs.core.config import PolicyConfig
 from libs.readmodels import UsageLedger
+from services.policy_file import policy_from_env
 
 
 def _positive(name: str, default: float) -> float:
@@ -24,7 +24,7 @@ def _positive(name: str, default: float) -> float:
     return value
 
 
-WINDOW_S = _positive("QM_LOOKBACK_WINDOW_S", PolicyConfig().lookback_window_s)
+WINDOW_S = _positive("QM_LOOKBACK_WINDOW_S", policy_from_env().lookback_window_s)
 SNAPSHOT_SECONDS = _positive("QM_SNAPSHOT_SECONDS", 10.0)
 
 # Read as ``state.ledger`` (not imported by name), so that tests can start afresh.

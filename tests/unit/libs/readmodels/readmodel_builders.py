@@ -31,8 +31,10 @@ def submitted(job: str, at: float = T0, s: types_pb2.JobSpec | None = None) -> e
     return env(events_pb2.JobSubmitted(job_id=job, spec=s or spec()), at)
 
 
-def admitted(job: str, at: float = T0, s: types_pb2.JobSpec | None = None) -> events_pb2.Envelope:
-    return env(events_pb2.JobAdmitted(job_id=job, spec=s or spec()), at)
+def admitted(
+    job: str, at: float = T0, s: types_pb2.JobSpec | None = None, cluster: str = "default"
+) -> events_pb2.Envelope:
+    return env(events_pb2.JobAdmitted(job_id=job, spec=s or spec()), at, cluster)
 
 
 def rejected(job: str, field: str, reason: str, at: float = T0) -> events_pb2.Envelope:
@@ -57,17 +59,26 @@ def placed(
     return env(payload, at, cluster)
 
 
-def started(job: str, node: str = "n1", at: float = T0) -> events_pb2.Envelope:
-    return env(events_pb2.TaskStarted(job_id=job, task_id=f"{job}/0", node_id=node, pid=42), at)
+def started(
+    job: str, node: str = "n1", at: float = T0, task: str | None = None, cluster: str = "default"
+) -> events_pb2.Envelope:
+    payload = events_pb2.TaskStarted(job_id=job, task_id=task or f"{job}/0", node_id=node, pid=42)
+    return env(payload, at, cluster)
 
 
 def finished(
-    job: str, *, node: str = "n1", exit_code: int = 0, at: float = T0, task: str | None = None
+    job: str,
+    *,
+    node: str = "n1",
+    exit_code: int = 0,
+    at: float = T0,
+    task: str | None = None,
+    cluster: str = "default",
 ) -> events_pb2.Envelope:
     payload = events_pb2.TaskFinished(
         job_id=job, task_id=task or f"{job}/0", node_id=node, exit_code=exit_code
     )
-    return env(payload, at)
+    return env(payload, at, cluster)
 
 
 def failed(
@@ -91,11 +102,33 @@ def stop(
     node: str = "n1",
     at: float = T0,
     cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_PREEMPTED,
+    task: str | None = None,
 ) -> events_pb2.Envelope:
     payload = events_pb2.TaskStopRequested(
-        job_id=job, task_id=f"{job}/0", node_id=node, reason=reason, cause=cause
+        job_id=job, task_id=task or f"{job}/0", node_id=node, reason=reason, cause=cause
     )
     return env(payload, at)
+
+
+def idle(
+    job: str, is_idle: bool = True, node: str = "n1", at: float = T0, task: str | None = None
+) -> events_pb2.Envelope:
+    payload = events_pb2.TaskIdle(
+        job_id=job, task_id=task or f"{job}/0", node_id=node, idle=is_idle, utilization=0.01
+    )
+    return env(payload, at)
+
+
+def requeued(
+    job: str, reason: str = "preempted; waits again", at: float = T0
+) -> events_pb2.Envelope:
+    return env(events_pb2.JobRequeued(job_id=job, reason=reason), at)
+
+
+def preempted(
+    job: str, reason: str = "preempted for team-b", at: float = T0
+) -> events_pb2.Envelope:
+    return env(events_pb2.JobPreempted(job_id=job, reason=reason), at)
 
 
 def cancelled(
@@ -117,5 +150,5 @@ def registered(
     return env(events_pb2.NodeRegistered(inventory=inventory), at, cluster)
 
 
-def tick(at: float = T0) -> events_pb2.Envelope:
-    return env(events_pb2.ClockTick(), at)
+def tick(at: float = T0, cluster: str = "default") -> events_pb2.Envelope:
+    return env(events_pb2.ClockTick(), at, cluster)

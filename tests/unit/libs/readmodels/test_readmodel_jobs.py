@@ -1,4 +1,4 @@
-"""The job fold: each event's effect, order tolerance, and listing."""
+"""The job fold: each event's effect, requeues, order tolerance, and listing."""
 
 from __future__ import annotations
 
@@ -6,21 +6,31 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
-from libs.readmodels import apply_job_event, job_key, newest_jobs
+from libs.readmodels import (
+    apply_job_event,
+    has_ended,
+    job_key,
+    newest_jobs,
+    task_attempt,
+    task_is_over,
+)
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
     cancelled,
     failed,
     finished,
+    idle,
     pending,
     placed,
+    preempted,
     registered,
     rejected,
+    requeued,
     spec,
     started,
     stop,
@@ -36,7 +46,13 @@ NON_TERMINAL_ORDER = [
     S.JOB_STATE_PLACED,
     S.JOB_STATE_RUNNING,
 ]
-TERMINAL = {S.JOB_STATE_REJECTED, S.JOB_STATE_FINISHED, S.JOB_STATE_FAILED, S.JOB_STATE_CANCELLED}
+TERMINAL = {
+    S.JOB_STATE_REJECTED,
+    S.JOB_STATE_FINISHED,
+    S.JOB_STATE_FAILED,
+    S.JOB_STATE_PREEMPTED,
+    S.JOB_STATE_CANCELLED,
+}
 
 CANCELLED = types_pb2.STOP_CAUSE_CANCELLED
 
@@ -144,7 +160,27 @@ CASES = [
         stop_reason="preempted",
     ),
     Case(
-        "preempted then failed stays failed",
+        "preempted for good",
+        [placed("j"), started("j"), stop("j", "for team-b"), preempted("j", "for team-b")],
+        S.JOB_STATE_PREEMPTED,
+        reason="for team-b",
+        node_id="n1",
+        gpu_indices=[0],
+        stop_reason="for team-b",
+        finished=True,
+    ),
+    Case(
+        "a preempted job's task end does not undo the preemption",
+        [placed("j"), preempted("j", "for team-b"), failed("j", "SIGTERM", exit_code=143)],
+        S.JOB_STATE_PREEMPTED,
+        reason="for team-b",
+        node_id="n1",
+        gpu_indices=[0],
+        exit_code=143,
+        finished=True,
+    ),
+    Case(
+        "stopped for preemption, failed, placement not decided yet",
         [placed("j"), started("j"), stop("j", "preempted"), failed("j", "SIGTERM", exit_code=143)],
         S.JOB_STATE_FAILED,
         reason="SIGTERM",
@@ -279,6 +315,117 @@ def test_wrong_job_is_a_programming_error() -> None:
         apply_job_event(folded([submitted("j1")]), submitted("j2"))
 
 
+# --- requeues, idleness and task ids -------------------------------------------
+
+T1, T2 = "j/1", "j/2"
+
+
+def preempted_once() -> list[events_pb2.Envelope]:
+    return [
+        submitted("j"),
+        admitted("j"),
+        placed("j", "n1", [0]),
+        started("j", "n1"),
+        stop("j", "for team-b", "n1"),
+        failed("j", "SIGTERM", exit_code=143),
+    ]
+
+
+def test_task_attempt_is_the_number_ending_the_task_id() -> None:
+    ids = ("j/0", "j/12", "j/2.1", "a/b/3", "j", "j/x", "j/²", "j/.1", "")
+    assert [task_attempt(t) for t in ids] == [0, 12, 2, 3, 0, 0, 0, 0, 0]
+
+
+def test_requeue_after_preemption_waits_again_and_keeps_attempts() -> None:
+    job = folded([*preempted_once(), requeued("j", "preempted by team-b; waits")])
+    assert job.state == S.JOB_STATE_PENDING
+    assert job.reason == "preempted by team-b; waits"
+    assert job.attempts == 1
+    # Nothing of the stopped task is left to mislead: it holds no node now.
+    assert (job.node_id, list(job.gpu_indices), job.exit_code, job.stop_reason) == ("", [], 0, "")
+    assert not job.HasField("started_at") and not job.HasField("finished_at")
+    assert not has_ended(job)
+
+
+def test_a_requeued_job_runs_its_next_task_to_the_end() -> None:
+    job = folded(
+        [
+            *preempted_once(),
+            requeued("j"),
+            pending("j", "queued behind team-b"),
+            placed("j", "n2", [3], task=T1),
+            started("j", "n2", at=T0 + 5, task=T1),
+            finished("j", node="n2", exit_code=0, at=T0 + 9, task=T1),
+        ]
+    )
+    assert (job.state, job.attempts, job.node_id, list(job.gpu_indices)) == (
+        S.JOB_STATE_FINISHED,
+        2,
+        "n2",
+        [3],
+    )
+    assert (job.reason, job.stop_reason, job.exit_code) == ("", "", 0)
+    assert (job.started_at.seconds, job.finished_at.seconds) == (int(T0) + 5, int(T0) + 9)
+    assert has_ended(job)
+
+
+def test_events_about_an_older_task_change_nothing() -> None:
+    running = folded([*preempted_once()[:5], requeued("j"), placed("j", "n2", [3], task=T1)])
+    for late in (failed("j", "SIGTERM", exit_code=143), started("j"), idle("j"), stop("j", "x")):
+        assert apply_job_event(running, late) == running
+    waiting = folded([*preempted_once()[:5], requeued("j")])
+    assert apply_job_event(waiting, failed("j", "SIGTERM", exit_code=143)) == waiting
+
+
+def test_a_newer_task_seen_first_makes_the_requeue_stale() -> None:
+    # The events topic ran ahead: the next task started before the requeue was read.
+    job = folded([*preempted_once(), started("j", "n2", task=T1), requeued("j")])
+    assert (job.state, job.attempts, job.node_id) == (S.JOB_STATE_RUNNING, 2, "n2")
+    assert job.exit_code == 0 and not job.HasField("finished_at")
+
+
+def test_a_requeue_without_a_stop_for_preemption_is_ignored() -> None:
+    running = folded([placed("j"), started("j")])
+    assert apply_job_event(running, requeued("j")) == running
+    cancelling = folded([placed("j"), started("j"), stop("j", "user", cause=CANCELLED)])
+    assert apply_job_event(cancelling, requeued("j")) == cancelling
+
+
+def test_a_task_ended_by_preemption_awaits_the_decision() -> None:
+    stopped = folded(preempted_once())
+    assert stopped.state == S.JOB_STATE_FAILED
+    assert not has_ended(stopped)
+    assert has_ended(folded([*preempted_once(), preempted("j")]))
+    assert has_ended(folded([placed("j"), started("j"), failed("j", "oom")]))
+
+
+def test_nothing_is_placed_after_the_end() -> None:
+    job = folded([*preempted_once(), preempted("j")])
+    assert apply_job_event(job, placed("j", "n2", task=T1)) == job
+
+
+def test_idle_reports_follow_the_running_task() -> None:
+    running = [placed("j"), started("j")]
+    assert folded([*running, idle("j")]).idle
+    assert not folded([*running, idle("j"), idle("j", is_idle=False)]).idle
+    assert not folded([*running, idle("j"), finished("j")]).idle
+    assert not folded([*running, finished("j"), idle("j")]).idle
+    assert not folded([*running, idle("j"), stop("j", "x"), failed("j"), requeued("j")]).idle
+    # An idle report is also news that the task runs.
+    assert folded([placed("j"), idle("j")]).state == S.JOB_STATE_RUNNING
+
+
+def test_task_is_over() -> None:
+    job = folded([*preempted_once(), requeued("j"), placed("j", "n2", task=T1)])
+    assert task_is_over(job, "j/0")
+    assert not task_is_over(job, T1)
+    assert not task_is_over(job, T2)  # newer than the job has seen: its events are on the way
+    assert task_is_over(folded([*preempted_once(), requeued("j")]), "j/0")
+    assert task_is_over(folded([placed("j"), finished("j")]), "j/0")
+    assert task_is_over(folded([placed("j"), preempted("j")]), "j/0")
+    assert not task_is_over(folded([placed("j"), started("j")]), "j/0")
+
+
 # --- order tolerance ------------------------------------------------------------
 
 OUTCOMES = {
@@ -287,17 +434,20 @@ OUTCOMES = {
     "cancelled_before_start": S.JOB_STATE_CANCELLED,
     "placed": S.JOB_STATE_PLACED,
     "running": S.JOB_STATE_RUNNING,
+    "idle": S.JOB_STATE_RUNNING,
     "finished": S.JOB_STATE_FINISHED,
     "failed": S.JOB_STATE_FAILED,
-    "preempted": S.JOB_STATE_FAILED,
+    "stopped_for_preemption": S.JOB_STATE_FAILED,
+    "preempted": S.JOB_STATE_PREEMPTED,
     "cancelled_while_running": S.JOB_STATE_CANCELLED,
 }
 reasons = st.text(alphabet="abcdefgh ", min_size=1, max_size=8)
+PREEMPTING = ("stopped_for_preemption", "preempted")
 
 
 @st.composite
 def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType]:
-    """One job's events in the order its producers wrote them, and its final state."""
+    """One job's events (one task, no requeue) in the order written, and its final state."""
     outcome = draw(st.sampled_from(sorted(OUTCOMES)))
     clock = iter(range(int(T0), int(T0) + 100))
     j = "job-1"
@@ -318,15 +468,19 @@ def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.Jo
     events.append(placed(j, node, gpus, at=next(clock)))
     if outcome != "placed":
         events.append(started(j, node, at=next(clock)))
-    if outcome == "preempted":
+    if outcome == "idle" or (outcome != "placed" and draw(st.booleans())):
+        events.append(idle(j, node=node, at=next(clock)))  # one report: see the module doc
+    if outcome in PREEMPTING:
         events.append(stop(j, "preempted by team-b", node, at=next(clock)))
     if outcome == "cancelled_while_running":
         events.append(stop(j, "cancelled by user", node, at=next(clock), cause=CANCELLED))
     code = draw(st.integers(-15, 255))
     if outcome == "finished" or (outcome == "cancelled_while_running" and draw(st.booleans())):
         events.append(finished(j, node=node, exit_code=code, at=next(clock)))
-    elif outcome in ("failed", "preempted", "cancelled_while_running"):
+    elif outcome in ("failed", "cancelled_while_running", *PREEMPTING):
         events.append(failed(j, draw(reasons), node=node, exit_code=code, at=next(clock)))
+    if outcome == "preempted":
+        events.append(preempted(j, at=next(clock)))
     return events, OUTCOMES[outcome]
 
 
@@ -337,6 +491,9 @@ def test_any_order_and_any_repeats_end_in_the_same_job(
     events, final_state = lifecycle
     in_order = folded(events)
     assert in_order.state == final_state
+    assert in_order.idle == (
+        final_state == S.JOB_STATE_RUNNING and any(e.HasField("task_idle") for e in events)
+    )
     repeats = data.draw(st.lists(st.sampled_from(events), max_size=4), label="redelivered")
     shuffled = data.draw(st.permutations(events + repeats), label="arrival order")
     assert folded(shuffled) == in_order
@@ -356,6 +513,92 @@ def test_a_job_never_moves_backwards(
             assert job.state in TERMINAL
         elif job.state not in TERMINAL:
             assert NON_TERMINAL_ORDER.index(job.state) >= NON_TERMINAL_ORDER.index(before)
+
+
+ENDINGS = {
+    "waiting": S.JOB_STATE_PENDING,
+    "running": S.JOB_STATE_RUNNING,
+    "finished": S.JOB_STATE_FINISHED,
+    "preempted": S.JOB_STATE_PREEMPTED,
+    "cancelled": S.JOB_STATE_CANCELLED,
+}
+
+
+@dataclass
+class Topics:
+    """One job's history as the two topics carry it, and in the order it happened."""
+
+    events: list[events_pb2.Envelope] = field(default_factory=list)
+    decisions: list[events_pb2.Envelope] = field(default_factory=list)
+    happened: list[events_pb2.Envelope] = field(default_factory=list)
+
+    def event(self, env: events_pb2.Envelope) -> None:
+        self.events.append(env)
+        self.happened.append(env)
+
+    def decision(self, env: events_pb2.Envelope) -> None:
+        self.decisions.append(env)
+        self.happened.append(env)
+
+
+@st.composite
+def requeue_histories(draw: st.DrawFn) -> tuple[Topics, types_pb2.JobState.ValueType, int]:
+    """A job preempted and requeued one to three times, then its ending; state and attempts."""
+    ending = draw(st.sampled_from(sorted(ENDINGS)))
+    clock = iter(range(int(T0), int(T0) + 100))
+    j = "job-1"
+    log = Topics()
+    log.event(submitted(j, at=next(clock)))
+    log.event(admitted(j, at=next(clock)))
+    requeues = draw(st.integers(1, 3))
+    for n in range(requeues + (ending != "waiting" and ending != "cancelled")):
+        task, node = f"{j}/{n}", draw(st.sampled_from(["n1", "n2"]))
+        log.decision(placed(j, node, [n], at=next(clock), task=task))
+        if n < requeues or ending != "preempted" or draw(st.booleans()):
+            log.event(started(j, node, at=next(clock), task=task))
+        if draw(st.booleans()):
+            log.event(idle(j, node=node, at=next(clock), task=task))
+        if n == requeues and ending in ("running", "finished"):
+            if ending == "finished":
+                log.event(finished(j, node=node, at=next(clock), task=task))
+            break
+        log.decision(stop(j, "preempted", node, at=next(clock), task=task))
+        log.event(failed(j, "SIGTERM", node=node, exit_code=143, at=next(clock), task=task))
+        if n == requeues:
+            log.decision(preempted(j, at=next(clock)))
+            break
+        log.decision(requeued(j, f"requeued {n}", at=next(clock)))
+        if draw(st.booleans()):
+            log.decision(pending(j, "queued again", at=next(clock)))
+    if ending == "cancelled":
+        log.decision(cancelled(j, at=next(clock)))
+    attempts = requeues + (ending not in ("waiting", "cancelled"))
+    return log, ENDINGS[ending], attempts
+
+
+def interleavings(
+    data: st.DataObject, first: list[events_pb2.Envelope], second: list[events_pb2.Envelope]
+) -> list[events_pb2.Envelope]:
+    """Both lists merged, each kept in its own order."""
+    picks = data.draw(st.permutations([0] * len(first) + [1] * len(second)), label="merge")
+    sources = [iter(first), iter(second)]
+    return [next(sources[pick]) for pick in picks]
+
+
+@settings(deadline=None)
+@given(requeue_histories(), st.data())
+def test_requeues_tolerate_any_interleaving_of_the_two_topics(
+    history: tuple[Topics, types_pb2.JobState.ValueType, int], data: st.DataObject
+) -> None:
+    log, state, attempts = history
+    as_happened = folded(log.happened)
+    assert (as_happened.state, as_happened.attempts) == (state, attempts)
+    arrived = interleavings(data, log.events, log.decisions)
+    assert folded(arrived) == as_happened
+    # A consumer that restarts from earlier offsets reads both topics' tails again.
+    tails = [data.draw(st.integers(0, len(t)), label="from") for t in (log.events, log.decisions)]
+    redelivered = interleavings(data, log.events[tails[0] :], log.decisions[tails[1] :])
+    assert reduce(apply_job_event, redelivered, as_happened) == as_happened
 
 
 # --- listing --------------------------------------------------------------------

@@ -23,6 +23,9 @@ from tests.unit.libs.readmodels.readmodel_builders import (
     pending,
     placed,
     registered,
+    requeued,
+    started,
+    stop,
     submitted,
     tick,
 )
@@ -179,6 +182,30 @@ def test_an_end_read_before_its_placement_leaves_a_task_the_jobs_settle() -> Non
     settled = without_ended_tasks(node, jobs.get)
     assert running(settled) == [("b", "b/0", [1])]
     assert [t.task_id for t in node.running] == ["a/0", "b/0"]  # input untouched
+
+
+def test_a_task_stopped_by_preemption_ends_and_the_next_one_is_another_task() -> None:
+    node = folded(
+        [
+            registered("n1"),
+            placed("j", "n1", [0]),
+            failed("j", "SIGTERM", exit_code=143),
+            placed("j", "n1", [1], task="j/1"),
+        ]
+    )
+    assert running(node) == [("j", "j/1", [1])]
+
+
+def test_a_requeued_jobs_older_task_read_late_is_settled() -> None:
+    # The old task's end came before its placement; the job has moved on to j/1.
+    node = folded(
+        [registered("n1"), failed("j"), placed("j", "n1", [0]), placed("j", "n1", [1], task="j/1")]
+    )
+    history = [placed("j"), started("j"), stop("j", "for team-b"), requeued("j")]
+    moved_on = job([*history, placed("j", "n1", [1], task="j/1")])
+    assert running(without_ended_tasks(node, {"j": moved_on}.get)) == [("j", "j/1", [1])]
+    waiting = job(history)
+    assert running(without_ended_tasks(node, {"j": waiting}.get)) == [("j", "j/1", [1])]
 
 
 def test_tasks_of_running_or_unknown_jobs_are_kept() -> None:

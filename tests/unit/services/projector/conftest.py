@@ -1,4 +1,4 @@
-"""The projector app in memory: no broker, tables emptied per test, dead letters captured."""
+"""The projector app in memory: no broker, state emptied per test, dead letters captured."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from unittest import mock
 import faust
 import pytest
 
+from libs.readmodels import UsageLedger
 from services.projector.app import app
 from services.projector.inputs import deadletters
 from services.projector.jobs.tables import jobs
 from services.projector.nodes.tables import nodes
+from services.projector.usage import state as usage
 
 
 @pytest.fixture
@@ -23,6 +25,8 @@ def projector() -> Iterator[faust.App]:
     yield app
     jobs.data.clear()
     nodes.data.clear()
+    usage.ledger = UsageLedger(usage.WINDOW_S)
+    usage.rebuilt.clear()
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ def test_changelogs_are_the_configured_topics() -> None:
 
 
 def run_app(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("QM_PROJECTOR_")}
+    ours = ("QM_PROJECTOR_", "QM_LOOKBACK_WINDOW_S", "QM_SNAPSHOT_SECONDS")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     return subprocess.run(
         [sys.executable, "-c", code],
         env={**clean, **env},
@@ -43,3 +44,16 @@ def test_an_app_id_that_disagrees_with_the_changelog_names_fails_fast() -> None:
     result = run_app("import services.projector.jobs.tables", QM_PROJECTOR_APP_ID="qm-other")
     assert result.returncode != 0
     assert "would use changelog 'qm-other-jobs-changelog'" in result.stderr
+
+
+def test_usage_settings_default_to_the_policy_and_are_checked() -> None:
+    show = (
+        "from services.projector.usage import state; print(state.WINDOW_S, state.SNAPSHOT_SECONDS)"
+    )
+    assert run_app(show).stdout.split() == ["604800.0", "10.0"]
+    moved = run_app(show, QM_LOOKBACK_WINDOW_S="3600", QM_SNAPSHOT_SECONDS="2.5")
+    assert moved.stdout.split() == ["3600.0", "2.5"]
+    for bad in ("0", "-5", "nan", "often"):
+        result = run_app(show, QM_SNAPSHOT_SECONDS=bad)
+        assert result.returncode != 0
+        assert "QM_SNAPSHOT_SECONDS must be a positive number of seconds" in result.stderr

@@ -1,0 +1,34 @@
+"""Several policies on one workload, each on a fresh policy and timed.
+
+The wall clock is read here, around whole runs, and never inside one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from libs.core.config import PolicyConfig
+from libs.sim.driver import SimSettings, simulate
+from libs.sim.metrics import Metrics
+from libs.sim.policy import make_policy
+from libs.sim.workload import Workload
+
+
+def run_policies(
+    workload: Workload,
+    names: Sequence[str],
+    config: PolicyConfig,
+    settings: SimSettings,
+    on_done: Callable[[Metrics], None] | None = None,
+) -> list[Metrics]:
+    results = []
+    for name in names:
+        began = time.perf_counter()
+        metrics = simulate(workload, make_policy(name, config), settings, name=name)
+        metrics = dataclasses.replace(metrics, sim_wall_s=time.perf_counter() - began)
+        if on_done is not None:
+            on_done(metrics)
+        results.append(metrics)
+    return results

@@ -1,0 +1,102 @@
+"""Teams and contracts for traces that record neither, chosen reproducibly.
+
+Every choice is a stable hash (SHA-256 of a seed and an id, never Python's
+salted ``hash``), so a job keeps its team and contract across runs, machines
+and Python versions, and each rule draws its own hash: changing the share of
+one rule does not reshuffle the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S, JobSpec
+from libs.sim.traces.raw import RawJob
+from libs.sim.workload import SimJob
+
+
+@dataclass(frozen=True)
+class ContractRules:
+    seed: str = "qm-sim"
+    # A job this small and this short is someone debugging.
+    debug_max_runtime_s: float = 1800.0
+    # Share of the remaining work (when the trace does not say) run free and preemptible.
+    unallocated_share: float = 0.2
+    resumable_share: float = 0.7
+    # Old-style priorities where the trace has none, inflated as users inflate them:
+    # (priority, share); LOW = -1, NORMAL = 0, HIGH = 1, URGENT = 2.
+    priority_shares: tuple[tuple[int, float], ...] = ((-1, 0.1), (0, 0.25), (1, 0.5), (2, 0.15))
+
+
+@dataclass(frozen=True)
+class Contract:
+    min_runtime_s: int
+    resumable: bool
+    priority: int
+
+
+def stable_fraction(*parts: str) -> float:
+    """A number in [0, 1) that depends on nothing but ``parts``."""
+    digest = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def team_of(user: str, teams: Sequence[str], seed: str) -> str:
+    """One of ``teams`` (the budget tree's leaves, sorted) for every job of ``user``."""
+    return teams[int(stable_fraction(seed, "team", user) * len(teams))]
+
+
+def contract_of(job: RawJob, rules: ContractRules, max_min_runtime_s: float) -> Contract:
+    runtime = max(1, math.ceil(job.runtime_s))
+    draw = stable_fraction(rules.seed, "unallocated", job.job_id)
+    if job.best_effort:
+        min_runtime = 0
+    elif job.gpus <= DEBUG_MAX_GPUS and job.runtime_s <= rules.debug_max_runtime_s:
+        min_runtime = min(runtime, DEBUG_MAX_MIN_RUNTIME_S)
+    elif job.best_effort is None and draw < rules.unallocated_share:
+        min_runtime = 0
+    else:
+        min_runtime = min(runtime, max(1, int(max_min_runtime_s)))
+    return Contract(
+        min_runtime_s=min_runtime,
+        resumable=stable_fraction(rules.seed, "resumable", job.job_id) < rules.resumable_share,
+        priority=job.priority if job.priority is not None else _priority(job, rules),
+    )
+
+
+def to_sim_jobs(
+    jobs: Iterable[RawJob],
+    teams: Sequence[str],
+    rules: ContractRules,
+    max_min_runtime_s: float,
+    gpu_type: str = "",
+) -> list[SimJob]:
+    out = []
+    for job in jobs:
+        terms = contract_of(job, rules, max_min_runtime_s)
+        spec = JobSpec(
+            allocation=team_of(job.user, teams, rules.seed),
+            user=job.user,
+            gpus=job.gpus,
+            command=("trace-job", job.job_id),
+            gpu_type=gpu_type,
+            min_runtime_s=terms.min_runtime_s,
+            resumable=terms.resumable,
+            priority=terms.priority,
+            simulated_duration_s=job.runtime_s,
+        )
+        out.append(SimJob(job.at, job.job_id, spec, job.runtime_s))
+    return out
+
+
+def _priority(job: RawJob, rules: ContractRules) -> int:
+    draw = stable_fraction(rules.seed, "priority", job.job_id)
+    total = sum(share for _, share in rules.priority_shares)
+    for priority, share in rules.priority_shares:
+        draw -= share / total
+        if draw < 0:
+            return priority
+    return rules.priority_shares[-1][0]

@@ -1,0 +1,301 @@
+"""What a simulation measured: a recorder the driver updates, and the numbers it yields.
+
+All integrals run over the measurement window [start, end] and are kept
+exactly (the state is constant between events), in GPU-seconds.
+
+* Occupancy: GPU-seconds held by any task (stopping ones included) over
+  capacity × window.
+* Owed and delivered, per allocation (a leaf of the budget tree) with
+  entitlement e (its share of the cluster) and capacity C: its *demand* at a
+  moment is the GPUs its charged work (minimum runtime > 0) holds plus the
+  GPUs its charged waiting work asks for. It is *owed* min(e·C, demand) at
+  every moment, and *delivered* the GPUs its charged work holds. An
+  allocation has *enough demand* when its demand is at least e·C for at least
+  ``enough_demand`` (default half) of the window. Free (unallocated) work is
+  neither owed nor delivered; it is reported apart.
+* Queue wait: from submission to the first start. A job still waiting at the
+  end counts with its wait so far, so a policy cannot look good by starving.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from libs.core.model import JobSpec, WorkClass
+
+CLASSES = tuple(c.value for c in WorkClass)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    count: int
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    percentiles: tuple[float, ...]  # 0th to 100th, for CDF plots
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Distribution:
+        ordered = sorted(values)
+        if not ordered:
+            return Distribution(0, 0.0, 0.0, 0.0, 0.0, ())
+        return Distribution(
+            count=len(ordered),
+            p50=percentile(ordered, 50),
+            p90=percentile(ordered, 90),
+            p99=percentile(ordered, 99),
+            mean=sum(ordered) / len(ordered),
+            percentiles=tuple(percentile(ordered, q) for q in range(101)),
+        )
+
+
+@dataclass(frozen=True)
+class AllocationMetrics:
+    name: str
+    entitlement: float  # share of the cluster
+    owed_gpu_h: float
+    delivered_gpu_h: float
+    free_gpu_h: float  # unallocated work it ran, uncharged
+    demand_fraction: float  # of the window with demand >= entitlement
+    enough_demand: bool
+
+    @property
+    def delivered_pct(self) -> float | None:
+        return 100 * self.delivered_gpu_h / self.owed_gpu_h if self.owed_gpu_h > 0 else None
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """One job, as the driver saw it end (or not) by the end of the window."""
+
+    arrived: float
+    spec: JobSpec
+    runtime_s: float
+    first_start: float | None
+    finished: float | None
+    preemptions: int
+    outcome: str  # finished, running, waiting, stopped, cancelled, lost
+
+
+@dataclass(frozen=True)
+class Series:
+    """Sampled every ``step_s`` from the window's start, for plots."""
+
+    step_s: float
+    busy: dict[str, list[int]]  # work class -> GPUs held
+    waiting_gpus: list[int]
+    preemptions: list[int]  # cumulative
+
+
+@dataclass(frozen=True)
+class Metrics:
+    policy: str
+    start: float
+    end: float
+    capacity: int
+    occupancy_pct: float
+    # Occupancy against what could be held: min(capacity, held + asked for).
+    occupancy_of_demand_pct: float
+    owed_delivered_min_pct: float | None  # over allocations with enough demand
+    allocations: tuple[AllocationMetrics, ...]
+    waits: dict[str, Distribution]  # by work class, and "all"
+    jct: dict[str, Distribution]
+    slowdown: dict[str, Distribution]  # JCT / max(runtime, 10 s)
+    jobs: dict[str, int]  # outcome -> count
+    preemptions: dict[str, int]  # work class of the stopped job -> count
+    requeues: int
+    lost_gpu_h: float  # work thrown away by preempting non-resumable jobs
+    inputs: int  # fed to the policy
+    series: Series
+    sim_wall_s: float = 0.0  # set by whoever timed the run
+
+    @property
+    def total_preemptions(self) -> int:
+        return sum(self.preemptions.values())
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class _Account:
+    entitled_gpus: float
+    held: int = 0  # charged GPUs held
+    asked: int = 0  # charged GPUs waiting
+    held_free: int = 0
+    since: float = 0.0
+    owed: float = 0.0
+    delivered: float = 0.0
+    free: float = 0.0
+    demand_s: float = 0.0
+
+
+class Recorder:
+    def __init__(
+        self,
+        capacity: int,
+        entitlements: Mapping[str, float],
+        start: float,
+        end: float,
+        sample_s: float = 600.0,
+        enough_demand: float = 0.5,
+    ) -> None:
+        self.capacity = capacity
+        self.entitlements = entitlements
+        self.start = start
+        self.end = end
+        self.enough_demand = enough_demand
+        self.requeues = 0
+        self.lost_gpu_s = 0.0
+        self._now = start
+        self._busy = dict.fromkeys(CLASSES, 0)
+        self._waiting = 0
+        self._busy_area = 0.0
+        self._demand_area = 0.0
+        self._accounts = {
+            name: _Account(share * capacity, since=start)
+            for name, share in sorted(entitlements.items())
+        }
+        self._preemptions = dict.fromkeys(CLASSES, 0)
+        self._next_sample = start
+        self._series = Series(sample_s, {c: [] for c in CLASSES}, [], [])
+
+    def advance(self, t: float) -> None:
+        """Time moves to ``t``; the state held since the last change is integrated."""
+        t = min(t, self.end)
+        if t <= self._now:
+            return
+        while self._next_sample <= t:
+            self._sample()
+        held = sum(self._busy.values())
+        dt = t - self._now
+        self._busy_area += held * dt
+        self._demand_area += min(self.capacity, held + self._waiting) * dt
+        self._now = t
+
+    def waiting(self, spec: JobSpec, delta: int) -> None:
+        self._waiting += delta * spec.gpus
+        if spec.allocated:
+            self._account(spec.allocation).asked += delta * spec.gpus
+
+    def held(self, spec: JobSpec, gpus: int) -> None:
+        """``gpus`` (negative: released) of a task of ``spec``, at the current time."""
+        self._busy[spec.work_class.value] += gpus
+        account = self._account(spec.allocation)
+        if spec.allocated:
+            account.held += gpus
+        else:
+            account.held_free += gpus
+
+    def preempted(self, spec: JobSpec) -> None:
+        self._preemptions[spec.work_class.value] += 1
+
+    def finish(self, jobs: Iterable[JobOutcome], policy: str, inputs: int) -> Metrics:
+        self.advance(self.end)
+        for name in self._accounts:
+            self._account(name)
+        span = max(self.end - self.start, 1e-9)
+        allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
+        enough = [a.delivered_pct for a in allocations if a.enough_demand]
+        outcomes = list(jobs)
+        return Metrics(
+            policy=policy,
+            start=self.start,
+            end=self.end,
+            capacity=self.capacity,
+            occupancy_pct=100 * self._busy_area / (self.capacity * span) if self.capacity else 0,
+            occupancy_of_demand_pct=100 * self._busy_area / self._demand_area
+            if self._demand_area
+            else 100.0,
+            owed_delivered_min_pct=min((p for p in enough if p is not None), default=None),
+            allocations=allocations,
+            waits=_by_class(outcomes, lambda j: _wait(j, self.end)),
+            jct=_by_class(outcomes, _jct),
+            slowdown=_by_class(outcomes, _slowdown),
+            jobs=_count(j.outcome for j in outcomes),
+            preemptions=dict(self._preemptions),
+            requeues=self.requeues,
+            lost_gpu_h=self.lost_gpu_s / 3600,
+            inputs=inputs,
+            series=self._series,
+        )
+
+    def _account(self, name: str) -> _Account:
+        """The allocation's account, integrated up to now (unknown names are owed nothing)."""
+        account = self._accounts.get(name)
+        if account is None:
+            account = self._accounts[name] = _Account(0.0, since=self._now)
+        dt = self._now - account.since
+        if dt > 0:
+            demand = account.held + account.asked
+            account.owed += min(account.entitled_gpus, demand) * dt
+            account.delivered += account.held * dt
+            account.free += account.held_free * dt
+            if account.entitled_gpus > 0 and demand >= account.entitled_gpus:
+                account.demand_s += dt
+            account.since = self._now
+        return account
+
+    def _allocation(self, name: str, account: _Account, span: float) -> AllocationMetrics:
+        fraction = account.demand_s / span
+        return AllocationMetrics(
+            name=name,
+            entitlement=self.entitlements.get(name, 0.0),
+            owed_gpu_h=account.owed / 3600,
+            delivered_gpu_h=account.delivered / 3600,
+            free_gpu_h=account.free / 3600,
+            demand_fraction=fraction,
+            enough_demand=fraction >= self.enough_demand,
+        )
+
+    def _sample(self) -> None:
+        for work_class, held in self._busy.items():
+            self._series.busy[work_class].append(held)
+        self._series.waiting_gpus.append(self._waiting)
+        self._series.preemptions.append(sum(self._preemptions.values()))
+        self._next_sample += self._series.step_s
+
+
+def _wait(job: JobOutcome, end: float) -> float | None:
+    if job.first_start is not None:
+        return job.first_start - job.arrived
+    if job.outcome == "waiting":
+        return end - job.arrived  # still waiting: a lower bound
+    return None  # cancelled or lost before it ever started
+
+
+def _jct(job: JobOutcome) -> float | None:
+    return None if job.finished is None else job.finished - job.arrived
+
+
+def _slowdown(job: JobOutcome) -> float | None:
+    jct = _jct(job)
+    return None if jct is None else jct / max(job.runtime_s, 10.0)
+
+
+def _by_class(
+    jobs: list[JobOutcome], value: Callable[[JobOutcome], float | None]
+) -> dict[str, Distribution]:
+    per: dict[str, list[float]] = {c: [] for c in CLASSES}
+    every: list[float] = []
+    for job in jobs:
+        v = value(job)
+        if v is not None:
+            per[job.spec.work_class.value].append(v)
+            every.append(v)
+    return {**{c: Distribution.of(vs) for c, vs in per.items()}, "all": Distribution.of(every)}
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return dict(sorted(counts.items()))

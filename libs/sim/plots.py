@@ -1,0 +1,128 @@
+"""PNG plots of a run, one figure per question, every policy side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from libs.sim.metrics import CLASSES, Distribution, Metrics
+
+_CLASS_COLOURS = {"debug": "tab:green", "allocated": "tab:blue", "unallocated": "tab:gray"}
+
+
+def write_plots(results: Sequence[Metrics], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "occupancy": _occupancy(results),
+        "owed_delivered": _owed_delivered(results),
+        "waits": _cdfs(results, "waits", "queue wait by class"),
+        "jct": _cdfs(results, "jct", "job completion time by class"),
+        "preemptions": _preemptions(results),
+    }
+    paths = []
+    for name, figure in figures.items():
+        path = out / f"{name}.png"
+        figure.savefig(path, dpi=110, metadata={"Software": None})
+        paths.append(path)
+    return paths
+
+
+def _occupancy(results: Sequence[Metrics]) -> Figure:
+    fig = _figure(11, 2.8 * len(results))
+    axes = fig.subplots(len(results), 1, squeeze=False)
+    for ax, m in zip(axes[:, 0], results, strict=True):
+        s = m.series
+        hours = [i * s.step_s / 3600 for i in range(len(s.waiting_gpus))]
+        ax.stackplot(
+            hours,
+            *(s.busy[c] for c in CLASSES),
+            labels=CLASSES,
+            colors=[_CLASS_COLOURS[c] for c in CLASSES],
+            alpha=0.8,
+        )
+        ax.axhline(m.capacity, color="black", linewidth=0.8, label="capacity")
+        ax.set_ylim(0, m.capacity * 1.1)
+        ax.set_ylabel("GPUs held")
+        ax.set_title(f"{m.policy}: occupancy {m.occupancy_pct:.1f}%")
+        ax.legend(loc="lower right", fontsize=8)
+    axes[-1, 0].set_xlabel("hours since the first submission")
+    fig.tight_layout()
+    return fig
+
+
+def _owed_delivered(results: Sequence[Metrics]) -> Figure:
+    fig = _figure(5 * len(results), 4)
+    axes = fig.subplots(1, len(results), squeeze=False)
+    for ax, m in zip(axes[0], results, strict=True):
+        names = [a.name + ("*" if a.enough_demand else "") for a in m.allocations]
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [a.owed_gpu_h for a in m.allocations], 0.4, label="owed")
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [a.delivered_gpu_h for a in m.allocations],
+            0.4,
+            label="delivered",
+        )
+        ax.set_xticks(list(xs), names, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("GPU-hours")
+        ax.set_title(f"{m.policy} (* enough demand)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _cdfs(results: Sequence[Metrics], field: str, title: str) -> Figure:
+    fig = _figure(14, 4)
+    axes = fig.subplots(1, len(CLASSES), squeeze=False)
+    for ax, work_class in zip(axes[0], CLASSES, strict=True):
+        for m in results:
+            dist: Distribution = getattr(m, field)[work_class]
+            if dist.count:
+                seconds = [max(v, 1.0) for v in dist.percentiles]
+                ax.plot(seconds, range(101), label=f"{m.policy} (p90 {_short(dist.p90)})")
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("percent of jobs")
+        ax.set_title(f"{work_class}")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _preemptions(results: Sequence[Metrics]) -> Figure:
+    fig = _figure(13, 4)
+    timeline, by_class = fig.subplots(1, 2)
+    for m in results:
+        s = m.series
+        hours = [i * s.step_s / 3600 for i in range(len(s.preemptions))]
+        timeline.plot(hours, s.preemptions, label=m.policy)
+    timeline.set_xlabel("hours since the first submission")
+    timeline.set_ylabel("preemptions so far")
+    timeline.legend(fontsize=8)
+    width = 0.8 / max(len(results), 1)
+    for i, m in enumerate(results):
+        xs = [c + i * width for c in range(len(CLASSES))]
+        by_class.bar(xs, [m.preemptions[c] for c in CLASSES], width, label=m.policy)
+    by_class.set_xticks([c + 0.4 - width / 2 for c in range(len(CLASSES))], CLASSES)
+    by_class.set_ylabel("jobs preempted, by their class")
+    by_class.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _figure(width: float, height: float) -> Figure:
+    """A figure drawn by Agg, outside pyplot: no global state, no display needed."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _short(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"

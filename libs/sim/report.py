@@ -1,0 +1,366 @@
+"""The run's record: metrics.json for programs, summary.md for people."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libs.core.config import PolicyConfig
+from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S
+from libs.sim.driver import SimSettings
+from libs.sim.metrics import CLASSES, Metrics
+from libs.sim.scenario import Scenario
+from libs.sim.workload import Workload
+
+SUMMARY_HEADER = (
+    "policy",
+    "owed delivered (min)",
+    "occupancy",
+    "debug p90 wait",
+    "allocated p90 wait",
+    "preemptions",
+    "sim runtime",
+)
+# DESIGN.md section 1: what the reference deployment achieved.
+TARGET_DELIVERED_PCT = 95.0
+TARGET_OCCUPANCY_PCT = 95.0
+TARGET_DEBUG_P90_S = 60.0
+
+CITATIONS = {
+    "philly": "Microsoft Philly, latest 15,000 jobs (DIR-LAB Gen-Parallel-Workloads; Jeon et al., "
+    "ATC '19; Soundar Raj et al., JSSPP '24). Research use, with citation.",
+    "alibaba": "Alibaba GPU trace v2023 openb (Weng et al., ATC '23). Research/study use, "
+    "with citation.",
+    "eventlog": "A recorded Quartermaster event log.",
+}
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    scenario: Scenario
+    config: PolicyConfig
+    settings: SimSettings
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def summary_rows(results: Sequence[Metrics]) -> list[tuple[str, ...]]:
+    return [
+        (
+            m.policy,
+            "n/a" if m.owed_delivered_min_pct is None else f"{m.owed_delivered_min_pct:.1f}%",
+            f"{m.occupancy_pct:.1f}%",
+            duration(m.waits["debug"].p90),
+            duration(m.waits["allocated"].p90),
+            str(m.total_preemptions),
+            f"{m.sim_wall_s:.1f} s",
+        )
+        for m in results
+    ]
+
+
+def workload_profile(workload: Workload) -> dict[str, Any]:
+    """How the trace's jobs fell into classes and teams."""
+    classes = {c: {"jobs": 0, "gpu_h": 0.0} for c in CLASSES}
+    shares = workload.tree.entitlements()
+    teams: dict[str, dict[str, Any]] = {
+        t: {"entitlement": s, "users": set(), "jobs": 0, "charged_gpu_h": 0.0}
+        for t, s in shares.items()
+    }
+    for job in workload.jobs:
+        gpu_h = job.spec.gpus * job.runtime_s / 3600
+        entry = classes[job.spec.work_class.value]
+        entry["jobs"] += 1
+        entry["gpu_h"] += gpu_h
+        team = teams.setdefault(
+            job.spec.allocation,
+            {"entitlement": 0.0, "users": set(), "jobs": 0, "charged_gpu_h": 0.0},
+        )
+        team["users"].add(job.spec.user)
+        team["jobs"] += 1
+        if job.spec.allocated:
+            team["charged_gpu_h"] += gpu_h
+    for team in teams.values():
+        team["users"] = len(team["users"])
+    return {"classes": classes, "teams": dict(sorted(teams.items()))}
+
+
+def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) -> dict[str, Any]:
+    policies = {}
+    for m in results:
+        entry = dataclasses.asdict(m)
+        entry["total_preemptions"] = m.total_preemptions
+        for alloc, raw in zip(m.allocations, entry["allocations"], strict=True):
+            raw["delivered_pct"] = alloc.delivered_pct
+        policies[m.policy] = entry
+    return {
+        "scenario": _jsonable(dataclasses.asdict(info.scenario)),
+        "policy_config": dataclasses.asdict(info.config),
+        "settings": dataclasses.asdict(info.settings),
+        "workload": {
+            "jobs": len(workload.jobs),
+            "capacity_gpus": workload.capacity,
+            "nodes": len(workload.nodes),
+            "offered_load": workload.offered_load(),
+            **workload_profile(workload),
+        },
+        "policies": policies,
+    }
+
+
+def write_report(
+    out: Path,
+    info: RunInfo,
+    workload: Workload,
+    results: Sequence[Metrics],
+    plots: Sequence[Path] = (),
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = metrics_json(info, workload, results)
+    (out / "metrics.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    (out / "summary.md").write_text(summary_markdown(info, workload, results, plots, out))
+
+
+def summary_markdown(
+    info: RunInfo,
+    workload: Workload,
+    results: Sequence[Metrics],
+    plots: Sequence[Path] = (),
+    out: Path | None = None,
+) -> str:
+    sc, cfg, st = info.scenario, info.config, info.settings
+    first = results[0] if results else None
+    lines = [f"# Simulation: {sc.trace}", ""]
+    lines += [
+        f"- Trace: `{sc.path}`. {CITATIONS.get(sc.trace, '')}",
+        f"- Window: {_window(sc)}; {len(workload.jobs)} jobs submitted over "
+        f"{duration(first.end - first.start - st.drain_s) if first else 'n/a'}, "
+        f"simulated until {duration(st.drain_s)} after the last.",
+        f"- Cluster: {len(workload.nodes)} nodes, {workload.capacity} GPUs. Offered load "
+        f"(GPU time submitted, cut at the last submission, over capacity × window): "
+        f"**{workload.offered_load():.2f}×** capacity.",
+        f"- Knobs: lookback {duration(cfg.lookback_window_s)}, minimum-runtime cap "
+        f"{duration(cfg.max_min_runtime_s)}, tick {duration(st.tick_s)}, usage snapshot every "
+        f"{duration(st.snapshot_s)}, stop grace {duration(st.stop_grace_s)}.",
+        "",
+        "## Summary",
+        "",
+        *_table(SUMMARY_HEADER, summary_rows(results)),
+        "",
+        f"Targets (DESIGN.md §1): owed delivered ≥ {TARGET_DELIVERED_PCT:.0f}% for every team "
+        f"with enough demand, occupancy ≥ {TARGET_OCCUPANCY_PCT:.0f}%, debug p90 wait ≤ "
+        f"{TARGET_DEBUG_P90_S:.0f} s.",
+        "",
+        *[f"- {m.policy}: {_verdict(m)}" for m in results],
+        "",
+        "## Definitions",
+        "",
+        "- **Occupancy**: GPU-seconds held by tasks (stopping ones included) ÷ (GPUs × window).",
+        "- **Demand** of an allocation at a moment: GPUs its charged work (minimum runtime > 0)"
+        " holds plus GPUs its waiting charged work asks for.",
+        "- **Owed** = ∫ min(entitlement × GPUs, demand) dt; **delivered** = ∫ GPUs its charged"
+        " work holds dt, over the window. Owed delivered % = delivered ÷ owed (above 100% when"
+        " a team used what others left idle).",
+        f"- **Enough demand**: demand ≥ entitlement × GPUs for at least "
+        f"{st.enough_demand:.0%} of the window. The summary shows the minimum over those teams.",
+        "- **Queue wait**: submission to first start; jobs still waiting at the end count with"
+        " their wait so far (a lower bound). **JCT**: submission to finish, finished jobs only."
+        " **Slowdown**: JCT ÷ max(runtime, 10 s).",
+        "- **Preemptions**: stops with cause *preempted* (a gang counts once).",
+        "",
+        *_mapping_section(info, workload),
+        *_allocations_section(results),
+        *_waits_section(results),
+        *_outcomes_section(results),
+    ]
+    if plots:
+        lines += ["## Plots", ""]
+        lines += [f"![{p.stem}]({p.relative_to(out) if out else p})" for p in plots]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
+    profile = workload_profile(workload)
+    r = info.scenario.rules
+    lines = ["## From trace jobs to Quartermaster jobs", ""]
+    if info.scenario.trace != "eventlog":
+        lines += [
+            f"- **Team**: the budget tree's leaves, sorted; a user's team is leaf number "
+            f"⌊SHA-256(`{r.seed}`, `team`, user) ÷ 2⁶⁴ × leaves⌋, the same for every job of "
+            "that user on every run (Alibaba has no users: each pod draws alone).",
+            f"- **Contract**, in order: best effort in the trace (Alibaba QoS BE) → unallocated "
+            f"(minimum runtime 0); ≤ {DEBUG_MAX_GPUS} GPUs and runtime ≤ "
+            f"{duration(r.debug_max_runtime_s)} → debug, minimum runtime = "
+            f"min(runtime, {duration(DEBUG_MAX_MIN_RUNTIME_S)}); else, where the trace does not "
+            f"say, a stable-hash draw below {r.unallocated_share:.0%} → unallocated; else "
+            f"allocated, minimum runtime = min(runtime, the cap).",
+            f"- **Resumable**: a stable-hash draw below {r.resumable_share:.0%}. **Priority** "
+            "(used by the priority baseline, and within an allocation by the budget policy): "
+            "Alibaba QoS (Guaranteed 2, LS 1, Burstable 0, BE -1); otherwise a stable-hash draw "
+            + ", ".join(f"{p}: {s:.0%}" for p, s in r.priority_shares)
+            + ".",
+            "",
+        ]
+    lines += _table(
+        ("class", "jobs", "GPU-hours asked"),
+        [(c, str(v["jobs"]), f"{v['gpu_h']:,.0f}") for c, v in profile["classes"].items()],
+    )
+    lines += [""]
+    lines += _table(
+        ("team", "entitlement", "users", "jobs", "charged GPU-hours asked"),
+        [
+            (
+                t,
+                f"{v['entitlement']:.1%}",
+                str(v["users"]),
+                str(v["jobs"]),
+                f"{v['charged_gpu_h']:,.0f}",
+            )
+            for t, v in profile["teams"].items()
+        ],
+    )
+    return [*lines, ""]
+
+
+def _allocations_section(results: Sequence[Metrics]) -> list[str]:
+    lines = [
+        "## Owed vs delivered per allocation",
+        "",
+        "GPU-hours over the window; * marks teams with enough demand.",
+        "",
+    ]
+    for m in results:
+        rows = [
+            (
+                a.name + (" *" if a.enough_demand else ""),
+                f"{a.entitlement:.1%}",
+                f"{a.demand_fraction:.0%}",
+                f"{a.owed_gpu_h:,.0f}",
+                f"{a.delivered_gpu_h:,.0f}",
+                "n/a" if a.delivered_pct is None else f"{a.delivered_pct:.1f}%",
+                f"{a.free_gpu_h:,.0f}",
+            )
+            for a in m.allocations
+        ]
+        header = (
+            "team",
+            "entitlement",
+            "time with enough demand",
+            "owed",
+            "delivered",
+            "delivered/owed",
+            "unallocated run",
+        )
+        lines += [f"### {m.policy}", "", *_table(header, rows), ""]
+    return lines
+
+
+def _waits_section(results: Sequence[Metrics]) -> list[str]:
+    rows = []
+    for m in results:
+        for c in (*CLASSES, "all"):
+            w, j, s = m.waits[c], m.jct[c], m.slowdown[c]
+            rows.append(
+                (
+                    m.policy,
+                    c,
+                    str(w.count),
+                    duration(w.p50),
+                    duration(w.p90),
+                    duration(w.p99),
+                    duration(j.p50),
+                    duration(j.p90),
+                    f"{s.p50:.1f}",
+                    f"{s.p90:.1f}",
+                )
+            )
+    header = (
+        "policy",
+        "class",
+        "jobs",
+        "wait p50",
+        "wait p90",
+        "wait p99",
+        "JCT p50",
+        "JCT p90",
+        "slowdown p50",
+        "slowdown p90",
+    )
+    return ["## Waits, completion times and slowdown", "", *_table(header, rows), ""]
+
+
+def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
+    outcomes = sorted({k for m in results for k in m.jobs})
+    rows = [
+        (
+            m.policy,
+            *(str(m.jobs.get(k, 0)) for k in outcomes),
+            ", ".join(f"{c} {n}" for c, n in m.preemptions.items()),
+            str(m.requeues),
+            f"{m.lost_gpu_h:,.0f}",
+            str(m.inputs),
+        )
+        for m in results
+    ]
+    header = (
+        "policy",
+        *outcomes,
+        "preempted (by class)",
+        "requeues",
+        "lost GPU-hours",
+        "policy inputs",
+    )
+    return ["## Jobs at the end of the window", "", *_table(header, rows), ""]
+
+
+def _verdict(m: Metrics) -> str:
+    checks = [
+        (
+            "owed delivered",
+            m.owed_delivered_min_pct is not None
+            and m.owed_delivered_min_pct >= TARGET_DELIVERED_PCT,
+        ),
+        ("occupancy", m.occupancy_pct >= TARGET_OCCUPANCY_PCT),
+        ("debug p90 wait", m.waits["debug"].p90 <= TARGET_DEBUG_P90_S),
+    ]
+    return ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in checks)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(" --- " for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def _window(sc: Scenario) -> str:
+    parts = [f"the first {sc.skip_head} jobs skipped"] if sc.skip_head else []
+    if sc.start_s is not None:
+        parts.append(f"submitted from {sc.start_s:g} s")
+    if sc.end_s is not None:
+        parts.append(f"submitted before {sc.end_s:g} s")
+    return ", ".join(parts) or "the whole trace"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -1,0 +1,207 @@
+"""The audit against real logs: what the running placement decided, replayed byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+from typer.testing import CliRunner
+
+from cli.app import app
+from libs.audit import audit_topics
+from libs.bus import KafkaSettings, Topics, load_topic_config
+from libs.events import encode
+from tests.golden.logfile import read_log
+from tests.golden.record import HERE, Scenario
+from tests.integration.conftest import wait_for_end
+from tests.integration.stack import Stack
+from tests.integration.test_job_lifecycle import submit
+
+
+def test_every_decision_of_a_random_workload_reproduces(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    rng = random.Random(20260105)
+    submitted = []
+    for _ in range(16):
+        gpu_type = rng.choice(("", "H100", "A100"))
+        command = rng.choice((["true"], ["false"], ["sleep", f"0.{rng.randint(1, 9)}"]))
+        job_id = submit(
+            stack,
+            jobs,
+            allocation=rng.choice(("vision", "nlp")),
+            gpus=rng.choice((1, 1, 2, 3, 4)),
+            gpu_type=gpu_type,
+            command=command,
+        )
+        submitted.append(job_id)
+    cancelled = [submit(stack, jobs, command=["sleep", "30"]) for _ in range(2)]
+    for job_id in cancelled:
+        jobs.CancelJob(js.CancelJobRequest(job_id=job_id), metadata=stack.auth("alice"))
+    for job_id in submitted + cancelled:
+        wait_for_end(stack, jobs, job_id)
+
+    result = asyncio.run(
+        audit_topics(
+            KafkaSettings(bootstrap=stack.bootstrap),
+            load_topic_config(Path(stack.topics_file)),
+            group=stack.env["QM_PLACEMENT_GROUP"],
+        )
+    )
+    assert result.divergence is None, result.divergence
+    assert result.checked == result.reproduced >= len(submitted + cancelled)
+
+    verdict = CliRunner().invoke(app, ["audit", "verify"], env=stack.env)
+    assert verdict.exit_code == 0, verdict.output
+    assert f"{result.checked} decisions, {result.checked} reproduced" in verdict.output
+
+
+def test_a_tampered_log_is_caught_over_kafka(tmp_path: Path) -> None:
+    settings = KafkaSettings.from_env()
+    golden = json.loads((HERE / "scheduler-contended-gpu-changed.json").read_text())
+    with private_topics(settings, partitions=1) as topics:
+        asyncio.run(_produce_files(settings, topics, golden["input"], golden["decisions"]))
+        found = asyncio.run(audit_topics(settings, topics)).divergence
+        assert found is not None
+        assert (found.input_offset, found.index, found.difference.name) == (
+            golden["divergence"]["input_offset"],
+            golden["divergence"]["index"],
+            golden["divergence"]["difference"],
+        )
+
+        topics_file = tmp_path / "topics.yaml"
+        names = {f.name: {"name": getattr(topics, f.name).name} for f in dataclasses.fields(topics)}
+        topics_file.write_text(yaml.safe_dump({"partitions": 1, "topics": names}))
+        verdict = CliRunner().invoke(
+            app, ["audit", "verify"], env={"QM_TOPICS": str(topics_file), "COLUMNS": "200"}
+        )
+    assert verdict.exit_code == 1, verdict.output
+    assert f"input offset {found.input_offset}, decision #{found.index}" in verdict.output
+    assert "differing fields: task_placed.gpu_indices" in verdict.output
+
+
+async def _produce_files(
+    settings: KafkaSettings, topics: Topics, inputs: str, decided: str
+) -> None:
+    producer = AIOKafkaProducer(**settings.client_kwargs(), enable_idempotence=True)
+    await producer.start()
+    try:
+        for env in read_log(HERE / inputs):
+            await producer.send(topics.events.name, encode(env), partition=0)
+        for env in read_log(HERE / decided):
+            await producer.send(topics.decisions.name, encode(env), partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+@contextmanager
+def private_topics(settings: KafkaSettings, partitions: int) -> Iterator[Topics]:
+    """Fresh events and decisions topics of their own, deleted afterwards."""
+    prefix = f"audit-{uuid.uuid4().hex[:8]}"
+    config = load_topic_config()
+    topics = dataclasses.replace(
+        config,
+        events=dataclasses.replace(config.events, name=f"{prefix}.events"),
+        decisions=dataclasses.replace(config.decisions, name=f"{prefix}.decisions"),
+    )
+    names = [topics.events.name, topics.decisions.name]
+    asyncio.run(
+        _admin(settings, lambda a: a.create_topics([NewTopic(n, partitions, 1) for n in names]))
+    )
+    try:
+        yield topics
+    finally:
+        asyncio.run(_admin(settings, lambda a: a.delete_topics(names)))
+
+
+async def _admin(
+    settings: KafkaSettings, call: Callable[[AIOKafkaAdminClient], Awaitable[object]]
+) -> None:
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    await admin.start()
+    try:
+        await call(admin)
+    finally:
+        await admin.close()
+
+
+BENCH_EVENTS = int(os.environ.get("QM_AUDIT_BENCH_EVENTS", "0"))
+BENCH_PARTITIONS = 4
+
+
+@pytest.mark.skipif(not BENCH_EVENTS, reason="set QM_AUDIT_BENCH_EVENTS=1000000 to measure")
+@pytest.mark.timeout(3600)
+def test_audit_rate() -> None:
+    """Record a large log into private topics, time the audit of it."""
+    settings = KafkaSettings.from_env()
+    per_partition = BENCH_EVENTS // BENCH_PARTITIONS
+    with private_topics(settings, BENCH_PARTITIONS) as topics:
+        started = time.monotonic()
+        with ProcessPoolExecutor(BENCH_PARTITIONS) as pool:
+            decided = sum(
+                pool.map(
+                    _record_partition,
+                    [settings] * BENCH_PARTITIONS,
+                    [topics] * BENCH_PARTITIONS,
+                    range(BENCH_PARTITIONS),
+                    [per_partition] * BENCH_PARTITIONS,
+                )
+            )
+        recorded_s = time.monotonic() - started
+        started = time.monotonic()
+        result = asyncio.run(audit_topics(settings, topics))
+        audit_s = time.monotonic() - started
+    print(
+        f"\nrecorded {per_partition * BENCH_PARTITIONS} events, {decided} decisions in "
+        f"{recorded_s:.0f} s; audit: {result.inputs} events, {result.checked} decisions in "
+        f"{audit_s:.1f} s = {result.inputs / audit_s:,.0f} events/s"
+    )
+    assert result.divergence is None and result.inputs == per_partition * BENCH_PARTITIONS
+    assert result.reproduced == decided
+
+
+def _record_partition(settings: KafkaSettings, topics: Topics, partition: int, count: int) -> int:
+    return asyncio.run(_produce_scenario(settings, topics, partition, count))
+
+
+async def _produce_scenario(
+    settings: KafkaSettings, topics: Topics, partition: int, count: int
+) -> int:
+    # Explicit partitions of fresh topics: offsets run 0, 1, 2, ... as the scenario numbers them.
+    producer = AIOKafkaProducer(
+        **settings.client_kwargs(),
+        enable_idempotence=True,  # retries must not double a record and shift the offsets
+        linger_ms=20,
+        max_batch_size=1 << 20,
+    )
+    await producer.start()
+    decided = 0
+    try:
+        scenario = Scenario(partition, count, partition=partition, cluster=f"c{partition}")
+        for step in scenario.steps():
+            if step.offset == count:
+                break
+            await producer.send(topics.events.name, encode(step.input), partition=partition)
+            for decision in step.decisions:
+                await producer.send(topics.decisions.name, encode(decision), partition=partition)
+            decided += len(step.decisions)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return decided

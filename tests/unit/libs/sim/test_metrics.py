@@ -1,0 +1,64 @@
+"""Metrics arithmetic: the integrals behind occupancy and owed vs delivered."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.sim.metrics import Distribution, Recorder, percentile
+from tests.unit.libs.sim.sim_builders import spec
+
+
+def test_owed_delivered_and_occupancy_integrate_the_state_between_changes() -> None:
+    rec = Recorder(capacity=10, entitlements={"a": 0.5, "b": 0.5}, start=0.0, end=100.0)
+    a, b_waiting, b_running = (
+        spec(5, allocation="a"),
+        spec(8, allocation="b"),
+        spec(2, allocation="b"),
+    )
+    rec.held(a, 5)
+    rec.waiting(b_waiting, 1)
+    rec.advance(50.0)
+    rec.waiting(b_waiting, -1)
+    rec.held(b_running, 2)
+    m = rec.finish([], "test", inputs=0)
+    by_name = {x.name: x for x in m.allocations}
+    assert by_name["a"].owed_gpu_h * 3600 == pytest.approx(500)
+    assert by_name["a"].delivered_pct == pytest.approx(100.0)
+    # b is owed 5 while it asks 8, then only the 2 it holds.
+    assert by_name["b"].owed_gpu_h * 3600 == pytest.approx(5 * 50 + 2 * 50)
+    assert by_name["b"].delivered_gpu_h * 3600 == pytest.approx(100)
+    assert by_name["b"].demand_fraction == pytest.approx(0.5)
+    assert by_name["b"].enough_demand
+    assert m.owed_delivered_min_pct == pytest.approx(100 * 100 / 350)
+    assert m.occupancy_pct == pytest.approx(100 * (5 * 100 + 2 * 50) / 1000)
+    # Against what could be held: min(10, 5 + 8) for 50 s, then 7.
+    assert m.occupancy_of_demand_pct == pytest.approx(100 * 600 / (10 * 50 + 7 * 50))
+
+
+def test_free_work_is_neither_owed_nor_delivered() -> None:
+    rec = Recorder(capacity=4, entitlements={"a": 1.0}, start=0.0, end=10.0)
+    rec.held(spec(4, min_runtime_s=0), 4)
+    m = rec.finish([], "test", inputs=0)
+    (a,) = m.allocations
+    assert (a.owed_gpu_h, a.delivered_gpu_h, a.free_gpu_h * 3600) == (0.0, 0.0, 40.0)
+    assert not a.enough_demand
+    assert m.owed_delivered_min_pct is None
+    assert m.occupancy_pct == 100.0
+
+
+def test_samples_hold_the_state_at_each_step() -> None:
+    rec = Recorder(capacity=4, entitlements={"a": 1.0}, start=0.0, end=30.0, sample_s=10.0)
+    job = spec(2, min_runtime_s=3600)
+    rec.held(job, 2)
+    rec.advance(15.0)
+    rec.held(job, -2)
+    m = rec.finish([], "test", inputs=0)
+    assert m.series.busy["allocated"] == [2, 2, 0, 0]
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 90) == 5.0
+    d = Distribution.of([float(v) for v in range(101)])
+    assert (d.p50, d.p90, d.p99, d.count) == (50.0, 90.0, 99.0, 101)
+    assert Distribution.of([]).count == 0

@@ -1,0 +1,81 @@
+"""Scenario to report, end to end on a tiny Philly-format trace, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.sim import parse_duration, sim_app
+from libs.core import PolicyConfig
+from libs.sim import build_workload, load_scenario
+from libs.sim.report import duration, summary_rows
+
+REPO = Path(__file__).resolve().parents[4]
+HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
+
+
+def tiny_scenario(tmp_path: Path) -> Path:
+    sizes = (1, 1, 2, 4, 8)
+    rows = [
+        f"{i},{1 + i % 6},{sizes[i % 5]},0,1,{i * 37 % 120},{60 + i * 53 % 4000},0,Pass"
+        for i in range(120)
+    ]
+    (tmp_path / "trace.csv").write_text(HEADER + "\r\n".join(rows) + "\r\n", newline="")
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(
+        "trace: philly\n"
+        "path: trace.csv\n"
+        f"tree: {REPO / 'deploy' / 'sim' / 'budget-tree.yaml'}\n"
+        "cluster: {nodes: 2, gpus_per_node: 8, gpu_type: V100}\n"
+    )
+    return scenario
+
+
+def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        sim_app,
+        ["--scenario", str(tiny_scenario(tmp_path)), "--out", str(out), "--drain", "2h"],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert sorted(data["policies"]) == ["budget", "fifo", "priority"]
+    assert data["workload"]["jobs"] == 120
+    summary = (out / "summary.md").read_text()
+    assert "| policy | owed delivered (min) |" in summary
+    assert all(f"| {name} |" in summary for name in ("budget", "priority", "fifo"))
+    plots = sorted(p.name for p in (out / "plots").iterdir())
+    assert plots == [
+        "jct.png",
+        "occupancy.png",
+        "owed_delivered.png",
+        "preemptions.png",
+        "waits.png",
+    ]
+
+
+def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        sim_app, ["--scenario", str(tiny_scenario(tmp_path)), "--policy", "lottery"]
+    )
+    assert result.exit_code != 0
+    assert "unknown policy" in result.output
+
+
+def test_the_shipped_philly_scenario_is_overloaded_two_to_three_times() -> None:
+    scenario = load_scenario(REPO / "deploy" / "sim" / "philly.yaml")
+    if not scenario.path.exists():
+        pytest.skip("shared trace data not present")
+    workload = build_workload(scenario, PolicyConfig().max_min_runtime_s)
+    assert len(workload.jobs) == 14_000
+    assert 2.0 <= workload.offered_load() <= 3.0
+
+
+def test_durations_read_and_print_like_people_write_them() -> None:
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("90") == 90
+    assert [duration(s) for s in (45, 600, 7200, 3 * 86400)] == ["45 s", "10 min", "2.0 h", "3.0 d"]
+    assert summary_rows([]) == []

@@ -1,0 +1,123 @@
+"""Trace parsing: times, sizes and ids exactly as each trace's format defines them."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from google.protobuf.message import Message
+from qm.v1 import events_pb2, types_pb2
+
+from libs.events import new_envelope
+from libs.sim.traces import (
+    RawJob,
+    TraceError,
+    load_event_log,
+    load_philly,
+    parse_alibaba,
+    parse_philly,
+    select,
+)
+from tests.golden.logfile import write_log
+
+DATA = Path(__file__).resolve().parents[5] / "shared" / "data"
+PHILLY_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
+
+
+def test_philly_times_are_running_sums_of_the_gap_in_file_order() -> None:
+    text = PHILLY_HEADER + (
+        "0,1,1,0,1,0,100,0,Pass\r\n"
+        "2,2,16,0,2,30,50,0,Killed\r\n"  # u_id out of file order, as in the real file
+        "1,1,8,0,1,0,7,0,Failed\r\n"
+    )
+    jobs = parse_philly(io.StringIO(text, newline=""))
+    assert jobs == [
+        RawJob("philly-0", 0.0, "user-1", 1, 100.0, 1),
+        RawJob("philly-2", 30.0, "user-2", 16, 50.0, 2),
+        RawJob("philly-1", 30.0, "user-1", 8, 7.0, 1),
+    ]
+
+
+def test_a_file_in_another_format_is_refused_with_the_missing_columns() -> None:
+    with pytest.raises(TraceError, match="missing columns"):
+        parse_philly(io.StringIO("a,b\n1,2\n"))
+    with pytest.raises(TraceError, match="row 2"):
+        parse_philly(io.StringIO(PHILLY_HEADER + "0,1,one,0,1,0,5,0,Pass\r\n", newline=""))
+
+
+ALIBABA_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time\n"
+)
+
+
+def test_alibaba_pods_round_shared_gpus_up_and_drop_cpu_only_pods() -> None:
+    text = ALIBABA_HEADER + (
+        "openb-pod-0001,1000,100,1,470,,BE,Running,200,500,210\n"
+        "openb-pod-0000,1000,100,0,0,,LS,Running,100,900,100\n"  # CPU only
+        "openb-pod-0002,1000,100,8,1000,,Guaranteed,Succeeded,150,350,160\n"
+        "openb-pod-0003,1000,100,1,1000,,LS,Pending,150,180,\n"  # never scheduled
+    )
+    jobs = parse_alibaba(io.StringIO(text))
+    assert [(j.job_id, j.at, j.gpus, j.runtime_s, j.best_effort, j.priority) for j in jobs] == [
+        ("openb-pod-0002", 150.0, 8, 190.0, False, 2),
+        ("openb-pod-0003", 150.0, 1, 30.0, False, 1),
+        ("openb-pod-0001", 200.0, 1, 290.0, True, -1),
+    ]
+
+
+def test_select_skips_the_head_then_keeps_a_time_window() -> None:
+    jobs = [RawJob(f"j{i}", float(i * 10), "u", 1, 1.0) for i in range(10)]
+    picked = select(jobs, skip_head=2, start_s=30.0, end_s=70.0)
+    assert [j.job_id for j in picked] == ["j3", "j4", "j5", "j6"]
+
+
+def test_a_recorded_log_gives_submissions_nodes_budget_and_cancellations(tmp_path: Path) -> None:
+    def env(payload: Message, second: int) -> events_pb2.Envelope:
+        at = datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
+        return new_envelope(payload, producer="test", occurred=at, event_id=f"e{second}")
+
+    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=2, command=["x"], min_runtime_s=60)
+    tree = types_pb2.BudgetTree(
+        nodes=[
+            types_pb2.BudgetNode(name="root", weight=1),
+            types_pb2.BudgetNode(name="a", parent="root", weight=1),
+        ]
+    )
+    inventory = types_pb2.NodeInventory(
+        node_id="n1", gpus=[types_pb2.Gpu(index=i, type="H100") for i in range(4)]
+    )
+    envelopes = [
+        env(events_pb2.BudgetChanged(tree=tree), 0),
+        env(events_pb2.NodeRegistered(inventory=inventory), 1),
+        env(events_pb2.JobAdmitted(job_id="j1", spec=spec), 2),
+        env(events_pb2.TaskStarted(job_id="j1", task_id="j1/0", node_id="n1"), 3),
+        env(events_pb2.TaskFinished(job_id="j1", task_id="j1/0", node_id="n1"), 13),
+        env(events_pb2.JobAdmitted(job_id="j2", spec=spec), 4),  # never ran: no runtime
+        env(events_pb2.JobCancelRequested(job_id="j2"), 5),
+    ]
+    path = tmp_path / "run.qmlog"
+    write_log(path, envelopes)
+    log = load_event_log(path)
+    assert [(j.job_id, j.runtime_s) for j in log.jobs] == [("j1", 10.0)]
+    assert log.dropped == ("j2",)
+    assert [n.node_id for n in log.nodes] == ["n1"]
+    assert log.tree is not None and log.tree.leaves() == ["a"]
+    assert [job for _, job in log.cancels] == ["j2"]
+
+
+def test_a_truncated_log_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cut.qmlog"
+    path.write_bytes(b"\x80")
+    with pytest.raises(TraceError, match="record length"):
+        load_event_log(path)
+
+
+@pytest.mark.skipif(not (DATA / "philly-15k").exists(), reason="shared trace data not present")
+def test_the_real_philly_file_parses_whole() -> None:
+    jobs = load_philly(DATA / "philly-15k" / "philly_data_training.csv")
+    assert len(jobs) == 15_000
+    assert jobs[-1].at == 4_977_039  # the sum of all intervals (data README)
+    assert sum(j.gpus * j.runtime_s for j in jobs) == 2_756_749_794

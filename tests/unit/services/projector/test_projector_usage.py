@@ -1,0 +1,160 @@
+"""The usage ledger's reader, snapshot publishing and view; no broker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, ClassVar, cast
+from unittest import mock
+
+import faust
+import pytest
+from aiohttp.test_utils import TestServer
+from aiokafka.errors import KafkaTimeoutError
+from faust.web.drivers.aiohttp import Web as AiohttpWeb
+from qm.v1 import events_pb2, types_pb2
+
+from libs.bus.producer import TYPE_HEADER
+from libs.events import decode
+from services.projector.client import ProjectorClient, ProjectorError
+from services.projector.usage import agents
+from services.projector.usage import state as usage
+from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished, started, tick
+
+Apply = Callable[[events_pb2.Envelope], None]
+
+SPEC = types_pb2.JobSpec(allocation="team-a", gpus=2, min_runtime_s=600, command=["x"])
+LOG = [admitted("j", s=SPEC), started("j", at=T0), finished("j", at=T0 + 10)]
+
+
+class FakeReader:
+    """A LogReader over a list: catch_up folds ``LOG``, follow folds ``later`` and waits."""
+
+    later: ClassVar[list[events_pb2.Envelope]] = []
+    instances: ClassVar[list[FakeReader]] = []
+
+    def __init__(self, settings: Any, topic: str) -> None:
+        self.topic = topic
+        self.stopped = False
+        self.following = asyncio.Event()
+        FakeReader.instances.append(self)
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    async def catch_up(self, apply: Apply) -> int:
+        assert not usage.rebuilt.is_set()
+        for env in LOG:
+            apply(env)
+        return len(LOG)
+
+    async def follow(self, apply: Apply) -> None:
+        for env in self.later:
+            apply(env)
+        self.following.set()
+        await asyncio.Event().wait()
+
+
+@pytest.fixture
+def reader() -> Iterator[type[FakeReader]]:
+    FakeReader.instances.clear()
+    with mock.patch.object(agents, "LogReader", FakeReader):
+        yield FakeReader
+
+
+async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
+    projector: faust.App, reader: type[FakeReader]
+) -> None:
+    reader.later = [tick(T0 + 20)]
+    task = asyncio.create_task(agents.fold_events())
+    await asyncio.wait_for(usage.rebuilt.wait(), 5)
+    [instance] = reader.instances
+    await asyncio.wait_for(instance.following.wait(), 5)
+    assert instance.topic == agents.TOPICS.events.name
+    cluster = usage.ledger.cluster("default")
+    assert cluster is not None
+    assert (cluster.now, cluster.usage()["team-a"].allocated_gpu_s) == (T0 + 20, 20.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert instance.stopped
+
+
+def sending(*outcomes: BaseException | None) -> mock.AsyncMock:
+    """A stand-in for ``Topic.send``: each call's delivery fails with the next outcome, or not."""
+    results = iter(outcomes)
+
+    async def delivered(outcome: BaseException | None) -> None:
+        if outcome is not None:
+            raise outcome
+
+    async def send(**kwargs: Any) -> Awaitable[None]:
+        return delivered(next(results, None))
+
+    return mock.AsyncMock(side_effect=send)
+
+
+def fold(*envs: events_pb2.Envelope) -> None:
+    for env in envs:
+        usage.ledger.apply(env)
+
+
+async def test_nothing_is_published_before_the_ledger_is_rebuilt(projector: faust.App) -> None:
+    fold(*LOG)
+    with mock.patch.object(agents.events_out, "send", sending()) as send:
+        assert await agents.publish_snapshots() == 0
+    send.assert_not_awaited()
+
+
+async def test_changed_snapshots_are_published_once(projector: faust.App) -> None:
+    fold(*LOG, tick(T0 + 30, cluster="east"))
+    usage.rebuilt.set()
+    with mock.patch.object(agents.events_out, "send", sending()) as send:
+        assert await agents.publish_snapshots() == 1
+        assert await agents.publish_snapshots() == 0
+        fold(admitted("k", at=T0 + 40, s=SPEC), started("k", at=T0 + 40), tick(T0 + 41))
+        assert await agents.publish_snapshots() == 1
+    first, second = (decode(call.kwargs["value"]) for call in send.await_args_list)
+    assert send.await_args_list[0].kwargs["key"] == b"default"
+    assert dict(send.await_args_list[0].kwargs["headers"])[TYPE_HEADER] == b"usage_snapshot"
+    assert (first.producer, first.cluster, first.occurred_at.seconds) == (
+        "projector",
+        "default",
+        int(T0) + 10,
+    )
+    assert [u.allocated_gpu_s for u in first.usage_snapshot.usage] == [20.0]
+    assert [u.allocated_gpu_s for u in second.usage_snapshot.usage] == [22.0]
+
+
+async def test_a_snapshot_that_failed_to_go_out_is_sent_next_time(projector: faust.App) -> None:
+    fold(*LOG)
+    usage.rebuilt.set()
+    with mock.patch.object(agents.events_out, "send", sending(KafkaTimeoutError())) as send:
+        assert await agents.publish_snapshots() == 0
+        assert await agents.publish_snapshots() == 1
+    assert send.await_count == 2
+
+
+@pytest.fixture
+async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
+    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
+    await server.start_server()
+    async with ProjectorClient(str(server.make_url(""))) as client:
+        yield client
+    await server.close()
+
+
+async def test_usage_view_answers_balances_once_rebuilt(client: ProjectorClient) -> None:
+    with pytest.raises(ProjectorError, match="503"):
+        await client.usage()
+    fold(*LOG, tick(T0 + 5, cluster="east"))
+    usage.rebuilt.set()
+    balances = await client.usage()
+    assert [(b.allocation, b.entitlement, b.gpu_seconds) for b in balances.balances] == [
+        ("team-a", 0.0, 20.0)
+    ]
+    assert list((await client.usage("east")).balances) == []
+    assert list((await client.usage("north")).balances) == []
