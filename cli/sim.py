@@ -61,6 +61,9 @@ def run(
     snapshot: Annotated[str, typer.Option(help="Usage snapshot period")] = "300s",
     grace: Annotated[str, typer.Option(help="Stop grace before a task ends")] = "30s",
     drain: Annotated[str, typer.Option(help="Simulate on after the last submission")] = "0",
+    warmup: Annotated[
+        str | None, typer.Option(help="Measure from this long after the first submission")
+    ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
 ) -> None:
     """Simulate: qm sim run --trace philly --policy all --out sim-out"""
@@ -89,6 +92,7 @@ def run(
         skip_head=skip_head if skip_head is not None else sc.skip_head,
         start_s=start if start is not None else sc.start_s,
         end_s=end if end is not None else sc.end_s,
+        warmup_s=parse_duration(warmup) if warmup is not None else sc.warmup_s,
     )
     config = PolicyConfig(
         lookback_window_s=parse_duration(lookback),
@@ -100,6 +104,7 @@ def run(
         stop_grace_s=parse_duration(grace),
         lookback_window_s=config.lookback_window_s,
         drain_s=parse_duration(drain),
+        warmup_s=sc.warmup_s,
     )
     try:
         workload = build_workload(sc, config.max_min_runtime_s)
@@ -112,7 +117,7 @@ def run(
     )
 
     def done(m: Metrics) -> None:
-        console.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s")
+        console.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)")
 
     results = run_policies(workload, names, config, settings, on_done=done)
     written = []

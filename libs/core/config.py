@@ -18,6 +18,10 @@ class PolicyConfig:
     # Running work counts toward its allocation's usage this far ahead, so that
     # a pass that just placed work for an allocation ranks it accordingly.
     running_horizon_s: float = HOUR
+    # Debug work starts fast because this share of GPUs is kept free or under
+    # free work (which debug work preempts at once): other allocated work may
+    # not eat into it.
+    debug_headroom: float = 0.05
 
 
 def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.core.model import JobSpec
+from libs.core.model import JobSpec, WorkClass
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,16 @@ def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now:
     """Whether ``waiting`` may take ``victim``'s GPUs.
 
     Free work never preempts. Allocated work preempts free work at any time,
-    and past-contract work of allocations that rank below its own.
+    and past-contract work of allocations that rank below its own. Debug work
+    (the fast path) preempts any past-contract work but other debug work:
+    it is small and short, and the reason people stop squatting on GPUs.
     """
     if not waiting.allocated or victim.protected(now):
         return False
     if not victim.spec.allocated:
         return True
+    if waiting.work_class is WorkClass.DEBUG:
+        return victim.spec.work_class is not WorkClass.DEBUG
     unknown = len(rank)
     return rank.get(victim.spec.allocation, unknown) > rank.get(waiting.allocation, unknown)
 

@@ -25,12 +25,13 @@ def explain_waiting(
     *,
     reason: str,
     ahead: int,
-    reserved: str | None,
+    reserved: tuple[str, ...] | None,
 ) -> Explanation:
     spec = job.spec
     parts = [reason]
     if reserved:
-        parts.append(f"{reserved} is reserved for it while preempted work stops")
+        verb = "is" if len(reserved) == 1 else "are"
+        parts.append(f"{', '.join(reserved)} {verb} reserved for it while preempted work stops")
     parts.append(_standing_text(spec.allocation, standing))
     parts.append(f"{ahead} job{'s' if ahead != 1 else ''} ahead of it")
     if not spec.allocated:

@@ -1,9 +1,9 @@
 """Preemption planning: the cheapest set of victims that frees room for one job.
 
 Pure: it looks at a snapshot of running jobs and returns a plan, or None.
-A plan uses one node; across nodes it prefers plans that disturb the fewest
-GPUs of allocated (charged) work, then the fewest busy ones among those, then
-the fewest GPUs and jobs overall, then the node id.
+Plans are compared by the GPUs of allocated (charged) work they disturb, then
+the busy ones among those, then all GPUs and jobs disturbed, then node ids.
+A job that fits one node frees room on one node; a gang frees whole nodes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from libs.core.contract import RunningJob, may_preempt, victim_order
 from libs.core.model import JobSpec
 
+_Cost = tuple[int, int, int, int]
+
 
 @dataclass(frozen=True)
 class Plan:
-    node_id: str
+    node_ids: tuple[str, ...]
     victims: tuple[RunningJob, ...]
 
 
@@ -29,9 +31,15 @@ def plan_preemption(
     now: float,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use."""
-    best: tuple[tuple[int, int, int, int, str], Plan] | None = None
-    for node_id, size, free in candidate_nodes:
-        if size < waiting.gpus:
+    nodes = list(candidate_nodes)
+    node_size = max((size for _, size, _ in nodes), default=0)
+    if node_size == 0:
+        return None
+    if waiting.gpus > node_size:
+        return _whole_nodes(waiting, nodes, node_size, running_on, rank, now)
+    best: tuple[_Cost, str, tuple[RunningJob, ...]] | None = None
+    for node_id, size, free in nodes:
+        if size < waiting.gpus or free >= waiting.gpus:
             continue
         allowed = sorted(
             (v for v in running_on.get(node_id, ()) if may_preempt(waiting, v, rank, now)),
@@ -44,16 +52,47 @@ def plan_preemption(
                 break
             chosen.append(victim)
             room += victim.gpus
-        if room < waiting.gpus or not chosen:
+        if room < waiting.gpus:
             continue
-        paid = [v for v in chosen if v.spec.allocated]
-        score = (
-            sum(v.gpus for v in paid),
-            sum(v.gpus for v in paid if not v.idle),
-            sum(v.gpus for v in chosen),
-            len(chosen),
-            node_id,
-        )
-        if best is None or score < best[0]:
-            best = (score, Plan(node_id, tuple(chosen)))
-    return best[1] if best else None
+        option = (_cost(chosen), node_id, tuple(chosen))
+        if best is None or option[:2] < best[:2]:
+            best = option
+    return Plan((best[1],), best[2]) if best else None
+
+
+def _whole_nodes(
+    waiting: JobSpec,
+    nodes: list[tuple[str, int, int]],
+    node_size: int,
+    running_on: Mapping[str, Iterable[RunningJob]],
+    rank: dict[str, int],
+    now: float,
+) -> Plan | None:
+    needed = -(-waiting.gpus // node_size)
+    options: list[tuple[_Cost, str, tuple[RunningJob, ...]]] = []
+    for node_id, size, free in nodes:
+        if size != node_size:
+            continue
+        victims = tuple(running_on.get(node_id, ()))
+        if sum(v.gpus for v in victims) + free < size:
+            continue  # something else holds GPUs there (a gang, or a stopping job)
+        if all(may_preempt(waiting, v, rank, now) for v in victims):
+            options.append((_cost(victims), node_id, victims))
+    if len(options) < needed:
+        return None
+    chosen = sorted(options)[:needed]
+    victims = tuple(v for _, _, vs in chosen for v in vs)
+    if not victims:
+        return None  # whole nodes are free already: no preemption needed
+    return Plan(tuple(sorted(node for _, node, _ in chosen)), victims)
+
+
+def _cost(victims: Iterable[RunningJob]) -> _Cost:
+    victims = list(victims)
+    paid = [v for v in victims if v.spec.allocated]
+    return (
+        sum(v.gpus for v in paid),
+        sum(v.gpus for v in paid if not v.idle),
+        sum(v.gpus for v in victims),
+        len(victims),
+    )

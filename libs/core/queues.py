@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -75,6 +76,12 @@ class Queues:
             job = self.jobs.get(key[2])
             if job is not None and size_ok(job.spec.gpus):
                 yield job
+
+    def in_order(self, tier: WorkClass, allocation: str, limit: int) -> list[Waiting]:
+        """The first ``limit`` jobs of one allocation, in queue order."""
+        sizes = self._lists[tier].get(allocation, {})
+        keys = itertools.islice(heapq.merge(*sizes.values()), limit)
+        return [self.jobs[key[2]] for key in keys]
 
     def head(self, tier: WorkClass, allocation: str) -> Waiting | None:
         sizes = self._lists[tier].get(allocation)

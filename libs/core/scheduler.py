@@ -45,8 +45,9 @@ from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
-POLICY_VERSION = 2
+POLICY_VERSION = 3
 PREEMPTION_ROUND_S = 10.0
+DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Scheduler:
         self._snapshot: dict[str, float] = {}
         self._snapshot_at = 0.0
         self._reserved: dict[str, tuple[str, float]] = {}  # node -> (job id, since)
-        self._nominated: dict[str, str] = {}  # job id -> reserved node
+        self._nominated: dict[str, tuple[str, ...]] = {}  # job id -> its reserved nodes
         self._reasons: dict[str, str] = {}
         self._seen: set[str] = set()
         self._seq = 0
@@ -96,6 +97,7 @@ class Scheduler:
         self._running_gpus: dict[str, int] = {}
         self._weighted_start: dict[str, float] = {}
         self._impossible: set[str] = set()  # jobs no registered node can ever hold
+        self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
 
     # -- the one entry point -------------------------------------------------
 
@@ -130,10 +132,11 @@ class Scheduler:
                 self._fingerprint.replace(before, self._snapshot_fact)
                 self._reweigh()
         # Preemption planning scans the running work, so it runs in rounds: at
-        # most every 10 s of input time (ticks keep time moving), and when the
-        # budget changes.
-        preempt = isinstance(event, BudgetSet) or self.now >= self._next_preemption_at
-        if preempt:
+        # most every 10 s of input time (ticks keep time moving), when the budget
+        # changes, and when debug work arrives (the fast path).
+        fast = isinstance(event, JobArrived) and event.spec.work_class is WorkClass.DEBUG
+        preempt = fast or isinstance(event, BudgetSet) or self.now >= self._next_preemption_at
+        if preempt and not fast:
             self._next_preemption_at = self.now + PREEMPTION_ROUND_S
         decisions += self._schedule(preempt)
         if isinstance(event, JobArrived) and event.job_id not in self._reasons:
@@ -245,6 +248,8 @@ class Scheduler:
         self._fingerprint.remove(before)
         del self._running[event.job_id]
         self._count(run, -1)
+        if not run.spec.allocated:
+            self._free_work_gpus -= run.spec.gpus
         if run.stopping is not StopCause.PREEMPTED:
             return []
         if run.spec.resumable:
@@ -283,9 +288,12 @@ class Scheduler:
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
         for tier in TIERS:
-            # Only the best-ranked blocked job of a tier may preempt in one pass:
-            # planning scans the running work, and one stop at a time is plenty.
-            may_preempt = preempt and tier is not WorkClass.UNALLOCATED
+            # Planning scans the running work, so a pass plans for few jobs: the
+            # best-ranked blocked allocated job, and a handful of debug jobs (small,
+            # short, and meant to start within seconds).
+            tries = 0
+            if preempt and tier is not WorkClass.UNALLOCATED:
+                tries = DEBUG_PLANS if tier is WorkClass.DEBUG else 1
             for allocation in sorted(
                 self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
             ):
@@ -293,9 +301,15 @@ class Scheduler:
                 head = self._queues.head(tier, allocation)
                 if head is None:
                     continue
-                if may_preempt and head.job_id not in self._nominated:
-                    may_preempt = False
-                    decisions += self._preempt_for(head, rank)
+                blocked = (
+                    self._queues.in_order(tier, allocation, tries)
+                    if tier is WorkClass.DEBUG
+                    else [head]
+                )
+                for job in blocked:
+                    if tries and job.job_id not in self._nominated:
+                        tries -= 1
+                        decisions += self._preempt_for(job, rank)
                 if head.job_id not in self._reasons or head.job_id in self._nominated:
                     decisions += self._wait(head)
         return decisions
@@ -313,6 +327,8 @@ class Scheduler:
             return gpus <= largest or node_size < gpus <= whole
 
         for job in self._queues.candidates(tier, allocation, could_fit):
+            if tier is WorkClass.ALLOCATED and not self._leaves_headroom(job.spec.gpus):
+                break
             fit = capacity.fit(job.spec, reserved)
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
@@ -322,6 +338,10 @@ class Scheduler:
             else:
                 decisions += self._wait(job, fit)
         return decisions
+
+    def _leaves_headroom(self, gpus: int) -> bool:
+        headroom = int(self.config.debug_headroom * self._capacity.total_gpus)
+        return self._capacity.total_free - gpus + self._free_work_gpus >= headroom
 
     def _place(self, job: Waiting, fit: Fit) -> list[Decision]:
         self._dequeue(job.job_id)
@@ -336,6 +356,8 @@ class Scheduler:
         run = _Running(job.job_id, job.spec, job.seq, job.attempt, self.now, tasks)
         self._running[job.job_id] = run
         self._count(run, +1)
+        if not job.spec.allocated:
+            self._free_work_gpus += job.spec.gpus
         self._running_version += 1
         self._fingerprint.add(run.fact)
         return decisions
@@ -343,8 +365,8 @@ class Scheduler:
     def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
         """Tell a waiting job why, when the reason changed."""
         if job.job_id in self._nominated:
-            node = self._nominated[job.job_id]
-            reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {node}"
+            nodes = ", ".join(self._nominated[job.job_id])
+            reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {nodes}"
         else:
             fit = fit or self._capacity.fit(job.spec, self._blocked_for(job.job_id))
             if isinstance(fit, Fit):
@@ -393,9 +415,10 @@ class Scheduler:
         if plan is None:
             self._no_plan = (attempt, self.now)
             return []
-        self._reserved[plan.node_id] = (job.job_id, self.now)
-        self._nominated[job.job_id] = plan.node_id
-        self._fingerprint.add(f"v|{plan.node_id}|{job.job_id}")
+        for node_id in plan.node_ids:
+            self._reserved[node_id] = (job.job_id, self.now)
+            self._fingerprint.add(f"v|{node_id}|{job.job_id}")
+        self._nominated[job.job_id] = plan.node_ids
         decisions: list[Decision] = []
         for victim in plan.victims:
             why = f"preempted for {job.job_id} of {job.spec.allocation}"
@@ -429,8 +452,7 @@ class Scheduler:
         return {node for node, (holder, _) in self._reserved.items() if holder != job_id}
 
     def _release(self, job_id: str) -> None:
-        node = self._nominated.pop(job_id, None)
-        if node is not None:
+        for node in self._nominated.pop(job_id, ()):
             del self._reserved[node]
             self._fingerprint.remove(f"v|{node}|{job_id}")
 

@@ -25,9 +25,13 @@ def run_policies(
 ) -> list[Metrics]:
     results = []
     for name in names:
-        began = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         metrics = simulate(workload, make_policy(name, config), settings, name=name)
-        metrics = dataclasses.replace(metrics, sim_wall_s=time.perf_counter() - began)
+        metrics = dataclasses.replace(
+            metrics,
+            sim_wall_s=time.perf_counter() - wall,
+            sim_cpu_s=time.process_time() - cpu,
+        )
         if on_done is not None:
             on_done(metrics)
         results.append(metrics)

@@ -64,10 +64,15 @@ class SimulationError(RuntimeError):
 @dataclass(frozen=True)
 class SimSettings:
     tick_s: float = 60.0
+    # A snapshot costs O(running tasks) in WindowedUsage; every 5 minutes keeps it to a few
+    # percent of a run, and a 7-day fair-share window moves little in 5 minutes.
     snapshot_s: float = 300.0
     stop_grace_s: float = 30.0
-    lookback_window_s: float = 7 * DAY
+    lookback_window_s: float = 7 * DAY  # the snapshots' window: the policy's lookback
     drain_s: float = 0.0  # keep simulating this long after the last submission
+    # Measure from this long after the first submission: an emptied cluster takes a while to
+    # fill, and that ramp says nothing about the policy. Jobs submitted before are not measured.
+    warmup_s: float = 0.0
     sample_s: float = 600.0  # time-series resolution for plots
     enough_demand: float = 0.5  # see libs.sim.metrics
 
@@ -133,7 +138,7 @@ class Simulation:
         self.recorder = Recorder(
             workload.capacity,
             workload.tree.entitlements(),
-            self.start,
+            min(self.start + settings.warmup_s, self.end),
             self.end,
             settings.sample_s,
             settings.enough_demand,
@@ -257,7 +262,7 @@ class Simulation:
             case Requeue(job_id=job_id):
                 job = self._job(job_id)
                 if job.state in (STOPPING, STOPPED):
-                    self.recorder.requeues += 1
+                    self.recorder.requeued()
                     if not job.sim.spec.resumable:
                         self._lose_progress(job)
                     job.state = WAITING
@@ -357,7 +362,7 @@ class Simulation:
         job.state = state
 
     def _lose_progress(self, job: _Job) -> None:
-        self.recorder.lost_gpu_s += job.progress_s * job.sim.spec.gpus
+        self.recorder.lost(job.progress_s * job.sim.spec.gpus)
         job.progress_s = 0.0
 
     def _job(self, job_id: str) -> _Job:

@@ -1,7 +1,8 @@
 """What a simulation measured: a recorder the driver updates, and the numbers it yields.
 
 All integrals run over the measurement window [start, end] and are kept
-exactly (the state is constant between events), in GPU-seconds.
+exactly (the state is constant between events), in GPU-seconds; job
+statistics cover the jobs submitted in the window.
 
 * Occupancy: GPU-seconds held by any task (stopping ones included) over
   capacity × window.
@@ -111,6 +112,7 @@ class Metrics:
     inputs: int  # fed to the policy
     series: Series
     sim_wall_s: float = 0.0  # set by whoever timed the run
+    sim_cpu_s: float = 0.0  # the same, in CPU time: what a busy machine does not inflate
 
     @property
     def total_preemptions(self) -> int:
@@ -153,8 +155,9 @@ class Recorder:
         self.start = start
         self.end = end
         self.enough_demand = enough_demand
-        self.requeues = 0
-        self.lost_gpu_s = 0.0
+        self._requeues = 0
+        self._lost_gpu_s = 0.0
+        self._measuring = False  # counts start with the window, like the integrals
         self._now = start
         self._busy = dict.fromkeys(CLASSES, 0)
         self._waiting = 0
@@ -170,6 +173,7 @@ class Recorder:
 
     def advance(self, t: float) -> None:
         """Time moves to ``t``; the state held since the last change is integrated."""
+        self._measuring = self.start <= t <= self.end
         t = min(t, self.end)
         if t <= self._now:
             return
@@ -196,7 +200,17 @@ class Recorder:
             account.held_free += gpus
 
     def preempted(self, spec: JobSpec) -> None:
-        self._preemptions[spec.work_class.value] += 1
+        if self._measuring:
+            self._preemptions[spec.work_class.value] += 1
+
+    def requeued(self) -> None:
+        if self._measuring:
+            self._requeues += 1
+
+    def lost(self, gpu_s: float) -> None:
+        """Work thrown away: a non-resumable job preempted after running ``gpu_s``."""
+        if self._measuring:
+            self._lost_gpu_s += gpu_s
 
     def finish(self, jobs: Iterable[JobOutcome], policy: str, inputs: int) -> Metrics:
         self.advance(self.end)
@@ -205,7 +219,7 @@ class Recorder:
         span = max(self.end - self.start, 1e-9)
         allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
         enough = [a.delivered_pct for a in allocations if a.enough_demand]
-        outcomes = list(jobs)
+        outcomes = [job for job in jobs if job.arrived >= self.start]
         return Metrics(
             policy=policy,
             start=self.start,
@@ -222,8 +236,8 @@ class Recorder:
             slowdown=_by_class(outcomes, _slowdown),
             jobs=_count(j.outcome for j in outcomes),
             preemptions=dict(self._preemptions),
-            requeues=self.requeues,
-            lost_gpu_h=self.lost_gpu_s / 3600,
+            requeues=self._requeues,
+            lost_gpu_h=self._lost_gpu_s / 3600,
             inputs=inputs,
             series=self._series,
         )

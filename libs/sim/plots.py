@@ -48,7 +48,7 @@ def _occupancy(results: Sequence[Metrics]) -> Figure:
         ax.set_ylabel("GPUs held")
         ax.set_title(f"{m.policy}: occupancy {m.occupancy_pct:.1f}%")
         ax.legend(loc="lower right", fontsize=8)
-    axes[-1, 0].set_xlabel("hours since the first submission")
+    axes[-1, 0].set_xlabel("hours into the measured window")
     fig.tight_layout()
     return fig
 
@@ -100,7 +100,7 @@ def _preemptions(results: Sequence[Metrics]) -> Figure:
         s = m.series
         hours = [i * s.step_s / 3600 for i in range(len(s.preemptions))]
         timeline.plot(hours, s.preemptions, label=m.policy)
-    timeline.set_xlabel("hours since the first submission")
+    timeline.set_xlabel("hours into the measured window")
     timeline.set_ylabel("preemptions so far")
     timeline.legend(fontsize=8)
     width = 0.8 / max(len(results), 1)

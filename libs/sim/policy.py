@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Protocol
 
 from libs.core import Decision, Input, PolicyConfig, Scheduler
@@ -20,16 +18,10 @@ POLICIES = ("budget", "priority", "fifo")
 def make_policy(name: str, config: PolicyConfig) -> Policy:
     """A fresh policy by name; ``budget`` is the core scheduler itself."""
     if name == "budget":
-        return _core_scheduler(config)
+        return Scheduler(config)
     if name == "priority":
         return PriorityPolicy()
     if name == "fifo":
         return FifoPolicy()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
-
-def _core_scheduler(config: PolicyConfig) -> Policy:
-    # The core gains its config argument in the budget rewrite; this keeps the
-    # simulator working on either side of that change.
-    factory: Callable[..., Policy] = Scheduler
-    return factory(config) if inspect.signature(Scheduler).parameters else factory()

@@ -65,7 +65,7 @@ def summary_rows(results: Sequence[Metrics]) -> list[tuple[str, ...]]:
             duration(m.waits["debug"].p90),
             duration(m.waits["allocated"].p90),
             str(m.total_preemptions),
-            f"{m.sim_wall_s:.1f} s",
+            f"{m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)",
         )
         for m in results
     ]
@@ -146,8 +146,9 @@ def summary_markdown(
     lines += [
         f"- Trace: `{sc.path}`. {CITATIONS.get(sc.trace, '')}",
         f"- Window: {_window(sc)}; {len(workload.jobs)} jobs submitted over "
-        f"{duration(first.end - first.start - st.drain_s) if first else 'n/a'}, "
-        f"simulated until {duration(st.drain_s)} after the last.",
+        f"{_span(workload)}, simulated until {duration(st.drain_s)} after the last; "
+        f"measured from {duration(st.warmup_s)} after the first"
+        f"{f', for {duration(first.end - first.start)}' if first else ''}.",
         f"- Cluster: {len(workload.nodes)} nodes, {workload.capacity} GPUs. Offered load "
         f"(GPU time submitted, cut at the last submission, over capacity × window): "
         f"**{workload.offered_load():.2f}×** capacity.",
@@ -167,7 +168,8 @@ def summary_markdown(
         "",
         "## Definitions",
         "",
-        "- **Occupancy**: GPU-seconds held by tasks (stopping ones included) ÷ (GPUs × window).",
+        "- **Occupancy**: GPU-seconds held by tasks (stopping ones included) ÷ (GPUs × window)."
+        " *Of demand*: ÷ ∫ min(GPUs, held + asked for by waiting jobs) dt instead.",
         "- **Demand** of an allocation at a moment: GPUs its charged work (minimum runtime > 0)"
         " holds plus GPUs its waiting charged work asks for.",
         "- **Owed** = ∫ min(entitlement × GPUs, demand) dt; **delivered** = ∫ GPUs its charged"
@@ -327,7 +329,7 @@ def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
 
 
 def _verdict(m: Metrics) -> str:
-    checks = [
+    checks: list[tuple[str, bool]] = [
         (
             "owed delivered",
             m.owed_delivered_min_pct is not None
@@ -336,7 +338,8 @@ def _verdict(m: Metrics) -> str:
         ("occupancy", m.occupancy_pct >= TARGET_OCCUPANCY_PCT),
         ("debug p90 wait", m.waits["debug"].p90 <= TARGET_DEBUG_P90_S),
     ]
-    return ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in checks)
+    verdict = ", ".join(f"{name} {'met' if ok else 'missed'}" for name, ok in checks)
+    return f"{verdict} (occupancy of demand {m.occupancy_of_demand_pct:.1f}%)"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -345,6 +348,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         "|" + "|".join(" --- " for _ in header) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
+
+
+def _span(workload: Workload) -> str:
+    jobs = workload.jobs
+    return duration(jobs[-1].at - jobs[0].at) if jobs else "nothing"
 
 
 def _window(sc: Scenario) -> str:

@@ -34,6 +34,7 @@ class Scenario:
     skip_head: int = 0
     start_s: float | None = None  # submissions in [start_s, end_s), trace time
     end_s: float | None = None
+    warmup_s: float = 0.0  # see SimSettings
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -52,6 +53,7 @@ def load_scenario(path: Path) -> Scenario:
         skip_head=int(raw.get("skip_head", 0)),
         start_s=raw.get("start_s"),
         end_s=raw.get("end_s"),
+        warmup_s=float(raw.get("warmup_s", 0.0)),
     )
 
 

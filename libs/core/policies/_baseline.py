@@ -112,7 +112,7 @@ class BaselinePolicy(ABC):
         decisions: list[Decision] = []
         for k, (node_id, gpus) in enumerate(placement):
             task_id = f"{job_id}/{attempt}.{k}"
-            self.inventory.take(node_id, gpus, task_id)
+            self.inventory.take(node_id, gpus)
             job.tasks[task_id] = (node_id, gpus)
             decisions.append(Place(job_id, task_id, node_id, gpus, spec))
         self.running[job_id] = job

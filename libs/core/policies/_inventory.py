@@ -18,16 +18,13 @@ class Inventory:
         self._order: list[str] = []  # node ids, sorted
         self._size: dict[str, int] = {}
         self._free: dict[str, list[int]] = {}  # sorted indices
-        self._held: dict[str, dict[int, str]] = {}  # node -> GPU index -> task id
+        self._held: dict[str, set[int]] = {}  # membership only, never iterated
         self._largest_free: int | None = None  # cached until GPUs move
         self._largest_node: dict[str, int] = {}  # GPU type ("" any) -> cached until a join
 
     @property
     def capacity(self) -> int:
         return sum(self._size.values())
-
-    def node_ids(self) -> list[str]:
-        return self._order
 
     def size(self, node_id: str) -> int:
         return self._size.get(node_id, 0)
@@ -45,29 +42,28 @@ class Inventory:
             self._order = sorted([*self._order, node.node_id])
         self._nodes[node.node_id] = node
         self._size[node.node_id] = node.gpu_count
-        held = self._held.setdefault(node.node_id, {})
+        held = self._held.setdefault(node.node_id, set())
         self._free[node.node_id] = [g for g in sorted(node.gpu_indices) if g not in held]
         self._largest_free = None
         self._largest_node = {}
 
-    def take(self, node_id: str, gpus: tuple[int, ...], task_id: str) -> None:
+    def take(self, node_id: str, gpus: tuple[int, ...]) -> None:
         taken = set(gpus)
         self._free[node_id] = [g for g in self._free[node_id] if g not in taken]
-        held = self._held[node_id]
-        for gpu in gpus:
-            held[gpu] = task_id
+        self._held[node_id].update(gpus)
         self._largest_free = None
 
     def release(self, node_id: str, gpus: tuple[int, ...]) -> None:
-        held = self._held.get(node_id, {})
-        back = [g for g in gpus if held.pop(g, None) is not None]
+        held = self._held.get(node_id, set())
+        back = [g for g in gpus if g in held]
+        held.difference_update(back)
         node = self._nodes.get(node_id)
         if node is not None:
             present = [g for g in back if g in node.gpu_indices]
             self._free[node_id] = sorted(self._free[node_id] + present)
         self._largest_free = None
 
-    def largest_free(self) -> int:
+    def _largest_free_block(self) -> int:
         """The most free GPUs on one node."""
         if self._largest_free is None:
             self._largest_free = max(map(len, self._free.values()), default=0)
@@ -81,7 +77,7 @@ class Inventory:
     def fit(self, gpus: int, gpu_type: str) -> Placement | None:
         nodes = self._matching(gpu_type)
         if self._largest(gpu_type) >= gpus:
-            if gpus > self.largest_free():
+            if gpus > self._largest_free_block():
                 return None
             for node_id in nodes:
                 free = self._free[node_id]

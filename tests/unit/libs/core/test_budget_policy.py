@@ -179,3 +179,10 @@ def test_explanations_name_rank_ratio_and_queue_position() -> None:
 
 def _none() -> object:
     raise AssertionError("no explanation")
+
+
+def test_a_job_no_node_can_hold_never_preempts_anything() -> None:
+    s = cluster(2, a=1)
+    started(s, s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0))), 0)
+    s.handle(JobArrived(1, "h200", job(1, allocation="a", gpu_type="H200", min_runtime_s=60)))
+    assert not any(isinstance(d, Stop) for d in s.handle(Tick(PREEMPTION_ROUND_S + 1)))

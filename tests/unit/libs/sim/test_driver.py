@@ -135,3 +135,11 @@ def test_runs_are_deterministic(name: str) -> None:
     second = simulate(w, make_policy(name, PolicyConfig()), SETTINGS)
     assert first == second
     assert first.jobs == {"finished": 40}
+
+
+def test_the_warmup_is_simulated_but_not_measured() -> None:
+    w = workload((0.0, "early", spec(4), 100.0), (200.0, "late", spec(1), 100.0))
+    metrics = simulate(w, FifoPolicy(), SimSettings(drain_s=800.0, warmup_s=100.0))
+    assert (metrics.start, metrics.end) == (100.0, 1000.0)
+    assert metrics.jobs == {"finished": 1}
+    assert metrics.occupancy_pct == pytest.approx(100 * 100 / (4 * 900))
