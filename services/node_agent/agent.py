@@ -256,8 +256,9 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
     """Register the nodes, act on decisions and watch GPU utilisation until ``stop`` is
     set, then stop the tasks.
 
-    Offsets are committed once a record is acted upon, so a restarted agent neither
-    misses a placement nor starts a task twice.
+    Offsets are committed once a poll's records are all acted upon: a restarted
+    agent never misses a placement, and a crash mid-poll at worst re-runs the tasks
+    it had just started (and lost with it), which the scheduler tolerates.
     """
     await consumer.start()
     watcher: asyncio.Task[None] | None = None
@@ -269,11 +270,8 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
         async for batch in consumer.batches():
             done: dict[TopicPartition, int] = {}
             for delivery in batch:
+                await agent.handle(delivery)
                 done[delivery.topic_partition] = delivery.offset + 1
-                # Records for other nodes wait for the next commit; ours are committed now.
-                if await agent.handle(delivery):
-                    await consumer.kafka.commit(done)
-                    done = {}
             if done:
                 await consumer.kafka.commit(done)
             if stop.is_set():

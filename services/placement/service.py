@@ -34,6 +34,8 @@ class PlacementService:
     # Also the transactional id: a restarted (or standby) instance fences the old one.
     group_id: str = "qm-placement"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # What this instance last committed, so an idle poll costs no broker round trip.
+    _committed: dict[TopicPartition, int] = field(default_factory=dict)
     schedulers: dict[int, Scheduler] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -72,8 +74,7 @@ class PlacementService:
                 await self.rebuild(delivery.topic_partition, delivery.offset)
         # The positions cover dead-lettered records too, so those are not re-read.
         offsets = {tp: await kafka.position(tp) for tp in kafka.assignment()}
-        committed = {tp: await kafka.committed(tp) for tp in offsets}
-        if not batch and all(offsets[tp] == (committed[tp] or 0) for tp in offsets):
+        if not batch and all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return
         async with producer.kafka.transaction():
             acks = []
@@ -81,6 +82,7 @@ class PlacementService:
                 acks.extend(await self._decide(producer, delivery))
             await asyncio.gather(*acks)
             await producer.kafka.send_offsets_to_transaction(offsets, self.group_id)
+        self._committed.update(offsets)
 
     async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
         """Decide one record and queue its outputs inside its span, so they carry its trace."""
@@ -103,6 +105,9 @@ class PlacementService:
                     await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
                 )
             return acks
+
+    def forget(self, tp: TopicPartition) -> None:
+        self._committed.pop(tp, None)
 
     async def rebuild(self, tp: TopicPartition, upto: int) -> None:
         """Fold records [0, upto) of one partition into a fresh scheduler."""
@@ -147,6 +152,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
             self._service.schedulers.pop(tp.partition, None)
+            self._service.forget(tp)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self._service.ready.set()
