@@ -24,4 +24,3 @@ def make_policy(name: str, config: PolicyConfig) -> Policy:
     if name == "fifo":
         return FifoPolicy()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-

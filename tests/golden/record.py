@@ -28,7 +28,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
 from libs.events import event_type, new_envelope
 from libs.events.decide import decide
-from tests.golden.logfile import write_log
+from libs.events.logfile import write_log
 
 HERE = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

@@ -26,7 +26,7 @@ from cli.app import app
 from libs.audit import audit_topics
 from libs.bus import KafkaSettings, Topics, load_topic_config
 from libs.events import encode
-from tests.golden.logfile import read_log
+from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario
 from tests.integration.conftest import wait_for_end
 from tests.integration.stack import Stack

@@ -26,7 +26,7 @@ from libs.core.inputs import (
     TaskStarted,
 )
 from libs.core.model import NodeSpec
-from libs.events import DecodeError, decode
+from libs.events import DecodeError, logfile
 from libs.events.convert import to_input
 from libs.sim.traces.raw import TraceError
 from libs.sim.workload import SimJob
@@ -42,17 +42,10 @@ class RecordedLog:
 
 
 def read_envelopes(data: bytes) -> Iterator[events_pb2.Envelope]:
-    position = 0
-    while position < len(data):
-        length, position = _varint(data, position)
-        end = position + length
-        if end > len(data):
-            raise TraceError(f"record at byte {position} is cut short")
-        try:
-            yield decode(data[position:end])
-        except DecodeError as exc:
-            raise TraceError(f"record at byte {position}: {exc}") from exc
-        position = end
+    try:
+        yield from logfile.read_envelopes(data)
+    except DecodeError as exc:
+        raise TraceError(str(exc)) from exc
 
 
 def load_event_log(path: Path) -> RecordedLog:
@@ -92,15 +85,3 @@ def load_event_log(path: Path) -> RecordedLog:
         tree=tree,
         dropped=tuple(dropped),
     )
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while position < len(data):
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-    raise TraceError("the log ends inside a record length")

@@ -15,7 +15,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.audit import Difference, Replay, audit_logs
 from libs.core import POLICY, POLICY_VERSION
 from libs.events import event_type, new_envelope
-from tests.golden.logfile import read_log
+from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario, Step
 
 GOLDEN = HERE

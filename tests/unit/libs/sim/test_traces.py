@@ -11,6 +11,7 @@ from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import new_envelope
+from libs.events.logfile import write_log
 from libs.sim.traces import (
     RawJob,
     TraceError,
@@ -20,7 +21,6 @@ from libs.sim.traces import (
     parse_philly,
     select,
 )
-from tests.golden.logfile import write_log
 
 DATA = Path(__file__).resolve().parents[5] / "shared" / "data"
 PHILLY_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
