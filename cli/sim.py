@@ -103,6 +103,7 @@ def run(
         snapshot_s=parse_duration(snapshot),
         stop_grace_s=parse_duration(grace),
         lookback_window_s=config.lookback_window_s,
+        gpu_prices=config.gpu_prices,
         drain_s=parse_duration(drain),
         warmup_s=sc.warmup_s,
     )

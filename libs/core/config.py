@@ -22,6 +22,12 @@ class PolicyConfig:
     # free work (which debug work preempts at once): other allocated work may
     # not eat into it.
     debug_headroom: float = 0.05
+    # What one GPU-second costs, by GPU type (types not listed cost 1.0): usage
+    # and so fair share are counted in these units.
+    gpu_prices: tuple[tuple[str, float], ...] = ()
+
+    def price(self, gpu_type: str) -> float:
+        return dict(self.gpu_prices).get(gpu_type, 1.0)
 
 
 def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:

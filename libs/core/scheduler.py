@@ -94,7 +94,7 @@ class Scheduler:
         self._next_preemption_at = 0.0
         # Allocated running GPUs per allocation, and the sum of gpus × max(placed,
         # snapshot time): usage since the snapshot in O(allocations).
-        self._running_gpus: dict[str, int] = {}
+        self._running_gpus: dict[str, float] = {}  # priced
         self._weighted_start: dict[str, float] = {}
         self._impossible: set[str] = set()  # jobs no registered node can ever hold
         self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
@@ -480,23 +480,29 @@ class Scheduler:
         """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
         if not run.spec.allocated:
             return
-        gpus = sum(len(g) for _, g in run.tasks.values()) * sign
+        gpus = self._priced_gpus(run) * sign
         allocation = run.spec.allocation
-        self._running_gpus[allocation] = self._running_gpus.get(allocation, 0) + gpus
+        self._running_gpus[allocation] = self._running_gpus.get(allocation, 0.0) + gpus
         start = max(run.placed_at, self._snapshot_at)
         self._weighted_start[allocation] = self._weighted_start.get(allocation, 0.0) + gpus * start
-        if not self._running_gpus[allocation]:
+        if abs(self._running_gpus[allocation]) < 1e-9:  # float sums: nothing left runs
             del self._running_gpus[allocation]
             del self._weighted_start[allocation]
+
+    def _priced_gpus(self, run: _Running) -> float:
+        nodes = self._capacity.nodes
+        return sum(
+            len(g) * self.config.price(nodes[n].gpu_type if n in nodes else "")
+            for n, g in run.tasks.values()
+        )
 
     def _reweigh(self) -> None:
         # The snapshot now holds what ran before it: count running work from it on.
         self._weighted_start = dict.fromkeys(self._running_gpus, 0.0)
         for run in self._running.values():
             if run.spec.allocated:
-                gpus = sum(len(g) for _, g in run.tasks.values())
                 start = max(run.placed_at, self._snapshot_at)
-                self._weighted_start[run.spec.allocation] += gpus * start
+                self._weighted_start[run.spec.allocation] += self._priced_gpus(run) * start
 
     def _rank(self) -> dict[str, int]:
         if self._tree is None:

@@ -34,6 +34,7 @@ class _Running:
     gpus: int
     allocated: bool
     started_at: float
+    price: float  # per GPU-second
 
 
 class WindowedUsage:
@@ -49,10 +50,18 @@ class WindowedUsage:
         self._totals: dict[str, Usage] = defaultdict(Usage)
 
     def start(
-        self, task_id: str, allocation: str, gpus: int, *, allocated: bool, at: float
+        self,
+        task_id: str,
+        allocation: str,
+        gpus: int,
+        *,
+        allocated: bool,
+        at: float,
+        price: float = 1.0,
     ) -> None:
+        """Start charging ``gpus`` × ``price`` per second to ``allocation``."""
         if task_id not in self._running and task_id not in self._ended:
-            self._running[task_id] = _Running(allocation, gpus, allocated, at)
+            self._running[task_id] = _Running(allocation, gpus, allocated, at, price)
 
     def end(self, task_id: str, at: float) -> None:
         """Charge a task's whole run; a repeated end changes nothing."""
@@ -100,5 +109,5 @@ class WindowedUsage:
 
 
 def _usage(run: _Running, seconds: float) -> Usage:
-    gpu_s = run.gpus * seconds
+    gpu_s = run.gpus * seconds * run.price
     return Usage(allocated_gpu_s=gpu_s) if run.allocated else Usage(unallocated_gpu_s=gpu_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 
@@ -21,7 +22,7 @@ from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 from libs.core.budget_tree import InvalidTree
 from libs.core.usage import Usage, WindowedUsage
 from libs.events import event_type, new_envelope, occurred_at
-from libs.events.convert import tree_from_proto
+from libs.events.convert import node_from_proto, tree_from_proto
 from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
 
 
@@ -32,12 +33,21 @@ class _Contract:
     allocated: bool
 
 
+Price = Callable[[str], float]  # GPU type -> cost of one GPU-second
+
+
+def _unit(gpu_type: str) -> float:
+    return 1.0
+
+
 class ClusterUsage:
     """One cluster's usage and entitlements, and the last usage snapshot it published."""
 
-    def __init__(self, cluster: str, window_s: float) -> None:
+    def __init__(self, cluster: str, window_s: float, price: Price = _unit) -> None:
         self.cluster = cluster
         self.window_s = window_s
+        self._price = price
+        self._node_types: dict[str, str] = {}  # what each node's GPU-seconds cost
         self._usage = WindowedUsage(window_s)
         self._jobs: dict[str, _Contract] = {}
         self._entitlements: dict[str, float] = {}
@@ -84,7 +94,11 @@ class ClusterUsage:
                         contract.gpus,
                         allocated=contract.allocated,
                         at=at,
+                        price=self._price(self._node_types.get(started.node_id, "")),
                     )
+            case "node_registered":
+                node = node_from_proto(env.node_registered.inventory)
+                self._node_types[node.node_id] = node.gpu_type
             case "task_finished":
                 self._usage.end(env.task_finished.task_id, at)
             case "task_failed":
@@ -169,15 +183,16 @@ class ClusterUsage:
 class UsageLedger:
     """Every cluster's usage, folded from the events topic."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, price: Price = _unit) -> None:
         self.window_s = window_s
+        self._price = price
         self._clusters: dict[str, ClusterUsage] = {}
 
     def apply(self, env: events_pb2.Envelope) -> None:
         name = env.cluster or DEFAULT_CLUSTER
         cluster = self._clusters.get(name)
         if cluster is None:
-            cluster = self._clusters[name] = ClusterUsage(name, self.window_s)
+            cluster = self._clusters[name] = ClusterUsage(name, self.window_s, self._price)
         cluster.apply(env)
 
     def cluster(self, name: str) -> ClusterUsage | None:

@@ -69,6 +69,7 @@ class SimSettings:
     snapshot_s: float = 300.0
     stop_grace_s: float = 30.0
     lookback_window_s: float = 7 * DAY  # the snapshots' window: the policy's lookback
+    gpu_prices: tuple[tuple[str, float], ...] = ()  # the policy's price table
     drain_s: float = 0.0  # keep simulating this long after the last submission
     # Measure from this long after the first submission: an emptied cluster takes a while to
     # fill, and that ramp says nothing about the policy. Jobs submitted before are not measured.
@@ -151,6 +152,7 @@ class Simulation:
         self._jobs: dict[str, _Job] = {}
         self._tasks: dict[str, _Task] = {}
         self._busy: dict[str, list[bool]] = {}
+        self._price: dict[str, float] = {}  # per node: what its GPU-seconds cost
         self._waiting = 0
         self._last_snapshot = -float("inf")
 
@@ -158,6 +160,7 @@ class Simulation:
         self._feed(BudgetSet(self.start, self.workload.tree))
         for node in self.workload.nodes:
             self._busy[node.node_id] = [False] * (max(node.gpu_indices, default=-1) + 1)
+            self._price[node.node_id] = dict(self.settings.gpu_prices).get(node.gpu_type, 1.0)
             self._feed(NodeJoined(self.start, node))
         for job in self.workload.jobs:
             self._push(job.at, _ARRIVE, job)
@@ -294,7 +297,12 @@ class Simulation:
         self._tasks[place.task_id] = _Task(job, place.node_id, place.gpu_indices)
         self.recorder.held(spec, gpus)
         self.usage.start(
-            place.task_id, spec.allocation, gpus, allocated=spec.allocated, at=self.now
+            place.task_id,
+            spec.allocation,
+            gpus,
+            allocated=spec.allocated,
+            at=self.now,
+            price=self._price[place.node_id],
         )
         self._pending.append(TaskStarted(self.now, place.job_id, place.task_id, place.node_id))
         if job.state in _OVER:

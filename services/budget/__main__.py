@@ -24,6 +24,7 @@ from libs.telemetry import setup_tracing
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
 from services.grpc_server import start_server
+from services.policy_file import policy_from_env
 from services.runtime import configure_logging, run_until_signalled
 
 log = logging.getLogger("budget")
@@ -33,7 +34,7 @@ _DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budg
 async def serve() -> None:
     settings, topics = KafkaSettings.from_env(), load_topic_config()
     clusters = os.environ.get("QM_CLUSTERS", "default").split(",")
-    book = BudgetBook()
+    book = BudgetBook.for_policy(policy_from_env())
     reader = LogReader(settings, topics.events.name)
     producer = EventProducer(settings, client_id="budget")
     await reader.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types_pb2
@@ -77,14 +76,13 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext
     ) -> budget_service_pb2.Balances:
         await caller(context, self._secret)
-        usage = self._book.usage.snapshot(time.time())
+        # Usage over the lookback window ending at the cluster's latest event.
+        cluster = self._book.ledger.cluster(self._clusters[0])
+        if cluster is not None:
+            return cluster.balances()
         return budget_service_pb2.Balances(
             balances=[
-                budget_service_pb2.Balance(
-                    allocation=leaf,
-                    entitlement=share,
-                    gpu_seconds=usage[leaf].allocated_gpu_s if leaf in usage else 0.0,
-                )
+                budget_service_pb2.Balance(allocation=leaf, entitlement=share)
                 for leaf, share in self._tree().entitlements().items()
             ]
         )

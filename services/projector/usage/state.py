@@ -28,7 +28,7 @@ WINDOW_S = _positive("QM_LOOKBACK_WINDOW_S", policy_from_env().lookback_window_s
 SNAPSHOT_SECONDS = _positive("QM_SNAPSHOT_SECONDS", 10.0)
 
 # Read as ``state.ledger`` (not imported by name), so that tests can start afresh.
-ledger = UsageLedger(WINDOW_S)
+ledger = UsageLedger(WINDOW_S, policy_from_env().price)
 # Set once the whole log, as it stood at start, is folded: until then the
 # ledger undercharges, so nothing is published or served from it.
 rebuilt = asyncio.Event()

@@ -46,3 +46,11 @@ def test_a_long_task_ending_late_is_charged_into_the_right_buckets() -> None:
         "a": Usage(allocated_gpu_s=HOUR),
         "b": Usage(allocated_gpu_s=7 * HOUR),
     }
+
+
+def test_gpu_seconds_are_priced_by_gpu_type() -> None:
+    usage = WindowedUsage(window_s=24 * HOUR)
+    usage.start("h/0", "a", 2, allocated=True, at=0.0, price=2.5)
+    usage.end("h/0", 10.0)
+    usage.start("c/0", "a", 2, allocated=True, at=0.0)
+    assert usage.snapshot(20.0)["a"].allocated_gpu_s == pytest.approx(2 * 10 * 2.5 + 2 * 20)
