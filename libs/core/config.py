@@ -38,6 +38,16 @@ def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:
         raise ValueError(
             f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
         )
-    default = PolicyConfig()
-    values = {name: type(getattr(default, name))(value) for name, value in raw.items()}
-    return replace(default, **values)
+    values = {
+        name: _prices(value) if name == "gpu_prices" else float(value)
+        for name, value in raw.items()
+    }
+    return replace(PolicyConfig(), **values)
+
+
+def _prices(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    prices = tuple(sorted((str(t), float(p)) for t, p in dict(raw).items()))
+    bad = [t for t, p in prices if not p > 0]
+    if bad:
+        raise ValueError(f"gpu_prices: the price of {bad[0]!r} must be > 0")
+    return prices
