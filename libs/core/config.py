@@ -38,7 +38,7 @@ def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:
         raise ValueError(
             f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
         )
-    values = {
+    values: dict[str, Any] = {
         name: _prices(value) if name == "gpu_prices" else float(value)
         for name, value in raw.items()
     }
