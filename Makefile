@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/qm/v1/*.proto)
 GEN_STAMP := gen/.generated
-TEST_KAFKA := QM_KAFKA_DIR=$(CURDIR)/.local/kafka-test QM_KAFKA_PORT=19092
+TEST_KAFKA_PORT ?= 19092
+TEST_KAFKA := QM_KAFKA_DIR=$(CURDIR)/.local/kafka-test QM_KAFKA_PORT=$(TEST_KAFKA_PORT)
 
 .PHONY: install protos up down test test-unit lint typecheck bench kafka-start kafka-stop clean
 
@@ -48,8 +49,7 @@ kafka-stop:
 # and stops the broker whatever the outcome.
 test: install
 	$(TEST_KAFKA) deploy/local/kafka.sh start
-	rm -rf .local/test-run; \
-	QM_KAFKA_BOOTSTRAP=127.0.0.1:19092 $(PY) -m pytest -q; status=$$?; \
+	QM_KAFKA_BOOTSTRAP=127.0.0.1:$(TEST_KAFKA_PORT) $(PY) -m pytest -q; status=$$?; \
 	$(TEST_KAFKA) deploy/local/kafka.sh stop; exit $$status
 
 test-unit: install
