@@ -97,13 +97,14 @@ class Scenario:
         arrival_s: float = 45.0,
         config: PolicyConfig | None = None,
     ) -> None:
+        config = config or PolicyConfig()
         self._rng = random.Random(seed)
         self._jobs = jobs
         self._partition = partition
         self._cluster = cluster
         self._arrival_s = arrival_s
-        self._scheduler = Scheduler(config or PolicyConfig())
-        self._window_s = (config or PolicyConfig()).lookback_window_s
+        self._scheduler = Scheduler(config)
+        self._window_s = config.lookback_window_s
         # (time, sequence, producer, payload): the sequence breaks ties in creation order.
         self._agenda: list[tuple[float, int, str, Message]] = []
         self._sequence = 0
