@@ -1,6 +1,6 @@
 """The audit replayer: decide the input log again and pair the result with the recorded log.
 
-A fresh ``Scheduler(config)`` per input partition folds that partition's
+Fresh schedulers per input partition (one per cluster) fold that partition's
 records through :func:`~libs.events.decide.decide`, exactly as placement does,
 and each recomputed decision must equal its recorded one byte for byte.
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from qm.v1 import events_pb2
 
 from libs.audit.divergence import Difference, Divergence, compare
-from libs.core import PolicyConfig, Scheduler
+from libs.core import PolicyConfig
 from libs.events import encode, event_type
-from libs.events.decide import decide
+from libs.events.decide import PartitionSchedulers
 
 # (input offset, index among that input's decisions, decision)
 _Entry = tuple[int, int, events_pb2.Envelope]
@@ -65,7 +65,7 @@ class Replay:
     ) -> None:
         self._config = config or PolicyConfig()
         self._bounds = dict(bounds) if bounds is not None else None
-        self._schedulers: dict[int, Scheduler] = {}
+        self._schedulers: dict[int, PartitionSchedulers] = {}
         self._streams: dict[tuple[int, str], _Stream] = {}
         self._fed: dict[int, int] = {}  # partition -> latest input offset decided
         self._expected_waiting: dict[int, int] = {}
@@ -81,10 +81,10 @@ class Replay:
         """One decoded input record; a partition's records must come in offset order."""
         if self.divergence or not self._audited(partition, offset):
             return
-        scheduler = self._schedulers.get(partition)
-        if scheduler is None:
-            scheduler = self._schedulers[partition] = Scheduler(self._config)
-        outputs = decide(scheduler, env, partition=partition, offset=offset)
+        schedulers = self._schedulers.get(partition)
+        if schedulers is None:
+            schedulers = self._schedulers[partition] = PartitionSchedulers(self._config)
+        outputs = schedulers.decide(env, partition=partition, offset=offset)
         self.inputs += 1
         self._fed[partition] = offset
         for index, out in enumerate(outputs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import POLICY, POLICY_VERSION, Scheduler
+from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
 from libs.events.convert import decision_payload, to_input
 from libs.events.envelope import new_envelope
 
@@ -45,3 +45,23 @@ def decide(
         )
         for index, decision in enumerate(decisions)
     ]
+
+
+class PartitionSchedulers:
+    """The schedulers of one input partition: one per cluster whose events land there.
+
+    Clusters are keyed onto partitions by hash, so two may share one; each still
+    gets a scheduler of its own and never sees the other's nodes.
+    """
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
+        self._by_cluster: dict[str, Scheduler] = {}
+
+    def decide(
+        self, env: events_pb2.Envelope, *, partition: int, offset: int
+    ) -> list[events_pb2.Envelope]:
+        scheduler = self._by_cluster.get(env.cluster)
+        if scheduler is None:
+            scheduler = self._by_cluster[env.cluster] = Scheduler(self._config)
+        return decide(scheduler, env, partition=partition, offset=offset)

@@ -19,9 +19,9 @@ from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 
 from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
-from libs.core import PolicyConfig, Scheduler
+from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
-from libs.events.decide import decide
+from libs.events.decide import PartitionSchedulers
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -36,7 +36,7 @@ class PlacementService:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # What this instance last committed, so an idle poll costs no broker round trip.
     _committed: dict[TopicPartition, int] = field(default_factory=dict)
-    schedulers: dict[int, Scheduler] = field(default_factory=dict)
+    schedulers: dict[int, PartitionSchedulers] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
@@ -96,8 +96,9 @@ class PlacementService:
                 "qm.offset": delivery.offset,
             },
         ):
-            scheduler = self.schedulers[delivery.partition]
-            outputs = decide(scheduler, env, partition=delivery.partition, offset=delivery.offset)
+            outputs = self.schedulers[delivery.partition].decide(
+                env, partition=delivery.partition, offset=delivery.offset
+            )
             acks = []
             for out in outputs:
                 log.info("%s %s", event_type(out), out.correlation_id)
@@ -110,14 +111,14 @@ class PlacementService:
         self._committed.pop(tp, None)
 
     async def rebuild(self, tp: TopicPartition, upto: int) -> None:
-        """Fold records [0, upto) of one partition into a fresh scheduler."""
-        scheduler = Scheduler(self.policy)
+        """Fold records [0, upto) of one partition into fresh schedulers."""
+        scheduler = PartitionSchedulers(self.policy)
         if upto > 0:
             await self._replay(scheduler, tp, upto)
             log.info("rebuilt partition %d from %d records", tp.partition, upto)
         self.schedulers[tp.partition] = scheduler
 
-    async def _replay(self, scheduler: Scheduler, tp: TopicPartition, upto: int) -> None:
+    async def _replay(self, schedulers: PartitionSchedulers, tp: TopicPartition, upto: int) -> None:
         reader = AIOKafkaConsumer(
             **self.settings.client_kwargs(),
             enable_auto_commit=False,
@@ -137,7 +138,7 @@ class PlacementService:
                         env = decode(record.value)
                     except DecodeError:
                         continue  # dead-lettered when first consumed
-                    decide(scheduler, env, partition=tp.partition, offset=record.offset)
+                    schedulers.decide(env, partition=tp.partition, offset=record.offset)
                 position = await reader.position(tp)
         finally:
             await reader.stop()

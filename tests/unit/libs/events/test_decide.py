@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import Scheduler
+from libs.core import PolicyConfig, Scheduler
 from libs.events import encode, event_type, new_envelope
-from libs.events.decide import decide
+from libs.events.decide import PartitionSchedulers, decide
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -66,3 +66,20 @@ def test_outputs_carry_their_provenance() -> None:
     assert placed[0].event_id == "default-p2-o1-d0"
     assert placed[0].occurred_at == log[1].occurred_at
     assert len(placed[0].task_placed.provenance.state_digest) == 32
+
+
+def test_clusters_sharing_a_partition_never_share_nodes() -> None:
+    schedulers = PartitionSchedulers(PolicyConfig())
+    inventory = types_pb2.NodeInventory(
+        node_id="east-1", cluster="east", gpus=[types_pb2.Gpu(index=0, type="H100")]
+    )
+    east = new_envelope(
+        events_pb2.NodeRegistered(inventory=inventory), producer="agent", cluster="east"
+    )
+    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["true"], cluster="west")
+    west = new_envelope(
+        events_pb2.JobAdmitted(job_id="w1", spec=spec), producer="x", cluster="west"
+    )
+    schedulers.decide(east, partition=0, offset=0)
+    [pending] = schedulers.decide(west, partition=0, offset=1)
+    assert event_type(pending) == "job_pending" and pending.cluster == "west"
