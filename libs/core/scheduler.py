@@ -45,7 +45,7 @@ from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
-POLICY_VERSION = 3
+POLICY_VERSION = 4
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
@@ -287,6 +287,9 @@ class Scheduler:
             fit = self._capacity.fit(job.spec, self._blocked_for(job_id))
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
+        # Shapes (type, memory, GPUs) that did not fit: capacity only shrinks
+        # during a pass, so jobs of the same shape need not be tried again.
+        failed: set[tuple[str, float, int]] = set()
         for tier in TIERS:
             # Planning scans the running work, so a pass plans for few jobs: the
             # best-ranked blocked allocated job, and a handful of debug jobs (small,
@@ -297,7 +300,7 @@ class Scheduler:
             for allocation in sorted(
                 self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
             ):
-                decisions += self._place_allocation(tier, allocation)
+                decisions += self._place_allocation(tier, allocation, failed)
                 head = self._queues.head(tier, allocation)
                 if head is None:
                     continue
@@ -314,7 +317,9 @@ class Scheduler:
                     decisions += self._wait(head)
         return decisions
 
-    def _place_allocation(self, tier: WorkClass, allocation: str) -> list[Decision]:
+    def _place_allocation(
+        self, tier: WorkClass, allocation: str, failed: set[tuple[str, float, int]]
+    ) -> list[Decision]:
         decisions: list[Decision] = []
         capacity = self._capacity
         if capacity.total_free == 0:
@@ -329,6 +334,9 @@ class Scheduler:
         for job in self._queues.candidates(tier, allocation, could_fit):
             if tier is WorkClass.ALLOCATED and not self._leaves_headroom(job.spec.gpus):
                 break
+            shape = (job.spec.gpu_type, job.spec.min_gpu_memory_gib, job.spec.gpus)
+            if shape in failed:
+                continue
             fit = capacity.fit(job.spec, reserved)
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
@@ -336,6 +344,7 @@ class Scheduler:
                     break
                 largest, node_size, whole = capacity.shape(reserved)
             else:
+                failed.add(shape)
                 decisions += self._wait(job, fit)
         return decisions
 
