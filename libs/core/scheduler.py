@@ -45,7 +45,7 @@ from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
-POLICY_VERSION = 4
+POLICY_VERSION = 5
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
@@ -315,10 +315,25 @@ class Scheduler:
                         decisions += self._preempt_for(job, rank)
                 if head.job_id not in self._reasons or head.job_id in self._nominated:
                     decisions += self._wait(head)
+        if self._capacity.total_free and not self._queues.allocations(WorkClass.UNALLOCATED):
+            # The debug headroom is kept free for free work to fill; with none
+            # waiting, idle GPUs would help nobody, so allocated work may take them.
+            for allocation in sorted(
+                self._queues.allocations(WorkClass.ALLOCATED),
+                key=lambda a: (rank.get(a, len(rank)), a),
+            ):
+                decisions += self._place_allocation(
+                    WorkClass.ALLOCATED, allocation, failed, headroom=False
+                )
         return decisions
 
     def _place_allocation(
-        self, tier: WorkClass, allocation: str, failed: set[tuple[str, float, int]]
+        self,
+        tier: WorkClass,
+        allocation: str,
+        failed: set[tuple[str, float, int]],
+        *,
+        headroom: bool = True,
     ) -> list[Decision]:
         decisions: list[Decision] = []
         capacity = self._capacity
@@ -332,7 +347,11 @@ class Scheduler:
             return gpus <= largest or node_size < gpus <= whole
 
         for job in self._queues.candidates(tier, allocation, could_fit):
-            if tier is WorkClass.ALLOCATED and not self._leaves_headroom(job.spec.gpus):
+            if (
+                headroom
+                and tier is WorkClass.ALLOCATED
+                and not self._leaves_headroom(job.spec.gpus)
+            ):
                 break
             shape = (job.spec.gpu_type, job.spec.min_gpu_memory_gib, job.spec.gpus)
             if shape in failed:

@@ -186,3 +186,10 @@ def test_a_job_no_node_can_hold_never_preempts_anything() -> None:
     started(s, s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0))), 0)
     s.handle(JobArrived(1, "h200", job(1, allocation="a", gpu_type="H200", min_runtime_s=60)))
     assert not any(isinstance(d, Stop) for d in s.handle(Tick(PREEMPTION_ROUND_S + 1)))
+
+
+def test_the_debug_headroom_never_idles_gpus_nobody_else_wants() -> None:
+    s = cluster(8, 8, 8, 8, a=1)
+    for i in range(4):
+        d = s.handle(JobArrived(i, f"j{i}", job(8, allocation="a", min_runtime_s=HOUR)))
+        assert placed(d) == [f"j{i}"]
