@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
+from qm.v1 import events_pb2
 
 from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
 from libs.core import PolicyConfig
@@ -96,16 +97,19 @@ class PlacementService:
                 "qm.offset": delivery.offset,
             },
         ):
-            outputs = self.schedulers[delivery.partition].decide(
-                env, partition=delivery.partition, offset=delivery.offset
-            )
             acks = []
-            for out in outputs:
+            for out in self.outputs(delivery):
                 log.info("%s %s", event_type(out), out.correlation_id)
                 acks.append(
                     await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
                 )
             return acks
+
+    def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
+        """The decisions one input record causes."""
+        return self.schedulers[delivery.partition].decide(
+            delivery.envelope, partition=delivery.partition, offset=delivery.offset
+        )
 
     def forget(self, tp: TopicPartition) -> None:
         self._committed.pop(tp, None)
