@@ -29,7 +29,7 @@ FORBIDDEN = {
 
 def test_core_imports_nothing_impure() -> None:
     offenders = []
-    for path in Path(libs.core.__file__).parent.glob("*.py"):
+    for path in Path(libs.core.__file__).parent.rglob("*.py"):
         for statement in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
             if isinstance(statement, ast.Import):

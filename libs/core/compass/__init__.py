@@ -1,0 +1,25 @@
+"""Compass-style workflow placement (Yang et al., arXiv 2402.17652): pure planning.
+
+GPU memory is a model cache; a workflow (a DAG of model-serving tasks) is
+planned HEFT-style on arrival, with model loads, cache hits and transfers in
+the estimate, and adjusted as it runs. Work in progress for issue 4: the
+planner and its baselines; the node agent's cache, the placement wiring and
+the simulator sweep come next.
+"""
+
+from libs.core.compass.cache import evict_for
+from libs.core.compass.planner import Assignment, GpuState, PlanMode, Planner
+from libs.core.compass.workflow import Costs, Task, Workflow, WorkflowError, parse_workflow
+
+__all__ = [
+    "Assignment",
+    "Costs",
+    "GpuState",
+    "PlanMode",
+    "Planner",
+    "Task",
+    "Workflow",
+    "WorkflowError",
+    "evict_for",
+    "parse_workflow",
+]

@@ -1,0 +1,102 @@
+"""Workflows: DAGs of tasks, each serving one model. Invalid DAGs are refused by task."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class WorkflowError(ValueError):
+    """The workflow breaks a rule; the message names the task."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Transfer rates: loading a model costs size ÷ host-to-GPU bandwidth."""
+
+    host_to_gpu_mb_per_ms: float
+    node_to_node_mb_per_ms: float
+    gpu_memory_mb: float
+
+    def load_ms(self, size_mb: float) -> float:
+        return size_mb / self.host_to_gpu_mb_per_ms
+
+    def transfer_ms(self, kb: float, same_node: bool) -> float:
+        return 0.0 if same_node else kb / 1000 / self.node_to_node_mb_per_ms + 0.002
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    model: str  # empty: no model (glue code)
+    model_mb: float
+    run_ms: float
+    in_kb: float
+    out_kb: float
+    parents: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    tasks: tuple[Task, ...]  # in topological order
+
+    def task(self, task_id: str) -> Task:
+        return next(t for t in self.tasks if t.task_id == task_id)
+
+    def children(self, task_id: str) -> tuple[str, ...]:
+        return tuple(t.task_id for t in self.tasks if task_id in t.parents)
+
+
+def parse_workflow(
+    name: str, raw_tasks: Sequence[Mapping[str, Any]], models: Mapping[str, float], costs: Costs
+) -> Workflow:
+    """Check and order a workflow given as the Compass profile file spells it."""
+    tasks: dict[str, Task] = {}
+    for raw in raw_tasks:
+        task_id = str(raw.get("id", ""))
+        if not task_id:
+            raise WorkflowError(f"{name}: a task has no id")
+        if task_id in tasks:
+            raise WorkflowError(f"{name}/{task_id}: duplicate task id")
+        model = raw.get("model") or ""
+        if model and model not in models:
+            raise WorkflowError(f"{name}/{task_id}: unknown model {model!r}")
+        size = float(models[model]) if model else 0.0
+        if model and not 0 < size <= costs.gpu_memory_mb:
+            raise WorkflowError(
+                f"{name}/{task_id}: model {model} ({size:g} MB) does not fit any GPU "
+                f"({costs.gpu_memory_mb:g} MB)"
+            )
+        for field in ("run_ms", "in_kb", "out_kb"):
+            if not float(raw.get(field, 0)) > 0:
+                raise WorkflowError(f"{name}/{task_id}: {field} must be > 0")
+        tasks[task_id] = Task(
+            task_id,
+            model,
+            size,
+            float(raw["run_ms"]),
+            float(raw["in_kb"]),
+            float(raw["out_kb"]),
+            tuple(str(p) for p in raw.get("parents", ())),
+        )
+    for task in tasks.values():
+        for parent in task.parents:
+            if parent not in tasks:
+                raise WorkflowError(f"{name}/{task.task_id}: unknown parent {parent!r}")
+    return Workflow(name, _topological(name, tasks))
+
+
+def _topological(name: str, tasks: dict[str, Task]) -> tuple[Task, ...]:
+    ordered: list[Task] = []
+    done: set[str] = set()
+    pending = dict(tasks)
+    while pending:
+        ready = sorted(t for t, task in pending.items() if set(task.parents) <= done)
+        if not ready:
+            raise WorkflowError(f"{name}/{min(pending)}: part of a cycle")
+        for task_id in ready:
+            ordered.append(pending.pop(task_id))
+            done.add(task_id)
+    return tuple(ordered)
