@@ -134,3 +134,72 @@ def run(
     console.print(
         f"wrote {out / 'metrics.json'}, {out / 'summary.md'}" + (", plots/" if plots else "")
     )
+
+
+_PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "compass" / "workflows.json"
+
+
+@sim_app.command()
+def workflows(
+    gpus: Annotated[
+        str, typer.Option(help="GPU counts to sweep, comma-separated")
+    ] = "16,32,64,128",
+    modes: Annotated[str, typer.Option(help="compass, heft, hash, jit, or all")] = "all",
+    jobs: Annotated[int, typer.Option(help="Jobs per run (the first 10% are warm-up)")] = 1000,
+    rate: Annotated[float, typer.Option(help="Arrivals per second, all workflows")] = 40.0,
+    burst: Annotated[float, typer.Option(help="Gamma shape of inter-arrivals; 0: Poisson")] = 0.0,
+    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
+) -> None:
+    """Sweep GPU counts: median and p99 slowdown of the Compass workflows per placement mode."""
+    import json
+    import time
+
+    from libs.core.compass import Costs, PlanMode, WorkflowError, parse_workflow
+    from libs.sim.workflows import simulate
+
+    try:
+        raw = json.loads(profiles.read_text())
+        c = raw["cluster"]
+        costs = Costs(c["host_to_gpu_mb_per_ms"], c["node_to_node_mb_per_ms"], c["gpu_memory_mb"])
+        flows = [
+            parse_workflow(n, w["tasks"], raw["models"], costs) for n, w in raw["workflows"].items()
+        ]
+    except (OSError, KeyError, ValueError, WorkflowError) as exc:
+        errors.print(f"[red]error:[/] {profiles}: {exc}")
+        raise typer.Exit(2) from exc
+    best = {n: w["best_case_ms"] for n, w in raw["workflows"].items()}
+    chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
+    table = Table("GPUs", "mode", "median slowdown", "p99 slowdown", "cache hits", "GPUs used", "s")
+    per_flow = Table("GPUs", "mode", *(f"{f.name} (slowdown / hits)" for f in flows))
+    for count in (int(g) for g in gpus.split(",")):
+        for mode in chosen:
+            began = time.perf_counter()
+            run = simulate(
+                flows,
+                best,
+                costs,
+                mode=mode,
+                gpus=count,
+                jobs=jobs,
+                rate_per_s=rate,
+                burst_shape=burst,
+            )
+            table.add_row(
+                str(count),
+                mode.value,
+                f"{run.median_slowdown:.2f}",
+                f"{run.p99_slowdown:.1f}",
+                f"{run.cache_hit_rate:.0%}",
+                str(run.gpus_used),
+                f"{time.perf_counter() - began:.1f}",
+            )
+            per_flow.add_row(
+                str(count),
+                mode.value,
+                *(
+                    f"{run.per_workflow[f.name][0]:.2f} / {run.per_workflow[f.name][1]:.0%}"
+                    for f in flows
+                ),
+            )
+    console.print(table)
+    console.print(per_flow)

@@ -64,14 +64,19 @@ class Planner:
             ranks[task.task_id] = task.run_ms + tail
         return ranks
 
-    def plan(self, workflow: Workflow, gpus: Sequence[GpuState], now_ms: float) -> list[Assignment]:
-        """Assign every task; ``gpus`` are updated to reflect the plan."""
+    def plan(
+        self, workflow: Workflow, gpus: Sequence[GpuState], now_ms: float, job_id: str = ""
+    ) -> list[Assignment]:
+        """Assign every task of one job; ``gpus`` are updated to reflect the plan.
+
+        The hash baselines hash the job and the task, spreading jobs over all GPUs.
+        """
         ranks = self.upward_ranks(workflow)
         order = sorted(workflow.tasks, key=lambda t: (-ranks[t.task_id], workflow.tasks.index(t)))
         done: dict[str, Assignment] = {}
         for task in order:
             if self.mode in (PlanMode.HASH, PlanMode.JIT):
-                gpu = gpus[_stable_hash(f"{workflow.name}/{task.task_id}") % len(gpus)]
+                gpu = gpus[_stable_hash(f"{job_id}/{workflow.name}/{task.task_id}") % len(gpus)]
                 choice = self._estimate(task, gpu, done, gpus, now_ms, aware=True)
             else:
                 aware = self.mode is PlanMode.COMPASS
