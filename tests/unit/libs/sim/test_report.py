@@ -38,7 +38,7 @@ def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = CliRunner().invoke(
         sim_app,
-        ["--scenario", str(tiny_scenario(tmp_path)), "--out", str(out), "--drain", "2h"],
+        ["run", "--scenario", str(tiny_scenario(tmp_path)), "--out", str(out), "--drain", "2h"],
     )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "metrics.json").read_text())
@@ -59,7 +59,7 @@ def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
 
 def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        sim_app, ["--scenario", str(tiny_scenario(tmp_path)), "--policy", "lottery"]
+        sim_app, ["run", "--scenario", str(tiny_scenario(tmp_path)), "--policy", "lottery"]
     )
     assert result.exit_code != 0
     assert "unknown policy" in result.output
@@ -79,3 +79,16 @@ def test_durations_read_and_print_like_people_write_them() -> None:
     assert parse_duration("90") == 90
     assert [duration(s) for s in (45, 600, 7200, 3 * 86400)] == ["45 s", "10 min", "2.0 h", "3.0 d"]
     assert summary_rows([]) == []
+
+
+def test_the_workflow_sweep_prints_every_mode(tmp_path: Path) -> None:
+    profiles = (
+        Path(__file__).resolve().parents[5] / "shared" / "data" / "compass" / "workflows.json"
+    )
+    if not profiles.exists():
+        pytest.skip("shared trace data not present")
+    result = CliRunner().invoke(
+        sim_app, ["workflows", "--gpus", "16", "--jobs", "60", "--profiles", str(profiles)]
+    )
+    assert result.exit_code == 0, result.output
+    assert all(mode in result.output for mode in ("compass", "heft", "hash", "jit"))
