@@ -149,6 +149,7 @@ def workflows(
     rate: Annotated[float, typer.Option(help="Arrivals per second, all workflows")] = 40.0,
     burst: Annotated[float, typer.Option(help="Gamma shape of inter-arrivals; 0: Poisson")] = 0.0,
     profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
+    out: Annotated[Path | None, typer.Option(help="Write the sweep plot here (a folder)")] = None,
 ) -> None:
     """Sweep GPU counts: median and p99 slowdown of the Compass workflows per placement mode."""
     import json
@@ -171,6 +172,7 @@ def workflows(
     chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
     table = Table("GPUs", "mode", "median slowdown", "p99 slowdown", "cache hits", "GPUs used", "s")
     per_flow = Table("GPUs", "mode", *(f"{f.name} (slowdown / hits)" for f in flows))
+    runs = []
     for count in (int(g) for g in gpus.split(",")):
         for mode in chosen:
             began = time.perf_counter()
@@ -201,5 +203,10 @@ def workflows(
                     for f in flows
                 ),
             )
+            runs.append(run)
     console.print(table)
     console.print(per_flow)
+    if out is not None:
+        from libs.sim.sweep_plot import write_sweep_plot
+
+        console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}")

@@ -87,8 +87,8 @@ def test_the_workflow_sweep_prints_every_mode(tmp_path: Path) -> None:
     )
     if not profiles.exists():
         pytest.skip("shared trace data not present")
-    result = CliRunner().invoke(
-        sim_app, ["workflows", "--gpus", "16", "--jobs", "60", "--profiles", str(profiles)]
-    )
+    args = ["workflows", "--gpus", "16,24", "--jobs", "60", "--profiles", str(profiles)]
+    result = CliRunner().invoke(sim_app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert all(mode in result.output for mode in ("compass", "heft", "hash", "jit"))
+    assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
