@@ -51,10 +51,12 @@ class Capacity:
 
     def add(self, node: NodeSpec, held: Collection[int]) -> None:
         """Register or re-register a node; ``held`` GPUs stay taken by running tasks."""
-        if node.node_id in self.nodes:
+        old = self.nodes.get(node.node_id)
+        if old is not None:
             self._unindex(node.node_id)
-            self.total_gpus -= self.nodes[node.node_id].gpu_count
+            self.total_gpus -= old.gpu_count
             self.total_free -= len(self._free[node.node_id])
+            self._class_total[(old.gpu_type, old.gpu_memory_gib)] -= old.gpu_count
         self.nodes[node.node_id] = node
         self._free[node.node_id] = tuple(g for g in sorted(node.gpu_indices) if g not in held)
         self.total_gpus += node.gpu_count
@@ -62,9 +64,7 @@ class Capacity:
         self._index(node.node_id)
         cls = (node.gpu_type, node.gpu_memory_gib)
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
-        self._class_total[cls] = sum(
-            n.gpu_count for n in self.nodes.values() if (n.gpu_type, n.gpu_memory_gib) == cls
-        )
+        self._class_total[cls] = self._class_total.get(cls, 0) + node.gpu_count
 
     def free(self, node_id: str) -> tuple[int, ...]:
         return self._free.get(node_id, ())

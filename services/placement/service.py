@@ -38,7 +38,6 @@ class PlacementService:
     # What this instance last committed, so an idle poll costs no broker round trip.
     _committed: dict[TopicPartition, int] = field(default_factory=dict)
     schedulers: dict[int, PartitionSchedulers] = field(default_factory=dict)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         producer = EventProducer(
@@ -160,4 +159,4 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             self._service.forget(tp)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._service.ready.set()
+        pass  # state is rebuilt lazily, before a partition's first record is decided
