@@ -4,12 +4,26 @@ A test (tests/unit/libs/core/test_purity.py) keeps I/O imports out of this packa
 """
 
 from libs.core.config import PolicyConfig
-from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
+from libs.core.decisions import (
+    Cancel,
+    Decision,
+    Place,
+    Planned,
+    PlannedTask,
+    Preempted,
+    Requeue,
+    ServingTask,
+    Stop,
+    StopCause,
+    Wait,
+)
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
     Input,
     JobArrived,
+    ModelEvicted,
+    ModelLoaded,
     NodeJoined,
     TaskEnded,
     TaskIdle,
@@ -32,13 +46,18 @@ __all__ = [
     "JobArrived",
     "JobSpec",
     "Limits",
+    "ModelEvicted",
+    "ModelLoaded",
     "NodeJoined",
     "NodeSpec",
     "Place",
+    "Planned",
+    "PlannedTask",
     "PolicyConfig",
     "Preempted",
     "Requeue",
     "Scheduler",
+    "ServingTask",
     "Stop",
     "StopCause",
     "TaskEnded",

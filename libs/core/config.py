@@ -8,6 +8,7 @@ from typing import Any
 
 DAY = 86_400.0
 HOUR = 3_600.0
+SERVING_MODES = ("compass", "heft", "hash", "jit")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,18 @@ class PolicyConfig:
     # What one GPU-second costs, by GPU type (types not listed cost 1.0): usage
     # and so fair share are counted in these units.
     gpu_prices: tuple[tuple[str, float], ...] = ()
+    # Workflow serving (libs.core.compass). Planner: compass, heft, hash or jit.
+    serving_mode: str = "compass"
+    # A ready task leaves its planned GPU when the wait there exceeds this × its
+    # run time; join tasks (several parents) are adjusted only if adjust_joins.
+    adjust_threshold: float = 1.5
+    adjust_joins: bool = True
+    # Loading a model costs size ÷ this (PCIe, MB/ms); outputs cross nodes at the other.
+    host_to_gpu_mb_per_ms: float = 10.171
+    node_to_node_mb_per_ms: float = 12.583
+    # The most of the cluster's GPUs that workflows may hold at once; the rest
+    # stays with batch work whatever the serving load.
+    serving_max_fraction: float = 0.5
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)
@@ -38,11 +51,22 @@ def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:
         raise ValueError(
             f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
         )
-    values: dict[str, Any] = {
-        name: _prices(value) if name == "gpu_prices" else float(value)
-        for name, value in raw.items()
-    }
+    values: dict[str, Any] = {name: _value(name, value) for name, value in raw.items()}
     return replace(PolicyConfig(), **values)
+
+
+def _value(name: str, value: Any) -> Any:
+    if name == "gpu_prices":
+        return _prices(value)
+    if name == "serving_mode":
+        if value not in SERVING_MODES:
+            raise ValueError(f"serving_mode: {value!r} is not one of {', '.join(SERVING_MODES)}")
+        return str(value)
+    if name == "adjust_joins":
+        if not isinstance(value, bool):
+            raise ValueError(f"adjust_joins: {value!r} must be true or false")
+        return value
+    return float(value)
 
 
 def _prices(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:

@@ -9,14 +9,51 @@ from libs.core.model import JobSpec
 
 
 @dataclass(frozen=True)
+class ServingTask:
+    """What a GPU needs to run one task of a workflow, sent when its inputs are ready."""
+
+    name: str  # the task's id inside its workflow
+    model: str
+    model_mb: float
+    run_ms: float
+    input_delay_ms: float  # its inputs' transfer from other nodes
+    upcoming: tuple[str, ...]  # models planned next on this GPU, soonest first: look-ahead
+    planned: tuple[str, int] | None = None  # (node, GPU) of the plan, when adjusted away
+    reason: str = ""  # why it was adjusted
+
+
+@dataclass(frozen=True)
 class Place:
-    """Start one task of a job on one node (a gang spanning nodes is one Place per node)."""
+    """Start one task of a job on one node (a gang spanning nodes is one Place per node).
+
+    A workflow task carries ``serving``: it runs on the one GPU in ``gpu_indices``.
+    """
 
     job_id: str
     task_id: str
     node_id: str
     gpu_indices: tuple[int, ...]
     spec: JobSpec
+    serving: ServingTask | None = None
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    name: str
+    node_id: str
+    gpu_index: int
+    start_ms: float  # estimated, on the input clock (ms since the epoch)
+    finish_ms: float
+    load_ms: float  # 0: its model is (or will be) resident
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A workflow's plan on arrival: every task's GPU and estimated start."""
+
+    job_id: str
+    mode: str
+    tasks: tuple[PlannedTask, ...]
 
 
 @dataclass(frozen=True)
@@ -67,4 +104,4 @@ class Preempted:
     reason: str
 
 
-Decision = Place | Wait | Stop | Cancel | Requeue | Preempted
+Decision = Place | Planned | Wait | Stop | Cancel | Requeue | Preempted

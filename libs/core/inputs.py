@@ -55,6 +55,25 @@ class TaskIdle:
 
 
 @dataclass(frozen=True)
+class ModelLoaded:
+    """A node agent loaded a model into one GPU's memory (its model cache)."""
+
+    at: float
+    node_id: str
+    gpu_index: int
+    model: str
+    size_mb: float
+
+
+@dataclass(frozen=True)
+class ModelEvicted:
+    at: float
+    node_id: str
+    gpu_index: int
+    model: str
+
+
+@dataclass(frozen=True)
 class CancelRequested:
     at: float
     job_id: str
@@ -86,6 +105,8 @@ Input = (
     | TaskStarted
     | TaskEnded
     | TaskIdle
+    | ModelLoaded
+    | ModelEvicted
     | CancelRequested
     | BudgetSet
     | UsageSnapshot

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from libs.core.compass.workflow import Workflow
+
 DEBUG_MAX_GPUS = 2
 DEBUG_MAX_MIN_RUNTIME_S = 15 * 60
 
@@ -34,6 +36,9 @@ class JobSpec:
     simulated_exit_code: int = 0
     min_gpu_memory_gib: float = 0.0
     simulated_utilization: float = 0.0
+    # Set: a DAG of model-serving tasks, each on one GPU, planned by the
+    # serving planner (libs.core.compass) instead of the batch tiers.
+    workflow: Workflow | None = None
 
     @property
     def allocated(self) -> bool:

@@ -53,34 +53,59 @@ def parse_workflow(
     name: str, raw_tasks: Sequence[Mapping[str, Any]], models: Mapping[str, float], costs: Costs
 ) -> Workflow:
     """Check and order a workflow given as the Compass profile file spells it."""
-    tasks: dict[str, Task] = {}
+    tasks = []
     for raw in raw_tasks:
         task_id = str(raw.get("id", ""))
-        if not task_id:
-            raise WorkflowError(f"{name}: a task has no id")
-        if task_id in tasks:
-            raise WorkflowError(f"{name}/{task_id}: duplicate task id")
         model = raw.get("model") or ""
         if model and model not in models:
             raise WorkflowError(f"{name}/{task_id}: unknown model {model!r}")
-        size = float(models[model]) if model else 0.0
-        if model and not 0 < size <= costs.gpu_memory_mb:
-            raise WorkflowError(
-                f"{name}/{task_id}: model {model} ({size:g} MB) does not fit any GPU "
-                f"({costs.gpu_memory_mb:g} MB)"
+        tasks.append(
+            Task(
+                task_id,
+                model,
+                float(models[model]) if model else 0.0,
+                float(raw.get("run_ms", 0)),
+                float(raw.get("in_kb", 0)),
+                float(raw.get("out_kb", 0)),
+                tuple(str(p) for p in raw.get("parents", ())),
             )
-        for field in ("run_ms", "in_kb", "out_kb"):
-            if not float(raw.get(field, 0)) > 0:
-                raise WorkflowError(f"{name}/{task_id}: {field} must be > 0")
-        tasks[task_id] = Task(
-            task_id,
-            model,
-            size,
-            float(raw["run_ms"]),
-            float(raw["in_kb"]),
-            float(raw["out_kb"]),
-            tuple(str(p) for p in raw.get("parents", ())),
         )
+    return build_workflow(name, tasks, costs.gpu_memory_mb)
+
+
+def build_workflow(name: str, raw: Sequence[Task], gpu_memory_mb: float) -> Workflow:
+    """Check a DAG and order it topologically; the first broken rule names its task.
+
+    ``gpu_memory_mb`` is the largest GPU the cluster has: a model must fit one.
+    """
+    tasks: dict[str, Task] = {}
+    sizes: dict[str, tuple[float, str]] = {}  # model -> (size, first task naming it)
+    for task in raw:
+        where = f"{name}/{task.task_id}"
+        if not task.task_id:
+            raise WorkflowError(f"{name}: a task has no id")
+        if task.task_id in tasks:
+            raise WorkflowError(f"{where}: duplicate task id")
+        if task.model:
+            if not task.model_mb > 0:
+                raise WorkflowError(f"{where}: model {task.model} needs a size > 0 MB")
+            if task.model_mb > gpu_memory_mb:
+                raise WorkflowError(
+                    f"{where}: model {task.model} ({task.model_mb:g} MB) does not fit any GPU "
+                    f"(the largest holds {gpu_memory_mb:g} MB)"
+                )
+            size, first = sizes.setdefault(task.model, (task.model_mb, task.task_id))
+            if size != task.model_mb:
+                raise WorkflowError(
+                    f"{where}: model {task.model} is {task.model_mb:g} MB here "
+                    f"but {size:g} MB in task {first}"
+                )
+        for field in ("run_ms", "in_kb", "out_kb"):
+            if not getattr(task, field) > 0:
+                raise WorkflowError(f"{where}: {field} must be > 0")
+        tasks[task.task_id] = task
+    if not tasks:
+        raise WorkflowError(f"{name}: a workflow needs at least one task")
     for task in tasks.values():
         for parent in task.parents:
             if parent not in tasks:
