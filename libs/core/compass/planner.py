@@ -35,6 +35,7 @@ class GpuState:
     node_id: str
     free_at_ms: float
     resident: dict[str, float] = field(default_factory=dict)  # model -> MB
+    memory_mb: float = 0.0  # 0: the cluster-wide Costs.gpu_memory_mb
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ class Planner:
         return self.costs.load_ms(task.model_mb)
 
     def _victims(self, task: Task, gpu: GpuState) -> tuple[str, ...] | None:
-        return evict_for(task.model_mb, self.costs.gpu_memory_mb, gpu.resident, {})
+        memory = gpu.memory_mb or self.costs.gpu_memory_mb
+        return evict_for(task.model_mb, memory, gpu.resident, {})
 
     def _eviction_penalty(self, task: Task, gpu: GpuState) -> float:
         if not task.model or task.model in gpu.resident:
