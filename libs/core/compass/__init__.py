@@ -9,14 +9,19 @@ the simulator sweep come next.
 
 from libs.core.compass.cache import evict_for
 from libs.core.compass.planner import Assignment, GpuState, PlanMode, Planner
+from libs.core.compass.worker import Eviction, GpuWorker, Queued, Start
 from libs.core.compass.workflow import Costs, Task, Workflow, WorkflowError, parse_workflow
 
 __all__ = [
     "Assignment",
     "Costs",
+    "Eviction",
     "GpuState",
+    "GpuWorker",
     "PlanMode",
     "Planner",
+    "Queued",
+    "Start",
     "Task",
     "Workflow",
     "WorkflowError",

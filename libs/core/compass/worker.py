@@ -1,0 +1,247 @@
+"""One GPU serving workflow tasks: its model cache and its queue. Pure.
+
+The node agent (and the simulator) drive a ``GpuWorker`` per GPU: they
+``enqueue`` each dispatched task with when its inputs arrive, call ``start``
+whenever the GPU is idle, and ``finish`` when the running task ends. No I/O and
+no clock: every time is a float in ms given by the caller.
+
+Order: one task at a time; ``start`` takes the earliest-enqueued task whose
+inputs have arrived. When its model is not resident, the worker makes room by
+look-ahead (``evict_for``): models that no queued task and no planned
+``upcoming`` model needs go first, then those needed furthest ahead; the model
+being started is never evicted.
+
+A model larger than the whole GPU does not wedge the queue: the worker evicts
+every other model and loads it anyway (``Start.oversized``). The planner refuses
+such models for the largest GPU, so this is a placement on a smaller GPU; a real
+task then fails in its own load (out of memory) and reports it like any task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from libs.core.compass.cache import evict_for
+
+if TYPE_CHECKING:  # libs.core.decisions imports the compass package (via the model)
+    from libs.core.decisions import ServingTask
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A dispatched task waiting for the GPU (``ready_ms``: its inputs have arrived)."""
+
+    task_id: str
+    serving: ServingTask
+    ready_ms: float
+    seq: int  # enqueue order
+
+
+@dataclass(frozen=True)
+class Eviction:
+    model: str
+    size_mb: float
+    reason: str  # short, for people: why this model went
+
+
+@dataclass(frozen=True)
+class Start:
+    """The task the GPU runs next and what that costs.
+
+    ``start_ms`` is when it begins to run, after the load; ``finish_ms`` is
+    ``start_ms + run_ms``. ``loaded`` is False on a cache hit or a task without
+    a model, and then ``load_ms`` is 0.
+    """
+
+    task_id: str
+    serving: ServingTask
+    ready_ms: float
+    evicted: tuple[Eviction, ...]
+    loaded: bool
+    load_ms: float
+    start_ms: float
+    finish_ms: float
+    oversized: bool = False  # the model is larger than the GPU: loaded anyway, alone
+
+    @property
+    def hit(self) -> bool:
+        return bool(self.serving.model) and not self.loaded
+
+
+class GpuWorker:
+    """One GPU: ``capacity_mb`` of model cache, a serving queue, at most one task running."""
+
+    def __init__(
+        self,
+        capacity_mb: float,
+        host_to_gpu_mb_per_ms: float,
+        resident: Mapping[str, float] | None = None,
+    ) -> None:
+        if host_to_gpu_mb_per_ms <= 0:
+            raise ValueError("host_to_gpu_mb_per_ms must be > 0")
+        self.capacity_mb = capacity_mb
+        self.host_to_gpu_mb_per_ms = host_to_gpu_mb_per_ms
+        self._resident: dict[str, float] = dict(resident or {})
+        self._queue: list[Queued] = []
+        self._seq = 0
+        self._running: Start | None = None
+
+    # -- what it holds -------------------------------------------------------
+
+    @property
+    def resident(self) -> Mapping[str, float]:
+        """Model -> MB, in load order (a copy)."""
+        return dict(self._resident)
+
+    @property
+    def used_mb(self) -> float:
+        return sum(self._resident.values())
+
+    @property
+    def queue(self) -> tuple[Queued, ...]:
+        return tuple(self._queue)
+
+    @property
+    def running(self) -> Start | None:
+        return self._running
+
+    @property
+    def idle(self) -> bool:
+        return self._running is None
+
+    def load_ms(self, model_mb: float) -> float:
+        return model_mb / self.host_to_gpu_mb_per_ms
+
+    # -- what drives it ------------------------------------------------------
+
+    def enqueue(self, task_id: str, serving: ServingTask, ready_ms: float) -> bool:
+        """Queue a dispatched task; False (and nothing changes) if it is already here."""
+        if self._has(task_id):
+            return False
+        self._queue.append(Queued(task_id, serving, ready_ms, self._seq))
+        self._seq += 1
+        return True
+
+    def remove(self, task_id: str) -> Queued | None:
+        """Drop a queued (not running) task, e.g. on cancel; the removed entry or None."""
+        for i, queued in enumerate(self._queue):
+            if queued.task_id == task_id:
+                return self._queue.pop(i)
+        return None
+
+    def next_ready_ms(self, now_ms: float | None = None) -> float | None:
+        """The earliest ``ready_ms`` of a queued task (after ``now_ms`` when given), or None.
+
+        A driver whose idle GPU got None from ``start`` wakes then.
+        """
+        times = [q.ready_ms for q in self._queue if now_ms is None or q.ready_ms > now_ms]
+        return min(times, default=None)
+
+    def start(self, now_ms: float) -> Start | None:
+        """Start the next ready task if the GPU is idle; None if busy or nothing is ready."""
+        if self._running is not None:
+            return None
+        ready = [q for q in self._queue if q.ready_ms <= now_ms]
+        if not ready:
+            return None
+        task = min(ready, key=lambda q: q.seq)
+        self._queue.remove(task)
+        serving = task.serving
+        evicted: tuple[Eviction, ...] = ()
+        loaded = False
+        oversized = False
+        load = 0.0
+        if serving.model and serving.model not in self._resident:
+            evicted, oversized = self._make_room(task, now_ms)
+            self._resident[serving.model] = serving.model_mb
+            loaded = True
+            load = self.load_ms(serving.model_mb)
+        begin = now_ms + load
+        self._running = Start(
+            task_id=task.task_id,
+            serving=serving,
+            ready_ms=task.ready_ms,
+            evicted=evicted,
+            loaded=loaded,
+            load_ms=load,
+            start_ms=begin,
+            finish_ms=begin + serving.run_ms,
+            oversized=oversized,
+        )
+        return self._running
+
+    def finish(self, task_id: str) -> bool:
+        """The running task ended (done, failed or stopped): the GPU is idle again.
+
+        False (and nothing changes) when ``task_id`` is not the running task.
+        Its model stays resident.
+        """
+        if self._running is None or self._running.task_id != task_id:
+            return False
+        self._running = None
+        return True
+
+    def evict_all(self, reason: str) -> tuple[Eviction, ...]:
+        """Drop every cached model (a batch task takes the GPU), in load order.
+
+        The running task's model, if any, stays: it is in use.
+        """
+        keep = self._running.serving.model if self._running is not None else ""
+        dropped = tuple(
+            Eviction(model, size, reason) for model, size in self._resident.items() if model != keep
+        )
+        for eviction in dropped:
+            del self._resident[eviction.model]
+        return dropped
+
+    # -- inside --------------------------------------------------------------
+
+    def _has(self, task_id: str) -> bool:
+        if self._running is not None and self._running.task_id == task_id:
+            return True
+        return any(q.task_id == task_id for q in self._queue)
+
+    def _next_uses(self, task: Queued, now_ms: float) -> dict[str, float]:
+        """When each model is next needed, as a position in the expected order.
+
+        Queued tasks first, in the order ``start`` would take them (those ready
+        now by enqueue order, then by ``ready_ms``); then the started task's
+        planned ``upcoming`` models, soonest first.
+        """
+        order = sorted(
+            self._queue,
+            key=lambda q: (0, 0.0, q.seq) if q.ready_ms <= now_ms else (1, q.ready_ms, q.seq),
+        )
+        uses: dict[str, float] = {}
+        position = 0
+        for queued in order:
+            if queued.serving.model:
+                uses.setdefault(queued.serving.model, float(position))
+            position += 1
+        for model in task.serving.upcoming:
+            if model:
+                uses.setdefault(model, float(position))
+            position += 1
+        return uses
+
+    def _make_room(self, task: Queued, now_ms: float) -> tuple[tuple[Eviction, ...], bool]:
+        serving = task.serving
+        uses = self._next_uses(task, now_ms)
+        pinned = frozenset({serving.model})
+        victims = evict_for(serving.model_mb, self.capacity_mb, self._resident, uses, pinned)
+        oversized = victims is None
+        if victims is None:
+            victims = tuple(m for m in self._resident if m not in pinned)
+        room = f"room for {serving.model} ({task.task_id})"
+        evicted: list[Eviction] = []
+        for model in victims:
+            if oversized:
+                why = f"{room}: {serving.model} is larger than the GPU"
+            elif model in uses:
+                why = f"{room}: next needed {int(uses[model]) + 1} tasks ahead, after those kept"
+            else:
+                why = f"{room}: no queued or upcoming task needs it"
+            evicted.append(Eviction(model, self._resident.pop(model), why))
+        return tuple(evicted), oversized
