@@ -38,6 +38,9 @@ class PolicyConfig:
     # The most of the cluster's GPUs that workflows may hold at once; the rest
     # stays with batch work whatever the serving load.
     serving_max_fraction: float = 0.5
+    # A serving GPU whose queue drained goes back to batch work after this long,
+    # so a steady stream of workflows keeps its GPUs and their warm models.
+    serving_linger_s: float = 30.0
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)

@@ -39,6 +39,14 @@ def explain_waiting(
     return Explanation(job.job_id, True, spec.allocation, standing, ahead, "; ".join(parts))
 
 
+def explain_serving(
+    job_id: str, allocation: str, standing: Standing | None, what: str, waiting: bool
+) -> Explanation:
+    """A workflow: its plan and progress, or why no GPU has taken it yet."""
+    text = f"{what}; {_standing_text(allocation, standing)}"
+    return Explanation(job_id, waiting, allocation, standing, 0, text)
+
+
 def explain_running(
     job_id: str,
     allocation: str,

@@ -42,7 +42,7 @@ class JobSpec:
 
     @property
     def allocated(self) -> bool:
-        return self.min_runtime_s > 0
+        return self.min_runtime_s > 0 or self.workflow is not None
 
     @property
     def work_class(self) -> WorkClass:

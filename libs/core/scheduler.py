@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libs.core.budget_tree import BudgetTree
+from libs.core.compass.serving import Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
 from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
-from libs.core.explain import Explanation, explain_running, explain_waiting
+from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing, leaf_order, standings
 from libs.core.fingerprint import Fingerprint
 from libs.core.inputs import (
@@ -33,6 +34,8 @@ from libs.core.inputs import (
     CancelRequested,
     Input,
     JobArrived,
+    ModelEvicted,
+    ModelLoaded,
     NodeJoined,
     TaskEnded,
     TaskIdle,
@@ -45,7 +48,7 @@ from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
-POLICY_VERSION = 5
+POLICY_VERSION = 6
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
@@ -98,6 +101,9 @@ class Scheduler:
         self._weighted_start: dict[str, float] = {}
         self._impossible: set[str] = set()  # jobs no registered node can ever hold
         self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+        # Workflows (DAGs of model-serving tasks) are planned by the serving core,
+        # on GPUs it holds from this scheduler's capacity.
+        self._serving = Serving(self.config, self._capacity, self._fingerprint)
 
     # -- the one entry point -------------------------------------------------
 
@@ -109,19 +115,32 @@ class Scheduler:
                 if event.job_id in self._seen:  # a duplicate submission: already decided
                     return []
                 self._seen.add(event.job_id)
-                self._seq += 1
-                self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
+                if event.spec.workflow is not None:
+                    decisions += self._serving.arrive(event.job_id, event.spec, self._now_ms)
+                else:
+                    self._seq += 1
+                    self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
             case NodeJoined():
                 self._join(event.node)
+                self._serving.add_node(event.node)
                 decisions += self._recheck_impossible()
+            case TaskStarted() if self._serving.owns(event.task_id):
+                self._serving.started(event.task_id, self._now_ms)
             case TaskStarted():
                 self._started(event)
+            case TaskEnded() if self._serving.owns(event.task_id):
+                decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case TaskEnded():
                 decisions += self._ended(event)
+            case ModelLoaded():
+                self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
+            case ModelEvicted():
+                self._serving.evicted(event.node_id, event.gpu_index, event.model)
             case TaskIdle():
                 self._update(event.job_id, idle=event.idle, task_id=event.task_id)
             case CancelRequested():
-                decisions += self._cancel(event.job_id)
+                served = self._serving.cancel(event.job_id, self._now_ms)
+                decisions += self._cancel(event.job_id) if served is None else served
             case BudgetSet():
                 self._set_tree(event.tree)
                 self._running_version += 1  # ranks changed
@@ -138,6 +157,10 @@ class Scheduler:
         preempt = fast or isinstance(event, BudgetSet) or self.now >= self._next_preemption_at
         if preempt and not fast:
             self._next_preemption_at = self.now + PREEMPTION_ROUND_S
+        self._serving.release_idle(self._now_ms)
+        # Waiting workflows take freed GPUs before any batch tier: the fast path.
+        if self._serving.waiting:
+            decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
         if isinstance(event, JobArrived) and event.job_id not in self._reasons:
             # Every new job hears why it waits, even when the pass stopped early.
@@ -154,6 +177,11 @@ class Scheduler:
         """Why a job waits (or where it runs), computed from the current state."""
         rank = self._rank()
         standing = self._standings().get
+        serving = self._serving.describe(job_id)
+        if serving is not None:
+            allocation = self._serving.allocation_of(job_id)
+            waiting = job_id in self._serving.waiting
+            return explain_serving(job_id, allocation, standing(allocation), serving, waiting)
         job = self._queues.jobs.get(job_id)
         if job is not None:
             fit = self._capacity.fit(job.spec, self._blocked_for(job_id))
@@ -180,6 +208,10 @@ class Scheduler:
     # -- folding inputs ------------------------------------------------------
 
     @property
+    def _now_ms(self) -> float:
+        return self.now * 1000
+
+    @property
     def _snapshot_fact(self) -> str:
         return f"u|{self._snapshot_at}|{sorted(self._snapshot.items())}"
 
@@ -202,7 +234,7 @@ class Scheduler:
             return
         if old is not None:
             self._fingerprint.remove(_node_fact(old))
-        held = {
+        held = self._serving.held_on(node.node_id) | {
             gpu
             for job_id in self._on_node.get(node.node_id, {})
             for task_node, gpus in self._running[job_id].tasks.values()

@@ -81,7 +81,10 @@ class ClusterUsage:
             case "job_admitted":
                 spec = env.job_admitted.spec
                 self._jobs[env.job_admitted.job_id] = _Contract(
-                    spec.allocation, spec.gpus, allocated=spec.min_runtime_s > 0
+                    spec.allocation,
+                    spec.gpus,
+                    # Workflow tasks are charged like allocated work (JobSpec.allocated).
+                    allocated=spec.min_runtime_s > 0 or spec.HasField("workflow"),
                 )
             case "task_started":
                 started = env.task_started

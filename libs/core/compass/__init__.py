@@ -10,7 +10,14 @@ the simulator sweep come next.
 from libs.core.compass.cache import evict_for
 from libs.core.compass.planner import Assignment, GpuState, PlanMode, Planner
 from libs.core.compass.worker import Eviction, GpuWorker, Queued, Start
-from libs.core.compass.workflow import Costs, Task, Workflow, WorkflowError, parse_workflow
+from libs.core.compass.workflow import (
+    Costs,
+    Task,
+    Workflow,
+    WorkflowError,
+    build_workflow,
+    parse_workflow,
+)
 
 __all__ = [
     "Assignment",
@@ -25,6 +32,7 @@ __all__ = [
     "Task",
     "Workflow",
     "WorkflowError",
+    "build_workflow",
     "evict_for",
     "parse_workflow",
 ]

@@ -1,0 +1,464 @@
+"""Workflow serving inside the scheduler: plan on arrival, dispatch when ready, adjust.
+
+A workflow job is planned whole when it arrives (``planner.Planner``): every
+task gets a GPU and an estimated start. A task is sent to its GPU (a ``Place``
+carrying a ``ServingTask``) only when its inputs are ready: roots at once, the
+others when their last parent ends. At that moment ``compass`` may adjust: if
+the planned GPU's queue would keep the task waiting longer than
+``adjust_threshold`` × its run time, it goes where wait plus load is lowest;
+``jit`` always re-routes; ``heft`` and ``hash`` keep the plan.
+
+How serving shares the cluster with batch work: workflows plan over the GPUs
+already serving plus free GPUs, while serving holds at most
+``serving_max_fraction`` of the cluster. A GPU joins serving when a plan first
+uses it (it is taken from the batch ``Capacity``) and goes back to batch work
+``serving_linger_s`` after its queue drains, so a steady stream of workflows
+keeps its GPUs and their warm models. Waiting workflows go before every batch
+tier when GPUs free up: they are the latency-sensitive fast path.
+
+The GPU's memory is a model cache kept by its node agent; ``ModelLoaded`` and
+``ModelEvicted`` inputs keep this view of it current. All times here are ms
+on the input clock; state changes are folded into the scheduler's digest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from libs.core.compass.planner import GpuState, PlanMode, Planner
+from libs.core.compass.workflow import Costs, Task, Workflow
+from libs.core.config import PolicyConfig
+from libs.core.decisions import (
+    Cancel,
+    Decision,
+    Place,
+    Planned,
+    PlannedTask,
+    ServingTask,
+    Stop,
+    StopCause,
+    Wait,
+)
+from libs.core.fingerprint import Fingerprint
+from libs.core.model import JobSpec, NodeSpec
+from libs.core.placement import Capacity
+
+GpuKey = tuple[str, int]  # (node id, GPU index)
+MB_PER_GIB = (1 << 30) / 1e6  # model sizes are in MB (10^6 bytes), node memory in GiB
+
+
+@dataclass
+class _Gpu:
+    key: GpuKey
+    memory_mb: float
+    resident: dict[str, float] = field(default_factory=dict)  # model -> MB, as reported
+    planned: dict[str, None] = field(default_factory=dict)  # task ids, in plan order
+    dispatched: dict[str, None] = field(default_factory=dict)  # sent, not yet ended
+    started: dict[str, float] = field(default_factory=dict)  # task id -> start (ms)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.planned or self.dispatched)
+
+    @property
+    def label(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+
+@dataclass
+class _Flow:
+    job_id: str
+    spec: JobSpec
+    workflow: Workflow
+    gpu: dict[str, GpuKey]  # task name -> its GPU: planned, then where it was sent
+    parents_left: dict[str, int]
+    finished: dict[str, float] = field(default_factory=dict)  # task name -> end (ms)
+    dispatched: set[str] = field(default_factory=set)
+    ended: bool = False  # failed or cancelled: nothing more is sent
+
+    @property
+    def in_flight(self) -> set[str]:
+        """Tasks sent to a GPU that have not ended."""
+        return self.dispatched - self.finished.keys()
+
+    @property
+    def fact(self) -> str:
+        return (
+            f"f|{self.job_id}|{sorted(self.gpu.items())}|{sorted(self.finished.items())}"
+            f"|{sorted(self.dispatched)}|{self.ended}"
+        )
+
+
+def task_id_of(job_id: str, name: str) -> str:
+    return f"{job_id}/{name}"
+
+
+class Serving:
+    def __init__(self, config: PolicyConfig, capacity: Capacity, fingerprint: Fingerprint) -> None:
+        self.config = config
+        self.mode = PlanMode(config.serving_mode)
+        self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
+        self._planner = Planner(self._costs, self.mode)
+        self._capacity = capacity
+        self._fingerprint = fingerprint
+        self._facts: dict[str, str] = {}
+        self._gpus: dict[GpuKey, _Gpu] = {}
+        self.pool: dict[GpuKey, None] = {}  # GPUs held from batch work for serving
+        self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
+        self._flows: dict[str, _Flow] = {}
+        self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task)
+        self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
+
+    # -- facts from the log --------------------------------------------------
+
+    def add_node(self, node: NodeSpec) -> None:
+        for index in node.gpu_indices:
+            gpu = self._gpus.setdefault((node.node_id, index), _Gpu((node.node_id, index), 0.0))
+            gpu.memory_mb = node.gpu_memory_gib * MB_PER_GIB
+            self._touch(gpu)
+
+    def owns(self, task_id: str) -> bool:
+        return task_id in self._tasks
+
+    def loaded(self, node_id: str, gpu_index: int, model: str, size_mb: float) -> None:
+        gpu = self._gpus.get((node_id, gpu_index))
+        if gpu is not None:
+            gpu.resident[model] = size_mb
+            self._touch(gpu)
+
+    def evicted(self, node_id: str, gpu_index: int, model: str) -> None:
+        gpu = self._gpus.get((node_id, gpu_index))
+        if gpu is not None and gpu.resident.pop(model, None) is not None:
+            self._touch(gpu)
+
+    def started(self, task_id: str, now_ms: float) -> None:
+        job_id, task = self._tasks[task_id]
+        gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
+        if task_id in gpu.dispatched:
+            gpu.started[task_id] = now_ms
+            self._touch(gpu)
+
+    def ended(self, task_id: str, exit_code: int, now_ms: float) -> list[Decision]:
+        """A task ended: send the successors it unblocked, or give up on a failed flow."""
+        job_id, task = self._tasks.pop(task_id)
+        flow = self._flows[job_id]
+        gpu = self._gpus[flow.gpu[task.task_id]]
+        gpu.dispatched.pop(task_id, None)
+        gpu.started.pop(task_id, None)
+        self._touch(gpu, now_ms)
+        flow.finished[task.task_id] = now_ms
+        decisions: list[Decision] = []
+        if exit_code != 0:
+            self._abandon(flow, now_ms)
+        elif not flow.ended:
+            for child in flow.workflow.children(task.task_id):
+                flow.parents_left[child] -= 1
+                if flow.parents_left[child] == 0:
+                    decisions += self._send(flow, flow.workflow.task(child), now_ms)
+        self._touch_flow(flow)
+        if len(flow.finished) == len(flow.workflow.tasks) or (flow.ended and not flow.in_flight):
+            self._forget(flow)
+        return decisions
+
+    # -- decisions -----------------------------------------------------------
+
+    def arrive(self, job_id: str, spec: JobSpec, now_ms: float) -> list[Decision]:
+        decisions = self._plan(job_id, spec, now_ms) if not self.waiting else None
+        if decisions is not None:
+            return decisions
+        self.waiting[job_id] = spec
+        self._fingerprint.add(f"q|{job_id}")
+        return [Wait(job_id, self._why_waiting())]
+
+    def retry(self, now_ms: float) -> list[Decision]:
+        """Plan waiting workflows, oldest first, while GPUs can take them."""
+        decisions: list[Decision] = []
+        for job_id, spec in list(self.waiting.items()):
+            planned = self._plan(job_id, spec, now_ms)
+            if planned is None:
+                break
+            del self.waiting[job_id]
+            self._fingerprint.remove(f"q|{job_id}")
+            decisions += planned
+        return decisions
+
+    def release_idle(self, now_ms: float) -> None:
+        """Give GPUs whose queue drained ``serving_linger_s`` ago back to batch work."""
+        linger_ms = self.config.serving_linger_s * 1000
+        while self._idle_since:
+            key, since = next(iter(self._idle_since.items()))
+            if since + linger_ms > now_ms:
+                return
+            del self._idle_since[key]
+            del self.pool[key]
+            self._capacity.give(key[0], [key[1]])
+            self._touch(self._gpus[key])
+
+    def cancel(self, job_id: str, now_ms: float) -> list[Decision] | None:
+        """Withdraw a workflow; None when the job is not a workflow this knows."""
+        if self.waiting.pop(job_id, None) is not None:
+            self._fingerprint.remove(f"q|{job_id}")
+            return [Cancel(job_id, "cancelled before it started")]
+        flow = self._flows.get(job_id)
+        if flow is None:
+            return None
+        if flow.ended:
+            return []
+        self._abandon(flow, now_ms)
+        self._touch_flow(flow)
+        decisions: list[Decision] = [Cancel(job_id, "cancelled by user")]
+        for name in sorted(flow.in_flight):
+            node_id, _ = flow.gpu[name]
+            task_id = task_id_of(job_id, name)
+            decisions.append(Stop(job_id, task_id, node_id, StopCause.CANCELLED, "cancelled"))
+        if not flow.in_flight:
+            self._forget(flow)
+        return decisions
+
+    def held_on(self, node_id: str) -> set[int]:
+        return {index for node, index in self.pool if node == node_id}
+
+    def allocation_of(self, job_id: str) -> str:
+        spec = self.waiting.get(job_id)
+        if spec is None:
+            spec = self._flows[job_id].spec
+        return spec.allocation
+
+    def describe(self, job_id: str) -> str | None:
+        """What a workflow is doing, for ``qm why``; None when it is not one."""
+        if job_id in self.waiting:
+            ahead = list(self.waiting).index(job_id)
+            return f"{self._why_waiting()}; {ahead} workflow(s) ahead of it"
+        flow = self._flows.get(job_id)
+        if flow is None:
+            return None
+        parts = [f"workflow {flow.workflow.name} ({self.mode.value} plan)"]
+        parts.append(f"{len(flow.finished)} of {len(flow.workflow.tasks)} tasks done")
+        for task in flow.workflow.tasks:
+            if task.task_id in flow.finished:
+                continue
+            state = "sent to" if task.task_id in flow.dispatched else "planned on"
+            node_id, index = flow.gpu[task.task_id]
+            parts.append(f"{task.task_id} {state} {node_id} GPU {index}")
+        return "; ".join(parts)
+
+    # -- planning ------------------------------------------------------------
+
+    def _plan(self, job_id: str, spec: JobSpec, now_ms: float) -> list[Decision] | None:
+        workflow = spec.workflow
+        assert workflow is not None
+        need_mb = max((t.model_mb for t in workflow.tasks), default=0.0)
+        views = self._views(spec, workflow, need_mb, now_ms)
+        if not views:
+            return None
+        plan = self._planner.plan(workflow, list(views.values()), now_ms, job_id=job_id)
+        by_label = {self._gpus[key].label: key for key in views}
+        flow = _Flow(
+            job_id,
+            spec,
+            workflow,
+            gpu={a.task_id: by_label[a.gpu_id] for a in plan},
+            parents_left={t.task_id: len(t.parents) for t in workflow.tasks},
+        )
+        self._flows[job_id] = flow
+        for task in workflow.tasks:
+            task_id = task_id_of(job_id, task.task_id)
+            self._tasks[task_id] = (job_id, task)
+            gpu = self._gpus[flow.gpu[task.task_id]]
+            gpu.planned[task_id] = None
+            self._acquire(gpu)
+        decisions: list[Decision] = [
+            Planned(
+                job_id,
+                self.mode.value,
+                tuple(
+                    PlannedTask(a.task_id, *by_label[a.gpu_id], a.start_ms, a.finish_ms, a.load_ms)
+                    for a in plan
+                ),
+            )
+        ]
+        for task in workflow.tasks:
+            if not task.parents:
+                decisions += self._send(flow, task, now_ms)
+        self._touch_flow(flow)
+        return decisions
+
+    def _views(
+        self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
+    ) -> dict[GpuKey, GpuState]:
+        """The GPUs a plan may use: those serving now, then free ones while serving
+        has room: first those already holding one of its models, then in node order.
+        The hash baselines spread over every eligible GPU."""
+
+        def eligible(key: GpuKey) -> bool:
+            gpu = self._gpus.get(key)
+            node = self._capacity.nodes.get(key[0])
+            return (
+                gpu is not None
+                and node is not None
+                and gpu.memory_mb >= need_mb
+                and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
+            )
+
+        chosen = [key for key in self.pool if eligible(key)]
+        room = self._cap - len(self.pool)
+        if room > 0:
+            models = {t.model for t in workflow.tasks if t.model}
+            free = [key for key in self._free_gpus() if eligible(key)]
+            warm = [key for key in free if models & self._gpus[key].resident.keys()]
+            wanted = room if self.mode in (PlanMode.HASH, PlanMode.JIT) else len(workflow.tasks)
+            taken = set(warm)
+            cold = [key for key in free if key not in taken][:wanted]
+            chosen += (warm + cold)[:room]
+        return {key: self._view(self._gpus[key], now_ms) for key in sorted(chosen)}
+
+    def _free_gpus(self) -> Iterator[GpuKey]:
+        for node_id in self._capacity.nodes:
+            for index in self._capacity.free(node_id):
+                yield node_id, index
+
+    def _view(self, gpu: _Gpu, now_ms: float, without: str = "") -> GpuState:
+        return GpuState(
+            gpu.label,
+            gpu.key[0],
+            self._backlog(gpu, now_ms, without),
+            dict(gpu.resident),
+            gpu.memory_mb,
+        )
+
+    def _backlog(self, gpu: _Gpu, now_ms: float, without: str = "") -> float:
+        """When the GPU would be done with everything sent or planned to it."""
+        free_at = now_ms
+        for task_id, start in gpu.started.items():
+            free_at = max(free_at, start + self._tasks[task_id][1].run_ms)
+        queued = (t for t in (*gpu.dispatched, *gpu.planned) if t not in gpu.started)
+        return free_at + sum(self._tasks[t][1].run_ms for t in queued if t != without)
+
+    def _send(self, flow: _Flow, task: Task, now_ms: float) -> list[Decision]:
+        """Send a ready task to its GPU, adjusting first when the plan went stale."""
+        task_id = task_id_of(flow.job_id, task.task_id)
+        planned = self._gpus[flow.gpu[task.task_id]]
+        target, reason = self._adjust(flow, task, planned, now_ms)
+        planned.planned.pop(task_id, None)
+        self._touch(planned, now_ms)
+        if target is not planned:
+            flow.gpu[task.task_id] = target.key
+            self._acquire(target)
+        target.dispatched[task_id] = None
+        self._touch(target)
+        flow.dispatched.add(task.task_id)
+        arrival = max(
+            (
+                flow.finished[p]
+                + self._costs.transfer_ms(task.in_kb, flow.gpu[p][0] == target.key[0])
+                for p in task.parents
+            ),
+            default=now_ms,
+        )
+        upcoming = tuple(
+            dict.fromkeys(
+                self._tasks[t][1].model for t in target.planned if self._tasks[t][1].model
+            )
+        )
+        serving = ServingTask(
+            task.task_id,
+            task.model,
+            task.model_mb,
+            task.run_ms,
+            max(0.0, arrival - now_ms),
+            upcoming,
+            planned.key if target is not planned else None,
+            reason,
+        )
+        return [Place(flow.job_id, task_id, target.key[0], (target.key[1],), flow.spec, serving)]
+
+    def _adjust(self, flow: _Flow, task: Task, planned: _Gpu, now_ms: float) -> tuple[_Gpu, str]:
+        if self.mode is PlanMode.COMPASS:
+            threshold = self.config.adjust_threshold
+            if len(task.parents) > 1 and not self.config.adjust_joins:
+                return planned, ""
+        elif self.mode is PlanMode.JIT:
+            threshold = 0.0
+        else:
+            return planned, ""
+        task_id = task_id_of(flow.job_id, task.task_id)
+        views = self._views(flow.spec, flow.workflow, task.model_mb, now_ms)
+        views[planned.key] = self._view(planned, now_ms, without=task_id)
+        chosen = self._planner.adjust(
+            task, views[planned.key], list(views.values()), now_ms, threshold
+        )
+        if chosen.gpu_id == planned.label:
+            return planned, ""
+        wait = views[planned.key].free_at_ms - now_ms
+        target = next(self._gpus[key] for key, view in views.items() if view is chosen)
+        if self.mode is PlanMode.JIT:
+            return target, "re-routed at run time (jit)"
+        return target, (
+            f"{wait:.0f} ms wait on {planned.label} exceeds {threshold:g}× its "
+            f"{task.run_ms:g} ms run"
+        )
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _acquire(self, gpu: _Gpu) -> None:
+        if gpu.key not in self.pool:
+            self.pool[gpu.key] = None
+            self._capacity.take(gpu.key[0], [gpu.key[1]])
+        self._touch(gpu)
+
+    def _abandon(self, flow: _Flow, now_ms: float) -> None:
+        """Stop sending a failed or cancelled flow's tasks; planned ones are dropped."""
+        flow.ended = True
+        for task in flow.workflow.tasks:
+            if task.task_id in flow.dispatched:
+                continue
+            task_id = task_id_of(flow.job_id, task.task_id)
+            self._tasks.pop(task_id, None)
+            gpu = self._gpus[flow.gpu[task.task_id]]
+            gpu.planned.pop(task_id, None)
+            self._touch(gpu, now_ms)
+
+    def _forget(self, flow: _Flow) -> None:
+        del self._flows[flow.job_id]
+        self._fingerprint.remove(self._facts.pop(f"f|{flow.job_id}"))
+        for task in flow.workflow.tasks:
+            self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
+
+    def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
+        """Fold a GPU's change into the digest; a drained pool GPU starts lingering."""
+        if gpu.busy:
+            self._idle_since.pop(gpu.key, None)
+        elif now_ms is not None and gpu.key in self.pool:
+            self._idle_since.setdefault(gpu.key, now_ms)
+        fact = (
+            f"g|{gpu.label}|{gpu.memory_mb}|{sorted(gpu.resident.items())}|{list(gpu.planned)}"
+            f"|{list(gpu.dispatched)}|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
+            f"|{self._idle_since.get(gpu.key)}"
+        )
+        self._refresh(f"g|{gpu.label}", fact)
+
+    def _touch_flow(self, flow: _Flow) -> None:
+        self._refresh(f"f|{flow.job_id}", flow.fact)
+
+    def _refresh(self, key: str, fact: str) -> None:
+        old = self._facts.get(key)
+        if old is None:
+            self._fingerprint.add(fact)
+        else:
+            self._fingerprint.replace(old, fact)
+        self._facts[key] = fact
+
+    @property
+    def _cap(self) -> int:
+        return math.ceil(self.config.serving_max_fraction * self._capacity.total_gpus)
+
+    def _why_waiting(self) -> str:
+        cap = self._cap
+        if len(self.pool) >= cap:
+            return f"waiting for a serving GPU: serving holds its limit of {cap} GPUs"
+        return (
+            f"waiting for a GPU free of batch work (serving holds {len(self.pool)} "
+            f"of at most {cap})"
+        )

@@ -1,0 +1,197 @@
+"""Workflows through the scheduler: plan on arrival, send when ready, adjust, share with batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.core import (
+    Cancel,
+    CancelRequested,
+    Decision,
+    Input,
+    JobArrived,
+    JobSpec,
+    ModelLoaded,
+    NodeJoined,
+    NodeSpec,
+    Place,
+    Planned,
+    PolicyConfig,
+    Scheduler,
+    Stop,
+    TaskEnded,
+    TaskStarted,
+    Tick,
+    Wait,
+)
+from libs.core.compass import Task, Workflow, build_workflow
+from tests.builders import job
+
+GIB_80 = 80.0
+CHAIN = build_workflow(
+    "chain",
+    [
+        Task("a", "llm", 5000, 500, 1, 1),
+        Task("b", "tts", 2000, 100, 1, 1, ("a",)),
+    ],
+    gpu_memory_mb=1e9,
+)
+FAN = build_workflow(
+    "fan",
+    [
+        Task("root", "llm", 5000, 100, 1, 1),
+        Task("x", "vit", 1000, 100, 1, 1, ("root",)),
+        Task("y", "vit", 1000, 100, 1, 1, ("root",)),
+        Task("join", "", 0, 1, 1, 1, ("x", "y")),
+    ],
+    gpu_memory_mb=1e9,
+)
+
+
+def gpu_node(node_id: str, gpus: int = 1) -> NodeSpec:
+    return NodeSpec(node_id, "H100", tuple(range(gpus)), GIB_80)
+
+
+def flow(workflow: Workflow = CHAIN) -> JobSpec:
+    return job(1, workflow=workflow)
+
+
+def run(scheduler: Scheduler, inputs: list[Input]) -> list[Decision]:
+    out: list[Decision] = []
+    for event in inputs:
+        out += scheduler.handle(event)
+    return out
+
+
+def places(decisions: list[Decision]) -> list[Place]:
+    return [d for d in decisions if isinstance(d, Place) and d.serving is not None]
+
+
+def test_a_workflow_is_planned_on_arrival_and_its_roots_sent_at_once() -> None:
+    s = Scheduler()
+    out = run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())])
+    [plan] = [d for d in out if isinstance(d, Planned)]
+    assert plan.mode == "compass"
+    assert [(t.name, t.node_id, t.gpu_index) for t in plan.tasks] == [
+        ("a", "n1", 0),
+        ("b", "n1", 0),
+    ]
+    # The first task pays its model's load; the estimate says so.
+    assert plan.tasks[0].load_ms == pytest.approx(5000 / 10.171)
+    [sent] = places(out)
+    assert (sent.task_id, sent.node_id, sent.gpu_indices) == ("w1/a", "n1", (0,))
+    assert sent.serving is not None
+    assert sent.serving.upcoming == ("tts",)  # look-ahead for the GPU's cache
+
+
+def test_a_successor_is_sent_when_its_parent_ends_and_the_flow_then_ends() -> None:
+    s = Scheduler()
+    run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())])
+    out = run(s, [TaskStarted(1.5, "w1", "w1/a", "n1"), TaskEnded(2, "w1", "w1/a", "n1")])
+    [sent] = places(out)
+    assert sent.task_id == "w1/b"
+    assert sent.serving is not None and sent.serving.planned is None
+    run(s, [TaskEnded(2.2, "w1", "w1/b", "n1")])
+    assert s.explain("w1") is None  # nothing left of it
+
+
+def test_a_model_that_is_resident_steers_the_plan() -> None:
+    s = Scheduler()
+    out = run(
+        s,
+        [
+            NodeJoined(0, gpu_node("n1")),
+            NodeJoined(0, gpu_node("n2")),
+            ModelLoaded(0.5, "n2", 0, "llm", 5000),
+            JobArrived(1, "w1", flow()),
+        ],
+    )
+    [plan] = [d for d in out if isinstance(d, Planned)]
+    assert plan.tasks[0].node_id == "n2"
+    assert plan.tasks[0].load_ms == 0
+
+
+def test_compass_adjusts_a_ready_task_whose_planned_gpu_is_backed_up() -> None:
+    s = Scheduler(PolicyConfig(adjust_threshold=1.5))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w1", flow(FAN))])
+    # The root runs far longer than planned while another workflow queues
+    # behind it; x and y were planned next to it on GPU 0 or 1.
+    run(s, [TaskStarted(1, "w1", "w1/root", "n1")])
+    for i in range(6):
+        run(s, [JobArrived(1.01 + i / 100, f"q{i}", flow(CHAIN))])
+    out = run(s, [TaskEnded(1.2, "w1", "w1/root", "n1")])
+    sent = {p.serving.name: p for p in places(out) if p.serving is not None}
+    assert set(sent) == {"x", "y"}
+    moved = [p for p in sent.values() if p.serving is not None and p.serving.planned is not None]
+    assert all("exceeds 1.5×" in p.serving.reason for p in moved if p.serving is not None)
+
+
+def test_heft_never_adjusts() -> None:
+    s = Scheduler(PolicyConfig(serving_mode="heft"))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w1", flow(FAN))])
+    for i in range(6):
+        run(s, [JobArrived(1.01 + i / 100, f"q{i}", flow(CHAIN))])
+    out = run(s, [TaskEnded(1.2, "w1", "w1/root", "n1")])
+    assert all(p.serving is not None and p.serving.planned is None for p in places(out))
+
+
+def test_serving_holds_gpus_from_batch_work_until_its_queue_drains_and_lingers() -> None:
+    s = Scheduler(PolicyConfig(serving_linger_s=30))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w1", flow())])
+    out = run(s, [JobArrived(2, "b1", job(2, min_runtime_s=3600))])
+    assert not [d for d in out if isinstance(d, Place)]  # one GPU serves w1
+    run(s, [TaskEnded(3, "w1", "w1/a", "n1"), TaskEnded(4, "w1", "w1/b", "n1")])
+    assert not [d for d in run(s, [Tick(20)]) if isinstance(d, Place)]  # lingering
+    out = run(s, [Tick(40)])
+    assert [(d.job_id, d.gpu_indices) for d in out if isinstance(d, Place)] == [("b1", (0, 1))]
+
+
+def test_a_workflow_waits_for_a_gpu_free_of_batch_work_then_goes_first() -> None:
+    s = Scheduler()
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "b1", job(2, min_runtime_s=60))])
+    out = run(s, [JobArrived(2, "w1", flow()), JobArrived(3, "b2", job(2, min_runtime_s=60))])
+    waits = {d.job_id: d.reason for d in out if isinstance(d, Wait)}
+    assert waits["w1"].startswith("waiting for a GPU free of batch work")
+    explanation = s.explain("w1")
+    assert explanation is not None and explanation.waiting
+    out = run(s, [TaskEnded(100, "b1", "b1/0", "n1")])
+    assert [type(d).__name__ for d in out][:2] == ["Planned", "Place"]
+    assert not [d for d in out if isinstance(d, Place) and d.job_id == "b2"]
+
+
+def test_serving_never_takes_more_than_its_share() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=0.5))
+    run(s, [NodeJoined(0, gpu_node("n1", 4))])
+    out = run(s, [JobArrived(1 + i, f"w{i}", flow(FAN)) for i in range(4)])
+    gpus = {(d.node_id, d.gpu_indices) for d in out if isinstance(d, Place)}
+    planned = {(t.node_id, t.gpu_index) for d in out if isinstance(d, Planned) for t in d.tasks}
+    assert len(planned) <= 2 and len(gpus) <= 2
+
+
+def test_cancelling_a_workflow_stops_what_was_sent_and_drops_the_rest() -> None:
+    s = Scheduler()
+    run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())])
+    out = run(s, [CancelRequested(2, "w1")])
+    assert [type(d) for d in out] == [Cancel, Stop]
+    out = run(s, [TaskEnded(3, "w1", "w1/a", "n1", exit_code=-15)])
+    assert not places(out)
+    assert s.explain("w1") is None
+
+
+def test_a_failed_task_ends_its_workflow() -> None:
+    s = Scheduler()
+    run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())])
+    out = run(s, [TaskEnded(2, "w1", "w1/a", "n1", exit_code=1)])
+    assert not places(out) and s.explain("w1") is None
+
+
+def test_the_same_inputs_give_the_same_decisions_and_digest() -> None:
+    inputs: list[Input] = [NodeJoined(0, gpu_node(f"n{i}", 2)) for i in range(3)]
+    inputs += [JobArrived(1 + i / 10, f"w{i}", flow(FAN if i % 2 else CHAIN)) for i in range(8)]
+    inputs += [TaskEnded(2, "w0", "w0/a", "n0"), ModelLoaded(2.1, "n1", 1, "vit", 1000)]
+    first, second = Scheduler(), Scheduler()
+    assert run(first, inputs) == run(second, inputs)
+    assert first.digest() == second.digest()
+    third = Scheduler()
+    run(third, inputs[:-1])
+    assert third.digest() != first.digest()  # the cache view is part of the state
