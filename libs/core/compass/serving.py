@@ -165,23 +165,24 @@ class Serving:
     # -- decisions -----------------------------------------------------------
 
     def arrive(self, job_id: str, spec: JobSpec, now_ms: float) -> list[Decision]:
-        decisions = self._plan(job_id, spec, now_ms) if not self.waiting else None
-        if decisions is not None:
-            return decisions
         self.waiting[job_id] = spec
         self._fingerprint.add(f"q|{job_id}")
-        return [Wait(job_id, self._why_waiting())]
+        decisions = self.retry(now_ms)  # older workflows first
+        if job_id in self.waiting:
+            decisions.append(Wait(job_id, self._why_waiting(spec)))
+        return decisions
 
     def retry(self, now_ms: float) -> list[Decision]:
-        """Plan waiting workflows, oldest first, while GPUs can take them."""
+        """Plan waiting workflows, oldest first; one no GPU can hold does not block the rest."""
         decisions: list[Decision] = []
         for job_id, spec in list(self.waiting.items()):
-            planned = self._plan(job_id, spec, now_ms)
-            if planned is None:
+            if not self.pool and not self._capacity.total_free:
                 break
-            del self.waiting[job_id]
-            self._fingerprint.remove(f"q|{job_id}")
-            decisions += planned
+            planned = self._plan(job_id, spec, now_ms)
+            if planned is not None:
+                del self.waiting[job_id]
+                self._fingerprint.remove(f"q|{job_id}")
+                decisions += planned
         return decisions
 
     def release_idle(self, now_ms: float) -> None:
@@ -228,9 +229,10 @@ class Serving:
 
     def describe(self, job_id: str) -> str | None:
         """What a workflow is doing, for ``qm why``; None when it is not one."""
-        if job_id in self.waiting:
+        spec = self.waiting.get(job_id)
+        if spec is not None:
             ahead = list(self.waiting).index(job_id)
-            return f"{self._why_waiting()}; {ahead} workflow(s) ahead of it"
+            return f"{self._why_waiting(spec)}; {ahead} workflow(s) ahead of it"
         flow = self._flows.get(job_id)
         if flow is None:
             return None
@@ -454,7 +456,19 @@ class Serving:
     def _cap(self) -> int:
         return math.ceil(self.config.serving_max_fraction * self._capacity.total_gpus)
 
-    def _why_waiting(self) -> str:
+    def _why_waiting(self, spec: JobSpec) -> str:
+        assert spec.workflow is not None
+        need_mb = max((t.model_mb for t in spec.workflow.tasks), default=0.0)
+        kind = spec.gpu_type or "any type"
+        if not any(
+            gpu.memory_mb >= need_mb
+            and (not spec.gpu_type or self._capacity.nodes[gpu.key[0]].gpu_type == spec.gpu_type)
+            for gpu in self._gpus.values()
+        ):
+            return (
+                f"needs a GPU ({kind}) with room for a {need_mb:g} MB model; "
+                "no registered GPU has that much memory"
+            )
         cap = self._cap
         if len(self.pool) >= cap:
             return f"waiting for a serving GPU: serving holds its limit of {cap} GPUs"

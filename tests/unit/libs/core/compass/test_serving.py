@@ -195,3 +195,13 @@ def test_the_same_inputs_give_the_same_decisions_and_digest() -> None:
     third = Scheduler()
     run(third, inputs[:-1])
     assert third.digest() != first.digest()  # the cache view is part of the state
+
+
+def test_a_workflow_no_gpu_can_hold_waits_without_blocking_the_next() -> None:
+    huge = build_workflow("huge", [Task("a", "giant", 500_000, 10, 1, 1)], gpu_memory_mb=1e9)
+    s = Scheduler()
+    out = run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow(huge))])
+    [wait] = [d for d in out if isinstance(d, Wait)]
+    assert "no registered GPU has that much memory" in wait.reason
+    out = run(s, [JobArrived(2, "w2", flow())])
+    assert [p.job_id for p in places(out)] == ["w2"]
