@@ -2,7 +2,8 @@
 
 Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, default
 ``.local/logs/tasks``), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
-``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection), plus the
+``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection),
+``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads), plus the
 ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
@@ -25,7 +26,12 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import EventConsumer, EventProducer, KafkaSettings, load_topic_config
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
-from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
+from services.node_agent.agent import (
+    DEFAULT_HOST_TO_GPU_MB_PER_MS,
+    DEFAULT_SAMPLE_S,
+    NodeAgent,
+    serve,
+)
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import (
@@ -104,6 +110,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("QM_SAMPLE_SECONDS", str(DEFAULT_SAMPLE_S)),
         help="time between GPU utilisation samples (env QM_SAMPLE_SECONDS; default: %(default)s)",
     )
+    parser.add_argument(
+        "--host-to-gpu-mb-per-ms",
+        type=float,
+        default=os.environ.get("QM_HOST_TO_GPU_MB_PER_MS", str(DEFAULT_HOST_TO_GPU_MB_PER_MS)),
+        help="host-to-GPU bandwidth for a workflow task's model load, in MB per ms: a "
+        "simulated load takes model MB / this (env QM_HOST_TO_GPU_MB_PER_MS; "
+        "default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.nvml and len(args.node) > 1:
         parser.error("--nvml reads this one machine: give at most one --node")
@@ -111,6 +125,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--grace-seconds must be >= 0")
     if args.sample_seconds <= 0:
         parser.error("--sample-seconds must be > 0")
+    if args.host_to_gpu_mb_per_ms <= 0:
+        parser.error("--host-to-gpu-mb-per-ms must be > 0")
     try:
         args.idle = IdleThresholds(
             args.idle_threshold, args.busy_threshold, args.idle_window_seconds
@@ -171,6 +187,7 @@ async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -
             samplers={node.node_id: sampler_for(node, pynvml) for node in nodes},
             idle=args.idle,
             sample_s=args.sample_seconds,
+            host_to_gpu_mb_per_ms=args.host_to_gpu_mb_per_ms,
         )
         consumer = EventConsumer(
             settings,

@@ -2,6 +2,12 @@
 
 Both report an exit code the way ``subprocess`` does: negative when a signal ended
 the task, so a stopped task reads -15 (SIGTERM) or -9 (SIGKILL) under either executor.
+
+A workflow task (``TaskPlaced.serving``) needs its model on its GPU. The agent keeps
+the books of each GPU's model cache and calls ``load_model`` before ``start`` when the
+model is not resident: the simulated executor waits the load time; a process loads its
+model itself as it starts (told by ``QM_MODEL``, ``QM_MODEL_MB`` and
+``QM_MODEL_RESIDENT``), so its ``load_model`` returns at once.
 """
 
 from __future__ import annotations
@@ -44,19 +50,32 @@ class Execution(Protocol):
 
 
 class Executor(Protocol):
-    async def start(self, task: events_pb2.TaskPlaced) -> Execution:
-        """Start the task, or raise LaunchError saying why it could not start."""
+    async def start(
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+    ) -> Execution:
+        """Start the task, or raise LaunchError saying why it could not start.
+
+        ``model_resident``: a serving task's model is already on its GPU.
+        """
+        ...
+
+    async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
+        """Bring a serving task's model onto its GPU before ``start``; cancellable."""
         ...
 
 
-def task_environment(base: Mapping[str, str], task: events_pb2.TaskPlaced) -> dict[str, str]:
+def task_environment(
+    base: Mapping[str, str], task: events_pb2.TaskPlaced, *, model_resident: bool = False
+) -> dict[str, str]:
     """The agent's environment, then the job's extras, then what the agent decides.
 
     The agent's own variables come last so that a job cannot widen its GPU set. CUDA
     numbers GPUs fastest first unless told otherwise; NVML, whose indices the inventory
-    and the utilisation sampler use, numbers them by PCI bus.
+    and the utilisation sampler use, numbers them by PCI bus. A serving task also gets
+    ``QM_TASK`` (its name in the workflow), ``QM_MODEL``, ``QM_MODEL_MB`` and
+    ``QM_MODEL_RESIDENT`` ("1" when the agent's books say the model is cached, else "0").
     """
-    return {
+    env = {
         **base,
         **task.spec.env,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -64,6 +83,14 @@ def task_environment(base: Mapping[str, str], task: events_pb2.TaskPlaced) -> di
         "QM_JOB_ID": task.job_id,
         "QM_TASK_ID": task.task_id,
     }
+    if task.HasField("serving"):
+        env |= {
+            "QM_TASK": task.serving.name,
+            "QM_MODEL": task.serving.model,
+            "QM_MODEL_MB": f"{task.serving.model_mb:g}",
+            "QM_MODEL_RESIDENT": "1" if model_resident else "0",
+        }
+    return env
 
 
 def log_file_name(job_id: str) -> str:
@@ -85,7 +112,12 @@ class ProcessExecutor:
         self._grace_s = grace_s
         self._base_env = dict(os.environ if base_env is None else base_env)
 
-    async def start(self, task: events_pb2.TaskPlaced) -> ProcessExecution:
+    async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
+        """Nothing to do here: the task loads its model itself when it starts."""
+
+    async def start(
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+    ) -> ProcessExecution:
         argv = list(task.spec.command)
         if not argv:
             raise LaunchError("the job has no command to run", 127)
@@ -106,7 +138,7 @@ class ProcessExecutor:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=task_environment(self._base_env, task),
+                    env=task_environment(self._base_env, task, model_resident=model_resident),
                     # Its own process group: stop() reaches the task's children too, and a
                     # Ctrl-C meant for the agent does not hit tasks before their grace period.
                     start_new_session=True,
@@ -149,12 +181,23 @@ class ProcessExecution:
 
 
 class SimulatedExecutor:
-    """Runs nothing: the task "runs" for ``spec.simulated_duration_s`` and exits as told."""
+    """Runs nothing: the task "runs" for ``spec.simulated_duration_s`` and exits as told.
 
-    async def start(self, task: events_pb2.TaskPlaced) -> SimulatedExecution:
-        return SimulatedExecution(
-            task.spec.simulated_duration_s, exit_code=task.spec.simulated_exit_code
+    A serving task runs for its ``serving.run_ms``; loading its model takes ``load_ms``.
+    """
+
+    async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
+        await asyncio.sleep(max(load_ms, 0.0) / 1000)
+
+    async def start(
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+    ) -> SimulatedExecution:
+        duration_s = (
+            task.serving.run_ms / 1000
+            if task.HasField("serving")
+            else task.spec.simulated_duration_s
         )
+        return SimulatedExecution(duration_s, exit_code=task.spec.simulated_exit_code)
 
 
 class SimulatedExecution:

@@ -7,6 +7,8 @@ from collections.abc import Container
 
 from qm.v1 import events_pb2
 
+from libs.core.compass import Eviction, Start
+from libs.core.decisions import ServingTask
 from libs.events import event_type
 from services.node_agent.executors import LaunchError
 
@@ -41,6 +43,40 @@ def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2
     return _failed(task, error.exit_code, error.reason)
 
 
+def serving_task(msg: events_pb2.ServingTask) -> ServingTask:
+    """The core's view of a workflow task, for the GPU worker."""
+    return ServingTask(
+        name=msg.name,
+        model=msg.model,
+        model_mb=msg.model_mb,
+        run_ms=msg.run_ms,
+        input_delay_ms=msg.input_delay_ms,
+        upcoming=tuple(msg.upcoming),
+        planned=(msg.planned_node_id, msg.planned_gpu_index) if msg.planned_node_id else None,
+        reason=msg.reason,
+    )
+
+
+def model_evicted(node_id: str, gpu_index: int, eviction: Eviction) -> events_pb2.ModelEvicted:
+    return events_pb2.ModelEvicted(
+        node_id=node_id, gpu_index=gpu_index, model=eviction.model, reason=eviction.reason
+    )
+
+
+def model_loaded(
+    task: events_pb2.TaskPlaced, gpu_index: int, begun: Start
+) -> events_pb2.ModelLoaded:
+    return events_pb2.ModelLoaded(
+        node_id=task.node_id,
+        gpu_index=gpu_index,
+        model=begun.serving.model,
+        size_mb=begun.serving.model_mb,
+        load_ms=begun.load_ms,
+        job_id=task.job_id,
+        task_id=task.task_id,
+    )
+
+
 def idle_changed(
     task: events_pb2.TaskPlaced, idle: bool, utilization: float
 ) -> events_pb2.TaskIdle:
@@ -70,6 +106,12 @@ def ended(task: events_pb2.TaskPlaced, exit_code: int, stopped_because: str = ""
             job_id=task.job_id, task_id=task.task_id, node_id=task.node_id, exit_code=0
         )
     return _failed(task, exit_code, exit_reason(exit_code))
+
+
+def stopped_before_start(task: events_pb2.TaskPlaced, reason: str) -> events_pb2.TaskFailed:
+    """A serving task stopped while queued or loading its model: failed as if by SIGTERM,
+    the exit code a stopped running task reads under either executor."""
+    return _failed(task, -signal.SIGTERM.value, reason)
 
 
 def exit_reason(exit_code: int) -> str:

@@ -92,7 +92,7 @@ class GpuWorker:
 
     @property
     def resident(self) -> Mapping[str, float]:
-        """Model -> MB, in load order (a copy)."""
+        """Model -> MB, least recently used first (a copy)."""
         return dict(self._resident)
 
     @property
@@ -153,7 +153,9 @@ class GpuWorker:
         loaded = False
         oversized = False
         load = 0.0
-        if serving.model and serving.model not in self._resident:
+        if serving.model in self._resident:
+            self._resident[serving.model] = self._resident.pop(serving.model)  # most recent
+        elif serving.model:
             evicted, oversized = self._make_room(task, now_ms)
             self._resident[serving.model] = serving.model_mb
             loaded = True
@@ -184,7 +186,7 @@ class GpuWorker:
         return True
 
     def evict_all(self, reason: str) -> tuple[Eviction, ...]:
-        """Drop every cached model (a batch task takes the GPU), in load order.
+        """Drop every cached model (a batch task takes the GPU), least recently used first.
 
         The running task's model, if any, stays: it is in use.
         """
@@ -195,6 +197,13 @@ class GpuWorker:
         for eviction in dropped:
             del self._resident[eviction.model]
         return dropped
+
+    def forget(self, model: str) -> bool:
+        """Drop a model that never became resident after all (its load was interrupted).
+
+        Not an eviction: nothing to report. False if it is not resident.
+        """
+        return self._resident.pop(model, None) is not None
 
     # -- inside --------------------------------------------------------------
 

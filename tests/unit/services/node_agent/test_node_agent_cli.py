@@ -5,7 +5,13 @@ import pytest
 from services.node_agent.cli import parse_args
 from services.node_agent.idle import IdleThresholds
 
-IDLE_ENV = ("QM_IDLE_THRESHOLD", "QM_BUSY_THRESHOLD", "QM_IDLE_WINDOW_SECONDS", "QM_SAMPLE_SECONDS")
+IDLE_ENV = (
+    "QM_IDLE_THRESHOLD",
+    "QM_BUSY_THRESHOLD",
+    "QM_IDLE_WINDOW_SECONDS",
+    "QM_SAMPLE_SECONDS",
+    "QM_HOST_TO_GPU_MB_PER_MS",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +40,7 @@ def test_idle_detection_from_flags_and_environment(monkeypatch: pytest.MonkeyPat
         (["--idle-threshold", "0.3"], "need 0 <= idle threshold <= busy threshold <= 1"),
         (["--idle-window-seconds", "0"], "the idle window must be > 0 seconds"),
         (["--sample-seconds", "0"], "--sample-seconds must be > 0"),
+        (["--host-to-gpu-mb-per-ms", "0"], "--host-to-gpu-mb-per-ms must be > 0"),
     ],
 )
 def test_bad_idle_settings_are_refused(
@@ -51,3 +58,10 @@ def test_a_bad_setting_in_the_environment_is_named(
     with pytest.raises(SystemExit):
         parse_args([])
     assert "argument --busy-threshold: invalid float value: 'lots'" in capsys.readouterr().err
+
+
+def test_model_load_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args([]).host_to_gpu_mb_per_ms == 10.171
+    monkeypatch.setenv("QM_HOST_TO_GPU_MB_PER_MS", "20")
+    assert parse_args([]).host_to_gpu_mb_per_ms == 20.0
+    assert parse_args(["--host-to-gpu-mb-per-ms", "5"]).host_to_gpu_mb_per_ms == 5.0

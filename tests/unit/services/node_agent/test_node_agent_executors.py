@@ -151,3 +151,39 @@ async def test_stopping_a_simulated_task_ends_it_with_sigterm() -> None:
     await asyncio.sleep(0.05)
     await execution.stop()
     assert await asyncio.wait_for(waiting, 1) == -15
+
+
+def serving_task(model_mb: float = 5720, run_ms: float = 200) -> events_pb2.TaskPlaced:
+    task = placed("true", gpus=(3,), duration_s=60)
+    task.serving.CopyFrom(
+        events_pb2.ServingTask(name="translate", model="OPT", model_mb=model_mb, run_ms=run_ms)
+    )
+    return task
+
+
+def test_a_serving_task_learns_its_model_and_whether_it_is_cached() -> None:
+    env = task_environment({}, serving_task(), model_resident=True)
+    assert {k: v for k, v in env.items() if k.startswith("QM_")} == {
+        "QM_JOB_ID": "job-1",
+        "QM_TASK_ID": "job-1/0",
+        "QM_TASK": "translate",
+        "QM_MODEL": "OPT",
+        "QM_MODEL_MB": "5720",
+        "QM_MODEL_RESIDENT": "1",
+    }
+    assert task_environment({}, serving_task())["QM_MODEL_RESIDENT"] == "0"
+    assert "QM_MODEL" not in task_environment({}, placed("true"))
+
+
+async def test_a_simulated_serving_task_loads_then_runs_for_run_ms() -> None:
+    began = time.monotonic()
+    await SimulatedExecutor().load_model(serving_task(), 100)
+    assert 0.08 < time.monotonic() - began < 2
+    execution = await SimulatedExecutor().start(serving_task(run_ms=100))  # not duration_s
+    assert await asyncio.wait_for(execution.wait(), 2) == 0
+
+
+async def test_a_process_loads_its_model_itself(tmp_path: Path) -> None:
+    began = time.monotonic()
+    await ProcessExecutor(tmp_path).load_model(serving_task(), 60_000)
+    assert time.monotonic() - began < 1

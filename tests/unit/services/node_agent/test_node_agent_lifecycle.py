@@ -4,6 +4,8 @@ import pytest
 from google.protobuf.message import Message
 from qm.v1 import events_pb2
 
+from libs.core.compass import Eviction, GpuWorker
+from libs.core.decisions import ServingTask
 from libs.events import new_envelope
 from services.node_agent.executors import LaunchError
 from services.node_agent.lifecycle import (
@@ -11,8 +13,12 @@ from services.node_agent.lifecycle import (
     ended,
     exit_reason,
     launch_failed,
+    model_evicted,
+    model_loaded,
+    serving_task,
     started,
     stop_reason,
+    stopped_before_start,
 )
 
 TASK = events_pb2.TaskPlaced(job_id="j", task_id="j/0", node_id="sim-0", gpu_indices=[0])
@@ -76,3 +82,34 @@ def test_other_reports() -> None:
     request = events_pb2.TaskStopRequested(task_id="j/0", reason="preempted by k")
     assert stop_reason(request) == "stop requested: preempted by k"
     assert stop_reason(events_pb2.TaskStopRequested(task_id="j/0")) == "stop requested"
+
+
+def test_serving_task_to_the_core() -> None:
+    msg = events_pb2.ServingTask(
+        name="t", model="OPT", model_mb=5720, run_ms=561, input_delay_ms=2, upcoming=["mt5"]
+    )
+    assert serving_task(msg) == ServingTask("t", "OPT", 5720, 561, 2, ("mt5",))
+    msg.planned_node_id, msg.planned_gpu_index, msg.reason = "n1", 3, "planned GPU busy"
+    adjusted = serving_task(msg)
+    assert (adjusted.planned, adjusted.reason) == (("n1", 3), "planned GPU busy")
+
+
+def test_model_reports() -> None:
+    assert model_evicted("sim-0", 2, Eviction("OPT", 5720, "why")) == events_pb2.ModelEvicted(
+        node_id="sim-0", gpu_index=2, model="OPT", reason="why"
+    )
+    worker = GpuWorker(10_000, 10)
+    worker.enqueue("j/0", ServingTask("t", "OPT", 5720, 561, 0, ()), 0)
+    begun = worker.start(0)
+    assert begun is not None
+    assert model_loaded(TASK, 0, begun) == events_pb2.ModelLoaded(
+        node_id="sim-0",
+        gpu_index=0,
+        model="OPT",
+        size_mb=5720,
+        load_ms=572,
+        job_id="j",
+        task_id="j/0",
+    )
+    failed = stopped_before_start(TASK, "stop requested")
+    assert (failed.exit_code, failed.reason) == (-15, "stop requested")

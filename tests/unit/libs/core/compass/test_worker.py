@@ -151,3 +151,23 @@ def test_duplicates_remove_and_finish_of_unknown() -> None:
 def test_bandwidth_must_be_positive() -> None:
     with pytest.raises(ValueError):
         GpuWorker(1000, 0)
+
+
+def test_an_interrupted_load_is_forgotten() -> None:
+    w = GpuWorker(1000, BW)
+    w.enqueue("a", task("a", "m"), 0)
+    s = w.start(0)
+    assert s is not None and s.loaded
+    assert w.forget("m") and not w.forget("m")
+    w.finish("a")
+    w.enqueue("b", task("b", "m"), 0)
+    again = w.start(0)
+    assert again is not None and again.loaded
+
+
+def test_resident_is_kept_least_recently_used_first() -> None:
+    w = GpuWorker(3000, BW, resident={"a": 1000, "b": 1000})
+    w.enqueue("t", task("t", "a"), 0)
+    w.start(0)
+    w.finish("t")
+    assert list(w.resident) == ["b", "a"]
