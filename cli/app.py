@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Annotated, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import grpc
 import typer
+import yaml
 from qm.v1 import (
     budget_service_pb2,
     budget_service_pb2_grpc,
@@ -75,7 +79,10 @@ def _call(method: Callable[..., T], request: object, conn: Connection) -> T:
 
 @app.command()
 def submit(
-    command: Annotated[list[str], typer.Argument(help="The program and its arguments, after --")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The program and its arguments, after --; optional with --workflow"),
+    ] = None,
     gpus: Annotated[int, typer.Option(help="GPUs on one node")] = 1,
     gpu_type: Annotated[str, typer.Option(help="e.g. H100; empty for any")] = "",
     allocation: Annotated[str, typer.Option(help="Budget leaf to charge")] = "",
@@ -93,10 +100,22 @@ def submit(
     sim_utilization: Annotated[
         float, typer.Option(help="Simulated nodes: GPU utilisation the task reports, 0..1")
     ] = 1.0,
+    workflow: Annotated[
+        Path | None,
+        typer.Option(
+            help="A workflow (JSON or YAML): a DAG of model-serving tasks, one GPU each; "
+            "e.g. deploy/examples/workflow-translation.yaml"
+        ),
+    ] = None,
+    workflow_name: Annotated[
+        str, typer.Option(help="Which workflow of a file that holds several (workflows: {...})")
+    ] = "",
     wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
 ) -> None:
-    """Submit a job: qm submit --gpus 2 -- python train.py"""
+    """Submit a job: qm submit --gpus 2 -- python train.py, or qm submit --workflow FILE"""
     pairs = dict(item.split("=", 1) for item in env or [] if "=" in item)
+    if not command and workflow is None:
+        raise typer.BadParameter("give the command after --, or a --workflow FILE")
     spec = types_pb2.JobSpec(
         allocation=allocation,
         gpus=gpus,
@@ -104,13 +123,18 @@ def submit(
         min_runtime_s=parse_duration(min_runtime),
         resumable=resumable,
         priority=priority,
-        command=command,
+        command=command or [],
         client_request_id=request_id or uuid.uuid4().hex,
         env=pairs,
         simulated_duration_s=sim_duration,
         simulated_exit_code=sim_exit_code,
         simulated_utilization=sim_utilization,
     )
+    if workflow is not None:
+        try:
+            spec.workflow.CopyFrom(load_workflow(workflow, workflow_name))
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--workflow") from exc
     with _rpc() as conn:
         reply = _call(_jobs(conn).SubmitJob, js.SubmitJobRequest(spec=spec), conn)
         note = " (already submitted with this request id)" if reply.duplicate else ""
@@ -119,6 +143,73 @@ def submit(
             _follow(conn, reply.job_id)
         else:
             console.print(f"follow it with: qm status {reply.job_id}")
+
+
+def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
+    """Read a workflow file (YAML, or JSON, which YAML reads too).
+
+    Either one workflow, ``{name, tasks: [{id, model, model_mb, run_ms, in_kb, out_kb,
+    parents}]}``, or the Compass profile shape, ``{models: {MODEL: MB}, workflows: {NAME:
+    {tasks: [...]}}}`` (``name`` picks one; optional when there is one). A task without
+    ``model_mb`` takes its model's size from a top-level ``models`` table; a null or
+    missing model is glue code with no model. The rules of a DAG are admission's to check.
+    """
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping with tasks (or workflows)")
+    models = raw.get("models") or {}
+    if not isinstance(models, Mapping):
+        raise ValueError(f"{path}: models must map model names to sizes in MB")
+    chosen: Any = raw
+    default_name = str(raw.get("name") or path.stem)
+    if "workflows" in raw:
+        flows = raw["workflows"]
+        if not isinstance(flows, Mapping) or not flows:
+            raise ValueError(f"{path}: workflows must map names to workflows")
+        if not name and len(flows) > 1:
+            raise ValueError(f"{path} holds several workflows ({', '.join(flows)}): pick one")
+        default_name = name or next(iter(flows))
+        if default_name not in flows:
+            raise ValueError(f"{path}: no workflow {default_name!r}; has {', '.join(flows)}")
+        chosen = flows[default_name]
+    elif name and name != default_name:
+        raise ValueError(f"{path} holds one workflow, {default_name!r}, not {name!r}")
+    tasks = chosen.get("tasks") if isinstance(chosen, Mapping) else None
+    if not isinstance(tasks, list) or not tasks:
+        raise ValueError(f"{path}: a workflow needs a list of tasks")
+    workflow = types_pb2.Workflow(name=str(chosen.get("name") or default_name))
+    for position, task in enumerate(tasks):
+        if not isinstance(task, Mapping):
+            raise ValueError(f"{path}: task {position} is not a mapping")
+        task_id = str(task.get("id", task.get("task_id", "")))
+        where = f"{path}: task {task_id or position}"
+        model = str(task.get("model") or "")
+        size: Any = task.get("model_mb")
+        if size is None:
+            size = models.get(model, 0) if model else 0
+            if model and model not in models:
+                raise ValueError(f"{where}: no model_mb, and model {model!r} is not in models")
+        parents = task.get("parents") or []
+        if not isinstance(parents, list):
+            raise ValueError(f"{where}: parents must be a list of task ids")
+        workflow.tasks.append(
+            types_pb2.WorkflowTask(
+                task_id=task_id,
+                model=model,
+                model_mb=_number(size, f"{where}: model_mb"),
+                run_ms=_number(task.get("run_ms", 0), f"{where}: run_ms"),
+                in_kb=_number(task.get("in_kb", 0), f"{where}: in_kb"),
+                out_kb=_number(task.get("out_kb", 0), f"{where}: out_kb"),
+                parents=[str(p) for p in parents],
+            )
+        )
+    return workflow
+
+
+def _number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{where} must be a number, got {json.dumps(value, default=str)}")
+    return float(value)
 
 
 @app.command()
@@ -152,6 +243,8 @@ def _follow(conn: Connection, job_id: str) -> None:
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
     for job in stream:
         detail = job.reason or (f"{job.node_id} {list(job.gpu_indices)}" if job.node_id else "")
+        if job.spec.HasField("workflow") and not job.reason:
+            detail = render.workflow_progress(job)
         if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
             detail = f"exit code {job.exit_code}"
         console.print(f"{job.job_id} {render.styled_state(job.state)} {detail}")

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, types_pb2
+from rich.console import Group, RenderableType
 from rich.table import Table
 
 _STYLE = {
@@ -52,30 +53,44 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
             detail = f"exit {job.exit_code}" + (f": {job.reason}" if job.reason else "")
         if job.attempts > 1:
             detail = f"attempt {job.attempts}; {detail}"
+        node = job.node_id or "-"
+        if job.spec.HasField("workflow"):
+            detail = "; ".join(part for part in (workflow_progress(job), detail) if part)
+            nodes = sorted({t.node_id for t in job.tasks if t.node_id})
+            node = nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes" if nodes else "-"
         table.add_row(
             job.job_id,
             styled_state(job.state),
             job.spec.allocation,
             job.spec.user,
             str(job.spec.gpus),
-            job.node_id or "-",
+            node,
             when(job.submitted_at),
             detail,
         )
     return table
 
 
-def job_detail(job: types_pb2.Job) -> Table:
+def job_detail(job: types_pb2.Job) -> RenderableType:
+    """One job; a workflow job also gets a table of its tasks."""
     table = Table.grid(padding=(0, 2))
+    workflow = job.spec.HasField("workflow")
     rows = [
         ("job", job.job_id),
         ("state", styled_state(job.state)),
         ("allocation", job.spec.allocation),
         ("user", job.spec.user),
-        ("gpus", f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}"),
+        (
+            "gpus",
+            f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}" + (" per task" if workflow else ""),
+        ),
         ("contract", f"min runtime {job.spec.min_runtime_s} s, resumable {job.spec.resumable}"),
-        ("command", " ".join(job.spec.command)),
-        ("node", f"{job.node_id} GPUs {list(job.gpu_indices)}" if job.node_id else "-"),
+        ("command", " ".join(job.spec.command) or "-"),
+        (
+            ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
+            if workflow
+            else ("node", f"{job.node_id} GPUs {list(job.gpu_indices)}" if job.node_id else "-")
+        ),
         ("submitted", when(job.submitted_at)),
         ("started", when(job.started_at)),
         ("finished", when(job.finished_at)),
@@ -86,6 +101,41 @@ def job_detail(job: types_pb2.Job) -> Table:
         rows.append(("reason", job.reason))
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", value)
+    if not workflow:
+        return table
+    return Group(table, workflow_tasks_table(job))
+
+
+def workflow_progress(job: types_pb2.Job) -> str:
+    """``2/5 tasks finished`` for a workflow job; empty for any other."""
+    if not job.spec.HasField("workflow"):
+        return ""
+    done = sum(t.state == types_pb2.JOB_STATE_FINISHED for t in job.tasks)
+    return f"{done}/{len(job.spec.workflow.tasks)} tasks finished"
+
+
+def workflow_tasks_table(job: types_pb2.Job) -> Table:
+    """A workflow job's tasks: the read model's in workflow order, then any the log has
+    not mentioned yet, as the spec lists them."""
+    table = _table("TASK", "MODEL", "STATE", "GPU", "PLANNED", "DETAIL")
+    specs = {t.task_id: t for t in job.spec.workflow.tasks}
+    seen = {t.name: t for t in job.tasks}
+    names = [t.name for t in job.tasks] + [n for n in specs if n not in seen]
+    for name in names:
+        spec = specs.get(name)
+        model = f"{spec.model} ({spec.model_mb:g} MB)" if spec and spec.model else "-"
+        task = seen.get(name)
+        if task is None:
+            table.add_row(name, model, "-", "-", "-", "")
+            continue
+        gpu = f"{task.node_id} GPU {task.gpu_index}" if task.node_id else "-"
+        planned = (
+            f"{task.planned_node_id} GPU {task.planned_gpu_index}" if task.planned_node_id else "-"
+        )
+        detail = ""
+        if task.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
+            detail = f"exit {task.exit_code}" + (f": {task.reason}" if task.reason else "")
+        table.add_row(name, model, styled_state(task.state), gpu, planned, detail)
     return table
 
 

@@ -7,6 +7,8 @@ read the log alike.
 
 from __future__ import annotations
 
+import math
+
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
@@ -18,11 +20,15 @@ from libs.core import (
     Input,
     JobArrived,
     JobSpec,
+    ModelEvicted,
+    ModelLoaded,
     NodeJoined,
     NodeSpec,
     Place,
+    Planned,
     Preempted,
     Requeue,
+    ServingTask,
     Stop,
     StopCause,
     TaskEnded,
@@ -33,6 +39,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
+from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
 GIB = 1 << 30
@@ -43,7 +50,29 @@ _STOP_CAUSES = {
 }
 
 
-def spec_from_proto(spec: types_pb2.JobSpec) -> JobSpec:
+def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False) -> JobSpec:
+    """The core's job spec; a workflow is checked and put in topological order.
+
+    A workflow that breaks a DAG rule is dropped (``workflow=None``). Admission
+    refuses such workflows, so one only reaches the log by going around it; every
+    reader of the log (placement, the auditor, admission's explainer, the
+    simulator) then sees the same plain one-GPU job running the spec's command,
+    which on a process node fails at once when the command is empty, as a
+    workflow's may be. That keeps the job visible and cancellable, and the
+    outcome depends on the event's bytes alone; the alternative, a ``Workflow``
+    whose tasks are not a DAG in topological order, would break the planner.
+    GPU memory is not checked here (the largest GPU is admission's knowledge,
+    not the log's): a model too large for every GPU waits for one.
+
+    ``workflow_as_given``: keep the workflow's tasks unchecked, in the order
+    given, for ``validate_job`` to judge; such a spec is never for the scheduler.
+    """
+    workflow: Workflow | None = None
+    if spec.HasField("workflow"):
+        if workflow_as_given:
+            workflow = Workflow(spec.workflow.name, workflow_tasks_from_proto(spec.workflow))
+        else:
+            workflow = workflow_from_proto(spec.workflow)
     return JobSpec(
         allocation=spec.allocation,
         user=spec.user,
@@ -60,6 +89,52 @@ def spec_from_proto(spec: types_pb2.JobSpec) -> JobSpec:
         simulated_exit_code=spec.simulated_exit_code,
         min_gpu_memory_gib=spec.min_gpu_memory_gib,
         simulated_utilization=spec.simulated_utilization,
+        workflow=workflow,
+    )
+
+
+def workflow_tasks_from_proto(workflow: types_pb2.Workflow) -> tuple[Task, ...]:
+    """The tasks as written, unchecked."""
+    return tuple(
+        Task(
+            task_id=t.task_id,
+            model=t.model,
+            model_mb=t.model_mb,
+            run_ms=t.run_ms,
+            in_kb=t.in_kb,
+            out_kb=t.out_kb,
+            parents=tuple(t.parents),
+        )
+        for t in workflow.tasks
+    )
+
+
+def workflow_from_proto(workflow: types_pb2.Workflow) -> Workflow | None:
+    """The checked workflow in topological order; None when it breaks a DAG rule.
+
+    Memory is not checked (any model fits): see ``spec_from_proto``.
+    """
+    try:
+        return build_workflow(workflow.name, workflow_tasks_from_proto(workflow), math.inf)
+    except WorkflowError:
+        return None
+
+
+def workflow_to_proto(workflow: Workflow) -> types_pb2.Workflow:
+    return types_pb2.Workflow(
+        name=workflow.name,
+        tasks=[
+            types_pb2.WorkflowTask(
+                task_id=t.task_id,
+                model=t.model,
+                model_mb=t.model_mb,
+                run_ms=t.run_ms,
+                in_kb=t.in_kb,
+                out_kb=t.out_kb,
+                parents=list(t.parents),
+            )
+            for t in workflow.tasks
+        ],
     )
 
 
@@ -80,7 +155,17 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         simulated_exit_code=spec.simulated_exit_code,
         min_gpu_memory_gib=spec.min_gpu_memory_gib,
         simulated_utilization=spec.simulated_utilization,
+        workflow=workflow_to_proto(spec.workflow) if spec.workflow is not None else None,
     )
+
+
+def gpu_memory_mb(inventory: types_pb2.NodeInventory, gpu_type: str = "") -> float:
+    """A node's largest GPU in MB (10^6 bytes, as model sizes); 0 when it has none.
+
+    ``gpu_type``: only GPUs of that type (empty: any).
+    """
+    sizes = (g.memory_bytes for g in inventory.gpus if not gpu_type or g.type == gpu_type)
+    return max(sizes, default=0) / 1e6
 
 
 def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
@@ -145,6 +230,12 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
         case "task_idle":
             i = env.task_idle
             return TaskIdle(at, i.job_id, i.task_id, i.idle)
+        case "model_loaded":
+            m = env.model_loaded
+            return ModelLoaded(at, m.node_id, m.gpu_index, m.model, m.size_mb)
+        case "model_evicted":
+            e = env.model_evicted
+            return ModelEvicted(at, e.node_id, e.gpu_index, e.model)
         case "job_cancel_requested":
             return CancelRequested(at, env.job_cancel_requested.job_id)
         case "budget_changed":
@@ -161,12 +252,32 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
 def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Message:
     match decision:
         case Place():
-            return events_pb2.TaskPlaced(
+            placed = events_pb2.TaskPlaced(
                 job_id=decision.job_id,
                 task_id=decision.task_id,
                 node_id=decision.node_id,
                 gpu_indices=list(decision.gpu_indices),
                 spec=spec_to_proto(decision.spec),
+                provenance=provenance,
+            )
+            if decision.serving is not None:
+                placed.serving.CopyFrom(serving_to_proto(decision.serving))
+            return placed
+        case Planned():
+            return events_pb2.WorkflowPlanned(
+                job_id=decision.job_id,
+                mode=decision.mode,
+                tasks=[
+                    events_pb2.PlannedTask(
+                        name=t.name,
+                        node_id=t.node_id,
+                        gpu_index=t.gpu_index,
+                        start_ms=t.start_ms,
+                        finish_ms=t.finish_ms,
+                        load_ms=t.load_ms,
+                    )
+                    for t in decision.tasks
+                ],
                 provenance=provenance,
             )
         case Stop():
@@ -187,3 +298,33 @@ def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Me
         case Preempted():
             message = events_pb2.JobPreempted
     return message(job_id=decision.job_id, reason=decision.reason, provenance=provenance)
+
+
+def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:
+    """``planned`` None (the task runs where it was planned) leaves planned_node_id empty."""
+    node_id, gpu_index = serving.planned if serving.planned is not None else ("", 0)
+    return events_pb2.ServingTask(
+        name=serving.name,
+        model=serving.model,
+        model_mb=serving.model_mb,
+        run_ms=serving.run_ms,
+        input_delay_ms=serving.input_delay_ms,
+        upcoming=list(serving.upcoming),
+        planned_node_id=node_id,
+        planned_gpu_index=gpu_index,
+        reason=serving.reason,
+    )
+
+
+def serving_from_proto(serving: events_pb2.ServingTask) -> ServingTask:
+    planned = (serving.planned_node_id, serving.planned_gpu_index)
+    return ServingTask(
+        name=serving.name,
+        model=serving.model,
+        model_mb=serving.model_mb,
+        run_ms=serving.run_ms,
+        input_delay_ms=serving.input_delay_ms,
+        upcoming=tuple(serving.upcoming),
+        planned=planned if serving.planned_node_id else None,
+        reason=serving.reason,
+    )

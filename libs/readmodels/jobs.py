@@ -26,11 +26,25 @@ How far arrival order may vary:
   same job. A shuffled decisions topic may not. One race remains: a restart
   that repeats a requeue after the next task was already asked to stop ends
   that task early, and a job then preempted for good loses its node and exit code.
+
+A workflow job (its spec holds a workflow the scheduler accepts, see
+``libs.events.convert.spec_from_proto``) runs as one task per workflow task,
+``<job id>/<task name>``, each on one GPU. The fold keeps each task's facts in
+``Job.tasks`` (state climbing by rank, node and GPU, plan, times) and derives the
+job from them: PLACED once a task is placed, RUNNING once one starts, FINISHED
+when every workflow task finished, FAILED when one failed (the earliest failure
+gives the reason and exit code). The job's own ``node_id`` and ``gpu_indices``
+stay empty. Derived from a set of facts, the job ends the same in any arrival
+order. Before any event carrying the spec arrives, a task id whose last part is
+not a placement number (``<n>`` or ``<n>.<rank>``) is taken for a workflow task;
+a workflow whose task names look like placement numbers is only recognised once
+its spec is seen. Workflow tasks are not requeued: ``JobRequeued`` is ignored.
 """
 
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable
 from typing import TypeAlias
 
@@ -38,6 +52,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
+from libs.events.convert import workflow_from_proto
 
 _State: TypeAlias = types_pb2.JobState.ValueType
 
@@ -77,7 +92,10 @@ _JOB_EVENTS = _TASK_EVENTS | {
     "job_cancelled",
     "job_requeued",
     "job_preempted",
+    "workflow_planned",
 }
+# A batch job's task ids end in its placement number, and a gang's in the rank too.
+_ATTEMPT = re.compile(r"\d+(\.\d+)?")
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -119,6 +137,9 @@ def task_is_over(job: types_pb2.Job, task_id: str) -> bool:
     """
     if job.state in _FINAL:
         return True
+    if _is_workflow_task(job, task_id):
+        task = _find_task(job, _task_name(job, task_id))
+        return task is not None and task.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
     attempt = task_attempt(task_id)
     latest = job.attempts - 1
     if attempt != latest:
@@ -143,8 +164,21 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
     kind = event_type(env)
     if kind == "task_placed":
         _fill_spec(new, env.task_placed.spec)
+    if _is_workflow_event(new, kind, env):
+        if kind in _TASK_EVENTS or kind in ("workflow_planned", "job_requeued"):
+            _apply_workflow_event(new, kind, env)
+        else:
+            _apply_job_event(new, kind, env)
+        _settle_workflow(new)
+        return new
     if kind in _TASK_EVENTS and not _enter_task(new, task_attempt(getattr(env, kind).task_id)):
         return new
+    if kind != "workflow_planned":  # a plan names a workflow; a spec saying otherwise wins
+        _apply_job_event(new, kind, env)
+    return new
+
+
+def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
     at = env.occurred_at
     match kind:
         case "job_submitted":
@@ -222,7 +256,6 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
                 new.reason = env.job_preempted.reason
                 if not new.HasField("finished_at"):  # the task's own end says it better
                     new.finished_at.CopyFrom(at)
-    return new
 
 
 def newest_jobs(
@@ -322,3 +355,166 @@ def _fill_spec(job: types_pb2.Job, spec: types_pb2.JobSpec) -> None:
 def _fill_node(job: types_pb2.Job, node_id: str) -> None:
     if not job.node_id:
         job.node_id = node_id
+
+
+# -- workflow jobs -------------------------------------------------------------
+
+
+def _workflow_names(spec: types_pb2.JobSpec) -> tuple[str, ...] | None:
+    """The task names of the job's workflow in workflow order; None when the scheduler
+    does not run the job as a workflow (no workflow, or one that breaks a DAG rule)."""
+    if not spec.HasField("workflow"):
+        return None
+    workflow = workflow_from_proto(spec.workflow)
+    return None if workflow is None else tuple(t.task_id for t in workflow.tasks)
+
+
+def _task_name(job: types_pb2.Job, task_id: str) -> str:
+    return task_id.removeprefix(f"{job.job_id}/")
+
+
+def _is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
+    """Whether a task of this job is a workflow task; see the module's notes for a job
+    whose spec is not known yet."""
+    if job.HasField("spec"):
+        return _workflow_names(job.spec) is not None
+    return bool(job.tasks) or not _ATTEMPT.fullmatch(_task_name(job, task_id))
+
+
+def _is_workflow_event(job: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> bool:
+    if job.HasField("spec"):
+        return _workflow_names(job.spec) is not None
+    if kind == "workflow_planned" or job.tasks:
+        return True
+    if kind == "task_placed" and env.task_placed.HasField("serving"):
+        return True
+    return kind in _TASK_EVENTS and _is_workflow_task(job, getattr(env, kind).task_id)
+
+
+def _find_task(job: types_pb2.Job, name: str) -> types_pb2.JobTask | None:
+    return next((t for t in job.tasks if t.name == name), None)
+
+
+def _task(job: types_pb2.Job, name: str) -> types_pb2.JobTask:
+    found = _find_task(job, name)
+    return found if found is not None else job.tasks.add(name=name)
+
+
+def _advance_task(task: types_pb2.JobTask, state: _State) -> bool:
+    """Raise a task's state; whether it is now ``state`` (False: it was already beyond)."""
+    if _RANK[state] > _RANK[task.state]:
+        task.state = state
+    return task.state == state
+
+
+def _apply_workflow_event(job: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
+    at = env.occurred_at
+    match kind:
+        case "workflow_planned":
+            for planned in env.workflow_planned.tasks:
+                task = _task(job, planned.name)
+                task.planned_node_id = planned.node_id
+                task.planned_gpu_index = planned.gpu_index
+                _advance_task(task, _S.JOB_STATE_PENDING)
+            _advance(job, _S.JOB_STATE_PENDING)
+        case "job_requeued":
+            pass  # the scheduler does not requeue workflow tasks
+        case "task_placed":
+            placed = env.task_placed
+            task = _task(job, placed.serving.name or _task_name(job, placed.task_id))
+            _advance_task(task, _S.JOB_STATE_PLACED)
+            task.node_id = placed.node_id
+            task.gpu_index = placed.gpu_indices[0] if placed.gpu_indices else 0
+            if placed.serving.planned_node_id:  # adjusted away from its plan
+                task.planned_node_id = placed.serving.planned_node_id
+                task.planned_gpu_index = placed.serving.planned_gpu_index
+        case "task_started":
+            started = env.task_started
+            task = _task(job, _task_name(job, started.task_id))
+            _fill_task_node(task, started.node_id)
+            _advance_task(task, _S.JOB_STATE_RUNNING)
+            task.started_at.CopyFrom(at)  # a fact even when its end was seen first
+        case "task_finished":
+            finished = env.task_finished
+            task = _task(job, _task_name(job, finished.task_id))
+            _fill_task_node(task, finished.node_id)
+            if _advance_task(task, _S.JOB_STATE_FINISHED):
+                task.exit_code = finished.exit_code
+                task.finished_at.CopyFrom(at)
+        case "task_failed":
+            failed = env.task_failed
+            task = _task(job, _task_name(job, failed.task_id))
+            _fill_task_node(task, failed.node_id)
+            if _advance_task(task, _S.JOB_STATE_FAILED):
+                task.exit_code = failed.exit_code
+                task.reason = failed.reason
+                task.finished_at.CopyFrom(at)
+        case "task_stop_requested":
+            stop = env.task_stop_requested
+            task = _task(job, _task_name(job, stop.task_id))
+            _fill_task_node(task, stop.node_id)
+            _advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
+            job.stop_reason = stop.reason
+            job.stop_cause = stop.cause
+        case "task_idle":
+            idle = env.task_idle
+            task = _task(job, _task_name(job, idle.task_id))
+            _fill_task_node(task, idle.node_id)
+            _advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
+
+
+def _fill_task_node(task: types_pb2.JobTask, node_id: str) -> None:
+    if not task.node_id:
+        task.node_id = node_id
+
+
+def _settle_workflow(job: types_pb2.Job) -> None:
+    """Order the tasks and derive the job's state and times from them."""
+    names = _workflow_names(job.spec) or ()
+    _order_tasks(job, names)
+    tasks = list(job.tasks)
+    failed = [t for t in tasks if t.state == _S.JOB_STATE_FAILED]
+    finished = [t for t in tasks if t.state == _S.JOB_STATE_FINISHED]
+    derived: _State | None = None
+    if failed:
+        derived = _S.JOB_STATE_FAILED
+    elif names and {t.name for t in finished} >= set(names):
+        derived = _S.JOB_STATE_FINISHED
+    elif finished or any(t.state == _S.JOB_STATE_RUNNING for t in tasks):
+        derived = _S.JOB_STATE_RUNNING
+    elif any(t.state == _S.JOB_STATE_PLACED for t in tasks):
+        derived = _S.JOB_STATE_PLACED
+    if derived is not None:
+        _advance(job, derived)
+    starts = [t.started_at for t in tasks if t.HasField("started_at")]
+    if starts:
+        job.started_at.CopyFrom(min(starts, key=_time))
+    if derived == _S.JOB_STATE_FINISHED and job.state == derived:
+        job.exit_code = 0
+        job.finished_at.CopyFrom(max((t.finished_at for t in finished), key=_time))
+    elif derived == _S.JOB_STATE_FAILED and job.state == derived:
+        first = min(failed, key=lambda t: (_time(t.finished_at), t.name))
+        job.exit_code = first.exit_code
+        job.reason = f"task {first.name} failed" + (f": {first.reason}" if first.reason else "")
+        job.finished_at.CopyFrom(first.finished_at)
+    _cancel_if_stopped(job)
+
+
+def _order_tasks(job: types_pb2.Job, names: tuple[str, ...]) -> None:
+    """Tasks in workflow order; any the workflow does not name (or all, while the spec
+    is unknown) after those, by name: the same facts always give the same bytes."""
+    index = {name: i for i, name in enumerate(names)}
+    ordered = sorted(job.tasks, key=lambda t: (index.get(t.name, len(names)), t.name))
+    if [t.name for t in ordered] == [t.name for t in job.tasks]:
+        return
+    copies = []
+    for task in ordered:
+        copy = types_pb2.JobTask()
+        copy.CopyFrom(task)
+        copies.append(copy)
+    del job.tasks[:]
+    job.tasks.extend(copies)
+
+
+def _time(ts: Timestamp) -> tuple[int, int]:
+    return (ts.seconds, ts.nanos)

@@ -3,7 +3,9 @@
 Settings: ``QM_ADMISSION_ADDR`` (listen, default 127.0.0.1:50051),
 ``QM_BUDGET_TARGET`` (default 127.0.0.1:50052), ``QM_PROJECTOR_URL`` (default
 http://127.0.0.1:6066), ``QM_MAX_GPUS``, ``QM_MAX_MIN_RUNTIME_S``,
-``QM_GPU_TYPES`` (comma-separated; empty accepts any), plus Kafka and auth.
+``QM_GPU_TYPES`` (comma-separated; empty accepts any), ``QM_GPU_MEMORY_MB`` (the
+largest GPU a workflow's model may need; unset: the largest GPU of the registered
+nodes, as the projector lists them), plus Kafka and auth.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def limits_from_env() -> Limits:
         max_gpus=int(os.environ.get("QM_MAX_GPUS", defaults.max_gpus)),
         max_min_runtime_s=int(os.environ.get("QM_MAX_MIN_RUNTIME_S", defaults.max_min_runtime_s)),
         gpu_types=frozenset(t for t in types.split(",") if t),
+        gpu_memory_mb=float(os.environ.get("QM_GPU_MEMORY_MB") or defaults.gpu_memory_mb),
     )
 
 

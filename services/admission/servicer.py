@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 from google.protobuf.message import Message
@@ -16,12 +19,14 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from libs.bus import EventProducer
 from libs.core import Limits, validate_job
 from libs.events import new_envelope
-from libs.events.convert import spec_from_proto
+from libs.events.convert import gpu_memory_mb, spec_from_proto
 from libs.readmodels import has_ended
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.authn import caller
-from services.projector.client import ProjectorClient
+from services.projector.client import ProjectorClient, ProjectorError
+
+log = logging.getLogger("admission")
 
 _NAMESPACE = uuid.UUID("6f1d7a4e-2b1c-4e55-9a43-6c1f0e6f0a11")
 PRODUCER = "admission"
@@ -82,7 +87,10 @@ class JobServicer(js_grpc.JobServiceServicer):
             message = _membership(user, "", mine)
             await self._reject(job_id, spec, "allocation", message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
-        violations = validate_job(spec_from_proto(spec), self._limits, tree.leaves())
+        # As submitted: a workflow's DAG is checked by validate_job, naming the task.
+        submitted = spec_from_proto(spec, workflow_as_given=True)
+        limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
+        violations = validate_job(submitted, limits, tree.leaves())
         if not violations and spec.allocation not in mine:
             await self._reject(job_id, spec, "allocation", _membership(user, spec.allocation, mine))
             await context.abort(
@@ -93,7 +101,7 @@ class JobServicer(js_grpc.JobServiceServicer):
             await self._reject(job_id, spec, violations[0].field, message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
 
-        submitted = await self._record(
+        recorded = await self._record(
             [
                 events_pb2.JobSubmitted(job_id=job_id, spec=spec),
                 events_pb2.JobAdmitted(job_id=job_id, spec=spec),
@@ -106,7 +114,7 @@ class JobServicer(js_grpc.JobServiceServicer):
                 job_id=job_id,
                 spec=spec,
                 state=types_pb2.JOB_STATE_PENDING,
-                submitted_at=submitted.occurred_at,
+                submitted_at=recorded.occurred_at,
             )
         )
         return js.SubmitJobResponse(job_id=job_id)
@@ -180,6 +188,20 @@ class JobServicer(js_grpc.JobServiceServicer):
             answer.ranks = why.standing.of
             answer.fair_share_ratio = why.standing.ratio
         return answer
+
+    async def _limits_for(self, spec: types_pb2.JobSpec) -> Limits:
+        """The limits with the largest GPU of the job's cluster (and GPU type), as the
+        projector's node view has it; unknown (any model fits) without nodes or projector.
+        """
+        if math.isfinite(self._limits.gpu_memory_mb):
+            return self._limits  # configured
+        try:
+            nodes = await self._projector.list_nodes(spec.cluster)
+        except ProjectorError as exc:
+            log.warning("cannot check workflow model sizes against GPU memory: %s", exc)
+            return self._limits
+        largest = max((gpu_memory_mb(n.inventory, spec.gpu_type) for n in nodes), default=0.0)
+        return replace(self._limits, gpu_memory_mb=largest) if largest > 0 else self._limits
 
     async def _job_or_abort(self, job_id: str, context: grpc.aio.ServicerContext) -> types_pb2.Job:
         job = await self._lookup(job_id)
@@ -256,6 +278,11 @@ def _explain(job: types_pb2.Job) -> str:
     state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
     if job.state == types_pb2.JOB_STATE_PENDING:
         return job.reason or "waiting for the scheduler to consider it"
+    if job.spec.HasField("workflow") and job.tasks:
+        done = sum(t.state == types_pb2.JOB_STATE_FINISHED for t in job.tasks)
+        progress = f"{done} of {len(job.spec.workflow.tasks)} workflow tasks finished"
+        if job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING):
+            return f"{state}: {progress}"
     if job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING):
         gpus = ",".join(str(g) for g in job.gpu_indices)
         return f"{state} on {job.node_id} (GPUs {gpus})"

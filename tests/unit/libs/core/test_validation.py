@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
-from libs.core import Limits, validate_job
+from libs.core import JobSpec, Limits, validate_job
+from libs.core.compass.workflow import Task, Workflow
 from tests.builders import job
 
 LEAVES = ["team-a", "team-b"]
@@ -42,3 +46,123 @@ def test_unknown_gpu_types_are_refused_when_types_are_configured() -> None:
     limits = Limits(gpu_types=frozenset({"H100", "A100"}))
     [violation] = validate_job(job(1, gpu_type="V100"), limits, LEAVES)
     assert str(violation) == "gpu_type: unknown type 'V100'; known: A100, H100"
+
+
+# -- workflows ---------------------------------------------------------------
+
+
+def wf_task(
+    task_id: str, *parents: str, model: str = "", model_mb: float = 0.0, run_ms: float = 10.0
+) -> Task:
+    return Task(task_id, model, model_mb, run_ms, 1.0, 1.0, parents)
+
+
+def flow(*tasks: Task, name: str = "translation") -> JobSpec:
+    """A workflow job as admission sees it: tasks as submitted, unchecked."""
+    return job(1, command=(), workflow=Workflow(name, tasks))
+
+
+VALID = flow(
+    wf_task("opt", model="OPT", model_mb=5720),
+    wf_task("mt5_a", "opt", model="mt5", model_mb=2000),
+    wf_task("aggregate", "mt5_a"),
+)
+
+
+def test_a_valid_workflow_needs_no_command() -> None:
+    assert validate_job(VALID, Limits(gpu_memory_mb=14_000), LEAVES) == []
+
+
+def test_a_workflow_in_any_order_is_valid() -> None:
+    backwards = flow(*reversed(VALID.workflow.tasks))  # type: ignore[union-attr]
+    assert validate_job(backwards, Limits(), LEAVES) == []
+
+
+def test_a_workflow_may_still_give_a_command_but_not_an_empty_one() -> None:
+    assert validate_job(replace(VALID, command=("serve", "--fast")), Limits(), LEAVES) == []
+    [violation] = validate_job(replace(VALID, command=("",)), Limits(), LEAVES)
+    assert (violation.field, violation.rule) == ("command", "the program must not be empty")
+
+
+def test_a_batch_job_still_needs_a_command() -> None:
+    [violation] = validate_job(job(1, command=()), Limits(), LEAVES)
+    assert violation.field == "command"
+
+
+def test_a_workflow_runs_each_task_on_one_gpu() -> None:
+    [violation] = validate_job(replace(VALID, gpus=2), Limits(), LEAVES)
+    assert str(violation) == "gpus: must be 1 for a workflow (each task runs on one GPU), got 2"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "field", "rule"),
+    [
+        (
+            (wf_task("a", "b"), wf_task("b", "a")),
+            "workflow.tasks[a]",
+            "part of a cycle",
+        ),
+        (
+            (wf_task("a"), wf_task("b", "ghost")),
+            "workflow.tasks[b]",
+            "unknown parent 'ghost'",
+        ),
+        (
+            (wf_task("a"), wf_task("a")),
+            "workflow.tasks[a]",
+            "duplicate task id",
+        ),
+        (
+            (wf_task("a", run_ms=0),),
+            "workflow.tasks[a]",
+            "run_ms must be > 0",
+        ),
+        (
+            (wf_task("a", model="OPT", model_mb=-1),),
+            "workflow.tasks[a]",
+            "model OPT needs a size > 0 MB",
+        ),
+        (
+            (wf_task("opt", model="OPT", model_mb=20_000),),
+            "workflow.tasks[opt]",
+            "model OPT (20000 MB) does not fit any GPU (the largest holds 14000 MB)",
+        ),
+        (
+            (wf_task("a", model="mt5", model_mb=2000), wf_task("b", model="mt5", model_mb=2100)),
+            "workflow.tasks[b]",
+            "model mt5 is 2100 MB here but 2000 MB in task a",
+        ),
+        (
+            (wf_task("a", model="OPT", model_mb=math.inf),),
+            "workflow.tasks[a]",
+            "model_mb must be a finite number",
+        ),
+        (
+            (wf_task(""),),
+            "workflow.tasks",
+            "a task has no id",
+        ),
+        ((), "workflow.tasks", "a workflow needs at least one task"),
+        # Ids may hold the separators of the error text: the field still names the task.
+        (
+            (wf_task("x: y", "a/b: c"), wf_task("a/b: c"), wf_task("a/b", "nope")),
+            "workflow.tasks[a/b]",
+            "unknown parent 'nope'",
+        ),
+    ],
+)
+def test_a_broken_workflow_names_its_task(tasks: tuple[Task, ...], field: str, rule: str) -> None:
+    [violation] = validate_job(flow(*tasks), Limits(gpu_memory_mb=14_000), LEAVES)
+    assert (violation.field, violation.rule) == (field, rule)
+
+
+def test_a_workflow_needs_a_name() -> None:
+    [violation] = validate_job(flow(wf_task("a"), name=""), Limits(), LEAVES)
+    assert str(violation) == "workflow.name: is required"
+
+
+def test_with_gpu_memory_unknown_any_model_size_fits() -> None:
+    huge = flow(wf_task("opt", model="OPT", model_mb=1e9))
+    assert validate_job(huge, Limits(), LEAVES) == []
+    [violation] = validate_job(huge, Limits(gpu_memory_mb=80_000), LEAVES)
+    assert violation.field == "workflow.tasks[opt]"

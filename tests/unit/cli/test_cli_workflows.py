@@ -1,0 +1,217 @@
+"""qm submit --workflow FILE and qm status for a workflow job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import types_pb2
+from rich.console import Console
+from typer.testing import CliRunner
+
+from cli import app as cli_app
+from cli import render
+from cli.app import app, load_workflow
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "deploy" / "examples" / "workflow-translation.yaml"
+PROFILES = REPO.parent / "shared" / "data" / "compass" / "workflows.json"
+
+COMPASS = {
+    "models": {"OPT": 5720, "NLI": 2140},
+    "workflows": {
+        "question_answer": {
+            "tasks": [
+                {
+                    "id": "opt",
+                    "model": "OPT",
+                    "run_ms": 560,
+                    "in_kb": 1,
+                    "out_kb": 2,
+                    "parents": [],
+                },
+                {
+                    "id": "nli",
+                    "model": "NLI",
+                    "run_ms": 27,
+                    "in_kb": 1,
+                    "out_kb": 1,
+                    "parents": ["opt"],
+                },
+            ]
+        },
+        "glue": {"tasks": [{"id": "entry", "model": None, "run_ms": 0.6, "in_kb": 1, "out_kb": 1}]},
+    },
+}
+
+
+def write(tmp_path: Path, name: str, content: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(content) if name.endswith(".json") else str(content))
+    return path
+
+
+def test_the_example_is_the_translation_workflow() -> None:
+    workflow = load_workflow(EXAMPLE)
+    assert workflow.name == "translation"
+    assert [(t.task_id, t.model, t.model_mb) for t in workflow.tasks] == [
+        ("opt", "OPT", 5720),
+        ("marian", "marian", 800),
+        ("mt5_a", "mt5", 2000),
+        ("mt5_b", "mt5", 2000),
+        ("aggregate", "", 0),
+    ]
+    assert list(workflow.tasks[-1].parents) == ["marian", "mt5_a", "mt5_b"]
+    assert (workflow.tasks[0].run_ms, workflow.tasks[0].in_kb, workflow.tasks[0].out_kb) == (
+        561,
+        1,
+        2,
+    )
+
+
+@pytest.mark.skipif(not PROFILES.exists(), reason="the Compass profiles are not checked out")
+def test_the_example_matches_the_compass_profiles() -> None:
+    assert load_workflow(PROFILES, "translation") == load_workflow(EXAMPLE)
+
+
+def test_the_compass_shape_takes_sizes_from_its_models(tmp_path: Path) -> None:
+    path = write(tmp_path, "profiles.json", COMPASS)
+    workflow = load_workflow(path, "question_answer")
+    assert workflow.name == "question_answer"
+    assert [(t.task_id, t.model_mb, list(t.parents)) for t in workflow.tasks] == [
+        ("opt", 5720, []),
+        ("nli", 2140, ["opt"]),
+    ]
+    glue = load_workflow(path, "glue")
+    assert (glue.tasks[0].model, glue.tasks[0].model_mb, glue.tasks[0].run_ms) == ("", 0, 0.6)
+
+
+def test_one_workflow_with_a_models_table(tmp_path: Path) -> None:
+    raw = {"name": "qa", "models": COMPASS["models"], **COMPASS["workflows"]["question_answer"]}
+    workflow = load_workflow(write(tmp_path, "qa.yaml", json.dumps(raw)))
+    assert workflow.name == "qa" and workflow.tasks[1].model_mb == 2140
+
+
+def test_a_file_of_one_workflow_is_named_after_it_or_the_file(tmp_path: Path) -> None:
+    tasks = "tasks:\n  - {id: a, run_ms: 1, in_kb: 1, out_kb: 1}\n"
+    assert load_workflow(write(tmp_path, "mine.yaml", tasks)).name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "message"),
+    [
+        (COMPASS, "", "holds several workflows (question_answer, glue): pick one"),
+        (COMPASS, "nope", "no workflow 'nope'; has question_answer, glue"),
+        ({"tasks": [{"id": "a", "model": "X", "run_ms": 1}]}, "", "model 'X' is not in models"),
+        (
+            {"tasks": [{"id": "a", "run_ms": "fast"}]},
+            "",
+            'task a: run_ms must be a number, got "fast"',
+        ),
+        ({"tasks": ["a"]}, "", "task 0 is not a mapping"),
+        ({"tasks": []}, "", "a workflow needs a list of tasks"),
+        ({"tasks": [{"id": "a", "parents": "b"}]}, "", "parents must be a list"),
+        ([1, 2], "", "expected a mapping"),
+    ],
+)
+def test_bad_files_say_why(tmp_path: Path, content: Any, name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_workflow(write(tmp_path, "bad.json", content), name)
+
+
+class FakeJobs:
+    def __init__(self) -> None:
+        self.requests: list[js.SubmitJobRequest] = []
+
+    def SubmitJob(self, request: js.SubmitJobRequest, **_: Any) -> js.SubmitJobResponse:
+        self.requests.append(request)
+        return js.SubmitJobResponse(job_id="j-1")
+
+
+@pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
+    fake = FakeJobs()
+    conn = type("Conn", (), {"metadata": ()})()
+    monkeypatch.setattr(cli_app, "_rpc", lambda: contextlib.nullcontext(conn))
+    monkeypatch.setattr(cli_app, "_jobs", lambda _conn: fake)
+    return fake
+
+
+def test_submit_sends_the_workflow_without_a_command(jobs: FakeJobs) -> None:
+    result = CliRunner().invoke(app, ["submit", "--workflow", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    [request] = jobs.requests
+    assert request.spec.workflow == load_workflow(EXAMPLE)
+    assert list(request.spec.command) == [] and request.spec.gpus == 1
+    assert "submitted j-1" in result.output
+
+
+def test_submit_sends_a_workflows_command(jobs: FakeJobs) -> None:
+    result = CliRunner().invoke(app, ["submit", "--workflow", str(EXAMPLE), "--", "serve", "-v"])
+    assert result.exit_code == 0, result.output
+    assert list(jobs.requests[0].spec.command) == ["serve", "-v"]
+
+
+def test_submit_needs_a_command_or_a_workflow(jobs: FakeJobs, tmp_path: Path) -> None:
+    assert CliRunner().invoke(app, ["submit"]).exit_code == 2
+    bad = write(tmp_path, "bad.json", {"tasks": []})
+    result = CliRunner().invoke(app, ["submit", "--workflow", str(bad)], env={"COLUMNS": "400"})
+    assert result.exit_code == 2 and "a workflow needs a list of tasks" in result.output
+    assert jobs.requests == []
+
+
+def workflow_job() -> types_pb2.Job:
+    spec = types_pb2.JobSpec(
+        allocation="team-a", user="ada", gpus=1, workflow=load_workflow(EXAMPLE)
+    )
+    S = types_pb2.JobState
+    return types_pb2.Job(
+        job_id="j-1",
+        spec=spec,
+        state=S.JOB_STATE_RUNNING,
+        tasks=[
+            types_pb2.JobTask(name="opt", state=S.JOB_STATE_FINISHED, node_id="n1", gpu_index=0),
+            types_pb2.JobTask(
+                name="mt5_a",
+                state=S.JOB_STATE_RUNNING,
+                node_id="n2",
+                gpu_index=3,
+                planned_node_id="n1",
+                planned_gpu_index=1,
+            ),
+            types_pb2.JobTask(name="marian", state=S.JOB_STATE_PENDING, planned_node_id="n1"),
+        ],
+    )
+
+
+def text(renderable: Any) -> str:
+    console = Console(record=True, width=160)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_status_shows_each_task_of_a_workflow() -> None:
+    shown = text(render.job_detail(workflow_job()))
+    assert "translation: 1/5 tasks finished" in shown
+    lines = {line.split("│")[1].strip(): line for line in shown.splitlines() if line.count("│") > 3}
+    assert "FINISHED" in lines["opt"] and "n1 GPU 0" in lines["opt"]
+    assert "RUNNING" in lines["mt5_a"] and "n2 GPU 3" in lines["mt5_a"]
+    assert "n1 GPU 1" in lines["mt5_a"]  # where it was planned
+    assert "mt5 (2000 MB)" in lines["mt5_a"]
+    assert "PENDING" in lines["marian"]
+    assert {"mt5_b", "aggregate"} <= lines.keys()  # not on the log yet
+
+
+def test_the_job_list_sums_up_a_workflow() -> None:
+    shown = text(render.jobs_table([workflow_job()]))
+    assert "1/5 tasks finished" in shown and "2 nodes" in shown
+
+
+def test_a_batch_job_shows_no_task_table() -> None:
+    job = types_pb2.Job(job_id="j-2", spec=types_pb2.JobSpec(gpus=2, command=["train"]))
+    shown = text(render.job_detail(job))
+    assert "TASK" not in shown and "train" in shown

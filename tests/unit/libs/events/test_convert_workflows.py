@@ -1,0 +1,218 @@
+"""Workflows at the service edge: specs both ways, model cache inputs, plans and serving."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+from qm.v1 import events_pb2, types_pb2
+
+from libs.core import (
+    JobArrived,
+    ModelEvicted,
+    ModelLoaded,
+    Place,
+    Planned,
+    PlannedTask,
+    ServingTask,
+)
+from libs.core.compass.workflow import Task, Workflow, build_workflow
+from libs.events import decode, encode, new_envelope
+from libs.events.convert import (
+    decision_payload,
+    gpu_memory_mb,
+    serving_from_proto,
+    spec_from_proto,
+    spec_to_proto,
+    to_input,
+    workflow_from_proto,
+)
+from tests.builders import job
+
+T0 = 1_760_000_000.0
+PROVENANCE = types_pb2.Provenance(input_offset=7, policy="budget", policy_version=6)
+
+TRANSLATION = build_workflow(
+    "translation",
+    [
+        Task("opt", "OPT", 5720, 561, 1, 2),
+        Task("marian", "marian", 800, 441, 2, 2, ("opt",)),
+        Task("mt5_a", "mt5", 2000, 778, 2, 2, ("opt",)),
+        Task("mt5_b", "mt5", 2000, 803, 2, 2, ("opt",)),
+        Task("aggregate", "", 0, 1, 2, 2, ("marian", "mt5_a", "mt5_b")),
+    ],
+    14_000,
+)
+
+
+def proto_workflow(*tasks: tuple[str, list[str]], name: str = "w") -> types_pb2.Workflow:
+    return types_pb2.Workflow(
+        name=name,
+        tasks=[
+            types_pb2.WorkflowTask(
+                task_id=t, model=f"m-{t}", model_mb=100, run_ms=5, in_kb=1, out_kb=1, parents=p
+            )
+            for t, p in tasks
+        ],
+    )
+
+
+def admitted(spec: types_pb2.JobSpec) -> events_pb2.Envelope:
+    return new_envelope(
+        events_pb2.JobAdmitted(job_id="j-1", spec=spec),
+        producer="test",
+        occurred=datetime.fromtimestamp(T0, UTC),
+    )
+
+
+def test_a_workflow_spec_round_trips() -> None:
+    spec = job(1, command=(), workflow=TRANSLATION, min_runtime_s=0)
+    proto = spec_to_proto(spec)
+    assert [t.task_id for t in proto.workflow.tasks] == [t.task_id for t in TRANSLATION.tasks]
+    assert list(proto.workflow.tasks[-1].parents) == ["marian", "mt5_a", "mt5_b"]
+    assert spec_from_proto(proto) == spec
+    assert spec_to_proto(spec_from_proto(proto)) == proto
+
+
+def test_a_spec_without_workflow_has_none_either_way() -> None:
+    proto = spec_to_proto(job(2))
+    assert not proto.HasField("workflow")
+    assert spec_from_proto(proto).workflow is None
+
+
+def test_tasks_from_the_log_come_out_in_the_cores_topological_order() -> None:
+    shuffled = proto_workflow(("c", ["a", "b"]), ("b", ["a"]), ("a", []))
+    spec = spec_from_proto(types_pb2.JobSpec(gpus=1, workflow=shuffled))
+    assert spec.workflow is not None
+    assert [t.task_id for t in spec.workflow.tasks] == ["a", "b", "c"]
+    assert spec.workflow.task("c").parents == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        proto_workflow(("a", ["b"]), ("b", ["a"])),  # a cycle
+        proto_workflow(("a", ["ghost"])),  # an unknown parent
+        proto_workflow(("a", []), ("a", [])),  # a duplicate id
+        types_pb2.Workflow(name="empty"),
+    ],
+)
+def test_a_broken_workflow_on_the_log_is_dropped_not_raised(broken: types_pb2.Workflow) -> None:
+    spec = types_pb2.JobSpec(allocation="team-a", user="ada", gpus=1, workflow=broken)
+    arrived = to_input(admitted(spec))
+    assert isinstance(arrived, JobArrived)
+    assert arrived.spec.workflow is None and arrived.spec.gpus == 1
+    assert workflow_from_proto(broken) is None
+    assert to_input(admitted(spec)) == arrived  # the same bytes, the same job
+
+
+def test_memory_is_not_checked_from_the_log() -> None:
+    huge = types_pb2.Workflow(
+        name="w",
+        tasks=[
+            types_pb2.WorkflowTask(
+                task_id="a", model="m", model_mb=1e9, run_ms=1, in_kb=1, out_kb=1
+            )
+        ],
+    )
+    workflow = workflow_from_proto(huge)
+    assert workflow is not None and workflow.tasks[0].model_mb == 1e9
+
+
+def test_as_given_keeps_the_tasks_unchecked_for_validation() -> None:
+    cyclic = proto_workflow(("b", ["a"]), ("a", ["b"]))
+    spec = spec_from_proto(types_pb2.JobSpec(gpus=1, workflow=cyclic), workflow_as_given=True)
+    assert spec.workflow == Workflow(
+        "w",
+        (Task("b", "m-b", 100, 5, 1, 1, ("a",)), Task("a", "m-a", 100, 5, 1, 1, ("b",))),
+    )
+
+
+def test_model_cache_events_become_core_inputs() -> None:
+    at = datetime.fromtimestamp(T0, UTC)
+    loaded = new_envelope(
+        events_pb2.ModelLoaded(
+            node_id="n1",
+            gpu_index=3,
+            model="OPT",
+            size_mb=5720,
+            load_ms=562,
+            job_id="j",
+            task_id="j/opt",
+        ),
+        producer="node-agent",
+        occurred=at,
+    )
+    evicted = new_envelope(
+        events_pb2.ModelEvicted(node_id="n1", gpu_index=3, model="OPT", reason="room for mt5"),
+        producer="node-agent",
+        occurred=at,
+    )
+    assert to_input(loaded) == ModelLoaded(T0, "n1", 3, "OPT", 5720.0)
+    assert to_input(evicted) == ModelEvicted(T0, "n1", 3, "OPT")
+
+
+def test_a_plan_becomes_workflow_planned() -> None:
+    plan = Planned(
+        "j-1",
+        "compass",
+        (
+            PlannedTask("opt", "n1", 0, T0 * 1000 + 562, T0 * 1000 + 1123, 562.4),
+            PlannedTask("nli", "n2", 5, T0 * 1000 + 1123, T0 * 1000 + 1150, 0.0),
+        ),
+    )
+    payload = decision_payload(plan, PROVENANCE)
+    assert isinstance(payload, events_pb2.WorkflowPlanned)
+    assert (payload.job_id, payload.mode, payload.provenance) == ("j-1", "compass", PROVENANCE)
+    assert [
+        (t.name, t.node_id, t.gpu_index, t.start_ms, t.finish_ms, t.load_ms) for t in payload.tasks
+    ] == [(t.name, t.node_id, t.gpu_index, t.start_ms, t.finish_ms, t.load_ms) for t in plan.tasks]
+    env = new_envelope(payload, producer="placement")
+    assert decode(encode(env)).workflow_planned == payload
+
+
+@pytest.mark.parametrize(
+    ("planned", "reason"),
+    [(None, ""), (("n2", 4), "wait on n2 GPU 4 exceeds 1.5 × run time")],
+)
+def test_a_serving_place_carries_its_task(planned: tuple[str, int] | None, reason: str) -> None:
+    serving = ServingTask("mt5_a", "mt5", 2000.0, 778.0, 0.5, ("OPT", "mt5"), planned, reason)
+    spec = job(1, command=(), workflow=TRANSLATION)
+    place = Place("j-1", "j-1/mt5_a", "n1", (2,), spec, serving)
+    payload = decision_payload(place, PROVENANCE)
+    assert isinstance(payload, events_pb2.TaskPlaced)
+    assert payload.task_id == "j-1/mt5_a" and list(payload.gpu_indices) == [2]
+    assert payload.spec.workflow.name == "translation"
+    got = payload.serving
+    assert (got.name, got.model, got.model_mb, got.run_ms, got.input_delay_ms) == (
+        "mt5_a",
+        "mt5",
+        2000.0,
+        778.0,
+        0.5,
+    )
+    assert list(got.upcoming) == ["OPT", "mt5"]
+    assert got.planned_node_id == (planned[0] if planned else "")
+    assert got.planned_gpu_index == (planned[1] if planned else 0)
+    assert got.reason == reason
+    assert serving_from_proto(got) == serving
+
+
+def test_a_batch_place_has_no_serving() -> None:
+    payload = decision_payload(Place("j", "j/0", "n1", (0, 1), job(2)), PROVENANCE)
+    assert isinstance(payload, events_pb2.TaskPlaced) and not payload.HasField("serving")
+
+
+def test_the_largest_gpu_in_mb() -> None:
+    inventory = types_pb2.NodeInventory(
+        node_id="n1",
+        gpus=[
+            types_pb2.Gpu(index=0, type="T4", memory_bytes=16_000_000_000),
+            types_pb2.Gpu(index=1, type="H100", memory_bytes=80_000_000_000),
+        ],
+    )
+    assert gpu_memory_mb(inventory) == 80_000
+    assert gpu_memory_mb(inventory, "T4") == 16_000
+    assert gpu_memory_mb(inventory, "A100") == 0
+    assert math.isclose(gpu_memory_mb(types_pb2.NodeInventory()), 0)

@@ -1,0 +1,200 @@
+"""Admission of workflow jobs: the DAG checked by task, model sizes against known GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from qm.v1 import events_pb2, types_pb2
+from qm.v1 import job_service_pb2 as js
+
+from libs.auth import issue_token
+from libs.core import Limits
+from libs.core.budget_tree import tree_from_dict
+from libs.events import event_type
+from services.admission.servicer import JobServicer
+from services.projector.client import ProjectorUnavailable
+
+SECRET = b"test-secret"
+TREE = tree_from_dict(
+    {"name": "root", "children": [{"name": "team-a", "members": ["alice"]}, {"name": "team-b"}]}
+)
+GB = 1_000_000_000
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+class Context:
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {issue_token('alice', SECRET)}")]
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Aborted(code, details)
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.sent: list[events_pb2.Envelope] = []
+
+    async def enqueue(self, topic: str, env: events_pb2.Envelope, *, key: str) -> Any:
+        self.sent.append(env)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+class Budget:
+    async def tree(self) -> Any:
+        return TREE
+
+
+class Projector:
+    def __init__(self, nodes: list[types_pb2.Node] | None = None, down: bool = False) -> None:
+        self.nodes = nodes or []
+        self.down = down
+        self.asked: list[str] = []
+
+    async def get_job(self, job_id: str) -> None:
+        return None
+
+    async def list_nodes(self, cluster: str = "") -> list[types_pb2.Node]:
+        self.asked.append(cluster)
+        if self.down:
+            raise ProjectorUnavailable("projector at http://x unreachable")
+        return self.nodes
+
+
+def node(node_id: str, gpu_type: str, memory_gb: int, gpus: int = 2) -> types_pb2.Node:
+    inventory = types_pb2.NodeInventory(
+        node_id=node_id,
+        cluster="default",
+        gpus=[
+            types_pb2.Gpu(index=i, type=gpu_type, memory_bytes=memory_gb * GB) for i in range(gpus)
+        ],
+    )
+    return types_pb2.Node(inventory=inventory)
+
+
+CLUSTER = [node("n1", "T4", 16), node("n2", "H100", 80)]
+
+
+def task(name: str, *parents: str, model: str = "", mb: float = 0) -> types_pb2.WorkflowTask:
+    return types_pb2.WorkflowTask(
+        task_id=name, model=model, model_mb=mb, run_ms=10, in_kb=1, out_kb=1, parents=parents
+    )
+
+
+def translation(opt_mb: float = 5720) -> types_pb2.Workflow:
+    return types_pb2.Workflow(
+        name="translation",
+        tasks=[
+            task("aggregate", "marian", "mt5"),
+            task("marian", "opt", model="marian", mb=800),
+            task("mt5", "opt", model="mt5", mb=2000),
+            task("opt", model="OPT", mb=opt_mb),
+        ],
+    )
+
+
+def servicer(producer: Producer, projector: Projector, limits: Limits | None = None) -> JobServicer:
+    return JobServicer(
+        producer=producer,  # type: ignore[arg-type]
+        topic="qm.events",
+        budget=Budget(),  # type: ignore[arg-type]
+        projector=projector,  # type: ignore[arg-type]
+        limits=limits or Limits(),
+        secret=SECRET,
+        explainer=None,  # type: ignore[arg-type]
+    )
+
+
+async def submit(
+    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
+) -> tuple[js.SubmitJobResponse | Aborted, list[events_pb2.Envelope]]:
+    producer = Producer()
+    service = servicer(producer, projector or Projector(CLUSTER), limits)
+    try:
+        reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(
+            js.SubmitJobRequest(spec=spec),
+            Context(),  # type: ignore[arg-type]
+        )
+    except Aborted as exc:
+        reply = exc
+    return reply, producer.sent
+
+
+def wf_spec(workflow: types_pb2.Workflow, **kw: Any) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(**{"allocation": "team-a", "gpus": 1, "workflow": workflow, **kw})
+
+
+async def test_a_workflow_job_without_a_command_is_admitted() -> None:
+    reply, sent = await submit(wf_spec(translation()))
+    assert isinstance(reply, js.SubmitJobResponse) and reply.job_id.startswith("j-")
+    assert [event_type(e) for e in sent] == ["job_submitted", "job_admitted"]
+    # Recorded as submitted; the scheduler orders the DAG when it reads the log.
+    assert sent[1].job_admitted.spec.workflow == translation()
+
+
+async def rejected(
+    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
+) -> tuple[Aborted, events_pb2.JobRejected]:
+    reply, sent = await submit(spec, projector, limits)
+    assert isinstance(reply, Aborted)
+    assert [event_type(e) for e in sent] == ["job_rejected"]  # and nothing else
+    return reply, sent[0].job_rejected
+
+
+async def test_a_cyclic_workflow_is_refused_naming_the_task() -> None:
+    cyclic = types_pb2.Workflow(name="w", tasks=[task("a", "b"), task("b", "a")])
+    reply, event = await rejected(wf_spec(cyclic))
+    assert reply.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert reply.details == "invalid job: workflow.tasks[a]: part of a cycle"
+    assert (event.field, event.reason) == (
+        "workflow.tasks[a]",
+        "workflow.tasks[a]: part of a cycle",
+    )
+
+
+async def test_a_model_larger_than_every_gpu_is_refused() -> None:
+    reply, event = await rejected(wf_spec(translation(opt_mb=90_000)))
+    assert reply.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert event.field == "workflow.tasks[opt]"
+    assert "the largest holds 80000 MB" in reply.details
+
+
+async def test_the_gpu_type_limits_which_gpus_count() -> None:
+    reply, _ = await rejected(wf_spec(translation(opt_mb=20_000), gpu_type="T4"))
+    assert "the largest holds 16000 MB" in reply.details
+    admitted, _ = await submit(wf_spec(translation(opt_mb=20_000), gpu_type="H100"))
+    assert isinstance(admitted, js.SubmitJobResponse)
+
+
+async def test_without_a_node_view_any_model_size_is_admitted() -> None:
+    for projector in (Projector(down=True), Projector([])):
+        reply, _ = await submit(wf_spec(translation(opt_mb=90_000)), projector)
+        assert isinstance(reply, js.SubmitJobResponse)
+        assert projector.asked == ["default"]
+
+
+async def test_a_configured_gpu_memory_wins_over_the_node_view() -> None:
+    projector = Projector(CLUSTER)
+    reply, _ = await rejected(wf_spec(translation()), projector, Limits(gpu_memory_mb=4_000))
+    assert "the largest holds 4000 MB" in reply.details and projector.asked == []
+
+
+async def test_a_workflow_takes_one_gpu_per_task() -> None:
+    reply, event = await rejected(wf_spec(translation(), gpus=4))
+    assert event.field == "gpus" and "must be 1 for a workflow" in reply.details
+
+
+async def test_batch_jobs_still_need_a_command_and_do_not_ask_for_nodes() -> None:
+    projector = Projector(CLUSTER)
+    spec = types_pb2.JobSpec(allocation="team-a", gpus=1)
+    reply, event = await rejected(spec, projector)
+    assert event.field == "command" and projector.asked == []
+    assert reply.code == grpc.StatusCode.INVALID_ARGUMENT
