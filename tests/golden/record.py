@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
+from libs.core.compass import GpuWorker
+from libs.core.compass.serving import MB_PER_GIB
 from libs.events import event_type, new_envelope
+from libs.events.convert import serving_from_proto
 from libs.events.decide import decide
 from libs.events.logfile import write_log
 
@@ -39,6 +43,22 @@ STOPPED = -15  # the exit code of a task stopped by SIGTERM
 
 ALLOCATIONS = {"vision": ("alice", "dana"), "nlp": ("bob",), "speech": ("erin",)}
 NODES = (("h100-0", "H100", 8, 80), ("h100-1", "H100", 8, 80), ("a100-0", "A100", 4, 40))
+
+
+# Workflows of models large enough that GPUs must evict (sizes in MB, times in ms).
+WORKFLOWS = (
+    ("caption", (("see", "vit-20g", 20_000, 300, ()), ("say", "tts-24g", 24_000, 120, ("see",)))),
+    (
+        "translate",
+        (
+            ("draft", "llm-30g", 30_000, 560, ()),
+            ("fr", "mt-12g", 12_000, 440, ("draft",)),
+            ("de", "mt-12g", 12_000, 420, ("draft",)),
+            ("merge", "", 0, 1, ("fr", "de")),
+        ),
+    ),
+)
+GpuKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,33 @@ def job_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
     )
 
 
+def workflow_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
+    name, tasks = rng.choice(WORKFLOWS)
+    workflow = types_pb2.Workflow(
+        name=name,
+        tasks=[
+            types_pb2.WorkflowTask(
+                task_id=task_id,
+                model=model,
+                model_mb=size,
+                run_ms=run_ms,
+                in_kb=rng.choice((2, 300, 3000)),
+                out_kb=2,
+                parents=list(parents),
+            )
+            for task_id, model, size, run_ms, parents in tasks
+        ],
+    )
+    return types_pb2.JobSpec(
+        allocation="speech",
+        user="erin",
+        gpus=1,
+        cluster=cluster,
+        workflow=workflow,
+        simulated_utilization=0.9,
+    )
+
+
 class Scenario:
     """The simulated world around one input partition, driven by a seeded generator."""
 
@@ -96,6 +143,7 @@ class Scenario:
         cluster: str = "default",
         arrival_s: float = 45.0,
         config: PolicyConfig | None = None,
+        workflow_bursts: float = 0.0,
     ) -> None:
         config = config or PolicyConfig()
         self._rng = random.Random(seed)
@@ -104,9 +152,14 @@ class Scenario:
         self._cluster = cluster
         self._arrival_s = arrival_s
         self._scheduler = Scheduler(config)
+        # The chance that an arrival is a burst of workflows rather than a batch job.
+        self._workflow_bursts = workflow_bursts
+        self._gpu_workers: dict[GpuKey, GpuWorker] = {}
+        self._bandwidth = config.host_to_gpu_mb_per_ms
         self._window_s = config.lookback_window_s
-        # (time, sequence, producer, payload): the sequence breaks ties in creation order.
-        self._agenda: list[tuple[float, int, str, Message]] = []
+        # (time, sequence, producer, payload): the sequence breaks ties in creation
+        # order. A GPU key instead of a payload wakes that GPU's serving queue.
+        self._agenda: list[tuple[float, int, str, Message | GpuKey]] = []
         self._sequence = 0
         self._live: dict[str, events_pb2.TaskPlaced] = {}  # task id -> placement
         self._started: dict[str, float] = {}
@@ -118,6 +171,9 @@ class Scenario:
         offset = 0
         while self._agenda:
             at, _, producer, payload = heapq.heappop(self._agenda)
+            if isinstance(payload, tuple):
+                self._serve(payload, at)
+                continue
             if not self._still_happens(at, payload):
                 continue
             env = new_envelope(
@@ -134,7 +190,7 @@ class Scenario:
             yield Step(offset, env, decisions)
             offset += 1
 
-    def _at(self, at: float, producer: str, payload: Message) -> None:
+    def _at(self, at: float, producer: str, payload: Message | GpuKey) -> None:
         heapq.heappush(self._agenda, (round(at, 3), self._sequence, producer, payload))
         self._sequence += 1
 
@@ -163,6 +219,13 @@ class Scenario:
         """Plan one job's submission (and, sometimes, its cancel); each plans the next."""
         rng = self._rng
         job_id = f"job-{self._partition}-{number:07d}"
+        if self._workflow_bursts and rng.random() < self._workflow_bursts:
+            for extra in range(rng.randint(1, 6)):
+                spec = workflow_spec(rng, self._cluster)
+                submitted = events_pb2.JobSubmitted(job_id=f"{job_id}-w{extra}", spec=spec)
+                self._at(at + extra * 0.05, "admission", submitted)
+            self._next(at, number)
+            return
         spec = job_spec(rng, self._cluster)
         self._at(at, "admission", events_pb2.JobSubmitted(job_id=job_id, spec=spec))
         if rng.random() < 0.06:
@@ -177,9 +240,8 @@ class Scenario:
             case events_pb2.JobSubmitted():
                 admitted = events_pb2.JobAdmitted(job_id=payload.job_id, spec=payload.spec)
                 self._at(at, "admission", admitted)
-                number = int(payload.job_id.rsplit("-", 1)[1]) + 1
-                if number < self._jobs:
-                    self._arrive(at + self._rng.expovariate(1 / self._arrival_s), number)
+                if not payload.spec.HasField("workflow"):
+                    self._next(at, int(payload.job_id.rsplit("-", 1)[1]))
             case events_pb2.ClockTick() | events_pb2.UsageSnapshot() if not self._busy():
                 return False
             case events_pb2.ClockTick():
@@ -201,10 +263,57 @@ class Scenario:
                 self._stopping.discard(payload.task_id)
                 placed = self._live.pop(payload.task_id)
                 started = self._started.pop(payload.task_id, at)
-                if placed.spec.min_runtime_s:
+                if placed.HasField("serving"):
+                    key = (placed.node_id, placed.gpu_indices[0])
+                    worker = self._gpu_workers[key]
+                    if not worker.finish(payload.task_id):
+                        worker.remove(payload.task_id)
+                    self._at(at, "wake", key)
+                if placed.spec.min_runtime_s or placed.HasField("serving"):
                     used = len(placed.gpu_indices) * (at - started)
                     self._charged[placed.spec.allocation] += used
         return True
+
+    def _next(self, at: float, number: int) -> None:
+        if number + 1 < self._jobs:
+            self._arrive(at + self._rng.expovariate(1 / self._arrival_s), number + 1)
+
+    def _serve(self, key: GpuKey, at: float) -> None:
+        """A node agent's serving queue on one GPU: start what is ready, as the agent would."""
+        worker = self._gpu_workers[key]
+        start = worker.start(at * 1000)
+        if start is None:
+            ready = worker.next_ready_ms(at * 1000)
+            if worker.idle and ready is not None:
+                # Times are kept to the ms: wake no earlier than the inputs arrive.
+                self._at(math.ceil(ready) / 1000, "wake", key)
+            return
+        placed = self._live[start.task_id]
+        ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
+        node_id, gpu_index = key
+        for eviction in start.evicted:
+            evicted = events_pb2.ModelEvicted(
+                node_id=node_id, gpu_index=gpu_index, model=eviction.model, reason=eviction.reason
+            )
+            self._at(at, "node-agent", evicted)
+        if start.loaded:
+            loaded = events_pb2.ModelLoaded(
+                node_id=node_id,
+                gpu_index=gpu_index,
+                model=start.serving.model,
+                size_mb=start.serving.model_mb,
+                load_ms=start.load_ms,
+                job_id=placed.job_id,
+                task_id=placed.task_id,
+            )
+            self._at(start.start_ms / 1000, "node-agent", loaded)
+        self._started[placed.task_id] = start.start_ms / 1000
+        started = events_pb2.TaskStarted(**ids, pid=4000 + self._sequence)
+        self._at(start.start_ms / 1000, "node-agent", started)
+        finished = events_pb2.TaskFinished(
+            job_id=placed.job_id, task_id=placed.task_id, node_id=placed.node_id
+        )
+        self._at(start.finish_ms / 1000, "node-agent", finished)
 
     def _busy(self) -> bool:
         return any(
@@ -215,7 +324,16 @@ class Scenario:
     def _react(self, at: float, decision: events_pb2.Envelope) -> None:
         """What the node agents do with placement's decisions."""
         kind = event_type(decision)
-        if kind == "task_placed":
+        if kind == "task_placed" and decision.task_placed.HasField("serving"):
+            placed = decision.task_placed
+            self._live[placed.task_id] = placed
+            key = (placed.node_id, placed.gpu_indices[0])
+            memory = next(m for n, _, _, m in NODES if n == placed.node_id) * MB_PER_GIB
+            worker = self._gpu_workers.setdefault(key, GpuWorker(memory, self._bandwidth))
+            serving = serving_from_proto(placed.serving)
+            worker.enqueue(placed.task_id, serving, at * 1000 + serving.input_delay_ms)
+            self._at(at, "wake", key)
+        elif kind == "task_placed":
             placed = decision.task_placed
             self._live[placed.task_id] = placed
             ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
@@ -245,18 +363,21 @@ class Scenario:
                 self._at(at + 2.0, "node-agent", failed)
 
 
-# name: (seed, jobs, mean seconds between arrivals)
+# name: (seed, jobs, mean seconds between arrivals, chance an arrival is a workflow burst)
 SCENARIOS = {
     # Light load: most jobs start at once; cancels, gangs, idle tasks, failures.
-    "scheduler-basic": (7, 120, 45.0),
+    "scheduler-basic": (7, 120, 45.0, 0.0),
     # Arrivals outpace the nodes: queues, fair share between allocations, preemption.
-    "scheduler-contended": (11, 160, 8.0),
+    "scheduler-contended": (11, 160, 8.0, 0.0),
+    # Batch work and bursts of workflows share the nodes: plans, adjustments, model
+    # loads and evictions, serving GPUs going back to batch work.
+    "serving-mixed": (13, 200, 10.0, 0.5),
 }
 TAMPERED_FROM = "scheduler-contended"
 
 
-def record(name: str, seed: int, jobs: int, arrival_s: float) -> list[Step]:
-    steps = list(Scenario(seed, jobs, arrival_s=arrival_s).steps())
+def record(name: str, seed: int, jobs: int, arrival_s: float, bursts: float) -> list[Step]:
+    steps = list(Scenario(seed, jobs, arrival_s=arrival_s, workflow_bursts=bursts).steps())
     write_log(HERE / f"{name}.input.bin", (step.input for step in steps))
     decisions = [d for step in steps for d in step.decisions]
     _write(name, name, decisions, expect=None)
@@ -314,8 +435,8 @@ def _write(
 
 
 def main() -> None:
-    for name, (seed, jobs, arrival_s) in SCENARIOS.items():
-        steps = record(name, seed, jobs, arrival_s)
+    for name, (seed, jobs, arrival_s, bursts) in SCENARIOS.items():
+        steps = record(name, seed, jobs, arrival_s, bursts)
         if name == TAMPERED_FROM:
             tamper(name, steps)
         decided = sum(len(step.decisions) for step in steps)

@@ -62,6 +62,11 @@ NODES = {
 }
 
 
+# Serving may hold one GPU of the 16 (so a workflow's models must share it and
+# evict), and gives it back a second after its queue drains.
+POLICY = {"serving_max_fraction": 0.0625, "serving_linger_s": 1}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,6 +104,7 @@ class Stack:
         self.topics_file.write_text(yaml.safe_dump(config))
         (self.workdir / "budget.yaml").write_text(yaml.safe_dump(BUDGET_TREE))
         (self.workdir / "nodes.yaml").write_text(yaml.safe_dump(NODES))
+        (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
 
     @property
     def env(self) -> dict[str, str]:
@@ -117,6 +123,7 @@ class Stack:
             "QM_PROJECTOR_DATA_DIR": str(self.workdir / "projector"),
             "QM_TASK_LOG_DIR": str(self.task_logs),
             "QM_PLACEMENT_GROUP": f"t{self.run_id}-placement",
+            "QM_POLICY_FILE": str(self.workdir / "policy.yaml"),
             "OTEL_TRACES_EXPORTER": "console",
             "PYTHONUNBUFFERED": "1",
         }
