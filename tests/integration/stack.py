@@ -20,6 +20,8 @@ import grpc
 import yaml
 
 from libs.auth import issue_token
+from libs.core import PolicyConfig
+from libs.core.config import policy_from_mapping
 from services.grpc_server import bearer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +193,11 @@ class Stack:
             if path.exists()
             else ""
         )
+
+    @property
+    def policy(self) -> PolicyConfig:
+        """The knobs placement runs with: an audit must replay with the same."""
+        return policy_from_mapping(POLICY)
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(f"127.0.0.1:{self.admission_port}")

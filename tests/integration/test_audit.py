@@ -60,6 +60,7 @@ def test_every_decision_of_a_random_workload_reproduces(
         audit_topics(
             KafkaSettings(bootstrap=stack.bootstrap),
             load_topic_config(Path(stack.topics_file)),
+            stack.policy,
             group=stack.env["QM_PLACEMENT_GROUP"],
         )
     )

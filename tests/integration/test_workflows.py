@@ -88,6 +88,7 @@ def test_a_workflow_runs_on_simulated_gpus_and_its_plans_replay(
         audit_topics(
             KafkaSettings(bootstrap=stack.bootstrap),
             load_topic_config(Path(stack.topics_file)),
+            stack.policy,
             group=stack.env["QM_PLACEMENT_GROUP"],
         )
     )
