@@ -413,6 +413,26 @@ def tamper(name: str, steps: list[Step]) -> None:
     )
 
 
+def tamper_plan(name: str, steps: list[Step]) -> None:
+    """A workflow plan moved to another GPU: replaying plans must catch it too."""
+    decisions = [(step.offset, i, d) for step in steps for i, d in enumerate(step.decisions)]
+    offset, index, planned = next(
+        entry
+        for entry in decisions[len(decisions) // 2 :]
+        if event_type(entry[2]) == "workflow_planned"
+    )
+    changed = events_pb2.Envelope()
+    changed.CopyFrom(planned)
+    changed.workflow_planned.tasks[0].gpu_index ^= 1
+    _write(
+        f"{name}-plan-changed",
+        name,
+        [changed if d is planned else d for _, _, d in decisions],
+        expect={"input_offset": offset, "index": index, "difference": "PAYLOAD"},
+        fields=["workflow_planned.tasks"],
+    )
+
+
 def _write(
     name: str,
     input_name: str,
@@ -439,6 +459,8 @@ def main() -> None:
         steps = record(name, seed, jobs, arrival_s, bursts)
         if name == TAMPERED_FROM:
             tamper(name, steps)
+        if name == "serving-mixed":
+            tamper_plan(name, steps)
         decided = sum(len(step.decisions) for step in steps)
         print(f"{name}: {len(steps)} inputs, {decided} decisions ({POLICY} v{POLICY_VERSION})")
 
