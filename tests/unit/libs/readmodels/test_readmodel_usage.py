@@ -291,3 +291,25 @@ def test_a_snapshot_depends_on_the_log_alone_not_on_when_it_is_taken(
         watched.apply(event)
         left_alone.apply(event)
     assert watched.snapshot_due("projector") == left_alone.snapshot_due("projector")
+
+
+def test_a_workflow_is_charged_like_allocated_work_task_by_task() -> None:
+    workflow = types_pb2.Workflow(
+        name="qa",
+        tasks=[
+            types_pb2.WorkflowTask(task_id="a", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1),
+            types_pb2.WorkflowTask(
+                task_id="b", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1, parents=["a"]
+            ),
+        ],
+    )
+    spec = types_pb2.JobSpec(allocation="team-s", user="ada", gpus=1, workflow=workflow)
+    usage = folded(
+        admitted("w", s=spec),
+        started("w", task="w/a", at=T0),
+        finished("w", task="w/a", at=T0 + 2),
+        started("w", task="w/b", at=T0 + 2),
+        finished("w", task="w/b", at=T0 + 5),
+    )
+    # Minimum runtime 0, yet charged: serving GPU time is allocated work.
+    assert charged(usage) == {"team-s": (5.0, 0.0)}
