@@ -137,76 +137,103 @@ def run(
 
 
 _PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "compass" / "workflows.json"
+_SWEEP = "16,24,32,48,64,96,128"
 
 
 @sim_app.command()
 def workflows(
-    gpus: Annotated[
-        str, typer.Option(help="GPU counts to sweep, comma-separated")
-    ] = "16,32,64,128",
+    gpus: Annotated[str, typer.Option(help="GPU counts to sweep, comma-separated")] = _SWEEP,
     modes: Annotated[str, typer.Option(help="compass, heft, hash, jit, or all")] = "all",
+    arrivals: Annotated[
+        str, typer.Option(help="poisson, gamma or both (comma-separated)")
+    ] = "poisson,gamma",
     jobs: Annotated[int, typer.Option(help="Jobs per run (the first 10% are warm-up)")] = 1000,
     rate: Annotated[float, typer.Option(help="Arrivals per second, all workflows")] = 40.0,
-    burst: Annotated[float, typer.Option(help="Gamma shape of inter-arrivals; 0: Poisson")] = 0.0,
+    burst: Annotated[
+        float, typer.Option(help="Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)")
+    ] = 0.25,
+    seed: Annotated[int, typer.Option(help="Seeds the arrivals and the workflow mix")] = 7,
     profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
-    out: Annotated[Path | None, typer.Option(help="Write the sweep plot here (a folder)")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write sweep.png and sweep.md (every table) here")
+    ] = None,
 ) -> None:
-    """Sweep GPU counts: median and p99 slowdown of the Compass workflows per placement mode."""
-    import json
+    """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
+
+    Prints median and p99 slowdown, latency, cache hits, GPUs used and the mean
+    per-task breakdown per run, the per-workflow table, the claims and the runtime.
+    """
     import time
 
-    from libs.core.compass import Costs, PlanMode, WorkflowError, parse_workflow
-    from libs.sim.workflows import simulate
+    from libs.core.compass import PlanMode, WorkflowError
+    from libs.sim.workflows import ARRIVALS, SweepRun, claims, load_profiles, markdown, sweep
 
     try:
-        raw = json.loads(profiles.read_text())
-        c = raw["cluster"]
-        costs = Costs(c["host_to_gpu_mb_per_ms"], c["node_to_node_mb_per_ms"], c["gpu_memory_mb"])
-        flows = [
-            parse_workflow(n, w["tasks"], raw["models"], costs) for n, w in raw["workflows"].items()
-        ]
+        loaded = load_profiles(profiles)
     except (OSError, KeyError, ValueError, WorkflowError) as exc:
         errors.print(f"[red]error:[/] {profiles}: {exc}")
         raise typer.Exit(2) from exc
-    best = {n: w["best_case_ms"] for n, w in raw["workflows"].items()}
-    chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
-    table = Table("GPUs", "mode", "median slowdown", "p99 slowdown", "cache hits", "GPUs used", "s")
-    per_flow = Table("GPUs", "mode", *(f"{f.name} (slowdown / hits)" for f in flows))
-    runs = []
-    for count in (int(g) for g in gpus.split(",")):
-        for mode in chosen:
-            began = time.perf_counter()
-            run = simulate(
-                flows,
-                best,
-                costs,
-                mode=mode,
-                gpus=count,
-                jobs=jobs,
-                rate_per_s=rate,
-                burst_shape=burst,
-            )
+    try:
+        chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
+        sizes = [int(g) for g in gpus.split(",")]
+        processes = {a: (burst if ARRIVALS[a] else 0.0) for a in arrivals.split(",")}
+    except (ValueError, KeyError) as exc:
+        raise typer.BadParameter(f"{exc}") from exc
+    if any(g < 1 for g in sizes) or burst <= 0:
+        raise typer.BadParameter("GPU counts and the gamma shape must be positive")
+
+    def progress(done: SweepRun) -> None:
+        r = done.run
+        console.print(
+            f"  {done.arrivals} {r.gpus:>4} GPUs {r.mode.value:<8} "
+            f"median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}  ({done.wall_s:.1f} s)"
+        )
+
+    began = time.perf_counter()
+    runs = sweep(
+        loaded, sizes, chosen, processes, jobs=jobs, rate_per_s=rate, seed=seed, on_run=progress
+    )
+    total = time.perf_counter() - began
+    flows = [f.name for f in loaded.workflows]
+    for name in processes:
+        mine = [r for r in runs if r.arrivals == name]
+        label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
+        table = Table(
+            "GPUs", "mode", "median", "p99", "latency ms", "hits", "used", "queue", "load",
+            "xfer", "run", "s", title=f"{label} arrivals: slowdown, per-task means in ms",
+        )  # fmt: skip
+        per_flow = Table(
+            "GPUs", "mode", *flows, title=f"{label}: median slowdown / cache hits per workflow"
+        )
+        for done in mine:
+            r, b = done.run, done.run.breakdown_ms
             table.add_row(
-                str(count),
-                mode.value,
-                f"{run.median_slowdown:.2f}",
-                f"{run.p99_slowdown:.1f}",
-                f"{run.cache_hit_rate:.0%}",
-                str(run.gpus_used),
-                f"{time.perf_counter() - began:.1f}",
+                str(r.gpus),
+                r.mode.value,
+                f"{r.median_slowdown:.3f}",
+                f"{r.p99_slowdown:.2f}",
+                f"{r.median_latency_ms:.0f}",
+                f"{r.cache_hit_rate:.0%}",
+                str(r.gpus_used),
+                f"{b['queue']:.0f}",
+                f"{b['load']:.1f}",
+                f"{b['transfer']:.2f}",
+                f"{b['run']:.0f}",
+                f"{done.wall_s:.1f}",
             )
             per_flow.add_row(
-                str(count),
-                mode.value,
-                *(
-                    f"{run.per_workflow[f.name][0]:.2f} / {run.per_workflow[f.name][1]:.0%}"
-                    for f in flows
-                ),
+                str(r.gpus),
+                r.mode.value,
+                *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
             )
-            runs.append(run)
-    console.print(table)
-    console.print(per_flow)
+        console.print(table)
+        console.print(per_flow)
+    for claim in claims(runs):
+        console.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
+    console.print(f"sweep: {len(runs)} runs in {total:.1f} s")
     if out is not None:
         from libs.sim.sweep_plot import write_sweep_plot
 
-        console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.md").write_text(markdown(runs, total))
+        console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")

@@ -1,59 +1,296 @@
-"""Workflow serving simulation: the four Compass workflows on a cluster of GPUs.
+"""Workflow serving simulation: the four Compass workflows through the scheduling core.
 
-Jobs (one workflow each, drawn in equal shares) arrive by a Poisson or a
-bursty gamma process. Each job is planned on arrival by the chosen mode
-(libs.core.compass); a GPU runs the earliest-queued task whose inputs have
-arrived, loading its model first when it is not resident (evicting with
-look-ahead). ``compass`` re-places a successor when its planned GPU is backed
-up; ``jit`` re-routes every task when it becomes ready. Deterministic: a
-seeded generator, and ties broken by sequence.
+The sweep drives the same code as the live stack: a ``Scheduler`` (its
+serving core, libs.core.compass.serving, plans each workflow on arrival and
+sends each task to its GPU when its inputs are ready, adjusting on the way)
+and one ``GpuWorker`` per GPU (its queue and model cache, as the node agent
+keeps them). The cluster is the Compass setup: one node per GPU, every GPU
+empty at the start. Jobs (one workflow each, drawn in equal shares) arrive by
+a Poisson or a bursty gamma process.
+
+What the simulated node agents report, at the times they happen (the order
+the node agent uses): ``ModelEvicted`` for each model the worker makes room
+with and, on a cache miss, ``ModelLoaded`` once the load is done, then
+``TaskStarted`` and, ``run_ms`` later, ``TaskEnded``. A ``Place`` is acted on
+at once; its task enters the worker's queue ``input_delay_ms`` later.
+
+Models are cached per workflow by default, as the source simulator keys them
+(OPT in translation and OPT in question_answer are separate entries);
+``share_models`` caches them by name. Deterministic: a seeded generator, and
+events at equal times in the order they were made.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import json
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from libs.core.compass import Costs, GpuState, PlanMode, Planner, Workflow, evict_for
+from libs.core.compass import Costs, GpuWorker, PlanMode, Workflow, WorkflowError, parse_workflow
+from libs.core.compass.serving import MB_PER_GIB
+from libs.core.config import PolicyConfig
+from libs.core.decisions import Decision, Place, Planned, Wait
+from libs.core.inputs import (
+    Input,
+    JobArrived,
+    ModelEvicted,
+    ModelLoaded,
+    NodeJoined,
+    TaskEnded,
+    TaskStarted,
+)
+from libs.core.model import JobSpec, NodeSpec
+from libs.core.scheduler import Scheduler
 
 RESCHEDULE_THRESHOLD = 1.5
+PARTS = ("queue", "load", "transfer", "run")
+GPU_TYPE = "T4"
+ALLOCATION = "serving"
+
+
+class SimError(RuntimeError):
+    """The core decided something this simulation cannot act on."""
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The published workflow profiles: DAGs, their best cases and the cluster's costs."""
+
+    workflows: tuple[Workflow, ...]
+    best_case_ms: dict[str, float]
+    costs: Costs
+
+
+def load_profiles(path: Path) -> Profiles:
+    """Read ``workflows.json``; ``OSError``, ``KeyError``, ``ValueError`` or
+    ``WorkflowError`` when it cannot be read or breaks a rule."""
+    raw = json.loads(path.read_text())
+    c = raw["cluster"]
+    costs = Costs(c["host_to_gpu_mb_per_ms"], c["node_to_node_mb_per_ms"], c["gpu_memory_mb"])
+    flows = tuple(
+        parse_workflow(n, w["tasks"], raw["models"], costs) for n, w in raw["workflows"].items()
+    )
+    best = {n: float(w["best_case_ms"]) for n, w in raw["workflows"].items()}
+    if set(best) != {f.name for f in flows}:  # pragma: no cover - same keys by construction
+        raise WorkflowError("best_case_ms does not name every workflow")
+    return Profiles(flows, best, costs)
 
 
 @dataclass(frozen=True)
 class WorkflowRun:
     mode: PlanMode
     gpus: int
-    jobs: int
+    jobs: int  # measured (after the warm-up)
     median_slowdown: float
     p99_slowdown: float
     median_latency_ms: float
+    p99_latency_ms: float
     cache_hit_rate: float
-    gpus_used: int
+    gpus_used: int  # GPUs that ran at least one task
     per_workflow: dict[str, tuple[float, float]]  # name -> (median slowdown, cache hit rate)
     breakdown_ms: dict[str, float]  # mean per task: queue, load, transfer, run
+    # (workflow, task) -> mean queue, load, transfer, run (ms)
+    task_breakdown_ms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    adjusted: int = 0  # tasks sent elsewhere than planned
+    decisions: int = 0  # decisions the core made
+
+
+def keyed(workflow: Workflow) -> Workflow:
+    """The workflow with each model named per workflow, as the source caches them."""
+    return dataclasses.replace(
+        workflow,
+        tasks=tuple(
+            dataclasses.replace(t, model=f"{workflow.name}/{t.model}") if t.model else t
+            for t in workflow.tasks
+        ),
+    )
+
+
+def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Random) -> list[float]:
+    """Arrival times (ms): Poisson, or gamma inter-arrivals of shape ``burst_shape``
+    (below 1 is bursty: the coefficient of variation is 1/sqrt(shape)); same mean rate."""
+    mean_gap = 1000.0 / rate_per_s
+    times, now = [], 0.0
+    for _ in range(jobs):
+        times.append(now)
+        now += (
+            rng.gammavariate(burst_shape, mean_gap / burst_shape)
+            if burst_shape
+            else rng.expovariate(1 / mean_gap)
+        )
+    return times
 
 
 @dataclass
-class _Task:
-    job: int
-    task_id: str
-    gpu: int
-    ready_at: float = -1.0  # inputs arrived; -1 while a parent runs
-    waiting_parents: int = 0
-    finish: float = 0.0
-    seq: int = 0
+class _Sent:
+    """A task the core sent to a GPU."""
+
+    job: str
+    flow: str
+    name: str
+    gpu: tuple[str, int]
+    transfer_ms: float
 
 
-@dataclass
-class _Gpu:
-    index: int
-    busy_until: float = 0.0
-    resident: dict[str, float] = field(default_factory=dict)
-    queue: list[_Task] = field(default_factory=list)
-    used: bool = False
+class ServingCluster:
+    """GPU workers acting on a scheduler's serving decisions, one node per GPU.
+
+    ``feed`` hands the scheduler one input and acts on what it decides;
+    ``run`` drains the event heap. The mixed simulation drives it too, with
+    batch work on the side (``on_decision`` sees every decision that is not a
+    serving ``Place``).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        costs: Costs,
+        on_decision: Callable[[Decision, float], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.costs = costs
+        self.on_decision = on_decision
+        self.workers: dict[tuple[str, int], GpuWorker] = {}
+        self.sent: dict[str, _Sent] = {}
+        self.events: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.now_ms = 0.0
+        self.decisions = 0
+        self.adjusted = 0
+        self.used: set[tuple[str, int]] = set()
+        self.hits: dict[str, list[int]] = {}  # workflow -> [hits, misses]
+        self.parts: dict[tuple[str, str], list[float]] = {}  # queue, load, transfer, run, n
+        self.finished_ms: dict[str, float] = {}  # task id -> when it ended
+        self.on_end: Callable[[str, str, float], None] | None = None  # (job, task id, ms)
+
+    # -- the cluster -----------------------------------------------------------
+
+    def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
+        gib = memory_mb / MB_PER_GIB  # the serving core reads memory in GiB
+        self.feed(NodeJoined(self.now_ms / 1000, NodeSpec(node_id, GPU_TYPE, gpu_indices, gib)))
+        for index in gpu_indices:
+            self.workers[(node_id, index)] = GpuWorker(
+                gib * MB_PER_GIB, self.costs.host_to_gpu_mb_per_ms
+            )
+
+    # -- events ----------------------------------------------------------------
+
+    def push(self, at_ms: float, kind: str, data: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (at_ms, self._seq, kind, data))
+
+    def run(self, handle: Callable[[str, object], None] | None = None) -> None:
+        """Process events in time order; ``handle`` takes the kinds this class does not."""
+        while self.events:
+            self.now_ms, _, kind, data = heapq.heappop(self.events)
+            if kind == "wake":
+                assert isinstance(data, tuple)
+                self._wake(data)
+            elif kind == "input":
+                assert isinstance(data, (ModelLoaded, TaskStarted))
+                self.feed(data)
+            elif kind == "end":
+                assert isinstance(data, str)
+                self._end(data)
+            elif handle is not None:
+                handle(kind, data)
+            else:  # pragma: no cover - every kind pushed here is handled above
+                raise SimError(f"unknown event {kind}")
+
+    def feed(self, event: Input) -> None:
+        for decision in self.scheduler.handle(event):
+            self.decisions += 1
+            self._act(decision)
+
+    # -- acting on decisions ---------------------------------------------------
+
+    def _act(self, decision: Decision) -> None:
+        if not isinstance(decision, Place) or decision.serving is None:
+            if self.on_decision is not None:
+                self.on_decision(decision, self.now_ms)
+            elif not isinstance(decision, (Planned, Wait)):
+                raise SimError(f"unexpected decision {decision}")
+            return
+        serving = decision.serving
+        if len(decision.gpu_indices) != 1:
+            raise SimError(f"{decision.task_id}: a serving task on {decision.gpu_indices}")
+        key = (decision.node_id, decision.gpu_indices[0])
+        ready = self.now_ms + max(serving.input_delay_ms, 0.0)
+        if not self.workers[key].enqueue(decision.task_id, serving, ready):
+            raise SimError(f"{decision.task_id} sent twice to {key}")
+        flow = decision.spec.workflow.name if decision.spec.workflow else ""
+        self.sent[decision.task_id] = _Sent(
+            decision.job_id, flow, serving.name, key, ready - self.now_ms
+        )
+        if serving.planned is not None:
+            self.adjusted += 1
+        if ready > self.now_ms:
+            self.push(ready, "wake", key)
+        else:
+            self._wake(key)
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        worker = self.workers[key]
+        begun = worker.start(self.now_ms)
+        if begun is None:
+            return
+        sent = self.sent[begun.task_id]
+        self.used.add(key)
+        node_id, index = key
+        for eviction in begun.evicted:
+            self.feed(ModelEvicted(self.now_ms / 1000, node_id, index, eviction.model))
+        if begun.serving.model:
+            counts = self.hits.setdefault(sent.flow, [0, 0])
+            counts[0 if begun.hit else 1] += 1
+        if begun.loaded:
+            loaded = ModelLoaded(
+                begun.start_ms / 1000, node_id, index, begun.serving.model, begun.serving.model_mb
+            )
+            self.push(begun.start_ms, "input", loaded)
+        self.push(
+            begun.start_ms,
+            "input",
+            TaskStarted(begun.start_ms / 1000, sent.job, begun.task_id, node_id),
+        )
+        self.push(begun.finish_ms, "end", begun.task_id)
+        parts = self.parts.setdefault((sent.flow, sent.name), [0.0] * 5)
+        parts[0] += self.now_ms - begun.ready_ms
+        parts[1] += begun.load_ms
+        parts[2] += sent.transfer_ms
+        parts[3] += begun.serving.run_ms
+        parts[4] += 1
+
+    def _end(self, task_id: str) -> None:
+        sent = self.sent.pop(task_id)
+        worker = self.workers[sent.gpu]
+        worker.finish(task_id)
+        self.finished_ms[task_id] = self.now_ms
+        self.feed(TaskEnded(self.now_ms / 1000, sent.job, task_id, sent.gpu[0]))
+        if self.on_end is not None:
+            self.on_end(sent.job, task_id, self.now_ms)
+        self._wake(sent.gpu)
+        if worker.idle and worker.queue:
+            wake_at = worker.next_ready_ms(self.now_ms)
+            if wake_at is not None:
+                self.push(wake_at, "wake", sent.gpu)
+
+
+def policy(mode: PlanMode, costs: Costs, **overrides: float) -> PolicyConfig:
+    """The serving policy of the sweep: every GPU may serve; the published costs."""
+    settings: dict[str, object] = {
+        "serving_mode": mode.value,
+        "serving_max_fraction": 1.0,
+        "adjust_threshold": RESCHEDULE_THRESHOLD,
+        "host_to_gpu_mb_per_ms": costs.host_to_gpu_mb_per_ms,
+        "node_to_node_mb_per_ms": costs.node_to_node_mb_per_ms,
+    }
+    settings.update(overrides)
+    return dataclasses.replace(PolicyConfig(), **settings)  # type: ignore[arg-type]
 
 
 def simulate(
@@ -68,172 +305,255 @@ def simulate(
     burst_shape: float = 0.0,  # 0: Poisson; else gamma inter-arrivals with this shape
     seed: int = 7,
     warmup: float = 0.1,
+    share_models: bool = False,
 ) -> WorkflowRun:
     rng = random.Random(seed)
-    planner = Planner(costs, mode)
-    cluster = [_Gpu(i) for i in range(gpus)]
-    events: list[tuple[float, int, str, int, str]] = []  # (time, seq, kind, job, task)
-    seq = 0
+    flows = list(workflows) if share_models else [keyed(w) for w in workflows]
+    cluster = ServingCluster(Scheduler(policy(mode, costs)), costs)
+    for i in range(gpus):
+        cluster.add_gpu_node(f"n{i:04d}", (0,), costs.gpu_memory_mb)
+    times = arrivals(jobs, rate_per_s, burst_shape, rng)
+    flow_of: dict[str, Workflow] = {}
+    arrived: dict[str, float] = {}
+    left: dict[str, int] = {}
+    finished: dict[str, float] = {}
+    for n, at in enumerate(times):
+        job_id = f"w{n:06d}"
+        flow = flows[rng.randrange(len(flows))]
+        flow_of[job_id] = flow
+        arrived[job_id] = at
+        left[job_id] = len(flow.tasks)
+        cluster.push(at, "arrive", job_id)
 
-    def push(at: float, kind: str, job: int, task: str = "") -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (at, seq, kind, job, task))
+    def handle(kind: str, data: object) -> None:
+        assert kind == "arrive" and isinstance(data, str)
+        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow_of[data])
+        cluster.feed(JobArrived(cluster.now_ms / 1000, data, spec))
 
-    now = 0.0
-    mean_gap = 1000.0 / rate_per_s
-    for job in range(jobs):
-        push(now, "arrive", job)
-        gap = (
-            rng.gammavariate(burst_shape, mean_gap / burst_shape)
-            if burst_shape
-            else rng.expovariate(1 / mean_gap)
-        )
-        now += gap
-    flows: dict[int, Workflow] = {}
-    tasks: dict[tuple[int, str], _Task] = {}
-    arrived: dict[int, float] = {}
-    finished: dict[int, float] = {}
-    left: dict[int, int] = {}
-    hits = misses = 0
-    per_flow_hits: dict[str, list[int]] = {}
-    totals = {"queue": 0.0, "load": 0.0, "transfer": 0.0, "run": 0.0}
-    counted = 0
+    def ended(job_id: str, task_id: str, at_ms: float) -> None:
+        left[job_id] -= 1
+        if left[job_id] == 0:
+            finished[job_id] = at_ms
 
-    def view() -> list[GpuState]:
-        return [
-            GpuState(
-                f"g{g.index:04d}", f"n{g.index:04d}", max(g.busy_until, clock), dict(g.resident)
-            )
-            for g in cluster
-        ]
+    cluster.on_end = ended
+    cluster.run(handle)
+    if len(finished) != len(times):
+        raise SimError(f"{len(times) - len(finished)} of {len(times)} workflows never finished")
+    return _summary(mode, gpus, flows, best_case_ms, flow_of, arrived, finished, cluster, warmup)
 
-    def backlog(g: _Gpu) -> float:
-        flow_of = flows
-        queued = sum(flow_of[t.job].task(t.task_id).run_ms for t in g.queue)
-        return max(g.busy_until, clock) + queued
 
-    def try_start(g: _Gpu) -> None:
-        nonlocal hits, misses, counted
-        if g.busy_until > clock:
-            return
-        ready = [t for t in g.queue if 0 <= t.ready_at <= clock]
-        if not ready:
-            return
-        task_state = min(ready, key=lambda t: t.seq)
-        g.queue.remove(task_state)
-        flow = flows[task_state.job]
-        task = flow.task(task_state.task_id)
-        load = 0.0
-        if task.model:
-            key = f"{flow.name}/{task.model}"  # as the source simulator keys its cache
-            hit = key in g.resident
-            per_flow_hits.setdefault(flow.name, [0, 0])[0 if hit else 1] += 1
-            if hit:
-                hits += 1
-            else:
-                misses += 1
-                upcoming = {
-                    f"{flows[t.job].name}/{flows[t.job].task(t.task_id).model}": float(t.seq)
-                    for t in reversed(g.queue)
-                    if flows[t.job].task(t.task_id).model
-                }
-                victims = evict_for(task.model_mb, costs.gpu_memory_mb, g.resident, upcoming)
-                for victim in victims or ():
-                    del g.resident[victim]
-                g.resident[key] = task.model_mb
-                load = costs.load_ms(task.model_mb)
-        start = clock + load
-        g.busy_until = start + task.run_ms
-        g.used = True
-        task_state.finish = g.busy_until
-        totals["queue"] += clock - task_state.ready_at
-        totals["load"] += load
-        totals["run"] += task.run_ms
-        counted += 1
-        push(g.busy_until, "finish", task_state.job, task_state.task_id)
-
-    clock = 0.0
-    while events:
-        clock, _, kind, job, task_id = heapq.heappop(events)
-        if kind == "arrive":
-            flow = workflows[rng.randrange(len(workflows))]
-            flows[job] = flow
-            arrived[job] = clock
-            left[job] = len(flow.tasks)
-            plan = planner.plan(flow, view(), clock, job_id=str(job))
-            for assignment, task in zip(plan, flow.tasks, strict=True):
-                state = _Task(job, task.task_id, int(assignment.gpu_id[1:]))
-                state.waiting_parents = len(task.parents)
-                seq += 1
-                state.seq = seq
-                if not task.parents:
-                    state.ready_at = clock
-                tasks[(job, task.task_id)] = state
-                cluster[state.gpu].queue.append(state)
-            for g in cluster:
-                try_start(g)
-        elif kind == "finish":
-            flow = flows[job]
-            done = tasks[(job, task_id)]
-            left[job] -= 1
-            if left[job] == 0:
-                finished[job] = clock
-            for child_id in flow.children(task_id):
-                child = tasks[(job, child_id)]
-                child.waiting_parents -= 1
-                if child.waiting_parents:
-                    continue
-                child_task = flow.task(child_id)
-                if mode in (PlanMode.COMPASS, PlanMode.JIT):
-                    planned = cluster[child.gpu]
-                    threshold = RESCHEDULE_THRESHOLD if mode is PlanMode.COMPASS else 0.0
-                    states = view()
-                    for view_of, g in zip(states, cluster, strict=True):
-                        view_of.free_at_ms = backlog(g)
-                    chosen = planner.adjust(
-                        child_task, states[planned.index], states, clock, threshold
-                    )
-                    new = int(chosen.gpu_id[1:])
-                    if new != child.gpu:
-                        planned.queue.remove(child)
-                        cluster[new].queue.append(child)
-                        child.gpu = new
-                parents_done = max(tasks[(job, p)].finish for p in child_task.parents)
-                transfer = max(
-                    costs.transfer_ms(child_task.in_kb, tasks[(job, p)].gpu == child.gpu)
-                    for p in child_task.parents
-                )
-                totals["transfer"] += transfer
-                child.ready_at = parents_done + transfer
-                push(child.ready_at, "ready", job, child_id)
-            try_start(cluster[done.gpu])
-        else:  # a task's inputs arrived
-            try_start(cluster[tasks[(job, task_id)].gpu])
-        if kind != "arrive":
-            for g in cluster:
-                if g.busy_until <= clock and g.queue:
-                    try_start(g)
-    measured = sorted(finished)[int(len(finished) * warmup) :]
-    slowdowns = [(finished[j] - arrived[j]) / best_case_ms[flows[j].name] for j in measured]
-    latencies = [finished[j] - arrived[j] for j in measured]
+def _summary(
+    mode: PlanMode,
+    gpus: int,
+    flows: Sequence[Workflow],
+    best_case_ms: Mapping[str, float],
+    flow_of: Mapping[str, Workflow],
+    arrived: Mapping[str, float],
+    finished: Mapping[str, float],
+    cluster: ServingCluster,
+    warmup: float,
+) -> WorkflowRun:
+    done = sorted(finished, key=lambda j: (finished[j], j))
+    measured = done[int(len(done) * warmup) :]
+    slowdowns = [(finished[j] - arrived[j]) / best_case_ms[flow_of[j].name] for j in measured]
+    latencies = sorted(finished[j] - arrived[j] for j in measured)
     per_workflow = {}
-    for flow in workflows:
-        mine = [s for j, s in zip(measured, slowdowns, strict=True) if flows[j].name == flow.name]
-        h, m = per_flow_hits.get(flow.name, [0, 0])
+    for flow in flows:
+        mine = [s for j, s in zip(measured, slowdowns, strict=True) if flow_of[j].name == flow.name]
+        h, m = cluster.hits.get(flow.name, [0, 0])
         per_workflow[flow.name] = (
             statistics.median(mine) if mine else 0.0,
             h / (h + m) if h + m else 0.0,
         )
+    hits = sum(h for h, _ in cluster.hits.values())
+    looked = sum(h + m for h, m in cluster.hits.values())
+    counted = sum(p[4] for p in cluster.parts.values())
     return WorkflowRun(
         mode=mode,
         gpus=gpus,
         jobs=len(measured),
         median_slowdown=statistics.median(slowdowns),
-        p99_slowdown=sorted(slowdowns)[int(0.99 * (len(slowdowns) - 1))],
+        p99_slowdown=_p99(sorted(slowdowns)),
         median_latency_ms=statistics.median(latencies),
-        cache_hit_rate=hits / (hits + misses) if hits + misses else 0.0,
-        gpus_used=sum(g.used for g in cluster),
+        p99_latency_ms=_p99(latencies),
+        cache_hit_rate=hits / looked if looked else 0.0,
+        gpus_used=len(cluster.used),
         per_workflow=per_workflow,
-        breakdown_ms={k: v / max(counted, 1) for k, v in totals.items()},
+        breakdown_ms={
+            part: sum(p[i] for p in cluster.parts.values()) / max(counted, 1)
+            for i, part in enumerate(PARTS)
+        },
+        task_breakdown_ms={
+            key: {part: p[i] / max(p[4], 1) for i, part in enumerate(PARTS)}
+            for key, p in sorted(cluster.parts.items())
+        },
+        adjusted=cluster.adjusted,
+        decisions=cluster.decisions,
     )
+
+
+def _p99(ordered: Sequence[float]) -> float:
+    return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+# -- the sweep -------------------------------------------------------------------------
+
+ARRIVALS = {"poisson": 0.0, "gamma": 0.25}  # name -> gamma shape (0: Poisson)
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    arrivals: str  # poisson or gamma
+    run: WorkflowRun
+    wall_s: float
+
+
+def sweep(
+    profiles: Profiles,
+    sizes: Sequence[int],
+    modes: Sequence[PlanMode],
+    arrivals: Mapping[str, float],
+    *,
+    jobs: int = 1000,
+    rate_per_s: float = 40.0,
+    seed: int = 7,
+    on_run: Callable[[SweepRun], None] | None = None,
+) -> list[SweepRun]:
+    """Every mode at every size under every arrival process; deterministic."""
+    import time
+
+    runs = []
+    for name, shape in arrivals.items():
+        for gpus in sizes:
+            for mode in modes:
+                began = time.perf_counter()
+                run = simulate(
+                    profiles.workflows,
+                    profiles.best_case_ms,
+                    profiles.costs,
+                    mode=mode,
+                    gpus=gpus,
+                    jobs=jobs,
+                    rate_per_s=rate_per_s,
+                    burst_shape=shape,
+                    seed=seed,
+                )
+                done = SweepRun(name, run, time.perf_counter() - began)
+                runs.append(done)
+                if on_run is not None:
+                    on_run(done)
+    return runs
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    holds: bool
+
+
+def claims(runs: Sequence[SweepRun]) -> list[Claim]:
+    """What the sweep shows of the Compass claims, per arrival process.
+
+    1. compass reaches the median slowdown ``hash`` has on its largest cluster
+       with at most half as many GPUs;
+    2. compass has a lower median slowdown than ``heft`` and ``jit`` at every size.
+    """
+    out: list[Claim] = []
+    for name in dict.fromkeys(r.arrivals for r in runs):
+        mine = [r.run for r in runs if r.arrivals == name]
+        by = {(r.mode, r.gpus): r for r in mine}
+        sizes = sorted({r.gpus for r in mine})
+        hashed = [by[(PlanMode.HASH, g)] for g in sizes if (PlanMode.HASH, g) in by]
+        compass = [by[(PlanMode.COMPASS, g)] for g in sizes if (PlanMode.COMPASS, g) in by]
+        if hashed and compass:
+            target = hashed[-1]
+            enough = [r for r in compass if r.median_slowdown <= target.median_slowdown]
+            fewest = min((r.gpus for r in enough), default=None)
+            out.append(
+                Claim(
+                    f"{name}: hash reaches median {target.median_slowdown:.2f} with "
+                    f"{target.gpus} GPUs; compass "
+                    + (
+                        f"with {fewest} ({fewest / target.gpus:.0%})"
+                        if fewest is not None
+                        else "never does"
+                    ),
+                    fewest is not None and fewest * 2 <= target.gpus,
+                )
+            )
+        for rival in (PlanMode.HEFT, PlanMode.JIT):
+            pairs = [
+                (by[(PlanMode.COMPASS, g)], by[(rival, g)])
+                for g in sizes
+                if (PlanMode.COMPASS, g) in by and (rival, g) in by
+            ]
+            if not pairs:
+                continue
+            lost = [c.gpus for c, o in pairs if c.median_slowdown >= o.median_slowdown]
+            out.append(
+                Claim(
+                    f"{name}: compass's median below {rival.value}'s at "
+                    + ("every size" if not lost else f"all but {', '.join(map(str, lost))} GPUs"),
+                    not lost,
+                )
+            )
+    return out
+
+
+def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
+    """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
+    flows = sorted({f for r in runs for f in r.run.per_workflow}, key=_flow_order(runs))
+    lines = ["# Workflow serving sweep", ""]
+    for name in dict.fromkeys(r.arrivals for r in runs):
+        mine = [r for r in runs if r.arrivals == name]
+        lines += [
+            f"## {name} arrivals",
+            "",
+            "| GPUs | mode | median slowdown | p99 slowdown | median latency ms | "
+            "p99 latency ms | cache hits | GPUs used | queue ms | load ms | transfer ms | "
+            "run ms | adjusted | s |",
+            "|" + " --- |" * 14,
+        ]
+        for s in mine:
+            r = s.run
+            b = r.breakdown_ms
+            lines.append(
+                f"| {r.gpus} | {r.mode.value} | {r.median_slowdown:.3f} | {r.p99_slowdown:.2f} "
+                f"| {r.median_latency_ms:.0f} | {r.p99_latency_ms:.0f} | {r.cache_hit_rate:.1%} "
+                f"| {r.gpus_used} | {b['queue']:.1f} | {b['load']:.1f} | {b['transfer']:.2f} "
+                f"| {b['run']:.1f} | {r.adjusted} | {s.wall_s:.1f} |"
+            )
+        lines += [
+            "",
+            f"### {name}: per workflow (median slowdown / cache hit rate)",
+            "",
+            "| GPUs | mode | " + " | ".join(flows) + " |",
+            "|" + " --- |" * (len(flows) + 2),
+        ]
+        for s in mine:
+            r = s.run
+            cells = [f"{r.per_workflow[f][0]:.3f} / {r.per_workflow[f][1]:.0%}" for f in flows]
+            lines.append(f"| {r.gpus} | {r.mode.value} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            f"### {name}: per task (mean queue / load / transfer / run, ms)",
+            "",
+            "| GPUs | mode | task | queue | load | transfer | run |",
+            "|" + " --- |" * 7,
+        ]
+        for s in mine:
+            for (flow, task), parts in s.run.task_breakdown_ms.items():
+                lines.append(
+                    f"| {s.run.gpus} | {s.run.mode.value} | {flow}/{task} | {parts['queue']:.1f} "
+                    f"| {parts['load']:.1f} | {parts['transfer']:.2f} | {parts['run']:.1f} |"
+                )
+        lines.append("")
+    lines += ["## Claims", ""]
+    lines += [f"- [{'x' if c.holds else ' '}] {c.text}" for c in claims(runs)]
+    lines += ["", f"Sweep runtime: {total_s:.1f} s for {len(runs)} runs.", ""]
+    return "\n".join(lines)
+
+
+def _flow_order(runs: Sequence[SweepRun]) -> Callable[[str], int]:
+    order = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))
+    return order.index

@@ -16,20 +16,26 @@ def evict_for(
     resident: Mapping[str, float],
     next_use_ms: Mapping[str, float],
     pinned: frozenset[str] = frozenset(),
+    *,
+    oldest_first: bool = False,
 ) -> tuple[str, ...] | None:
     """Models to evict so that ``need_mb`` fits, or None when it cannot.
 
     ``resident`` maps model to size; ``next_use_ms`` holds the models some
     queued task needs, with when; ``pinned`` models (in use) are never evicted.
+    Models with the same next use (in particular those no task needs) go by
+    name, or with ``oldest_first`` in ``resident``'s order: a caller that keeps
+    it least recently used first gets LRU among them.
     """
     free = capacity_mb - sum(resident.values())
     if free >= need_mb:
         return ()
     never = float("inf")
+    position = {m: i for i, m in enumerate(resident)}
     candidates = sorted(
         (m for m in resident if m not in pinned),
         # Unneeded first (their next use is "never"), then the furthest next use.
-        key=lambda m: (-next_use_ms.get(m, never), m),
+        key=lambda m: (-next_use_ms.get(m, never), position[m] if oldest_first else 0, m),
     )
     chosen: list[str] = []
     for model in candidates:

@@ -1,16 +1,28 @@
 """Planning a workflow onto GPUs: Compass, and the baselines it is compared with.
 
 ``compass`` ranks tasks HEFT-style (upward rank, transfers included) and gives
-each the GPU with the earliest estimated start: max(GPU free, inputs arrived,
-transfers included) plus the model load when the model is not resident, plus
-an eviction penalty (the reload cost of what must make room). ``heft`` plans
-the same way but blind to loads and caches. ``hash`` and ``jit`` place by a
-stable hash of the task; ``jit`` then re-routes every task when it becomes
-ready. ``adjust`` is Compass's run-time correction.
+each the GPU with the earliest estimated start: when the GPU would take the
+task (its backlog played forward, below), plus the model load when the model
+will not be resident then, plus an eviction penalty (the reload cost of what
+must make room). ``heft`` plans the same way but blind to loads and caches.
+``hash`` and ``jit`` place by a stable hash of the task; ``jit`` then
+re-routes every task when it becomes ready. ``adjust`` is Compass's run-time
+correction.
+
+A GPU's backlog is what was sent to it or planned on it and has not started
+(``GpuState.backlog``). A GPU takes its tasks first come, first served as
+their inputs arrive, loading each one's model first when it is missing. The
+planner plays that forward: when the GPU would be done with every task whose
+inputs arrive before a new task's, and which models it would hold by then.
+A task planned for later (a successor whose parents still run) does not delay
+a task ready now, and a model a queued task will load counts as resident
+after it. Ties between GPUs go to the lower ``gpu_id``: plans are
+deterministic and pack onto few GPUs when the cluster is lightly loaded.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 from collections.abc import Sequence
@@ -27,15 +39,36 @@ class PlanMode(enum.Enum):
     JIT = "jit"
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A task sent to a GPU, or planned on it, that has not started.
+
+    ``ready_ms``: when its inputs arrive. ``sent``: it is in the GPU's queue;
+    otherwise it is only planned there and ``ready_ms`` is an estimate, never
+    taken as earlier than now (a planned task is sent once its parents end).
+    """
+
+    model: str  # empty: no model
+    model_mb: float
+    run_ms: float
+    ready_ms: float
+    sent: bool = True
+
+
 @dataclass
 class GpuState:
-    """What the planner believes of one GPU; it updates these as it plans."""
+    """What the planner believes of one GPU; ``plan`` adds what it plans to ``backlog``.
+
+    ``free_at_ms``: when the task running now ends (now or earlier: idle).
+    ``resident``: the models in its memory, least recently used first.
+    """
 
     gpu_id: str
     node_id: str
     free_at_ms: float
     resident: dict[str, float] = field(default_factory=dict)  # model -> MB
     memory_mb: float = 0.0  # 0: the cluster-wide Costs.gpu_memory_mb
+    backlog: tuple[Pending, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +78,82 @@ class Assignment:
     start_ms: float  # when the task starts running (after any load)
     finish_ms: float
     load_ms: float  # 0 on a cache hit
+    ready_ms: float = 0.0  # when its inputs arrive there (estimated)
+
+
+@dataclass(frozen=True)
+class Input:
+    """Where one parent of a ready task ran and when it ended (for ``adjust``)."""
+
+    node_id: str
+    finish_ms: float
+
+
+class _Timeline:
+    """One GPU's backlog played forward, first come first served by ``ready_ms``.
+
+    ``ends[k]``: when the GPU is done with the first ``k`` tasks;
+    ``caches[k]``: the models it holds then, least recently used first.
+    Without ``reserve``, tasks only planned there are left out (``jit`` plans
+    nothing: its hash placement is no reservation).
+    """
+
+    def __init__(self, planner: Planner, gpu: GpuState, now_ms: float, reserve: bool) -> None:
+        self.costs = planner.costs
+        self.use = planner.use
+        self.memory_mb = gpu.memory_mb or planner.costs.gpu_memory_mb
+        order = sorted(
+            (p.ready_ms if p.sent else max(p.ready_ms, now_ms), not p.sent, i)
+            for i, p in enumerate(gpu.backlog)
+            if p.sent or reserve
+        )
+        self.keys = [(ready, unsent) for ready, unsent, _ in order]
+        self.items = [gpu.backlog[i] for _, _, i in order]
+        self.ends = [gpu.free_at_ms]
+        self.caches = [dict(gpu.resident)]
+        self._replay(0)
+
+    def slot(self, ready_ms: float) -> int:
+        """How many tasks go before one whose inputs arrive at ``ready_ms``: those
+        whose inputs arrive earlier, and those sent already that arrive with it."""
+        return bisect.bisect_left(self.keys, (ready_ms, True))
+
+    def fit(self, task: Task, ready_ms: float, insertion: bool) -> int:
+        """Where a task ready at ``ready_ms`` goes: in its turn or, with ``insertion``
+        (HEFT's), in the first gap from then on that holds its load and run without
+        delaying what is queued or planned after it."""
+        k = self.slot(ready_ms)
+        if not insertion:
+            return k
+        for j in range(k, len(self.items)):
+            need = task.run_ms
+            if task.model and task.model not in self.caches[j]:
+                need += self.costs.load_ms(task.model_mb)
+            if self.begin(j, ready_ms) + need <= self.begin(j, self.keys[j][0]):
+                return j
+        return len(self.items)
+
+    def begin(self, k: int, ready_ms: float) -> float:
+        """When the GPU would take a task ready at ``ready_ms`` after the first ``k``."""
+        return max(self.ends[k], ready_ms)
+
+    def insert(self, k: int, item: Pending) -> None:
+        self.keys.insert(k, (item.ready_ms, not item.sent))
+        self.items.insert(k, item)
+        del self.ends[k + 1 :]
+        del self.caches[k + 1 :]
+        self._replay(k)
+
+    def _replay(self, k: int) -> None:
+        for j in range(k, len(self.items)):
+            item = self.items[j]
+            cache = dict(self.caches[j])
+            load = 0.0
+            if item.model and item.model not in cache:
+                load = self.costs.load_ms(item.model_mb)
+            self.use(cache, item.model, item.model_mb, self.memory_mb)
+            self.ends.append(self.begin(j, self.keys[j][0]) + load + item.run_ms)
+            self.caches.append(cache)
 
 
 class Planner:
@@ -68,25 +177,46 @@ class Planner:
     def plan(
         self, workflow: Workflow, gpus: Sequence[GpuState], now_ms: float, job_id: str = ""
     ) -> list[Assignment]:
-        """Assign every task of one job; ``gpus`` are updated to reflect the plan.
+        """Assign every task of one job; each joins its GPU's ``backlog`` (not sent).
 
         The hash baselines hash the job and the task, spreading jobs over all GPUs.
         """
         ranks = self.upward_ranks(workflow)
         order = sorted(workflow.tasks, key=lambda t: (-ranks[t.task_id], workflow.tasks.index(t)))
+        timelines = {g.gpu_id: _Timeline(self, g, now_ms, reserve=True) for g in gpus}
+        node_of = {g.gpu_id: g.node_id for g in gpus}
+        insertion = self.mode in (PlanMode.COMPASS, PlanMode.HEFT)
+        aware = self.mode is not PlanMode.HEFT
         done: dict[str, Assignment] = {}
+        slots: dict[str, int] = {}
         for task in order:
             if self.mode in (PlanMode.HASH, PlanMode.JIT):
-                gpu = gpus[_stable_hash(f"{job_id}/{workflow.name}/{task.task_id}") % len(gpus)]
-                choice = self._estimate(task, gpu, done, gpus, now_ms, aware=True)
+                hashed = gpus[_stable_hash(f"{job_id}/{workflow.name}/{task.task_id}") % len(gpus)]
+                candidates: Sequence[GpuState] = (hashed,)
             else:
-                aware = self.mode is PlanMode.COMPASS
-                choice = min(
-                    (self._estimate(task, g, done, gpus, now_ms, aware) for g in gpus),
-                    key=lambda a: (a.start_ms, a.gpu_id),
+                candidates = gpus
+            best: tuple[Assignment, int] | None = None
+            for gpu in candidates:
+                ready = self._arrival(task, gpu.node_id, done, node_of, now_ms)
+                line = timelines[gpu.gpu_id]
+                k = line.fit(task, ready, insertion)
+                start = line.begin(k, ready)
+                load = self._load_ms(task, line.caches[k])
+                if aware:
+                    start += load + self._penalty(task, line.caches[k], line.memory_mb)
+                choice = Assignment(
+                    task.task_id, gpu.gpu_id, start, start + task.run_ms, load, ready
                 )
+                if best is None or (start, gpu.gpu_id) < (best[0].start_ms, best[0].gpu_id):
+                    best = (choice, k)
+            assert best is not None
+            choice, k = best
             done[task.task_id] = choice
-            self._commit(task, choice, gpus)
+            item = Pending(task.model, task.model_mb, task.run_ms, choice.ready_ms, sent=False)
+            timelines[choice.gpu_id].insert(k, item)
+            slots[task.task_id] = k
+            gpu = next(g for g in gpus if g.gpu_id == choice.gpu_id)
+            gpu.backlog = (*gpu.backlog, item)
         return [done[t.task_id] for t in workflow.tasks]
 
     def adjust(
@@ -96,68 +226,94 @@ class Planner:
         gpus: Sequence[GpuState],
         ready_ms: float,
         threshold: float = 1.5,
+        *,
+        inputs: Sequence[Input] = (),
     ) -> GpuState:
-        """Re-place a ready task whose planned GPU's wait exceeds ``threshold`` × its run
-        time (``threshold`` 0: always take the GPU with the lowest wait plus load)."""
-        wait = max(0.0, planned.free_at_ms - ready_ms)
-        if threshold and wait <= threshold * task.run_ms:
-            return planned
-        return min(
-            gpus,
-            key=lambda g: (
-                max(0.0, g.free_at_ms - ready_ms) + self._load_ms(task, g),
-                g.gpu_id,
-            ),
-        )
+        """Re-place a ready task whose planned GPU would keep it waiting longer than
+        ``threshold`` × its run time (``threshold`` 0: always take the GPU where it
+        would start first). ``planned``'s backlog must not hold the task itself.
 
-    def _estimate(
+        The wait on the planned GPU is for what goes before the task there. Elsewhere
+        the task is weighed as in ``plan``: when the GPU would take it (its inputs
+        moved from the parents' nodes, ``inputs``), the model load and the eviction
+        penalty; ``compass`` moves it only into gaps that delay nothing planned.
+        Ties keep the planned GPU. ``gpus`` are not changed.
+        """
+        reserve = self.mode is not PlanMode.JIT
+        own = _Timeline(self, planned, ready_ms, reserve)
+        k = own.slot(ready_ms)
+        if threshold and own.begin(k, ready_ms) - ready_ms <= threshold * task.run_ms:
+            return planned
+        insertion = self.mode is PlanMode.COMPASS
+
+        def start(g: GpuState) -> tuple[float, bool, str]:
+            if g is planned:
+                line, ready, j = own, ready_ms, k
+            else:
+                line = _Timeline(self, g, ready_ms, reserve)
+                arrivals = (
+                    i.finish_ms + self.costs.transfer_ms(task.in_kb, i.node_id == g.node_id)
+                    for i in inputs
+                )
+                ready = max(ready_ms, max(arrivals, default=ready_ms))
+                j = line.fit(task, ready, insertion)
+            cache = line.caches[j]
+            cost = self._load_ms(task, cache) + self._penalty(task, cache, line.memory_mb)
+            return line.begin(j, ready) + cost, g is not planned, g.gpu_id
+
+        candidates = list(gpus) if any(g is planned for g in gpus) else [planned, *gpus]
+        return min(candidates, key=start)
+
+    def wait_ms(self, gpu: GpuState, ready_ms: float) -> float:
+        """How long a task ready at ``ready_ms`` would wait for ``gpu`` (before any load),
+        behind what was sent there and what is planned to arrive before it."""
+        line = _Timeline(self, gpu, ready_ms, reserve=self.mode is not PlanMode.JIT)
+        return line.begin(line.slot(ready_ms), ready_ms) - ready_ms
+
+    def use(self, cache: dict[str, float], model: str, size_mb: float, memory_mb: float) -> None:
+        """``model`` runs next with ``cache``: it becomes resident and most recently used,
+        evicting the least recently used models to make room."""
+        if not model:
+            return
+        if model in cache:
+            cache[model] = cache.pop(model)
+            return
+        victims = evict_for(size_mb, memory_mb, cache, {}, oldest_first=True)
+        if victims is None:
+            return
+        for victim in victims:
+            del cache[victim]
+        cache[model] = size_mb
+
+    def _arrival(
         self,
         task: Task,
-        gpu: GpuState,
+        node_id: str,
         done: dict[str, Assignment],
-        gpus: Sequence[GpuState],
+        node_of: dict[str, str],
         now_ms: float,
-        aware: bool,
-    ) -> Assignment:
-        node_of = {g.gpu_id: g.node_id for g in gpus}
-        inputs = max(
-            (
-                done[p].finish_ms
-                + self.costs.transfer_ms(task.in_kb, node_of[done[p].gpu_id] == gpu.node_id)
-                for p in task.parents
-            ),
-            default=now_ms,
+    ) -> float:
+        """When the task's inputs would reach ``node_id``, as planned."""
+        arrivals = (
+            done[p].finish_ms
+            + self.costs.transfer_ms(task.in_kb, node_of[done[p].gpu_id] == node_id)
+            for p in task.parents
         )
-        begin = max(gpu.free_at_ms, inputs, now_ms)
-        load = self._load_ms(task, gpu)
-        penalty = self._eviction_penalty(task, gpu) if aware else 0.0
-        start = begin + (load + penalty if aware else 0.0)
-        return Assignment(task.task_id, gpu.gpu_id, start, start + task.run_ms, load)
+        return max(now_ms, max(arrivals, default=now_ms))
 
-    def _commit(self, task: Task, choice: Assignment, gpus: Sequence[GpuState]) -> None:
-        gpu = next(g for g in gpus if g.gpu_id == choice.gpu_id)
-        gpu.free_at_ms = max(gpu.free_at_ms, choice.finish_ms)
-        if task.model and task.model not in gpu.resident:
-            for model in self._victims(task, gpu) or ():
-                del gpu.resident[model]
-            gpu.resident[task.model] = task.model_mb
-
-    def _load_ms(self, task: Task, gpu: GpuState) -> float:
-        if not task.model or task.model in gpu.resident:
+    def _load_ms(self, task: Task, cache: dict[str, float]) -> float:
+        if not task.model or task.model in cache:
             return 0.0
         return self.costs.load_ms(task.model_mb)
 
-    def _victims(self, task: Task, gpu: GpuState) -> tuple[str, ...] | None:
-        memory = gpu.memory_mb or self.costs.gpu_memory_mb
-        return evict_for(task.model_mb, memory, gpu.resident, {})
-
-    def _eviction_penalty(self, task: Task, gpu: GpuState) -> float:
-        if not task.model or task.model in gpu.resident:
+    def _penalty(self, task: Task, cache: dict[str, float], memory_mb: float) -> float:
+        """What making room costs later: reloading the models it evicts."""
+        if not task.model or task.model in cache:
             return 0.0
-        victims = self._victims(task, gpu)
+        victims = evict_for(task.model_mb, memory_mb, cache, {}, oldest_first=True)
         if victims is None:
             return float("inf")
-        return sum(self.costs.load_ms(gpu.resident[m]) for m in victims)
+        return sum(self.costs.load_ms(cache[m]) for m in victims)
 
 
 def _stable_hash(text: str) -> int:
