@@ -57,13 +57,18 @@ def test_declared_gpu_uuids_are_unique_and_stable() -> None:
     assert uuids == [g.uuid for node in parse(TWO_NODES) for g in node.gpus]
 
 
-def test_local_stack_declares_four_h100_nodes() -> None:
+def test_local_stack_declares_four_h100_nodes_and_two_serving_nodes() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
-    assert [node.node_id for node in nodes] == ["sim-0", "sim-1", "sim-2", "sim-3"]
-    for node in nodes:
+    batch, serving = nodes[:4], nodes[4:]
+    assert [node.node_id for node in batch] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    for node in batch:
         assert node.executor == types_pb2.EXECUTOR_PROCESS
         assert [g.index for g in node.gpus] == list(range(8))
         assert {(g.type, g.memory_bytes) for g in node.gpus} == {("H100", 80 * GIB)}
+    assert [node.node_id for node in serving] == ["serve-0", "serve-1"]
+    for node in serving:
+        assert node.executor == types_pb2.EXECUTOR_SIMULATED
+        assert {(g.type, g.memory_bytes) for g in node.gpus} == {("T4", 15 * GIB)}
 
 
 A = "node_id: a, gpu_type: H100"
@@ -135,7 +140,7 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
 
 def test_select_nodes_keeps_file_order_and_names_unknown_ids() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
-    assert [n.node_id for n in select_nodes(nodes, [])] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    assert [n.node_id for n in select_nodes(nodes, [])][:4] == ["sim-0", "sim-1", "sim-2", "sim-3"]
     assert [n.node_id for n in select_nodes(nodes, ["sim-2", "sim-0"])] == ["sim-0", "sim-2"]
     with pytest.raises(InventoryError, match=r"node\(s\) gpu-9 not in the inventory; known: sim-0"):
         select_nodes(nodes, ["sim-1", "gpu-9"])
