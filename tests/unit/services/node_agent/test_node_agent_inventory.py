@@ -142,7 +142,10 @@ def test_select_nodes_keeps_file_order_and_names_unknown_ids() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
     assert [n.node_id for n in select_nodes(nodes, [])][:4] == ["sim-0", "sim-1", "sim-2", "sim-3"]
     assert [n.node_id for n in select_nodes(nodes, ["sim-2", "sim-0"])] == ["sim-0", "sim-2"]
-    with pytest.raises(InventoryError, match=r"node\(s\) gpu-9 not in the inventory; known: sim-0"):
+    with pytest.raises(
+        InventoryError,
+        match=r"node\(s\) gpu-9 not in the inventory; known: serve-0, serve-1, sim-0",
+    ):
         select_nodes(nodes, ["sim-1", "gpu-9"])
 
 
