@@ -195,6 +195,8 @@ def workflows(
     )
     total = time.perf_counter() - began
     flows = [f.name for f in loaded.workflows]
+    # The tables are wide: a pipe or a file gets them whole, a terminal its width.
+    wide = console if console.is_terminal else Console(width=150)
     for name in processes:
         mine = [r for r in runs if r.arrivals == name]
         label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
@@ -226,8 +228,8 @@ def workflows(
                 r.mode.value,
                 *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
             )
-        console.print(table)
-        console.print(per_flow)
+        wide.print(table)
+        wide.print(per_flow)
     for claim in claims(runs):
         console.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
     console.print(f"sweep: {len(runs)} runs in {total:.1f} s")

@@ -92,10 +92,10 @@ class Input:
 class _Timeline:
     """One GPU's backlog played forward, first come first served by ``ready_ms``.
 
-    ``ends[k]``: when the GPU is done with the first ``k`` tasks;
-    ``caches[k]``: the models it holds then, least recently used first.
-    Without ``reserve``, tasks only planned there are left out (``jit`` plans
-    nothing: its hash placement is no reservation).
+    ``end(k)``: when the GPU is done with the first ``k`` tasks; ``cache(k)``: the
+    models it holds then, least recently used first (shared: never change one).
+    Played lazily, as far as asked. Without ``reserve``, tasks only planned there
+    are left out (``jit`` plans nothing: its hash placement is no reservation).
     """
 
     def __init__(self, planner: Planner, gpu: GpuState, now_ms: float, reserve: bool) -> None:
@@ -109,9 +109,11 @@ class _Timeline:
         )
         self.keys = [(ready, unsent) for ready, unsent, _ in order]
         self.items = [gpu.backlog[i] for _, _, i in order]
-        self.ends = [gpu.free_at_ms]
-        self.caches = [dict(gpu.resident)]
-        self._replay(0)
+        self._ends = [gpu.free_at_ms]
+        self._caches = [dict(gpu.resident)]
+
+    def __len__(self) -> int:
+        return len(self.items)
 
     def slot(self, ready_ms: float) -> int:
         """How many tasks go before one whose inputs arrive at ``ready_ms``: those
@@ -127,7 +129,7 @@ class _Timeline:
             return k
         for j in range(k, len(self.items)):
             need = task.run_ms
-            if task.model and task.model not in self.caches[j]:
+            if task.model and task.model not in self.cache(j):
                 need += self.costs.load_ms(task.model_mb)
             if self.begin(j, ready_ms) + need <= self.begin(j, self.keys[j][0]):
                 return j
@@ -135,25 +137,34 @@ class _Timeline:
 
     def begin(self, k: int, ready_ms: float) -> float:
         """When the GPU would take a task ready at ``ready_ms`` after the first ``k``."""
-        return max(self.ends[k], ready_ms)
+        return max(self.end(k), ready_ms)
+
+    def end(self, k: int) -> float:
+        self._play(k)
+        return self._ends[k]
+
+    def cache(self, k: int) -> dict[str, float]:
+        self._play(k)
+        return self._caches[k]
 
     def insert(self, k: int, item: Pending) -> None:
         self.keys.insert(k, (item.ready_ms, not item.sent))
         self.items.insert(k, item)
-        del self.ends[k + 1 :]
-        del self.caches[k + 1 :]
-        self._replay(k)
+        del self._ends[k + 1 :]
+        del self._caches[k + 1 :]
 
-    def _replay(self, k: int) -> None:
-        for j in range(k, len(self.items)):
+    def _play(self, k: int) -> None:
+        for j in range(len(self._ends) - 1, k):
             item = self.items[j]
-            cache = dict(self.caches[j])
+            cache = self._caches[j]
             load = 0.0
             if item.model and item.model not in cache:
                 load = self.costs.load_ms(item.model_mb)
-            self.use(cache, item.model, item.model_mb, self.memory_mb)
-            self.ends.append(self.begin(j, self.keys[j][0]) + load + item.run_ms)
-            self.caches.append(cache)
+            if item.model and next(reversed(cache), None) != item.model:
+                cache = dict(cache)
+                self.use(cache, item.model, item.model_mb, self.memory_mb)
+            self._ends.append(max(self._ends[j], self.keys[j][0]) + load + item.run_ms)
+            self._caches.append(cache)
 
 
 class Planner:
@@ -201,9 +212,9 @@ class Planner:
                 line = timelines[gpu.gpu_id]
                 k = line.fit(task, ready, insertion)
                 start = line.begin(k, ready)
-                load = self._load_ms(task, line.caches[k])
+                load = self._load_ms(task, line.cache(k))
                 if aware:
-                    start += load + self._penalty(task, line.caches[k], line.memory_mb)
+                    start += load + self._penalty(task, line.cache(k), line.memory_mb)
                 choice = Assignment(
                     task.task_id, gpu.gpu_id, start, start + task.run_ms, load, ready
                 )
@@ -257,7 +268,7 @@ class Planner:
                 )
                 ready = max(ready_ms, max(arrivals, default=ready_ms))
                 j = line.fit(task, ready, insertion)
-            cache = line.caches[j]
+            cache = line.cache(j)
             cost = self._load_ms(task, cache) + self._penalty(task, cache, line.memory_mb)
             return line.begin(j, ready) + cost, g is not planned, g.gpu_id
 
