@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from libs.core.compass.planner import GpuState, PlanMode, Planner
+from libs.core.compass.planner import GpuState, Input, Pending, PlanMode, Planner
 from libs.core.compass.workflow import Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
@@ -109,6 +109,9 @@ class Serving:
         self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
         self._flows: dict[str, _Flow] = {}
         self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task)
+        # task id -> when its inputs arrive at its GPU: the plan's estimate, then
+        # (once sent) the known time. The planner plays each GPU's backlog forward.
+        self._ready: dict[str, float] = {}
         self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
 
     # -- facts from the log --------------------------------------------------
@@ -138,11 +141,14 @@ class Serving:
         gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
         if task_id in gpu.dispatched:
             gpu.started[task_id] = now_ms
+            if task.model in gpu.resident:  # most recently used now, as the agent's cache
+                gpu.resident[task.model] = gpu.resident.pop(task.model)
             self._touch(gpu)
 
     def ended(self, task_id: str, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow."""
         job_id, task = self._tasks.pop(task_id)
+        self._ready.pop(task_id, None)
         flow = self._flows[job_id]
         gpu = self._gpus[flow.gpu[task.task_id]]
         gpu.dispatched.pop(task_id, None)
@@ -265,9 +271,11 @@ class Serving:
             parents_left={t.task_id: len(t.parents) for t in workflow.tasks},
         )
         self._flows[job_id] = flow
+        ready = {a.task_id: a.ready_ms for a in plan}
         for task in workflow.tasks:
             task_id = task_id_of(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
+            self._ready[task_id] = ready[task.task_id]
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.planned[task_id] = None
             self._acquire(gpu)
@@ -322,21 +330,26 @@ class Serving:
                 yield node_id, index
 
     def _view(self, gpu: _Gpu, now_ms: float, without: str = "") -> GpuState:
-        return GpuState(
-            gpu.label,
-            gpu.key[0],
-            self._backlog(gpu, now_ms, without),
-            dict(gpu.resident),
-            gpu.memory_mb,
-        )
-
-    def _backlog(self, gpu: _Gpu, now_ms: float, without: str = "") -> float:
-        """When the GPU would be done with everything sent or planned to it."""
+        """The GPU as the planner sees it: when its running task ends, its models,
+        and its backlog (sent, then planned) with when each task's inputs arrive."""
         free_at = now_ms
         for task_id, start in gpu.started.items():
             free_at = max(free_at, start + self._tasks[task_id][1].run_ms)
-        queued = (t for t in (*gpu.dispatched, *gpu.planned) if t not in gpu.started)
-        return free_at + sum(self._tasks[t][1].run_ms for t in queued if t != without)
+        backlog = tuple(
+            Pending(
+                task.model,
+                task.model_mb,
+                task.run_ms,
+                self._ready[t],
+                sent=t in gpu.dispatched,
+            )
+            for t, task in (
+                (t, self._tasks[t][1])
+                for t in (*gpu.dispatched, *gpu.planned)
+                if t not in gpu.started and t != without
+            )
+        )
+        return GpuState(gpu.label, gpu.key[0], free_at, dict(gpu.resident), gpu.memory_mb, backlog)
 
     def _send(self, flow: _Flow, task: Task, now_ms: float) -> list[Decision]:
         """Send a ready task to its GPU, adjusting first when the plan went stale."""
@@ -359,6 +372,7 @@ class Serving:
             ),
             default=now_ms,
         )
+        self._ready[task_id] = arrival
         upcoming = tuple(
             dict.fromkeys(
                 self._tasks[t][1].model for t in target.planned if self._tasks[t][1].model
@@ -386,14 +400,18 @@ class Serving:
         else:
             return planned, ""
         task_id = task_id_of(flow.job_id, task.task_id)
+        own = self._view(planned, now_ms, without=task_id)
+        wait = self._planner.wait_ms(own, now_ms)
+        if threshold and wait <= threshold * task.run_ms:
+            return planned, ""  # the common case: no need to look at other GPUs
         views = self._views(flow.spec, flow.workflow, task.model_mb, now_ms)
-        views[planned.key] = self._view(planned, now_ms, without=task_id)
+        views[planned.key] = own
+        inputs = [Input(flow.gpu[p][0], flow.finished[p]) for p in task.parents]
         chosen = self._planner.adjust(
-            task, views[planned.key], list(views.values()), now_ms, threshold
+            task, own, list(views.values()), now_ms, threshold, inputs=inputs
         )
         if chosen.gpu_id == planned.label:
             return planned, ""
-        wait = views[planned.key].free_at_ms - now_ms
         target = next(self._gpus[key] for key, view in views.items() if view is chosen)
         if self.mode is PlanMode.JIT:
             return target, "re-routed at run time (jit)"
@@ -418,6 +436,7 @@ class Serving:
                 continue
             task_id = task_id_of(flow.job_id, task.task_id)
             self._tasks.pop(task_id, None)
+            self._ready.pop(task_id, None)
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.planned.pop(task_id, None)
             self._touch(gpu, now_ms)
@@ -427,6 +446,7 @@ class Serving:
         self._fingerprint.remove(self._facts.pop(f"f|{flow.job_id}"))
         for task in flow.workflow.tasks:
             self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
+            self._ready.pop(task_id_of(flow.job_id, task.task_id), None)
 
     def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
         """Fold a GPU's change into the digest; a drained pool GPU starts lingering."""
@@ -435,8 +455,10 @@ class Serving:
         elif now_ms is not None and gpu.key in self.pool:
             self._idle_since.setdefault(gpu.key, now_ms)
         fact = (
-            f"g|{gpu.label}|{gpu.memory_mb}|{sorted(gpu.resident.items())}|{list(gpu.planned)}"
-            f"|{list(gpu.dispatched)}|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
+            f"g|{gpu.label}|{gpu.memory_mb}|{list(gpu.resident.items())}"
+            f"|{[(t, self._ready.get(t)) for t in gpu.planned]}"
+            f"|{[(t, self._ready.get(t)) for t in gpu.dispatched]}"
+            f"|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
             f"|{self._idle_since.get(gpu.key)}"
         )
         self._refresh(f"g|{gpu.label}", fact)
