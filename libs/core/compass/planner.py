@@ -250,26 +250,37 @@ class Planner:
         penalty; ``compass`` moves it only into gaps that delay nothing planned.
         Ties keep the planned GPU. ``gpus`` are not changed.
         """
-        reserve = self.mode is not PlanMode.JIT
+        # jit re-routes to the lowest wait plus load; compass weighs what it plans by:
+        # input transfers, the load and the eviction penalty, reservations kept.
+        reserve = aware = self.mode is not PlanMode.JIT
+
+        def arrival(g: GpuState) -> float:
+            if not aware:
+                return ready_ms
+            moved = (
+                i.finish_ms + self.costs.transfer_ms(task.in_kb, i.node_id == g.node_id)
+                for i in inputs
+            )
+            return max(ready_ms, max(moved, default=ready_ms))
+
         own = _Timeline(self, planned, ready_ms, reserve)
-        k = own.slot(ready_ms)
-        if threshold and own.begin(k, ready_ms) - ready_ms <= threshold * task.run_ms:
+        own_ready = arrival(planned)
+        k = own.slot(own_ready)
+        if threshold and own.begin(k, own_ready) - own_ready <= threshold * task.run_ms:
             return planned
         insertion = self.mode is PlanMode.COMPASS
 
         def start(g: GpuState) -> tuple[float, bool, str]:
             if g is planned:
-                line, ready, j = own, ready_ms, k
+                line, ready, j = own, own_ready, k
             else:
                 line = _Timeline(self, g, ready_ms, reserve)
-                arrivals = (
-                    i.finish_ms + self.costs.transfer_ms(task.in_kb, i.node_id == g.node_id)
-                    for i in inputs
-                )
-                ready = max(ready_ms, max(arrivals, default=ready_ms))
+                ready = arrival(g)
                 j = line.fit(task, ready, insertion)
             cache = line.cache(j)
-            cost = self._load_ms(task, cache) + self._penalty(task, cache, line.memory_mb)
+            cost = self._load_ms(task, cache)
+            if aware:
+                cost += self._penalty(task, cache, line.memory_mb)
             return line.begin(j, ready) + cost, g is not planned, g.gpu_id
 
         candidates = list(gpus) if any(g is planned for g in gpus) else [planned, *gpus]
