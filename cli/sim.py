@@ -239,3 +239,102 @@ def workflows(
         out.mkdir(parents=True, exist_ok=True)
         (out / "sweep.md").write_text(markdown(runs, total))
         console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
+
+
+@sim_app.command()
+def mixed(
+    hours: Annotated[float, typer.Option(help="Measured window; workflows arrive in it")] = 2.0,
+    nodes: Annotated[int, typer.Option(help="Cluster: node count")] = 16,
+    gpus_per_node: Annotated[int, typer.Option(help="Cluster: GPUs per node")] = 8,
+    serving_max_fraction: Annotated[
+        float, typer.Option(help="Policy: the most of the cluster serving may hold")
+    ] = 0.5,
+    serving_linger: Annotated[
+        str, typer.Option(help="Policy: a drained serving GPU goes back to batch after this")
+    ] = "30s",
+    compare: Annotated[
+        str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
+    ] = "0.25",
+    rate: Annotated[
+        float, typer.Option(help="Workflow arrivals per second outside the burst")
+    ] = 2.0,
+    burst: Annotated[float, typer.Option(help="Arrival rate × this during the burst")] = 4.0,
+    burst_start: Annotated[str, typer.Option(help="Burst begins this far into the window")] = "40m",
+    burst_end: Annotated[str, typer.Option(help="Burst ends this far into the window")] = "80m",
+    batch_load: Annotated[float, typer.Option(help="Batch GPU time offered ÷ the cluster's")] = 2.0,
+    warmup: Annotated[str, typer.Option(help="Batch work alone before the window")] = "30m",
+    seed: Annotated[int, typer.Option(help="Seeds both arrival streams")] = 7,
+    parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
+    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
+    out: Annotated[Path | None, typer.Option(help="Write summary.md and mixed.png here")] = None,
+) -> None:
+    """Batch jobs and workflows on one cluster under one budget: how the policy divides GPUs.
+
+    One simulated run through the core Scheduler (GpuWorkers for serving, simulated
+    node agents for batch), then the same workload under each --compare fraction.
+    """
+    import time
+
+    from libs.core.compass import WorkflowError
+    from libs.sim.mixed import (
+        COMPARISON_HEADER,
+        MixedSettings,
+        compare_fractions,
+        comparison_rows,
+        markdown,
+        tables,
+        write_plot,
+    )
+    from libs.sim.workflows import load_profiles
+
+    try:
+        loaded = load_profiles(profiles)
+    except (OSError, KeyError, ValueError, WorkflowError) as exc:
+        errors.print(f"[red]error:[/] {profiles}: {exc}")
+        raise typer.Exit(2) from exc
+    try:
+        fractions = [serving_max_fraction] + [float(f) for f in compare.split(",") if f.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"--compare: {exc}") from exc
+    if not all(0 < f <= 1 for f in fractions):
+        raise typer.BadParameter("serving_max_fraction values must be in (0, 1]")
+    if min(hours, nodes, gpus_per_node, rate, burst, batch_load) <= 0:
+        raise typer.BadParameter("hours, nodes, GPUs, rates and loads must be positive")
+    settings = MixedSettings(
+        cluster=ClusterSpec(nodes, gpus_per_node, "H100", 80.0),
+        hours=hours,
+        warmup_s=parse_duration(warmup),
+        batch_load=batch_load,
+        workflow_rate_per_s=rate,
+        burst_factor=burst,
+        burst_s=(parse_duration(burst_start), parse_duration(burst_end)),
+        seed=seed,
+    )
+    console.print(
+        f"simulating {hours:g} h on {settings.cluster.describe()} for serving_max_fraction "
+        + ", ".join(f"{f:g}" for f in fractions)
+    )
+    began = time.perf_counter()
+    runs = compare_fractions(
+        loaded,
+        fractions,
+        settings,
+        serving_linger_s=parse_duration(serving_linger),
+        parallel=parallel,
+    )
+    total = time.perf_counter() - began
+    wide = console if console.is_terminal else Console(width=150)
+    for title, (header, rows) in tables(runs[0]).items():
+        table = Table(*header, title=title)
+        for row in rows:
+            table.add_row(*row)
+        wide.print(table)
+    table = Table(*COMPARISON_HEADER, title="serving_max_fraction side by side (same workload)")
+    for row in comparison_rows(runs):
+        table.add_row(*row)
+    wide.print(table)
+    console.print(f"{len(runs)} runs in {total:.1f} s")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.md").write_text(markdown(runs, settings))
+        console.print(f"wrote {out / 'summary.md'}, {write_plot(runs, out / 'mixed.png')}")

@@ -1,0 +1,185 @@
+"""Batch jobs and workflows on one cluster, through the core scheduler: small runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from libs.core.model import WorkClass
+from libs.sim.cluster import ClusterSpec
+from libs.sim.mixed import (
+    SERVING_TEAM,
+    MixedRun,
+    MixedSettings,
+    MixedSimulation,
+    batch_jobs,
+    compare_fractions,
+    comparison_rows,
+    markdown,
+    mixed_policy,
+    simulate_mixed,
+    workflow_arrivals,
+    write_plot,
+)
+from libs.sim.workflows import Profiles, keyed, load_profiles
+
+PROFILES = Path(__file__).resolve().parents[5] / "shared" / "data" / "compass" / "workflows.json"
+
+pytestmark = pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
+
+# Two 8-GPU nodes, six minutes of workflows after five of batch work alone.
+SMALL = MixedSettings(
+    cluster=ClusterSpec(2, 8, "H100", 80.0),
+    hours=0.1,
+    warmup_s=300.0,
+    batch_runtime_s=(60.0, 600.0),
+    workflow_rate_per_s=0.5,
+    burst_s=(120.0, 240.0),
+    tick_s=10.0,
+    snapshot_s=60.0,
+    sample_s=5.0,
+)
+
+
+@pytest.fixture(scope="module")
+def profiles() -> Profiles:
+    return load_profiles(PROFILES)
+
+
+@pytest.fixture(scope="module")
+def sim(profiles: Profiles) -> tuple[MixedSimulation, MixedRun]:
+    simulation = MixedSimulation(profiles, mixed_policy(profiles.costs), SMALL)
+    return simulation, simulation.run()
+
+
+@pytest.fixture(scope="module")
+def capped(profiles: Profiles) -> MixedRun:
+    return simulate_mixed(profiles, mixed_policy(profiles.costs, serving_max_fraction=0.25), SMALL)
+
+
+def test_serving_never_holds_more_than_its_cap(capped: MixedRun) -> None:
+    assert capped.serving_cap == 4
+    assert capped.at_cap_pct > 0  # the cap did bind
+    assert capped.peak_serving_held <= 4  # at every input, as the core holds them
+    assert capped.peak_serving_active <= 4  # GPUs the workers saw serving work on
+    assert max(s.serving_held for s in capped.series) <= 4
+
+
+def test_every_workflow_finishes_no_faster_than_its_best_case(
+    sim: tuple[MixedSimulation, MixedRun],
+) -> None:
+    simulation, run = sim
+    assert run.workflow_jobs == len(simulation.arrivals) > 200
+    assert run.workflows["all"].count == run.workflow_jobs
+    assert run.workflows["calm"].count + run.workflows["burst"].count == run.workflow_jobs
+    assert run.workflows["burst"].count > run.workflows["calm"].count  # 4× for half as long
+    assert run.workflows["all"].median >= 1.0 - 1e-9
+    assert run.cache_hit_rate > 0.5
+
+
+def test_batch_work_still_gets_gpus(sim: tuple[MixedSimulation, MixedRun]) -> None:
+    simulation, run = sim
+    for phase in ("calm", "burst"):
+        held = run.batch_held[phase].mean + run.serving_held[phase].mean
+        assert run.batch_held[phase].mean > 0.5 * run.capacity
+        assert held <= run.capacity
+    assert run.batch_waits[("all", "all")].count == run.jobs > 0
+    assert all(j.first_start is not None for j in simulation.jobs.values())
+    # Serving GPUs went back to batch work, taking their cached models with them.
+    assert run.batch_evictions > 0
+
+
+def test_charges_per_allocation_add_up_to_the_gpu_time_run(
+    sim: tuple[MixedSimulation, MixedRun],
+) -> None:
+    simulation, run = sim
+    assert run.gpu_s_charged.keys() == run.gpu_s_run.keys()
+    for name, used in run.gpu_s_run.items():
+        assert run.gpu_s_charged[name] == pytest.approx(used)
+    needed: dict[str, float] = {}
+    for job in simulation.batch:
+        team = job.spec.allocation
+        needed[team] = needed.get(team, 0.0) + job.spec.gpus * job.runtime_s
+    workflows = sum(t.run_ms for _, flow in simulation.arrivals for t in flow.tasks) / 1000
+    needed[SERVING_TEAM] += workflows  # workflow tasks: one GPU each, as allocated work
+    for name, work in needed.items():
+        assert run.gpu_s_run[name] >= work - 1e-6  # preempted work runs again
+    serving = next(c for c in run.charges if c.allocation == SERVING_TEAM)
+    assert 0 < serving.serving_gpu_h <= serving.allocated_gpu_h
+    in_window = sum(c.allocated_gpu_h + c.free_gpu_h for c in run.charges)
+    assert in_window <= run.capacity * run.window_s / 3600 + 1e-6
+    assert sum(c.entitlement for c in run.charges) == pytest.approx(1.0)
+
+
+def test_the_same_seed_gives_the_same_metrics(
+    profiles: Profiles, sim: tuple[MixedSimulation, MixedRun]
+) -> None:
+    _, run = sim
+    assert simulate_mixed(profiles, mixed_policy(profiles.costs), SMALL) == run
+    other = simulate_mixed(
+        profiles, mixed_policy(profiles.costs), dataclasses.replace(SMALL, seed=8)
+    )
+    assert other != run
+
+
+def test_workflows_arrive_faster_during_the_burst(profiles: Profiles) -> None:
+    settings = MixedSettings(hours=1000 / 3600, workflow_rate_per_s=5.0, burst_s=(200.0, 400.0))
+    flows = [keyed(w) for w in profiles.workflows]
+    times = [at for at, _ in workflow_arrivals(settings, flows, random.Random(1))]
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 1000
+    burst = sum(1 for t in times if 200 <= t < 400) / 200
+    calm = sum(1 for t in times if not 200 <= t < 400) / 800
+    assert burst / calm == pytest.approx(4.0, rel=0.15)
+
+
+def test_batch_jobs_offer_the_load_asked_for() -> None:
+    settings = MixedSettings(hours=20.0, warmup_s=0.0)
+    jobs = batch_jobs(settings, random.Random(3))
+    offered = sum(j.spec.gpus * j.runtime_s for j in jobs) / (128 * settings.end_s)
+    assert offered == pytest.approx(2.0, rel=0.1)
+    assert {j.spec.work_class for j in jobs} == set(WorkClass)
+    assert {j.spec.gpus for j in jobs} == {1, 2, 4, 8}
+    share = sum(1 for j in jobs if j.spec.allocation == SERVING_TEAM) / len(jobs)
+    assert share == pytest.approx(0.1, abs=0.03)
+
+
+def test_the_report_and_the_plot(
+    tmp_path: Path, sim: tuple[MixedSimulation, MixedRun], capped: MixedRun
+) -> None:
+    _, run = sim
+    text = markdown([run, capped], SMALL)
+    assert "## GPUs held over time (serving cap 8 of 16" in text
+    assert "## serving_max_fraction side by side" in text
+    rows = comparison_rows([run, capped])
+    assert [r[:2] for r in rows] == [["0.5", "8"], ["0.25", "4"]]
+    path = write_plot([run, capped], tmp_path / "mixed.png")
+    assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_runs_in_processes_match_runs_in_turn(profiles: Profiles) -> None:
+    tiny = dataclasses.replace(SMALL, hours=0.02, burst_s=(20.0, 40.0))
+    alone = compare_fractions(profiles, [0.5, 0.25], tiny)
+    assert compare_fractions(profiles, [0.5, 0.25], tiny, parallel=True) == alone
+    assert [r.serving_max_fraction for r in alone] == [0.5, 0.25]
+
+
+def test_qm_sim_mixed_prints_the_tables_and_writes_the_report(tmp_path: Path) -> None:
+    from cli.sim import sim_app
+
+    result = CliRunner().invoke(
+        sim_app,
+        [
+            "mixed",
+            "--hours", "0.02", "--nodes", "2", "--warmup", "60s",
+            "--burst-start", "20s", "--burst-end", "40s", "--compare", "0.25", "--rate", "0.5",
+            "--no-parallel", "--profiles", str(PROFILES), "--out", str(tmp_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "side by side" in result.output and "2 runs in" in result.output
+    assert (tmp_path / "summary.md").read_text().startswith("# Mixed cluster")
+    assert (tmp_path / "mixed.png").exists()
