@@ -1017,7 +1017,7 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         f"{s.free_share:.0%} free work, "
         f"{s.serving_batch_share:.0%} of jobs from {SERVING_TEAM}. Workflows (the four Compass "
         f"profiles) for {SERVING_TEAM}: Poisson {s.workflow_rate_per_s:g}/s, "
-        f"×{s.burst_factor:g} from {s.burst_s[0] / 3600:g} h to {s.burst_s[1] / 3600:g} h. "
+        f"×{s.burst_factor:g} from {s.burst_s[0] / 60:g} to {s.burst_s[1] / 60:g} min. "
         f"Window {s.hours:g} h after {s.warmup_s / 60:g} min of batch work alone; seed {s.seed}.",
         "",
     ]
@@ -1076,9 +1076,8 @@ def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
         )
         ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
         ax.axhline(run.capacity, color="black", linewidth=0.8)
-        ax.axvspan(
-            *(t / 3600 for t in run.burst_s), color="tab:red", alpha=0.08, zorder=0, label="burst"
-        )
+        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
+            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
         ax.set_ylim(0, run.capacity * 1.02)
         ax.set_xlim(0, run.window_s / 3600)
         ax.set_ylabel("GPUs")
