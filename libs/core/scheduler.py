@@ -103,7 +103,7 @@ class Scheduler:
         self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
         # Workflows (DAGs of model-serving tasks) are planned by the serving core,
         # on GPUs it holds from this scheduler's capacity.
-        self._serving = Serving(self.config, self._capacity, self._fingerprint)
+        self._serving = Serving(self.config, self._capacity, self._fingerprint, self._reserved)
 
     # -- the one entry point -------------------------------------------------
 
@@ -158,7 +158,8 @@ class Scheduler:
         if preempt and not fast:
             self._next_preemption_at = self.now + PREEMPTION_ROUND_S
         self._serving.release_idle(self._now_ms)
-        # Waiting workflows take freed GPUs before any batch tier: the fast path.
+        # Workflows take freed GPUs before any batch tier: the fast path.
+        self._serving.grow(self._now_ms)
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
@@ -168,6 +169,10 @@ class Scheduler:
             if waiting is not None:
                 decisions += self._wait(waiting)
         return decisions
+
+    def serving_gpus(self) -> int:
+        """GPUs held for workflows now (taken from batch work)."""
+        return len(self._serving.pool)
 
     def digest(self) -> bytes:
         """A fingerprint of the whole state, recorded with every decision."""

@@ -374,7 +374,7 @@ def serving_gpus(scheduler: Scheduler) -> int:
 
     The core has no public view of its serving pool; this reads it (read only).
     """
-    return len(scheduler._serving.pool)
+    return scheduler.serving_gpus()
 
 
 class MixedSimulation:

@@ -24,7 +24,7 @@ on the input clock; state changes are folded into the scheduler's digest.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from libs.core.compass.planner import GpuState, Input, Pending, PlanMode, Planner
@@ -96,12 +96,19 @@ def task_id_of(job_id: str, name: str) -> str:
 
 
 class Serving:
-    def __init__(self, config: PolicyConfig, capacity: Capacity, fingerprint: Fingerprint) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        capacity: Capacity,
+        fingerprint: Fingerprint,
+        reserved: Mapping[str, object],
+    ) -> None:
         self.config = config
         self.mode = PlanMode(config.serving_mode)
         self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
         self._planner = Planner(self._costs, self.mode)
         self._capacity = capacity
+        self._reserved = reserved  # nodes batch preemption is freeing for a job: not ours
         self._fingerprint = fingerprint
         self._facts: dict[str, str] = {}
         self._gpus: dict[GpuKey, _Gpu] = {}
@@ -113,6 +120,9 @@ class Serving:
         # (once sent) the known time. The planner plays each GPU's backlog forward.
         self._ready: dict[str, float] = {}
         self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
+        # The pool is backed up and had no free GPU to grow onto: the next GPU batch
+        # work frees joins it (GPU type, model size it must hold).
+        self._hungry: tuple[str, float] | None = None
 
     # -- facts from the log --------------------------------------------------
 
@@ -191,6 +201,24 @@ class Serving:
                 decisions += planned
         return decisions
 
+    def grow(self, now_ms: float) -> None:
+        """Take a freed GPU for a backed-up pool, before batch work can.
+
+        Workflows plan onto the pool's queues when no GPU is free, so on a full
+        cluster none of them ever waits; this is how serving still grows there.
+        """
+        if self._hungry is None or len(self.pool) >= self._cap:
+            return
+        gpu_type, need_mb = self._hungry
+        for key in self._free_gpus():
+            gpu = self._gpus[key]
+            node = self._capacity.nodes[key[0]]
+            if gpu.memory_mb >= need_mb and (not gpu_type or node.gpu_type == gpu_type):
+                self._acquire(gpu)
+                self._touch(gpu, now_ms)  # idle: it lingers unless a plan uses it
+                self._set_hungry(None)
+                return
+
     def release_idle(self, now_ms: float) -> None:
         """Give GPUs whose queue drained ``serving_linger_s`` ago back to batch work."""
         linger_ms = self.config.serving_linger_s * 1000
@@ -263,6 +291,14 @@ class Serving:
             return None
         plan = self._planner.plan(workflow, list(views.values()), now_ms, job_id=job_id)
         by_label = {self._gpus[key].label: key for key in views}
+        if all(key in self.pool for key in views):
+            backed_up = any(
+                a.start_ms - a.load_ms - now_ms > self.config.adjust_threshold * t.run_ms
+                for a, t in zip(plan, workflow.tasks, strict=True)
+                if not t.parents
+            )
+            if backed_up:
+                self._set_hungry((spec.gpu_type, need_mb))
         flow = _Flow(
             job_id,
             spec,
@@ -326,8 +362,14 @@ class Serving:
 
     def _free_gpus(self) -> Iterator[GpuKey]:
         for node_id in self._capacity.nodes:
+            if node_id in self._reserved:
+                continue
             for index in self._capacity.free(node_id):
                 yield node_id, index
+
+    def _set_hungry(self, want: tuple[str, float] | None) -> None:
+        self._hungry = want
+        self._refresh("h", f"h|{want}")
 
     def _view(self, gpu: _Gpu, now_ms: float, without: str = "") -> GpuState:
         """The GPU as the planner sees it: when its running task ends, its models,

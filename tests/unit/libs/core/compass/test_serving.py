@@ -205,3 +205,18 @@ def test_a_workflow_no_gpu_can_hold_waits_without_blocking_the_next() -> None:
     assert "no registered GPU has that much memory" in wait.reason
     out = run(s, [JobArrived(2, "w2", flow())])
     assert [p.job_id for p in places(out)] == ["w2"]
+
+
+def test_a_backed_up_pool_takes_the_next_gpu_batch_work_frees() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=0.5, debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 4))])
+    run(s, [JobArrived(1, "w0", flow())])  # serving takes one GPU
+    run(s, [JobArrived(1.5, "b1", job(3, min_runtime_s=60))])  # batch fills the rest
+    assert s.serving_gpus() == 1
+    # A stream that queues up behind the one serving GPU.
+    run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(5)])
+    run(s, [JobArrived(3, "b2", job(1, min_runtime_s=60))])  # batch waits for a GPU too
+    out = run(s, [TaskEnded(100, "b1", "b1/0", "n1")])
+    # The freed GPUs: one joins serving first; batch gets the others.
+    assert s.serving_gpus() == 2
+    assert [d.job_id for d in out if isinstance(d, Place) and d.serving is None] == ["b2"]
