@@ -254,7 +254,7 @@ def mixed(
     ] = "30s",
     compare: Annotated[
         str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
-    ] = "0.25",
+    ] = "0.1",
     rate: Annotated[
         float, typer.Option(help="Workflow arrivals per second outside the burst")
     ] = 2.0,
