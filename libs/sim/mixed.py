@@ -14,14 +14,14 @@ and its serving core) the way the live stack does:
   the measured window opens: the four Compass workflows arrive by a Poisson
   process for the serving team, ``burst_factor`` × faster during the burst
   phase ("daytime");
-* simulated node agents: a batch task ends after its runtime (``TaskStarted``
-  when placed, ``TaskEnded`` then, or ``stop_grace_s`` after a ``Stop``);
-  serving tasks run through one ``GpuWorker`` per GPU
-  (``libs.sim.workflows.ServingCluster``), which reports ``ModelEvicted``,
-  ``ModelLoaded``, ``TaskStarted`` and ``TaskEnded`` at their times. A batch
-  task that lands on a GPU whose worker caches models evicts them all
-  (``GpuWorker.evict_all``) and reports each ``ModelEvicted`` first, as the
-  node agent does;
+* simulated node agents (``libs.sim.batch``): a batch task ends after its
+  runtime (``TaskStarted`` when placed, ``TaskEnded`` then, or
+  ``stop_grace_s`` after a ``Stop``); serving tasks run through one
+  ``GpuWorker`` per GPU (``libs.sim.workflows.ServingCluster``), which
+  reports ``ModelEvicted``, ``ModelLoaded``, ``TaskStarted`` and
+  ``TaskEnded`` at their times. A batch task that lands on a GPU whose worker
+  caches models evicts them all (``GpuWorker.evict_all``) and reports each
+  ``ModelEvicted`` first, as the node agent does;
 * ``UsageSnapshot`` every ``snapshot_s`` from ``WindowedUsage`` fed with every
   task's start and end (workflow tasks charged as allocated work, one GPU
   each, as the projector charges them) and a ``Tick`` every ``tick_s``.
@@ -47,17 +47,7 @@ from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.core.compass import Costs, GpuWorker, Workflow
 from libs.core.compass.serving import MB_PER_GIB
 from libs.core.config import PolicyConfig
-from libs.core.decisions import (
-    Cancel,
-    Decision,
-    Place,
-    Planned,
-    Preempted,
-    Requeue,
-    Stop,
-    StopCause,
-    Wait,
-)
+from libs.core.decisions import Cancel, Decision, Place, Planned, Wait
 from libs.core.inputs import (
     BudgetSet,
     Input,
@@ -72,6 +62,7 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, WorkClass
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
+from libs.sim.batch import OVER, AgentEvent, BatchAgents, Completion, EndTask, Job, StopEnd, Task
 from libs.sim.cluster import ClusterSpec
 from libs.sim.metrics import CLASSES, Distribution
 from libs.sim.workflows import Profiles, ServingCluster, SimError, keyed
@@ -83,7 +74,6 @@ SIZES = ((1, 0.35), (2, 0.2), (4, 0.25), (8, 0.2))  # batch GPUs, weight
 RUNTIME_S = (120.0, 3600.0)  # batch runtimes: log-uniform between these
 DEBUG_MIN_RUNTIME_S = 600  # small short jobs: the debug class
 ALLOCATED_MIN_RUNTIME_S = 1800
-SIGTERM_EXIT = 143
 PHASES = ("all", "calm", "burst")
 
 GpuKey = tuple[str, int]
@@ -273,44 +263,6 @@ class MixedRun:
 
 # -- the run ---------------------------------------------------------------------------
 
-WAITING, PLACING, RUNNING, STOPPING, STOPPED = (
-    "waiting",
-    "placing",
-    "running",
-    "stopping",
-    "stopped",
-)
-FINISHED, CANCELLED, LOST = "finished", "cancelled", "lost"
-_OVER = (FINISHED, CANCELLED, LOST)
-
-
-class _Job:
-    def __init__(self, sim: SimJob) -> None:
-        self.sim = sim
-        self.state = WAITING
-        self.gen = 0  # placements so far; events for an older one are stale
-        self.tasks: list[str] = []
-        self.placed = 0
-        self.progress_s = 0.0
-        self.run_start = 0.0
-        self.stop_cause = StopCause.PREEMPTED
-        self.first_start: float | None = None
-
-
-@dataclass(frozen=True)
-class _Task:
-    job: _Job
-    node_id: str
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _StopEnd:
-    job: _Job
-    gen: int
-    task_ids: tuple[str, ...]
-    finishes: bool
-
 
 class _Steps:
     """A value that changes at times: time-weighted statistics over a window."""
@@ -356,6 +308,32 @@ class _Steps:
         return Held(quantile(0.5), quantile(0.9), float(max(weight)), mean)
 
 
+class _BatchHeld:
+    """What the batch agents report here: GPUs batch work holds, by class and over time."""
+
+    def __init__(self, run: MixedSimulation) -> None:
+        self._run = run
+        self.by_class = dict.fromkeys(CLASSES, 0)
+        self.steps = _Steps()
+        self.preemptions = 0
+
+    def held(self, spec: JobSpec, gpus: int) -> None:
+        self.by_class[spec.work_class.value] += gpus
+        self.steps.set(self._run.now, sum(self.by_class.values()))
+
+    def preempted(self, spec: JobSpec) -> None:
+        self.preemptions += 1
+
+    def waiting(self, spec: JobSpec, delta: int) -> None:
+        pass
+
+    def requeued(self) -> None:
+        pass
+
+    def lost(self, gpu_s: float) -> None:
+        pass
+
+
 class _Cluster(ServingCluster):
     """The serving cluster; the mixed run sees every input the scheduler gets."""
 
@@ -394,25 +372,21 @@ class MixedSimulation:
         flows = [keyed(w) for w in profiles.workflows]
         self.batch = batch_jobs(settings, rng)
         self.arrivals = workflow_arrivals(settings, flows, rng)
-        self.jobs: dict[str, _Job] = {}
-        self.tasks: dict[str, _Task] = {}  # batch tasks running
+        self.batch_held = _BatchHeld(self)
+        self.agents = BatchAgents(self, self.batch_held, settings.stop_grace_s, SimError)
         self.on_gpu: dict[GpuKey, str] = {}  # GPU -> the batch task holding it
         self.running: dict[str, tuple[str, int, float]] = {}  # task -> allocation, GPUs, start
         self.gpu_s_run: dict[str, float] = {}
         self.serving_run_s = 0.0  # workflow task time inside the window
-        self.batch_by_class = dict.fromkeys(CLASSES, 0)
-        self.waiting_batch = 0
         self.flows: dict[str, tuple[float, Workflow]] = {}  # job -> (arrival ms, workflow)
         self.left: dict[str, int] = {}  # workflow job -> tasks not ended
         self.finished_ms: dict[str, float] = {}
         self.waited: set[str] = set()
         self.serving_steps = _Steps()
-        self.batch_steps = _Steps()
         self.peak_held = 0
         self.peak_active = 0
         self.samples: list[Sample] = []
         self.evictions = 0
-        self.preemptions = 0
         self.inputs = 0
         self.marks: dict[str, dict[str, Usage]] = {}  # window start/end -> usage
         self.cluster.on_end = self._workflow_task_ended
@@ -443,13 +417,18 @@ class MixedSimulation:
         unfinished = len(self.arrivals) - len(self.finished_ms)
         if unfinished:
             raise SimError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
-        if left := [j for j in self.jobs.values() if j.state not in _OVER]:
+        if left := [j for j in self.jobs.values() if j.state not in OVER]:
             raise SimError(f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}")
         return dataclasses.replace(self._result(), wall_s=time.perf_counter() - began)
 
     @property
     def now(self) -> float:
         return self.cluster.now_ms / 1000
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        """The batch jobs, by id."""
+        return self.agents.jobs
 
     def _handle(self, kind: str, data: object) -> None:
         now, cluster = self.now, self.cluster
@@ -458,8 +437,7 @@ class MixedSimulation:
             cluster.feed(data)
         elif kind == "batch":
             assert isinstance(data, SimJob)
-            self.jobs[data.job_id] = _Job(data)
-            self.waiting_batch += 1
+            self.agents.arrive(data)
             cluster.feed(JobArrived(now, data.job_id, data.spec))
         elif kind == "flow":
             assert isinstance(data, tuple)
@@ -468,19 +446,9 @@ class MixedSimulation:
             self.left[job_id] = len(flow.tasks)
             spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
             cluster.feed(JobArrived(now, job_id, spec))
-        elif kind == "done":
-            assert isinstance(data, tuple)
-            job = self.jobs[data[0]]
-            if job.gen == data[1] and job.state == RUNNING:
-                job.state = FINISHED
-                for task_id in job.tasks:
-                    self._end_task(task_id, 0)
-        elif kind == "stop-end":
-            assert isinstance(data, _StopEnd)
-            self._stop_end(data)
-        elif kind == "end-task":
-            assert isinstance(data, str)
-            self._end_task(data, 0)
+        elif kind == "agents":
+            assert isinstance(data, (Completion, StopEnd, EndTask))
+            self.agents.handle(data)
         elif kind == "snapshot":
             usage = self.usage.snapshot(now)
             cluster.feed(
@@ -507,7 +475,7 @@ class MixedSimulation:
     def _again(self, kind: str, period_s: float) -> None:
         """Periodic inputs go on while anything is left to do."""
         busy = self.now < self.end or len(self.finished_ms) < len(self.arrivals)
-        if busy or any(j.state not in _OVER for j in self.jobs.values()):
+        if busy or any(j.state not in OVER for j in self.jobs.values()):
             self.cluster.push((self.now + period_s) * 1000, kind, None)
 
     # -- what the scheduler hears --------------------------------------------------------
@@ -516,7 +484,7 @@ class MixedSimulation:
         """Every input, before the scheduler: charge task lifecycles as the projector does."""
         self.inputs += 1
         if isinstance(event, TaskStarted):
-            task = self.tasks.get(event.task_id)
+            task = self.agents.tasks.get(event.task_id)
             if task is not None:
                 spec = task.job.sim.spec
                 allocation, gpus, allocated = spec.allocation, len(task.gpus), spec.allocated
@@ -532,7 +500,7 @@ class MixedSimulation:
             allocation, gpus, began = self.running.pop(event.task_id)
             used = gpus * (event.at - began)
             self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
-            if event.task_id not in self.tasks and event.job_id in self.flows:
+            if event.task_id not in self.agents.tasks and event.job_id in self.flows:
                 inside = min(event.at, self.end) - max(began, self.start)
                 self.serving_run_s += max(inside, 0.0)
 
@@ -543,37 +511,19 @@ class MixedSimulation:
 
     def decided(self, decision: Decision, now_ms: float) -> None:
         match decision:
-            case Place():
-                self._place(decision)
-            case Stop():
-                self._stop(decision)
-            case Requeue(job_id=job_id):
-                job = self.jobs[job_id]
-                if job.state in (STOPPING, STOPPED):
-                    if not job.sim.spec.resumable:
-                        job.progress_s = 0.0
-                    job.state = WAITING
-                    self.waiting_batch += 1
-            case Preempted(job_id=job_id):
-                job = self.jobs[job_id]
-                if job.state not in _OVER:
-                    job.progress_s = 0.0
-                    self._leave_waiting(job, LOST)
             case Cancel(job_id=job_id):  # pragma: no cover - nothing is cancelled here
                 raise SimError(f"{job_id} cancelled: nothing asked for that")
             case Wait(job_id=job_id) if job_id in self.flows:
                 self.waited.add(job_id)
             case Planned() | Wait():
                 pass
+            case _:
+                self.agents.decide(decision)
 
-    # -- batch work: what the node agents do -------------------------------------------
+    # -- batch work: the node agents' host ---------------------------------------------
 
-    def _place(self, place: Place) -> None:
-        job = self.jobs.get(place.job_id)
-        if job is None:
-            raise SimError(f"a batch decision names {place.job_id}, which never arrived")
-        if place.task_id in self.tasks:
-            raise SimError(f"{place.task_id}: placed while a task of that id runs")
+    def take_gpus(self, place: Place) -> None:
+        """A batch task evicts the models cached on its GPUs, reported first."""
         now, cluster = self.now, self.cluster
         for index in place.gpu_indices:
             key = (place.node_id, index)
@@ -587,83 +537,21 @@ class MixedSimulation:
                 evicted = ModelEvicted(now, place.node_id, index, eviction.model)
                 cluster.push(cluster.now_ms, "feed", evicted)
             self.on_gpu[key] = place.task_id
-        spec = job.sim.spec
-        gpus = len(place.gpu_indices)
-        self.tasks[place.task_id] = _Task(job, place.node_id, place.gpu_indices)
-        self._held(spec, gpus)
-        started = TaskStarted(now, place.job_id, place.task_id, place.node_id)
-        cluster.push(cluster.now_ms, "feed", started)
-        if job.state in _OVER:  # finished during a stop's grace: exits at once
-            cluster.push(cluster.now_ms, "end-task", place.task_id)
-            return
-        if job.state not in (PLACING, RUNNING):
-            self._leave_waiting(job, PLACING)
-            job.gen += 1
-            job.tasks = []
-            job.placed = 0
-            if job.first_start is None:
-                job.first_start = now
-        job.tasks.append(place.task_id)
-        job.placed += gpus
-        if job.placed > spec.gpus:
-            raise SimError(f"{place.job_id}: placed on {job.placed} GPUs, asked {spec.gpus}")
-        if job.placed == spec.gpus:
-            job.state = RUNNING
-            job.run_start = now
-            remaining = max(job.sim.runtime_s - job.progress_s, 0.0)
-            cluster.push((now + remaining) * 1000, "done", (job.sim.job_id, job.gen))
 
-    def _stop(self, stop: Stop) -> None:
-        task = self.tasks.get(stop.task_id)
-        if task is None:
-            return
-        job = task.job
-        if stop.task_id not in job.tasks or job.state not in (PLACING, RUNNING):
-            return
-        job.stop_cause = stop.cause
-        if stop.cause is StopCause.PREEMPTED:
-            self.preemptions += 1
-        at = self.now + self.settings.stop_grace_s
-        finishes = False
-        if job.state == RUNNING:
-            job.progress_s += self.now - job.run_start  # checkpointed if resumable
-            done_at = self.now + job.sim.runtime_s - job.progress_s
-            finishes = done_at <= at
-            at = min(at, done_at)
-        job.state = STOPPING
-        ended = _StopEnd(job, job.gen, tuple(job.tasks), finishes)
-        self.cluster.push(at * 1000, "stop-end", ended)
-
-    def _stop_end(self, end: _StopEnd) -> None:
-        job, task_ids = end.job, end.task_ids
-        if end.finishes:
-            if job.state not in _OVER:
-                self._leave_waiting(job, FINISHED)
-            if job.gen != end.gen:  # placed again meanwhile: that run ends too
-                task_ids += tuple(job.tasks)
-        elif job.gen == end.gen and job.state == STOPPING:
-            job.state = CANCELLED if job.stop_cause is StopCause.CANCELLED else STOPPED
-        for task_id in task_ids:
-            self._end_task(task_id, 0 if end.finishes else SIGTERM_EXIT)
-
-    def _end_task(self, task_id: str, exit_code: int) -> None:
-        task = self.tasks.pop(task_id, None)
-        if task is None:
-            return
+    def free_gpus(self, task: Task) -> None:
         for index in task.gpus:
             del self.on_gpu[(task.node_id, index)]
-        self._held(task.job.sim.spec, -len(task.gpus))
-        job_id = task.job.sim.job_id
-        self.cluster.feed(TaskEnded(self.now, job_id, task_id, task.node_id, exit_code))
 
-    def _leave_waiting(self, job: _Job, state: str) -> None:
-        if job.state == WAITING:
-            self.waiting_batch -= 1
-        job.state = state
+    def started(self, event: TaskStarted, task: Task) -> None:
+        """Fed after the inputs already pushed for now (``observe`` charges it)."""
+        self.cluster.push(self.cluster.now_ms, "feed", event)
 
-    def _held(self, spec: JobSpec, gpus: int) -> None:
-        self.batch_by_class[spec.work_class.value] += gpus
-        self.batch_steps.set(self.now, sum(self.batch_by_class.values()))
+    def ended(self, event: TaskEnded) -> None:
+        self.cluster.feed(event)
+
+    def schedule(self, at: float | None, event: AgentEvent) -> None:
+        cluster = self.cluster
+        cluster.push(cluster.now_ms if at is None else at * 1000, "agents", event)
 
     # -- workflows -------------------------------------------------------------------------
 
@@ -681,9 +569,9 @@ class MixedSimulation:
                 serving_gpus(self.scheduler),
                 active,
                 (
-                    self.batch_by_class[WorkClass.DEBUG.value],
-                    self.batch_by_class[WorkClass.ALLOCATED.value],
-                    self.batch_by_class[WorkClass.UNALLOCATED.value],
+                    self.batch_held.by_class[WorkClass.DEBUG.value],
+                    self.batch_held.by_class[WorkClass.ALLOCATED.value],
+                    self.batch_held.by_class[WorkClass.UNALLOCATED.value],
                 ),
             )
         )
@@ -720,7 +608,7 @@ class MixedSimulation:
         serving_held = {p: held(self.serving_steps, p) for p in PHASES}
         spans = self.serving_steps.weights(self.start, self.end)
         at_cap = sum(w for v, w in spans.items() if v >= self.cap)
-        batch_held = {p: held(self.batch_steps, p) for p in PHASES}
+        batch_held = {p: held(self.batch_held.steps, p) for p in PHASES}
         window = length("all")
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
@@ -746,7 +634,7 @@ class MixedSimulation:
             charges=charges,
             cache_hit_rate=hits / looked if looked else 0.0,
             batch_evictions=self.evictions,
-            preemptions=self.preemptions,
+            preemptions=self.batch_held.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
             peak_serving_held=self.peak_held,

@@ -1,0 +1,326 @@
+"""Batch jobs as simulated node agents run them, for both simulators.
+
+``BatchAgents`` applies the scheduler's batch decisions the way node agents
+act on them, and keeps each job's lifecycle:
+
+* ``Place``: the task starts at once (``TaskStarted``). A job runs once all
+  the GPUs of its gang are placed; it finishes after the GPU time it still
+  needs.
+* ``Stop``: SIGTERM to the whole placement (a gang lives and dies together);
+  its tasks end ``stop_grace_s`` later, unless the job finishes first.
+  Resumable work checkpoints at SIGTERM; other work loses its progress.
+* ``Requeue``: the job waits again. ``Preempted`` and ``Cancel``: it is over.
+
+What differs between the simulators is their ``Host``: its clock, how it
+claims and frees GPUs, how the task inputs reach the scheduler and how it
+schedules the agents' events for later; and an ``Observer`` that counts
+(``libs.sim.metrics.Recorder`` is one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause
+from libs.core.inputs import TaskEnded, TaskStarted
+from libs.core.model import JobSpec
+from libs.sim.workload import SimJob
+
+SIGTERM_EXIT = 143
+
+# Job states. A job is placing until all GPUs of its gang are placed; stopped
+# when its tasks ended on a preemption and the policy has not yet said what next.
+WAITING, PLACING, RUNNING = "waiting", "placing", "running"
+STOPPING, STOPPED = "stopping", "stopped"
+FINISHED, CANCELLED, LOST = "finished", "cancelled", "lost"
+OVER = (FINISHED, CANCELLED, LOST)
+
+
+class Job:
+    __slots__ = (
+        "finished",
+        "first_start",
+        "gen",
+        "placed",
+        "preemptions",
+        "progress_s",
+        "run_start",
+        "sim",
+        "state",
+        "stop_cause",
+        "tasks",
+    )
+
+    def __init__(self, sim: SimJob) -> None:
+        self.sim = sim
+        self.state = WAITING
+        self.gen = 0  # placements so far; events for an older one are stale
+        self.tasks: list[str] = []  # of the current placement
+        self.placed = 0
+        self.progress_s = 0.0  # work done, kept across a resumable preemption
+        self.run_start = 0.0
+        self.stop_cause = StopCause.PREEMPTED
+        self.first_start: float | None = None
+        self.finished: float | None = None
+        self.preemptions = 0
+
+
+class Task:
+    __slots__ = ("gpus", "job", "node_id")
+
+    def __init__(self, job: Job, node_id: str, gpus: tuple[int, ...]) -> None:
+        self.job = job
+        self.node_id = node_id
+        self.gpus = gpus
+
+
+# -- the agents' events, which the host schedules and hands back to ``BatchAgents.handle``
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A placement's work runs out."""
+
+    job: Job
+    gen: int
+
+
+@dataclass(frozen=True)
+class StopEnd:
+    """A stop's grace is over, or the job's work ran out within it."""
+
+    job: Job
+    gen: int
+    task_ids: tuple[str, ...]
+    finishes: bool  # the job's work runs out within the grace: it exits 0
+
+
+@dataclass(frozen=True)
+class EndTask:
+    """A task placed for a job that is already over exits at once."""
+
+    task_id: str
+
+
+AgentEvent = Completion | StopEnd | EndTask
+
+
+class Host(Protocol):
+    """The simulation the agents run in."""
+
+    @property
+    def now(self) -> float:
+        """The simulated time, in seconds."""
+        ...
+
+    def take_gpus(self, place: Place) -> None:
+        """Claim the placement's GPUs; raise if one is not the batch work's to take."""
+        ...
+
+    def free_gpus(self, task: Task) -> None: ...
+
+    def started(self, event: TaskStarted, task: Task) -> None:
+        """Charge the task and pass its start on to the scheduler."""
+        ...
+
+    def ended(self, event: TaskEnded) -> None:
+        """Stop charging the task and pass its end on to the scheduler."""
+        ...
+
+    def schedule(self, at: float | None, event: AgentEvent) -> None:
+        """Hand ``event`` back to ``BatchAgents.handle`` at ``at`` (seconds), or, for
+        None, now, after the inputs already on their way to the scheduler."""
+        ...
+
+
+class Observer(Protocol):
+    def waiting(self, spec: JobSpec, delta: int) -> None: ...
+
+    def held(self, spec: JobSpec, gpus: int) -> None:
+        """``gpus`` (negative: released) of a task of ``spec``, at the current time."""
+        ...
+
+    def preempted(self, spec: JobSpec) -> None: ...
+
+    def requeued(self) -> None: ...
+
+    def lost(self, gpu_s: float) -> None:
+        """Work thrown away: a non-resumable job preempted after running ``gpu_s``."""
+        ...
+
+
+class BatchAgents:
+    """The batch jobs of a run and their running tasks; ``error`` is what a decision
+    no scheduler may make raises."""
+
+    def __init__(
+        self,
+        host: Host,
+        observer: Observer,
+        stop_grace_s: float,
+        error: type[Exception] = RuntimeError,
+    ) -> None:
+        self.host = host
+        self.observer = observer
+        self.stop_grace_s = stop_grace_s
+        self.error = error
+        self.jobs: dict[str, Job] = {}
+        self.tasks: dict[str, Task] = {}  # running, by task id
+        self.waiting = 0  # jobs
+
+    def arrive(self, sim: SimJob) -> bool:
+        """A job is submitted; False for a repeated submission (the policy ignores it too)."""
+        if sim.job_id in self.jobs:
+            return False
+        self.jobs[sim.job_id] = Job(sim)
+        self.waiting += 1
+        self.observer.waiting(sim.spec, 1)
+        return True
+
+    def job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise self.error(f"a decision names {job_id}, which was never submitted")
+        return job
+
+    # -- decisions -------------------------------------------------------------------
+
+    def decide(self, decision: Decision) -> None:
+        """Act on a batch decision; others are not the agents' business."""
+        match decision:
+            case Place():
+                self._place(decision)
+            case Stop():
+                self._stop(decision)
+            case Requeue(job_id=job_id):
+                job = self.job(job_id)
+                if job.state in (STOPPING, STOPPED):
+                    self.observer.requeued()
+                    if not job.sim.spec.resumable:
+                        self._lose_progress(job)
+                    job.state = WAITING
+                    self.waiting += 1
+                    self.observer.waiting(job.sim.spec, 1)
+            case Preempted(job_id=job_id):
+                job = self.job(job_id)
+                if job.state not in OVER:
+                    self._lose_progress(job)
+                    self._leave_waiting(job, LOST)
+            case Cancel(job_id=job_id):
+                job = self.job(job_id)
+                if job.state not in OVER:
+                    self._leave_waiting(job, CANCELLED)
+
+    def _place(self, place: Place) -> None:
+        job = self.job(place.job_id)
+        if place.task_id in self.tasks:
+            raise self.error(f"{place.task_id}: placed while a task of that id runs")
+        host = self.host
+        host.take_gpus(place)
+        now = host.now
+        spec = job.sim.spec
+        gpus = len(place.gpu_indices)
+        task = Task(job, place.node_id, place.gpu_indices)
+        self.tasks[place.task_id] = task
+        self.observer.held(spec, gpus)
+        host.started(TaskStarted(now, place.job_id, place.task_id, place.node_id), task)
+        if job.state in OVER:  # finished during a stop's grace: exits at once
+            host.schedule(None, EndTask(place.task_id))
+            return
+        if job.state not in (PLACING, RUNNING):
+            self._leave_waiting(job, PLACING)
+            job.gen += 1
+            job.tasks = []
+            job.placed = 0
+            if job.first_start is None:
+                job.first_start = now
+        job.tasks.append(place.task_id)
+        job.placed += gpus
+        if job.placed > spec.gpus:
+            raise self.error(f"{place.job_id}: placed on {job.placed} GPUs, asked {spec.gpus}")
+        if job.placed == spec.gpus:
+            job.state = RUNNING
+            job.run_start = now
+            remaining = max(job.sim.runtime_s - job.progress_s, 0.0)
+            host.schedule(now + remaining, Completion(job, job.gen))
+
+    def _stop(self, stop: Stop) -> None:
+        task = self.tasks.get(stop.task_id)
+        if task is None:
+            return  # already ended
+        job = task.job
+        if job.state == STOPPING and stop.cause is StopCause.CANCELLED:
+            job.stop_cause = StopCause.CANCELLED  # cancelled while being preempted
+        if stop.task_id not in job.tasks or job.state not in (PLACING, RUNNING):
+            return  # this placement is already stopping (a gang gets one Stop per task)
+        job.stop_cause = stop.cause
+        if stop.cause is StopCause.PREEMPTED:
+            job.preemptions += 1
+            self.observer.preempted(job.sim.spec)
+        now = self.host.now
+        at = now + self.stop_grace_s
+        finishes = False
+        if job.state == RUNNING:
+            job.progress_s += now - job.run_start  # checkpointed at SIGTERM if resumable
+            done_at = now + job.sim.runtime_s - job.progress_s
+            finishes = done_at <= at
+            at = min(at, done_at)
+        job.state = STOPPING
+        self.host.schedule(at, StopEnd(job, job.gen, tuple(job.tasks), finishes))
+
+    # -- events ----------------------------------------------------------------------
+
+    def handle(self, event: AgentEvent) -> None:
+        """One of the events ``Host.schedule`` was given, at its time."""
+        match event:
+            case Completion():
+                self._complete(event.job, event.gen)
+            case StopEnd():
+                self._stop_end(event)
+            case EndTask():
+                self._end_task(event.task_id, 0)
+
+    def _complete(self, job: Job, gen: int) -> None:
+        if job.gen != gen or job.state != RUNNING:
+            return  # stopped since this was scheduled
+        job.state = FINISHED
+        job.finished = self.host.now
+        for task_id in job.tasks:
+            self._end_task(task_id, 0)
+
+    def _stop_end(self, end: StopEnd) -> None:
+        job = end.job
+        task_ids = end.task_ids
+        if end.finishes:
+            if job.state not in OVER:
+                self._leave_waiting(job, FINISHED)
+                job.finished = self.host.now
+            if job.gen != end.gen:  # placed again meanwhile: that run ends too
+                task_ids += tuple(job.tasks)
+        elif job.gen == end.gen and job.state == STOPPING:
+            job.state = CANCELLED if job.stop_cause is StopCause.CANCELLED else STOPPED
+        for task_id in task_ids:
+            self._end_task(task_id, 0 if end.finishes else SIGTERM_EXIT)
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _end_task(self, task_id: str, exit_code: int) -> None:
+        """Free a task's GPUs and tell the host it ended."""
+        task = self.tasks.pop(task_id, None)
+        if task is None:
+            return
+        host = self.host
+        host.free_gpus(task)
+        self.observer.held(task.job.sim.spec, -len(task.gpus))
+        host.ended(TaskEnded(host.now, task.job.sim.job_id, task_id, task.node_id, exit_code))
+
+    def _leave_waiting(self, job: Job, state: str) -> None:
+        if job.state == WAITING:
+            self.waiting -= 1
+            self.observer.waiting(job.sim.spec, -1)
+        job.state = state
+
+    def _lose_progress(self, job: Job) -> None:
+        self.observer.lost(job.progress_s * job.sim.spec.gpus)
+        job.progress_s = 0.0
