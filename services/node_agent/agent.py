@@ -42,6 +42,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventConsumer
 from libs.core.compass import GpuWorker, Start
 from libs.events import new_envelope
+from libs.events.convert import serving_from_proto
 from services.node_agent.executors import Execution, Executor, LaunchError
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import (
@@ -52,7 +53,6 @@ from services.node_agent.lifecycle import (
     model_evicted,
     model_loaded,
     producer_name,
-    serving_task,
     started,
     stop_reason,
     stopped_before_start,
@@ -282,7 +282,7 @@ class NodeAgent:
             return
         gpu = self._gpu(node, task.gpu_indices[0])
         ready_ms = self._now_ms() + max(task.serving.input_delay_ms, 0.0)
-        gpu.worker.enqueue(task.task_id, serving_task(task.serving), ready_ms)
+        gpu.worker.enqueue(task.task_id, serving_from_proto(task.serving), ready_ms)
         self._serving[task.task_id] = _Serving(gpu, task, placed_event_id, span)
         log.info(
             "task %s queued on %s GPU %d (model %s)",

@@ -8,7 +8,6 @@ from collections.abc import Container
 from qm.v1 import events_pb2
 
 from libs.core.compass import Eviction, Start
-from libs.core.decisions import ServingTask
 from libs.events import event_type
 from services.node_agent.executors import LaunchError
 
@@ -41,20 +40,6 @@ def started(task: events_pb2.TaskPlaced, pid: int) -> events_pb2.TaskStarted:
 
 def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2.TaskFailed:
     return _failed(task, error.exit_code, error.reason)
-
-
-def serving_task(msg: events_pb2.ServingTask) -> ServingTask:
-    """The core's view of a workflow task, for the GPU worker."""
-    return ServingTask(
-        name=msg.name,
-        model=msg.model,
-        model_mb=msg.model_mb,
-        run_ms=msg.run_ms,
-        input_delay_ms=msg.input_delay_ms,
-        upcoming=tuple(msg.upcoming),
-        planned=(msg.planned_node_id, msg.planned_gpu_index) if msg.planned_node_id else None,
-        reason=msg.reason,
-    )
 
 
 def model_evicted(node_id: str, gpu_index: int, eviction: Eviction) -> events_pb2.ModelEvicted:

@@ -15,7 +15,6 @@ from services.node_agent.lifecycle import (
     launch_failed,
     model_evicted,
     model_loaded,
-    serving_task,
     started,
     stop_reason,
     stopped_before_start,
@@ -82,16 +81,6 @@ def test_other_reports() -> None:
     request = events_pb2.TaskStopRequested(task_id="j/0", reason="preempted by k")
     assert stop_reason(request) == "stop requested: preempted by k"
     assert stop_reason(events_pb2.TaskStopRequested(task_id="j/0")) == "stop requested"
-
-
-def test_serving_task_to_the_core() -> None:
-    msg = events_pb2.ServingTask(
-        name="t", model="OPT", model_mb=5720, run_ms=561, input_delay_ms=2, upcoming=["mt5"]
-    )
-    assert serving_task(msg) == ServingTask("t", "OPT", 5720, 561, 2, ("mt5",))
-    msg.planned_node_id, msg.planned_gpu_index, msg.reason = "n1", 3, "planned GPU busy"
-    adjusted = serving_task(msg)
-    assert (adjusted.planned, adjusted.reason) == (("n1", 3), "planned GPU busy")
 
 
 def test_model_reports() -> None:
