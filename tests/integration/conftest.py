@@ -12,7 +12,10 @@ from aiokafka.structs import ConsumerRecord
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
+from typer.testing import CliRunner
 
+from cli.app import app
+from libs.audit import audit_topics
 from libs.bus import KafkaSettings, load_topic_config
 from tests.integration.stack import Stack
 
@@ -60,6 +63,24 @@ def wait_for_end(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> typ
         last = job
     assert last is not None
     return last
+
+
+def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
+    """Replay the session's log through the core (as `qm audit verify` does, and
+    through that command too): every decision reproduces, and there are enough."""
+    result = asyncio.run(
+        audit_topics(
+            KafkaSettings(bootstrap=stack.bootstrap),
+            load_topic_config(Path(stack.topics_file)),
+            stack.policy,
+            group=stack.env["QM_PLACEMENT_GROUP"],
+        )
+    )
+    assert result.divergence is None, result.divergence
+    assert result.checked == result.reproduced >= at_least
+    verdict = CliRunner().invoke(app, ["audit", "verify"], env=stack.env)
+    assert verdict.exit_code == 0, verdict.output
+    assert f"{result.checked} decisions, {result.checked} reproduced" in verdict.output
 
 
 def read_topic(stack: Stack, key: str) -> list[ConsumerRecord[bytes, bytes]]:

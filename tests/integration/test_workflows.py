@@ -3,20 +3,14 @@ whose model cache loads and evicts, and every plan reproduced by the audit."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from pathlib import Path
 
 from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
-from typer.testing import CliRunner
 
-from cli.app import app
-from libs.audit import audit_topics
-from libs.bus import KafkaSettings, load_topic_config
 from libs.events import DecodeError, decode
-from tests.integration.conftest import eventually, read_topic, wait_for_end
+from tests.integration.conftest import assert_audit_reproduces, eventually, read_topic, wait_for_end
 from tests.integration.stack import Stack
 
 # Two 30 GB models cannot share a 40 GiB A100 (42,950 MB): the second evicts the first.
@@ -90,15 +84,4 @@ def test_a_workflow_runs_on_simulated_gpus_and_its_plans_replay(
     assert sorted(p.serving.name for p in sent) == ["say", "say", "see", "see"]
     assert all(p.node_id == "sim-0" for p in sent)
 
-    result = asyncio.run(
-        audit_topics(
-            KafkaSettings(bootstrap=stack.bootstrap),
-            load_topic_config(Path(stack.topics_file)),
-            stack.policy,
-            group=stack.env["QM_PLACEMENT_GROUP"],
-        )
-    )
-    assert result.divergence is None, result.divergence
-    assert result.checked == result.reproduced >= len(plans) + len(sent)
-    verdict = CliRunner().invoke(app, ["audit", "verify"], env=stack.env)
-    assert verdict.exit_code == 0, verdict.output
+    assert_audit_reproduces(stack, at_least=len(plans) + len(sent))
