@@ -39,7 +39,13 @@ from libs.core import (
     Wait,
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
-from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
+from libs.core.compass.workflow import (
+    BYTES_PER_MB,
+    Task,
+    Workflow,
+    WorkflowError,
+    build_workflow,
+)
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
 GIB = 1 << 30
@@ -165,7 +171,7 @@ def gpu_memory_mb(inventory: types_pb2.NodeInventory, gpu_type: str = "") -> flo
     ``gpu_type``: only GPUs of that type (empty: any).
     """
     sizes = (g.memory_bytes for g in inventory.gpus if not gpu_type or g.type == gpu_type)
-    return max(sizes, default=0) / 1e6
+    return max(sizes, default=0) / BYTES_PER_MB
 
 
 def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:

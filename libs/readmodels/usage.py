@@ -22,7 +22,7 @@ from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 from libs.core.budget_tree import InvalidTree
 from libs.core.usage import Usage, WindowedUsage
 from libs.events import event_type, new_envelope, occurred_at
-from libs.events.convert import node_from_proto, tree_from_proto
+from libs.events.convert import node_from_proto, spec_from_proto, tree_from_proto
 from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
 
 
@@ -83,8 +83,7 @@ class ClusterUsage:
                 self._jobs[env.job_admitted.job_id] = _Contract(
                     spec.allocation,
                     spec.gpus,
-                    # Workflow tasks are charged like allocated work (JobSpec.allocated).
-                    allocated=spec.min_runtime_s > 0 or spec.HasField("workflow"),
+                    allocated=spec_from_proto(spec).allocated,  # the core's rule
                 )
             case "task_started":
                 started = env.task_started

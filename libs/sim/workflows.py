@@ -47,7 +47,6 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 
-RESCHEDULE_THRESHOLD = 1.5
 PARTS = ("queue", "load", "transfer", "run")
 GPU_TYPE = "T4"
 ALLOCATION = "serving"
@@ -285,7 +284,6 @@ def policy(mode: PlanMode, costs: Costs, **overrides: float) -> PolicyConfig:
     settings: dict[str, object] = {
         "serving_mode": mode.value,
         "serving_max_fraction": 1.0,
-        "adjust_threshold": RESCHEDULE_THRESHOLD,
         "host_to_gpu_mb_per_ms": costs.host_to_gpu_mb_per_ms,
         "node_to_node_mb_per_ms": costs.node_to_node_mb_per_ms,
     }

@@ -40,7 +40,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, EventConsumer
+from libs.core import PolicyConfig
 from libs.core.compass import GpuWorker, Start
+from libs.core.compass.workflow import BYTES_PER_MB
 from libs.events import new_envelope
 from libs.events.convert import serving_from_proto
 from services.node_agent.executors import Execution, Executor, LaunchError
@@ -67,14 +69,13 @@ SHUTDOWN_REASON = "node agent stopped"
 # Redeliveries come soon after the original placement: older ended tasks need not be known.
 REMEMBER_ENDED = 10_000
 DEFAULT_SAMPLE_S = 10.0
-# Host-to-GPU copy rate for model loads, as in Compass's profiles (MB per ms).
-DEFAULT_HOST_TO_GPU_MB_PER_MS = 10.171
-_MB = 1e6  # model sizes are in MB; GPU memory in bytes
+# Host-to-GPU copy rate for model loads (MB per ms): the planner's estimate by default.
+DEFAULT_HOST_TO_GPU_MB_PER_MS = PolicyConfig().host_to_gpu_mb_per_ms
 
 
 def gpu_memory_mb(node: types_pb2.NodeInventory, index: int) -> float:
     """The model cache of GPU ``index``: its whole memory, in MB (0 if unknown)."""
-    return next((gpu.memory_bytes for gpu in node.gpus if gpu.index == index), 0) / _MB
+    return next((gpu.memory_bytes for gpu in node.gpus if gpu.index == index), 0) / BYTES_PER_MB
 
 
 @dataclass

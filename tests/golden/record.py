@@ -33,6 +33,7 @@ from libs.events import event_type, new_envelope
 from libs.events.convert import serving_from_proto
 from libs.events.decide import decide
 from libs.events.logfile import write_log
+from services.node_agent.lifecycle import model_evicted, model_loaded
 
 HERE = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -290,23 +291,11 @@ class Scenario:
             return
         placed = self._live[start.task_id]
         ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
-        node_id, gpu_index = key
+        # The node agent's own event builders, in its order.
         for eviction in start.evicted:
-            evicted = events_pb2.ModelEvicted(
-                node_id=node_id, gpu_index=gpu_index, model=eviction.model, reason=eviction.reason
-            )
-            self._at(at, "node-agent", evicted)
+            self._at(at, "node-agent", model_evicted(*key, eviction))
         if start.loaded:
-            loaded = events_pb2.ModelLoaded(
-                node_id=node_id,
-                gpu_index=gpu_index,
-                model=start.serving.model,
-                size_mb=start.serving.model_mb,
-                load_ms=start.load_ms,
-                job_id=placed.job_id,
-                task_id=placed.task_id,
-            )
-            self._at(start.start_ms / 1000, "node-agent", loaded)
+            self._at(start.start_ms / 1000, "node-agent", model_loaded(placed, key[1], start))
         self._started[placed.task_id] = start.start_ms / 1000
         started = events_pb2.TaskStarted(**ids, pid=4000 + self._sequence)
         self._at(start.start_ms / 1000, "node-agent", started)

@@ -2,9 +2,10 @@
 
 GPU memory is a model cache; a workflow (a DAG of model-serving tasks) is
 planned HEFT-style on arrival, with model loads, cache hits and transfers in
-the estimate, and adjusted as it runs. Work in progress for issue 4: the
-planner and its baselines; the node agent's cache, the placement wiring and
-the simulator sweep come next.
+the estimate, and adjusted as it runs. ``workflow`` checks the DAG,
+``planner`` plans (Compass and its baselines), ``serving`` runs plans inside
+the scheduler, ``worker`` and ``cache`` are one GPU's queue and model cache as
+the node agent and the simulators keep them.
 """
 
 from libs.core.compass.cache import evict_for

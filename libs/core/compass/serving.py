@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from libs.core.compass.planner import GpuState, Input, Pending, PlanMode, Planner
-from libs.core.compass.workflow import Costs, Task, Workflow
+from libs.core.compass.workflow import BYTES_PER_MB, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
     Cancel,
@@ -46,7 +46,7 @@ from libs.core.model import JobSpec, NodeSpec
 from libs.core.placement import Capacity
 
 GpuKey = tuple[str, int]  # (node id, GPU index)
-MB_PER_GIB = (1 << 30) / 1e6  # model sizes are in MB (10^6 bytes), node memory in GiB
+MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
 
 
 @dataclass

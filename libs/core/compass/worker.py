@@ -96,10 +96,6 @@ class GpuWorker:
         return dict(self._resident)
 
     @property
-    def used_mb(self) -> float:
-        return sum(self._resident.values())
-
-    @property
     def queue(self) -> tuple[Queued, ...]:
         return tuple(self._queue)
 

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+BYTES_PER_MB = 1_000_000  # model sizes and GPU caches are counted in MB of 10^6 bytes
+
 
 class WorkflowError(ValueError):
     """The workflow breaks a rule; the message names the task."""
