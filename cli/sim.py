@@ -153,6 +153,9 @@ def workflows(
         float, typer.Option(help="Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)")
     ] = 0.25,
     seed: Annotated[int, typer.Option(help="Seeds the arrivals and the workflow mix")] = 7,
+    hold_threshold: Annotated[
+        float, typer.Option(help="compass's hold_threshold policy knob (0: plan on arrival)")
+    ] = PolicyConfig.hold_threshold,
     profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
     out: Annotated[
         Path | None, typer.Option(help="Write sweep.png and sweep.md (every table) here")
@@ -160,8 +163,9 @@ def workflows(
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
 
-    Prints median and p99 slowdown, latency, cache hits, GPUs used and the mean
-    per-task breakdown per run, the per-workflow table, the claims and the runtime.
+    Prints median and p99 slowdown, latency, cache hits, GPUs used, how long
+    workflows were held before their plan and the mean per-task breakdown per
+    run, the per-workflow table, the claims and the runtime.
     """
     import time
 
@@ -179,8 +183,10 @@ def workflows(
         processes = {a: (burst if ARRIVALS[a] else 0.0) for a in arrivals.split(",")}
     except (ValueError, KeyError) as exc:
         raise typer.BadParameter(f"{exc}") from exc
-    if any(g < 1 for g in sizes) or burst <= 0:
-        raise typer.BadParameter("GPU counts and the gamma shape must be positive")
+    if any(g < 1 for g in sizes) or burst <= 0 or not hold_threshold >= 0:
+        raise typer.BadParameter(
+            "GPU counts and the gamma shape must be positive, the hold threshold >= 0"
+        )
 
     def progress(done: SweepRun) -> None:
         r = done.run
@@ -191,7 +197,15 @@ def workflows(
 
     began = time.perf_counter()
     runs = sweep(
-        loaded, sizes, chosen, processes, jobs=jobs, rate_per_s=rate, seed=seed, on_run=progress
+        loaded,
+        sizes,
+        chosen,
+        processes,
+        jobs=jobs,
+        rate_per_s=rate,
+        seed=seed,
+        hold_threshold=hold_threshold,
+        on_run=progress,
     )
     total = time.perf_counter() - began
     flows = [f.name for f in loaded.workflows]
@@ -201,8 +215,9 @@ def workflows(
         mine = [r for r in runs if r.arrivals == name]
         label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
         table = Table(
-            "GPUs", "mode", "median", "p99", "latency ms", "hits", "used", "queue", "load",
-            "xfer", "run", "s", title=f"{label} arrivals: slowdown, per-task means in ms",
+            "GPUs", "mode", "median", "p99", "latency ms", "hits", "used", "held", "queue",
+            "load", "xfer", "run", "s",
+            title=f"{label} arrivals: slowdown; held per workflow, the rest per task (mean ms)",
         )  # fmt: skip
         per_flow = Table(
             "GPUs", "mode", *flows, title=f"{label}: median slowdown / cache hits per workflow"
@@ -217,6 +232,7 @@ def workflows(
                 f"{r.median_latency_ms:.0f}",
                 f"{r.cache_hit_rate:.0%}",
                 str(r.gpus_used),
+                f"{r.held_ms:.0f}",
                 f"{b['queue']:.0f}",
                 f"{b['load']:.1f}",
                 f"{b['transfer']:.2f}",

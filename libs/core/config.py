@@ -9,6 +9,7 @@ from typing import Any
 DAY = 86_400.0
 HOUR = 3_600.0
 SERVING_MODES = ("compass", "heft", "hash", "jit")
+NON_NEGATIVE = ("adjust_threshold", "hold_threshold")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class PolicyConfig:
     # run time; join tasks (several parents) are adjusted only if adjust_joins.
     adjust_threshold: float = 1.5
     adjust_joins: bool = True
+    # compass holds a new workflow in the scheduler's queue (oldest first) while
+    # a plan would keep its first task waiting longer than this × the workflow's
+    # best-case time: under overload, tasks of workflows already under way then
+    # meet short GPU queues instead of queueing behind new ones. 0: never hold.
+    hold_threshold: float = 3.0
     # Loading a model costs size ÷ this (PCIe, MB/ms); outputs cross nodes at the other.
     host_to_gpu_mb_per_ms: float = 10.171
     node_to_node_mb_per_ms: float = 12.583
@@ -69,7 +75,10 @@ def _value(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"adjust_joins: {value!r} must be true or false")
         return value
-    return float(value)
+    number = float(value)
+    if name in NON_NEGATIVE and not number >= 0:
+        raise ValueError(f"{name}: {value!r} must be a number >= 0")
+    return number
 
 
 def _prices(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:

@@ -48,7 +48,7 @@ from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 
 POLICY = "budget"
-POLICY_VERSION = 6
+POLICY_VERSION = 7
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 

@@ -93,6 +93,9 @@ class WorkflowRun:
     gpus_used: int  # GPUs that ran at least one task
     per_workflow: dict[str, tuple[float, float]]  # name -> (median slowdown, cache hit rate)
     breakdown_ms: dict[str, float]  # mean per task: queue, load, transfer, run
+    # mean per workflow: from arrival to its plan (compass holds workflows back
+    # under overload; the GPU queue column then no longer holds all the waiting)
+    held_ms: float
     # (workflow, task) -> mean queue, load, transfer, run (ms)
     task_breakdown_ms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     adjusted: int = 0  # tasks sent elsewhere than planned
@@ -165,6 +168,7 @@ class ServingCluster:
         self.hits: dict[str, list[int]] = {}  # workflow -> [hits, misses]
         self.parts: dict[tuple[str, str], list[float]] = {}  # queue, load, transfer, run, n
         self.finished_ms: dict[str, float] = {}  # task id -> when it ended
+        self.planned_ms: dict[str, float] = {}  # job -> when its plan was made
         self.on_end: Callable[[str, str, float], None] | None = None  # (job, task id, ms)
 
     # -- the cluster -----------------------------------------------------------
@@ -209,6 +213,8 @@ class ServingCluster:
     # -- acting on decisions ---------------------------------------------------
 
     def _act(self, decision: Decision) -> None:
+        if isinstance(decision, Planned):
+            self.planned_ms[decision.job_id] = self.now_ms
         if not isinstance(decision, Place) or decision.serving is None:
             if self.on_decision is not None:
                 self.on_decision(decision, self.now_ms)
@@ -304,10 +310,12 @@ def simulate(
     seed: int = 7,
     warmup: float = 0.1,
     share_models: bool = False,
+    hold_threshold: float = PolicyConfig.hold_threshold,
 ) -> WorkflowRun:
     rng = random.Random(seed)
     flows = list(workflows) if share_models else [keyed(w) for w in workflows]
-    cluster = ServingCluster(Scheduler(policy(mode, costs)), costs)
+    config = policy(mode, costs, hold_threshold=hold_threshold)
+    cluster = ServingCluster(Scheduler(config), costs)
     for i in range(gpus):
         cluster.add_gpu_node(f"n{i:04d}", (0,), costs.gpu_memory_mb)
     times = arrivals(jobs, rate_per_s, burst_shape, rng)
@@ -381,6 +389,7 @@ def _summary(
             part: sum(p[i] for p in cluster.parts.values()) / max(counted, 1)
             for i, part in enumerate(PARTS)
         },
+        held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j] for j in measured),
         task_breakdown_ms={
             key: {part: p[i] / max(p[4], 1) for i, part in enumerate(PARTS)}
             for key, p in sorted(cluster.parts.items())
@@ -415,6 +424,7 @@ def sweep(
     jobs: int = 1000,
     rate_per_s: float = 40.0,
     seed: int = 7,
+    hold_threshold: float = PolicyConfig.hold_threshold,
     on_run: Callable[[SweepRun], None] | None = None,
 ) -> list[SweepRun]:
     """Every mode at every size under every arrival process; deterministic."""
@@ -435,6 +445,7 @@ def sweep(
                     rate_per_s=rate_per_s,
                     burst_shape=shape,
                     seed=seed,
+                    hold_threshold=hold_threshold,
                 )
                 done = SweepRun(name, run, time.perf_counter() - began)
                 runs.append(done)
@@ -508,9 +519,9 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
             f"## {name} arrivals",
             "",
             "| GPUs | mode | median slowdown | p99 slowdown | median latency ms | "
-            "p99 latency ms | cache hits | GPUs used | queue ms | load ms | transfer ms | "
-            "run ms | adjusted | s |",
-            "|" + " --- |" * 14,
+            "p99 latency ms | cache hits | GPUs used | held ms | queue ms | load ms | "
+            "transfer ms | run ms | adjusted | s |",
+            "|" + " --- |" * 15,
         ]
         for s in mine:
             r = s.run
@@ -518,7 +529,8 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
             lines.append(
                 f"| {r.gpus} | {r.mode.value} | {r.median_slowdown:.3f} | {r.p99_slowdown:.2f} "
                 f"| {r.median_latency_ms:.0f} | {r.p99_latency_ms:.0f} | {r.cache_hit_rate:.1%} "
-                f"| {r.gpus_used} | {b['queue']:.1f} | {b['load']:.1f} | {b['transfer']:.2f} "
+                f"| {r.gpus_used} | {r.held_ms:.1f} | {b['queue']:.1f} | {b['load']:.1f} "
+                f"| {b['transfer']:.2f} "
                 f"| {b['run']:.1f} | {r.adjusted} | {s.wall_s:.1f} |"
             )
         lines += [

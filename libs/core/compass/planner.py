@@ -79,6 +79,7 @@ class Assignment:
     finish_ms: float
     load_ms: float  # 0 on a cache hit
     ready_ms: float = 0.0  # when its inputs arrive there (estimated)
+    wait_ms: float = 0.0  # from then until the GPU takes it: the queue ahead of it
 
 
 @dataclass(frozen=True)
@@ -211,12 +212,12 @@ class Planner:
                 ready = self._arrival(task, gpu.node_id, done, node_of, now_ms)
                 line = timelines[gpu.gpu_id]
                 k = line.fit(task, ready, insertion)
-                start = line.begin(k, ready)
+                begin = start = line.begin(k, ready)
                 load = self._load_ms(task, line.cache(k))
                 if aware:
                     start += load + self._penalty(task, line.cache(k), line.memory_mb)
                 choice = Assignment(
-                    task.task_id, gpu.gpu_id, start, start + task.run_ms, load, ready
+                    task.task_id, gpu.gpu_id, start, start + task.run_ms, load, ready, begin - ready
                 )
                 if best is None or (start, gpu.gpu_id) < (best[0].start_ms, best[0].gpu_id):
                     best = (choice, k)

@@ -50,6 +50,11 @@ class Workflow:
     def children(self, task_id: str) -> tuple[str, ...]:
         return tuple(t.task_id for t in self.tasks if task_id in t.parents)
 
+    @property
+    def largest_model_mb(self) -> float:
+        """The GPU memory its largest model needs (0: no task has a model)."""
+        return max((t.model_mb for t in self.tasks), default=0.0)
+
 
 def parse_workflow(
     name: str, raw_tasks: Sequence[Mapping[str, Any]], models: Mapping[str, float], costs: Costs

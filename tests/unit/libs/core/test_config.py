@@ -15,6 +15,8 @@ def test_knobs_come_from_a_mapping() -> None:
     [
         ({"lookback": 1}, "unknown policy setting 'lookback'"),
         ({"gpu_prices": {"H100": 0}}, "price of 'H100' must be > 0"),
+        ({"hold_threshold": -1}, "hold_threshold: -1 must be a number >= 0"),
+        ({"adjust_threshold": "nan"}, "adjust_threshold: 'nan' must be a number >= 0"),
     ],
 )
 def test_bad_knobs_are_refused_by_name(raw: dict[str, object], message: str) -> None:

@@ -92,3 +92,10 @@ def test_the_workflow_sweep_prints_every_mode(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert all(mode in result.output for mode in ("compass", "heft", "hash", "jit"))
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_workflow_sweep_refuses_a_negative_hold_threshold() -> None:
+    result = CliRunner().invoke(sim_app, ["workflows", "--hold-threshold", "-1"])
+    assert result.exit_code == 2
+    words = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
+    assert "the hold threshold >= 0" in words

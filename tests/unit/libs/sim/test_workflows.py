@@ -69,6 +69,15 @@ def test_a_run_is_deterministic_and_every_job_finishes(profiles: Profiles) -> No
     assert translation["run"] == 803
 
 
+def test_under_overload_compass_holds_workflows_back_and_the_run_says_how_long(
+    profiles: Profiles,
+) -> None:
+    compass, jit = (run(profiles, mode, 4) for mode in (PlanMode.COMPASS, PlanMode.JIT))
+    assert compass.held_ms > 0  # 4 GPUs for 40 workflows a second: queues are deep
+    assert jit.held_ms == 0  # the baselines plan every workflow on arrival
+    assert compass.median_latency_ms > compass.held_ms  # held time is part of the latency
+
+
 def test_bursty_arrivals_keep_the_mean_rate() -> None:
     poisson = arrivals(4000, 40.0, 0.0, random.Random(1))
     bursty = arrivals(4000, 40.0, ARRIVALS["gamma"], random.Random(1))

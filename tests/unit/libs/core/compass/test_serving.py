@@ -220,3 +220,70 @@ def test_a_backed_up_pool_takes_the_next_gpu_batch_work_frees() -> None:
     # The freed GPUs: one joins serving first; batch gets the others.
     assert s.serving_gpus() == 2
     assert [d.job_id for d in out if isinstance(d, Place) and d.serving is None] == ["b2"]
+
+
+def drain(s: Scheduler, sent: list[Place], at: float) -> list[Decision]:
+    """Run every sent task in turn, one GPU's worth at a time; what that decided."""
+    out: list[Decision] = []
+    while sent:
+        task = sent.pop(0)
+        assert task.serving is not None
+        done = [
+            TaskStarted(at, task.job_id, task.task_id, task.node_id),
+            TaskEnded(at + task.serving.run_ms / 1000, task.job_id, task.task_id, task.node_id),
+        ]
+        at += task.serving.run_ms / 1000
+        decided = run(s, done)
+        sent += places(decided)
+        out += decided
+    return out
+
+
+def test_compass_holds_new_workflows_while_the_queues_are_deep_then_plans_them_in_order() -> None:
+    # CHAIN's best case is about 600 ms: with hold_threshold 1, a plan whose first
+    # task would wait longer than that is held.
+    s = Scheduler(PolicyConfig(hold_threshold=1))
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    out = run(s, [JobArrived(1 + i / 1000, f"w{i}", flow()) for i in range(4)])
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["w0"]
+    waits = {d.job_id: d.reason for d in out if isinstance(d, Wait)}
+    assert set(waits) == {"w1", "w2", "w3"}
+    assert all(r.startswith("held while the serving GPUs work through") for r in waits.values())
+    explanation = s.explain("w3")
+    assert explanation is not None and explanation.waiting
+    assert "2 workflow(s) ahead of it" in explanation.text
+    # As the GPU works through its queue, the held workflows go, oldest first.
+    out = drain(s, places(out), at=1.5)
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["w1", "w2", "w3"]
+    assert all(s.explain(f"w{i}") is None for i in range(4))  # every one finished
+
+
+def test_a_load_or_an_eviction_ahead_is_no_reason_to_hold() -> None:
+    # 6 GiB: the llm (5,000 MB) must evict the resident tts (2,000 MB), a reload
+    # that costs its plan ~200 ms, far over 0.1 × its best case; but nothing queues.
+    s = Scheduler(PolicyConfig(hold_threshold=0.1))
+    small = NodeSpec("n1", "H100", (0,), 6.0)
+    out = run(s, [NodeJoined(0, small), ModelLoaded(0.5, "n1", 0, "tts", 2000)])
+    out = run(s, [JobArrived(1, "w1", flow())])
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["w1"]
+
+
+@pytest.mark.parametrize(
+    "config", [PolicyConfig(hold_threshold=0), PolicyConfig(serving_mode="jit")]
+)
+def test_without_a_hold_every_workflow_is_planned_on_arrival(config: PolicyConfig) -> None:
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    out = run(s, [JobArrived(1 + i / 1000, f"w{i}", flow()) for i in range(4)])
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["w0", "w1", "w2", "w3"]
+
+
+def test_a_held_workflow_holds_back_only_its_own_gpu_type() -> None:
+    s = Scheduler(PolicyConfig(hold_threshold=1, serving_max_fraction=1))
+    run(s, [NodeJoined(0, gpu_node("h1")), NodeJoined(0, NodeSpec("a1", "A100", (0,), GIB_80))])
+    on_h100 = job(1, workflow=CHAIN, gpu_type="H100")
+    out = run(s, [JobArrived(1 + i / 1000, f"h{i}", on_h100) for i in range(3)])
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["h0"]
+    out = run(s, [JobArrived(1.1, "a0", job(1, workflow=CHAIN, gpu_type="A100"))])
+    [plan] = [d for d in out if isinstance(d, Planned)]
+    assert plan.job_id == "a0" and {t.node_id for t in plan.tasks} == {"a1"}
