@@ -173,11 +173,6 @@ def workflows(
     from libs.sim.workflows import ARRIVALS, SweepRun, claims, load_profiles, markdown, sweep
 
     try:
-        loaded = load_profiles(profiles)
-    except (OSError, KeyError, ValueError, WorkflowError) as exc:
-        errors.print(f"[red]error:[/] {profiles}: {exc}")
-        raise typer.Exit(2) from exc
-    try:
         chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
         sizes = [int(g) for g in gpus.split(",")]
         processes = {a: (burst if ARRIVALS[a] else 0.0) for a in arrivals.split(",")}
@@ -187,6 +182,11 @@ def workflows(
         raise typer.BadParameter(
             "GPU counts and the gamma shape must be positive, the hold threshold >= 0"
         )
+    try:
+        loaded = load_profiles(profiles)
+    except (OSError, KeyError, ValueError, WorkflowError) as exc:
+        errors.print(f"[red]error:[/] {profiles}: {exc}")
+        raise typer.Exit(2) from exc
 
     def progress(done: SweepRun) -> None:
         r = done.run
