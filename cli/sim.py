@@ -19,6 +19,7 @@ from libs.sim.metrics import Metrics
 from libs.sim.report import SUMMARY_HEADER, RunInfo, summary_rows, write_report
 from libs.sim.scenario import TRACES
 from libs.sim.traces import TraceError
+from libs.sim.workflows import PROFILES
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
@@ -136,7 +137,6 @@ def run(
     )
 
 
-_PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "compass" / "workflows.json"
 _SWEEP = "16,24,32,48,64,96,128"
 
 
@@ -156,7 +156,7 @@ def workflows(
     hold_threshold: Annotated[
         float, typer.Option(help="compass's hold_threshold policy knob (0: plan on arrival)")
     ] = PolicyConfig.hold_threshold,
-    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
+    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = PROFILES,
     out: Annotated[
         Path | None, typer.Option(help="Write sweep.png and sweep.md (every table) here")
     ] = None,
@@ -281,7 +281,7 @@ def mixed(
     warmup: Annotated[str, typer.Option(help="Batch work alone before the window")] = "30m",
     seed: Annotated[int, typer.Option(help="Seeds both arrival streams")] = 7,
     parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
-    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = _PROFILES,
+    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = PROFILES,
     out: Annotated[Path | None, typer.Option(help="Write summary.md and mixed.png here")] = None,
 ) -> None:
     """Batch jobs and workflows on one cluster under one budget: how the policy divides GPUs.

@@ -47,6 +47,8 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 
+# The published profiles, where a checkout keeps them (../shared, next to the repo).
+PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "compass" / "workflows.json"
 PARTS = ("queue", "load", "transfer", "run")
 GPU_TYPE = "T4"
 ALLOCATION = "serving"

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from cli import app as cli_app
 from cli import render
 from cli.app import app, load_workflow
+from libs.sim.workflows import PROFILES
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "examples" / "workflow-translation.yaml"
-PROFILES = REPO.parent / "shared" / "data" / "compass" / "workflows.json"
 
 COMPASS = {
     "models": {"OPT": 5720, "NLI": 2140},

@@ -25,9 +25,7 @@ from libs.sim.mixed import (
     workflow_arrivals,
     write_plot,
 )
-from libs.sim.workflows import Profiles, keyed, load_profiles
-
-PROFILES = Path(__file__).resolve().parents[5] / "shared" / "data" / "compass" / "workflows.json"
+from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles
 
 pytestmark = pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
 

@@ -12,6 +12,7 @@ from cli.sim import parse_duration, sim_app
 from libs.core import PolicyConfig
 from libs.sim import build_workload, load_scenario
 from libs.sim.report import duration, summary_rows
+from libs.sim.workflows import PROFILES
 
 REPO = Path(__file__).resolve().parents[4]
 HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
@@ -82,13 +83,10 @@ def test_durations_read_and_print_like_people_write_them() -> None:
 
 
 def test_the_workflow_sweep_prints_every_mode(tmp_path: Path) -> None:
-    profiles = (
-        Path(__file__).resolve().parents[5] / "shared" / "data" / "compass" / "workflows.json"
-    )
-    if not profiles.exists():
+    if not PROFILES.exists():
         pytest.skip("shared trace data not present")
-    args = ["workflows", "--gpus", "16,24", "--jobs", "60", "--profiles", str(profiles)]
-    result = CliRunner().invoke(sim_app, [*args, "--out", str(tmp_path)])
+    args = ["workflows", "--gpus", "16,24", "--jobs", "60", "--out", str(tmp_path)]
+    result = CliRunner().invoke(sim_app, args)
     assert result.exit_code == 0, result.output
     assert all(mode in result.output for mode in ("compass", "heft", "hash", "jit"))
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.sim.workflows import (
     ARRIVALS,
+    PROFILES,
     Profiles,
     ServingCluster,
     SweepRun,
@@ -29,8 +29,6 @@ from libs.sim.workflows import (
     simulate,
     sweep,
 )
-
-PROFILES = Path(__file__).resolve().parents[5] / "shared" / "data" / "compass" / "workflows.json"
 
 pytestmark = pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
 

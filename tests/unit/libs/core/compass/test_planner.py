@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +17,8 @@ from libs.core.compass import (
     parse_workflow,
 )
 from libs.core.compass.planner import Input, Pending
+from libs.sim.workflows import PROFILES
 
-PROFILES = Path(__file__).resolve().parents[6] / "shared" / "data" / "compass" / "workflows.json"
 COSTS = Costs(host_to_gpu_mb_per_ms=10.171, node_to_node_mb_per_ms=12.583, gpu_memory_mb=14000)
 MODELS = {"OPT": 5720, "marian": 800, "mt5": 2000, "NLI": 2140}
 TRANSLATION: list[dict[str, Any]] = [
