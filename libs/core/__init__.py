@@ -7,14 +7,19 @@ from libs.core.config import PolicyConfig
 from libs.core.decisions import (
     Cancel,
     Decision,
+    JobLost,
+    NodeLost,
     Place,
     Planned,
     PlannedTask,
     Preempted,
+    Refused,
+    Reject,
     Requeue,
     ServingTask,
     Stop,
     StopCause,
+    TaskLost,
     Wait,
 )
 from libs.core.inputs import (
@@ -24,6 +29,7 @@ from libs.core.inputs import (
     JobArrived,
     ModelEvicted,
     ModelLoaded,
+    NodeHeartbeat,
     NodeJoined,
     TaskEnded,
     TaskIdle,
@@ -33,7 +39,7 @@ from libs.core.inputs import (
 )
 from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.scheduler import POLICY, POLICY_VERSION, Scheduler
-from libs.core.validation import Limits, Violation, validate_job
+from libs.core.validation import Limits, Violation, validate_job, validate_node
 
 __all__ = [
     "POLICY",
@@ -44,17 +50,22 @@ __all__ = [
     "Decision",
     "Input",
     "JobArrived",
+    "JobLost",
     "JobSpec",
     "Limits",
     "ModelEvicted",
     "ModelLoaded",
+    "NodeHeartbeat",
     "NodeJoined",
+    "NodeLost",
     "NodeSpec",
     "Place",
     "Planned",
     "PlannedTask",
     "PolicyConfig",
     "Preempted",
+    "Refused",
+    "Reject",
     "Requeue",
     "Scheduler",
     "ServingTask",
@@ -62,6 +73,7 @@ __all__ = [
     "StopCause",
     "TaskEnded",
     "TaskIdle",
+    "TaskLost",
     "TaskStarted",
     "Tick",
     "UsageSnapshot",
@@ -69,4 +81,5 @@ __all__ = [
     "Wait",
     "WorkClass",
     "validate_job",
+    "validate_node",
 ]

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from libs.core import limits as L
+
 
 class InvalidTree(ValueError):
     """The tree breaks a rule; the message names the node."""
@@ -32,13 +34,12 @@ class BudgetTree:
 
     def __post_init__(self) -> None:
         by_name: dict[str, BudgetNode] = {}
+        if len(self.nodes) > L.MAX_BUDGET_NODES:
+            raise InvalidTree(f"at most {L.MAX_BUDGET_NODES} nodes, got {len(self.nodes)}")
         for node in self.nodes:
-            if not node.name:
-                raise InvalidTree("a node has no name")
+            _check(node)
             if node.name in by_name:
                 raise InvalidTree(f"{node.name}: duplicate name")
-            if not node.weight > 0:
-                raise InvalidTree(f"{node.name}: weight must be > 0, got {node.weight}")
             by_name[node.name] = node
         roots = [n.name for n in self.nodes if not n.parent]
         if len(roots) != 1:
@@ -125,6 +126,22 @@ def tree_from_dict(raw: Mapping[str, Any]) -> BudgetTree:
 
     visit(raw, "")
     return BudgetTree(tuple(nodes))
+
+
+def _check(node: BudgetNode) -> None:
+    if not node.name:
+        raise InvalidTree("a node has no name")
+    if len(node.name) > L.MAX_TEXT_CHARS:
+        raise InvalidTree(f"{node.name[:20]}…: a name has at most {L.MAX_TEXT_CHARS} characters")
+    # Written to fail for NaN too: an entitlement of nan would rank nobody.
+    if not 0 < node.weight <= L.MAX_BUDGET_WEIGHT:
+        raise InvalidTree(
+            f"{node.name}: weight must be > 0 and at most {L.MAX_BUDGET_WEIGHT:,.0f}, "
+            f"got {node.weight}"
+        )
+    for role in ("members", "managers"):
+        if len(getattr(node, role)) > L.MAX_BUDGET_USERS:
+            raise InvalidTree(f"{node.name}: at most {L.MAX_BUDGET_USERS} {role}")
 
 
 def _descendants(root: str, children: Mapping[str, Iterable[str]]) -> set[str]:

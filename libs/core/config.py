@@ -10,6 +10,7 @@ DAY = 86_400.0
 HOUR = 3_600.0
 SERVING_MODES = ("compass", "heft", "hash", "jit")
 NON_NEGATIVE = ("adjust_threshold", "hold_threshold")
+POSITIVE = ("node_lost_timeout_s",)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class PolicyConfig:
     # A serving GPU whose queue drained goes back to batch work after this long,
     # so a steady stream of workflows keeps its GPUs and their warm models.
     serving_linger_s: float = 30.0
+    # A node that heartbeats is declared lost once it has been silent this long (on
+    # the log's clock): its tasks end LOST or requeue, its GPUs leave the pool.
+    node_lost_timeout_s: float = 30.0
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)
@@ -78,6 +82,8 @@ def _value(name: str, value: Any) -> Any:
     number = float(value)
     if name in NON_NEGATIVE and not number >= 0:
         raise ValueError(f"{name}: {value!r} must be a number >= 0")
+    if name in POSITIVE and not number > 0:
+        raise ValueError(f"{name}: {value!r} must be a number > 0")
     return number
 
 

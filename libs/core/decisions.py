@@ -35,6 +35,9 @@ class Place:
     gpu_indices: tuple[int, ...]
     spec: JobSpec
     serving: ServingTask | None = None
+    # The agent incarnation the node registered with last: an agent ignores placements
+    # made for an earlier one, whose tasks the scheduler has already counted as lost.
+    node_incarnation: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Wait:
 class StopCause(enum.Enum):
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
+    NODE_LOST = "node lost"  # a node of its gang was lost: the gang cannot go on
 
 
 @dataclass(frozen=True)
@@ -104,4 +108,69 @@ class Preempted:
     reason: str
 
 
-Decision = Place | Planned | Wait | Stop | Cancel | Requeue | Preempted
+@dataclass(frozen=True)
+class Reject:
+    """A job the scheduler cannot act on: it breaks a rule and never runs."""
+
+    job_id: str
+    field: str  # the first field at fault
+    reason: str  # every rule broken, for people
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An input about no job that the scheduler cannot act on; nothing changed."""
+
+    subject: str  # what it was about: a node id, a budget tree
+    reason: str
+
+    @property
+    def job_id(self) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A node stopped heartbeating: its GPUs leave the pool until it registers again."""
+
+    node_id: str
+    incarnation: str
+    reason: str
+
+    @property
+    def job_id(self) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class TaskLost:
+    """A task ended with its node (lost, or its agent restarted); no agent reports it."""
+
+    job_id: str
+    task_id: str
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobLost:
+    """A job that is not resumable lost a node it ran on: it ends here."""
+
+    job_id: str
+    reason: str
+
+
+Decision = (
+    Place
+    | Planned
+    | Wait
+    | Stop
+    | Cancel
+    | Requeue
+    | Preempted
+    | Reject
+    | Refused
+    | NodeLost
+    | TaskLost
+    | JobLost
+)

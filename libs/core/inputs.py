@@ -21,8 +21,24 @@ class JobArrived:
 
 @dataclass(frozen=True)
 class NodeJoined:
+    """A node agent registered a node.
+
+    ``incarnation`` is new each time an agent process starts: a node registered again
+    with another one lost the tasks it ran. ``heartbeat_s`` > 0 gives the node a lease:
+    it is declared lost once it stops heartbeating (0: never, as simulated nodes).
+    """
+
     at: float
     node: NodeSpec
+    incarnation: str = ""
+    heartbeat_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeHeartbeat:
+    at: float
+    node_id: str
+    incarnation: str
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,7 @@ class Tick:
 Input = (
     JobArrived
     | NodeJoined
+    | NodeHeartbeat
     | TaskStarted
     | TaskEnded
     | TaskIdle

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import JobSpec, NodeSpec
 
 _NodeClass = tuple[str, float]  # (GPU type, GPU memory in GiB)
@@ -65,6 +66,25 @@ class Capacity:
         cls = (node.gpu_type, node.gpu_memory_gib)
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
         self._class_total[cls] = self._class_total.get(cls, 0) + node.gpu_count
+
+    def remove(self, node_id: str) -> None:
+        """A node leaves (it was lost): its GPUs, free or not, are no longer counted."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return
+        self._unindex(node_id)
+        cls = (node.gpu_type, node.gpu_memory_gib)
+        if not self._by_class[cls]:
+            del self._by_class[cls]
+        del self.nodes[node_id]
+        self.total_gpus -= node.gpu_count
+        self.total_free -= len(self._free.pop(node_id))
+        self._class_total[cls] -= node.gpu_count
+        sizes = [n.gpu_count for n in self.nodes.values() if (n.gpu_type, n.gpu_memory_gib) == cls]
+        if sizes:
+            self._class_size[cls] = max(sizes)
+        else:
+            del self._class_size[cls], self._class_total[cls]
 
     def free(self, node_id: str) -> tuple[int, ...]:
         return self._free.get(node_id, ())
@@ -160,6 +180,11 @@ class Capacity:
             if n not in blocked and self.nodes[n].gpu_count == node_size
         )
         needed = -(-spec.gpus // node_size)
+        if needed > MAX_GANG_NODES:
+            return NoFit(
+                f"needs {describe(spec)} on {needed} whole nodes; "
+                f"a job may span at most {MAX_GANG_NODES}"
+            )
         if len(whole) < needed:
             wanted = f"needs {describe(spec)} on {needed} whole nodes"
             return NoFit(

@@ -19,13 +19,27 @@ A scheduling pass, in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from libs.core.budget_tree import BudgetTree
 from libs.core.compass.serving import Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
-from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
+from libs.core.decisions import (
+    Cancel,
+    Decision,
+    JobLost,
+    NodeLost,
+    Place,
+    Preempted,
+    Refused,
+    Requeue,
+    Stop,
+    StopCause,
+    TaskLost,
+    Wait,
+)
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing, leaf_order, standings
 from libs.core.fingerprint import Fingerprint
@@ -36,6 +50,7 @@ from libs.core.inputs import (
     JobArrived,
     ModelEvicted,
     ModelLoaded,
+    NodeHeartbeat,
     NodeJoined,
     TaskEnded,
     TaskIdle,
@@ -46,9 +61,10 @@ from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.placement import Capacity, Fit, NoFit, describe
 from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
+from libs.core.validation import joined, rejection, validate_node
 
 POLICY = "budget"
-POLICY_VERSION = 7
+POLICY_VERSION = 8
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
@@ -101,6 +117,10 @@ class Scheduler:
         self._weighted_start: dict[str, float] = {}
         self._impossible: set[str] = set()  # jobs no registered node can ever hold
         self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+        # Liveness: the agent incarnation each node registered with last, and when the
+        # nodes that heartbeat were last heard from (input time, oldest first).
+        self._incarnations: dict[str, str] = {}
+        self._leases: dict[str, float] = {}
         # Workflows (DAGs of model-serving tasks) are planned by the serving core,
         # on GPUs it holds from this scheduler's capacity.
         self._serving = Serving(self.config, self._capacity, self._fingerprint, self._reserved)
@@ -108,6 +128,8 @@ class Scheduler:
     # -- the one entry point -------------------------------------------------
 
     def handle(self, event: Input) -> list[Decision]:
+        """Fold one input; never raises: an input it cannot act on is answered with a
+        ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
         self.now = max(self.now, event.at)
         decisions: list[Decision] = []
         match event:
@@ -115,15 +137,25 @@ class Scheduler:
                 if event.job_id in self._seen:  # a duplicate submission: already decided
                     return []
                 self._seen.add(event.job_id)
+                rejected = rejection(event.job_id, event.spec)
+                if rejected is not None:
+                    return [rejected]
                 if event.spec.workflow is not None:
                     decisions += self._serving.arrive(event.job_id, event.spec, self._now_ms)
                 else:
                     self._seq += 1
                     self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
             case NodeJoined():
-                self._join(event.node)
-                self._serving.add_node(event.node)
+                if violations := validate_node(event.node):
+                    return [Refused(event.node.node_id, joined(violations))]
+                decisions += self._register(event)
                 decisions += self._recheck_impossible()
+            case NodeHeartbeat():
+                self._heard(event)
+                lost = self._expire_leases()
+                if not lost:
+                    return []  # only time passed: the next tick's pass sees it
+                decisions += lost
             case TaskStarted() if self._serving.owns(event.task_id):
                 self._serving.started(event.task_id, self._now_ms)
             case TaskStarted():
@@ -131,7 +163,7 @@ class Scheduler:
             case TaskEnded() if self._serving.owns(event.task_id):
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case TaskEnded():
-                decisions += self._ended(event)
+                decisions += self._ended(event.job_id, event.task_id, event.node_id, event.at)
             case ModelLoaded():
                 self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
             case ModelEvicted():
@@ -144,12 +176,15 @@ class Scheduler:
             case BudgetSet():
                 self._set_tree(event.tree)
                 self._running_version += 1  # ranks changed
+            case UsageSnapshot() if not all(math.isfinite(u) for _, u in event.usage):
+                return [Refused("usage snapshot", "charged GPU-seconds must be finite numbers")]
             case UsageSnapshot():
                 before = self._snapshot_fact
                 self._snapshot = dict(event.usage)
                 self._snapshot_at = event.at
                 self._fingerprint.replace(before, self._snapshot_fact)
                 self._reweigh()
+        decisions += self._expire_leases()
         # Preemption planning scans the running work, so it runs in rounds: at
         # most every 10 s of input time (ticks keep time moving), when the budget
         # changes, and when debug work arrives (the fast path).
@@ -168,7 +203,15 @@ class Scheduler:
             waiting = self._queues.jobs.get(event.job_id)
             if waiting is not None:
                 decisions += self._wait(waiting)
-        return decisions
+        return [self._addressed(d) for d in decisions]
+
+    def _addressed(self, decision: Decision) -> Decision:
+        """A placement names the agent incarnation it is for (see ``Place``)."""
+        if isinstance(decision, Place):
+            incarnation = self._incarnations.get(decision.node_id, "")
+            if incarnation:
+                return replace(decision, node_incarnation=incarnation)
+        return decision
 
     def serving_gpus(self) -> int:
         """GPUs held for workflows now (taken from batch work)."""
@@ -269,30 +312,113 @@ class Scheduler:
         self._fingerprint.replace(before, run.fact)
         self._running_version += 1
 
-    def _ended(self, event: TaskEnded) -> list[Decision]:
-        run = self._running.get(event.job_id)
-        if run is None or event.task_id not in run.tasks or event.task_id in run.ended:
+    def _ended(self, job_id: str, task_id: str, node_id: str, at: float) -> list[Decision]:
+        """A task ended; a report from another node than the task's is not believed."""
+        run = self._running.get(job_id)
+        if run is None or run.tasks.get(task_id, ("",))[0] != node_id or task_id in run.ended:
             return []
         before = run.fact
-        run.ended.add(event.task_id)
+        run.ended.add(task_id)
         self._running_version += 1
-        node_id, gpus = run.tasks[event.task_id]
+        gpus = run.tasks[task_id][1]
         self._capacity.give(node_id, gpus)
-        self._on_node.get(node_id, {}).pop(event.job_id, None)
+        self._on_node.get(node_id, {}).pop(job_id, None)
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
             self._fingerprint.replace(before, run.fact)
             return []
         self._fingerprint.remove(before)
-        del self._running[event.job_id]
+        del self._running[job_id]
         self._count(run, -1)
         if not run.spec.allocated:
             self._free_work_gpus -= run.spec.gpus
-        if run.stopping is not StopCause.PREEMPTED:
+        if run.stopping is StopCause.PREEMPTED:
+            what = "preempted"
+        elif run.stopping is StopCause.NODE_LOST:
+            what = "lost with its node"
+        else:
             return []
         if run.spec.resumable:
-            self._enqueue(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, event.at))
-            return [Requeue(run.job_id, "preempted; requeued (resumable)")]
-        return [Preempted(run.job_id, "preempted; not resumable")]
+            self._enqueue(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, at))
+            return [Requeue(run.job_id, f"{what}; requeued (resumable)")]
+        if run.stopping is StopCause.PREEMPTED:
+            return [Preempted(run.job_id, f"{what}; not resumable")]
+        return [JobLost(run.job_id, f"{what}; not resumable")]
+
+    # -- liveness --------------------------------------------------------------
+
+    def _register(self, event: NodeJoined) -> list[Decision]:
+        """A node (re)registered. Another incarnation means its agent restarted and
+        killed what it ran: those tasks are lost, and its GPUs come back free."""
+        node_id = event.node.node_id
+        known = self._incarnations.get(node_id)
+        decisions: list[Decision] = []
+        if event.incarnation and known is not None and known != event.incarnation:
+            decisions += self._lose_tasks(node_id, f"the node agent on {node_id} restarted")
+        if known is not None:
+            self._fingerprint.remove(f"i|{node_id}|{known}")
+        self._incarnations[node_id] = event.incarnation
+        self._fingerprint.add(f"i|{node_id}|{event.incarnation}")
+        self._lease(node_id, event.heartbeat_s > 0)
+        self._join(event.node)
+        self._serving.add_node(event.node)
+        return decisions
+
+    def _heard(self, event: NodeHeartbeat) -> None:
+        node_id = event.node_id
+        if node_id in self._leases and self._incarnations.get(node_id) == event.incarnation:
+            self._lease(node_id, True)
+
+    def _lease(self, node_id: str, held: bool) -> None:
+        """Renew (``held``) or drop a node's lease; renewing moves it to the back."""
+        heard = self._leases.pop(node_id, None)
+        if heard is not None:
+            self._fingerprint.remove(f"l|{node_id}|{heard}")
+        if held:
+            self._leases[node_id] = self.now
+            self._fingerprint.add(f"l|{node_id}|{self.now}")
+
+    def _expire_leases(self) -> list[Decision]:
+        """Declare lost the nodes silent for longer than the timeout, oldest first."""
+        timeout = self.config.node_lost_timeout_s
+        decisions: list[Decision] = []
+        while self._leases:
+            node_id, heard = next(iter(self._leases.items()))
+            if self.now - heard <= timeout:
+                break
+            silent = f"no heartbeat for {self.now - heard:.0f} s (node_lost_timeout_s {timeout:g})"
+            decisions += self._lose_node(node_id, silent)
+        return decisions
+
+    def _lose_node(self, node_id: str, why: str) -> list[Decision]:
+        self._lease(node_id, False)
+        decisions: list[Decision] = [NodeLost(node_id, self._incarnations.get(node_id, ""), why)]
+        decisions += self._lose_tasks(node_id, f"node {node_id} lost: {why}")
+        node = self._capacity.nodes.get(node_id)
+        if node is not None:
+            self._fingerprint.remove(_node_fact(node))
+            self._capacity.remove(node_id)
+        for held, (job_id, _) in sorted(self._reserved.items()):
+            if held == node_id:
+                self._release(job_id)
+        return decisions
+
+    def _lose_tasks(self, node_id: str, why: str) -> list[Decision]:
+        """End every task on the node as lost; a gang's tasks elsewhere are stopped."""
+        decisions: list[Decision] = []
+        for job_id in list(self._on_node.get(node_id, {})):
+            run = self._running[job_id]
+            if run.stopping is None:
+                self._update(job_id, stopping=StopCause.NODE_LOST)
+                decisions += [
+                    Stop(job_id, task_id, other, StopCause.NODE_LOST, why)
+                    for task_id, (other, _) in sorted(run.tasks.items())
+                    if other != node_id and task_id not in run.ended
+                ]
+            for task_id, (task_node, _) in sorted(run.tasks.items()):
+                if task_node == node_id and task_id not in run.ended:
+                    decisions.append(TaskLost(job_id, task_id, node_id, why))
+                    decisions += self._ended(job_id, task_id, node_id, self.now)
+        return decisions
 
     def _cancel(self, job_id: str) -> list[Decision]:
         if self._dequeue(job_id) is not None:

@@ -1,19 +1,27 @@
-"""Admission rules for a job spec. Each violation names the field and the rule."""
+"""The rules a job spec and a node must keep. Each violation names the field and the rule.
+
+Two layers: the protocol's limits (``libs.core.limits``), which the scheduler enforces
+on everything it reads, and a site's narrower ``Limits``, which admission adds.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from libs.core.compass.workflow import Workflow, WorkflowError, build_workflow
-from libs.core.model import JobSpec
+from libs.core import limits as L
+from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
+from libs.core.decisions import Reject
+from libs.core.model import JobSpec, NodeSpec
 
 HOUR = 3600
 
 
 @dataclass(frozen=True)
 class Limits:
+    """A site's limits, within the protocol's."""
+
     max_gpus: int = 64
     max_min_runtime_s: int = 8 * HOUR
     gpu_types: frozenset[str] = frozenset()  # empty: any type is accepted
@@ -31,34 +39,70 @@ class Violation:
         return f"{self.field}: {self.rule}"
 
 
-def validate_job(spec: JobSpec, limits: Limits, allocations: Collection[str]) -> list[Violation]:
+def validate_job(
+    spec: JobSpec, limits: Limits | None = None, allocations: Collection[str] | None = None
+) -> list[Violation]:
     """All the ways ``spec`` breaks the rules; empty when it is valid.
 
-    ``allocations`` are the leaves of the budget tree; membership is a
-    permission question, checked by the caller. A workflow is judged as
-    submitted (``spec_from_proto(..., workflow_as_given=True)``): its tasks in
-    any order, checked here as a DAG, each model against ``limits.gpu_memory_mb``;
-    the first broken rule is reported, its field naming the task.
+    Without ``limits`` only the protocol's rules apply: what the scheduler checks.
+    ``allocations`` (the budget tree's leaves) also checks the allocation exists;
+    membership is a permission question, checked by the caller. A workflow is judged
+    as submitted (``spec_from_proto(..., workflow_as_given=True)``): its tasks in any
+    order, checked here as a DAG; the first broken rule is reported, its field naming
+    the task.
     """
-    found: list[Violation] = []
-    if not spec.allocation:
-        found.append(Violation("allocation", "is required"))
-    elif spec.allocation not in allocations:
-        known = ", ".join(sorted(allocations)) or "none"
-        found.append(
-            Violation("allocation", f"unknown allocation {spec.allocation!r}; known: {known}")
-        )
-    if not spec.user:
-        found.append(Violation("user", "is required"))
+    found = _ids(spec, allocations)
+    found += _gpus(spec, limits)
+    if limits is not None:
+        found += _site(spec, limits)
+    found += _command(spec, required=limits is not None)
+    found += _env(spec.env)
+    found += _numbers(spec)
     if spec.workflow is not None:
-        if spec.gpus != 1:
-            found.append(
-                Violation(
-                    "gpus", f"must be 1 for a workflow (each task runs on one GPU), got {spec.gpus}"
-                )
-            )
-    elif not 1 <= spec.gpus <= limits.max_gpus:
-        found.append(Violation("gpus", f"must be between 1 and {limits.max_gpus}, got {spec.gpus}"))
+        memory_mb = limits.gpu_memory_mb if limits is not None else math.inf
+        found += _workflow_violations(spec.workflow, memory_mb)
+    return found
+
+
+def rejection(job_id: str, spec: JobSpec) -> Reject | None:
+    """How every policy answers a job that breaks the protocol's rules; None: it is valid."""
+    violations = validate_job(spec)
+    if not 0 < len(job_id) <= L.MAX_NAME_CHARS:
+        violations.insert(0, Violation("job_id", f"must be 1 to {L.MAX_NAME_CHARS} characters"))
+    if not violations:
+        return None
+    return Reject(job_id[: L.MAX_NAME_CHARS], violations[0].field, joined(violations))
+
+
+def joined(violations: list[Violation]) -> str:
+    """Every rule broken, for people."""
+    return "; ".join(str(v) for v in violations)
+
+
+def validate_node(node: NodeSpec) -> list[Violation]:
+    """The ways a node's registration breaks the protocol's rules."""
+    found: list[Violation] = []
+    if not node.node_id or len(node.node_id) > L.MAX_NAME_CHARS:
+        found.append(Violation("node_id", f"must be 1 to {L.MAX_NAME_CHARS} characters"))
+    if len(node.gpu_type) > L.MAX_TEXT_CHARS:
+        found.append(Violation("gpu_type", f"must be at most {L.MAX_TEXT_CHARS} characters"))
+    indices = node.gpu_indices
+    if not 1 <= len(indices) <= L.MAX_NODE_GPUS:
+        found.append(
+            Violation("gpus", f"a node has 1 to {L.MAX_NODE_GPUS} GPUs, got {len(indices)}")
+        )
+    elif len(set(indices)) != len(indices) or not all(0 <= i <= L.MAX_GPU_INDEX for i in indices):
+        found.append(Violation("gpus", f"indices must be distinct, 0 to {L.MAX_GPU_INDEX}"))
+    if not 0 <= node.gpu_memory_gib <= L.MAX_GPU_MEMORY_GIB:
+        found.append(
+            Violation("gpus.memory", f"must be between 0 and {L.MAX_GPU_MEMORY_GIB:g} GiB")
+        )
+    return found
+
+
+def _site(spec: JobSpec, limits: Limits) -> list[Violation]:
+    """A site's own rules: its GPU types and its cap on the contract."""
+    found: list[Violation] = []
     if spec.gpu_type and limits.gpu_types and spec.gpu_type not in limits.gpu_types:
         types = ", ".join(sorted(limits.gpu_types))
         found.append(Violation("gpu_type", f"unknown type {spec.gpu_type!r}; known: {types}"))
@@ -70,39 +114,146 @@ def validate_job(spec: JobSpec, limits: Limits, allocations: Collection[str]) ->
                 f"({limits.max_min_runtime_s / HOUR:g} h), got {spec.min_runtime_s}",
             )
         )
-    if spec.workflow is not None:
-        # Optional: a simulated node runs a workflow's tasks without one; on a
-        # process node every task runs it (and fails at once without one).
-        if spec.command and not spec.command[0]:
-            found.append(Violation("command", "the program must not be empty"))
-        found += _workflow_violations(spec.workflow, limits)
-    elif not spec.command or not spec.command[0]:
-        found.append(Violation("command", "is required (the program and its arguments)"))
-    if spec.simulated_duration_s < 0:
-        found.append(Violation("simulated_duration_s", "must be >= 0"))
-    if not 0.0 <= spec.simulated_utilization <= 1.0:
-        found.append(Violation("simulated_utilization", "must be between 0 and 1"))
-    if spec.min_gpu_memory_gib < 0:
-        found.append(Violation("min_gpu_memory_gib", "must be >= 0"))
     return found
 
 
-def _workflow_violations(workflow: Workflow, limits: Limits) -> list[Violation]:
+def _ids(spec: JobSpec, allocations: Collection[str] | None) -> list[Violation]:
+    found: list[Violation] = []
+    if not spec.allocation:
+        found.append(Violation("allocation", "is required"))
+    elif allocations is not None and spec.allocation not in allocations:
+        known = ", ".join(sorted(allocations)) or "none"
+        found.append(
+            Violation("allocation", f"unknown allocation {spec.allocation!r}; known: {known}")
+        )
+    if not spec.user:
+        found.append(Violation("user", "is required"))
+    for name in ("allocation", "user", "gpu_type", "cluster", "client_request_id"):
+        if len(getattr(spec, name)) > L.MAX_TEXT_CHARS:
+            found.append(Violation(name, f"must be at most {L.MAX_TEXT_CHARS} characters"))
+    return found
+
+
+def _gpus(spec: JobSpec, limits: Limits | None) -> list[Violation]:
+    if spec.workflow is not None:
+        if spec.gpus == 1:
+            return []
+        rule = f"must be 1 for a workflow (each task runs on one GPU), got {spec.gpus}"
+        return [Violation("gpus", rule)]
+    if spec.gpus < 1:
+        return [
+            Violation(
+                "gpus",
+                f"must be at least 1, got {spec.gpus}: Quartermaster schedules GPU work; "
+                "run CPU-only jobs elsewhere",
+            )
+        ]
+    most = min(limits.max_gpus, L.MAX_GPUS) if limits is not None else L.MAX_GPUS
+    if spec.gpus > most:
+        return [Violation("gpus", f"must be between 1 and {most}, got {spec.gpus}")]
+    return []
+
+
+def _command(spec: JobSpec, *, required: bool) -> list[Violation]:
+    """A batch job's command is the site's requirement: the scheduler needs none (a
+    simulated node runs nothing, and a process node fails a job without one)."""
+    argv = spec.command
+    if required and spec.workflow is None and (not argv or not argv[0]):
+        return [Violation("command", "is required (the program and its arguments)")]
+    # Optional for a workflow: a simulated node runs its tasks without one; on a
+    # process node every task runs it (and fails at once without one).
+    if argv and not argv[0]:
+        return [Violation("command", "the program must not be empty")]
+    if len(argv) > L.MAX_COMMAND_ARGS:
+        return [Violation("command", f"at most {L.MAX_COMMAND_ARGS} arguments, got {len(argv)}")]
+    size = _utf8(argv)
+    if size > L.MAX_COMMAND_BYTES:
+        return [Violation("command", f"at most {L.MAX_COMMAND_BYTES} bytes, got {size}")]
+    if any("\0" in arg for arg in argv):
+        return [Violation("command", "an argument holds a NUL character")]
+    return []
+
+
+def _env(env: tuple[tuple[str, str], ...]) -> list[Violation]:
+    if len(env) > L.MAX_ENV_VARS:
+        return [Violation("env", f"at most {L.MAX_ENV_VARS} variables, got {len(env)}")]
+    size = _utf8(part for pair in env for part in pair)
+    if size > L.MAX_ENV_BYTES:
+        return [Violation("env", f"at most {L.MAX_ENV_BYTES} bytes, got {size}")]
+    for key, value in env:
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            return [
+                Violation(f"env[{key[: L.MAX_NAME_CHARS]}]", "names a variable without = or NUL")
+            ]
+    return []
+
+
+def _numbers(spec: JobSpec) -> list[Violation]:
+    """Finite and in range; a NaN fails every comparison, so each rule is written to pass."""
+    found: list[Violation] = []
+    if not 0 <= spec.simulated_duration_s <= L.MAX_SIMULATED_DURATION_S:
+        found.append(
+            Violation(
+                "simulated_duration_s", f"must be between 0 and {L.MAX_SIMULATED_DURATION_S} s"
+            )
+        )
+    if not 0.0 <= spec.simulated_utilization <= 1.0:
+        found.append(Violation("simulated_utilization", "must be between 0 and 1"))
+    if not 0 <= spec.min_gpu_memory_gib <= L.MAX_GPU_MEMORY_GIB:
+        found.append(
+            Violation("min_gpu_memory_gib", f"must be between 0 and {L.MAX_GPU_MEMORY_GIB:g}")
+        )
+    return found
+
+
+def _workflow_violations(workflow: Workflow, gpu_memory_mb: float) -> list[Violation]:
     """The first broken rule of a workflow, its field naming the task.
 
     ``workflow`` is taken as submitted: its tasks in any order, nothing checked yet.
     """
     if not workflow.name:
         return [Violation("workflow.name", "is required")]
-    for task in workflow.tasks:
-        for name in ("model_mb", "run_ms", "in_kb", "out_kb"):
-            if not math.isfinite(getattr(task, name)):
-                return [Violation(_task_field(task.task_id), f"{name} must be a finite number")]
+    if len(workflow.name) > L.MAX_TEXT_CHARS:
+        return [Violation("workflow.name", f"must be at most {L.MAX_TEXT_CHARS} characters")]
+    tasks = workflow.tasks
+    if len(tasks) > L.MAX_WORKFLOW_TASKS:
+        rule = f"at most {L.MAX_WORKFLOW_TASKS} tasks, got {len(tasks)}"
+        return [Violation("workflow.tasks", rule)]
+    edges = sum(len(t.parents) for t in tasks)
+    if edges > L.MAX_WORKFLOW_EDGES:
+        rule = f"at most {L.MAX_WORKFLOW_EDGES} parent links in all, got {edges}"
+        return [Violation("workflow.tasks", rule)]
+    for task in tasks:
+        if broken := _task_rule(task):
+            return [Violation(_task_field(task.task_id), broken)]
     try:
-        build_workflow(workflow.name, workflow.tasks, limits.gpu_memory_mb)
+        build_workflow(workflow.name, tasks, gpu_memory_mb)
     except WorkflowError as exc:
         return [_violation(workflow, str(exc))]
     return []
+
+
+_TASK_MAXIMA = (
+    ("model_mb", L.MAX_MODEL_MB),
+    ("run_ms", L.MAX_RUN_MS),
+    ("in_kb", L.MAX_TRANSFER_KB),
+    ("out_kb", L.MAX_TRANSFER_KB),
+)
+
+
+def _task_rule(task: Task) -> str:
+    """The first size rule a task breaks (its DAG rules are build_workflow's); empty: none."""
+    for name, most in _TASK_MAXIMA:
+        value = getattr(task, name)
+        if not math.isfinite(value):
+            return f"{name} must be a finite number"
+        if value > most:
+            return f"{name} must be at most {most:g}"
+    if len(task.task_id) > L.MAX_NAME_CHARS or any(len(p) > L.MAX_NAME_CHARS for p in task.parents):
+        return f"task ids must be at most {L.MAX_NAME_CHARS} characters"
+    if len(task.model) > L.MAX_TEXT_CHARS:
+        return f"model must be at most {L.MAX_TEXT_CHARS} characters"
+    return ""
 
 
 def _violation(workflow: Workflow, message: str) -> Violation:
@@ -118,4 +269,8 @@ def _violation(workflow: Workflow, message: str) -> Violation:
 
 
 def _task_field(task_id: str) -> str:
-    return f"workflow.tasks[{task_id}]"
+    return f"workflow.tasks[{task_id[: L.MAX_NAME_CHARS]}]"
+
+
+def _utf8(parts: Iterable[str]) -> int:
+    return sum(len(part.encode("utf-8", "surrogatepass")) for part in parts)

@@ -19,26 +19,33 @@ from libs.core import (
     Decision,
     Input,
     JobArrived,
+    JobLost,
     JobSpec,
     ModelEvicted,
     ModelLoaded,
+    NodeHeartbeat,
     NodeJoined,
+    NodeLost,
     NodeSpec,
     Place,
     Planned,
     Preempted,
+    Refused,
+    Reject,
     Requeue,
     ServingTask,
     Stop,
     StopCause,
     TaskEnded,
     TaskIdle,
+    TaskLost,
     TaskStarted,
     Tick,
     UsageSnapshot,
     Wait,
+    validate_job,
 )
-from libs.core.budget_tree import BudgetNode, BudgetTree
+from libs.core.budget_tree import BudgetNode, BudgetTree, InvalidTree
 from libs.core.compass.workflow import (
     BYTES_PER_MB,
     Task,
@@ -46,6 +53,7 @@ from libs.core.compass.workflow import (
     WorkflowError,
     build_workflow,
 )
+from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
 GIB = 1 << 30
@@ -53,22 +61,19 @@ GIB = 1 << 30
 _STOP_CAUSES = {
     StopCause.CANCELLED: types_pb2.STOP_CAUSE_CANCELLED,
     StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
+    StopCause.NODE_LOST: types_pb2.STOP_CAUSE_NODE_LOST,
 }
 
 
 def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False) -> JobSpec:
     """The core's job spec; a workflow is checked and put in topological order.
 
-    A workflow that breaks a DAG rule is dropped (``workflow=None``). Admission
-    refuses such workflows, so one only reaches the log by going around it; every
-    reader of the log (placement, the auditor, admission's explainer, the
-    simulator) then sees the same plain one-GPU job running the spec's command,
-    which on a process node fails at once when the command is empty, as a
-    workflow's may be. That keeps the job visible and cancellable, and the
-    outcome depends on the event's bytes alone; the alternative, a ``Workflow``
-    whose tasks are not a DAG in topological order, would break the planner.
-    GPU memory is not checked here (the largest GPU is admission's knowledge,
-    not the log's): a model too large for every GPU waits for one.
+    A workflow that breaks a DAG rule is dropped (``workflow=None``): a ``Workflow``
+    whose tasks are not a DAG in topological order would break the planner. Admission
+    refuses such workflows, and placement rejects one that reaches the log around it
+    (``to_input``), so no scheduler ever reads that plain job. GPU memory is not
+    checked here (the largest GPU is admission's knowledge, not the log's): a model
+    too large for every GPU waits for one.
 
     ``workflow_as_given``: keep the workflow's tasks unchecked, in the order
     given, for ``validate_job`` to judge; such a spec is never for the scheduler.
@@ -215,15 +220,24 @@ def tree_to_proto(tree: BudgetTree, version: int) -> types_pb2.BudgetTree:
     )
 
 
-def to_input(env: events_pb2.Envelope) -> Input | None:
-    """The core input an envelope stands for; None for events the scheduler ignores."""
+def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
+    """The core input an envelope stands for; None for events the scheduler ignores.
+
+    An envelope that cannot become an input is answered here instead, as the core
+    answers an input it cannot act on: a job's with a ``Reject`` (its spec too large
+    to copy into the records placement writes, or a workflow that is not a DAG), a
+    budget tree's with a ``Refused``.
+    """
     at = occurred_at(env)
     match event_type(env):
         case "job_admitted":
-            p = env.job_admitted
-            return JobArrived(at, p.job_id, spec_from_proto(p.spec))
+            return _arrived(at, env.job_admitted)
         case "node_registered":
-            return NodeJoined(at, node_from_proto(env.node_registered.inventory))
+            r = env.node_registered
+            return NodeJoined(at, node_from_proto(r.inventory), r.incarnation, r.heartbeat_s)
+        case "node_heartbeat":
+            h = env.node_heartbeat
+            return NodeHeartbeat(at, h.node_id, h.incarnation)
         case "task_started":
             s = env.task_started
             return TaskStarted(at, s.job_id, s.task_id, s.node_id)
@@ -245,7 +259,10 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
         case "job_cancel_requested":
             return CancelRequested(at, env.job_cancel_requested.job_id)
         case "budget_changed":
-            return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
+            try:
+                return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
+            except InvalidTree as exc:
+                return Refused(f"budget tree version {env.budget_changed.tree.version}", str(exc))
         case "usage_snapshot":
             u = env.usage_snapshot
             usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
@@ -255,7 +272,23 @@ def to_input(env: events_pb2.Envelope) -> Input | None:
     return None
 
 
-def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Message:
+def _arrived(at: float, admitted: events_pb2.JobAdmitted) -> JobArrived | Reject:
+    size = admitted.spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        return Reject(admitted.job_id, "spec", f"is {size} bytes; at most {MAX_SPEC_BYTES}")
+    spec = spec_from_proto(admitted.spec)
+    if admitted.spec.HasField("workflow") and spec.workflow is None:
+        given = spec_from_proto(admitted.spec, workflow_as_given=True)
+        broken = [v for v in validate_job(given) if v.field.startswith("workflow")]
+        return Reject(admitted.job_id, broken[0].field, "; ".join(str(v) for v in broken))
+    return JobArrived(at, admitted.job_id, spec)
+
+
+def decision_payload(
+    decision: Decision, provenance: types_pb2.Provenance, spec: types_pb2.JobSpec | None = None
+) -> Message:
+    """The event a decision is recorded as. ``spec``: the job's as it arrived, which a
+    rejection repeats when it fits (a spec rejected for its size is left out)."""
     match decision:
         case Place():
             placed = events_pb2.TaskPlaced(
@@ -265,6 +298,7 @@ def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Me
                 gpu_indices=list(decision.gpu_indices),
                 spec=spec_to_proto(decision.spec),
                 provenance=provenance,
+                node_incarnation=decision.node_incarnation,
             )
             if decision.serving is not None:
                 placed.serving.CopyFrom(serving_to_proto(decision.serving))
@@ -295,6 +329,35 @@ def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Me
                 cause=_STOP_CAUSES[decision.cause],
                 provenance=provenance,
             )
+        case Reject():
+            rejected = events_pb2.JobRejected(
+                job_id=decision.job_id,
+                field=decision.field,
+                reason=_cut(decision.reason),
+                provenance=provenance,
+            )
+            if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
+                rejected.spec.CopyFrom(spec)
+            return rejected
+        case Refused():
+            return events_pb2.InputRefused(
+                subject=decision.subject, reason=_cut(decision.reason), provenance=provenance
+            )
+        case NodeLost():
+            return events_pb2.NodeLost(
+                node_id=decision.node_id,
+                incarnation=decision.incarnation,
+                reason=_cut(decision.reason),
+                provenance=provenance,
+            )
+        case TaskLost():
+            return events_pb2.TaskLost(
+                job_id=decision.job_id,
+                task_id=decision.task_id,
+                node_id=decision.node_id,
+                reason=_cut(decision.reason),
+                provenance=provenance,
+            )
         case Wait():
             message: type[Message] = events_pb2.JobPending
         case Cancel():
@@ -303,7 +366,16 @@ def decision_payload(decision: Decision, provenance: types_pb2.Provenance) -> Me
             message = events_pb2.JobRequeued
         case Preempted():
             message = events_pb2.JobPreempted
-    return message(job_id=decision.job_id, reason=decision.reason, provenance=provenance)
+        case JobLost():
+            message = events_pb2.JobLost
+    return message(job_id=decision.job_id, reason=_cut(decision.reason), provenance=provenance)
+
+
+def _cut(reason: str) -> str:
+    """Reasons are for people and must not make a record too large."""
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[: MAX_REASON_CHARS - 1] + "…"
 
 
 def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:

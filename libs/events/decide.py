@@ -4,26 +4,51 @@ The placement service and the audit replayer both call :func:`decide`, so a
 replay of the same input yields the same output bytes. Everything in an output
 envelope derives from the input: its id from the input position, its time
 from the input's time, its producer from the policy (not the instance).
+
+Whatever arrives, a step answers rather than raises (DESIGN.md 3.6): an envelope
+that cannot become a core input is rejected or refused here, and a defect in the
+core (it must never raise, and property tests hold it to that) is logged and
+answered with a refusal, so one record can never stop a partition. Every output is
+checked against the bus's record limit; one that would still not fit (the limits
+make that impossible for anything the core writes today) becomes a rejection.
 """
 
 from __future__ import annotations
 
+import logging
+
+from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
+from libs.core import POLICY, POLICY_VERSION, Decision, PolicyConfig, Refused, Reject, Scheduler
+from libs.core.limits import MAX_RECORD_BYTES
 from libs.events.convert import decision_payload, to_input
-from libs.events.envelope import new_envelope
+from libs.events.envelope import encode, event_type, new_envelope
+
+log = logging.getLogger(__name__)
 
 PRODUCER = "placement"
+
+
+def step(scheduler: Scheduler, env: events_pb2.Envelope) -> list[Decision]:
+    """The decisions one envelope causes: the core's, or the edge's answer to an
+    envelope that cannot become a core input. Never raises."""
+    core_input = to_input(env)
+    if core_input is None:
+        return []
+    if isinstance(core_input, Reject | Refused):
+        return [core_input]
+    try:
+        return scheduler.handle(core_input)
+    except Exception as exc:  # a defect, not an input error: answer, log, go on
+        log.exception("the scheduler raised on %s %s", event_type(env), env.event_id)
+        return [Refused(event_type(env), f"internal error: {type(exc).__name__}")]
 
 
 def decide(
     scheduler: Scheduler, env: events_pb2.Envelope, *, partition: int, offset: int
 ) -> list[events_pb2.Envelope]:
-    core_input = to_input(env)
-    if core_input is None:
-        return []
-    decisions = scheduler.handle(core_input)
+    decisions = step(scheduler, env)
     if not decisions:
         return []
     provenance = types_pb2.Provenance(
@@ -33,9 +58,10 @@ def decide(
         policy=POLICY,
         policy_version=POLICY_VERSION,
     )
-    return [
-        new_envelope(
-            decision_payload(decision, provenance),
+    outputs = []
+    for index, decision in enumerate(decisions):
+        out = new_envelope(
+            _payload(decision, provenance, env),
             producer=PRODUCER,
             cluster=env.cluster,
             correlation_id=decision.job_id,
@@ -43,8 +69,36 @@ def decide(
             occurred=env.occurred_at.ToDatetime(),
             event_id=f"{env.cluster}-p{partition}-o{offset}-d{index}",
         )
-        for index, decision in enumerate(decisions)
-    ]
+        outputs.append(out if len(encode(out)) <= MAX_RECORD_BYTES else _too_large(out))
+    return outputs
+
+
+def _payload(
+    decision: Decision, provenance: types_pb2.Provenance, env: events_pb2.Envelope
+) -> Message:
+    spec = env.job_admitted.spec if event_type(env) == "job_admitted" else None
+    payload = decision_payload(decision, provenance, spec)
+    if isinstance(payload, events_pb2.InputRefused):
+        payload.event_id = env.event_id
+        payload.kind = event_type(env)
+    return payload
+
+
+def _too_large(out: events_pb2.Envelope) -> events_pb2.Envelope:
+    """The decision as a rejection of its job, which always fits: no spec, a short reason."""
+    kind = event_type(out)
+    size = len(encode(out))
+    log.error("%s for %s is %d bytes, over the record limit", kind, out.correlation_id, size)
+    rejected = events_pb2.JobRejected(
+        job_id=out.correlation_id,
+        field="spec",
+        reason=f"its {kind} decision would be {size} bytes; records hold {MAX_RECORD_BYTES}",
+        provenance=getattr(out, kind).provenance,
+    )
+    small = events_pb2.Envelope()
+    small.CopyFrom(out)
+    small.job_rejected.CopyFrom(rejected)  # setting the oneof clears the large payload
+    return small
 
 
 class PartitionSchedulers:
@@ -58,10 +112,16 @@ class PartitionSchedulers:
         self._config = config
         self._by_cluster: dict[str, Scheduler] = {}
 
+    def of(self, cluster: str) -> Scheduler:
+        scheduler = self._by_cluster.get(cluster)
+        if scheduler is None:
+            scheduler = self._by_cluster[cluster] = Scheduler(self._config)
+        return scheduler
+
+    def get(self, cluster: str) -> Scheduler | None:
+        return self._by_cluster.get(cluster)
+
     def decide(
         self, env: events_pb2.Envelope, *, partition: int, offset: int
     ) -> list[events_pb2.Envelope]:
-        scheduler = self._by_cluster.get(env.cluster)
-        if scheduler is None:
-            scheduler = self._by_cluster[env.cluster] = Scheduler(self._config)
-        return decide(scheduler, env, partition=partition, offset=offset)
+        return decide(self.of(env.cluster), env, partition=partition, offset=offset)

@@ -10,6 +10,8 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2
 
+from libs.core.limits import MAX_TEXT_CHARS
+
 DEFAULT_CLUSTER = "default"
 
 
@@ -80,7 +82,15 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
         raise DecodeError("envelope has no event_id")
     if not event_type(env):
         raise DecodeError("envelope has no payload (unknown event type?)")
+    for name in _HEADER_FIELDS:
+        if len(getattr(env, name)) > MAX_TEXT_CHARS:
+            raise DecodeError(f"envelope {name} is longer than {MAX_TEXT_CHARS} characters")
     return env
+
+
+# Ids every consumer keys state by (the cluster picks a scheduler): bounded, so that
+# a hostile record cannot make them grow without limit.
+_HEADER_FIELDS = ("event_id", "producer", "correlation_id", "causation_id", "cluster")
 
 
 _FIELD_BY_MESSAGE = {

@@ -10,6 +10,8 @@ act on them, and keeps each job's lifecycle:
   its tasks end ``stop_grace_s`` later, unless the job finishes first.
   Resumable work checkpoints at SIGTERM; other work loses its progress.
 * ``Requeue``: the job waits again. ``Preempted`` and ``Cancel``: it is over.
+* ``Reject``: the policy refused the job (a CPU-only job of a trace, say): it
+  never runs.
 
 What differs between the simulators is their ``Host``: its clock, how it
 claims and frees GPUs, how the task inputs reach the scheduler and how it
@@ -22,7 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause
+from libs.core.decisions import (
+    Cancel,
+    Decision,
+    Place,
+    Preempted,
+    Reject,
+    Requeue,
+    Stop,
+    StopCause,
+)
 from libs.core.inputs import TaskEnded, TaskStarted
 from libs.core.model import JobSpec
 from libs.sim.workload import SimJob
@@ -33,8 +44,8 @@ SIGTERM_EXIT = 143
 # when its tasks ended on a preemption and the policy has not yet said what next.
 WAITING, PLACING, RUNNING = "waiting", "placing", "running"
 STOPPING, STOPPED = "stopping", "stopped"
-FINISHED, CANCELLED, LOST = "finished", "cancelled", "lost"
-OVER = (FINISHED, CANCELLED, LOST)
+FINISHED, CANCELLED, LOST, REJECTED = "finished", "cancelled", "lost", "rejected"
+OVER = (FINISHED, CANCELLED, LOST, REJECTED)
 
 
 class Job:
@@ -211,6 +222,8 @@ class BatchAgents:
                 job = self.job(job_id)
                 if job.state not in OVER:
                     self._leave_waiting(job, CANCELLED)
+            case Reject(job_id=job_id):
+                self._leave_waiting(self.job(job_id), REJECTED)
 
     def _place(self, place: Place) -> None:
         job = self.job(place.job_id)

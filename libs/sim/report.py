@@ -79,7 +79,12 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
         t: {"entitlement": s, "users": set(), "jobs": 0, "charged_gpu_h": 0.0}
         for t, s in shares.items()
     }
+    cpu_only = {"jobs": 0, "hours": 0.0}
     for job in workload.jobs:
+        if job.spec.gpus == 0:  # no work class: every policy rejects them
+            cpu_only["jobs"] += 1
+            cpu_only["hours"] += job.runtime_s / 3600
+            continue
         gpu_h = job.spec.gpus * job.runtime_s / 3600
         entry = classes[job.spec.work_class.value]
         entry["jobs"] += 1
@@ -94,7 +99,7 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
             team["charged_gpu_h"] += gpu_h
     for team in teams.values():
         team["users"] = len(team["users"])
-    return {"classes": classes, "teams": dict(sorted(teams.items()))}
+    return {"classes": classes, "teams": dict(sorted(teams.items())), "cpu_only": cpu_only}
 
 
 def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) -> dict[str, Any]:
@@ -152,6 +157,7 @@ def summary_markdown(
         f"- Cluster: {len(workload.nodes)} nodes, {workload.capacity} GPUs. Offered load "
         f"(GPU time submitted, cut at the last submission, over capacity × window): "
         f"**{workload.offered_load():.2f}×** capacity.",
+        _cpu_only_line(workload),
         f"- Knobs: lookback {duration(cfg.lookback_window_s)}, minimum-runtime cap "
         f"{duration(cfg.max_min_runtime_s)}, tick {duration(st.tick_s)}, usage snapshot every "
         f"{duration(st.snapshot_s)}, stop grace {duration(st.stop_grace_s)}.",
@@ -192,6 +198,19 @@ def summary_markdown(
         lines += [f"![{p.stem}]({p.relative_to(out) if out else p})" for p in plots]
         lines.append("")
     return "\n".join(lines)
+
+
+def _cpu_only_line(workload: Workload) -> str:
+    cpu_only = workload_profile(workload)["cpu_only"]
+    if not cpu_only["jobs"]:
+        return "- CPU-only jobs: none in the trace."
+    share = cpu_only["jobs"] / len(workload.jobs)
+    return (
+        f"- CPU-only jobs: **{cpu_only['jobs']}** of {len(workload.jobs)} ({share:.0%}, "
+        f"{cpu_only['hours']:,.0f} job-hours). Quartermaster schedules GPU work: every "
+        "policy rejects them (gpus must be at least 1); they count as *rejected* below and "
+        "in no other metric."
+    )
 
 
 def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:

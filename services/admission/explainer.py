@@ -13,16 +13,15 @@ import contextlib
 from qm.v1 import events_pb2
 
 from libs.bus import KafkaSettings, LogReader
-from libs.core import PolicyConfig, Scheduler
+from libs.core import PolicyConfig
 from libs.core.explain import Explanation
-from libs.events.convert import to_input
+from libs.events.decide import PartitionSchedulers, step
 
 
 class Explainer:
     def __init__(self, settings: KafkaSettings, topic: str, policy: PolicyConfig) -> None:
         self._reader = LogReader(settings, topic)
-        self._policy = policy
-        self._schedulers: dict[str, Scheduler] = {}
+        self._schedulers = PartitionSchedulers(policy)
         self._follow: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -38,10 +37,7 @@ class Explainer:
         await self._reader.stop()
 
     def apply(self, env: events_pb2.Envelope) -> None:
-        core_input = to_input(env)
-        if core_input is not None:
-            scheduler = self._schedulers.setdefault(env.cluster, Scheduler(self._policy))
-            scheduler.handle(core_input)
+        step(self._schedulers.of(env.cluster), env)
 
     def explain(self, job_id: str, cluster: str) -> Explanation | None:
         scheduler = self._schedulers.get(cluster)

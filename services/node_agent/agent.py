@@ -32,6 +32,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 from google.protobuf.message import Message
@@ -43,7 +44,7 @@ from libs.bus import Delivery, EventConsumer
 from libs.core import PolicyConfig
 from libs.core.compass import GpuWorker, Start
 from libs.core.compass.workflow import BYTES_PER_MB
-from libs.events import new_envelope
+from libs.events import event_type, new_envelope
 from libs.events.convert import serving_from_proto
 from services.node_agent.executors import Execution, Executor, LaunchError
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
@@ -54,6 +55,7 @@ from services.node_agent.lifecycle import (
     launch_failed,
     model_evicted,
     model_loaded,
+    new_incarnation,
     producer_name,
     started,
     stop_reason,
@@ -66,9 +68,16 @@ log = logging.getLogger(__name__)
 Emit = Callable[[events_pb2.Envelope], Awaitable[None]]
 
 SHUTDOWN_REASON = "node agent stopped"
+LOST_REASON = "placement declared this node lost"
 # Redeliveries come soon after the original placement: older ended tasks need not be known.
 REMEMBER_ENDED = 10_000
 DEFAULT_SAMPLE_S = 10.0
+# Placement declares a node lost after node_lost_timeout_s (30 s by default) of silence.
+DEFAULT_HEARTBEAT_S = 5.0
+# A report that could not be sent (the broker is down) is tried again after this,
+# doubling up to the most: no task end is dropped while the agent runs.
+RETRY_FIRST_S = 0.5
+RETRY_MOST_S = 10.0
 # Host-to-GPU copy rate for model loads (MB per ms): the planner's estimate by default.
 DEFAULT_HOST_TO_GPU_MB_PER_MS = PolicyConfig().host_to_gpu_mb_per_ms
 
@@ -120,7 +129,8 @@ class NodeAgent:
     With ``samplers`` (node id -> sampler) it also reports when a task's GPUs go idle
     or busy again, sampling every ``sample_s`` seconds once ``watch_utilization`` runs
     (batch tasks only: a serving task is over long before a window is).
-    ``host_to_gpu_mb_per_ms`` sets how long a model load takes.
+    ``host_to_gpu_mb_per_ms`` sets how long a model load takes. Every ``heartbeat_s``
+    seconds (0: never) ``heartbeat`` says each node is alive.
     """
 
     def __init__(
@@ -135,10 +145,17 @@ class NodeAgent:
         sample_s: float = DEFAULT_SAMPLE_S,
         remember_ended: int = REMEMBER_ENDED,
         host_to_gpu_mb_per_ms: float = DEFAULT_HOST_TO_GPU_MB_PER_MS,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
         if host_to_gpu_mb_per_ms <= 0:
             raise ValueError("host_to_gpu_mb_per_ms must be > 0")
+        if heartbeat_s < 0:
+            raise ValueError("heartbeat_s must be >= 0")
         self._nodes = {node.node_id: node for node in nodes}
+        # Each registration of a node is a new incarnation: placement then knows that
+        # the tasks of an earlier one are gone.
+        self._incarnations = {node_id: new_incarnation() for node_id in self._nodes}
+        self._heartbeat_s = heartbeat_s
         self._executors = executors
         self._emit = emit
         self._tracer = tracer or trace.get_tracer(__name__)
@@ -160,8 +177,31 @@ class NodeAgent:
 
     async def register(self) -> None:
         for node in self._nodes.values():
-            await self._report(node, events_pb2.NodeRegistered(inventory=node))
-            log.info("registered node %s: %d GPUs", node.node_id, len(node.gpus))
+            await self._register(node)
+
+    async def _register(self, node: types_pb2.NodeInventory) -> None:
+        incarnation = self._incarnations[node.node_id]
+        registered = events_pb2.NodeRegistered(
+            inventory=node, incarnation=incarnation, heartbeat_s=self._heartbeat_s
+        )
+        await self._report(node, registered)
+        log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))
+
+    async def heartbeat(self) -> None:
+        """Say every ``heartbeat_s`` that each node is alive, until cancelled. A beat
+        that cannot be sent is skipped: the next one says the same."""
+        if not self._heartbeat_s:
+            return
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            for node_id, node in self._nodes.items():
+                beat = events_pb2.NodeHeartbeat(
+                    node_id=node_id, incarnation=self._incarnations[node_id]
+                )
+                try:
+                    await self._emit(self._envelope(node, beat))
+                except Exception as exc:
+                    log.warning("heartbeat of %s not sent: %s", node_id, exc)
 
     async def handle(self, delivery: Delivery) -> bool:
         """Act on one decision record; False when it concerns none of these nodes.
@@ -170,12 +210,28 @@ class NodeAgent:
         to start is reported) or, a serving task, is queued on its GPU; a stop has been
         sent (or a queued serving task dropped and reported failed).
         """
-        decision = decision_for(delivery.envelope, self._nodes)
+        decision = decision_for(delivery.envelope, self._incarnations)
         if isinstance(decision, events_pb2.TaskPlaced):
             await self._start(decision, delivery)
         elif isinstance(decision, events_pb2.TaskStopRequested):
             await self._stop(decision, delivery.envelope.event_id)
+        elif isinstance(decision, events_pb2.NodeLost):
+            await self._rejoin(decision, delivery.envelope.event_id)
         return decision is not None
+
+    async def _rejoin(self, lost: events_pb2.NodeLost, event_id: str) -> None:
+        """Placement gave this node up (it heard no heartbeat, say while the agent was
+        cut off) and counted its tasks as lost: stop them, and register anew."""
+        node = self._nodes[lost.node_id]
+        log.warning("node %s declared lost (%s): stopping its tasks", node.node_id, lost.reason)
+        for item in list(self._serving.values()):
+            if item.gpu.node.node_id == node.node_id:
+                await self._stop_serving(item, LOST_REASON, event_id)
+        for run in list(self._running.values()):
+            if run.node.node_id == node.node_id:
+                self._request_stop(run, LOST_REASON, event_id)
+        self._incarnations[node.node_id] = new_incarnation()
+        await self._register(node)
 
     async def shutdown(self) -> None:
         """Stop every running or queued task and wait until each has reported how it ended."""
@@ -504,14 +560,36 @@ class NodeAgent:
         task: events_pb2.TaskPlaced | None = None,
         cause: str = "",
     ) -> None:
-        await self._emit(
-            new_envelope(
-                payload,
-                producer=producer_name(node.node_id),
-                cluster=node.cluster,
-                correlation_id=task.job_id if task else "",
-                causation_id=cause,
-            )
+        """Send a report, trying again while the bus refuses it: a task end that never
+        reaches placement would hold its GPUs until the node is declared lost. Once the
+        agent is shutting down, a report gets a few tries only."""
+        env = self._envelope(node, payload, task, cause)
+        delay, tries = RETRY_FIRST_S, 0
+        while True:
+            try:
+                await self._emit(env)
+                return
+            except Exception as exc:
+                tries += 1
+                if self._closing and tries >= 3:
+                    raise
+                log.warning("%s not sent (%s); again in %.1f s", event_type(env), exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MOST_S)
+
+    @staticmethod
+    def _envelope(
+        node: types_pb2.NodeInventory,
+        payload: Message,
+        task: events_pb2.TaskPlaced | None = None,
+        cause: str = "",
+    ) -> events_pb2.Envelope:
+        return new_envelope(
+            payload,
+            producer=producer_name(node.node_id),
+            cluster=node.cluster,
+            correlation_id=task.job_id if task else "",
+            causation_id=cause,
         )
 
 
@@ -525,12 +603,12 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
     tasks still queued at a crash are lost with it, like the running ones.
     """
     await consumer.start()
-    watcher: asyncio.Task[None] | None = None
+    watcher: asyncio.Future[Any] | None = None
     try:
         if not await _until_assigned(consumer, stop):
             return
         await agent.register()
-        watcher = asyncio.create_task(agent.watch_utilization())
+        watcher = asyncio.gather(agent.watch_utilization(), agent.heartbeat())
         async for batch in consumer.batches():
             done: dict[TopicPartition, int] = {}
             for delivery in batch:

@@ -3,8 +3,11 @@
 Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, default
 ``.local/logs/tasks``), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
 ``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection),
-``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads), plus the
-``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
+``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads),
+``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
+``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
+agent to kill; default ``.local/run/node-agent-NAME``), plus the ``QM_KAFKA_*``,
+``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from libs.bus import EventConsumer, EventProducer, KafkaSettings, load_topic_con
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
 from services.node_agent.agent import (
+    DEFAULT_HEARTBEAT_S,
     DEFAULT_HOST_TO_GPU_MB_PER_MS,
     DEFAULT_SAMPLE_S,
     NodeAgent,
@@ -41,6 +45,7 @@ from services.node_agent.inventory import (
     nvml_inventory,
     select_nodes,
 )
+from services.node_agent.orphans import ProcessLedger
 from services.node_agent.utilization import nvml_session, sampler_for
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")
@@ -118,7 +123,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "simulated load takes model MB / this (env QM_HOST_TO_GPU_MB_PER_MS; "
         "default: %(default)s)",
     )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=os.environ.get("QM_HEARTBEAT_SECONDS", str(DEFAULT_HEARTBEAT_S)),
+        help="how often each node says it is alive; placement declares a silent node lost "
+        "(env QM_HEARTBEAT_SECONDS; 0: never; default: %(default)s)",
+    )
     args = parser.parse_args(argv)
+    if not args.heartbeat_seconds >= 0:
+        parser.error("--heartbeat-seconds must be >= 0")
     if args.nvml and len(args.node) > 1:
         parser.error("--nvml reads this one machine: give at most one --node")
     if args.grace_seconds < 0:
@@ -172,6 +186,11 @@ async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -
     topics = load_topic_config()
     client = f"qm-node-agent-{args.name}"
     log_dir = Path(os.environ.get("QM_TASK_LOG_DIR", DEFAULT_LOG_DIR))
+    ledger = ProcessLedger(
+        Path(os.environ.get("QM_NODE_STATE_DIR") or f".local/run/node-agent-{args.name}")
+    )
+    # Before registering: the new incarnation tells placement those tasks are gone.
+    ledger.kill_leftovers()
     async with EventProducer(settings, client_id=client) as producer:
 
         async def emit(env: events_pb2.Envelope) -> None:
@@ -180,7 +199,9 @@ async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -
         agent = NodeAgent(
             nodes,
             executors={
-                types_pb2.EXECUTOR_PROCESS: ProcessExecutor(log_dir, grace_s=args.grace_seconds),
+                types_pb2.EXECUTOR_PROCESS: ProcessExecutor(
+                    log_dir, grace_s=args.grace_seconds, ledger=ledger
+                ),
                 types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
             },
             emit=emit,
@@ -188,6 +209,7 @@ async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -
             idle=args.idle,
             sample_s=args.sample_seconds,
             host_to_gpu_mb_per_ms=args.host_to_gpu_mb_per_ms,
+            heartbeat_s=args.heartbeat_seconds,
         )
         consumer = EventConsumer(
             settings,

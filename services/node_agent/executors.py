@@ -24,6 +24,8 @@ from typing import Protocol
 
 from qm.v1 import events_pb2
 
+from services.node_agent.orphans import ProcessLedger
+
 
 class LaunchError(Exception):
     """The task could not start; exit codes as in a shell: 127 not found, 126 not runnable."""
@@ -99,7 +101,11 @@ def log_file_name(job_id: str) -> str:
 
 
 class ProcessExecutor:
-    """Runs ``spec.command`` without a shell, output appended to ``<log_dir>/<job_id>.log``."""
+    """Runs ``spec.command`` without a shell, output appended to ``<log_dir>/<job_id>.log``.
+
+    ``ledger`` records each running task's process group, for the next agent to kill
+    if this one dies with its tasks still running.
+    """
 
     def __init__(
         self,
@@ -107,10 +113,12 @@ class ProcessExecutor:
         *,
         grace_s: float = 10.0,
         base_env: Mapping[str, str] | None = None,
+        ledger: ProcessLedger | None = None,
     ) -> None:
         self._log_dir = log_dir
         self._grace_s = grace_s
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self._ledger = ledger
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         """Nothing to do here: the task loads its model itself when it starts."""
@@ -149,20 +157,34 @@ class ProcessExecutor:
                 raise LaunchError(f"permission denied: {argv[0]}", 126) from None
             except OSError as exc:
                 raise LaunchError(f"cannot run {argv[0]}: {exc.strerror}", 126) from None
-        return ProcessExecution(process, grace_s=self._grace_s)
+            except ValueError as exc:  # a NUL in an argument or the environment
+                raise LaunchError(f"cannot run {argv[0]}: {exc}", 126) from None
+        if self._ledger is not None:
+            self._ledger.record(process.pid)
+        return ProcessExecution(process, grace_s=self._grace_s, ledger=self._ledger)
 
 
 class ProcessExecution:
-    def __init__(self, process: asyncio.subprocess.Process, *, grace_s: float) -> None:
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        *,
+        grace_s: float,
+        ledger: ProcessLedger | None = None,
+    ) -> None:
         self._process = process
         self._grace_s = grace_s
+        self._ledger = ledger
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        code = await self._process.wait()
+        if self._ledger is not None:
+            self._ledger.forget(self._process.pid)
+        return code
 
     async def stop(self) -> None:
         """SIGTERM to the task's process group; SIGKILL if it outlives the grace period."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Container
+import uuid
+from collections.abc import Mapping
 
 from qm.v1 import events_pb2
 
@@ -11,21 +12,39 @@ from libs.core.compass import Eviction, Start
 from libs.events import event_type
 from services.node_agent.executors import LaunchError
 
-Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested
+Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested | events_pb2.NodeLost
 Outcome = events_pb2.TaskFinished | events_pb2.TaskFailed
 
 
-def decision_for(env: events_pb2.Envelope, node_ids: Container[str]) -> Decision | None:
-    """The placement decision in ``env`` if it is addressed to one of ``node_ids``."""
+def decision_for(env: events_pb2.Envelope, incarnations: Mapping[str, str]) -> Decision | None:
+    """The placement decision in ``env`` if it is for one of the agent's nodes as they are
+    now (``incarnations``: node id -> its incarnation).
+
+    A placement made for an earlier incarnation is not: placement has already counted
+    its task as lost. Neither is a node's loss declared for an earlier incarnation.
+    """
     kind = event_type(env)
     decision: Decision
     if kind == "task_placed":
         decision = env.task_placed
+        incarnation = decision.node_incarnation
     elif kind == "task_stop_requested":
         decision = env.task_stop_requested
+        incarnation = ""
+    elif kind == "node_lost":
+        decision = env.node_lost
+        incarnation = decision.incarnation
     else:
         return None
-    return decision if decision.node_id in node_ids else None
+    current = incarnations.get(decision.node_id)
+    if current is None or (incarnation and incarnation != current):
+        return None
+    return decision
+
+
+def new_incarnation() -> str:
+    """A fresh id for an agent's registration of a node: new at every (re)start."""
+    return uuid.uuid4().hex[:16]
 
 
 def producer_name(node_id: str) -> str:

@@ -38,6 +38,7 @@ from services.node_agent.lifecycle import model_evicted, model_loaded
 HERE = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 TICK_S = 60.0
+HEARTBEAT_S = 10.0
 USAGE_EVERY_S = 3600.0
 GIB = 1 << 30
 STOPPED = -15  # the exit code of a task stopped by SIGTERM
@@ -145,6 +146,7 @@ class Scenario:
         arrival_s: float = 45.0,
         config: PolicyConfig | None = None,
         workflow_bursts: float = 0.0,
+        liveness: bool = False,
     ) -> None:
         config = config or PolicyConfig()
         self._rng = random.Random(seed)
@@ -166,6 +168,11 @@ class Scenario:
         self._started: dict[str, float] = {}
         self._stopping: set[str] = set()
         self._charged: dict[str, float] = dict.fromkeys(sorted(ALLOCATIONS), 0.0)
+        # Nodes heartbeat; one falls silent for good, one's agent restarts, and a few
+        # records break the rules as a careless or hostile writer would.
+        self._liveness = liveness
+        self._incarnations = {node_id: "a" for node_id, *_ in NODES}
+        self._silent: set[str] = set()
 
     def steps(self) -> Iterator[Step]:
         self._plan()
@@ -197,21 +204,10 @@ class Scenario:
 
     def _plan(self) -> None:
         self._at(0.0, "budget", events_pb2.BudgetChanged(tree=budget_tree(1, 60.0)))
-        for node_id, gpu_type, count, memory in NODES:
-            gpus = [
-                types_pb2.Gpu(
-                    index=i, uuid=f"{node_id}-{i}", type=gpu_type, memory_bytes=memory * GIB
-                )
-                for i in range(count)
-            ]
-            inventory = types_pb2.NodeInventory(
-                node_id=node_id,
-                cluster=self._cluster,
-                gpus=gpus,
-                executor=types_pb2.EXECUTOR_SIMULATED,
-                source="declared",
-            )
-            self._at(0.5, "node-agent", events_pb2.NodeRegistered(inventory=inventory))
+        for node in NODES:
+            self._at(0.5, "node-agent", self._registered(self._inventory(node)))
+            if self._liveness:
+                self._at(HEARTBEAT_S, "node-agent", events_pb2.NodeHeartbeat(node_id=node[0]))
         self._at(TICK_S, "ticker", events_pb2.ClockTick())
         self._at(USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
         self._arrive(1.0, 0)
@@ -234,6 +230,50 @@ class Scenario:
             self._at(at + rng.uniform(5, 900), "admission", cancel)
         if number == self._jobs // 2:
             self._at(at, "budget", events_pb2.BudgetChanged(tree=budget_tree(2, 20.0)))
+        if self._liveness:
+            self._disturb(at, number)
+
+    def _disturb(self, at: float, number: int) -> None:
+        """The liveness scenario's events, at fixed points of its run."""
+        if number == self._jobs // 4:
+            self._silent.add("h100-1")  # its agent dies and never comes back
+            bad = types_pb2.JobSpec(allocation="nlp", user="bob", gpus=0, command=["true"])
+            self._at(at, "admission", events_pb2.JobAdmitted(job_id="cpu-only", spec=bad))
+        if number == self._jobs // 2:
+            node = types_pb2.NodeInventory(node_id="empty-0", cluster=self._cluster)
+            self._at(at, "node-agent", events_pb2.NodeRegistered(inventory=node))
+            tree = budget_tree(3, math.nan)
+            self._at(at, "budget", events_pb2.BudgetChanged(tree=tree))
+        if number == 3 * self._jobs // 4:
+            # The agent of a100-0 restarts: what it ran is gone, it registers anew.
+            self._incarnations["a100-0"] = "b"
+            for task_id, placed in list(self._live.items()):
+                if placed.node_id == "a100-0":
+                    del self._live[task_id]
+            inventory = self._inventory(next(n for n in NODES if n[0] == "a100-0"))
+            self._at(at, "node-agent", self._registered(inventory))
+
+    def _inventory(self, node: tuple[str, str, int, int]) -> types_pb2.NodeInventory:
+        node_id, gpu_type, count, memory = node
+        gpus = [
+            types_pb2.Gpu(index=i, uuid=f"{node_id}-{i}", type=gpu_type, memory_bytes=memory * GIB)
+            for i in range(count)
+        ]
+        return types_pb2.NodeInventory(
+            node_id=node_id,
+            cluster=self._cluster,
+            gpus=gpus,
+            executor=types_pb2.EXECUTOR_SIMULATED,
+            source="declared",
+        )
+
+    def _registered(self, inventory: types_pb2.NodeInventory) -> events_pb2.NodeRegistered:
+        if not self._liveness:
+            return events_pb2.NodeRegistered(inventory=inventory)
+        incarnation = self._incarnations[inventory.node_id]
+        return events_pb2.NodeRegistered(
+            inventory=inventory, incarnation=incarnation, heartbeat_s=HEARTBEAT_S
+        )
 
     def _still_happens(self, at: float, payload: Message) -> bool:
         """Fill in what depends on the moment, plan what follows, drop what a stop overtook."""
@@ -247,6 +287,12 @@ class Scenario:
                 return False
             case events_pb2.ClockTick():
                 self._at(at + TICK_S, "ticker", events_pb2.ClockTick())
+            case events_pb2.NodeHeartbeat() if payload.node_id in self._silent or not self._busy():
+                return False
+            case events_pb2.NodeHeartbeat():
+                payload.incarnation = self._incarnations[payload.node_id]
+                beat = events_pb2.NodeHeartbeat(node_id=payload.node_id)
+                self._at(at + HEARTBEAT_S, "node-agent", beat)
             case events_pb2.UsageSnapshot():
                 self._at(at + USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
                 payload.window_s = self._window_s
@@ -305,10 +351,10 @@ class Scenario:
         self._at(start.finish_ms / 1000, "node-agent", finished)
 
     def _busy(self) -> bool:
-        return any(
-            not isinstance(payload, events_pb2.ClockTick | events_pb2.UsageSnapshot)
-            for _, _, _, payload in self._agenda
-        ) or bool(self._live)
+        periodic = events_pb2.ClockTick | events_pb2.UsageSnapshot | events_pb2.NodeHeartbeat
+        return any(not isinstance(payload, periodic) for _, _, _, payload in self._agenda) or bool(
+            self._live
+        )
 
     def _react(self, at: float, decision: events_pb2.Envelope) -> None:
         """What the node agents do with placement's decisions."""
@@ -343,6 +389,9 @@ class Scenario:
                 else events_pb2.TaskFailed(**ids, exit_code=code, reason=f"exited with code {code}")
             )
             self._at(end, "node-agent", outcome)
+        elif kind == "task_lost":
+            self._live.pop(decision.task_lost.task_id, None)
+            self._stopping.discard(decision.task_lost.task_id)
         elif kind == "task_stop_requested":
             stop = decision.task_stop_requested
             if stop.task_id in self._live and stop.task_id not in self._stopping:
@@ -362,11 +411,17 @@ SCENARIOS = {
     # loads and evictions, serving GPUs going back to batch work.
     "serving-mixed": (13, 200, 10.0, 0.5),
 }
+# Nodes heartbeat; one goes silent and is declared lost, one's agent restarts; a job
+# with no GPUs, a node with none and a budget tree with a NaN weight are answered.
+LIVENESS = ("scheduler-liveness", (17, 80, 20.0, 0.0))
 TAMPERED_FROM = "scheduler-contended"
 
 
-def record(name: str, seed: int, jobs: int, arrival_s: float, bursts: float) -> list[Step]:
-    steps = list(Scenario(seed, jobs, arrival_s=arrival_s, workflow_bursts=bursts).steps())
+def record(
+    name: str, seed: int, jobs: int, arrival_s: float, bursts: float, *, liveness: bool = False
+) -> list[Step]:
+    scenario = Scenario(seed, jobs, arrival_s=arrival_s, workflow_bursts=bursts, liveness=liveness)
+    steps = list(scenario.steps())
     write_log(HERE / f"{name}.input.bin", (step.input for step in steps))
     decisions = [d for step in steps for d in step.decisions]
     _write(name, name, decisions, expect=None)
@@ -444,8 +499,8 @@ def _write(
 
 
 def main() -> None:
-    for name, (seed, jobs, arrival_s, bursts) in SCENARIOS.items():
-        steps = record(name, seed, jobs, arrival_s, bursts)
+    for name, (seed, jobs, arrival_s, bursts) in [*SCENARIOS.items(), LIVENESS]:
+        steps = record(name, seed, jobs, arrival_s, bursts, liveness=name == LIVENESS[0])
         if name == TAMPERED_FROM:
             tamper(name, steps)
         if name == "serving-mixed":

@@ -24,6 +24,7 @@ from libs.core.inputs import (
 )
 from libs.core.model import JobSpec
 from libs.core.policies._inventory import Inventory, Placement
+from libs.core.validation import rejection
 
 
 @dataclass
@@ -52,6 +53,9 @@ class BaselinePolicy(ABC):
                 if job_id in self._seq:
                     return []
                 self._seq[job_id] = len(self._seq)
+                rejected = rejection(job_id, spec)
+                if rejected is not None:
+                    return [rejected]
                 self._enqueue(job_id, spec)
                 decisions = self._schedule()
                 if self._is_waiting(job_id):

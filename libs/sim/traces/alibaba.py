@@ -3,7 +3,8 @@
 The trace has no users, so each pod is its own team key. A pod's run is from
 its scheduling to its deletion; a pod that was never scheduled (Pending)
 counts from its creation, the time its owner kept asking for it. Shared GPUs
-(``gpu_milli`` < 1000) round up to a whole GPU; CPU-only pods are dropped.
+(``gpu_milli`` < 1000) round up to a whole GPU; CPU-only pods are kept with 0 GPUs,
+for the scheduler to refuse and the report to count.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ def parse_alibaba(lines: Iterable[str]) -> list[RawJob]:
     for row in reader:
         try:
             gpus = math.ceil(int(row["num_gpu"]) * int(row["gpu_milli"]) / 1000)
-            if gpus == 0:
-                continue
             created = float(row["creation_time"])
             began = float(row["scheduled_time"]) if row.get("scheduled_time") else created
             qos = row["qos"]

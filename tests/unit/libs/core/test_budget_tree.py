@@ -41,7 +41,10 @@ def test_members_and_managers() -> None:
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ((BudgetNode("r"), BudgetNode("a", "r", weight=0)), "a: weight must be > 0, got 0"),
+        (
+            (BudgetNode("r"), BudgetNode("a", "r", weight=0)),
+            "a: weight must be > 0 and at most 1,000,000,000, got 0",
+        ),
         ((BudgetNode("r"), BudgetNode("a", "ghost")), "a: unknown parent 'ghost'"),
         ((BudgetNode("r"), BudgetNode("r", "r")), "r: duplicate name"),
         ((BudgetNode("r"), BudgetNode("a", "b"), BudgetNode("b", "a")), "a: part of a cycle"),

@@ -1,8 +1,11 @@
 """Properties that must hold for any history (hypothesis drives a tiny cluster).
 
 The driver plays the node agents: placed tasks start, stopped tasks end, and
-running tasks end when hypothesis says so. Each property is checked after
-every step.
+running tasks end when hypothesis says so; a task its node lost with it is gone.
+Each property is checked after every step. The hostile histories add what a
+careless or malicious writer of the log could: invalid jobs and nodes, task
+ends for tasks that never ran, numbers that are not finite, nodes that go silent
+or restart.
 """
 
 from __future__ import annotations
@@ -18,13 +21,17 @@ from libs.core import (
     Decision,
     Input,
     JobArrived,
+    JobSpec,
+    NodeHeartbeat,
     NodeJoined,
+    NodeSpec,
     Place,
     Scheduler,
     Stop,
     StopCause,
     TaskEnded,
     TaskIdle,
+    TaskLost,
     TaskStarted,
     Tick,
     UsageSnapshot,
@@ -54,6 +61,8 @@ class Cluster:
                     assert (d.node_id, gpu) not in self.held, f"GPU {d.node_id}:{gpu} given twice"
                     self.held[(d.node_id, gpu)] = d.task_id
                 self.tasks[d.task_id] = d
+            if isinstance(d, TaskLost):  # gone with its node: no agent reports its end
+                self.forget(d.task_id)
             if isinstance(d, Stop) and d.cause is StopCause.PREEMPTED:
                 spec = self.tasks[d.task_id].spec
                 began = self.started.get(d.job_id)
@@ -71,11 +80,15 @@ class Cluster:
         return decisions
 
     def end(self, task_id: str) -> None:
+        place = self.forget(task_id)
+        self.feed(TaskEnded(self.now, place.job_id, task_id, place.node_id))
+
+    def forget(self, task_id: str) -> Place:
         place = self.tasks.pop(task_id)
         for gpu in place.gpu_indices:
             del self.held[(place.node_id, gpu)]
         self.started.pop(place.job_id, None)
-        self.feed(TaskEnded(self.now, place.job_id, task_id, place.node_id))
+        return place
 
 
 steps = st.lists(
@@ -159,3 +172,108 @@ def test_no_waiting_job_starves_while_capacity_frees(history: list[tuple[object,
     assert not world.tasks
     waiting = [j for j in world.scheduler._queues.jobs.values() if j.spec.gpus <= 16]
     assert waiting == [], f"{len(waiting)} jobs still wait on an empty cluster"
+
+
+# -- hostile histories ---------------------------------------------------------
+
+finite_or_not = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1.0, 60.0])
+)
+any_spec = st.builds(
+    JobSpec,
+    allocation=st.sampled_from(["a", "b", "", "no-such-team"]),
+    user=st.sampled_from(["alice", ""]),
+    gpus=st.integers(-2, 2000),
+    command=st.sampled_from([(), ("true",), ("a\0b",), ("x" * 70_000,)]),
+    min_runtime_s=st.sampled_from([0, 600, 10**7]),
+    resumable=st.booleans(),
+    gpu_type=st.sampled_from(["", "H100", "T4"]),
+    simulated_duration_s=finite_or_not,
+    simulated_utilization=finite_or_not,
+    min_gpu_memory_gib=finite_or_not,
+)
+any_node = st.builds(
+    NodeSpec,
+    node_id=st.sampled_from(["n0", "n1", "n9", ""]),
+    gpu_type=st.sampled_from(["H100", "T4"]),
+    gpu_indices=st.lists(st.integers(-1, 70), max_size=70).map(tuple),
+    gpu_memory_gib=finite_or_not,
+)
+hostile_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("job"), any_spec, st.sampled_from(["", "j", "j" * 80, "dup"])),
+        st.tuples(st.just("arrive"), st.sampled_from([1, 2, 8, 16]), st.sampled_from(ALLOCATIONS)),
+        st.tuples(st.just("node"), any_node, st.sampled_from(["", "one", "two"]), finite_or_not),
+        st.tuples(st.just("stray"), st.sampled_from(["j0/0", "ghost/3", "j1/0.1"])),
+        st.tuples(st.just("end"), st.integers(0, 50)),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+        st.tuples(st.just("time"), st.integers(1, 25)),
+        st.tuples(st.just("silence"), st.sampled_from(["n0", "n1"])),
+        st.tuples(st.just("restart"), st.sampled_from(["n0", "n1"])),
+        st.tuples(st.just("usage"), finite_or_not),
+    ),
+    max_size=60,
+)
+
+
+def play_hostile(history: list[tuple[object, ...]]) -> Cluster:
+    """Two nodes that heartbeat every time step until silenced, one that never does."""
+    world = Cluster()
+    world.feed(BudgetSet(0, tree(a=3, b=2, c=1)))
+    incarnation = {"n0": "one", "n1": "one"}
+    for node_id, inc in incarnation.items():
+        world.feed(NodeJoined(0, node(node_id, 8), inc, heartbeat_s=5))
+    world.feed(NodeJoined(0, node("n2", 4)))
+    beating = set(incarnation)
+    arrived = 0
+    for step in history:
+        kind = step[0]
+        if kind == "job":
+            _, spec, job_id = step
+            world.feed(JobArrived(world.now, str(job_id) or "", spec))  # type: ignore[arg-type]
+        elif kind == "arrive":
+            _, gpus, allocation = step
+            world.feed(JobArrived(world.now, f"j{arrived}", job(gpus, allocation=allocation)))  # type: ignore[arg-type]
+            arrived += 1
+        elif kind == "node":
+            _, spec, inc, beat = step
+            world.feed(NodeJoined(world.now, spec, inc, beat))  # type: ignore[arg-type]
+        elif kind == "stray":
+            # A report from a node the task is not on: never believed.
+            world.feed(TaskEnded(world.now, str(step[1]).split("/")[0], str(step[1]), "n9"))
+        elif kind == "end" and world.tasks:
+            world.end(sorted(world.tasks)[step[1] % len(world.tasks)])  # type: ignore[operator]
+        elif kind == "cancel" and arrived:
+            world.feed(CancelRequested(world.now, f"j{step[1] % arrived}"))  # type: ignore[operator]
+        elif kind == "time":
+            world.now += step[1]  # type: ignore[operator]
+            for node_id in sorted(beating):
+                world.feed(NodeHeartbeat(world.now, node_id, incarnation[node_id]))
+            world.feed(Tick(world.now))
+        elif kind == "silence":
+            beating.discard(str(step[1]))
+        elif kind == "restart":
+            node_id = str(step[1])
+            incarnation[node_id] += "+"
+            beating.add(node_id)
+            # The new agent killed what the old one ran: placement says which (TaskLost).
+            world.feed(NodeJoined(world.now, node(node_id, 8), incarnation[node_id], 5))
+        elif kind == "usage":
+            world.feed(UsageSnapshot(world.now, 7 * 86400.0, (("a", step[1]),)))  # type: ignore[arg-type]
+    return world
+
+
+@settings(max_examples=300, deadline=None)
+@given(hostile_steps)
+def test_a_hostile_history_never_raises_nor_gives_a_gpu_twice(
+    history: list[tuple[object, ...]],
+) -> None:
+    play_hostile(history)  # raises on an exception or a GPU given twice
+
+
+@settings(max_examples=100, deadline=None)
+@given(hostile_steps)
+def test_a_hostile_history_replays_identically(history: list[tuple[object, ...]]) -> None:
+    first, second = play_hostile(history), play_hostile(history)
+    assert [d for _, d in first.log] == [d for _, d in second.log]
+    assert first.scheduler.digest() == second.scheduler.digest()

@@ -19,7 +19,12 @@ def test_a_valid_job_has_no_violations() -> None:
 @pytest.mark.parametrize(
     ("spec", "field", "rule"),
     [
-        (job(0), "gpus", "must be between 1 and 64, got 0"),
+        (
+            job(0),
+            "gpus",
+            "must be at least 1, got 0: Quartermaster schedules GPU work; "
+            "run CPU-only jobs elsewhere",
+        ),
         (job(65), "gpus", "must be between 1 and 64, got 65"),
         (job(1, allocation=""), "allocation", "is required"),
         (
@@ -34,7 +39,11 @@ def test_a_valid_job_has_no_violations() -> None:
             "must be between 0 and 28800 s (8 h), got 28801",
         ),
         (job(1, command=()), "command", "is required (the program and its arguments)"),
-        (job(1, simulated_duration_s=-1.0), "simulated_duration_s", "must be >= 0"),
+        (
+            job(1, simulated_duration_s=-1.0),
+            "simulated_duration_s",
+            "must be between 0 and 31622400 s",
+        ),
     ],
 )
 def test_each_rule_names_its_field(spec: object, field: str, rule: str) -> None:
@@ -162,7 +171,7 @@ def test_a_workflow_needs_a_name() -> None:
 
 
 def test_with_gpu_memory_unknown_any_model_size_fits() -> None:
-    huge = flow(wf_task("opt", model="OPT", model_mb=1e9))
+    huge = flow(wf_task("opt", model="OPT", model_mb=1e6))
     assert validate_job(huge, Limits(), LEAVES) == []
     [violation] = validate_job(huge, Limits(gpu_memory_mb=80_000), LEAVES)
     assert violation.field == "workflow.tasks[opt]"

@@ -9,12 +9,12 @@ import pytest
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import (
-    JobArrived,
     ModelEvicted,
     ModelLoaded,
     Place,
     Planned,
     PlannedTask,
+    Reject,
     ServingTask,
 )
 from libs.core.compass.workflow import Task, Workflow, build_workflow
@@ -98,13 +98,16 @@ def test_tasks_from_the_log_come_out_in_the_cores_topological_order() -> None:
         types_pb2.Workflow(name="empty"),
     ],
 )
-def test_a_broken_workflow_on_the_log_is_dropped_not_raised(broken: types_pb2.Workflow) -> None:
+def test_a_broken_workflow_on_the_log_is_rejected_naming_the_rule(
+    broken: types_pb2.Workflow,
+) -> None:
     spec = types_pb2.JobSpec(allocation="team-a", user="ada", gpus=1, workflow=broken)
-    arrived = to_input(admitted(spec))
-    assert isinstance(arrived, JobArrived)
-    assert arrived.spec.workflow is None and arrived.spec.gpus == 1
+    rejected = to_input(admitted(spec))
+    assert isinstance(rejected, Reject)
+    assert rejected.job_id == "j-1" and rejected.field.startswith("workflow.tasks")
+    assert rejected.reason.startswith(rejected.field)
     assert workflow_from_proto(broken) is None
-    assert to_input(admitted(spec)) == arrived  # the same bytes, the same job
+    assert to_input(admitted(spec)) == rejected  # the same bytes, the same answer
 
 
 def test_memory_is_not_checked_from_the_log() -> None:

@@ -143,3 +143,11 @@ def test_the_warmup_is_simulated_but_not_measured() -> None:
     assert (metrics.start, metrics.end) == (100.0, 1000.0)
     assert metrics.jobs == {"finished": 1}
     assert metrics.occupancy_pct == pytest.approx(100 * 100 / (4 * 900))
+
+
+@pytest.mark.parametrize("policy", ["budget", "priority", "fifo"])
+def test_cpu_only_jobs_are_rejected_and_counted_apart(policy: str) -> None:
+    load = workload((0.0, "cpu", spec(0), 100.0), (1.0, "gpu", spec(1), 100.0))
+    metrics = simulate(load, make_policy(policy, PolicyConfig()), SETTINGS)
+    assert metrics.jobs == {"finished": 1, "rejected": 1}
+    assert metrics.waits["all"].count == 1  # a rejected job never waited

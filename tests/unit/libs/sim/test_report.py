@@ -19,7 +19,7 @@ HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_sta
 
 
 def tiny_scenario(tmp_path: Path) -> Path:
-    sizes = (1, 1, 2, 4, 8)
+    sizes = (0, 1, 2, 4, 8)  # 0: a CPU-only row, as real traces have
     rows = [
         f"{i},{1 + i % 6},{sizes[i % 5]},0,1,{i * 37 % 120},{60 + i * 53 % 4000},0,Pass"
         for i in range(120)
@@ -45,7 +45,9 @@ def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
     data = json.loads((out / "metrics.json").read_text())
     assert sorted(data["policies"]) == ["budget", "fifo", "priority"]
     assert data["workload"]["jobs"] == 120
+    assert all(p["jobs"]["rejected"] == 24 for p in data["policies"].values())
     summary = (out / "summary.md").read_text()
+    assert "- CPU-only jobs: **24** of 120 (20%" in summary
     assert "| policy | owed delivered (min) |" in summary
     assert all(f"| {name} |" in summary for name in ("budget", "priority", "fifo"))
     plots = sorted(p.name for p in (out / "plots").iterdir())

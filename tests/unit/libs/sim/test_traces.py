@@ -53,7 +53,7 @@ ALIBABA_HEADER = (
 )
 
 
-def test_alibaba_pods_round_shared_gpus_up_and_drop_cpu_only_pods() -> None:
+def test_alibaba_pods_round_shared_gpus_up_and_keep_cpu_only_pods_with_no_gpus() -> None:
     text = ALIBABA_HEADER + (
         "openb-pod-0001,1000,100,1,470,,BE,Running,200,500,210\n"
         "openb-pod-0000,1000,100,0,0,,LS,Running,100,900,100\n"  # CPU only
@@ -62,6 +62,7 @@ def test_alibaba_pods_round_shared_gpus_up_and_drop_cpu_only_pods() -> None:
     )
     jobs = parse_alibaba(io.StringIO(text))
     assert [(j.job_id, j.at, j.gpus, j.runtime_s, j.best_effort, j.priority) for j in jobs] == [
+        ("openb-pod-0000", 100.0, 0, 800.0, False, 1),  # the scheduler rejects it
         ("openb-pod-0002", 150.0, 8, 190.0, False, 2),
         ("openb-pod-0003", 150.0, 1, 30.0, False, 1),
         ("openb-pod-0001", 200.0, 1, 290.0, True, -1),

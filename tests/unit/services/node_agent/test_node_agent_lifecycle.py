@@ -28,12 +28,27 @@ def envelope(payload: Message) -> events_pb2.Envelope:
 
 
 def test_only_decisions_for_these_nodes_concern_the_agent() -> None:
-    mine = {"sim-0", "sim-1"}
+    mine = {"sim-0": "inc-a", "sim-1": "inc-b"}
     stop = events_pb2.TaskStopRequested(job_id="j", task_id="j/0", node_id="sim-1")
     assert decision_for(envelope(TASK), mine) == TASK
     assert decision_for(envelope(stop), mine) == stop
-    assert decision_for(envelope(TASK), {"sim-2"}) is None
+    assert decision_for(envelope(TASK), {"sim-2": "inc-c"}) is None
     assert decision_for(envelope(events_pb2.JobPending(job_id="j")), mine) is None
+
+
+def test_decisions_for_an_earlier_incarnation_of_a_node_are_not_acted_on() -> None:
+    mine = {"sim-0": "inc-new"}
+    stale = events_pb2.TaskPlaced(job_id="j", task_id="j/0", node_id="sim-0")
+    stale.node_incarnation = "inc-old"
+    current = events_pb2.TaskPlaced()
+    current.CopyFrom(stale)
+    current.node_incarnation = "inc-new"
+    assert decision_for(envelope(stale), mine) is None
+    assert decision_for(envelope(current), mine) == current
+    lost_before = events_pb2.NodeLost(node_id="sim-0", incarnation="inc-old")
+    lost_now = events_pb2.NodeLost(node_id="sim-0", incarnation="inc-new")
+    assert decision_for(envelope(lost_before), mine) is None
+    assert decision_for(envelope(lost_now), mine) == lost_now
 
 
 @pytest.mark.parametrize(

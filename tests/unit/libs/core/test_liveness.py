@@ -1,0 +1,131 @@
+"""Nodes hold leases: silence, restarts and what becomes of the work they ran."""
+
+from __future__ import annotations
+
+from libs.core import (
+    CancelRequested,
+    Decision,
+    JobArrived,
+    JobLost,
+    NodeHeartbeat,
+    NodeJoined,
+    NodeLost,
+    Place,
+    PolicyConfig,
+    Requeue,
+    Scheduler,
+    Stop,
+    StopCause,
+    TaskEnded,
+    TaskLost,
+    TaskStarted,
+    Tick,
+)
+from tests.builders import job, node
+
+TIMEOUT = PolicyConfig().node_lost_timeout_s
+
+
+def joined(node_id: str, gpus: int = 8, *, at: float = 0, incarnation: str = "one") -> NodeJoined:
+    return NodeJoined(at, node(node_id, gpus), incarnation, heartbeat_s=5)
+
+
+def placed(decisions: list[Decision]) -> list[Place]:
+    return [d for d in decisions if isinstance(d, Place)]
+
+
+def of(kind: type, decisions: list[Decision]) -> list[Decision]:
+    return [d for d in decisions if isinstance(d, kind)]
+
+
+def test_a_silent_node_is_declared_lost_on_the_logs_clock() -> None:
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(JobArrived(1, "j1", job(2, min_runtime_s=3600, resumable=True)))
+    assert s.handle(Tick(TIMEOUT)) == []  # silent exactly as long as allowed: still there
+    decisions = s.handle(Tick(TIMEOUT + 1))
+    assert decisions[0] == NodeLost("n1", "one", "no heartbeat for 31 s (node_lost_timeout_s 30)")
+    [lost] = of(TaskLost, decisions)
+    assert (lost.job_id, lost.task_id, lost.node_id) == ("j1", "j1/0", "n1")
+    assert of(Requeue, decisions) == [Requeue("j1", "lost with its node; requeued (resumable)")]
+    # Its GPUs left with it: the requeued job waits for a node.
+    assert placed(decisions) == []
+    assert s.handle(joined("n2", at=TIMEOUT + 2))[0] == Place(
+        "j1", "j1/1", "n2", (0, 1), job(2, min_runtime_s=3600, resumable=True), None, "one"
+    )
+
+
+def test_heartbeats_keep_a_node_and_a_stale_incarnations_do_not() -> None:
+    s = Scheduler()
+    s.handle(joined("n1"))
+    for at in range(5, 200, 5):
+        assert s.handle(NodeHeartbeat(at, "n1", "one")) == []
+    assert s.handle(Tick(200)) == []
+    s.handle(NodeHeartbeat(225, "n1", "an-old-one"))
+    assert of(NodeLost, s.handle(Tick(231)))
+
+
+def test_a_node_without_heartbeats_has_no_lease() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("n1")))  # a declared node, as the simulator registers
+    s.handle(JobArrived(1, "j1", job(1)))
+    assert s.handle(Tick(10 * TIMEOUT)) == []
+
+
+def test_a_job_that_is_not_resumable_ends_lost() -> None:
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(JobArrived(1, "j1", job(2, min_runtime_s=3600)))
+    decisions = s.handle(Tick(TIMEOUT + 5))
+    assert of(JobLost, decisions) == [JobLost("j1", "lost with its node; not resumable")]
+    # The agent's late word on the task changes nothing.
+    assert s.handle(TaskEnded(TIMEOUT + 6, "j1", "j1/0", "n1", 0)) == []
+
+
+def test_a_restarted_agent_loses_what_it_ran_and_its_gpus_come_back_free() -> None:
+    s = Scheduler()
+    s.handle(joined("n1", 4))
+    s.handle(JobArrived(1, "j1", job(4)))
+    s.handle(JobArrived(2, "j2", job(4)))  # waits: the node is full
+    decisions = s.handle(joined("n1", 4, at=3, incarnation="two"))
+    [lost] = of(TaskLost, decisions)
+    assert lost.task_id == "j1/0" and "restarted" in lost.reason
+    # j1 is free work and not resumable: over. j2 takes the node, for the new agent.
+    assert of(JobLost, decisions) == [JobLost("j1", "lost with its node; not resumable")]
+    [place] = placed(decisions)
+    assert (place.job_id, place.node_incarnation) == ("j2", "two")
+
+
+def test_a_gang_loses_a_node_and_the_rest_of_it_is_stopped() -> None:
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(joined("n2"))
+    s.handle(JobArrived(1, "g", job(16, min_runtime_s=3600, resumable=True)))
+    decisions = [d for at in range(5, 40, 5) for d in s.handle(NodeHeartbeat(at, "n2", "one"))]
+    assert [(d.task_id, d.node_id) for d in of(TaskLost, decisions)] == [("g/0.0", "n1")]
+    [stop] = of(Stop, decisions)
+    assert (stop.task_id, stop.node_id, stop.cause) == ("g/0.1", "n2", StopCause.NODE_LOST)
+    assert of(Requeue, decisions) == []  # not before the rest has ended
+    ended = s.handle(TaskEnded(41, "g", "g/0.1", "n2", -15))
+    assert of(Requeue, ended) == [Requeue("g", "lost with its node; requeued (resumable)")]
+
+
+def test_a_job_cancelled_on_a_node_that_went_silent_ends_when_the_node_is_lost() -> None:
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(JobArrived(1, "j1", job(1, min_runtime_s=600, resumable=True)))
+    s.handle(TaskStarted(2, "j1", "j1/0", "n1"))
+    [stop] = s.handle(CancelRequested(3, "j1"))
+    assert stop.cause is StopCause.CANCELLED
+    decisions = s.handle(Tick(TIMEOUT + 1))
+    assert [type(d) for d in decisions] == [NodeLost, TaskLost]  # cancelled: not requeued
+    assert s.explain("j1") is None  # nothing of it is left
+
+
+def test_a_lost_node_that_registers_again_takes_work_again() -> None:
+    s = Scheduler()
+    s.handle(joined("n1", 2))
+    s.handle(Tick(TIMEOUT + 1))
+    assert s.handle(JobArrived(TIMEOUT + 2, "j1", job(2))) != []  # waits: no node
+    [place] = placed(s.handle(joined("n1", 2, at=TIMEOUT + 3, incarnation="two")))
+    assert (place.job_id, place.node_id, place.node_incarnation) == ("j1", "n1", "two")

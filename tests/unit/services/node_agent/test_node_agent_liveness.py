@@ -1,0 +1,144 @@
+"""The agent's side of node liveness: incarnations, heartbeats, being declared lost,
+reports that outlast a broker outage, and task processes an earlier agent left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+from qm.v1 import events_pb2
+
+from services.node_agent.agent import NodeAgent
+from services.node_agent.orphans import ProcessLedger
+from tests.unit.services.node_agent.test_node_agent import (
+    Recorder,
+    delivery,
+    make_agent,
+    placement,
+)
+
+
+@pytest.fixture
+def emitted() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def tracer() -> Tracer:
+    return TracerProvider().get_tracer("test")
+
+
+@pytest.fixture
+def agent(tmp_path: Path, emitted: Recorder, tracer: Tracer) -> NodeAgent:
+    return make_agent(tmp_path, emitted, tracer)
+
+
+async def test_each_registration_names_an_incarnation_and_the_heartbeat(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    await agent.register()
+    first = [env.node_registered for env in emitted.events]
+    assert [r.heartbeat_s for r in first] == [5.0, 5.0]
+    assert len({r.incarnation for r in first}) == 2 and all(r.incarnation for r in first)
+
+
+async def test_heartbeats_name_the_node_and_its_incarnation(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    agent = make_agent(tmp_path, emitted, tracer, heartbeat_s=0.01)
+    await agent.register()
+    incarnation = {
+        e.node_registered.inventory.node_id: e.node_registered.incarnation for e in emitted.events
+    }
+    beating = asyncio.create_task(agent.heartbeat())
+    await emitted.until(2 + 4)
+    beating.cancel()
+    beats = [env.node_heartbeat for env in emitted.events[2:6]]
+    assert {(b.node_id, b.incarnation) for b in beats} == set(incarnation.items())
+
+
+async def test_without_a_heartbeat_period_it_never_beats(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    agent = make_agent(tmp_path, emitted, tracer, heartbeat_s=0)
+    await asyncio.wait_for(agent.heartbeat(), 1)  # returns at once
+    assert emitted.events == []
+
+
+async def test_a_placement_for_an_earlier_incarnation_is_ignored(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    stale = placement(duration_s=0)
+    stale.node_incarnation = "an-earlier-agent"
+    assert not await agent.handle(delivery(stale))
+    await asyncio.sleep(0.05)
+    assert emitted.types() == []
+
+
+async def test_declared_lost_it_stops_the_nodes_tasks_and_registers_anew(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    await agent.register()
+    old = emitted.events[0].node_registered.incarnation
+    task = placement(duration_s=30)
+    task.node_incarnation = old
+    assert await agent.handle(delivery(task))
+    lost = events_pb2.NodeLost(node_id="sim-0", incarnation=old, reason="no heartbeat")
+    assert await agent.handle(delivery(lost, offset=1))
+    await emitted.until(5)
+    kinds = emitted.types()
+    assert kinds[2:] == ["task_started", "node_registered", "task_failed"]
+    again = emitted.events[3].node_registered
+    assert again.inventory.node_id == "sim-0" and again.incarnation not in ("", old)
+    # A loss declared for the incarnation that just ended changes nothing more.
+    assert not await agent.handle(delivery(lost, offset=2))
+
+
+async def test_a_report_the_bus_refuses_is_sent_again(
+    tracer: Tracer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[events_pb2.Envelope] = []
+    refusals = 2
+
+    async def flaky(env: events_pb2.Envelope) -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise ConnectionError("broker unreachable")
+        sent.append(env)
+
+    monkeypatch.setattr("services.node_agent.agent.RETRY_FIRST_S", 0.01)
+    agent = NodeAgent([], executors={}, emit=flaky, tracer=tracer, heartbeat_s=0)
+    node = events_pb2.NodeRegistered().inventory
+    node.node_id = "sim-0"
+    await agent._report(node, events_pb2.TaskFinished(job_id="j", task_id="j/0"))
+    assert refusals == 0 and [env.task_finished.task_id for env in sent] == ["j/0"]
+
+
+def test_a_restarted_agent_kills_the_task_processes_left_behind(tmp_path: Path) -> None:
+    ledger = ProcessLedger(tmp_path / "state")
+    left = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        ledger.record(left.pid)
+        assert ProcessLedger(tmp_path / "state").kill_leftovers() == [left.pid]
+        assert left.wait(timeout=5) == -signal.SIGKILL
+        assert list((tmp_path / "state").iterdir()) == []
+    finally:
+        if left.poll() is None:
+            os.killpg(left.pid, signal.SIGKILL)
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_spared(tmp_path: Path) -> None:
+    ledger = ProcessLedger(tmp_path)
+    (tmp_path / f"{os.getpid()}.pgid").write_text("1")  # not this process's start time
+    assert ledger.kill_leftovers() == []
+    assert list(tmp_path.iterdir()) == []
