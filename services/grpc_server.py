@@ -10,6 +10,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from services.status import StatusInterceptor
+
 Registrar = Callable[[grpc.aio.Server], None]
 
 
@@ -18,7 +20,9 @@ async def start_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Start serving; returns the server and the bound port (0 in ``address`` picks one)."""
     # The instrumentation is untyped; it opens a server span per RPC.
-    server = grpc.aio.server(interceptors=[aio_server_interceptor()])  # type: ignore[no-untyped-call]
+    server = grpc.aio.server(
+        interceptors=[aio_server_interceptor(), StatusInterceptor()]  # type: ignore[no-untyped-call]
+    )
     for register in registrars:
         register(server)
     health_servicer = health.aio.HealthServicer()

@@ -29,6 +29,10 @@ class LogReader:
             isolation_level="read_committed",
         )
         self._partitions: list[TopicPartition] = []
+        # Per partition, the offset after the last record applied; waiters are woken
+        # after every poll.
+        self._applied: dict[int, int] = {}
+        self._progress = asyncio.Event()
 
     async def start(self) -> None:
         await self._consumer.start()
@@ -62,10 +66,17 @@ class LogReader:
         while True:
             await self._poll(apply)
 
+    async def reached(self, partition: int, offset: int) -> None:
+        """Return once the record at ``offset`` of ``partition`` has been applied
+        (by ``catch_up`` or ``follow``, which must be running)."""
+        while self._applied.get(partition, 0) <= offset:
+            progress = self._progress
+            await progress.wait()
+
     async def _poll(self, apply: Apply) -> int:
         polled = await self._consumer.getmany(timeout_ms=500, max_records=10_000)
         count = 0
-        for records in polled.values():
+        for tp, records in polled.items():
             for record in records:
                 try:
                     env = decode(record.value)
@@ -73,4 +84,8 @@ class LogReader:
                     continue
                 apply(env)
                 count += 1
+            if records:
+                self._applied[tp.partition] = records[-1].offset + 1
+        progress, self._progress = self._progress, asyncio.Event()
+        progress.set()
         return count

@@ -182,10 +182,13 @@ def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) ->
     at = env.occurred_at
     match kind:
         case "job_submitted":
-            # The submission is the authority on the spec; other copies only fill gaps.
-            if env.job_submitted.HasField("spec"):
-                new.spec.CopyFrom(env.job_submitted.spec)
-            new.submitted_at.CopyFrom(at)
+            # The earliest submission is the authority on the spec; other copies only
+            # fill gaps. A later one is a duplicate request's claim, which lost
+            # (admission's requests.py): it changes nothing.
+            if not new.HasField("submitted_at") or _time(at) < _time(new.submitted_at):
+                if env.job_submitted.HasField("spec"):
+                    new.spec.CopyFrom(env.job_submitted.spec)
+                new.submitted_at.CopyFrom(at)
             _advance(new, _S.JOB_STATE_SUBMITTED)
         case "job_admitted":
             _fill_spec(new, env.job_admitted.spec)

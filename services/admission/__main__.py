@@ -27,6 +27,8 @@ from libs.core import Limits
 from libs.telemetry import setup_tracing
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
+from services.admission.follower import Follower
+from services.admission.requests import RequestLog
 from services.admission.servicer import ClusterServicer, JobServicer
 from services.grpc_server import start_server
 from services.policy_file import policy_from_env
@@ -54,7 +56,9 @@ async def serve() -> None:
     budget = BudgetView(
         os.environ.get("QM_BUDGET_TARGET", "127.0.0.1:50052"), issue_token("svc-admission", secret)
     )
-    explainer = Explainer(settings, topics.events.name, policy_from_env())
+    explainer = Explainer(policy_from_env())
+    requests = RequestLog()
+    follower = Follower(settings, topics.events.name, [explainer.apply, requests.apply])
     jobs = JobServicer(
         producer=producer,
         topic=topics.events.name,
@@ -63,10 +67,12 @@ async def serve() -> None:
         limits=limits_from_env(),
         secret=secret,
         explainer=explainer,
+        requests=requests,
+        follower=follower,
     )
     cluster = ClusterServicer(projector=projector, secret=secret)
     await producer.start()
-    await explainer.start()
+    await follower.start()
     try:
         server, port = await start_server(
             os.environ.get("QM_ADMISSION_ADDR", "127.0.0.1:50051"),
@@ -85,7 +91,7 @@ async def serve() -> None:
         finally:
             await server.stop(grace=2)
     finally:
-        await explainer.stop()
+        await follower.stop()
         await producer.stop()
         await projector.close()
         await budget.close()

@@ -10,10 +10,11 @@ from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 from libs.core.budget_tree import BudgetTree
 from libs.events.convert import tree_from_proto
 from services.grpc_server import bearer
+from services.status import Unavailable
 
 
-class BudgetUnavailable(Exception):
-    pass
+class BudgetUnavailable(Unavailable):
+    """Admission has no budget tree: the budget service has not answered yet."""
 
 
 class BudgetView:

@@ -11,25 +11,37 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import grpc
+from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata
 from google.protobuf.message import Message
 from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.bus import EventProducer
-from libs.core import Limits, validate_job
+from libs.core import Limits, Violation, validate_job
+from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
 from libs.readmodels import has_ended
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
+from services.admission.follower import Follower
+from services.admission.requests import RequestLog
 from services.authn import caller
 from services.projector.client import ProjectorClient, ProjectorError
+from services.status import Unavailable
 
 log = logging.getLogger("admission")
 
 _NAMESPACE = uuid.UUID("6f1d7a4e-2b1c-4e55-9a43-6c1f0e6f0a11")
 PRODUCER = "admission"
+# How long the broker may take to write a record, or to show it back: past that the
+# call fails UNAVAILABLE (the CLI retries) instead of running into the client's deadline.
+LOG_TIMEOUT_S = 5.0
+# How long a duplicate waits for the request that claimed its job to decide it; past
+# that, the claimer is taken for dead and the duplicate decides the claimed spec.
+DECIDE_WITHIN_S = 5.0
 
 
 def job_id_for(user: str, client_request_id: str) -> str:
@@ -50,9 +62,13 @@ class JobServicer(js_grpc.JobServiceServicer):
         limits: Limits,
         secret: bytes,
         explainer: Explainer,
+        requests: RequestLog,
+        follower: Follower,
         watch_interval_s: float = 0.2,
     ) -> None:
         self._explainer = explainer
+        self._requests = requests
+        self._follower = follower
         self._producer = producer
         self._topic = topic
         self._budget = budget
@@ -75,14 +91,57 @@ class JobServicer(js_grpc.JobServiceServicer):
             )
         spec.user = user
         spec.cluster = spec.cluster or "default"
+        job_id = job_id_for(user, spec.client_request_id)
+        if unloggable := _unloggable(spec):  # no claim can hold it: rejected, spec left out
+            spec.cluster = "default"
+            await self._reject(job_id, spec, unloggable.field, str(unloggable), record_spec=False)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {unloggable}")
+        if not spec.client_request_id:  # a job id of its own: nothing to deduplicate
+            return await self._decide(job_id, spec, context, claimed=False)
+        claim = self._requests.claim(job_id)
+        if claim is None:
+            mine = await self._claim(job_id, spec)
+            claim = self._requests.claim(job_id)
+            if claim is None or claim.event_id == mine:  # ours is the first in the log
+                return await self._decide(job_id, spec, context, claimed=True)
+        try:
+            outcome = await asyncio.wait_for(self._requests.outcome(job_id), DECIDE_WITHIN_S)
+        except TimeoutError:
+            # The request that claimed it died before deciding: decide its spec for it.
+            log.warning("%s was claimed but not decided; deciding it here", job_id)
+            return await self._decide(job_id, claim.spec, context, claimed=True)
+        if not outcome.admitted:
+            code = getattr(grpc.StatusCode, outcome.status, grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, _rejection_text(code, outcome.reason))
+        return js.SubmitJobResponse(job_id=job_id, duplicate=True)
+
+    async def _claim(self, job_id: str, spec: types_pb2.JobSpec) -> str:
+        """Append the job's claim and read the log up to it; returns its event id."""
+        [(claim, written)] = await self._record(
+            [events_pb2.JobSubmitted(job_id=job_id, spec=spec)], job_id, spec.cluster
+        )
+        try:
+            await asyncio.wait_for(
+                self._follower.reached(written.partition, written.offset), LOG_TIMEOUT_S
+            )
+        except TimeoutError:
+            raise Unavailable("the event log could not be read back in time") from None
+        return claim.event_id
+
+    async def _decide(
+        self,
+        job_id: str,
+        spec: types_pb2.JobSpec,
+        context: grpc.aio.ServicerContext,
+        *,
+        claimed: bool,
+    ) -> js.SubmitJobResponse:
+        """Admit or reject the job; ``claimed``: its JobSubmitted is in the log already."""
+        user = spec.user
         tree = await self._budget.tree()
         mine = tree.allocations_of(user)
         if not spec.allocation and len(mine) == 1:
             spec.allocation = mine[0]
-        job_id = job_id_for(user, spec.client_request_id)
-        if spec.client_request_id and await self._known(job_id):
-            return js.SubmitJobResponse(job_id=job_id, duplicate=True)
-
         if not spec.allocation:
             message = _membership(user, "", mine)
             await self._reject(job_id, spec, "allocation", message)
@@ -92,29 +151,24 @@ class JobServicer(js_grpc.JobServiceServicer):
         limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
         violations = validate_job(submitted, limits, tree.leaves())
         if not violations and spec.allocation not in mine:
-            await self._reject(job_id, spec, "allocation", _membership(user, spec.allocation, mine))
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED, _membership(user, spec.allocation, mine)
-            )
+            message = _membership(user, spec.allocation, mine)
+            denied = grpc.StatusCode.PERMISSION_DENIED
+            await self._reject(job_id, spec, "allocation", message, status=denied)
+            await context.abort(denied, message)
         if violations:
             message = "; ".join(str(v) for v in violations)
             await self._reject(job_id, spec, violations[0].field, message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
-
-        recorded = await self._record(
-            [
-                events_pb2.JobSubmitted(job_id=job_id, spec=spec),
-                events_pb2.JobAdmitted(job_id=job_id, spec=spec),
-            ],
-            job_id,
-            spec.cluster,
-        )
+        decided: list[Message] = [events_pb2.JobAdmitted(job_id=job_id, spec=spec)]
+        if not claimed:
+            decided.insert(0, events_pb2.JobSubmitted(job_id=job_id, spec=spec))
+        [(first, _), *_] = await self._record(decided, job_id, spec.cluster)
         self._remember(
             types_pb2.Job(
                 job_id=job_id,
                 spec=spec,
                 state=types_pb2.JOB_STATE_PENDING,
-                submitted_at=recorded.occurred_at,
+                submitted_at=first.occurred_at,
             )
         )
         return js.SubmitJobResponse(job_id=job_id)
@@ -221,31 +275,48 @@ class JobServicer(js_grpc.JobServiceServicer):
         if len(self._recent) > 10_000:
             self._recent.popitem(last=False)
 
-    async def _reject(self, job_id: str, spec: types_pb2.JobSpec, field: str, reason: str) -> None:
-        await self._record(
-            [events_pb2.JobRejected(job_id=job_id, spec=spec, field=field, reason=reason)],
-            job_id,
-            spec.cluster or "default",
+    async def _reject(
+        self,
+        job_id: str,
+        spec: types_pb2.JobSpec,
+        field: str,
+        reason: str,
+        *,
+        status: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+        record_spec: bool = True,
+    ) -> None:
+        rejected = events_pb2.JobRejected(
+            job_id=job_id, field=field, reason=_cut(reason), status=status.name
         )
+        if record_spec:
+            rejected.spec.CopyFrom(spec)
+        await self._record([rejected], job_id, spec.cluster or "default")
 
     async def _record(
         self, payloads: list[Message], job_id: str, cluster: str
-    ) -> events_pb2.Envelope:
-        """Append events in order, wait until the broker has all; return the first."""
+    ) -> list[tuple[events_pb2.Envelope, RecordMetadata]]:
+        """Append events in order; return each with where the broker wrote it, once it
+        has all. A broker that does not answer in time makes the call UNAVAILABLE."""
         acks = []
         envelopes: list[events_pb2.Envelope] = []
-        for payload in payloads:
-            env = new_envelope(
-                payload,
-                producer=PRODUCER,
-                cluster=cluster,
-                correlation_id=job_id,
-                causation_id=envelopes[-1].event_id if envelopes else "",
-            )
-            envelopes.append(env)
-            acks.append(await self._producer.enqueue(self._topic, env, key=cluster))
-        await asyncio.gather(*acks)
-        return envelopes[0]
+        try:
+            for payload in payloads:
+                env = new_envelope(
+                    payload,
+                    producer=PRODUCER,
+                    cluster=cluster,
+                    correlation_id=job_id,
+                    causation_id=envelopes[-1].event_id if envelopes else "",
+                )
+                envelopes.append(env)
+                acks.append(await self._producer.enqueue(self._topic, env, key=cluster))
+            written = await asyncio.wait_for(asyncio.gather(*acks), LOG_TIMEOUT_S)
+        except (KafkaError, TimeoutError) as exc:
+            raise Unavailable(
+                f"the event log (Kafka) did not take the record in {LOG_TIMEOUT_S:g} s "
+                f"({type(exc).__name__})"
+            ) from None
+        return list(zip(envelopes, written, strict=True))
 
 
 class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
@@ -272,6 +343,34 @@ def _membership(user: str, allocation: str, mine: list[str]) -> str:
         f"allocation: is required; {user} belongs to {len(mine)} allocations "
         f"({', '.join(mine) or 'none'}): choose one with --allocation"
     )
+
+
+def _unloggable(spec: types_pb2.JobSpec) -> Violation | None:
+    """What keeps a job from being recorded at all: a spec too large for a record (the
+    rule that makes it so, when one does: a 2 MB command is the command's fault), or a
+    cluster name too long to key one."""
+    size = spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        broken = validate_job(spec_from_proto(spec, workflow_as_given=True))
+        return next(
+            (v for v in broken if v.field in _SIZED or v.field.startswith("workflow")),
+            Violation("spec", f"the job is {size} bytes; at most {MAX_SPEC_BYTES}"),
+        )
+    if len(spec.cluster) > MAX_TEXT_CHARS:
+        return Violation("cluster", f"must be at most {MAX_TEXT_CHARS} characters")
+    return None
+
+
+_SIZED = frozenset({"command", "env", "allocation", "user", "gpu_type", "client_request_id"})
+
+
+def _rejection_text(code: grpc.StatusCode, reason: str) -> str:
+    """A rejection as its first answer said it: a permission refusal speaks for itself."""
+    return reason if code == grpc.StatusCode.PERMISSION_DENIED else f"invalid job: {reason}"
+
+
+def _cut(reason: str) -> str:
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
 
 
 def _explain(job: types_pb2.Job) -> str:

@@ -5,6 +5,16 @@ committed in one Kafka transaction, so a crash never loses or doubles a
 decision. Before the first record of a newly assigned partition is decided,
 the scheduler state for that partition is rebuilt by replaying the log up to
 that record (outputs suppressed): the state is a pure function of the log.
+
+The loop stays in its consumer group: it yields to the event loop between
+records, so the consumer's heartbeats go out however long a batch takes (the
+core bounds the cost of any one record). If the group rebalances anyway while a
+batch is decided, the batch's transaction is aborted rather than committed:
+aiokafka commits offsets in a transaction without the group's generation
+(KIP-447), so the broker would accept them from a member that no longer owns
+the partition, and the next owner would decide the same records again. Aborted,
+the records are decided once more from the committed offsets, by whoever owns
+them now.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from qm.v1 import events_pb2
 from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
-from libs.events.decide import PartitionSchedulers
+from libs.events.decide import PartitionSchedulers, step
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -38,6 +48,8 @@ class PlacementService:
     # What this instance last committed, so an idle poll costs no broker round trip.
     _committed: dict[TopicPartition, int] = field(default_factory=dict)
     schedulers: dict[int, PartitionSchedulers] = field(default_factory=dict)
+    # Bumped by every rebalance: a batch decided across one is not committed.
+    generation: int = 0
 
     async def run(self) -> None:
         producer = EventProducer(
@@ -59,7 +71,15 @@ class PlacementService:
             async for batch in consumer.batches():
                 if not consumer.kafka.assignment():
                     continue
-                await self._commit(producer, consumer, batch)
+                try:
+                    await self._commit(producer, consumer, batch)
+                except Rebalanced:
+                    log.warning(
+                        "the group rebalanced while %d records were decided: their "
+                        "transaction is aborted; they are decided again from the committed "
+                        "offsets",
+                        len(batch),
+                    )
         finally:
             await consumer.stop()
             await producer.stop()
@@ -69,6 +89,7 @@ class PlacementService:
         self, producer: EventProducer, consumer: EventConsumer, batch: list[Delivery]
     ) -> None:
         kafka = consumer.kafka
+        generation = self.generation
         for delivery in batch:
             if delivery.partition not in self.schedulers:
                 await self.rebuild(delivery.topic_partition, delivery.offset)
@@ -76,13 +97,21 @@ class PlacementService:
         offsets = {tp: await kafka.position(tp) for tp in kafka.assignment()}
         if not batch and all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return
-        async with producer.kafka.transaction():
+        async with producer.kafka.transaction():  # an exception aborts it
             acks = []
             for delivery in batch:
+                self._still_owner(generation)
                 acks.extend(await self._decide(producer, delivery))
+                await asyncio.sleep(0)  # the consumer's heartbeat runs between records
             await asyncio.gather(*acks)
+            self._still_owner(generation)
             await producer.kafka.send_offsets_to_transaction(offsets, self.group_id)
+            self._still_owner(generation)
         self._committed.update(offsets)
+
+    def _still_owner(self, generation: int) -> None:
+        if self.generation != generation:
+            raise Rebalanced
 
     async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
         """Decide one record and queue its outputs inside its span, so they carry its trace."""
@@ -106,7 +135,10 @@ class PlacementService:
 
     def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
         """The decisions one input record causes."""
-        return self.schedulers[delivery.partition].decide(
+        schedulers = self.schedulers.get(delivery.partition)
+        if schedulers is None:  # revoked since the batch began
+            raise Rebalanced
+        return schedulers.decide(
             delivery.envelope, partition=delivery.partition, offset=delivery.offset
         )
 
@@ -122,6 +154,7 @@ class PlacementService:
         self.schedulers[tp.partition] = scheduler
 
     async def _replay(self, schedulers: PartitionSchedulers, tp: TopicPartition, upto: int) -> None:
+        """Fold the partition's records before ``upto``; no output is written."""
         reader = AIOKafkaConsumer(
             **self.settings.client_kwargs(),
             enable_auto_commit=False,
@@ -141,10 +174,15 @@ class PlacementService:
                         env = decode(record.value)
                     except DecodeError:
                         continue  # dead-lettered when first consumed
-                    schedulers.decide(env, partition=tp.partition, offset=record.offset)
+                    step(schedulers.of(env.cluster), env)
                 position = await reader.position(tp)
+                await asyncio.sleep(0)  # heartbeats, between chunks of a long replay
         finally:
             await reader.stop()
+
+
+class Rebalanced(Exception):
+    """The group rebalanced while a batch was decided: its transaction must abort."""
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -154,9 +192,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self._service = service
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._service.generation += 1
         for tp in revoked:
             self._service.schedulers.pop(tp.partition, None)
             self._service.forget(tp)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass  # state is rebuilt lazily, before a partition's first record is decided
+        # State is rebuilt lazily, before a partition's first record is decided.
+        self._service.generation += 1

@@ -2,71 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import grpc
 from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 
-from libs.auth import issue_token
 from libs.core import Limits
-from libs.core.budget_tree import tree_from_dict
 from libs.events import event_type
-from services.admission.servicer import JobServicer
-from services.projector.client import ProjectorUnavailable
-
-SECRET = b"test-secret"
-TREE = tree_from_dict(
-    {"name": "root", "children": [{"name": "team-a", "members": ["alice"]}, {"name": "team-b"}]}
+from tests.unit.services.admission.doubles import (
+    Aborted,
+    Context,
+    MemoryLog,
+    Projector,
+    servicer,
 )
+
 GB = 1_000_000_000
-
-
-class Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code, self.details = code, details
-
-
-class Context:
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {issue_token('alice', SECRET)}")]
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise Aborted(code, details)
-
-
-class Producer:
-    def __init__(self) -> None:
-        self.sent: list[events_pb2.Envelope] = []
-
-    async def enqueue(self, topic: str, env: events_pb2.Envelope, *, key: str) -> Any:
-        self.sent.append(env)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-
-class Budget:
-    async def tree(self) -> Any:
-        return TREE
-
-
-class Projector:
-    def __init__(self, nodes: list[types_pb2.Node] | None = None, down: bool = False) -> None:
-        self.nodes = nodes or []
-        self.down = down
-        self.asked: list[str] = []
-
-    async def get_job(self, job_id: str) -> None:
-        return None
-
-    async def list_nodes(self, cluster: str = "") -> list[types_pb2.Node]:
-        self.asked.append(cluster)
-        if self.down:
-            raise ProjectorUnavailable("projector at http://x unreachable")
-        return self.nodes
 
 
 def node(node_id: str, gpu_type: str, memory_gb: int, gpus: int = 2) -> types_pb2.Node:
@@ -101,22 +53,10 @@ def translation(opt_mb: float = 5720) -> types_pb2.Workflow:
     )
 
 
-def servicer(producer: Producer, projector: Projector, limits: Limits | None = None) -> JobServicer:
-    return JobServicer(
-        producer=producer,  # type: ignore[arg-type]
-        topic="qm.events",
-        budget=Budget(),  # type: ignore[arg-type]
-        projector=projector,  # type: ignore[arg-type]
-        limits=limits or Limits(),
-        secret=SECRET,
-        explainer=None,  # type: ignore[arg-type]
-    )
-
-
 async def submit(
     spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
 ) -> tuple[js.SubmitJobResponse | Aborted, list[events_pb2.Envelope]]:
-    producer = Producer()
+    producer = MemoryLog()
     service = servicer(producer, projector or Projector(CLUSTER), limits)
     try:
         reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(

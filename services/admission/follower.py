@@ -1,0 +1,42 @@
+"""Admission's one reader of the events topic: it feeds every view that folds the log
+(the explainer's schedulers, the request log) and says how far it has read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+
+from qm.v1 import events_pb2
+
+from libs.bus import KafkaSettings, LogReader
+
+View = Callable[[events_pb2.Envelope], None]
+
+
+class Follower:
+    def __init__(self, settings: KafkaSettings, topic: str, views: Sequence[View]) -> None:
+        self._reader = LogReader(settings, topic)
+        self._views = tuple(views)
+        self._follow: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Read the whole topic, then follow it in the background."""
+        await self._reader.start()
+        await self._reader.catch_up(self._apply)
+        self._follow = asyncio.create_task(self._reader.follow(self._apply))
+
+    async def stop(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follow
+        await self._reader.stop()
+
+    async def reached(self, partition: int, offset: int) -> None:
+        """Return once every view has folded the record at ``offset`` of ``partition``."""
+        await self._reader.reached(partition, offset)
+
+    def _apply(self, env: events_pb2.Envelope) -> None:
+        for view in self._views:
+            view(env)

@@ -1,0 +1,96 @@
+"""Exactly one job per client request id, decided from the log.
+
+A request with a client request id names its job (``job_id_for``). Before
+answering it, admission appends a claim (the ``JobSubmitted``) and reads the log
+up to it: the first claim of a job id in the log wins, and only the request that
+wrote it decides the job (``JobAdmitted`` or ``JobRejected``). Every other request
+with that id (a retry after a timeout, a duplicate racing on this instance or on
+another) answers what the log says the winner decided: the same job, or the same
+rejection. No projection is asked, so this holds while the projector is down.
+
+The log is the events topic, read by admission's follower; this is the index of
+what it says about each job id, for the most recent ``remember`` job ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from qm.v1 import events_pb2, types_pb2
+
+from libs.events import event_type
+
+REMEMBER = 500_000  # request ids are for retries, which come within minutes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the log says admission decided for a job."""
+
+    admitted: bool
+    status: str = ""  # the status a rejection was answered with, e.g. INVALID_ARGUMENT
+    field: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Claim:
+    """The first claim of a job id in the log, and what became of it."""
+
+    event_id: str
+    spec: types_pb2.JobSpec
+    seen_at: float  # monotonic, when this instance read it
+    outcome: Outcome | None = None
+
+
+class RequestLog:
+    def __init__(self, remember: int = REMEMBER) -> None:
+        self._remember = remember
+        self._jobs: OrderedDict[str, Claim] = OrderedDict()
+        self._decided = asyncio.Event()
+
+    def apply(self, env: events_pb2.Envelope) -> None:
+        """Fold one record of the events topic."""
+        match event_type(env):
+            case "job_submitted":
+                submitted = env.job_submitted
+                if submitted.job_id not in self._jobs:
+                    self._keep(
+                        submitted.job_id, Claim(env.event_id, submitted.spec, time.monotonic())
+                    )
+            case "job_admitted":
+                self._decide(env.job_admitted.job_id, Outcome(admitted=True))
+            case "job_rejected":
+                r = env.job_rejected
+                status = r.status or "INVALID_ARGUMENT"
+                self._decide(r.job_id, Outcome(False, status, r.field, r.reason))
+
+    def claim(self, job_id: str) -> Claim | None:
+        return self._jobs.get(job_id)
+
+    async def outcome(self, job_id: str) -> Outcome:
+        """What the log says was decided for ``job_id``, once it says so."""
+        while True:
+            claim = self._jobs.get(job_id)
+            if claim is not None and claim.outcome is not None:
+                return claim.outcome
+            decided = self._decided
+            await decided.wait()
+
+    def _decide(self, job_id: str, outcome: Outcome) -> None:
+        claim = self._jobs.get(job_id)
+        if claim is None:  # a rejection written without a claim (a spec too large to log)
+            claim = self._keep(job_id, Claim("", types_pb2.JobSpec(), time.monotonic()))
+        if claim.outcome is None:  # the first decision stands
+            claim.outcome = outcome
+        decided, self._decided = self._decided, asyncio.Event()
+        decided.set()
+
+    def _keep(self, job_id: str, claim: Claim) -> Claim:
+        self._jobs[job_id] = claim
+        if len(self._jobs) > self._remember:
+            self._jobs.popitem(last=False)
+        return claim

@@ -1,0 +1,88 @@
+"""How a failure inside a service reaches a gRPC caller: a status a client can act on.
+
+A dependency that cannot answer now (the broker, the projector, the budget service)
+is UNAVAILABLE, which clients retry; anything else that escapes a servicer is a
+defect, logged with its traceback and answered INTERNAL. Never UNKNOWN, the status
+grpc gives an exception it was not told about.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from aiokafka.errors import KafkaError
+
+log = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """A service this one depends on cannot answer now; the message says which."""
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    # Imported here: the projector client pulls in aiohttp, which not every service loads.
+    from services.projector.client import ProjectorError
+
+    if isinstance(exc, Unavailable | ProjectorError):
+        return grpc.StatusCode.UNAVAILABLE, f"{exc}; try again shortly"
+    if isinstance(exc, KafkaError | TimeoutError):
+        return grpc.StatusCode.UNAVAILABLE, (
+            f"the event log (Kafka) did not answer in time ({type(exc).__name__}); try again"
+        )
+    log.error("internal error", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the service log"
+
+
+class StatusInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Turns what escapes a handler into ``status_of``'s status."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
+            return grpc.unary_stream_rpc_method_handler(
+                _stream(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def _unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await inner(request, context)
+        except grpc.aio.AbortError:  # aborted on purpose: that status stands
+            raise
+        except Exception as exc:
+            await context.abort(*status_of(exc))
+
+    return unary
+
+
+def _stream(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in inner(request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*status_of(exc))
+
+    return stream

@@ -1,0 +1,136 @@
+"""One job per client request id, decided from the log; clear answers when it fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from qm.v1 import events_pb2, types_pb2
+from qm.v1 import job_service_pb2 as js
+
+from libs.core import limits as L
+from libs.events import event_type, new_envelope
+from services.admission.servicer import JobServicer, job_id_for
+from services.status import Unavailable
+from tests.unit.services.admission.doubles import Aborted, Context, MemoryLog, servicer
+
+
+def spec(request_id: str = "r-1", **fields: object) -> types_pb2.JobSpec:
+    given: dict[str, object] = {
+        "allocation": "team-a",
+        "gpus": 1,
+        "command": ["true"],
+        "client_request_id": request_id,
+        **fields,
+    }
+    return types_pb2.JobSpec(**given)  # type: ignore[arg-type]
+
+
+async def submit(
+    service: JobServicer, job: types_pb2.JobSpec, user: str = "alice"
+) -> js.SubmitJobResponse | Aborted:
+    try:
+        return await service.SubmitJob(js.SubmitJobRequest(spec=job), Context(user))  # type: ignore[arg-type]
+    except Aborted as exc:
+        return exc
+
+
+def kinds(log: MemoryLog) -> list[str]:
+    return [event_type(env) for env in log.sent]
+
+
+async def test_a_retry_gets_the_same_job_and_adds_no_decision() -> None:
+    log = MemoryLog()
+    service = servicer(log)
+    first, again = await submit(service, spec()), await submit(service, spec())
+    assert isinstance(first, js.SubmitJobResponse) and isinstance(again, js.SubmitJobResponse)
+    assert (first.job_id, first.duplicate) == (again.job_id, False) and again.duplicate
+    assert kinds(log) == ["job_submitted", "job_admitted"]
+
+
+async def test_duplicates_racing_each_other_make_one_job() -> None:
+    log = MemoryLog()
+    service = servicer(log)
+    replies = await asyncio.gather(*(submit(service, spec()) for _ in range(5)))
+    assert {r.job_id for r in replies} == {job_id_for("alice", "r-1")}  # type: ignore[union-attr]
+    assert sorted(r.duplicate for r in replies) == [False, True, True, True, True]  # type: ignore[union-attr]
+    assert kinds(log).count("job_admitted") == 1
+
+
+async def test_a_retry_after_a_rejection_gets_the_same_rejection() -> None:
+    log = MemoryLog()
+    service = servicer(log)
+    refused = await submit(service, spec(gpus=0))
+    fixed = await submit(service, spec(gpus=1))  # the same request id: the same answer
+    assert isinstance(refused, Aborted) and isinstance(fixed, Aborted)
+    assert (fixed.code, fixed.details) == (refused.code, refused.details)
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT and "gpus" in refused.details
+    assert kinds(log) == ["job_submitted", "job_rejected"]
+
+
+async def test_a_permission_refusal_is_repeated_as_one() -> None:
+    service = servicer(MemoryLog())
+    first = await submit(service, spec(allocation="team-b"))
+    again = await submit(service, spec(allocation="team-b"))
+    assert isinstance(first, Aborted) and isinstance(again, Aborted)
+    assert first.code == again.code == grpc.StatusCode.PERMISSION_DENIED
+    assert first.details == again.details
+
+
+async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
+    log = MemoryLog()
+    service = servicer(log)
+    job_id = job_id_for("alice", "r-1")
+    claimed = spec(command=["python", "-c", "print(1)"])
+    claimed.user = "alice"
+    # The request that wrote this claim died before deciding.
+    dead = new_envelope(events_pb2.JobSubmitted(job_id=job_id, spec=claimed), producer="admission")
+    await log.enqueue("qm.events", dead, key="default")
+    reply = await submit(service, spec())
+    assert isinstance(reply, js.SubmitJobResponse) and reply.job_id == job_id
+    [admitted] = [env.job_admitted for env in log.sent if env.HasField("job_admitted")]
+    assert list(admitted.spec.command) == ["python", "-c", "print(1)"]  # what was claimed
+
+
+async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.admission.servicer.LOG_TIMEOUT_S", 0.05)
+    log = MemoryLog()
+    log.down = True
+    with pytest.raises(Unavailable, match="did not take the record"):
+        await submit(servicer(log), spec())
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"command": ["x" * 2_000_000]}, "command: at most 65536 bytes, got 2000000"),
+        ({"env": {f"K{i}": "v" * 4000 for i in range(200)}}, "env: at most 65536 bytes"),
+        ({"cluster": "c" * 200}, "cluster: must be at most 128 characters"),
+    ],
+)
+async def test_a_job_too_large_to_record_is_refused_naming_the_field(
+    fields: dict[str, object], named: str
+) -> None:
+    log = MemoryLog()
+    reply = await submit(servicer(log), spec(**fields))
+    assert isinstance(reply, Aborted) and reply.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert named in reply.details
+    [rejected] = log.sent  # no claim: nothing that large is written
+    assert rejected.job_rejected.spec == types_pb2.JobSpec()
+    assert rejected.ByteSize() < L.MAX_RECORD_BYTES
+
+
+async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built() -> None:
+    tasks = [
+        types_pb2.WorkflowTask(task_id=f"t{i}", run_ms=1, in_kb=1, out_kb=1) for i in range(100_000)
+    ]
+    huge = spec(command=[], workflow=types_pb2.Workflow(name="w", tasks=tasks))
+    reply = await submit(servicer(MemoryLog()), huge)
+    assert isinstance(reply, Aborted)
+    assert "workflow.tasks: at most 4096 tasks, got 100000" in reply.details
