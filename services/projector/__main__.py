@@ -7,7 +7,11 @@ import os
 
 import faust
 
-from services.projector.app import app
+from services.runtime import report_config_errors
+
+report_config_errors("projector")
+# The app reads its settings when imported: after the hook, so a bad one is one line.
+from services.projector.app import app  # noqa: E402
 
 worker = faust.Worker(app, loglevel=os.environ.get("QM_PROJECTOR_LOGLEVEL", "warning"), quiet=True)
 # faust's terminal spinner turns the root logger to DEBUG so that every record

@@ -10,14 +10,14 @@ from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 
 from libs.auth import issue_token
+from libs.config.budget import tree_from_mapping
 from libs.core import Limits
-from libs.core.budget_tree import tree_from_dict
 from libs.events import event_type
 from services.admission.servicer import JobServicer
 from services.projector.client import ProjectorUnavailable
 
 SECRET = b"test-secret"
-TREE = tree_from_dict(
+TREE = tree_from_mapping(
     {"name": "root", "children": [{"name": "team-a", "members": ["alice"]}, {"name": "team-b"}]}
 )
 GB = 1_000_000_000
