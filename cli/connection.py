@@ -69,7 +69,7 @@ class Endpoint:
 
     name: str
     address: str
-    retry: Retry = RETRY
+    retry: Retry
 
     def channel(self) -> grpc.Channel:
         options = [("grpc.enable_retries", 1), ("grpc.service_config", self.retry.service_config())]
@@ -107,8 +107,8 @@ class Connection:
         address, ``NotSignedIn`` without a token."""
         settings = _Settings.from_env(environ)
         return cls(
-            admission=Endpoint("admission", settings.address),
-            budget=Endpoint("budget", settings.budget_address),
+            admission=Endpoint("admission", settings.address, RETRY),
+            budget=Endpoint("budget", settings.budget_address, RETRY),
             token=settings.token.strip() if settings.token else _token(settings.token_file),
         )
 
@@ -133,5 +133,7 @@ def _token(path: Path) -> str:
             f"no token: set QM_TOKEN or write one to {path} "
             "(`make up` does this for the local stack)"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotSignedIn(f"cannot read the token file {path}: {exc}") from None
+    except OSError as exc:
+        raise NotSignedIn(f"cannot read the token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise NotSignedIn(f"cannot read the token file {path}: not a text file") from None

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from google.protobuf.message import DecodeError
 from rich.console import Console
 from rich.table import Table
 
@@ -23,6 +22,7 @@ from libs.sim.compare import run_policies
 from libs.sim.metrics import Metrics
 from libs.sim.report import SUMMARY_HEADER, RunInfo, summary_rows, write_report
 from libs.sim.scenario import Trace
+from libs.sim.traces import TraceError
 from libs.sim.workflows import PROFILES
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
@@ -172,7 +172,7 @@ def run(
     out = _out_dir(out)
     try:
         workload = build_workload(sc, config.max_min_runtime_s)
-    except (OSError, ValueError, DecodeError) as exc:  # TraceError and ConfigError included
+    except (TraceError, ConfigError) as exc:
         raise _fail(exc) from exc
     if not workload.jobs:
         raise _fail(f"{sc.path}: no jobs in the chosen window (--skip-head, --start, --end)")

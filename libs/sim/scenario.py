@@ -6,10 +6,10 @@ A scenario file (``deploy/sim/*.yaml``) names a trace and its defaults; it is re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from libs.config.budget import load_budget_tree
 from libs.sim.cluster import ClusterSpec
@@ -20,6 +20,7 @@ from libs.sim.workload import Workload
 
 Trace = Literal["philly", "alibaba", "eventlog"]
 TRACES: tuple[Trace, ...] = get_args(Trace)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Scenario:
 def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
     """The jobs, nodes and budget to simulate; ``max_min_runtime_s`` caps contracts."""
     if scenario.trace == "eventlog":
-        log = load_event_log(scenario.path)
+        log = _read(scenario.path, load_event_log)
         tree = load_budget_tree(scenario.tree_path) if scenario.tree_path else log.tree
         nodes = scenario.cluster.node_specs() if scenario.cluster else log.nodes
         if tree is None or not nodes:
@@ -52,9 +53,19 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
     loader = load_philly if scenario.trace == "philly" else load_alibaba
     tree = load_budget_tree(scenario.tree_path)
-    raw_jobs = _window(loader(scenario.path), scenario)
+    raw_jobs = _window(_read(scenario.path, loader), scenario)
     jobs = to_sim_jobs(raw_jobs, tree.leaves(), scenario.rules, max_min_runtime_s)
     return Workload(tuple(jobs), scenario.cluster.node_specs(), tree)
+
+
+def _read(path: Path, loader: Callable[[Path], T]) -> T:
+    """A trace file through its loader; whatever is wrong with it, the error names it."""
+    try:
+        return loader(path)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except (TraceError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: {exc}") from None
 
 
 def _window(jobs: Sequence[J], scenario: Scenario) -> list[J]:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Annotated, Literal
 
 import faust
 from faust.types import TableT
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from libs.bus import KafkaSettings, load_topic_config
 from libs.bus.topics import TopicSpec
@@ -42,6 +43,9 @@ class ProjectorSettings(EnvSettings):
     # changed snapshots are published.
     lookback_window_s: float | None = Field(None, gt=0, alias="QM_LOOKBACK_WINDOW_S")
     snapshot_seconds: float = Field(10.0, gt=0, alias="QM_SNAPSHOT_SECONDS")
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(str.lower)
+    ] = Field("warning", alias="QM_PROJECTOR_LOGLEVEL")
 
 
 SETTINGS = ProjectorSettings.from_env()

@@ -3,6 +3,7 @@ fail the first N calls with UNAVAILABLE, as admission does while the stack resta
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,14 +16,17 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 class RecordingJobs(js_grpc.JobServiceServicer):
     def __init__(self) -> None:
         self.requests: list[js.SubmitJobRequest] = []
-        self.unavailable = 0  # calls to fail, from the first
+        self.failures = 0  # calls to fail, from the first
+        self.fail_with = grpc.StatusCode.UNAVAILABLE
+        self.delay_s = 0.0  # before answering
 
     def SubmitJob(
         self, request: js.SubmitJobRequest, context: grpc.ServicerContext
     ) -> js.SubmitJobResponse:
         self.requests.append(request)
-        if len(self.requests) <= self.unavailable:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "projector unreachable")
+        time.sleep(self.delay_s)
+        if len(self.requests) <= self.failures:
+            context.abort(self.fail_with, "projector unreachable")
         return js.SubmitJobResponse(job_id="j-1")
 
 
