@@ -25,7 +25,7 @@ from rich.console import Console
 from cli import render
 from cli.audit import audit_app
 from cli.connection import CallFailed, Connection, NotSignedIn
-from cli.params import INT32, UINT32_MAX, Duration, key_value
+from cli.params import INT32, UINT32_MAX, duration, input_file, key_value
 from cli.sim import sim_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
@@ -73,12 +73,7 @@ def submit(
     gpu_type: Annotated[str, typer.Option(help="e.g. H100; empty for any")] = "",
     allocation: Annotated[str, typer.Option(help="Budget leaf to charge")] = "",
     min_runtime: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(),
-            show_default="0",
-            help="Contract: protected runtime, e.g. 30m; 0 = free, preemptible",
-        ),
+        float, duration("0", "Contract: protected runtime, e.g. 30m; 0 = free, preemptible")
     ] = 0.0,
     resumable: Annotated[
         bool, typer.Option(help="Requeue instead of failing on preemption")
@@ -92,10 +87,7 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(parser=key_value, help="KEY=VALUE for the task (repeat)")
     ] = None,
-    sim_duration: Annotated[
-        float,
-        typer.Option(parser=Duration(), show_default="0", help="Simulated nodes: run time"),
-    ] = 0.0,
+    sim_duration: Annotated[float, duration("0", "Simulated nodes: run time")] = 0.0,
     sim_exit_code: Annotated[
         int, typer.Option(min=INT32[0], max=INT32[1], help="Simulated nodes: exit code")
     ] = 0,
@@ -105,12 +97,9 @@ def submit(
     ] = 1.0,
     workflow: Annotated[
         Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            readable=True,
-            help="A workflow (JSON or YAML): a DAG of model-serving tasks, one GPU each; "
-            "e.g. deploy/examples/workflow-translation.yaml",
+        input_file(
+            "A workflow (JSON or YAML): a DAG of model-serving tasks, one GPU each; "
+            "e.g. deploy/examples/workflow-translation.yaml"
         ),
     ] = None,
     workflow_name: Annotated[

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from cli.params import input_file
 from cli.render import error_line
 from libs.audit import AuditResult, Divergence, audit_topics
 from libs.bus import KafkaSettings, load_topic_config
@@ -36,12 +37,9 @@ errors = Console(stderr=True, soft_wrap=True)
 def verify(
     policy: Annotated[
         Path | None,
-        typer.Option(
+        input_file(
+            "Policy settings (YAML) placement runs with; defaults if omitted",
             envvar="QM_POLICY_FILE",
-            exists=True,
-            dir_okay=False,
-            readable=True,
-            help="Policy settings (YAML) placement runs with; defaults if omitted",
         ),
     ] = None,
     cluster: Annotated[

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import typer
 from pydantic_core import PydanticCustomError
 
 DAY_S = 86_400.0
@@ -53,3 +55,15 @@ def key_value(text: str) -> str:
 def _error(message: str) -> PydanticCustomError:
     # No context: the message is shown as it is, braces and all.
     return PydanticCustomError("qm_flag", message)
+
+
+def input_file(help: str, **options: Any) -> Any:
+    """A flag naming a file to read: typer checks that it exists and is a readable file."""
+    return typer.Option(exists=True, dir_okay=False, readable=True, help=help, **options)
+
+
+def duration(shown: str, help: str, *, positive: bool = False) -> Any:
+    """A duration flag; ``shown`` is its default as people write it."""
+    return typer.Option(
+        parser=Duration(positive), show_default=shown, metavar="DURATION", help=help
+    )

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.params import DAY_S, SEED_MAX, Duration
+from cli.params import DAY_S, SEED_MAX, duration, input_file
 from cli.render import error_line
 from libs.config.document import ConfigError
 from libs.config.scenario import load_scenario
@@ -60,16 +60,11 @@ def run(
     ] = Path("sim-out"),
     scenario: Annotated[
         Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            readable=True,
-            help="Scenario YAML (default: deploy/sim/TRACE.yaml)",
-        ),
+        input_file("Scenario YAML (default: deploy/sim/TRACE.yaml)"),
     ] = None,
     trace_path: Annotated[
         Path | None,
-        typer.Option(exists=True, dir_okay=False, readable=True, help="The trace or log file"),
+        input_file("The trace or log file"),
     ] = None,
     skip_head: Annotated[
         int | None, typer.Option(min=0, max=MANY, help="Drop the first N jobs")
@@ -89,38 +84,17 @@ def run(
     gpu_type: Annotated[str | None, typer.Option(help="Cluster: GPU type")] = None,
     tree: Annotated[
         Path | None,
-        typer.Option(exists=True, dir_okay=False, readable=True, help="Budget tree YAML"),
+        input_file("Budget tree YAML"),
     ] = None,
-    lookback: Annotated[
-        float,
-        typer.Option(parser=Duration(positive=True), show_default="7d", help="Fair-share lookback"),
-    ] = 7 * DAY_S,
-    max_min_runtime: Annotated[
-        float, typer.Option(parser=Duration(), show_default="8h", help="Cap on minimum runtimes")
-    ] = 8 * 3600.0,
-    tick: Annotated[
-        float,
-        typer.Option(parser=Duration(positive=True), show_default="60s", help="Clock tick period"),
-    ] = 60.0,
-    snapshot: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(positive=True), show_default="300s", help="Usage snapshot period"
-        ),
-    ] = 300.0,
-    grace: Annotated[
-        float,
-        typer.Option(parser=Duration(), show_default="30s", help="Stop grace before a task ends"),
-    ] = 30.0,
-    drain: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(), show_default="0", help="Simulate on after the last submission"
-        ),
-    ] = 0.0,
+    lookback: Annotated[float, duration("7d", "Fair-share lookback", positive=True)] = 7 * DAY_S,
+    max_min_runtime: Annotated[float, duration("8h", "Cap on minimum runtimes")] = 8 * 3600.0,
+    tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
+    snapshot: Annotated[float, duration("300s", "Usage snapshot period", positive=True)] = 300.0,
+    grace: Annotated[float, duration("30s", "Stop grace before a task ends")] = 30.0,
+    drain: Annotated[float, duration("0", "Simulate on after the last submission")] = 0.0,
     warmup: Annotated[
         float | None,
-        typer.Option(parser=Duration(), help="Measure from this long after the first submission"),
+        duration("the scenario's", "Measure from this long after the first submission"),
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
 ) -> None:
@@ -257,7 +231,7 @@ def workflows(
     ] = PolicyConfig.hold_threshold,
     profiles: Annotated[
         Path,
-        typer.Option(exists=True, dir_okay=False, readable=True, help="Compass profiles"),
+        input_file("Compass profiles"),
     ] = PROFILES,
     out: Annotated[
         Path | None,
@@ -366,12 +340,7 @@ def mixed(
         typer.Option(min=0.001, max=1, help="Policy: the most of the cluster serving may hold"),
     ] = 0.5,
     serving_linger: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(),
-            show_default="30s",
-            help="Policy: a drained serving GPU goes back to batch after this",
-        ),
+        float, duration("30s", "Policy: a drained serving GPU goes back to batch after this")
     ] = 30.0,
     compare: Annotated[
         str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
@@ -384,31 +353,18 @@ def mixed(
         float, typer.Option(min=0.001, max=1000, help="Arrival rate × this during the burst")
     ] = 4.0,
     burst_start: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(), show_default="40m", help="Burst begins this far into the window"
-        ),
+        float, duration("40m", "Burst begins this far into the window")
     ] = 2400.0,
-    burst_end: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(), show_default="80m", help="Burst ends this far into the window"
-        ),
-    ] = 4800.0,
+    burst_end: Annotated[float, duration("80m", "Burst ends this far into the window")] = 4800.0,
     batch_load: Annotated[
         float, typer.Option(min=0.001, max=1000, help="Batch GPU time offered ÷ the cluster's")
     ] = 2.0,
-    warmup: Annotated[
-        float,
-        typer.Option(
-            parser=Duration(), show_default="30m", help="Batch work alone before the window"
-        ),
-    ] = 1800.0,
+    warmup: Annotated[float, duration("30m", "Batch work alone before the window")] = 1800.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seeds both arrival streams")] = 7,
     parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
     profiles: Annotated[
         Path,
-        typer.Option(exists=True, dir_okay=False, readable=True, help="Compass profiles"),
+        input_file("Compass profiles"),
     ] = PROFILES,
     out: Annotated[
         Path | None, typer.Option(file_okay=False, help="Write summary.md and mixed.png here")
