@@ -51,8 +51,8 @@ class Retry:
     def service_config(self) -> str:
         policy = {
             "maxAttempts": self.attempts,
-            "initialBackoff": f"{self.initial_backoff_s}s",
-            "maxBackoff": f"{self.max_backoff_s}s",
+            "initialBackoff": f"{self.initial_backoff_s:f}s",
+            "maxBackoff": f"{self.max_backoff_s:f}s",
             "backoffMultiplier": self.multiplier,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
