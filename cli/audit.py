@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from aiokafka.errors import KafkaError
 from google.protobuf import text_format
 from google.protobuf.message import Message
@@ -21,23 +20,26 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from cli.params import input_file
+from cli.render import error_line
 from libs.audit import AuditResult, Divergence, audit_topics
 from libs.bus import KafkaSettings, load_topic_config
+from libs.config.document import ConfigError
+from libs.config.policy import load_policy
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig
-from libs.core.config import policy_from_mapping
 
 audit_app = typer.Typer(no_args_is_help=True, help="Replay the log and check the decisions.")
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 
 @audit_app.command()
 def verify(
     policy: Annotated[
         Path | None,
-        typer.Option(
+        input_file(
+            "Policy settings (YAML) placement runs with; defaults if omitted",
             envvar="QM_POLICY_FILE",
-            help="Policy settings (YAML) placement runs with; defaults if omitted",
         ),
     ] = None,
     cluster: Annotated[
@@ -53,17 +55,19 @@ def verify(
 ) -> None:
     """Replay every input through the scheduler; compare with the recorded decisions."""
     try:
-        config = _policy(policy)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        errors.print(f"[red]error:[/] policy file {policy}: {exc}")
+        config = load_policy(policy) if policy else PolicyConfig()
+        topics = load_topic_config()
+        kafka = KafkaSettings.from_env()
+    except ConfigError as exc:
+        errors.print(error_line(exc), highlight=False)
         raise typer.Exit(2) from exc
     started = time.monotonic()
     try:
         with Progress(console=errors, transient=True) as progress:
             result = asyncio.run(
                 audit_topics(
-                    KafkaSettings.from_env(),
-                    load_topic_config(),
+                    kafka,
+                    topics,
                     config,
                     group=group,
                     clusters=cluster or (),
@@ -71,7 +75,7 @@ def verify(
                 )
             )
     except (KafkaError, RuntimeError) as exc:
-        errors.print(f"[red]error:[/] {exc} (is Kafka reachable at QM_KAFKA_BOOTSTRAP?)")
+        errors.print(error_line(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)"))
         raise typer.Exit(2) from exc
     elapsed = time.monotonic() - started
     errors.print(f"{result.inputs} events replayed in {elapsed:.1f} s")
@@ -80,15 +84,6 @@ def verify(
         return
     _show_divergence(result, result.divergence)
     raise typer.Exit(1)
-
-
-def _policy(path: Path | None) -> PolicyConfig:
-    if path is None:
-        return PolicyConfig()
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ValueError("expected a mapping of setting names to values")
-    return policy_from_mapping(raw)
 
 
 def _show_divergence(result: AuditResult, found: Divergence) -> None:

@@ -1,59 +1,139 @@
-"""Where the services are and who the user is, for every qm command.
+"""Where the services are, who the user is, and how calls to them fail, for every qm command.
 
-``QM_ADDR`` (JobService/ClusterService, default 127.0.0.1:50051),
+``QM_ADDR`` (admission: JobService/ClusterService, default 127.0.0.1:50051),
 ``QM_BUDGET_ADDR`` (BudgetService, default 127.0.0.1:50052), and the token:
 ``QM_TOKEN``, else the file ``$QM_TOKEN_FILE`` (default ~/.config/qm/token).
+
+Every call has a deadline, and gRPC itself retries a call that fails UNAVAILABLE
+(the service is down or restarting), with exponential backoff: every qm call is
+idempotent (a submission carries its client request id, the same on every attempt).
 """
 
 from __future__ import annotations
 
-import os
+import json
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from pydantic import Field
 
+from libs.config.env import Address, EnvSettings
 from services.grpc_server import bearer
 
 DEFAULT_TOKEN_FILE = Path.home() / ".config" / "qm" / "token"
+# The longest any call may take, its retries included.
+DEADLINE_S = 30.0
+SERVICES = ("qm.v1.JobService", "qm.v1.ClusterService", "qm.v1.BudgetService")
+T = TypeVar("T")
 
 
 class NotSignedIn(Exception):
     pass
 
 
+class CallFailed(Exception):
+    """A call failed for good; the message is one line for a person."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """gRPC's retry policy for UNAVAILABLE; a random backoff below the current one each time."""
+
+    attempts: int = 5  # gRPC's most
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 4.0
+    multiplier: float = 2.0
+
+    def service_config(self) -> str:
+        policy = {
+            "maxAttempts": self.attempts,
+            "initialBackoff": f"{self.initial_backoff_s:f}s",
+            "maxBackoff": f"{self.max_backoff_s:f}s",
+            "backoffMultiplier": self.multiplier,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        }
+        names = [{"service": service} for service in SERVICES]
+        return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}]})
+
+
+RETRY = Retry()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One service the CLI talks to: what to call it in messages, and where it is."""
+
+    name: str
+    address: str
+    retry: Retry
+
+    def channel(self) -> grpc.Channel:
+        options = [("grpc.enable_retries", 1), ("grpc.service_config", self.retry.service_config())]
+        return grpc.insecure_channel(self.address, options=options)
+
+    def failure(self, error: grpc.RpcError, elapsed_s: float) -> str:
+        """What went wrong, in one line that says what to do."""
+        code, details = error.code(), error.details()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return (
+                f"{self.name} at {self.address} is unavailable after {self.retry.attempts} "
+                f"attempts over {elapsed_s:.0f} s: {details} (is the stack running? `make up`)"
+            )
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"{self.name} at {self.address} did not answer within {DEADLINE_S:g} s"
+        return f"{code.name}: {details}"
+
+
+class _Settings(EnvSettings):
+    address: Address = Field("127.0.0.1:50051", alias="QM_ADDR")
+    budget_address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
+    token: str | None = Field(None, alias="QM_TOKEN")
+    token_file: Path = Field(DEFAULT_TOKEN_FILE, alias="QM_TOKEN_FILE")
+
+
 @dataclass(frozen=True)
 class Connection:
-    address: str
-    budget_address: str
+    admission: Endpoint
+    budget: Endpoint
     token: str
 
     @classmethod
-    def from_env(cls) -> Connection:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Connection:
+        """The services and the token the environment names; a ``ConfigError`` for a bad
+        address, ``NotSignedIn`` without a token."""
+        settings = _Settings.from_env(environ)
         return cls(
-            address=os.environ.get("QM_ADDR", "127.0.0.1:50051"),
-            budget_address=os.environ.get("QM_BUDGET_ADDR", "127.0.0.1:50052"),
-            token=_token(),
+            admission=Endpoint("admission", settings.address, RETRY),
+            budget=Endpoint("budget", settings.budget_address, RETRY),
+            token=settings.token.strip() if settings.token else _token(settings.token_file),
         )
-
-    def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.address)
-
-    def budget_channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.budget_address)
 
     @property
     def metadata(self) -> tuple[tuple[str, Any], ...]:
         return bearer(self.token)
 
+    def call(self, endpoint: Endpoint, method: Callable[..., T], request: object) -> T:
+        """One unary call, retried by gRPC while the service is unavailable."""
+        started = time.monotonic()
+        try:
+            return method(request, metadata=self.metadata, timeout=DEADLINE_S)
+        except grpc.RpcError as exc:
+            raise CallFailed(endpoint.failure(exc, time.monotonic() - started)) from exc
 
-def _token() -> str:
-    if token := os.environ.get("QM_TOKEN"):
-        return token.strip()
-    path = Path(os.environ.get("QM_TOKEN_FILE", DEFAULT_TOKEN_FILE))
-    if path.exists():
+
+def _token(path: Path) -> str:
+    try:
         return path.read_text().strip()
-    raise NotSignedIn(
-        f"no token: set QM_TOKEN or write one to {path} (`make up` does this for the local stack)"
-    )
+    except FileNotFoundError:
+        raise NotSignedIn(
+            f"no token: set QM_TOKEN or write one to {path} "
+            "(`make up` does this for the local stack)"
+        ) from None
+    except OSError as exc:
+        raise NotSignedIn(f"cannot read the token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise NotSignedIn(f"cannot read the token file {path}: not a text file") from None

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, types_pb2
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 
 _STYLE = {
@@ -20,6 +21,12 @@ _STYLE = {
     "CANCELLED": "magenta",
     "PREEMPTED": "magenta",
 }
+
+
+def error_line(message: object) -> str:
+    """``error: ...`` for the error console; the message is shown as written (key paths
+    such as ``children[0]`` are not markup)."""
+    return f"[red]error:[/] {escape(str(message))}"
 
 
 def state_name(state: types_pb2.JobState.ValueType) -> str:

@@ -3,79 +3,112 @@
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.params import DAY_S, SEED_MAX, duration, input_file
+from cli.render import error_line
+from libs.config.document import ConfigError
+from libs.config.scenario import load_scenario
 from libs.core.config import PolicyConfig
-from libs.sim import POLICIES, SimSettings, build_workload, load_scenario
+from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
 from libs.sim.metrics import Metrics
 from libs.sim.report import SUMMARY_HEADER, RunInfo, summary_rows, write_report
-from libs.sim.scenario import TRACES
+from libs.sim.scenario import Trace
 from libs.sim.traces import TraceError
 from libs.sim.workflows import PROFILES
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "deploy" / "sim"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+# Trace times: seconds from the trace's start (or epoch seconds in a recorded log).
+TRACE_TIME_MAX = 1e12
+MANY = 1_000_000_000
 
 
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``30m``, ``8h`` or ``7d`` to seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 30m, 8h or 7d")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+def _out_dir(path: Path) -> Path:
+    """The output folder, made before any work so that a bad one fails fast."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot create {path}: {exc.strerror}", param_hint="--out"
+        ) from None
+    return path
+
+
+def _fail(message: object) -> typer.Exit:
+    errors.print(error_line(message), highlight=False)
+    return typer.Exit(2)
 
 
 @sim_app.command()
 def run(
-    trace: Annotated[str, typer.Option(help=f"One of {', '.join(TRACES)}")] = "philly",
+    trace: Annotated[Trace, typer.Option(help="The trace to replay")] = "philly",
     policy: Annotated[str, typer.Option(help=f"{', '.join(POLICIES)}, or all")] = "all",
-    out: Annotated[Path, typer.Option(help="Folder for metrics.json, summary.md, plots/")] = Path(
-        "sim-out"
-    ),
+    out: Annotated[
+        Path, typer.Option(file_okay=False, help="Folder for metrics.json, summary.md, plots/")
+    ] = Path("sim-out"),
     scenario: Annotated[
-        Path | None, typer.Option(help="Scenario YAML (default: deploy/sim/TRACE.yaml)")
+        Path | None,
+        input_file("Scenario YAML (default: deploy/sim/TRACE.yaml)"),
     ] = None,
-    trace_path: Annotated[Path | None, typer.Option(help="The trace or log file")] = None,
-    skip_head: Annotated[int | None, typer.Option(help="Drop the first N jobs")] = None,
-    start: Annotated[float | None, typer.Option(help="First submission time kept, s")] = None,
-    end: Annotated[float | None, typer.Option(help="Submissions before this time, s")] = None,
-    nodes: Annotated[int | None, typer.Option(help="Cluster: node count")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option(help="Cluster: GPUs per node")] = None,
+    trace_path: Annotated[
+        Path | None,
+        input_file("The trace or log file"),
+    ] = None,
+    skip_head: Annotated[
+        int | None, typer.Option(min=0, max=MANY, help="Drop the first N jobs")
+    ] = None,
+    start: Annotated[
+        float | None,
+        typer.Option(min=0, max=TRACE_TIME_MAX, help="First submission time kept, s"),
+    ] = None,
+    end: Annotated[
+        float | None,
+        typer.Option(min=0, max=TRACE_TIME_MAX, help="Submissions before this time, s"),
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=100_000, help="Cluster: nodes")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(min=1, max=1024, help="Cluster: GPUs per node")
+    ] = None,
     gpu_type: Annotated[str | None, typer.Option(help="Cluster: GPU type")] = None,
-    tree: Annotated[Path | None, typer.Option(help="Budget tree YAML")] = None,
-    lookback: Annotated[str, typer.Option(help="Fair-share lookback window")] = "7d",
-    max_min_runtime: Annotated[str, typer.Option(help="Cap on minimum runtimes")] = "8h",
-    tick: Annotated[str, typer.Option(help="Clock tick period")] = "60s",
-    snapshot: Annotated[str, typer.Option(help="Usage snapshot period")] = "300s",
-    grace: Annotated[str, typer.Option(help="Stop grace before a task ends")] = "30s",
-    drain: Annotated[str, typer.Option(help="Simulate on after the last submission")] = "0",
+    tree: Annotated[
+        Path | None,
+        input_file("Budget tree YAML"),
+    ] = None,
+    lookback: Annotated[float, duration("7d", "Fair-share lookback", positive=True)] = 7 * DAY_S,
+    max_min_runtime: Annotated[float, duration("8h", "Cap on minimum runtimes")] = 8 * 3600.0,
+    tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
+    snapshot: Annotated[float, duration("300s", "Usage snapshot period", positive=True)] = 300.0,
+    grace: Annotated[float, duration("30s", "Stop grace before a task ends")] = 30.0,
+    drain: Annotated[float, duration("0", "Simulate on after the last submission")] = 0.0,
     warmup: Annotated[
-        str | None, typer.Option(help="Measure from this long after the first submission")
+        float | None,
+        duration("the scenario's", "Measure from this long after the first submission"),
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
 ) -> None:
     """Simulate: qm sim run --trace philly --policy all --out sim-out"""
     names = POLICIES if policy == "all" else tuple(policy.split(","))
     if unknown := [n for n in names if n not in POLICIES]:
-        raise typer.BadParameter(f"unknown policy {unknown}; use {', '.join(POLICIES)} or all")
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)} or all",
+            param_hint="--policy",
+        )
     try:
         sc = load_scenario(scenario or SCENARIOS / f"{trace}.yaml")
-    except (OSError, TraceError) as exc:
-        errors.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+    except ConfigError as exc:
+        raise _fail(exc) from exc
     cluster = sc.cluster or ClusterSpec()
     resized = dataclasses.replace(
         cluster,
@@ -93,26 +126,30 @@ def run(
         skip_head=skip_head if skip_head is not None else sc.skip_head,
         start_s=start if start is not None else sc.start_s,
         end_s=end if end is not None else sc.end_s,
-        warmup_s=parse_duration(warmup) if warmup is not None else sc.warmup_s,
+        warmup_s=warmup if warmup is not None else sc.warmup_s,
     )
-    config = PolicyConfig(
-        lookback_window_s=parse_duration(lookback),
-        max_min_runtime_s=parse_duration(max_min_runtime),
-    )
+    if sc.start_s is not None and sc.end_s is not None and sc.end_s <= sc.start_s:
+        raise typer.BadParameter(
+            f"the window ends ({sc.end_s:g} s) before it starts ({sc.start_s:g} s)",
+            param_hint="--start/--end",
+        )
+    config = PolicyConfig(lookback_window_s=lookback, max_min_runtime_s=max_min_runtime)
     settings = SimSettings(
-        tick_s=parse_duration(tick),
-        snapshot_s=parse_duration(snapshot),
-        stop_grace_s=parse_duration(grace),
+        tick_s=tick,
+        snapshot_s=snapshot,
+        stop_grace_s=grace,
         lookback_window_s=config.lookback_window_s,
         gpu_prices=config.gpu_prices,
-        drain_s=parse_duration(drain),
+        drain_s=drain,
         warmup_s=sc.warmup_s,
     )
+    out = _out_dir(out)
     try:
         workload = build_workload(sc, config.max_min_runtime_s)
-    except (OSError, TraceError) as exc:
-        errors.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+    except (TraceError, ConfigError) as exc:
+        raise _fail(exc) from exc
+    if not workload.jobs:
+        raise _fail(f"{sc.path}: no jobs in the chosen window (--skip-head, --start, --end)")
     console.print(
         f"{len(workload.jobs)} jobs, {workload.capacity} GPUs on {len(workload.nodes)} nodes, "
         f"offered load {workload.offered_load():.2f}× capacity"
@@ -138,6 +175,30 @@ def run(
 
 
 _SWEEP = "16,24,32,48,64,96,128"
+Item = TypeVar("Item")
+
+
+def _items(
+    flag: str,
+    text: str,
+    kind: Callable[[str], Item],
+    allowed: Callable[[Item], bool] | None,
+    expected: str,
+    may_be_empty: bool = False,
+) -> list[Item]:
+    """A comma-separated flag's items, each converted by ``kind`` and ``allowed``."""
+    items = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        try:
+            item = kind(word)
+        except ValueError:
+            raise typer.BadParameter(f"{word!r}: expected {expected}", param_hint=flag) from None
+        if allowed is not None and not allowed(item):
+            raise typer.BadParameter(f"{word!r}: expected {expected}", param_hint=flag)
+        items.append(item)
+    if not items and not may_be_empty:
+        raise typer.BadParameter(f"expected {expected}, comma-separated", param_hint=flag)
+    return items
 
 
 @sim_app.command()
@@ -147,18 +208,34 @@ def workflows(
     arrivals: Annotated[
         str, typer.Option(help="poisson, gamma or both (comma-separated)")
     ] = "poisson,gamma",
-    jobs: Annotated[int, typer.Option(help="Jobs per run (the first 10% are warm-up)")] = 1000,
-    rate: Annotated[float, typer.Option(help="Arrivals per second, all workflows")] = 40.0,
+    jobs: Annotated[
+        int, typer.Option(min=10, max=MANY, help="Jobs per run (the first 10% are warm-up)")
+    ] = 1000,
+    rate: Annotated[
+        float, typer.Option(min=0.001, max=1e6, help="Arrivals per second, all workflows")
+    ] = 40.0,
     burst: Annotated[
-        float, typer.Option(help="Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)")
+        float,
+        typer.Option(
+            min=0.001, max=1000, help="Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)"
+        ),
     ] = 0.25,
-    seed: Annotated[int, typer.Option(help="Seeds the arrivals and the workflow mix")] = 7,
+    seed: Annotated[
+        int, typer.Option(min=0, max=SEED_MAX, help="Seeds the arrivals and the workflow mix")
+    ] = 7,
     hold_threshold: Annotated[
-        float, typer.Option(help="compass's hold_threshold policy knob (0: plan on arrival)")
+        float,
+        typer.Option(
+            min=0, max=1e6, help="compass's hold_threshold policy knob (0: plan on arrival)"
+        ),
     ] = PolicyConfig.hold_threshold,
-    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = PROFILES,
+    profiles: Annotated[
+        Path,
+        input_file("Compass profiles"),
+    ] = PROFILES,
     out: Annotated[
-        Path | None, typer.Option(help="Write sweep.png and sweep.md (every table) here")
+        Path | None,
+        typer.Option(file_okay=False, help="Write sweep.png and sweep.md (every table) here"),
     ] = None,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
@@ -169,24 +246,19 @@ def workflows(
     """
     import time
 
-    from libs.core.compass import PlanMode, WorkflowError
+    from libs.core.compass import PlanMode
     from libs.sim.workflows import ARRIVALS, SweepRun, claims, load_profiles, markdown, sweep
 
-    try:
-        chosen = list(PlanMode) if modes == "all" else [PlanMode(m) for m in modes.split(",")]
-        sizes = [int(g) for g in gpus.split(",")]
-        processes = {a: (burst if ARRIVALS[a] else 0.0) for a in arrivals.split(",")}
-    except (ValueError, KeyError) as exc:
-        raise typer.BadParameter(f"{exc}") from exc
-    if any(g < 1 for g in sizes) or burst <= 0 or not hold_threshold >= 0:
-        raise typer.BadParameter(
-            "GPU counts and the gamma shape must be positive, the hold threshold >= 0"
-        )
+    sizes = _items("--gpus", gpus, int, lambda g: 1 <= g <= 100_000, "GPU counts from 1 to 100000")
+    kinds = ", ".join(m.value for m in PlanMode)
+    chosen = list(PlanMode) if modes == "all" else _items("--modes", modes, PlanMode, None, kinds)
+    names = _items("--arrivals", arrivals, str, ARRIVALS.__contains__, ", ".join(ARRIVALS))
+    processes = {a: (burst if ARRIVALS[a] else 0.0) for a in names}
+    out = _out_dir(out) if out is not None else None
     try:
         loaded = load_profiles(profiles)
-    except (OSError, KeyError, ValueError, WorkflowError) as exc:
-        errors.print(f"[red]error:[/] {profiles}: {exc}")
-        raise typer.Exit(2) from exc
+    except ConfigError as exc:
+        raise _fail(exc) from exc
 
     def progress(done: SweepRun) -> None:
         r = done.run
@@ -252,37 +324,51 @@ def workflows(
     if out is not None:
         from libs.sim.sweep_plot import write_sweep_plot
 
-        out.mkdir(parents=True, exist_ok=True)
         (out / "sweep.md").write_text(markdown(runs, total))
         console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
 
 
 @sim_app.command()
 def mixed(
-    hours: Annotated[float, typer.Option(help="Measured window; workflows arrive in it")] = 2.0,
-    nodes: Annotated[int, typer.Option(help="Cluster: node count")] = 16,
-    gpus_per_node: Annotated[int, typer.Option(help="Cluster: GPUs per node")] = 8,
+    hours: Annotated[
+        float, typer.Option(min=0.01, max=10_000, help="Measured window; workflows arrive in it")
+    ] = 2.0,
+    nodes: Annotated[int, typer.Option(min=1, max=100_000, help="Cluster: node count")] = 16,
+    gpus_per_node: Annotated[int, typer.Option(min=1, max=1024, help="Cluster: GPUs per node")] = 8,
     serving_max_fraction: Annotated[
-        float, typer.Option(help="Policy: the most of the cluster serving may hold")
+        float,
+        typer.Option(min=0.001, max=1, help="Policy: the most of the cluster serving may hold"),
     ] = 0.5,
     serving_linger: Annotated[
-        str, typer.Option(help="Policy: a drained serving GPU goes back to batch after this")
-    ] = "30s",
+        float, duration("30s", "Policy: a drained serving GPU goes back to batch after this")
+    ] = 30.0,
     compare: Annotated[
         str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
     ] = "0.1",
     rate: Annotated[
-        float, typer.Option(help="Workflow arrivals per second outside the burst")
+        float,
+        typer.Option(min=0.001, max=1e6, help="Workflow arrivals per second outside the burst"),
     ] = 2.0,
-    burst: Annotated[float, typer.Option(help="Arrival rate × this during the burst")] = 4.0,
-    burst_start: Annotated[str, typer.Option(help="Burst begins this far into the window")] = "40m",
-    burst_end: Annotated[str, typer.Option(help="Burst ends this far into the window")] = "80m",
-    batch_load: Annotated[float, typer.Option(help="Batch GPU time offered ÷ the cluster's")] = 2.0,
-    warmup: Annotated[str, typer.Option(help="Batch work alone before the window")] = "30m",
-    seed: Annotated[int, typer.Option(help="Seeds both arrival streams")] = 7,
+    burst: Annotated[
+        float, typer.Option(min=0.001, max=1000, help="Arrival rate × this during the burst")
+    ] = 4.0,
+    burst_start: Annotated[
+        float, duration("40m", "Burst begins this far into the window")
+    ] = 2400.0,
+    burst_end: Annotated[float, duration("80m", "Burst ends this far into the window")] = 4800.0,
+    batch_load: Annotated[
+        float, typer.Option(min=0.001, max=1000, help="Batch GPU time offered ÷ the cluster's")
+    ] = 2.0,
+    warmup: Annotated[float, duration("30m", "Batch work alone before the window")] = 1800.0,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seeds both arrival streams")] = 7,
     parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
-    profiles: Annotated[Path, typer.Option(help="Compass workflow profiles")] = PROFILES,
-    out: Annotated[Path | None, typer.Option(help="Write summary.md and mixed.png here")] = None,
+    profiles: Annotated[
+        Path,
+        input_file("Compass profiles"),
+    ] = PROFILES,
+    out: Annotated[
+        Path | None, typer.Option(file_okay=False, help="Write summary.md and mixed.png here")
+    ] = None,
 ) -> None:
     """Batch jobs and workflows on one cluster under one budget: how the policy divides GPUs.
 
@@ -291,7 +377,6 @@ def mixed(
     """
     import time
 
-    from libs.core.compass import WorkflowError
     from libs.sim.mixed import (
         COMPARISON_HEADER,
         MixedSettings,
@@ -303,27 +388,23 @@ def mixed(
     )
     from libs.sim.workflows import load_profiles
 
+    extra = _items("--compare", compare, float, lambda f: 0 < f <= 1, "fractions in (0, 1]", True)
+    if burst_end < burst_start:
+        raise typer.BadParameter("the burst ends before it begins", param_hint="--burst-end")
+    out = _out_dir(out) if out is not None else None
     try:
         loaded = load_profiles(profiles)
-    except (OSError, KeyError, ValueError, WorkflowError) as exc:
-        errors.print(f"[red]error:[/] {profiles}: {exc}")
-        raise typer.Exit(2) from exc
-    try:
-        fractions = [serving_max_fraction] + [float(f) for f in compare.split(",") if f.strip()]
-    except ValueError as exc:
-        raise typer.BadParameter(f"--compare: {exc}") from exc
-    if not all(0 < f <= 1 for f in fractions):
-        raise typer.BadParameter("serving_max_fraction values must be in (0, 1]")
-    if min(hours, nodes, gpus_per_node, rate, burst, batch_load) <= 0:
-        raise typer.BadParameter("hours, nodes, GPUs, rates and loads must be positive")
+    except ConfigError as exc:
+        raise _fail(exc) from exc
+    fractions = [serving_max_fraction, *extra]
     settings = MixedSettings(
         cluster=ClusterSpec(nodes, gpus_per_node, "H100", 80.0),
         hours=hours,
-        warmup_s=parse_duration(warmup),
+        warmup_s=warmup,
         batch_load=batch_load,
         workflow_rate_per_s=rate,
         burst_factor=burst,
-        burst_s=(parse_duration(burst_start), parse_duration(burst_end)),
+        burst_s=(burst_start, burst_end),
         seed=seed,
     )
     console.print(
@@ -335,7 +416,7 @@ def mixed(
         loaded,
         fractions,
         settings,
-        serving_linger_s=parse_duration(serving_linger),
+        serving_linger_s=serving_linger,
         parallel=parallel,
     )
     total = time.perf_counter() - began
@@ -351,6 +432,5 @@ def mixed(
     wide.print(table)
     console.print(f"{len(runs)} runs in {total:.1f} s")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "summary.md").write_text(markdown(runs, settings))
         console.print(f"wrote {out / 'summary.md'}, {write_plot(runs, out / 'mixed.png')}")

@@ -5,14 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
+from libs.config.policy import load_policy
 from libs.core import PolicyConfig
-from libs.core.config import policy_from_mapping
 
 
 def policy_from_env() -> PolicyConfig:
     path = os.environ.get("QM_POLICY_FILE")
-    if not path:
-        return PolicyConfig()
-    return policy_from_mapping(yaml.safe_load(Path(path).read_text()) or {})
+    return load_policy(Path(path)) if path else PolicyConfig()

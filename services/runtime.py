@@ -1,14 +1,21 @@
-"""Process plumbing shared by every service: run until SIGTERM or SIGINT."""
+"""Process plumbing shared by every service: run until SIGTERM or SIGINT, log one way,
+and end on a bad setting with one line instead of a traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
 import signal
+import sys
 from collections.abc import Coroutine
-from typing import Any
+from types import TracebackType
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from libs.config.document import ConfigError
+from libs.config.env import EnvSettings
 
 
 async def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
@@ -21,10 +28,32 @@ async def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
         await task
 
 
+def report_config_errors(service: str) -> None:
+    """A ``ConfigError`` that ends the process prints as ``SERVICE: FILE: KEY: expected ...``
+    (exit status 1): the mistake is in a file or a variable, and a traceback would bury it."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        if isinstance(error, ConfigError):
+            print(f"{service}: {error}", file=sys.stderr)
+        else:
+            previous(kind, error, trace)
+
+    sys.excepthook = hook
+
+
+class _LogSettings(EnvSettings):
+    level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(str.upper)
+    ] = Field("INFO", alias="QM_LOG_LEVEL")
+
+
 def configure_logging(service: str) -> None:
-    """One log format for every service; ``QM_LOG_LEVEL`` sets the level."""
+    """One log format for every service; ``QM_LOG_LEVEL`` sets the level. Config errors
+    from here on are reported in one line (``report_config_errors``)."""
+    report_config_errors(service)
     logging.basicConfig(
-        level=os.environ.get("QM_LOG_LEVEL", "INFO"),
+        level=_LogSettings.from_env().level,
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
     )
     # The Kafka clients narrate every rebalance at INFO; keep their warnings only.

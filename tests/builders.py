@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from libs.config.budget import tree_from_mapping
 from libs.core import JobSpec, NodeSpec
-from libs.core.budget_tree import BudgetTree, tree_from_dict
+from libs.core.budget_tree import BudgetTree
 
 
 def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object) -> JobSpec:
@@ -17,6 +18,6 @@ def node(node_id: str, gpus: int = 8, gpu_type: str = "H100") -> NodeSpec:
 
 def tree(**weights: float) -> BudgetTree:
     """A flat budget tree: one leaf per keyword, weighted as given."""
-    return tree_from_dict(
+    return tree_from_mapping(
         {"name": "root", "children": [{"name": k, "weight": w} for k, w in weights.items()]}
     )

@@ -14,6 +14,8 @@ import hmac
 import os
 from pathlib import Path
 
+from libs.config.document import ConfigError
+
 _PREFIX = "qm1"
 
 
@@ -22,11 +24,18 @@ class AuthError(Exception):
 
 
 def load_secret() -> bytes:
+    """The installation's secret; a ``ConfigError`` when it is not set or cannot be read."""
     if secret := os.environ.get("QM_AUTH_SECRET"):
         return secret.encode()
     if path := os.environ.get("QM_AUTH_SECRET_FILE"):
-        return Path(path).read_bytes().strip()
-    raise AuthError("no signing secret: set QM_AUTH_SECRET or QM_AUTH_SECRET_FILE")
+        try:
+            secret_bytes = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"QM_AUTH_SECRET_FILE {path}: cannot read: {exc.strerror}") from None
+        if not secret_bytes:
+            raise ConfigError(f"QM_AUTH_SECRET_FILE {path}: the file is empty")
+        return secret_bytes
+    raise ConfigError("environment: no signing secret: set QM_AUTH_SECRET or QM_AUTH_SECRET_FILE")
 
 
 def issue_token(user: str, secret: bytes) -> str:

@@ -8,32 +8,36 @@
 
 from __future__ import annotations
 
-import os
 import ssl
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field
+
+from libs.config.env import EnvSettings, address
 
 
-@dataclass(frozen=True)
-class KafkaSettings:
-    bootstrap: str = "127.0.0.1:9092"
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = None
-    ssl_cafile: str | None = None
+def _servers(value: str) -> str:
+    for server in value.split(","):
+        address(server.strip())
+    return value
 
-    @classmethod
-    def from_env(cls) -> KafkaSettings:
-        env = os.environ.get
-        return cls(
-            bootstrap=env("QM_KAFKA_BOOTSTRAP", cls.bootstrap),
-            security_protocol=env("QM_KAFKA_SECURITY_PROTOCOL", cls.security_protocol),
-            sasl_mechanism=env("QM_KAFKA_SASL_MECHANISM"),
-            sasl_username=env("QM_KAFKA_SASL_USERNAME"),
-            sasl_password=env("QM_KAFKA_SASL_PASSWORD"),
-            ssl_cafile=env("QM_KAFKA_SSL_CAFILE"),
-        )
+
+class KafkaSettings(EnvSettings):
+    """``KafkaSettings.from_env()``, or by field name in tests."""
+
+    # host:port[,host:port...]
+    bootstrap: Annotated[str, AfterValidator(_servers)] = Field(
+        "127.0.0.1:9092", alias="QM_KAFKA_BOOTSTRAP"
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", alias="QM_KAFKA_SECURITY_PROTOCOL"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] | (
+        None
+    ) = Field(None, alias="QM_KAFKA_SASL_MECHANISM")
+    sasl_username: str | None = Field(None, alias="QM_KAFKA_SASL_USERNAME")
+    sasl_password: str | None = Field(None, alias="QM_KAFKA_SASL_PASSWORD", repr=False)
+    ssl_cafile: str | None = Field(None, alias="QM_KAFKA_SSL_CAFILE")
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments shared by every aiokafka client."""

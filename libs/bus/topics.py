@@ -9,11 +9,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from libs.bus.settings import KafkaSettings
+from libs.config.document import load
+from libs.config.topics import TopicsFile
 
 _DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "topics.yaml"
 
@@ -48,19 +49,17 @@ class Topics:
 
 
 def load_topic_config(path: Path | None = None) -> Topics:
-    path = path or Path(os.environ.get("QM_TOPICS", _DEFAULT))
-    raw = yaml.safe_load(path.read_text())
-    partitions = int(raw["partitions"])
-    replication = int(raw.get("replication_factor", 1))
+    """The topics file; a ``ConfigError`` names the file and key when it is wrong."""
+    file = load(TopicsFile, path or Path(os.environ.get("QM_TOPICS", _DEFAULT)))
     specs = {
         key: TopicSpec(
-            name=str(value["name"]),
-            partitions=int(value.get("partitions", partitions)),
-            replication_factor=replication,
-            retention_ms=value.get("retention_ms"),
-            compacted=bool(value.get("compacted", False)),
+            name=entry.name,
+            partitions=entry.partitions or file.partitions,
+            replication_factor=file.replication_factor,
+            retention_ms=entry.retention_ms,
+            compacted=entry.compacted,
         )
-        for key, value in raw["topics"].items()
+        for key, entry in file.topics
     }
     return Topics(**specs)
 

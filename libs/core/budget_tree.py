@@ -1,5 +1,7 @@
 """The budget tree: weights, members and managers. Pure; refuses invalid trees.
 
+Its file form (nested nodes) is read by ``libs.config.budget``.
+
 Each node's weight is its share among its siblings; a leaf's entitlement is
 the product of its shares down from the root.
 """
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from libs.core import limits as L
 
@@ -103,29 +104,6 @@ class BudgetTree:
         """A new tree with ``node`` added or replaced (validated like any tree)."""
         kept = [n for n in self.nodes if n.name != node.name]
         return BudgetTree((*kept, node))
-
-
-def tree_from_dict(raw: Mapping[str, Any]) -> BudgetTree:
-    """Parse the nested YAML form: ``{name, weight, members, managers, children: [...]}``."""
-    nodes: list[BudgetNode] = []
-
-    def visit(entry: Mapping[str, Any], parent: str) -> None:
-        if not isinstance(entry, Mapping) or "name" not in entry:
-            raise InvalidTree(f"under {parent or 'the root'}: every node needs a name")
-        nodes.append(
-            BudgetNode(
-                name=str(entry["name"]),
-                parent=parent,
-                weight=float(entry.get("weight", 1.0)),
-                members=tuple(str(m) for m in entry.get("members", ())),
-                managers=tuple(str(m) for m in entry.get("managers", ())),
-            )
-        )
-        for child in entry.get("children", ()):
-            visit(child, str(entry["name"]))
-
-    visit(raw, "")
-    return BudgetTree(tuple(nodes))
 
 
 def _check(node: BudgetNode) -> None:

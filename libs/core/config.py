@@ -1,16 +1,14 @@
-"""The policy's knobs. Part of the replay contract: auditors must use the same values."""
+"""The policy's knobs. Part of the replay contract: auditors must use the same values.
+
+Read from a file by ``libs.config.policy``, which declares each knob's range.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
 
 DAY = 86_400.0
 HOUR = 3_600.0
-SERVING_MODES = ("compass", "heft", "hash", "jit")
-NON_NEGATIVE = ("adjust_threshold", "hold_threshold")
-POSITIVE = ("node_lost_timeout_s",)
 
 
 @dataclass(frozen=True)
@@ -54,42 +52,3 @@ class PolicyConfig:
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)
-
-
-def policy_from_mapping(raw: Mapping[str, Any]) -> PolicyConfig:
-    """Knobs from a parsed YAML/JSON mapping; unknown keys are an error, not a typo lost."""
-    known = {f.name: f.type for f in fields(PolicyConfig)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ValueError(
-            f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
-        )
-    values: dict[str, Any] = {name: _value(name, value) for name, value in raw.items()}
-    return replace(PolicyConfig(), **values)
-
-
-def _value(name: str, value: Any) -> Any:
-    if name == "gpu_prices":
-        return _prices(value)
-    if name == "serving_mode":
-        if value not in SERVING_MODES:
-            raise ValueError(f"serving_mode: {value!r} is not one of {', '.join(SERVING_MODES)}")
-        return str(value)
-    if name == "adjust_joins":
-        if not isinstance(value, bool):
-            raise ValueError(f"adjust_joins: {value!r} must be true or false")
-        return value
-    number = float(value)
-    if name in NON_NEGATIVE and not number >= 0:
-        raise ValueError(f"{name}: {value!r} must be a number >= 0")
-    if name in POSITIVE and not number > 0:
-        raise ValueError(f"{name}: {value!r} must be a number > 0")
-    return number
-
-
-def _prices(raw: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
-    prices = tuple(sorted((str(t), float(p)) for t, p in dict(raw).items()))
-    bad = [t for t, p in prices if not p > 0]
-    if bad:
-        raise ValueError(f"gpu_prices: the price of {bad[0]!r} must be > 0")
-    return prices

@@ -5,7 +5,7 @@ from libs.sim.driver import SimSettings, SimulationError, simulate
 from libs.sim.mapping import ContractRules
 from libs.sim.metrics import Metrics
 from libs.sim.policy import POLICIES, Policy, make_policy
-from libs.sim.scenario import Scenario, build_workload, load_scenario
+from libs.sim.scenario import Scenario, build_workload
 from libs.sim.workload import SimJob, Workload
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "SimulationError",
     "Workload",
     "build_workload",
-    "load_scenario",
     "make_policy",
     "simulate",
 ]

@@ -1,31 +1,31 @@
 """Scenarios: which trace, which part of it, on which cluster, under which budget.
 
-A scenario file (``deploy/sim/*.yaml``) names a trace and its defaults; paths
-in it are relative to the file. Command-line knobs replace single fields.
+A scenario file (``deploy/sim/*.yaml``) names a trace and its defaults; it is read by
+``libs.config.scenario``. Command-line knobs replace single fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypeVar, get_args
 
-import yaml
-
-from libs.core.budget_tree import BudgetTree, tree_from_dict
+from libs.config.budget import load_budget_tree
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mapping import ContractRules, to_sim_jobs
 from libs.sim.traces import load_alibaba, load_event_log, load_philly, select
 from libs.sim.traces.raw import J, TraceError
 from libs.sim.workload import Workload
 
-TRACES = ("philly", "alibaba", "eventlog")
+Trace = Literal["philly", "alibaba", "eventlog"]
+TRACES: tuple[Trace, ...] = get_args(Trace)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Scenario:
-    trace: str
+    trace: Trace
     path: Path
     # None for a recorded log: its own budget tree and nodes, unless set.
     tree_path: Path | None = None
@@ -37,35 +37,11 @@ class Scenario:
     warmup_s: float = 0.0  # see SimSettings
 
 
-def load_scenario(path: Path) -> Scenario:
-    raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
-    base = path.parent
-    trace = str(raw.get("trace", ""))
-    if trace not in TRACES:
-        raise TraceError(f"{path}: trace must be one of {', '.join(TRACES)}, got {trace!r}")
-    cluster = raw.get("cluster")
-    return Scenario(
-        trace=trace,
-        path=(base / str(raw.get("path", ""))).resolve(),
-        tree_path=(base / raw["tree"]).resolve() if raw.get("tree") else None,
-        cluster=ClusterSpec(**cluster) if cluster else None,
-        rules=ContractRules(**raw.get("contracts", {})),
-        skip_head=int(raw.get("skip_head", 0)),
-        start_s=raw.get("start_s"),
-        end_s=raw.get("end_s"),
-        warmup_s=float(raw.get("warmup_s", 0.0)),
-    )
-
-
-def load_tree(path: Path) -> BudgetTree:
-    return tree_from_dict(yaml.safe_load(path.read_text()))
-
-
 def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
     """The jobs, nodes and budget to simulate; ``max_min_runtime_s`` caps contracts."""
     if scenario.trace == "eventlog":
-        log = load_event_log(scenario.path)
-        tree = load_tree(scenario.tree_path) if scenario.tree_path else log.tree
+        log = _read(scenario.path, load_event_log)
+        tree = load_budget_tree(scenario.tree_path) if scenario.tree_path else log.tree
         nodes = scenario.cluster.node_specs() if scenario.cluster else log.nodes
         if tree is None or not nodes:
             raise TraceError(f"{scenario.path}: the log sets no budget or nodes; give them")
@@ -76,10 +52,20 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
     if scenario.tree_path is None or scenario.cluster is None:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
     loader = load_philly if scenario.trace == "philly" else load_alibaba
-    tree = load_tree(scenario.tree_path)
-    raw_jobs = _window(loader(scenario.path), scenario)
+    tree = load_budget_tree(scenario.tree_path)
+    raw_jobs = _window(_read(scenario.path, loader), scenario)
     jobs = to_sim_jobs(raw_jobs, tree.leaves(), scenario.rules, max_min_runtime_s)
     return Workload(tuple(jobs), scenario.cluster.node_specs(), tree)
+
+
+def _read(path: Path, loader: Callable[[Path], T]) -> T:
+    """A trace file through its loader; whatever is wrong with it, the error names it."""
+    try:
+        return loader(path)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except (TraceError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: {exc}") from None
 
 
 def _window(jobs: Sequence[J], scenario: Scenario) -> list[J]:

@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.core.compass import Costs, GpuWorker, PlanMode, Workflow, WorkflowError, parse_workflow
+from libs.config.document import ConfigError, load
+from libs.config.workflow import ProfilesFile
+from libs.core.compass import (
+    Costs,
+    GpuWorker,
+    PlanMode,
+    Task,
+    Workflow,
+    WorkflowError,
+    build_workflow,
+)
 from libs.core.compass.serving import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, Wait
@@ -68,18 +77,24 @@ class Profiles:
 
 
 def load_profiles(path: Path) -> Profiles:
-    """Read ``workflows.json``; ``OSError``, ``KeyError``, ``ValueError`` or
-    ``WorkflowError`` when it cannot be read or breaks a rule."""
-    raw = json.loads(path.read_text())
-    c = raw["cluster"]
-    costs = Costs(c["host_to_gpu_mb_per_ms"], c["node_to_node_mb_per_ms"], c["gpu_memory_mb"])
-    flows = tuple(
-        parse_workflow(n, w["tasks"], raw["models"], costs) for n, w in raw["workflows"].items()
-    )
-    best = {n: float(w["best_case_ms"]) for n, w in raw["workflows"].items()}
-    if set(best) != {f.name for f in flows}:  # pragma: no cover - same keys by construction
-        raise WorkflowError("best_case_ms does not name every workflow")
-    return Profiles(flows, best, costs)
+    """Read ``workflows.json`` (``libs.config.workflow``); a ``ConfigError`` names the file
+    and key when it cannot be read or breaks a rule."""
+    file = load(ProfilesFile, path)
+    costs = file.cluster.costs()
+    flows = []
+    for name, flow in file.workflows.items():
+        tasks = [
+            Task(
+                t.id, t.model or "", file.model_mb(t), t.run_ms, t.in_kb, t.out_kb, tuple(t.parents)
+            )
+            for t in flow.tasks
+        ]
+        try:
+            flows.append(build_workflow(name, tasks, costs.gpu_memory_mb))
+        except WorkflowError as exc:
+            raise ConfigError(f"{path}: workflows.{name}: {exc}") from None
+    best = {name: flow.best_case_ms for name, flow in file.workflows.items()}
+    return Profiles(tuple(flows), best, costs)
 
 
 @dataclass(frozen=True)

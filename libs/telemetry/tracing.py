@@ -18,6 +18,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
+from libs.config.document import ConfigError
+
 
 def setup_tracing(service: str) -> TracerProvider:
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
@@ -40,4 +42,6 @@ def _exporter(name: str) -> SpanExporter | None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
-    raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: use none, console or otlp")
+    raise ConfigError(
+        f"environment: OTEL_TRACES_EXPORTER: expected none, console or otlp, got {name!r}"
+    )

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+from typing import Annotated
 
+from pydantic import BeforeValidator, Field
 from qm.v1 import (
     cluster_service_pb2,
     cluster_service_pb2_grpc,
@@ -23,7 +24,9 @@ from qm.v1 import (
 
 from libs.auth import issue_token, load_secret
 from libs.bus import EventProducer, KafkaSettings, load_topic_config
+from libs.config.env import Address, EnvSettings
 from libs.core import Limits
+from libs.core.limits import MAX_GPUS
 from libs.telemetry import setup_tracing
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
@@ -38,24 +41,36 @@ from services.runtime import configure_logging, run_until_signalled
 log = logging.getLogger("admission")
 
 
-def limits_from_env() -> Limits:
-    defaults = Limits()
-    types = os.environ.get("QM_GPU_TYPES", "")
-    return Limits(
-        max_gpus=int(os.environ.get("QM_MAX_GPUS", defaults.max_gpus)),
-        max_min_runtime_s=int(os.environ.get("QM_MAX_MIN_RUNTIME_S", defaults.max_min_runtime_s)),
-        gpu_types=frozenset(t for t in types.split(",") if t),
-        gpu_memory_mb=float(os.environ.get("QM_GPU_MEMORY_MB") or defaults.gpu_memory_mb),
+def _types(value: object) -> object:
+    if isinstance(value, str):
+        return frozenset(name.strip() for name in value.split(",") if name.strip())
+    return value
+
+
+class AdmissionSettings(EnvSettings):
+    address: Address = Field("127.0.0.1:50051", alias="QM_ADMISSION_ADDR")
+    budget_target: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_TARGET")
+    projector_url: str = Field("http://127.0.0.1:6066", min_length=1, alias="QM_PROJECTOR_URL")
+    max_gpus: int = Field(Limits().max_gpus, ge=1, le=MAX_GPUS, alias="QM_MAX_GPUS")
+    max_min_runtime_s: int = Field(Limits().max_min_runtime_s, ge=0, alias="QM_MAX_MIN_RUNTIME_S")
+    # Empty accepts any type.
+    gpu_types: Annotated[frozenset[str], BeforeValidator(_types)] = Field(
+        frozenset(), alias="QM_GPU_TYPES"
     )
+    gpu_memory_mb: float | None = Field(None, gt=0, alias="QM_GPU_MEMORY_MB")
+
+    @property
+    def limits(self) -> Limits:
+        memory = self.gpu_memory_mb if self.gpu_memory_mb is not None else Limits().gpu_memory_mb
+        return Limits(self.max_gpus, self.max_min_runtime_s, self.gpu_types, memory)
 
 
 async def serve() -> None:
     settings, topics, secret = KafkaSettings.from_env(), load_topic_config(), load_secret()
+    own = AdmissionSettings.from_env()
     producer = EventProducer(settings, client_id="admission")
-    projector = ProjectorClient(os.environ.get("QM_PROJECTOR_URL", "http://127.0.0.1:6066"))
-    budget = BudgetView(
-        os.environ.get("QM_BUDGET_TARGET", "127.0.0.1:50052"), issue_token("svc-admission", secret)
-    )
+    projector = ProjectorClient(own.projector_url)
+    budget = BudgetView(own.budget_target, issue_token("svc-admission", secret))
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(settings, topics.events.name, [explainer.apply, requests.apply])
@@ -64,7 +79,7 @@ async def serve() -> None:
         topic=topics.events.name,
         budget=budget,
         projector=projector,
-        limits=limits_from_env(),
+        limits=own.limits,
         secret=secret,
         explainer=explainer,
         requests=requests,
@@ -75,7 +90,7 @@ async def serve() -> None:
     await follower.start()
     try:
         server, port = await start_server(
-            os.environ.get("QM_ADMISSION_ADDR", "127.0.0.1:50051"),
+            own.address,
             [
                 lambda s: job_service_pb2_grpc.add_JobServiceServicer_to_server(jobs, s),
                 lambda s: cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server(cluster, s),

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from pathlib import Path
 
-import yaml
+from pydantic import Field
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 from libs.auth import load_secret
 from libs.bus import EventProducer, KafkaSettings, LogReader, load_topic_config
-from libs.core.budget_tree import tree_from_dict
+from libs.config.budget import load_budget_tree
+from libs.config.env import Address, EnvSettings, Names
 from libs.telemetry import setup_tracing
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
@@ -31,9 +31,16 @@ log = logging.getLogger("budget")
 _DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budget.yaml"
 
 
+class BudgetSettings(EnvSettings):
+    address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
+    tree: Path = Field(_DEFAULT_TREE, alias="QM_BUDGET_TREE")
+    clusters: Names = Field(("default",), alias="QM_CLUSTERS")
+
+
 async def serve() -> None:
+    own = BudgetSettings.from_env()
     settings, topics = KafkaSettings.from_env(), load_topic_config()
-    clusters = os.environ.get("QM_CLUSTERS", "default").split(",")
+    clusters = list(own.clusters)
     book = BudgetBook.for_policy(policy_from_env())
     reader = LogReader(settings, topics.events.name)
     producer = EventProducer(settings, client_id="budget")
@@ -43,18 +50,17 @@ async def serve() -> None:
         replayed = await reader.catch_up(book.apply)
         log.info("folded %d events; tree version %d", replayed, book.version)
         if book.tree is None:
-            path = Path(os.environ.get("QM_BUDGET_TREE", _DEFAULT_TREE))
-            tree = tree_from_dict(yaml.safe_load(path.read_text()))
+            tree = load_budget_tree(own.tree)
             await publish_tree(
                 producer, topics.events.name, clusters, tree, 1, changed_by="budget", node=tree.root
             )
             book.tree, book.version = tree, 1
-            log.info("seeded the budget tree from %s", path)
+            log.info("seeded the budget tree from %s", own.tree)
         servicer = BudgetServicer(
             book, producer, topic=topics.events.name, clusters=clusters, secret=load_secret()
         )
         server, port = await start_server(
-            os.environ.get("QM_BUDGET_ADDR", "127.0.0.1:50052"),
+            own.address,
             [lambda s: budget_service_pb2_grpc.add_BudgetServiceServicer_to_server(servicer, s)],
             [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
         )

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -26,7 +27,8 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import EventConsumer, EventProducer, KafkaSettings, load_topic_config
+from libs.bus import EventConsumer, EventProducer, KafkaSettings, Topics, load_topic_config
+from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
 from services.node_agent.agent import (
@@ -40,7 +42,6 @@ from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import (
     DEFAULT_INVENTORY,
-    InventoryError,
     load_inventory,
     nvml_inventory,
     select_nodes,
@@ -50,6 +51,17 @@ from services.node_agent.utilization import nvml_session, sampler_for
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")
 _IDLE = IdleThresholds()
+
+
+def _finite(text: str) -> float:
+    """A float flag's value; argparse puts the flag's name before the error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -84,40 +96,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--grace-seconds",
-        type=float,
+        type=_finite,
         default=10.0,
         help="time a stopped task gets between SIGTERM and SIGKILL (default: %(default)s)",
     )
-    # String defaults from the environment go through type=float, so a bad one is named.
+    # String defaults from the environment go through the type too, so a bad one is named.
     parser.add_argument(
         "--idle-threshold",
-        type=float,
+        type=_finite,
         default=os.environ.get("QM_IDLE_THRESHOLD", str(_IDLE.idle_below)),
         help="a task is idle once its mean GPU utilisation (0..1) over the window is below "
         "this; 0 turns idle detection off (env QM_IDLE_THRESHOLD; default: %(default)s)",
     )
     parser.add_argument(
         "--busy-threshold",
-        type=float,
+        type=_finite,
         default=os.environ.get("QM_BUSY_THRESHOLD", str(_IDLE.busy_above)),
         help="an idle task is busy again once that mean is above this "
         "(env QM_BUSY_THRESHOLD; default: %(default)s)",
     )
     parser.add_argument(
         "--idle-window-seconds",
-        type=float,
+        type=_finite,
         default=os.environ.get("QM_IDLE_WINDOW_SECONDS", str(_IDLE.window_s)),
         help="the window the mean is taken over (env QM_IDLE_WINDOW_SECONDS; default: %(default)s)",
     )
     parser.add_argument(
         "--sample-seconds",
-        type=float,
+        type=_finite,
         default=os.environ.get("QM_SAMPLE_SECONDS", str(DEFAULT_SAMPLE_S)),
         help="time between GPU utilisation samples (env QM_SAMPLE_SECONDS; default: %(default)s)",
     )
     parser.add_argument(
         "--host-to-gpu-mb-per-ms",
-        type=float,
+        type=_finite,
         default=os.environ.get("QM_HOST_TO_GPU_MB_PER_MS", str(DEFAULT_HOST_TO_GPU_MB_PER_MS)),
         help="host-to-GPU bandwidth for a workflow task's model load, in MB per ms: a "
         "simulated load takes model MB / this (env QM_HOST_TO_GPU_MB_PER_MS; "
@@ -157,14 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         nodes = _nodes(args)
-    except InventoryError as exc:
+        settings, topics = KafkaSettings.from_env(), load_topic_config()
+        tracing = setup_tracing("node-agent")
+    except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
         return 2
-    tracing = setup_tracing("node-agent")
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes))
+            asyncio.run(_run(args, nodes, settings, topics))
     finally:
         tracing.shutdown()
     return 0
@@ -177,13 +190,16 @@ def _nodes(args: argparse.Namespace) -> list[types_pb2.NodeInventory]:
     return select_nodes(load_inventory(args.nodes), args.node)
 
 
-async def _run(args: argparse.Namespace, nodes: list[types_pb2.NodeInventory]) -> None:
+async def _run(
+    args: argparse.Namespace,
+    nodes: list[types_pb2.NodeInventory],
+    settings: KafkaSettings,
+    topics: Topics,
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    settings = KafkaSettings.from_env()
-    topics = load_topic_config()
     client = f"qm-node-agent-{args.name}"
     log_dir = Path(os.environ.get("QM_TASK_LOG_DIR", DEFAULT_LOG_DIR))
     ledger = ProcessLedger(

@@ -1,8 +1,6 @@
 """What a node offers: read from NVML on a GPU machine, or declared in a YAML file.
 
-The declared file (``deploy/local/nodes.yaml``) lists nodes under ``nodes:``, each with
-``node_id``, ``gpu_type``, ``gpu_count``, ``gpu_memory_gib`` and optionally ``cluster``
-(default ``default``) and ``executor`` (``process`` or ``simulated``; default ``process``).
+The declared file (``deploy/local/nodes.yaml``) is described in ``libs.config.inventory``.
 """
 
 from __future__ import annotations
@@ -10,12 +8,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-import yaml
 from qm.v1 import types_pb2
 
-from libs.events.envelope import DEFAULT_CLUSTER
+from libs.config.document import ConfigError, read_document, validate
+from libs.config.inventory import DeclaredNode, InventoryFile
 
 DEFAULT_INVENTORY = Path(__file__).resolve().parents[2] / "deploy" / "local" / "nodes.yaml"
 
@@ -24,8 +22,6 @@ EXECUTORS = {
     "simulated": types_pb2.EXECUTOR_SIMULATED,
 }
 
-_REQUIRED = ("node_id", "gpu_type", "gpu_count", "gpu_memory_gib")
-_FIELDS = (*_REQUIRED, "cluster", "executor")
 _GIB = 2**30
 # Declared GPUs get stable made-up UUIDs, so re-registering a node changes nothing.
 _UUID_NAMESPACE = uuid.UUID("6f1c2a1e-8a0e-4c3e-9a43-7d1f0c5b2e10")
@@ -34,36 +30,18 @@ _BRANDS = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
 _SERIES = {"RTX", "GTX", "TITAN"}
 
 
-class InventoryError(ValueError):
-    """The inventory cannot be read; the message names the node and field at fault."""
+class InventoryError(ConfigError):
+    """The nodes cannot be known; the message says which and why."""
 
 
 def load_inventory(path: Path) -> list[types_pb2.NodeInventory]:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InventoryError(f"{path}: cannot read the inventory: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_inventory(raw, source=str(path))
+    """The declared nodes of an inventory file; a ``ConfigError`` names the file and key."""
+    return parse_inventory(read_document(path), source=str(path))
 
 
 def parse_inventory(raw: object, *, source: str) -> list[types_pb2.NodeInventory]:
-    """Turn a loaded YAML document into node inventories, or say what is wrong with it."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("nodes"), list) or not raw["nodes"]:
-        raise InventoryError(f"{source}: expected a mapping with a non-empty list under 'nodes'")
-    nodes: list[types_pb2.NodeInventory] = []
-    first_seen: dict[str, int] = {}
-    for position, entry in enumerate(raw["nodes"]):
-        node = _parse_node(entry, source=source, position=position)
-        if node.node_id in first_seen:
-            raise InventoryError(
-                f"{source}: node {node.node_id!r} (nodes[{position}]): duplicate node_id, "
-                f"already declared at nodes[{first_seen[node.node_id]}]"
-            )
-        first_seen[node.node_id] = position
-        nodes.append(node)
-    return nodes
+    """Node inventories from a parsed YAML document (``source`` names it in errors)."""
+    return [_declared(node) for node in validate(InventoryFile, raw, source).nodes]
 
 
 def select_nodes(
@@ -79,60 +57,22 @@ def select_nodes(
     return [node for node in nodes if not wanted or node.node_id in wanted]
 
 
-def _parse_node(entry: object, *, source: str, position: int) -> types_pb2.NodeInventory:
-    where = f"{source}: nodes[{position}]"
-    if not isinstance(entry, dict):
-        raise InventoryError(f"{where}: expected a mapping of fields, got {entry!r}")
-    node_id = entry.get("node_id")
-    if not isinstance(node_id, str) or not node_id.strip():
-        raise InventoryError(f"{where}: field 'node_id' is required and must be a non-empty string")
-    node_id = node_id.strip()
-    where = f"{source}: node {node_id!r} (nodes[{position}])"
-    unknown = sorted(set(entry) - set(_FIELDS), key=str)
-    if unknown:
-        raise InventoryError(
-            f"{where}: unknown field {unknown[0]!r}; known fields: {', '.join(_FIELDS)}"
-        )
-    for name in _REQUIRED:
-        if name not in entry:
-            raise InventoryError(f"{where}: field {name!r} is required")
-    gpu_type = _string(entry, "gpu_type", where)
-    cluster = _string(entry, "cluster", where, default=DEFAULT_CLUSTER)
-    executor = _string(entry, "executor", where, default="process")
-    if executor not in EXECUTORS:
-        raise InventoryError(
-            f"{where}: field 'executor' must be one of {', '.join(EXECUTORS)}, got {executor!r}"
-        )
-    count = entry["gpu_count"]
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise InventoryError(f"{where}: field 'gpu_count' must be an integer >= 1, got {count!r}")
-    memory = entry["gpu_memory_gib"]
-    if not isinstance(memory, int | float) or isinstance(memory, bool) or memory <= 0:
-        raise InventoryError(
-            f"{where}: field 'gpu_memory_gib' must be a number > 0, got {memory!r}"
-        )
+def _declared(node: DeclaredNode) -> types_pb2.NodeInventory:
     return types_pb2.NodeInventory(
-        node_id=node_id,
-        cluster=cluster,
-        executor=EXECUTORS[executor],
+        node_id=node.node_id,
+        cluster=node.cluster,
+        executor=EXECUTORS[node.executor],
         source="declared",
         gpus=[
             types_pb2.Gpu(
                 index=index,
-                uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_id}/{index}')}",
-                type=gpu_type,
-                memory_bytes=round(memory * _GIB),
+                uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node.node_id}/{index}')}",
+                type=node.gpu_type,
+                memory_bytes=round(node.gpu_memory_gib * _GIB),
             )
-            for index in range(count)
+            for index in range(node.gpu_count)
         ],
     )
-
-
-def _string(entry: dict[Any, Any], name: str, where: str, *, default: str | None = None) -> str:
-    value = entry.get(name, default)
-    if not isinstance(value, str) or not value.strip():
-        raise InventoryError(f"{where}: field {name!r} must be a non-empty string, got {value!r}")
-    return value.strip()
 
 
 class _MemoryInfo(Protocol):

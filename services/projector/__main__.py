@@ -3,13 +3,15 @@
 Quiet by default; ``QM_PROJECTOR_LOGLEVEL`` (e.g. ``info``) says more.
 """
 
-import os
-
 import faust
 
-from services.projector.app import app
+from services.runtime import report_config_errors
 
-worker = faust.Worker(app, loglevel=os.environ.get("QM_PROJECTOR_LOGLEVEL", "warning"), quiet=True)
+report_config_errors("projector")
+# The app reads its settings when imported: after the hook, so a bad one is one line.
+from services.projector.app import SETTINGS, app  # noqa: E402
+
+worker = faust.Worker(app, loglevel=SETTINGS.log_level, quiet=True)
 # faust's terminal spinner turns the root logger to DEBUG so that every record
 # spins it; in a service that only costs CPU and litters the log with escapes.
 worker.spinner = None

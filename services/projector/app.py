@@ -1,10 +1,12 @@
 """The projector's one faust App: folds the event log into queryable read models.
 
-Configured from the environment: ``QM_PROJECTOR_APP_ID`` (also the consumer
-group and the prefix of the table changelogs), ``QM_PROJECTOR_HOST`` and
+Configured from the environment (``ProjectorSettings``): ``QM_PROJECTOR_APP_ID`` (also
+the consumer group and the prefix of the table changelogs), ``QM_PROJECTOR_HOST`` and
 ``QM_PROJECTOR_PORT`` for the web server, ``QM_PROJECTOR_DATA_DIR`` for faust's
-data folder (default: in the temp dir), the Kafka settings of ``libs.bus`` and
-the topic config of ``QM_TOPICS``.
+data folder (default: in the temp dir), the usage ledger's ``QM_LOOKBACK_WINDOW_S`` and
+``QM_SNAPSHOT_SECONDS``, the Kafka settings of ``libs.bus``, the topic config of
+``QM_TOPICS`` and the policy file of ``QM_POLICY_FILE``; all read when this module is
+imported, so that a bad one stops the worker before it starts.
 
 Co-partitioning: the events and decisions topics are both keyed by cluster and
 have the same partition count as the table changelogs, so everything about one
@@ -19,16 +21,37 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
 
 import faust
 from faust.types import TableT
+from pydantic import BeforeValidator, Field
 
 from libs.bus import KafkaSettings, load_topic_config
 from libs.bus.topics import TopicSpec
+from libs.config.env import EnvSettings, Port
+from services.policy_file import policy_from_env
 
-APP_ID = os.environ.get("QM_PROJECTOR_APP_ID", "qm-projector")
+
+class ProjectorSettings(EnvSettings):
+    app_id: str = Field("qm-projector", min_length=1, alias="QM_PROJECTOR_APP_ID")
+    host: str = Field("127.0.0.1", min_length=1, alias="QM_PROJECTOR_HOST")
+    port: Port = Field(6066, alias="QM_PROJECTOR_PORT")
+    data_dir: Path | None = Field(None, alias="QM_PROJECTOR_DATA_DIR")
+    # The usage ledger's window (default: the policy file's, as placement) and how often
+    # changed snapshots are published.
+    lookback_window_s: float | None = Field(None, gt=0, alias="QM_LOOKBACK_WINDOW_S")
+    snapshot_seconds: float = Field(10.0, gt=0, alias="QM_SNAPSHOT_SECONDS")
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(str.lower)
+    ] = Field("warning", alias="QM_PROJECTOR_LOGLEVEL")
+
+
+SETTINGS = ProjectorSettings.from_env()
+POLICY = policy_from_env()
+APP_ID = SETTINGS.app_id
 TOPICS = load_topic_config()
-
 KAFKA = KafkaSettings.from_env()
 
 app = faust.App(
@@ -46,13 +69,12 @@ app = faust.App(
     topic_partitions=TOPICS.events.partitions,
     store="memory://",
     # Tables live in memory, but faust still makes <datadir>/v1/tables; keep it out of the CWD.
-    datadir=os.environ.get("QM_PROJECTOR_DATA_DIR")
-    or os.path.join(tempfile.gettempdir(), f"{APP_ID}-data"),
+    datadir=SETTINGS.data_dir or os.path.join(tempfile.gettempdir(), f"{APP_ID}-data"),
     key_serializer="raw",
     value_serializer="raw",
-    web_bind=os.environ.get("QM_PROJECTOR_HOST", "127.0.0.1"),
-    web_host=os.environ.get("QM_PROJECTOR_HOST", "127.0.0.1"),
-    web_port=int(os.environ.get("QM_PROJECTOR_PORT", "6066")),
+    web_bind=SETTINGS.host,
+    web_host=SETTINGS.host,
+    web_port=SETTINGS.port,
     # Static group membership: a worker restarted after a crash takes its
     # partitions back at once instead of waiting out the dead member's session
     # (about a minute). It also means one worker per app id, as said above.

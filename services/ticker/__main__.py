@@ -8,45 +8,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+
+from pydantic import Field
 
 from libs.bus import EventProducer, KafkaSettings, load_topic_config
+from libs.config.env import EnvSettings, Names
 from services.runtime import configure_logging, run_until_signalled
 from services.ticker.service import PRODUCER, run
 
 log = logging.getLogger("ticker")
 
 
-def clusters_from_env() -> list[str]:
-    names = [name.strip() for name in os.environ.get("QM_CLUSTERS", "default").split(",")]
-    return [name for name in names if name] or ["default"]
+class TickerSettings(EnvSettings):
+    clusters: Names = Field(("default",), alias="QM_CLUSTERS")
+    tick_seconds: float = Field(1.0, gt=0, alias="QM_TICK_SECONDS")
 
 
-def interval_from_env() -> float:
-    raw = os.environ.get("QM_TICK_SECONDS", "1.0")
-    try:
-        interval = float(raw)
-    except ValueError:
-        interval = -1.0
-    if not interval > 0:  # also refuses nan
-        raise SystemExit(f"QM_TICK_SECONDS must be a positive number of seconds, not {raw!r}")
-    return interval
-
-
-async def serve(clusters: list[str], interval: float) -> None:
-    producer = EventProducer(KafkaSettings.from_env(), client_id=PRODUCER)
+async def serve(settings: TickerSettings, kafka: KafkaSettings, topic: str) -> None:
+    producer = EventProducer(kafka, client_id=PRODUCER)
     await producer.start()
     try:
+        clusters, interval = list(settings.clusters), settings.tick_seconds
         log.info("ticking every %gs for %s", interval, ", ".join(clusters))
-        await run(producer, load_topic_config().events.name, clusters, interval)
+        await run(producer, topic, clusters, interval)
     finally:
         await producer.stop()
 
 
 def main() -> None:
     configure_logging("ticker")
-    clusters, interval = clusters_from_env(), interval_from_env()
-    asyncio.run(run_until_signalled(serve(clusters, interval)))
+    settings, kafka, topics = (
+        TickerSettings.from_env(),
+        KafkaSettings.from_env(),
+        load_topic_config(),
+    )
+    asyncio.run(run_until_signalled(serve(settings, kafka, topics.events.name)))
 
 
 if __name__ == "__main__":

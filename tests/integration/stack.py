@@ -20,8 +20,8 @@ import grpc
 import yaml
 
 from libs.auth import issue_token
+from libs.config.policy import load_policy
 from libs.core import PolicyConfig
-from libs.core.config import policy_from_mapping
 from services.grpc_server import bearer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ class Stack:
     @property
     def policy(self) -> PolicyConfig:
         """The knobs placement runs with: an audit must replay with the same."""
-        return policy_from_mapping(POLICY)
+        return load_policy(self.workdir / "policy.yaml")
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(f"127.0.0.1:{self.admission_port}")

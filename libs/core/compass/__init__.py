@@ -17,7 +17,6 @@ from libs.core.compass.workflow import (
     Workflow,
     WorkflowError,
     build_workflow,
-    parse_workflow,
 )
 
 __all__ = [
@@ -35,5 +34,4 @@ __all__ = [
     "WorkflowError",
     "build_workflow",
     "evict_for",
-    "parse_workflow",
 ]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 BYTES_PER_MB = 1_000_000  # model sizes and GPU caches are counted in MB of 10^6 bytes
 
@@ -54,30 +53,6 @@ class Workflow:
     def largest_model_mb(self) -> float:
         """The GPU memory its largest model needs (0: no task has a model)."""
         return max((t.model_mb for t in self.tasks), default=0.0)
-
-
-def parse_workflow(
-    name: str, raw_tasks: Sequence[Mapping[str, Any]], models: Mapping[str, float], costs: Costs
-) -> Workflow:
-    """Check and order a workflow given as the Compass profile file spells it."""
-    tasks = []
-    for raw in raw_tasks:
-        task_id = str(raw.get("id", ""))
-        model = raw.get("model") or ""
-        if model and model not in models:
-            raise WorkflowError(f"{name}/{task_id}: unknown model {model!r}")
-        tasks.append(
-            Task(
-                task_id,
-                model,
-                float(models[model]) if model else 0.0,
-                float(raw.get("run_ms", 0)),
-                float(raw.get("in_kb", 0)),
-                float(raw.get("out_kb", 0)),
-                tuple(str(p) for p in raw.get("parents", ())),
-            )
-        )
-    return build_workflow(name, tasks, costs.gpu_memory_mb)
 
 
 def build_workflow(name: str, raw: Sequence[Task], gpu_memory_mb: float) -> Workflow:

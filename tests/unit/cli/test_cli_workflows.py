@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from qm.v1 import job_service_pb2 as js
 from qm.v1 import types_pb2
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cli import app as cli_app
 from cli import render
 from cli.app import app, load_workflow
+from libs.config.document import ConfigError
 from libs.sim.workflows import PROFILES
+from tests.unit.cli.conftest import Admission
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "examples" / "workflow-translation.yaml"
@@ -105,63 +104,56 @@ def test_a_file_of_one_workflow_is_named_after_it_or_the_file(tmp_path: Path) ->
     ("content", "name", "message"),
     [
         (COMPASS, "", "holds several workflows (question_answer, glue): pick one"),
-        (COMPASS, "nope", "no workflow 'nope'; has question_answer, glue"),
-        ({"tasks": [{"id": "a", "model": "X", "run_ms": 1}]}, "", "model 'X' is not in models"),
+        (COMPASS, "nope", "no workflow 'nope'; it has question_answer, glue"),
         (
-            {"tasks": [{"id": "a", "run_ms": "fast"}]},
+            {"tasks": [{"id": "a", "model": "X", "run_ms": 1}]},
             "",
-            'task a: run_ms must be a number, got "fast"',
+            "tasks[0].model: 'X' has no model_mb and is not in models",
         ),
-        ({"tasks": ["a"]}, "", "task 0 is not a mapping"),
-        ({"tasks": []}, "", "a workflow needs a list of tasks"),
-        ({"tasks": [{"id": "a", "parents": "b"}]}, "", "parents must be a list"),
+        ({"tasks": [{"id": "a", "run_ms": "fast"}]}, "", "tasks[0].run_ms: expected a number"),
+        ({"tasks": [{"id": "a", "run_ms": -1}]}, "", "tasks[0].run_ms: expected a number >= 0"),
+        ({"tasks": [{"id": "a", "in_kb": 1, "size": 2}]}, "", "tasks[0].size: unknown key"),
+        ({"tasks": ["a"]}, "", 'tasks[0]: expected a mapping, got "a"'),
+        ({"tasks": []}, "", "tasks: expected at least 1 item(s)"),
+        (
+            {"tasks": [{"id": "a", "parents": "b"}]},
+            "",
+            'tasks[0].parents: expected a list, got "b"',
+        ),
+        ({"name": "x"}, "", "expected either tasks (one workflow) or workflows (several)"),
         ([1, 2], "", "expected a mapping"),
     ],
 )
 def test_bad_files_say_why(tmp_path: Path, content: Any, name: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_workflow(write(tmp_path, "bad.json", content), name)
+    path = write(tmp_path, "bad.json", content)
+    with pytest.raises(ConfigError) as caught:
+        load_workflow(path, name)
+    assert str(caught.value).startswith(str(path)) and message in str(caught.value)
 
 
-class FakeJobs:
-    def __init__(self) -> None:
-        self.requests: list[js.SubmitJobRequest] = []
-
-    def SubmitJob(self, request: js.SubmitJobRequest, **_: Any) -> js.SubmitJobResponse:
-        self.requests.append(request)
-        return js.SubmitJobResponse(job_id="j-1")
-
-
-@pytest.fixture
-def jobs(monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
-    fake = FakeJobs()
-    conn = type("Conn", (), {"metadata": ()})()
-    monkeypatch.setattr(cli_app, "_rpc", lambda: contextlib.nullcontext(conn))
-    monkeypatch.setattr(cli_app, "_jobs", lambda _conn: fake)
-    return fake
-
-
-def test_submit_sends_the_workflow_without_a_command(jobs: FakeJobs) -> None:
-    result = CliRunner().invoke(app, ["submit", "--workflow", str(EXAMPLE)])
+def test_submit_sends_the_workflow_without_a_command(admission: Admission) -> None:
+    result = CliRunner().invoke(app, ["submit", "--workflow", str(EXAMPLE)], env=admission.env)
     assert result.exit_code == 0, result.output
-    [request] = jobs.requests
+    [request] = admission.jobs.requests
     assert request.spec.workflow == load_workflow(EXAMPLE)
     assert list(request.spec.command) == [] and request.spec.gpus == 1
     assert "submitted j-1" in result.output
 
 
-def test_submit_sends_a_workflows_command(jobs: FakeJobs) -> None:
-    result = CliRunner().invoke(app, ["submit", "--workflow", str(EXAMPLE), "--", "serve", "-v"])
+def test_submit_sends_a_workflows_command(admission: Admission) -> None:
+    args = ["submit", "--workflow", str(EXAMPLE), "--", "serve", "-v"]
+    result = CliRunner().invoke(app, args, env=admission.env)
     assert result.exit_code == 0, result.output
-    assert list(jobs.requests[0].spec.command) == ["serve", "-v"]
+    assert list(admission.jobs.requests[0].spec.command) == ["serve", "-v"]
 
 
-def test_submit_needs_a_command_or_a_workflow(jobs: FakeJobs, tmp_path: Path) -> None:
-    assert CliRunner().invoke(app, ["submit"]).exit_code == 2
+def test_submit_needs_a_command_or_a_workflow(admission: Admission, tmp_path: Path) -> None:
+    assert CliRunner().invoke(app, ["submit"], env=admission.env).exit_code == 2
     bad = write(tmp_path, "bad.json", {"tasks": []})
-    result = CliRunner().invoke(app, ["submit", "--workflow", str(bad)], env={"COLUMNS": "400"})
-    assert result.exit_code == 2 and "a workflow needs a list of tasks" in result.output
-    assert jobs.requests == []
+    env = {**admission.env, "COLUMNS": "400"}
+    result = CliRunner().invoke(app, ["submit", "--workflow", str(bad)], env=env)
+    assert result.exit_code == 2 and "tasks: expected at least 1 item(s)" in result.output
+    assert admission.jobs.requests == []
 
 
 def workflow_job() -> types_pb2.Job:

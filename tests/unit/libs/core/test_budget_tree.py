@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.budget_tree import BudgetNode, BudgetTree, InvalidTree, tree_from_dict
+from libs.config.budget import tree_from_mapping
+from libs.core.budget_tree import BudgetNode, BudgetTree, InvalidTree
 
 LAB = {
     "name": "lab",
@@ -27,12 +28,12 @@ LAB = {
 
 
 def test_entitlement_is_the_product_of_shares_down_the_tree() -> None:
-    shares = tree_from_dict(LAB).entitlements()
+    shares = tree_from_mapping(LAB).entitlements()
     assert shares == pytest.approx({"det": 0.21, "gen": 0.39, "nlp": 0.40})
 
 
 def test_members_and_managers() -> None:
-    tree = tree_from_dict(LAB)
+    tree = tree_from_mapping(LAB)
     assert tree.allocations_of("alice") == ["det", "gen"]
     assert tree.can_manage("dana", "det") and tree.can_manage("carol", "det")
     assert not tree.can_manage("dana", "nlp")
@@ -64,5 +65,5 @@ def test_entitlements_sum_to_one(weights: list[float], fanout: int) -> None:
         {"name": f"p{i}", "weight": w, "children": [{"name": f"p{i}-t{j}"} for j in range(fanout)]}
         for i, w in enumerate(weights)
     ]
-    shares = tree_from_dict({"name": "root", "children": children}).entitlements()
+    shares = tree_from_mapping({"name": "root", "children": children}).entitlements()
     assert math.isclose(sum(shares.values()), 1.0)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from libs.config.budget import tree_from_mapping
 from libs.core import Decision, Input, JobSpec
-from libs.core.budget_tree import tree_from_dict
 from libs.sim import ClusterSpec, SimJob, Workload
 from libs.sim.policy import Policy
 
-TREE = tree_from_dict({"name": "root", "children": [{"name": "a"}, {"name": "b"}]})
+TREE = tree_from_mapping({"name": "root", "children": [{"name": "a"}, {"name": "b"}]})
 
 
 def spec(gpus: int = 1, *, allocation: str = "a", resumable: bool = True, **kw: object) -> JobSpec:

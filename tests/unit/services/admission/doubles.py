@@ -10,15 +10,15 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 from qm.v1 import events_pb2, types_pb2
 
 from libs.auth import issue_token
+from libs.config.budget import tree_from_mapping
 from libs.core import Limits, PolicyConfig
-from libs.core.budget_tree import tree_from_dict
 from services.admission.explainer import Explainer
 from services.admission.requests import RequestLog
 from services.admission.servicer import JobServicer
 from services.projector.client import ProjectorUnavailable
 
 SECRET = b"test-secret"
-TREE = tree_from_dict(
+TREE = tree_from_mapping(
     {
         "name": "root",
         "children": [{"name": "team-a", "members": ["alice"]}, {"name": "team-b"}],

@@ -40,6 +40,8 @@ def test_idle_detection_from_flags_and_environment(monkeypatch: pytest.MonkeyPat
         (["--idle-threshold", "0.3"], "need 0 <= idle threshold <= busy threshold <= 1"),
         (["--idle-window-seconds", "0"], "the idle window must be > 0 seconds"),
         (["--sample-seconds", "0"], "--sample-seconds must be > 0"),
+        (["--idle-window-seconds", "nan"], "expected a finite number, got 'nan'"),
+        (["--grace-seconds", "inf"], "expected a finite number, got 'inf'"),
         (["--host-to-gpu-mb-per-ms", "0"], "--host-to-gpu-mb-per-ms must be > 0"),
     ],
 )
@@ -57,7 +59,8 @@ def test_a_bad_setting_in_the_environment_is_named(
     monkeypatch.setenv("QM_BUSY_THRESHOLD", "lots")
     with pytest.raises(SystemExit):
         parse_args([])
-    assert "argument --busy-threshold: invalid float value: 'lots'" in capsys.readouterr().err
+    expected = "argument --busy-threshold: expected a finite number, got 'lots'"
+    assert expected in capsys.readouterr().err
 
 
 def test_model_load_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:

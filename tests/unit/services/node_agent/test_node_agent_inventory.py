@@ -7,6 +7,7 @@ import pytest
 import yaml
 from qm.v1 import types_pb2
 
+from libs.config.document import ConfigError
 from services.node_agent.inventory import (
     DEFAULT_INVENTORY,
     InventoryError,
@@ -77,64 +78,65 @@ A = "node_id: a, gpu_type: H100"
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nodes: []", "nodes.yaml: expected a mapping with a non-empty list under 'nodes'"),
-        ("- a", "non-empty list under 'nodes'"),
-        ("nodes: [plain]", "nodes.yaml: nodes[0]: expected a mapping of fields, got 'plain'"),
+        ("nodes: []", "nodes.yaml: nodes: expected at least 1 item(s), got []"),
+        ("- a", 'nodes.yaml: expected a mapping, got ["a"]'),
+        ("nodes: [plain]", 'nodes.yaml: nodes[0]: expected a mapping, got "plain"'),
         (
             "nodes: [{gpu_type: H100, gpu_count: 1, gpu_memory_gib: 8}]",
-            "nodes.yaml: nodes[0]: field 'node_id' is required",
+            "nodes.yaml: nodes[0].node_id: required",
         ),
-        (
-            f"nodes: [{{{A}, gpu_memory_gib: 80}}]",
-            "nodes.yaml: node 'a' (nodes[0]): field 'gpu_count' is required",
-        ),
+        (f"nodes: [{{{A}, gpu_memory_gib: 80}}]", "nodes.yaml: nodes[0].gpu_count: required"),
         (
             f"nodes: [{{{A}, gpu_count: eight, gpu_memory_gib: 80}}]",
-            "node 'a' (nodes[0]): field 'gpu_count' must be an integer >= 1, got 'eight'",
+            'nodes[0].gpu_count: expected an integer, got "eight"',
         ),
         (
             f"nodes: [{{{A}, gpu_count: 0, gpu_memory_gib: 80}}]",
-            "field 'gpu_count' must be an integer >= 1, got 0",
+            "nodes[0].gpu_count: expected a number >= 1, got 0",
         ),
         (
             f"nodes: [{{{A}, gpu_count: true, gpu_memory_gib: 80}}]",
-            "field 'gpu_count' must be an integer >= 1, got True",
+            "nodes[0].gpu_count: expected an integer, got true",
         ),
         (
             f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: -1}}]",
-            "field 'gpu_memory_gib' must be a number > 0, got -1",
+            "nodes[0].gpu_memory_gib: expected a number > 0, got -1",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: .nan}}]",
+            "nodes[0].gpu_memory_gib: expected a finite number, got NaN",
         ),
         (
             f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, executor: docker}}]",
-            "field 'executor' must be one of process, simulated, got 'docker'",
+            "nodes[0].executor: expected one of 'process' or 'simulated', got \"docker\"",
         ),
         (
             f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, cluster: ''}}]",
-            "field 'cluster' must be a non-empty string, got ''",
+            'nodes[0].cluster: expected at least 1 character(s), got ""',
         ),
         (
             f"nodes: [{{{A}, gpus: 8, gpu_count: 8, gpu_memory_gib: 80}}]",
-            "node 'a' (nodes[0]): unknown field 'gpus'; known fields: node_id, gpu_type",
+            "nodes[0].gpus: unknown key; known keys: node_id, gpu_type, gpu_count,",
         ),
         (
             f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80}},"
             f" {{{A}, gpu_count: 8, gpu_memory_gib: 80}}]",
-            "node 'a' (nodes[1]): duplicate node_id, already declared at nodes[0]",
+            "nodes[1].node_id: 'a' is already declared at nodes[0]",
         ),
     ],
 )
 def test_bad_inventories_name_the_node_and_field(text: str, message: str) -> None:
-    with pytest.raises(InventoryError) as caught:
+    with pytest.raises(ConfigError) as caught:
         parse(text)
     assert message in str(caught.value)
 
 
 def test_unreadable_files_are_named(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match=r"missing\.yaml: cannot read the inventory"):
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read: No such file"):
         load_inventory(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("nodes: [\n")
-    with pytest.raises(InventoryError, match=r"broken\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"broken\.yaml: line 2, column 1: not valid YAML"):
         load_inventory(broken)
 
 

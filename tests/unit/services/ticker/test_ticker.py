@@ -10,7 +10,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError
 from qm.v1 import events_pb2
 
-from services.ticker.__main__ import clusters_from_env, interval_from_env
+from libs.config.document import ConfigError
+from services.ticker.__main__ import TickerSettings
 from services.ticker.service import run, tick
 
 
@@ -77,17 +78,22 @@ async def test_a_failed_tick_is_logged_and_ticking_goes_on(
     assert len([r for r in caplog.records if "tick not appended" in r.message]) == 2
 
 
-def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("QM_CLUSTERS", raising=False)
-    monkeypatch.delenv("QM_TICK_SECONDS", raising=False)
-    assert (clusters_from_env(), interval_from_env()) == (["default"], 1.0)
-    monkeypatch.setenv("QM_CLUSTERS", " east, ,west ")
-    monkeypatch.setenv("QM_TICK_SECONDS", "0.25")
-    assert (clusters_from_env(), interval_from_env()) == (["east", "west"], 0.25)
+def test_settings_from_the_environment() -> None:
+    assert TickerSettings.from_env({}) == TickerSettings(clusters=("default",), tick_seconds=1.0)
+    moved = TickerSettings.from_env({"QM_CLUSTERS": " east, ,west ", "QM_TICK_SECONDS": "0.25"})
+    assert (moved.clusters, moved.tick_seconds) == (("east", "west"), 0.25)
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "soon", "nan"])
-def test_a_bad_interval_is_refused_clearly(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv("QM_TICK_SECONDS", raw)
-    with pytest.raises(SystemExit, match="QM_TICK_SECONDS must be a positive number"):
-        interval_from_env()
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("0", 'expected a number > 0, got "0"'),
+        ("-1", 'expected a number > 0, got "-1"'),
+        ("soon", 'expected a number, got "soon"'),
+        ("nan", 'expected a finite number, got "nan"'),
+    ],
+)
+def test_a_bad_interval_is_refused_clearly(raw: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        TickerSettings.from_env({"QM_TICK_SECONDS": raw})
+    assert str(caught.value) == f"environment: QM_TICK_SECONDS: {expected}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -12,12 +11,14 @@ from libs.core.compass import (
     GpuState,
     PlanMode,
     Planner,
+    Task,
+    Workflow,
     WorkflowError,
+    build_workflow,
     evict_for,
-    parse_workflow,
 )
 from libs.core.compass.planner import Input, Pending
-from libs.sim.workflows import PROFILES
+from libs.sim.workflows import PROFILES, load_profiles
 
 COSTS = Costs(host_to_gpu_mb_per_ms=10.171, node_to_node_mb_per_ms=12.583, gpu_memory_mb=14000)
 MODELS = {"OPT": 5720, "marian": 800, "mt5": 2000, "NLI": 2140}
@@ -37,15 +38,35 @@ TRANSLATION: list[dict[str, Any]] = [
 ]
 
 
+def parse_workflow(
+    name: str, tasks: list[dict[str, Any]], models: dict[str, float], costs: Costs
+) -> Workflow:
+    """A workflow as the Compass profiles spell it (sizes from ``models``)."""
+    return build_workflow(
+        name,
+        [
+            Task(
+                t["id"],
+                t["model"] or "",
+                models[t["model"]] if t["model"] else 0.0,
+                t["run_ms"],
+                t["in_kb"],
+                t["out_kb"],
+                tuple(t["parents"]),
+            )
+            for t in tasks
+        ],
+        costs.gpu_memory_mb,
+    )
+
+
 def gpus(n: int, per_node: int = 1) -> list[GpuState]:
     return [GpuState(f"g{i}", f"n{i // per_node}", 0.0) for i in range(n)]
 
 
 @pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
 def test_every_published_workflow_parses_in_topological_order() -> None:
-    raw = json.loads(PROFILES.read_text())
-    for name, spec in raw["workflows"].items():
-        workflow = parse_workflow(name, spec["tasks"], raw["models"], COSTS)
+    for workflow in load_profiles(PROFILES).workflows:
         seen: set[str] = set()
         for task in workflow.tasks:
             assert set(task.parents) <= seen
@@ -57,7 +78,6 @@ def test_every_published_workflow_parses_in_topological_order() -> None:
     [
         ({"parents": ["ghost"]}, "translation/marian: unknown parent 'ghost'"),
         ({"run_ms": 0}, "translation/marian: run_ms must be > 0"),
-        ({"model": "GPT5"}, "translation/marian: unknown model 'GPT5'"),
     ],
 )
 def test_invalid_workflows_are_refused_naming_the_task(

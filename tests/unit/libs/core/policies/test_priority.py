@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from libs.config.budget import tree_from_mapping
 from libs.core import (
     BudgetSet,
     Decision,
@@ -17,14 +18,13 @@ from libs.core import (
     StopCause,
     TaskEnded,
 )
-from libs.core.budget_tree import tree_from_dict
 from libs.core.policies import Level, PriorityPolicy, level_of
 from tests.builders import job, node
 
 # team-a is entitled to half of 16 GPUs: a cap of 8 guaranteed GPUs; team-b likewise.
 SETUP: list[Input] = [
     BudgetSet(
-        0, tree_from_dict({"name": "root", "children": [{"name": "team-a"}, {"name": "team-b"}]})
+        0, tree_from_mapping({"name": "root", "children": [{"name": "team-a"}, {"name": "team-b"}]})
     ),
     NodeJoined(0, node("n1")),
     NodeJoined(0, node("n2")),

@@ -1,0 +1,53 @@
+"""The policy file (``QM_POLICY_FILE``, ``qm audit verify --policy``): PolicyConfig's knobs.
+
+Part of the replay contract: placement and its auditors must read the same file. A
+knob left out keeps its default; an empty file is the default policy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, Strict
+
+from libs.config.document import FileModel, read_document, validate
+from libs.core.compass import PlanMode
+from libs.core.config import PolicyConfig
+
+_D = PolicyConfig()
+GpuType = Annotated[str, Field(min_length=1)]
+Price = Annotated[float, Field(gt=0)]
+
+
+class PolicyFile(FileModel):
+    lookback_window_s: float = Field(_D.lookback_window_s, gt=0)
+    max_min_runtime_s: float = Field(_D.max_min_runtime_s, ge=0)
+    running_horizon_s: float = Field(_D.running_horizon_s, ge=0)
+    debug_headroom: float = Field(_D.debug_headroom, ge=0, le=1)
+    # GPU type -> what one of its GPU-seconds costs (types not listed cost 1).
+    gpu_prices: dict[GpuType, Price] = Field(default_factory=dict)
+    serving_mode: Annotated[PlanMode, Strict(False)] = PlanMode(_D.serving_mode)
+    adjust_threshold: float = Field(_D.adjust_threshold, ge=0)
+    adjust_joins: bool = _D.adjust_joins
+    hold_threshold: float = Field(_D.hold_threshold, ge=0)
+    host_to_gpu_mb_per_ms: float = Field(_D.host_to_gpu_mb_per_ms, gt=0)
+    node_to_node_mb_per_ms: float = Field(_D.node_to_node_mb_per_ms, gt=0)
+    serving_max_fraction: float = Field(_D.serving_max_fraction, gt=0, le=1)
+    serving_linger_s: float = Field(_D.serving_linger_s, ge=0)
+    node_lost_timeout_s: float = Field(_D.node_lost_timeout_s, gt=0)
+
+    def to_config(self) -> PolicyConfig:
+        values = self.model_dump()
+        values["gpu_prices"] = tuple(sorted(self.gpu_prices.items()))
+        values["serving_mode"] = self.serving_mode.value
+        return PolicyConfig(**values)
+
+
+def policy_from_mapping(raw: object, source: str) -> PolicyConfig:
+    """The policy a parsed file describes (``None``, an empty file: the defaults)."""
+    return validate(PolicyFile, {} if raw is None else raw, source).to_config()
+
+
+def load_policy(path: Path) -> PolicyConfig:
+    return policy_from_mapping(read_document(path), str(path))

@@ -1,0 +1,53 @@
+"""A real JobService in this process for qm to call: it records every request and can
+fail the first N calls with UNAVAILABLE, as admission does while the stack restarts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+
+
+class RecordingJobs(js_grpc.JobServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[js.SubmitJobRequest] = []
+        self.failures = 0  # calls to fail, from the first
+        self.fail_with = grpc.StatusCode.UNAVAILABLE
+        self.delay_s = 0.0  # before answering
+
+    def SubmitJob(
+        self, request: js.SubmitJobRequest, context: grpc.ServicerContext
+    ) -> js.SubmitJobResponse:
+        self.requests.append(request)
+        time.sleep(self.delay_s)
+        if len(self.requests) <= self.failures:
+            context.abort(self.fail_with, "projector unreachable")
+        return js.SubmitJobResponse(job_id="j-1")
+
+
+class Admission:
+    def __init__(self, jobs: RecordingJobs, address: str) -> None:
+        self.jobs, self.address = jobs, address
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What qm needs to call this server."""
+        return {"QM_ADDR": self.address, "QM_TOKEN": "qm1.test.token"}
+
+
+@pytest.fixture
+def admission() -> Iterator[Admission]:
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    jobs = RecordingJobs()
+    js_grpc.add_JobServiceServicer_to_server(jobs, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield Admission(jobs, f"127.0.0.1:{port}")
+    finally:
+        server.stop(grace=None)

@@ -1,0 +1,53 @@
+"""The policy file: every knob of PolicyConfig, each with its range; nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from libs.config.document import ConfigError
+from libs.config.policy import PolicyFile, load_policy, policy_from_mapping
+from libs.core.config import PolicyConfig
+
+
+def test_the_file_declares_every_knob_with_its_default() -> None:
+    knobs = [field.name for field in dataclasses.fields(PolicyConfig)]
+    assert list(PolicyFile.model_fields) == knobs
+    assert policy_from_mapping({}, "p.yaml") == PolicyConfig()
+    assert policy_from_mapping(None, "p.yaml") == PolicyConfig()  # an empty file
+
+
+def test_knobs_come_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "lookback_window_s: 3600\ngpu_prices: {H100: 2, A100: 1.5}\nserving_mode: jit\n"
+    )
+    config = load_policy(path)
+    assert config.lookback_window_s == 3600.0
+    assert config.gpu_prices == (("A100", 1.5), ("H100", 2.0))
+    assert (config.price("H100"), config.price("T4"), config.serving_mode) == (2.0, 1.0, "jit")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"lookback": 1}, "lookback: unknown key; known keys: lookback_window_s, "),
+        ({"gpu_prices": {"H100": 0}}, "gpu_prices.H100: expected a number > 0, got 0"),
+        ({"gpu_prices": ["H100"]}, 'gpu_prices: expected a mapping, got ["H100"]'),
+        ({"hold_threshold": -1}, "hold_threshold: expected a number >= 0, got -1"),
+        ({"adjust_threshold": float("nan")}, "adjust_threshold: expected a finite number, got NaN"),
+        ({"lookback_window_s": float("inf")}, "lookback_window_s: expected a finite number"),
+        ({"lookback_window_s": "7d"}, 'lookback_window_s: expected a number, got "7d"'),
+        ({"serving_max_fraction": 1.5}, "serving_max_fraction: expected a number <= 1, got 1.5"),
+        ({"adjust_joins": "yes please"}, 'adjust_joins: expected true or false, got "yes please"'),
+        ({"serving_mode": "fast"}, "serving_mode: expected one of 'compass', 'heft', 'hash' or"),
+        ([1], "expected a mapping, got [1]"),
+    ],
+)
+def test_bad_knobs_are_refused_naming_the_file_and_key(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        policy_from_mapping(raw, "policy.yaml")
+    assert str(caught.value).startswith("policy.yaml: ")
+    assert message in str(caught.value)
