@@ -20,6 +20,7 @@ _STYLE = {
     "REJECTED": "red",
     "CANCELLED": "magenta",
     "PREEMPTED": "magenta",
+    "LOST": "red",
 }
 
 
@@ -147,7 +148,7 @@ def workflow_tasks_table(job: types_pb2.Job) -> Table:
 
 
 def nodes_table(nodes: list[types_pb2.Node]) -> Table:
-    table = _table("NODE", "CLUSTER", "GPUS", "FREE", "EXECUTOR", "TASKS")
+    table = _table("NODE", "CLUSTER", "STATE", "GPUS", "FREE", "EXECUTOR", "TASKS")
     for node in nodes:
         inv = node.inventory
         held = {g for task in node.running for g in task.gpu_indices}
@@ -156,8 +157,9 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
         table.add_row(
             inv.node_id,
             inv.cluster,
+            "[red]lost[/]" if node.lost else "up",
             f"{len(inv.gpus)}×{'/'.join(types) or '?'}",
-            str(len(free)),
+            "0" if node.lost else str(len(free)),
             types_pb2.Executor.Name(inv.executor).removeprefix("EXECUTOR_").lower(),
             ", ".join(task.job_id for task in node.running) or "-",
         )

@@ -31,7 +31,7 @@ class LogReader:
         self._partitions: list[TopicPartition] = []
         # Per partition, the offset after the last record applied; waiters are woken
         # after every poll.
-        self._applied: dict[int, int] = {}
+        self._applied: dict[TopicPartition, int] = {}
         self._progress = asyncio.Event()
 
     async def start(self) -> None:
@@ -66,10 +66,10 @@ class LogReader:
         while True:
             await self._poll(apply)
 
-    async def reached(self, partition: int, offset: int) -> None:
-        """Return once the record at ``offset`` of ``partition`` has been applied
-        (by ``catch_up`` or ``follow``, which must be running)."""
-        while self._applied.get(partition, 0) <= offset:
+    async def reached(self, tp: TopicPartition, offset: int) -> None:
+        """Return once the record at ``offset`` of ``tp`` has been applied (by
+        ``catch_up`` or ``follow``, which must be running)."""
+        while self._applied.get(tp, 0) <= offset:
             progress = self._progress
             await progress.wait()
 
@@ -85,7 +85,7 @@ class LogReader:
                 apply(env)
                 count += 1
             if records:
-                self._applied[tp.partition] = records[-1].offset + 1
+                self._applied[tp] = records[-1].offset + 1
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
         return count

@@ -81,12 +81,13 @@ class _Running:
     idle: bool = False
     stopping: StopCause | None = None
     ended: set[str] = field(default_factory=set)
+    lost: str = ""  # why its node was lost, when it was
 
     @property
     def fact(self) -> str:
         return (
             f"r|{self.job_id}|{self.attempt}|{sorted(self.tasks.items())}|{self.started_at}"
-            f"|{self.idle}|{self.stopping}|{sorted(self.ended)}"
+            f"|{self.idle}|{self.stopping}|{sorted(self.ended)}|{self.lost}"
         )
 
 
@@ -334,7 +335,7 @@ class Scheduler:
         if run.stopping is StopCause.PREEMPTED:
             what = "preempted"
         elif run.stopping is StopCause.NODE_LOST:
-            what = "lost with its node"
+            what = run.lost
         else:
             return []
         if run.spec.resumable:
@@ -408,7 +409,7 @@ class Scheduler:
         for job_id in list(self._on_node.get(node_id, {})):
             run = self._running[job_id]
             if run.stopping is None:
-                self._update(job_id, stopping=StopCause.NODE_LOST)
+                self._update(job_id, stopping=StopCause.NODE_LOST, lost=why)
                 decisions += [
                     Stop(job_id, task_id, other, StopCause.NODE_LOST, why)
                     for task_id, (other, _) in sorted(run.tasks.items())

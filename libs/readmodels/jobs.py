@@ -70,9 +70,14 @@ _RANK: dict[_State, int] = {
     _S.JOB_STATE_FAILED: 7,
     _S.JOB_STATE_PREEMPTED: 8,
     _S.JOB_STATE_CANCELLED: 9,
+    _S.JOB_STATE_LOST: 10,
 }
 # The job is over for good: no task of it is placed afterwards.
-_FINAL = frozenset({_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED})
+_FINAL = frozenset(
+    {_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED, _S.JOB_STATE_LOST}
+)
+# A task that ended on one of these waits for placement's word: requeued or over.
+_AWAITING = (types_pb2.STOP_CAUSE_PREEMPTED, types_pb2.STOP_CAUSE_NODE_LOST)
 
 _TASK_EVENTS = frozenset(
     {
@@ -82,6 +87,7 @@ _TASK_EVENTS = frozenset(
         "task_failed",
         "task_stop_requested",
         "task_idle",
+        "task_lost",
     }
 )
 _JOB_EVENTS = _TASK_EVENTS | {
@@ -92,6 +98,7 @@ _JOB_EVENTS = _TASK_EVENTS | {
     "job_cancelled",
     "job_requeued",
     "job_preempted",
+    "job_lost",
     "workflow_planned",
 }
 # A batch job's task ids end in its placement number, and a gang's in the rank too.
@@ -127,7 +134,7 @@ def has_ended(job: types_pb2.Job) -> bool:
     if job.state in _FINAL:
         return True
     task_over = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
-    return task_over and job.stop_cause != types_pb2.STOP_CAUSE_PREEMPTED
+    return task_over and job.stop_cause not in _AWAITING
 
 
 def task_is_over(job: types_pb2.Job, task_id: str) -> bool:
@@ -233,6 +240,15 @@ def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) ->
             new.stop_reason = stop.reason
             new.stop_cause = stop.cause
             _cancel_if_stopped(new)
+        case "task_lost":
+            gone = env.task_lost
+            _fill_node(new, gone.node_id)
+            if not new.stop_cause:  # a stop already on its way says why it ends
+                new.stop_cause = types_pb2.STOP_CAUSE_NODE_LOST
+                new.stop_reason = gone.reason
+            _end_task(new, _S.JOB_STATE_FAILED, -1, at)
+            if new.state == _S.JOB_STATE_FAILED:
+                new.reason = gone.reason
         case "task_idle":
             idle = env.task_idle
             _fill_node(new, idle.node_id)
@@ -248,15 +264,16 @@ def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) ->
             # A requeue follows the stop it answers. Without one, it is about an
             # older task (a newer one showed up first), or a repeat that can only
             # restate why the job waits.
-            preempted_task = new.stop_cause == types_pb2.STOP_CAUSE_PREEMPTED
+            preempted_task = new.stop_cause in _AWAITING
             if new.state not in _FINAL and (preempted_task or _requeued(new)):
                 _clear_task(new)
                 new.state = _S.JOB_STATE_PENDING
                 new.reason = env.job_requeued.reason
-        case "job_preempted":
-            _advance(new, _S.JOB_STATE_PREEMPTED)
-            if new.state == _S.JOB_STATE_PREEMPTED:
-                new.reason = env.job_preempted.reason
+        case "job_preempted" | "job_lost":
+            state = _S.JOB_STATE_PREEMPTED if kind == "job_preempted" else _S.JOB_STATE_LOST
+            _advance(new, state)
+            if new.state == state:
+                new.reason = getattr(env, kind).reason
                 if not new.HasField("finished_at"):  # the task's own end says it better
                     new.finished_at.CopyFrom(at)
 
@@ -422,6 +439,14 @@ def _apply_workflow_event(job: types_pb2.Job, kind: str, env: events_pb2.Envelop
             _advance(job, _S.JOB_STATE_PENDING)
         case "job_requeued":
             pass  # the scheduler does not requeue workflow tasks
+        case "task_lost":
+            gone = env.task_lost
+            task = _task(job, _task_name(job, gone.task_id))
+            _fill_task_node(task, gone.node_id)
+            if _advance_task(task, _S.JOB_STATE_FAILED):
+                task.exit_code = -1
+                task.reason = gone.reason
+                task.finished_at.CopyFrom(at)
         case "task_placed":
             placed = env.task_placed
             task = _task(job, placed.serving.name or _task_name(job, placed.task_id))

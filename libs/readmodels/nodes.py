@@ -1,7 +1,9 @@
 """The node read model: envelopes folded into ``qm.v1.Node``.
 
 A node's inventory comes from its agent's registrations; its running tasks from
-placement's ``task_placed`` and the agent's task ends. Running tasks are kept
+placement's ``task_placed`` and ``task_lost`` and the agent's task ends. Placement's
+``node_lost`` marks it lost until its agent registers again; a loss declared for an
+earlier incarnation (one read after the new registration) changes nothing. Running tasks are kept
 sorted by task id, so the same set of tasks always yields the same bytes.
 
 Placements (decisions topic) and task ends (events topic) are not ordered with
@@ -34,6 +36,10 @@ def node_key(env: events_pb2.Envelope) -> str | None:
             node_id = env.task_finished.node_id
         case "task_failed":
             node_id = env.task_failed.node_id
+        case "task_lost":
+            node_id = env.task_lost.node_id
+        case "node_lost":
+            node_id = env.node_lost.node_id
         case _:
             return None
     return node_id or None
@@ -57,15 +63,23 @@ def apply_node_event(
             f"envelope for node {node_id!r} applied to node {node.inventory.node_id!r}"
         )
     kind = event_type(env)
-    if node is None and kind in ("task_finished", "task_failed"):
+    if node is None and kind in ("task_finished", "task_failed", "task_lost", "node_lost"):
         return None
     new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
     if node is not None:
         new.CopyFrom(node)
     match kind:
         case "node_registered":
-            new.inventory.CopyFrom(env.node_registered.inventory)
+            registered = env.node_registered
+            new.inventory.CopyFrom(registered.inventory)
             new.registered_at.CopyFrom(env.occurred_at)
+            new.incarnation = registered.incarnation
+            new.lost, new.lost_reason = False, ""
+        case "node_lost" if env.node_lost.incarnation == new.incarnation:
+            # Its tasks end with it (placement says so, task by task, as TaskLost).
+            new.lost, new.lost_reason = True, env.node_lost.reason
+        case "task_lost":
+            _set_running(new, _without(new.running, env.task_lost.task_id))
         case "task_placed":
             placed = env.task_placed
             task = types_pb2.RunningTask(

@@ -110,6 +110,11 @@ class ClusterUsage:
                 with contextlib.suppress(InvalidTree):
                     self._entitlements = tree_from_proto(env.budget_changed.tree).entitlements()
 
+    def lost(self, gone: events_pb2.TaskLost, at: float) -> None:
+        """Placement's word that a task ended with its node, which no agent will
+        report: it is charged up to then."""
+        self._usage.end(gone.task_id, at)
+
     def usage(self) -> dict[str, Usage]:
         """Usage per allocation over the window ending at the clock, sorted by allocation."""
         return self._usage.snapshot(self.now) if self._folded else {}
@@ -196,6 +201,14 @@ class UsageLedger:
         if cluster is None:
             cluster = self._clusters[name] = ClusterUsage(name, self.window_s, self._price)
         cluster.apply(env)
+
+    def decided(self, env: events_pb2.Envelope) -> None:
+        """Fold one of placement's decisions: only a lost task changes what is charged.
+        Decisions are not the events log, so they leave its clock and prefix alone."""
+        if event_type(env) == "task_lost":
+            cluster = self._clusters.get(env.cluster or DEFAULT_CLUSTER)
+            if cluster is not None:
+                cluster.lost(env.task_lost, occurred_at(env))
 
     def cluster(self, name: str) -> ClusterUsage | None:
         return self._clusters.get(name or DEFAULT_CLUSTER)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 
+from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2
 
 from libs.bus import KafkaSettings, LogReader
@@ -33,9 +34,9 @@ class Follower:
                 await self._follow
         await self._reader.stop()
 
-    async def reached(self, partition: int, offset: int) -> None:
-        """Return once every view has folded the record at ``offset`` of ``partition``."""
-        await self._reader.reached(partition, offset)
+    async def reached(self, tp: TopicPartition, offset: int) -> None:
+        """Return once every view has folded the record at ``offset`` of ``tp``."""
+        await self._reader.reached(tp, offset)
 
     def _apply(self, env: events_pb2.Envelope) -> None:
         for view in self._views:

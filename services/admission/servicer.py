@@ -122,7 +122,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         )
         try:
             await asyncio.wait_for(
-                self._follower.reached(written.partition, written.offset), LOG_TIMEOUT_S
+                self._follower.reached(written.topic_partition, written.offset), LOG_TIMEOUT_S
             )
         except TimeoutError:
             raise Unavailable("the event log could not be read back in time") from None

@@ -43,11 +43,15 @@ async def serve() -> None:
     clusters = list(own.clusters)
     book = BudgetBook.for_policy(policy_from_env())
     reader = LogReader(settings, topics.events.name)
+    # Placement's TaskLost ends a charge no agent will end: the ledger folds those too.
+    decisions = LogReader(settings, topics.decisions.name)
     producer = EventProducer(settings, client_id="budget")
     await reader.start()
+    await decisions.start()
     await producer.start()
     try:
         replayed = await reader.catch_up(book.apply)
+        await decisions.catch_up(book.ledger.decided)
         log.info("folded %d events; tree version %d", replayed, book.version)
         if book.tree is None:
             tree = load_budget_tree(own.tree)
@@ -65,16 +69,17 @@ async def serve() -> None:
             [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
         )
         log.info("serving BudgetService on port %d", port)
-        follower = asyncio.create_task(reader.follow(book.apply))
+        followers = asyncio.gather(reader.follow(book.apply), decisions.follow(book.ledger.decided))
         try:
             await server.wait_for_termination()
         finally:
-            follower.cancel()
+            followers.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await follower
+                await followers
             await server.stop(grace=2)
     finally:
         await reader.stop()
+        await decisions.stop()
         await producer.stop()
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from qm.v1 import events_pb2
 
 from libs.core import PolicyConfig
-from libs.core.budget_tree import BudgetTree
+from libs.core.budget_tree import BudgetTree, InvalidTree
 from libs.events import event_type
 from libs.events.convert import tree_from_proto
 from libs.readmodels import UsageLedger
@@ -27,6 +28,9 @@ class BudgetBook:
 
     def apply(self, env: events_pb2.Envelope) -> None:
         if event_type(env) == "budget_changed":
-            self.tree = tree_from_proto(env.budget_changed.tree)
-            self.version = env.budget_changed.tree.version
+            # Only this service writes trees, valid ones; one that reached the log around
+            # it is ignored here, as placement refuses it.
+            with contextlib.suppress(InvalidTree):
+                self.tree = tree_from_proto(env.budget_changed.tree)
+                self.version = env.budget_changed.tree.version
         self.ledger.apply(env)

@@ -66,7 +66,9 @@ NODES = {
 
 # Serving may hold one GPU of the 16 (so a workflow's models must share it and
 # evict), and gives it back a second after its queue drains.
-POLICY = {"serving_max_fraction": 0.0625, "serving_linger_s": 1}
+# Nodes heartbeat every second and are declared lost after 5 s of silence.
+POLICY = {"serving_max_fraction": 0.0625, "serving_linger_s": 1, "node_lost_timeout_s": 5}
+HEARTBEAT_S = "1"
 
 
 def free_port() -> int:
@@ -124,6 +126,8 @@ class Stack:
             "QM_PROJECTOR_URL": f"http://127.0.0.1:{self.projector_port}",
             "QM_PROJECTOR_DATA_DIR": str(self.workdir / "projector"),
             "QM_TASK_LOG_DIR": str(self.task_logs),
+            "QM_NODE_STATE_DIR": str(self.workdir / "node-state"),
+            "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
             "QM_PLACEMENT_GROUP": f"t{self.run_id}-placement",
             "QM_POLICY_FILE": str(self.workdir / "policy.yaml"),
             "OTEL_TRACES_EXPORTER": "console",
@@ -139,6 +143,15 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as a crash: the process cleans nothing up."""
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait()
+
+    def start_node_agent(self) -> None:
+        self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)
 
     def stop(self, name: str) -> int:
         process = self.processes.pop(name)
@@ -178,7 +191,7 @@ class Stack:
         )
         self.start("placement")
         self.start("ticker")
-        self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)
+        self.start_node_agent()
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
 

@@ -68,21 +68,27 @@ def test_a_simulated_node_runs_for_the_declared_duration(
     assert job.finished_at.ToNanoseconds() - job.started_at.ToNanoseconds() >= 400_000_000
 
 
-def test_a_bad_spec_is_refused_and_only_a_rejection_is_recorded(
+def test_a_bad_spec_is_refused_and_a_retry_gets_the_same_refusal(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     request_id = "bad-spec-1"
     with pytest.raises(grpc.RpcError) as caught:
         submit(stack, jobs, gpus=0, command=["true"], client_request_id=request_id)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "gpus: must be between 1 and 64, got 0" in caught.value.details()
+    assert "gpus: must be at least 1, got 0" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as again:  # fixed, but the request id was answered
+        submit(stack, jobs, gpus=1, command=["true"], client_request_id=request_id)
+    assert (again.value.code(), again.value.details()) == (
+        caught.value.code(),
+        caught.value.details(),
+    )
     job_id = job_id_for("alice", request_id)
     recorded = [
         event_type(env)
         for env in (decode(r.value) for r in read_topic(stack, "events"))
         if env.correlation_id == job_id
     ]
-    assert recorded == ["job_rejected"]
+    assert recorded == ["job_submitted", "job_rejected"]  # the claim, then the answer
 
 
 def test_a_retried_submission_is_one_job(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:

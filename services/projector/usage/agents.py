@@ -8,6 +8,7 @@ jobs and nodes agents, which must not be rewound.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiokafka.errors import KafkaError
@@ -27,16 +28,26 @@ events_out = app.topic(TOPICS.events.name, key_type=bytes, value_type=bytes)
 
 
 async def fold_events() -> None:
-    """Fold the whole log, mark the ledger rebuilt, then keep folding as the log grows."""
+    """Fold the whole log, mark the ledger rebuilt, then keep folding as the log grows.
+
+    Placement's decisions are folded too, for the one that changes a charge: a task
+    lost with its node, whose end no agent reports.
+    """
     reader = LogReader(KAFKA, TOPICS.events.name)
+    decisions = LogReader(KAFKA, TOPICS.decisions.name)
     await reader.start()
+    await decisions.start()
     try:
         folded = await reader.catch_up(state.ledger.apply)
+        await decisions.catch_up(state.ledger.decided)
         log.info("usage ledger rebuilt from %d events", folded)
         state.rebuilt.set()
-        await reader.follow(state.ledger.apply)
+        await asyncio.gather(
+            reader.follow(state.ledger.apply), decisions.follow(state.ledger.decided)
+        )
     finally:
         await reader.stop()
+        await decisions.stop()
 
 
 # Registered by call: faust's decorators are untyped.

@@ -47,7 +47,9 @@ def test_a_silent_node_is_declared_lost_on_the_logs_clock() -> None:
     assert decisions[0] == NodeLost("n1", "one", "no heartbeat for 31 s (node_lost_timeout_s 30)")
     [lost] = of(TaskLost, decisions)
     assert (lost.job_id, lost.task_id, lost.node_id) == ("j1", "j1/0", "n1")
-    assert of(Requeue, decisions) == [Requeue("j1", "lost with its node; requeued (resumable)")]
+    assert of(Requeue, decisions) == [
+        Requeue("j1", f"node n1 lost: {decisions[0].reason}; requeued (resumable)")  # type: ignore[union-attr]
+    ]
     # Its GPUs left with it: the requeued job waits for a node.
     assert placed(decisions) == []
     assert s.handle(joined("n2", at=TIMEOUT + 2))[0] == Place(
@@ -77,7 +79,9 @@ def test_a_job_that_is_not_resumable_ends_lost() -> None:
     s.handle(joined("n1"))
     s.handle(JobArrived(1, "j1", job(2, min_runtime_s=3600)))
     decisions = s.handle(Tick(TIMEOUT + 5))
-    assert of(JobLost, decisions) == [JobLost("j1", "lost with its node; not resumable")]
+    [lost] = of(JobLost, decisions)
+    assert lost.reason.startswith("node n1 lost: no heartbeat for 35 s")  # type: ignore[union-attr]
+    assert lost.reason.endswith("; not resumable")  # type: ignore[union-attr]
     # The agent's late word on the task changes nothing.
     assert s.handle(TaskEnded(TIMEOUT + 6, "j1", "j1/0", "n1", 0)) == []
 
@@ -91,7 +95,9 @@ def test_a_restarted_agent_loses_what_it_ran_and_its_gpus_come_back_free() -> No
     [lost] = of(TaskLost, decisions)
     assert lost.task_id == "j1/0" and "restarted" in lost.reason
     # j1 is free work and not resumable: over. j2 takes the node, for the new agent.
-    assert of(JobLost, decisions) == [JobLost("j1", "lost with its node; not resumable")]
+    assert of(JobLost, decisions) == [
+        JobLost("j1", "the node agent on n1 restarted; not resumable")
+    ]
     [place] = placed(decisions)
     assert (place.job_id, place.node_incarnation) == ("j2", "two")
 
@@ -107,7 +113,8 @@ def test_a_gang_loses_a_node_and_the_rest_of_it_is_stopped() -> None:
     assert (stop.task_id, stop.node_id, stop.cause) == ("g/0.1", "n2", StopCause.NODE_LOST)
     assert of(Requeue, decisions) == []  # not before the rest has ended
     ended = s.handle(TaskEnded(41, "g", "g/0.1", "n2", -15))
-    assert of(Requeue, ended) == [Requeue("g", "lost with its node; requeued (resumable)")]
+    [requeued] = of(Requeue, ended)
+    assert requeued.reason.startswith("node n1 lost: no heartbeat")  # type: ignore[union-attr]
 
 
 def test_a_job_cancelled_on_a_node_that_went_silent_ends_when_the_node_is_lost() -> None:

@@ -222,3 +222,35 @@ def test_nodes_in_cluster_sorted_by_id() -> None:
     assert [n.inventory.node_id for n in nodes_in_cluster(nodes)] == ["n1", "n2", "n3"]
     assert [n.inventory.node_id for n in nodes_in_cluster(nodes, cluster="east")] == ["n2", "n3"]
     assert nodes_in_cluster(nodes, cluster="north") == []
+
+
+def incarnated(node: str, incarnation: str) -> events_pb2.Envelope:
+    env = registered(node)
+    env.node_registered.incarnation = incarnation
+    return env
+
+
+def lost(node: str, incarnation: str) -> events_pb2.Envelope:
+    env = tick()
+    env.node_lost.CopyFrom(
+        events_pb2.NodeLost(node_id=node, incarnation=incarnation, reason="no heartbeat")
+    )
+    return env
+
+
+def task_lost(job: str, node: str = "n1") -> events_pb2.Envelope:
+    env = tick()
+    env.task_lost.CopyFrom(events_pb2.TaskLost(job_id=job, task_id=f"{job}/0", node_id=node))
+    return env
+
+
+def test_a_lost_node_is_marked_until_its_agent_registers_again() -> None:
+    node = folded([incarnated("n1", "a"), placed("j1"), lost("n1", "a"), task_lost("j1")])
+    assert (node.lost, node.lost_reason, running(node)) == (True, "no heartbeat", [])
+    again = folded([incarnated("n1", "a"), lost("n1", "a"), incarnated("n1", "b")])
+    assert (again.lost, again.incarnation) == (False, "b")
+
+
+def test_a_loss_declared_for_an_earlier_incarnation_changes_nothing() -> None:
+    node = folded([incarnated("n1", "a"), incarnated("n1", "b"), lost("n1", "a")])
+    assert not node.lost and node.incarnation == "b"

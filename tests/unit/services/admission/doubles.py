@@ -63,7 +63,7 @@ class MemoryLog:
         written.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), offset, -1, 0, 0))
         return written
 
-    async def reached(self, partition: int, offset: int) -> None:
+    async def reached(self, tp: TopicPartition, offset: int) -> None:
         assert offset < len(self.sent)
 
 

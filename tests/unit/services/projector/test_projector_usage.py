@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 from unittest import mock
 
@@ -15,7 +16,7 @@ from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus.producer import TYPE_HEADER
-from libs.events import decode
+from libs.events import decode, new_envelope
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.usage import agents
 from services.projector.usage import state as usage
@@ -25,10 +26,18 @@ Apply = Callable[[events_pb2.Envelope], None]
 
 SPEC = types_pb2.JobSpec(allocation="team-a", gpus=2, min_runtime_s=600, command=["x"])
 LOG = [admitted("j", s=SPEC), started("j", at=T0), finished("j", at=T0 + 10)]
+# A job whose task ends with its node: placement says so, no agent does.
+LOST_JOB = [admitted("k", s=SPEC), started("k", at=T0)]
+LOST = new_envelope(
+    events_pb2.TaskLost(job_id="k", task_id="k/0", node_id="n1"),
+    producer="placement",
+    occurred=datetime.fromtimestamp(T0 + 15, UTC),
+)
 
 
 class FakeReader:
-    """A LogReader over a list: catch_up folds ``LOG``, follow folds ``later`` and waits."""
+    """A LogReader over a list: catch_up folds ``LOG`` (or, of the decisions topic,
+    ``LOST``), follow folds ``later`` and waits."""
 
     later: ClassVar[list[events_pb2.Envelope]] = []
     instances: ClassVar[list[FakeReader]] = []
@@ -47,13 +56,15 @@ class FakeReader:
 
     async def catch_up(self, apply: Apply) -> int:
         assert not usage.rebuilt.is_set()
-        for env in LOG:
+        log = [LOST] if self.topic == agents.TOPICS.decisions.name else [*LOG, *LOST_JOB]
+        for env in log:
             apply(env)
-        return len(LOG)
+        return len(log)
 
     async def follow(self, apply: Apply) -> None:
-        for env in self.later:
-            apply(env)
+        if self.topic == agents.TOPICS.events.name:
+            for env in self.later:
+                apply(env)
         self.following.set()
         await asyncio.Event().wait()
 
@@ -71,16 +82,20 @@ async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
     reader.later = [tick(T0 + 20)]
     task = asyncio.create_task(agents.fold_events())
     await asyncio.wait_for(usage.rebuilt.wait(), 5)
-    [instance] = reader.instances
-    await asyncio.wait_for(instance.following.wait(), 5)
-    assert instance.topic == agents.TOPICS.events.name
+    events, decisions = reader.instances
+    await asyncio.wait_for(events.following.wait(), 5)
+    assert (events.topic, decisions.topic) == (
+        agents.TOPICS.events.name,
+        agents.TOPICS.decisions.name,
+    )
     cluster = usage.ledger.cluster("default")
     assert cluster is not None
-    assert (cluster.now, cluster.usage()["team-a"].allocated_gpu_s) == (T0 + 20, 20.0)
+    # j ran 10 s, k 15 s until its node was lost: 2 GPUs each.
+    assert (cluster.now, cluster.usage()["team-a"].allocated_gpu_s) == (T0 + 20, 50.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert instance.stopped
+    assert events.stopped and decisions.stopped
 
 
 def sending(*outcomes: BaseException | None) -> mock.AsyncMock:
