@@ -3,8 +3,8 @@ ends LOST, and the agent that comes back kills the task it left and serves again
 
 from __future__ import annotations
 
-import os
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -26,11 +26,12 @@ def node_of(stack: Stack, node_id: str) -> types_pb2.Node:
 
 
 def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for a parent that is gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+    return state != "Z"
 
 
 def test_a_crashed_agent_loses_its_node_and_leaks_nothing(
