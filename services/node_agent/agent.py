@@ -216,22 +216,30 @@ class NodeAgent:
         elif isinstance(decision, events_pb2.TaskStopRequested):
             await self._stop(decision, delivery.envelope.event_id)
         elif isinstance(decision, events_pb2.NodeLost):
-            await self._rejoin(decision, delivery.envelope.event_id)
+            # In the background: the tasks' grace periods must not hold up other decisions.
+            rejoin = asyncio.create_task(self._rejoin(decision, delivery.envelope.event_id))
+            self._waiters.add(rejoin)
+            rejoin.add_done_callback(self._waiter_done)
         return decision is not None
 
     async def _rejoin(self, lost: events_pb2.NodeLost, event_id: str) -> None:
         """Placement gave this node up (it heard no heartbeat, say while the agent was
-        cut off) and counted its tasks as lost: stop them, and register anew."""
-        node = self._nodes[lost.node_id]
-        log.warning("node %s declared lost (%s): stopping its tasks", node.node_id, lost.reason)
+        cut off) and counted its tasks as lost: stop them, and once they have ended
+        (their GPUs free for whatever placement puts there next) register anew."""
+        node_id = lost.node_id
+        log.warning("node %s declared lost (%s): stopping its tasks", node_id, lost.reason)
         for item in list(self._serving.values()):
-            if item.gpu.node.node_id == node.node_id:
+            if item.gpu.node.node_id == node_id:
                 await self._stop_serving(item, LOST_REASON, event_id)
         for run in list(self._running.values()):
-            if run.node.node_id == node.node_id:
+            if run.node.node_id == node_id:
                 self._request_stop(run, LOST_REASON, event_id)
-        self._incarnations[node.node_id] = new_incarnation()
-        await self._register(node)
+        while any(r.node.node_id == node_id for r in self._running.values()) or any(
+            i.gpu.node.node_id == node_id for i in self._serving.values()
+        ):
+            await asyncio.sleep(0.1)
+        self._incarnations[node_id] = new_incarnation()
+        await self._register(self._nodes[node_id])
 
     async def shutdown(self) -> None:
         """Stop every running or queued task and wait until each has reported how it ended."""

@@ -38,11 +38,17 @@ def of(kind: type, decisions: list[Decision]) -> list[Decision]:
     return [d for d in decisions if isinstance(d, kind)]
 
 
+def ticks(s: Scheduler, start: float, end: float) -> list[Decision]:
+    """The ticker's ticks, one a second from ``start`` to ``end``: time passing with
+    the log flowing, as it does while only a node is silent."""
+    return [d for at in range(int(start), int(end) + 1) for d in s.handle(Tick(at))]
+
+
 def test_a_silent_node_is_declared_lost_on_the_logs_clock() -> None:
     s = Scheduler()
     s.handle(joined("n1"))
     s.handle(JobArrived(1, "j1", job(2, min_runtime_s=3600, resumable=True)))
-    assert s.handle(Tick(TIMEOUT)) == []  # silent exactly as long as allowed: still there
+    assert ticks(s, 2, TIMEOUT) == []  # silent exactly as long as allowed: still there
     decisions = s.handle(Tick(TIMEOUT + 1))
     assert decisions[0] == NodeLost("n1", "one", "no heartbeat for 31 s (node_lost_timeout_s 30)")
     [lost] = of(TaskLost, decisions)
@@ -62,25 +68,25 @@ def test_heartbeats_keep_a_node_and_a_stale_incarnations_do_not() -> None:
     s.handle(joined("n1"))
     for at in range(5, 200, 5):
         assert s.handle(NodeHeartbeat(at, "n1", "one")) == []
-    assert s.handle(Tick(200)) == []
+    assert ticks(s, 196, 225) == []
     s.handle(NodeHeartbeat(225, "n1", "an-old-one"))
-    assert of(NodeLost, s.handle(Tick(231)))
+    assert of(NodeLost, ticks(s, 226, 231))
 
 
 def test_a_node_without_heartbeats_has_no_lease() -> None:
     s = Scheduler()
     s.handle(NodeJoined(0, node("n1")))  # a declared node, as the simulator registers
     s.handle(JobArrived(1, "j1", job(1)))
-    assert s.handle(Tick(10 * TIMEOUT)) == []
+    assert ticks(s, 2, 10 * TIMEOUT) == []
 
 
 def test_a_job_that_is_not_resumable_ends_lost() -> None:
     s = Scheduler()
     s.handle(joined("n1"))
     s.handle(JobArrived(1, "j1", job(2, min_runtime_s=3600)))
-    decisions = s.handle(Tick(TIMEOUT + 5))
+    decisions = ticks(s, 2, TIMEOUT + 5)
     [lost] = of(JobLost, decisions)
-    assert lost.reason.startswith("node n1 lost: no heartbeat for 35 s")  # type: ignore[union-attr]
+    assert lost.reason.startswith("node n1 lost: no heartbeat for 31 s")  # type: ignore[union-attr]
     assert lost.reason.endswith("; not resumable")  # type: ignore[union-attr]
     # The agent's late word on the task changes nothing.
     assert s.handle(TaskEnded(TIMEOUT + 6, "j1", "j1/0", "n1", 0)) == []
@@ -124,7 +130,7 @@ def test_a_job_cancelled_on_a_node_that_went_silent_ends_when_the_node_is_lost()
     s.handle(TaskStarted(2, "j1", "j1/0", "n1"))
     [stop] = s.handle(CancelRequested(3, "j1"))
     assert stop.cause is StopCause.CANCELLED
-    decisions = s.handle(Tick(TIMEOUT + 1))
+    decisions = ticks(s, 4, TIMEOUT + 1)
     assert [type(d) for d in decisions] == [NodeLost, TaskLost]  # cancelled: not requeued
     assert s.explain("j1") is None  # nothing of it is left
 
@@ -132,7 +138,21 @@ def test_a_job_cancelled_on_a_node_that_went_silent_ends_when_the_node_is_lost()
 def test_a_lost_node_that_registers_again_takes_work_again() -> None:
     s = Scheduler()
     s.handle(joined("n1", 2))
-    s.handle(Tick(TIMEOUT + 1))
+    assert of(NodeLost, ticks(s, 1, TIMEOUT + 1))
     assert s.handle(JobArrived(TIMEOUT + 2, "j1", job(2))) != []  # waits: no node
     [place] = placed(s.handle(joined("n1", 2, at=TIMEOUT + 3, incarnation="two")))
     assert (place.job_id, place.node_id, place.node_incarnation) == ("j1", "n1", "two")
+
+
+def test_a_log_that_was_silent_longer_than_the_timeout_loses_no_node() -> None:
+    """The broker was down for a minute: no heartbeat, but no tick or anything either."""
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(NodeHeartbeat(5, "n1", "one"))
+    s.handle(JobArrived(6, "j1", job(1, min_runtime_s=600)))
+    assert s.handle(Tick(66)) == []  # the first input after the outage
+    assert s.handle(NodeHeartbeat(70, "n1", "one")) == []
+    # A node that stays silent once the log flows again is still declared lost.
+    assert ticks(s, 71, 100) == []
+    lost = ticks(s, 101, 101)
+    assert [type(d) for d in lost][:2] == [NodeLost, TaskLost]
