@@ -38,6 +38,7 @@ MAX_WORKFLOW_EDGES = 32_768  # parent links over all tasks
 MAX_MODEL_MB = 10_000_000.0
 MAX_RUN_MS = float(DAY_S * 1000)
 MAX_TRANSFER_KB = 1e9
+MAX_UPCOMING = 32  # models a serving task names as planned next on its GPU (look-ahead)
 
 MAX_NODE_GPUS = 64
 MAX_GPU_INDEX = 1023
