@@ -30,6 +30,14 @@ def parse_alibaba(lines: Iterable[str]) -> list[RawJob]:
     reader = csv.DictReader(lines)
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
+        if set(reader.fieldnames or ()) >= {"name", "num_gpu", "gpu_milli"}:
+            # openb_pod_list_multigpu50 and the gpuspec lists: sizes only, sampled for
+            # packing studies; with no arrival or run time there is nothing to replay.
+            raise TraceError(
+                f"a pod list without times (missing {', '.join(missing)}): it says what pods "
+                "ask for, not when or for how long, so it cannot be simulated over time; "
+                "use openb_pod_list_default.csv or openb_pod_list_gpushare100.csv"
+            )
         raise TraceError(f"not an openb pod list with times: missing columns {missing}")
     jobs: list[RawJob] = []
     for row in reader:

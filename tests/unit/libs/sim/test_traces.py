@@ -122,3 +122,9 @@ def test_the_real_philly_file_parses_whole() -> None:
     assert len(jobs) == 15_000
     assert jobs[-1].at == 4_977_039  # the sum of all intervals (data README)
     assert sum(j.gpus * j.runtime_s for j in jobs) == 2_756_749_794
+
+
+def test_an_openb_pod_list_without_times_is_refused_saying_why() -> None:
+    sizes_only = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nopenb-pod-0000,1000,100,1,1000\n"
+    with pytest.raises(TraceError, match="cannot be simulated over time"):
+        parse_alibaba(io.StringIO(sizes_only))
