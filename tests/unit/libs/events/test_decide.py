@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import PolicyConfig, Scheduler
@@ -83,3 +84,38 @@ def test_clusters_sharing_a_partition_never_share_nodes() -> None:
     schedulers.decide(east, partition=0, offset=0)
     [pending] = schedulers.decide(west, partition=0, offset=1)
     assert event_type(pending) == "job_pending" and pending.cluster == "west"
+
+
+def test_an_envelope_the_core_cannot_take_is_answered_not_raised() -> None:
+    bad_tree = types_pb2.BudgetTree(nodes=[types_pb2.BudgetNode(name="root", weight=float("nan"))])
+    env = new_envelope(events_pb2.BudgetChanged(tree=bad_tree), producer="budget", occurred=T0)
+    [refused] = decide(Scheduler(), env, partition=0, offset=7)
+    assert event_type(refused) == "input_refused"
+    assert (refused.input_refused.event_id, refused.input_refused.kind) == (
+        env.event_id,
+        "budget_changed",
+    )
+    assert "weight must be > 0" in refused.input_refused.reason
+    assert refused.input_refused.provenance.input_offset == 7
+
+
+def test_a_defect_in_the_core_is_answered_and_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Scheduler, event: object) -> list[object]:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(Scheduler, "handle", broken)
+    [refused] = decide(Scheduler(), _log()[1], partition=0, offset=1)
+    assert refused.input_refused.reason == "internal error: KeyError"
+
+
+def test_a_decision_too_large_for_a_record_becomes_a_rejection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = _log()
+    monkeypatch.setattr("libs.events.decide.MAX_RECORD_BYTES", 150)  # a placement is larger
+    scheduler = Scheduler()
+    decide(scheduler, log[0], partition=0, offset=0)
+    [out] = decide(scheduler, log[1], partition=0, offset=1)
+    assert event_type(out) == "job_rejected" and out.job_rejected.job_id == "j0"
+    assert out.job_rejected.reason.startswith("its task_placed decision would be ")
+    assert out.job_rejected.provenance.input_offset == 1
