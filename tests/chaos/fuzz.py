@@ -277,7 +277,7 @@ MUTATIONS: list[Mutation] = [
     ("unicode request id", _set("client_request_id", "ünï-🚀"), False),
     ("resumable", _set("resumable", True), False),
 ]
-# Mutations that make a request of a megabyte or more: a few of each suffice.
+# Costly mutations (a megabyte or more, or thousands of tasks): each is sent once.
 HEAVY = frozenset(
     {
         "2 MB command",
@@ -461,7 +461,7 @@ class Fuzzer:
 
     # --- calls ------------------------------------------------------------------------
 
-    async def run(self, requests: int, deadline_s: float, concurrency: int = 12) -> FuzzResult:
+    async def run(self, requests: int, deadline_s: float, concurrency: int = 16) -> FuzzResult:
         """Send up to ``requests`` cases, stopping early at ``deadline_s`` (loop time)."""
         result = FuzzResult()
         loop = asyncio.get_running_loop()

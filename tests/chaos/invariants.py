@@ -233,3 +233,19 @@ def held_at_end(log: Log) -> list[Finding]:
         Finding(f"{node} GPU {index}", "held by " + ", ".join(h.task_id for h in holders))
         for (node, index), holders in sorted(held.items())
     ]
+
+
+def start_delays(log: Log) -> dict[str, list[float]]:
+    """Per node, seconds from each TaskPlaced to its TaskStarted (record CreateTimes)."""
+    placed = {
+        r.envelope.task_placed.task_id: r.timestamp_ms
+        for r in log.decisions
+        if event_type(r.envelope) == "task_placed"
+    }
+    delays: dict[str, list[float]] = defaultdict(list)
+    for r in log.events:
+        if event_type(r.envelope) == "task_started":
+            started = r.envelope.task_started
+            if started.task_id in placed:
+                delays[started.node_id].append((r.timestamp_ms - placed[started.task_id]) / 1000)
+    return delays

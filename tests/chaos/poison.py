@@ -19,6 +19,7 @@ log (partition 99), which the audit ignores, and a node no agent hosts.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class Poison:
 class Produced:
     poison: Poison
     outcome: str  # "written" or the error that refused it
+    seconds: float
 
 
 def _env(payload: Message, cluster: str = "default") -> events_pb2.Envelope:
@@ -336,12 +338,13 @@ async def produce(settings: KafkaSettings, topics: Topics, poisons: list[Poison]
     try:
         for poison in poisons:
             topic = getattr(topics, poison.topic).name
+            began = time.monotonic()
             try:
                 await producer.send_and_wait(topic, value=poison.value, key=poison.key)
                 outcome = "written"
             except KafkaError as exc:
                 outcome = f"refused: {type(exc).__name__}"
-            done.append(Produced(poison, outcome))
+            done.append(Produced(poison, outcome, time.monotonic() - began))
     finally:
         await producer.stop()
     return done
