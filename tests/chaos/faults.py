@@ -95,17 +95,25 @@ class Faults:
         name: str,
         signal_name: str,
         probe: Callable[[float, float], Awaitable[float | None]] | None,
+        *,
+        with_load: bool = True,
     ) -> Recovery:
+        """kill -9 the service; ``with_load``: jobs flow, so time the next accepted submit too."""
         pid = await asyncio.to_thread(self.stack.child_pid, name)
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
         self.killed_pids.add(pid)
         recovery = Recovery(f"kill -9 {name}", signal_name, killed_at)
         self.recoveries.append(recovery)
-        submit = asyncio.create_task(self._next_submit(killed_at, PROBE_TIMEOUT_S))
+        submit = (
+            asyncio.create_task(self._next_submit(killed_at, PROBE_TIMEOUT_S))
+            if with_load
+            else None
+        )
         if probe is not None:
             recovery.seconds = await probe(killed_at, PROBE_TIMEOUT_S)
-        recovery.submit_s = await submit
+        if submit is not None:
+            recovery.submit_s = await submit
         if probe is None:
             recovery.seconds = recovery.submit_s
         log.info("%s: recovered in %s s", recovery.fault, recovery.seconds)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -222,8 +223,8 @@ def reported_conflicts(log: Log) -> list[Finding]:
 
 
 def _clock(env: events_pb2.Envelope) -> str:
-    """The event's time of day (UTC), to set it beside the run's kills."""
-    return env.occurred_at.ToDatetime().strftime("%H:%M:%S")
+    """The event's local time of day, to set it beside the kills in the run's log."""
+    return time.strftime("%H:%M:%S", time.localtime(env.occurred_at.seconds))
 
 
 def held_at_end(log: Log) -> list[Finding]:

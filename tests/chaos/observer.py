@@ -27,6 +27,7 @@ class Seen:
     topic: str  # "events" or "decisions"
     kind: str  # the envelope's payload
     node_id: str
+    job_id: str
 
 
 def node_of(payload: object) -> str:
@@ -71,12 +72,14 @@ class Observer:
                     with contextlib.suppress(DecodeError):
                         env = decode(record.value)
                         kind = event_type(env)
+                        payload = getattr(env, kind)
                         self.seen.append(
                             Seen(
                                 record.timestamp / 1000,
                                 self._names[record.topic],
                                 kind,
-                                node_of(getattr(env, kind)),
+                                node_of(payload),
+                                str(getattr(payload, "job_id", "")),
                             )
                         )
             if polled:

@@ -59,8 +59,9 @@ def _env(payload: Message, cluster: str = "default") -> events_pb2.Envelope:
     return new_envelope(payload, producer=PRODUCER, cluster=cluster)
 
 
-def _bytes(env: events_pb2.Envelope) -> bytes:
-    return encode(env)
+def _event(topic: str, label: str, payload: Message, cluster: str = "default") -> Poison:
+    """A well-formed envelope around ``payload``, keyed by its cluster as producers key it."""
+    return Poison(topic, label, encode(_env(payload, cluster)), cluster.encode())
 
 
 def _ghost() -> str:
@@ -72,7 +73,7 @@ def undecodable(topic: str) -> list[Poison]:
     no_id = _env(events_pb2.ClockTick())
     no_id.event_id = ""
     # Field 1000, length-delimited: unknown to this schema; the envelope is otherwise fine.
-    unknown_field = _bytes(_env(events_pb2.ClockTick(), POISON_CLUSTER)) + b"\xc2\x3e\x03abc"
+    unknown_field = encode(_env(events_pb2.ClockTick(), POISON_CLUSTER)) + b"\xc2\x3e\x03abc"
     return [
         Poison(topic, "garbage bytes", b"\x08\x96\x01 not an envelope \xff\xfe"),
         Poison(topic, "empty value", b""),
@@ -80,138 +81,56 @@ def undecodable(topic: str) -> list[Poison]:
         Poison(topic, "1 MB of garbage (near the limit)", b"\xff" * NEAR_LIMIT),
         Poison(topic, "1,048,000 bytes (at the limit)", b"\xfe" * AT_LIMIT),
         Poison(topic, "1.1 MB (over the limit)", b"\xfd" * OVER_LIMIT),
-        Poison(topic, "envelope without payload", _bytes(no_payload)),
-        Poison(topic, "envelope without event_id", _bytes(no_id)),
+        Poison(topic, "envelope without payload", encode(no_payload)),
+        Poison(topic, "envelope without event_id", encode(no_id)),
         Poison(topic, "envelope with an unknown field", unknown_field, POISON_CLUSTER.encode()),
     ]
 
 
 def ghosts(nodes: list[str]) -> list[Poison]:
     """Events about tasks, jobs and nodes that never existed; ``nodes`` are real ones."""
-    job = _ghost()
+    job, node = _ghost(), nodes[0]
+    task = f"{job}/0"
+    spec = types_pb2.JobSpec(gpus=1, allocation="nlp", user="bob", command=["x"])
+    never_placed = types_pb2.Provenance(input_partition=99, input_offset=0)
+    e = events_pb2
     return [
-        Poison(
-            "events",
-            "TaskStarted of a task never placed, on a real node",
-            _bytes(
-                _env(
-                    events_pb2.TaskStarted(job_id=job, task_id=f"{job}/0", node_id=nodes[0], pid=1)
-                )
-            ),
-        ),
-        Poison(
-            "events",
-            "TaskFinished of an unknown job on an unknown node",
-            _bytes(
-                _env(
-                    events_pb2.TaskFinished(job_id=_ghost(), task_id="x/0", node_id="no-such-node")
-                )
-            ),
-        ),
-        Poison(
-            "events",
-            "TaskFailed with a 500 kB reason",
-            _bytes(
-                _env(
-                    events_pb2.TaskFailed(
-                        job_id=job,
-                        task_id=f"{job}/0",
-                        node_id=nodes[0],
-                        exit_code=-9,
-                        reason="r" * 500_000,
-                    )
-                )
-            ),
-        ),
-        Poison(
-            "events",
-            "TaskIdle with NaN utilisation",
-            _bytes(
-                _env(
-                    events_pb2.TaskIdle(
-                        job_id=job,
-                        task_id=f"{job}/1",
-                        node_id=nodes[0],
-                        idle=True,
-                        utilization=math.nan,
-                    )
-                )
-            ),
-        ),
-        Poison(
-            "events",
-            "ModelLoaded of NaN MB on GPU 2^32-1 of an unknown node",
-            _bytes(
-                _env(
-                    events_pb2.ModelLoaded(
-                        node_id="no-such-node",
-                        gpu_index=2**32 - 1,
-                        model="m",
-                        size_mb=math.nan,
-                        load_ms=math.inf,
-                    )
-                )
-            ),
-        ),
-        Poison(
-            "events",
-            "ModelEvicted of an unknown model on a real node",
-            _bytes(
-                _env(events_pb2.ModelEvicted(node_id=nodes[-1], gpu_index=0, model="never-loaded"))
-            ),
-        ),
-        Poison(
-            "events",
-            "JobCancelRequested of an unknown job",
-            _bytes(_env(events_pb2.JobCancelRequested(job_id=_ghost(), requested_by="x"))),
-        ),
-        Poison(
-            "events",
-            "JobSubmitted never admitted",
-            _bytes(
-                _env(
-                    events_pb2.JobSubmitted(
-                        job_id=_ghost(),
-                        spec=types_pb2.JobSpec(gpus=1, allocation="nlp", user="bob", command=["x"]),
-                    )
-                )
-            ),
-        ),
-        Poison(
-            "decisions",
-            "TaskPlaced for an unknown job on a node no agent hosts",
-            _bytes(
-                _env(
-                    events_pb2.TaskPlaced(
-                        job_id=job,
-                        task_id=f"{job}/0",
-                        node_id="no-such-node",
-                        gpu_indices=[0],
-                        provenance=types_pb2.Provenance(input_partition=99, input_offset=0),
-                    )
-                )
-            ),
-        ),
-        Poison(
-            "decisions",
-            "a ClockTick on the decisions topic",
-            _bytes(_env(events_pb2.ClockTick(), POISON_CLUSTER)),
-        ),
-    ]
+        _event("events", "TaskStarted of a task never placed, on a real node",
+               e.TaskStarted(job_id=job, task_id=task, node_id=node, pid=1)),
+        _event("events", "TaskFinished of an unknown job on an unknown node",
+               e.TaskFinished(job_id=_ghost(), task_id="x/0", node_id="no-such-node")),
+        _event("events", "TaskFailed with a 500 kB reason",
+               e.TaskFailed(job_id=job, task_id=task, node_id=node, exit_code=-9,
+                            reason="r" * 500_000)),
+        _event("events", "TaskIdle with NaN utilisation",
+               e.TaskIdle(job_id=job, task_id=task, node_id=node, idle=True,
+                          utilization=math.nan)),
+        _event("events", "ModelLoaded of NaN MB on GPU 2^32-1 of an unknown node",
+               e.ModelLoaded(node_id="no-such-node", gpu_index=2**32 - 1, model="m",
+                             size_mb=math.nan, load_ms=math.inf)),
+        _event("events", "ModelEvicted of an unknown model on a real node",
+               e.ModelEvicted(node_id=nodes[-1], gpu_index=0, model="never-loaded")),
+        _event("events", "JobCancelRequested of an unknown job",
+               e.JobCancelRequested(job_id=_ghost(), requested_by="x")),
+        _event("events", "JobSubmitted never admitted", e.JobSubmitted(job_id=_ghost(), spec=spec)),
+        _event("decisions", "TaskPlaced for an unknown job on a node no agent hosts",
+               e.TaskPlaced(job_id=job, task_id=task, node_id="no-such-node", gpu_indices=[0],
+                            provenance=never_placed)),
+        _event("decisions", "a ClockTick on the decisions topic", e.ClockTick(), POISON_CLUSTER),
+    ]  # fmt: skip
 
 
 def absurd_facts() -> list[Poison]:
-    key = POISON_CLUSTER.encode()
-
-    def node(node_id: str, gpus: list[types_pb2.Gpu]) -> bytes:
-        inventory = types_pb2.NodeInventory(
-            node_id=node_id,
-            cluster=POISON_CLUSTER,
-            gpus=gpus,
-            executor=types_pb2.EXECUTOR_SIMULATED,
-            source="declared",
+    def node(node_id: str, gpus: list[types_pb2.Gpu]) -> events_pb2.NodeRegistered:
+        return events_pb2.NodeRegistered(
+            inventory=types_pb2.NodeInventory(
+                node_id=node_id,
+                cluster=POISON_CLUSTER,
+                gpus=gpus,
+                executor=types_pb2.EXECUTOR_SIMULATED,
+                source="declared",
+            )
         )
-        return _bytes(_env(events_pb2.NodeRegistered(inventory=inventory), POISON_CLUSTER))
 
     thousand = [
         types_pb2.Gpu(index=i % 7, type="A100", memory_bytes=2**64 - 1) for i in range(1000)
@@ -228,22 +147,15 @@ def absurd_facts() -> list[Poison]:
             types_pb2.AllocationUsage(allocation="no-such-allocation", unallocated_gpu_s=-1e308),
         ],
     )
+    key = POISON_CLUSTER.encode()
     return [
-        Poison("events", "NodeRegistered with no GPUs", node("poison-empty", []), key),
-        Poison(
-            "events",
-            "NodeRegistered with 1,000 GPUs on 7 indices of 2^64-1 bytes",
-            node("poison-huge", thousand),
-            key,
-        ),
-        Poison("events", "ClockTick in the year 9999", _bytes(future), key),
-        Poison("events", "ClockTick at the epoch", _bytes(epoch), key),
-        Poison(
-            "events",
-            "UsageSnapshot of NaN and infinite usage (default cluster)",
-            _bytes(_env(usage)),
-        ),
-    ]
+        _event("events", "NodeRegistered with no GPUs", node("poison-empty", []), POISON_CLUSTER),
+        _event("events", "NodeRegistered with 1,000 GPUs on 7 indices of 2^64-1 bytes",
+               node("poison-huge", thousand), POISON_CLUSTER),
+        Poison("events", "ClockTick in the year 9999", encode(future), key),
+        Poison("events", "ClockTick at the epoch", encode(epoch), key),
+        _event("events", "UsageSnapshot of NaN and infinite usage (default cluster)", usage),
+    ]  # fmt: skip
 
 
 def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
@@ -258,10 +170,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
             client_request_id=_ghost(),
         )
         change(spec)
-        job_id = _ghost()
-        return Poison(
-            "events", label, _bytes(_env(events_pb2.JobAdmitted(job_id=job_id, spec=spec)))
-        )
+        return _event("events", label, events_pb2.JobAdmitted(job_id=_ghost(), spec=spec))
 
     def zero(spec: types_pb2.JobSpec) -> None:
         spec.gpus = 0
@@ -277,6 +186,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
         spec.allocation, spec.user = "no-such-allocation", "nobody"
 
     def wide(spec: types_pb2.JobSpec) -> None:
+        """100,000 tasks of an id each, about 900 kB: it fits in a record."""
         spec.gpu_type = "T4"
         del spec.command[:]
         spec.workflow.name = "wide"
@@ -289,35 +199,23 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
     for node in nan_tree.nodes:
         node.weight = math.nan
     empty = types_pb2.BudgetTree(version=tree.version + 2000)
-    cluster = POISON_CLUSTER
     return [
         admitted("JobAdmitted of 0 GPUs", zero),
         admitted("JobAdmitted of 2^32-1 GPUs", most),
         admitted("JobAdmitted of NaN duration and GPU memory", nan),
         admitted("JobAdmitted of an unknown allocation and user", stranger),
         admitted("JobAdmitted of a 100,000-task workflow", wide),
-        Poison(
-            "events",
-            "BudgetChanged with NaN weights",
-            _bytes(_env(events_pb2.BudgetChanged(tree=nan_tree, changed_by="x"), cluster)),
-            cluster.encode(),
-        ),
-        Poison(
-            "events",
-            "BudgetChanged to an empty tree",
-            _bytes(_env(events_pb2.BudgetChanged(tree=empty, changed_by="x"), cluster)),
-            cluster.encode(),
-        ),
-    ]
+        _event("events", "BudgetChanged with NaN weights",
+               events_pb2.BudgetChanged(tree=nan_tree, changed_by="x"), POISON_CLUSTER),
+        _event("events", "BudgetChanged to an empty tree",
+               events_pb2.BudgetChanged(tree=empty, changed_by="x"), POISON_CLUSTER),
+    ]  # fmt: skip
 
 
 def groups(nodes: list[str], tree: types_pb2.BudgetTree) -> list[tuple[str, list[Poison]]]:
     """The three groups, in the order they are produced."""
-    every_topic = [
-        p
-        for t in ("events", "decisions", "deadletter", "jobs_view", "nodes_view")
-        for p in undecodable(t)
-    ]
+    topics = ("events", "decisions", "deadletter", "jobs_view", "nodes_view")
+    every_topic = [poison for topic in topics for poison in undecodable(topic)]
     return [
         ("undecodable records and ghosts, every topic", [*every_topic, *ghosts(nodes)]),
         ("absurd nodes, clocks and usage", absurd_facts()),

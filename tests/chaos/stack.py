@@ -182,14 +182,7 @@ class ChaosStack(Stack):
 
     def up(self) -> None:
         self.kafka("start")
-        subprocess.run(
-            [sys.executable, "-m", "libs.bus"],
-            cwd=ROOT,
-            env=self.env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        self.create_topics()
         self.start("budget")
         self.start("projector")
         self.wait_ready(
