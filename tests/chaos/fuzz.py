@@ -179,6 +179,15 @@ def _set(name: str, value: Any) -> Callable[[types_pb2.JobSpec, random.Random], 
     return change
 
 
+def _request_id(odd: str) -> Callable[[types_pb2.JobSpec, random.Random], None]:
+    """An odd request id, still one per request: a shared one would make later ones retries."""
+
+    def change(spec: types_pb2.JobSpec, _rng: random.Random) -> None:
+        spec.client_request_id = odd + spec.client_request_id
+
+    return change
+
+
 def _command(argv: list[str]) -> Callable[[types_pb2.JobSpec, random.Random], None]:
     def change(spec: types_pb2.JobSpec, _rng: random.Random) -> None:
         spec.command[:] = argv
@@ -218,8 +227,10 @@ def _no_tasks(flow: types_pb2.Workflow) -> None:
 
 
 def _task_field(name: str, value: float) -> Callable[[types_pb2.Workflow], None]:
+    """Change a task that serves a model (a glue task has no memory to be too large)."""
+
     def change(flow: types_pb2.Workflow) -> None:
-        setattr(flow.tasks[0], name, value)
+        setattr(next(t for t in flow.tasks if t.model), name, value)
 
     return change
 
@@ -273,8 +284,8 @@ MUTATIONS: list[Mutation] = [
     ("unknown gpu_type", _set("gpu_type", "Z9000"), False),
     ("any gpu_type", _set("gpu_type", ""), False),
     ("unknown cluster", _set("cluster", "nowhere"), False),
-    ("client_request_id of 100 kB", _set("client_request_id", "r" * 100_000), False),
-    ("unicode request id", _set("client_request_id", "ünï-🚀"), False),
+    ("client_request_id of 100 kB", _request_id("r" * 100_000), False),
+    ("unicode request id", _request_id("ünï-🚀"), False),
     ("resumable", _set("resumable", True), False),
 ]
 # Costly mutations (a megabyte or more, or thousands of tasks): each is sent once.

@@ -31,6 +31,7 @@ from libs.readmodels import has_ended
 from libs.readmodels.jobs import apply_job_event, task_attempt
 
 ENDS = ("task_finished", "task_failed")
+_UNDER_WAY = (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
 Gpu = tuple[str, int]  # (node id, GPU index)
 
 
@@ -94,7 +95,10 @@ def lost_jobs(accepted: Iterable[str], log: Log) -> list[Finding]:
             continue
         else:
             state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-            where = f" on {job.node_id}" if job.node_id else ""
+            # A workflow's tasks each have a node; the job has none of its own.
+            open_tasks = {t.node_id for t in job.tasks if t.node_id and t.state in _UNDER_WAY}
+            nodes = job.node_id or ",".join(sorted(open_tasks))
+            where = f" on {nodes}" if nodes else ""
             found.append(Finding(job_id, f"still {state}{where} {job.reason!r}".rstrip()))
     return found
 

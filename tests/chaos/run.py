@@ -49,7 +49,7 @@ log = logging.getLogger("chaos")
 
 # Seconds the phases after the load need, at most; the load gets the rest.
 DRAIN_S = 120.0  # at most; it ends once no job has ended for DRAIN_STALL_S
-DRAIN_STALL_S = 30.0
+DRAIN_STALL_S = 45.0
 AUDIT_S = 20.0
 POISON_S = 90.0
 TEARDOWN_S = 30.0
@@ -489,8 +489,7 @@ async def _poison(
 
 async def _canary(observer: Observer, workload: Workload) -> str:
     """Submit one short job; FINISHED once the log has its end, else how far it got."""
-    sub = workload.new_submission("small")
-    sub.spec.simulated_duration_s = 0.5
+    sub = workload.new_submission("canary")
     sent = time.time()
     await workload.submit(sub, give_up_s=CANARY_TIMEOUT_S)
     if not sub.accepted:

@@ -25,7 +25,7 @@ import yaml
 
 from libs.core import PolicyConfig
 from libs.core.config import policy_from_mapping
-from tests.chaos.workload import LOST_NODE_TYPE
+from tests.chaos.workload import CANARY_TYPE, LOST_NODE_TYPE
 from tests.integration.stack import ROOT, Stack
 
 SUPERVISE = ROOT / "deploy" / "local" / "supervise.py"
@@ -66,8 +66,9 @@ def _node(node_id: str, gpu_type: str, count: int, memory: int, executor: str) -
 
 
 # Node agents by name: two of simulated A100 nodes and a T4 serving node each,
-# one of two process nodes, and one whose single node, the only one of its GPU type
-# (so that only the jobs meant for it go there), is lost for good.
+# one of two process nodes, one whose single node is lost for good, and one whose
+# node only canary jobs use (each of a GPU type of its own, so that only the jobs
+# meant for it go there), never killed: a canary runs whatever the others leaked.
 AGENTS: dict[str, list[dict[str, Any]]] = {
     "a": [*(_node(f"a-{i}", "A100", 8, 80, "simulated") for i in range(6)),
           _node("serve-a", "T4", 4, 15, "simulated")],
@@ -75,6 +76,7 @@ AGENTS: dict[str, list[dict[str, Any]]] = {
           _node("serve-b", "T4", 4, 15, "simulated")],
     "p": [_node(f"p-{i}", "H100", 4, 80, "process") for i in range(2)],
     "lost": [_node("lost-0", LOST_NODE_TYPE, 8, 24, "simulated")],
+    "canary": [_node("canary-0", CANARY_TYPE, 2, 16, "simulated")],
 }  # fmt: skip
 SERVICES = ("budget", "projector", "placement", "ticker", "admission")
 

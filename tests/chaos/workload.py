@@ -56,6 +56,7 @@ CANCEL_SHARE = 0.06
 RESUBMIT_SHARE = 0.05
 TASK_MARK = "qm-chaos-task"
 LOST_NODE_TYPE = "L4"
+CANARY_TYPE = "V100"
 
 
 @dataclass
@@ -142,6 +143,8 @@ def make_spec(rng: random.Random, kind: str, flows: list[types_pb2.Workflow]) ->
         spec.gpus = 100
     elif kind == "on-lost-node":  # only the node that is lost for good has this type
         spec.gpu_type, spec.gpus, spec.simulated_duration_s = LOST_NODE_TYPE, 4, 120.0
+    elif kind == "canary":  # a short job on the node nothing else uses
+        spec.gpu_type, spec.gpus, spec.simulated_duration_s = CANARY_TYPE, 1, 0.5
     elif kind == "on-process-node":  # outlives the kill of its node agent
         spec.gpu_type, spec.gpus = "H100", 2
         spec.command[:] = ["sh", "-c", "sleep 20", TASK_MARK]
