@@ -55,6 +55,7 @@ class Finding:
 
     subject: str
     why: str
+    where: str = ""  # the nodes it concerns, comma-separated, if any
 
     def __str__(self) -> str:
         return f"{self.subject}: {self.why}"
@@ -99,7 +100,7 @@ def lost_jobs(accepted: Iterable[str], log: Log) -> list[Finding]:
             open_tasks = {t.node_id for t in job.tasks if t.node_id and t.state in _UNDER_WAY}
             nodes = job.node_id or ",".join(sorted(open_tasks))
             where = f" on {nodes}" if nodes else ""
-            found.append(Finding(job_id, f"still {state}{where} {job.reason!r}".rstrip()))
+            found.append(Finding(job_id, f"still {state}{where} {job.reason!r}", nodes))
     return found
 
 

@@ -5,10 +5,10 @@
 2. fuzz: the workload flows while fuzzed requests hit every RPC (tests.chaos.fuzz);
 3. drain: submissions stop, jobs the fuzzer got accepted are cancelled, every
    accepted job must end (or wait with a reason), every GPU must be free again
-   within the node-loss timeout + 10 s; the log is judged (tests.chaos.invariants)
-   and audited;
+   within the node-loss timeout + 10 s; the log is judged (tests.chaos.invariants);
 4. poison: malformed records on every topic, a canary job after each group, the
-   projector killed to recover from its poisoned changelogs; the log audited again.
+   projector killed to recover from its poisoned changelogs;
+5. audit: ``qm audit verify`` over the whole log.
 
 The load phases share what the budget leaves after the fixed costs of the others.
 """
@@ -288,7 +288,7 @@ def _judge_load(
         "resubmitted": sum(bool(s.resubmits) for s in subs),
     }
     lost = invariants.lost_jobs(accepted, snapshot)
-    where = Counter(AGENT_OF.get(f.why.partition(" on ")[2].split(" ")[0], "no node") for f in lost)
+    where = Counter(AGENT_OF.get(f.where.split(",")[0], "no node") for f in lost)
     spread = ", ".join(f"{agent}: {n}" for agent, n in where.most_common())
     report.add("jobs lost", len(lost), "0", not lost, [f"by node agent: {spread}", *_cap(lost)])
     report.count("jobs admitted more than once", _cap(invariants.duplicate_admissions(snapshot)))
