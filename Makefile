@@ -9,8 +9,11 @@ PROTOS := $(wildcard protos/qm/v1/*.proto)
 GEN_STAMP := gen/.generated
 TEST_KAFKA_PORT ?= 19092
 TEST_KAFKA := QM_KAFKA_DIR=$(CURDIR)/.local/kafka-test QM_KAFKA_PORT=$(TEST_KAFKA_PORT)
+CHAOS_BUDGET ?= 600
+CHAOS_PORT_BASE ?= 29400
+CHAOS_ARGS ?=
 
-.PHONY: install protos up down test test-unit lint typecheck bench kafka-start kafka-stop clean
+.PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean
 
 install: $(STAMP) $(GEN_STAMP)
 
@@ -52,12 +55,22 @@ test: install
 	QM_KAFKA_BOOTSTRAP=127.0.0.1:$(TEST_KAFKA_PORT) $(PY) -m pytest -q; status=$$?; \
 	$(TEST_KAFKA) deploy/local/kafka.sh stop; exit $$status
 
+# The chaos and fuzz suite (tests/chaos): a stack of its own (broker on
+# CHAOS_PORT_BASE, the next four ports for its services) under kills, fuzzing and
+# poison records, within CHAOS_BUDGET seconds; prints a table, writes
+# .local/chaos/results.json, and fails if an invariant does. Whatever the outcome,
+# nothing of the run is left running.
+chaos: install
+	timeout --signal=TERM --kill-after=60 $$(( $(CHAOS_BUDGET) + 240 )) \
+	  $(PY) -m tests.chaos --budget $(CHAOS_BUDGET) --port-base $(CHAOS_PORT_BASE) $(CHAOS_ARGS); \
+	status=$$?; $(PY) -m tests.chaos --cleanup; exit $$status
+
 test-unit: install
 	$(PY) -m pytest -q -m 'not kafka'
 
 lint: install
-	$(BIN)/ruff check libs services cli tests
-	$(BIN)/ruff format --check libs services cli tests
+	$(BIN)/ruff check libs services cli tests deploy
+	$(BIN)/ruff format --check libs services cli tests deploy
 	$(BIN)/mypy
 
 bench: install

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole Quartermaster stack on this machine: Kafka, the five services, the
 # ticker and simulated nodes, each its own process. Usage: deploy/local/stack.sh up|down|status
-# Logs: .local/logs/<service>.log. Task output: .local/logs/tasks/<job>.log.
+# Each service runs under deploy/local/supervise.py, which starts it again with
+# backoff when it exits (as Kubernetes would); .local/run/<service>.pid is the
+# supervisor's pid, <service>.child.pid the service's while it runs.
+# Logs: .local/logs/<service>.log (restarts included). Task output: .local/logs/tasks/<job>.log.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,13 +24,15 @@ start_service() {
   if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
     echo "$name: already running"; return
   fi
-  nohup "$py" -m "services.$name" "$@" </dev/null >>"$logs/$name.log" 2>&1 &
+  nohup "$py" deploy/local/supervise.py --name "$name" --child-pidfile "$run/$name.child.pid" \
+    -- "$py" -m "services.$name" "$@" </dev/null >>"$logs/$name.log" 2>&1 &
   echo $! > "$run/$name.pid"
 }
 
 wait_for() {
   "$py" deploy/local/wait_ready.py --timeout 90 "$@" || {
-    echo "stack: a service did not come up; see $logs/" >&2
+    echo "stack: a service did not come up; see $logs/ (their supervisors keep" \
+      "restarting them: stop everything with make down)" >&2
     tail -n 20 "$logs"/*.log >&2
     exit 1
   }
@@ -74,15 +79,16 @@ stop_pid() {
   [ -f "$pidfile" ] || return 0
   local pid; pid="$(cat "$pidfile")"
   if kill -0 "$pid" 2>/dev/null; then
+    # The supervisor stops the service (SIGKILL after its 15 s grace), then itself.
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    for _ in $(seq 1 80); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
     if kill -0 "$pid" 2>/dev/null; then
-      echo "$name: did not stop in 10 s, killing" >&2
+      echo "$name: did not stop in 20 s, killing" >&2
       pkill -KILL -P "$pid" 2>/dev/null || true
       kill -KILL "$pid" 2>/dev/null || true
     fi
   fi
-  rm -f "$pidfile"
+  rm -f "$pidfile" "$run/$name.child.pid"
   echo "$name: stopped"
 }
 
@@ -95,7 +101,12 @@ down() {
 status() {
   for name in "${services[@]}"; do
     if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
-      echo "$name: running (pid $(cat "$run/$name.pid"))"
+      local supervisor; supervisor="$(cat "$run/$name.pid")"
+      if [ -f "$run/$name.child.pid" ] && kill -0 "$(cat "$run/$name.child.pid")" 2>/dev/null; then
+        echo "$name: running (pid $(cat "$run/$name.child.pid"), supervisor $supervisor)"
+      else
+        echo "$name: restarting (supervisor $supervisor; see $logs/$name.log)"
+      fi
     else
       echo "$name: not running"
     fi

@@ -176,14 +176,18 @@ class Stack:
                 raise TimeoutError(f"not ready: {waiting}")
             time.sleep(0.2)
 
-    def up(self) -> None:
+    def create_topics(self) -> None:
         subprocess.run(
             [sys.executable, "-m", "libs.bus"],
             cwd=ROOT,
             env=self.env,
             check=True,
             capture_output=True,
+            timeout=120,
         )
+
+    def up(self) -> None:
+        self.create_topics()
         self.start("budget")
         self.start("projector")
         self.wait_ready(

@@ -1,0 +1,275 @@
+"""kill -9, one process at a time while jobs flow, and how long until each comes back.
+
+Each service's process (not its supervisor) is killed with SIGKILL; the supervisor
+starts it again. The broker is killed and started again by this harness, as its
+StatefulSet would. One node agent is killed together with its supervisor: a
+machine that does not come back, whose GPUs placement must declare lost. After a
+kill the next kill waits until the first has recovered (or its probe timed out).
+
+Recovery is measured from the kill to the first sign of service: the next clock
+tick, decision, accepted submission, answered call or node registration, and for
+node agents until the tasks it ran leave ``ListNodes`` (their GPUs are free again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from qm.v1 import budget_service_pb2 as bs
+from qm.v1 import cluster_service_pb2 as cs
+from qm.v1 import job_service_pb2 as js
+
+from tests.chaos.clients import Clients
+from tests.chaos.observer import Observer, Seen
+from tests.chaos.stack import AGENTS, ChaosStack, agent_process
+from tests.chaos.workload import Workload
+
+log = logging.getLogger("chaos.faults")
+PROBE_TIMEOUT_S = 120.0
+PROBE_INTERVAL_S = 0.25
+
+
+@dataclass
+class Recovery:
+    fault: str  # what was done
+    signal: str  # what counts as recovered
+    killed_at: float
+    seconds: float | None = None  # None: not within the probe's timeout
+    submit_s: float | None = None  # kill -> the next accepted submission
+    detail: str = ""
+
+
+@dataclass
+class Faults:
+    stack: ChaosStack
+    clients: Clients
+    observer: Observer
+    workload: Workload
+    node_loss_timeout_s: float
+    recoveries: list[Recovery] = field(default_factory=list)
+    killed_pids: set[int] = field(default_factory=set)
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._auth = self.stack.auth("alice")
+
+    def plan(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
+        return [
+            ("ticker", lambda: self.kill("ticker", "next clock tick", self._seen("clock_tick"))),
+            ("budget", lambda: self.kill("budget", "GetTree answers", self._answers_tree)),
+            ("admission", lambda: self.kill("admission", "next accepted submit", None)),
+            ("projector", lambda: self.kill("projector", "ListJobs answers", self.lists_jobs)),
+            ("placement", lambda: self.kill("placement", "next decision", self._decides)),
+            ("node agent a", lambda: self.kill_agent("a")),
+            ("node agent p", lambda: self.kill_agent("p", "on-process-node")),
+            ("node lost-0", self.lose_node),
+            ("kafka", self.kill_broker),
+        ]
+
+    async def run(self, duration_s: float) -> None:
+        """Every fault once, spread over ``duration_s``; node-loss probes may run on."""
+        plan = self.plan()
+        slot = duration_s / len(plan)
+        start = time.monotonic()
+        for index, (name, fault) in enumerate(plan):
+            await asyncio.sleep(max(0.0, start + index * slot - time.monotonic()))
+            log.info("fault %d/%d: %s", index + 1, len(plan), name)
+            await fault()
+
+    async def finish(self, timeout: float) -> None:
+        """Wait for the node-loss probes still running."""
+        if self._background:
+            await asyncio.wait(self._background, timeout=timeout)
+
+    # --- faults ---------------------------------------------------------------------
+
+    async def kill(
+        self,
+        name: str,
+        signal_name: str,
+        probe: Callable[[float, float], Awaitable[float | None]] | None,
+        *,
+        with_load: bool = True,
+    ) -> Recovery:
+        """kill -9 the service; ``with_load``: jobs flow, so time the next accepted submit too."""
+        pid = await asyncio.to_thread(self.stack.child_pid, name)
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pids.add(pid)
+        recovery = Recovery(f"kill -9 {name}", signal_name, killed_at)
+        self.recoveries.append(recovery)
+        submit = (
+            asyncio.create_task(self._next_submit(killed_at, PROBE_TIMEOUT_S))
+            if with_load
+            else None
+        )
+        if probe is not None:
+            recovery.seconds = await probe(killed_at, PROBE_TIMEOUT_S)
+        if submit is not None:
+            recovery.submit_s = await submit
+        if probe is None:
+            recovery.seconds = recovery.submit_s
+        log.info("%s: recovered in %s s", recovery.fault, recovery.seconds)
+        return recovery
+
+    async def kill_agent(self, agent: str, pin: str = "") -> None:
+        """kill -9 one node agent; ``pin``: a kind of job that runs only there, run first."""
+        nodes = {n["node_id"] for n in AGENTS[agent]}
+        if pin:
+            await self._occupy(nodes, pin)
+        running = await self._running_on(nodes)
+        name = agent_process(agent)
+        killed = await self.kill(name, "its nodes report again", self._seen_from(nodes))
+        self._watch_release(f"kill -9 {name}", killed.killed_at, running, nodes)
+
+    async def lose_node(self) -> None:
+        """The agent of lost-0 and its supervisor die together and stay down."""
+        name = agent_process("lost")
+        nodes = {n["node_id"] for n in AGENTS["lost"]}
+        await self._occupy(nodes, "on-lost-node")
+        running = await self._running_on(nodes)
+        self.killed_pids.add(await asyncio.to_thread(self.stack.child_pid, name))
+        killed_at = time.time()
+        await asyncio.to_thread(self.stack.kill_for_good, name)
+        self._watch_release(f"kill -9 {name} and its supervisor", killed_at, running, nodes)
+
+    async def kill_broker(self) -> None:
+        killed_at = time.time()
+        await asyncio.to_thread(self.stack.kill_kafka)
+        recovery = Recovery("kill -9 kafka, started again", "next decision", killed_at)
+        self.recoveries.append(recovery)
+        await asyncio.to_thread(self.stack.kafka, "start")
+        recovery.detail = f"broker back after {time.time() - killed_at:.1f} s"
+        decided, submitted = await asyncio.gather(
+            self._decides(killed_at, PROBE_TIMEOUT_S),
+            self._next_submit(killed_at, PROBE_TIMEOUT_S),
+        )
+        recovery.seconds, recovery.submit_s = decided, submitted
+
+    # --- node loss --------------------------------------------------------------------
+
+    def _watch_release(
+        self, fault: str, killed_at: float, running: dict[str, list[int]], nodes: set[str]
+    ) -> None:
+        recovery = Recovery(
+            fault,
+            "its tasks leave ListNodes (GPUs free)",
+            killed_at,
+            detail=f"{len(running)} tasks on {sum(map(len, running.values()))} GPUs",
+        )
+        self.recoveries.append(recovery)
+        if not running:
+            recovery.seconds = 0.0
+            recovery.detail = "n/a: no task was running there"
+            return
+        timeout = self.node_loss_timeout_s + 10 + 30
+
+        async def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                left = set(running) & set(await self._running_on(nodes))
+                if not left:
+                    recovery.seconds = time.time() - recovery.killed_at
+                    return
+                await asyncio.sleep(1.0)
+            left = set(running) & set(await self._running_on(nodes))
+            recovery.detail += f"; {len(left)} still listed after {timeout:g} s"
+
+        self._background.append(asyncio.create_task(watch()))
+
+    async def _occupy(self, nodes: set[str], kind: str, jobs: int = 2, timeout: float = 20) -> None:
+        """Submit jobs that only these nodes run; wait (a while) until they run there."""
+        subs = [self.workload.new_submission(kind) for _ in range(jobs)]
+        await asyncio.gather(*(self.workload.submit(sub, give_up_s=timeout) for sub in subs))
+        wanted = {sub.job_id for sub in subs if sub.accepted}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            running = {task.partition("/")[0] for task in await self._running_on(nodes)}
+            if wanted <= running:
+                return
+            await asyncio.sleep(0.5)
+        log.warning("jobs %s were not all running on %s in %g s", wanted, nodes, timeout)
+
+    async def _running_on(self, nodes: set[str]) -> dict[str, list[int]]:
+        """Task id -> GPUs, of the tasks ListNodes shows on these nodes ({} if it fails)."""
+        try:
+            reply = await self.clients.cluster.ListNodes(
+                cs.ListNodesRequest(), metadata=self._auth, timeout=10
+            )
+        except grpc.aio.AioRpcError:
+            return {}
+        return {
+            task.task_id: list(task.gpu_indices)
+            for node in reply.nodes
+            if node.inventory.node_id in nodes
+            for task in node.running
+        }
+
+    # --- probes: (killed_at, timeout) -> seconds until recovered, or None -------------
+
+    def _seen(self, kind: str) -> Callable[[float, float], Awaitable[float | None]]:
+        return self._seen_where(lambda s: s.kind == kind)
+
+    def _seen_from(self, nodes: set[str]) -> Callable[[float, float], Awaitable[float | None]]:
+        return self._seen_where(lambda s: s.topic == "events" and s.node_id in nodes)
+
+    def _seen_where(
+        self, wanted: Callable[[Seen], bool]
+    ) -> Callable[[float, float], Awaitable[float | None]]:
+        async def probe(killed_at: float, timeout: float) -> float | None:
+            at = await self.observer.first_after(killed_at, wanted, timeout)
+            return None if at is None else at - killed_at
+
+        return probe
+
+    async def _decides(self, killed_at: float, timeout: float) -> float | None:
+        return await self._seen_where(lambda s: s.topic == "decisions")(killed_at, timeout)
+
+    async def _next_submit(self, killed_at: float, timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            at = self.workload.first_success_after(killed_at)
+            if at is not None:
+                return at - killed_at
+            await asyncio.sleep(PROBE_INTERVAL_S)
+        return None
+
+    async def _answers_tree(self, killed_at: float, timeout: float) -> float | None:
+        async def call() -> object:
+            return await self.clients.budget.GetTree(
+                bs.GetTreeRequest(), metadata=self._auth, timeout=2
+            )
+
+        return await _until_answered(call, killed_at, timeout)
+
+    async def lists_jobs(self, killed_at: float, timeout: float) -> float | None:
+        """Seconds until ListJobs, which only the projector answers, works again."""
+
+        async def call() -> object:
+            return await self.clients.jobs.ListJobs(
+                js.ListJobsRequest(limit=1), metadata=self._auth, timeout=2
+            )
+
+        return await _until_answered(call, killed_at, timeout)
+
+
+async def _until_answered(
+    call: Callable[[], Awaitable[object]], killed_at: float, timeout: float
+) -> float | None:
+    """Seconds from the kill until a call sent after it succeeds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            await call()
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            continue
+        return time.time() - killed_at
+    return None
