@@ -118,8 +118,11 @@ def _check(node: BudgetNode) -> None:
             f"got {node.weight}"
         )
     for role in ("members", "managers"):
-        if len(getattr(node, role)) > L.MAX_BUDGET_USERS:
+        users = getattr(node, role)
+        if len(users) > L.MAX_BUDGET_USERS:
             raise InvalidTree(f"{node.name}: at most {L.MAX_BUDGET_USERS} {role}")
+        if any(not 0 < len(user) <= L.MAX_TEXT_CHARS for user in users):
+            raise InvalidTree(f"{node.name}: {role} are 1 to {L.MAX_TEXT_CHARS} characters each")
 
 
 def _descendants(root: str, children: Mapping[str, Iterable[str]]) -> set[str]:

@@ -9,6 +9,7 @@ its siblings, and a program below its entitlement goes before other programs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,9 +56,18 @@ def standings(
     total = sum(usage.get(leaf, 0.0) for leaf in order)
     return {
         leaf: Standing(
-            rank=i + 1,
-            of=len(order),
-            ratio=(usage.get(leaf, 0.0) / total / entitlements[leaf]) if total else 0.0,
+            rank=i + 1, of=len(order), ratio=_ratio(usage.get(leaf, 0.0), total, entitled)
         )
         for i, leaf in enumerate(order)
+        for entitled in (entitlements[leaf],)
     }
+
+
+def _ratio(used: float, total: float, entitled: float) -> float:
+    """Its share of usage over its entitlement. An entitlement can round to 0 (a weight a
+    billion times smaller than its siblings', several levels deep): any use is then
+    infinitely over it."""
+    if not total:
+        return 0.0
+    share = used / total
+    return share / entitled if entitled else (math.inf if share else 0.0)

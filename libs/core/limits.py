@@ -46,5 +46,6 @@ MAX_GPU_INDEX = 1023
 MAX_BUDGET_NODES = 10_000
 MAX_BUDGET_WEIGHT = 1e9
 MAX_BUDGET_USERS = 10_000  # members or managers of one node
+MAX_TREE_BYTES = 512 * KIB  # an encoded budget tree: every BudgetChanged carries it whole
 
 MAX_REASON_CHARS = 1000  # a reason placement writes; longer ones are cut

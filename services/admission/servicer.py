@@ -20,7 +20,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.bus import EventProducer
 from libs.core import Limits, Violation, validate_job
-from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
+from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
 from libs.readmodels import has_ended
@@ -206,6 +206,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> js.ListJobsResponse:
         await caller(context, self._secret)
+        await bounded(context, "allocation", request.allocation, MAX_TEXT_CHARS)
         jobs = await self._projector.list_jobs(request.allocation, request.limit or 100)
         return js.ListJobsResponse(jobs=jobs)
 
@@ -213,6 +214,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[types_pb2.Job]:
         await caller(context, self._secret)
+        await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         last: types_pb2.Job | None = None
         while True:
             job = await self._lookup(request.job_id)
@@ -258,6 +260,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         return replace(self._limits, gpu_memory_mb=largest) if largest > 0 else self._limits
 
     async def _job_or_abort(self, job_id: str, context: grpc.aio.ServicerContext) -> types_pb2.Job:
+        await bounded(context, "job_id", job_id, MAX_NAME_CHARS)
         job = await self._lookup(job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
@@ -328,6 +331,7 @@ class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
         self, request: cluster_service_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> cluster_service_pb2.ListNodesResponse:
         await caller(context, self._secret)
+        await bounded(context, "cluster", request.cluster, MAX_TEXT_CHARS)
         return cluster_service_pb2.ListNodesResponse(
             nodes=await self._projector.list_nodes(request.cluster)
         )
@@ -343,6 +347,14 @@ def _membership(user: str, allocation: str, mine: list[str]) -> str:
         f"allocation: is required; {user} belongs to {len(mine)} allocations "
         f"({', '.join(mine) or 'none'}): choose one with --allocation"
     )
+
+
+async def bounded(context: grpc.aio.ServicerContext, field: str, value: str, most: int) -> None:
+    """A request's id or name no longer than any the system keeps, or INVALID_ARGUMENT."""
+    if len(value) > most:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be at most {most} characters"
+        )
 
 
 def _unloggable(spec: types_pb2.JobSpec) -> Violation | None:

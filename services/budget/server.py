@@ -9,10 +9,13 @@ from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types
 
 from libs.bus import EventProducer
 from libs.core.budget_tree import BudgetTree, InvalidTree
+from libs.core.limits import MAX_TREE_BYTES
 from libs.events import new_envelope
 from libs.events.convert import budget_node_from_proto, tree_to_proto
 from services.authn import caller
 from services.budget.book import BudgetBook
+
+WRITE_TIMEOUT_S = 5.0
 
 
 class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
@@ -60,6 +63,12 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 changed = tree.with_node(node)
             except InvalidTree as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget tree: {exc}")
+            size = tree_to_proto(changed, self._book.version + 1).ByteSize()
+            if size > MAX_TREE_BYTES:  # every cluster's input would have to carry it
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"budget tree: would be {size} bytes; at most {MAX_TREE_BYTES}",
+                )
             await publish_tree(
                 self._producer,
                 self._topic,
@@ -109,4 +118,5 @@ async def publish_tree(
     )
     for cluster in clusters:
         env = new_envelope(payload, producer="budget", cluster=cluster, correlation_id=node)
-        await producer.send(topic, env, key=cluster)
+        # Bounded: a broker that does not answer makes the call UNAVAILABLE, fast.
+        await asyncio.wait_for(producer.send(topic, env, key=cluster), WRITE_TIMEOUT_S)

@@ -123,13 +123,27 @@ def _placements(log: Log) -> dict[str, events_pb2.TaskPlaced]:
     }
 
 
+def _losses(log: Log) -> dict[tuple[int, int], list[events_pb2.TaskLost]]:
+    """Placement's TaskLost decisions by the input they answer: a task its node (or its
+    agent's restart) took with it ends there, though no agent reports it."""
+    by_input: dict[tuple[int, int], list[events_pb2.TaskLost]] = defaultdict(list)
+    for record in log.decisions:
+        if event_type(record.envelope) == "task_lost":
+            gone = record.envelope.task_lost
+            by_input[(gone.provenance.input_partition, gone.provenance.input_offset)].append(gone)
+    return by_input
+
+
 def double_runs(log: Log) -> list[Finding]:
     """A task started again before it ended, or two placements of a job running together."""
     running: dict[str, set[str]] = defaultdict(set)  # job id -> task ids running
+    losses = _losses(log)
     found = []
     for record in log.events:
         env = record.envelope
         kind = event_type(env)
+        for gone in losses.get((record.partition, record.offset), []):
+            running[gone.job_id].discard(gone.task_id)
         if kind == "task_started":
             job_id, task_id = env.task_started.job_id, env.task_started.task_id
             tasks = running[job_id]
@@ -176,12 +190,15 @@ def replay_holdings(log: Log) -> tuple[list[Finding], dict[Gpu, list[_Holder]]]:
             by_input[cause].append(placed)
     held: dict[Gpu, list[_Holder]] = defaultdict(list)
     gpus_of: dict[str, list[Gpu]] = {}
+    losses = _losses(log)
     found = []
     for record in log.events:
         env = record.envelope
         kind = event_type(env)
-        if kind in ENDS:
-            task_id = getattr(env, kind).task_id
+        ended = [getattr(env, kind).task_id] if kind in ENDS else []
+        # A loss is decided before the pass that may place on the GPUs it frees.
+        ended += [gone.task_id for gone in losses.get((record.partition, record.offset), [])]
+        for task_id in ended:
             for gpu in gpus_of.pop(task_id, []):
                 held[gpu] = [h for h in held[gpu] if h.task_id != task_id]
         for placed in by_input.get((record.partition, record.offset), []):
@@ -201,10 +218,16 @@ def reported_conflicts(log: Log) -> list[Finding]:
     placements = _placements(log)
     running: dict[Gpu, tuple[str, str]] = {}  # -> (task id, when it started)
     gpus_of: dict[str, list[Gpu]] = {}
+    losses = _losses(log)
     found = []
     for record in log.events:
         env = record.envelope
         kind = event_type(env)
+        # A lost task's agent killed it before registering again (or is gone).
+        for gone in losses.get((record.partition, record.offset), []):
+            for gpu in gpus_of.pop(gone.task_id, []):
+                if running.get(gpu, ("",))[0] == gone.task_id:
+                    del running[gpu]
         if kind == "task_started":
             task_id = env.task_started.task_id
             placed = placements.get(task_id)

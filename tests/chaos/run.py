@@ -90,7 +90,7 @@ class Run:
 async def drive(run: Run) -> None:
     """Every phase; the stack is up. Fills ``run.report``."""
     stack, settings, report = run.stack, run.settings, run.report
-    kafka = KafkaSettings(bootstrap=stack.bootstrap)
+    kafka = KafkaSettings.model_validate({"bootstrap": stack.bootstrap})
     topics = load_topic_config(stack.topics_file)
     clients = Clients.connect(stack)
     observer = Observer(kafka, topics)

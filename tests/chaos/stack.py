@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
+from libs.config.policy import policy_from_mapping
 from libs.core import PolicyConfig
-from libs.core.config import policy_from_mapping
 from tests.chaos.workload import CANARY_TYPE, LOST_NODE_TYPE
 from tests.integration.stack import ROOT, Stack
 
@@ -117,7 +117,7 @@ class ChaosStack(Stack):
 
     @property
     def policy(self) -> PolicyConfig:
-        return policy_from_mapping(POLICY)
+        return policy_from_mapping(POLICY, "the chaos stack's policy")
 
     # --- the broker -----------------------------------------------------------------
 
