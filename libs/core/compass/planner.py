@@ -25,7 +25,8 @@ from __future__ import annotations
 import bisect
 import enum
 import hashlib
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from libs.core.compass.cache import evict_for
@@ -112,6 +113,7 @@ class _Timeline:
         self.items = [gpu.backlog[i] for _, _, i in order]
         self._ends = [gpu.free_at_ms]
         self._caches = [dict(gpu.resident)]
+        self._gaps: list[int] = []  # played tasks the GPU would wait for, idle: see earliest
 
     def __len__(self) -> int:
         return len(self.items)
@@ -125,27 +127,64 @@ class _Timeline:
         """Where a task ready at ``ready_ms`` goes: in its turn or, with ``insertion``
         (HEFT's), in the first gap from then on that holds its load and run without
         delaying what is queued or planned after it."""
-        k = self.slot(ready_ms)
+        found = self.earliest(task, ready_ms, insertion, math.inf)
+        assert found is not None  # nothing is later than inf
+        return found[0]
+
+    def earliest(
+        self, task: Task, ready_ms: float, insertion: bool, limit: float
+    ) -> tuple[int, float] | None:
+        """``fit``, and when the GPU would take the task there (``begin``); None as soon
+        as that is sure to be later than ``limit``."""
+        k = bisect.bisect_left(self.keys, (ready_ms, True))  # slot
         if not insertion:
-            return k
-        for j in range(k, len(self.items)):
+            begin = self.begin(k, ready_ms)
+            return None if begin > limit else (k, begin)
+        # A task that takes time fits only where the GPU would sit idle, waiting for
+        # the next task's inputs (a gap): visit those alone, not every task after k.
+        count = len(self.items)
+        self._play(count)
+        ends, gaps = self._ends, self._gaps
+        if not (ends[k] >= 0 and task.run_ms > math.ulp(ends[count])):
+            # A run so short that it could round away at a busy place: try every place.
+            j = next((j for j in range(k, count) if self._fits_before(task, ready_ms, j)), count)
+            begin = max(ends[j], ready_ms)
+            return None if begin > limit else (j, begin)
+        keys, caches, model = self.keys, self._caches, task.model
+        load = self.costs.load_ms(task.model_mb) if model else 0.0
+        i = bisect.bisect_left(gaps, k)
+        while True:
+            j = gaps[i] if i < len(gaps) else count
+            begin = max(ends[j], ready_ms)
+            if begin > limit:
+                return None  # ends only grow: every later place begins later still
+            if j == count:
+                return j, begin
             need = task.run_ms
-            if task.model and task.model not in self.cache(j):
-                need += self.costs.load_ms(task.model_mb)
-            if self.begin(j, ready_ms) + need <= self.begin(j, self.keys[j][0]):
-                return j
-        return len(self.items)
+            if model and model not in caches[j]:
+                need += load
+            if begin + need <= max(ends[j], keys[j][0]):  # _fits_before, inlined: hot
+                return j, begin
+            i += 1
+
+    def _fits_before(self, task: Task, ready_ms: float, j: int) -> bool:
+        need = task.run_ms
+        if task.model and task.model not in self.cache(j):
+            need += self.costs.load_ms(task.model_mb)
+        return self.begin(j, ready_ms) + need <= self.begin(j, self.keys[j][0])
 
     def begin(self, k: int, ready_ms: float) -> float:
         """When the GPU would take a task ready at ``ready_ms`` after the first ``k``."""
         return max(self.end(k), ready_ms)
 
     def end(self, k: int) -> float:
-        self._play(k)
+        if k >= len(self._ends):
+            self._play(k)
         return self._ends[k]
 
     def cache(self, k: int) -> dict[str, float]:
-        self._play(k)
+        if k >= len(self._ends):
+            self._play(k)
         return self._caches[k]
 
     def insert(self, k: int, item: Pending) -> None:
@@ -153,11 +192,14 @@ class _Timeline:
         self.items.insert(k, item)
         del self._ends[k + 1 :]
         del self._caches[k + 1 :]
+        del self._gaps[bisect.bisect_left(self._gaps, k) :]
 
     def _play(self, k: int) -> None:
         for j in range(len(self._ends) - 1, k):
             item = self.items[j]
             cache = self._caches[j]
+            if self._ends[j] < self.keys[j][0]:
+                self._gaps.append(j)
             load = 0.0
             if item.model and item.model not in cache:
                 load = self.costs.load_ms(item.model_mb)
@@ -194,41 +236,52 @@ class Planner:
         The hash baselines hash the job and the task, spreading jobs over all GPUs.
         """
         ranks = self.upward_ranks(workflow)
-        order = sorted(workflow.tasks, key=lambda t: (-ranks[t.task_id], workflow.tasks.index(t)))
+        order = sorted(
+            range(len(workflow.tasks)), key=lambda i: (-ranks[workflow.tasks[i].task_id], i)
+        )
         timelines = {g.gpu_id: _Timeline(self, g, now_ms, reserve=True) for g in gpus}
         node_of = {g.gpu_id: g.node_id for g in gpus}
+        by_id = {g.gpu_id: g for g in gpus}
         insertion = self.mode in (PlanMode.COMPASS, PlanMode.HEFT)
         aware = self.mode is not PlanMode.HEFT
         done: dict[str, Assignment] = {}
-        slots: dict[str, int] = {}
-        for task in order:
+        added: dict[str, list[Pending]] = {}  # gpu id -> what this plan puts in its backlog
+        for task in (workflow.tasks[i] for i in order):
             if self.mode in (PlanMode.HASH, PlanMode.JIT):
                 hashed = gpus[_stable_hash(f"{job_id}/{workflow.name}/{task.task_id}") % len(gpus)]
                 candidates: Sequence[GpuState] = (hashed,)
             else:
                 candidates = gpus
-            best: tuple[Assignment, int] | None = None
+            arrival = self._arrivals(task, done, node_of, now_ms)
+            best: tuple[float, str, int, float, float, float] | None = None
             for gpu in candidates:
-                ready = self._arrival(task, gpu.node_id, done, node_of, now_ms)
+                ready = arrival(gpu.node_id)
                 line = timelines[gpu.gpu_id]
-                k = line.fit(task, ready, insertion)
-                begin = start = line.begin(k, ready)
-                load = self._load_ms(task, line.cache(k))
+                # A load and an eviction only add to when the GPU would take it: a GPU
+                # that takes it later than the best start so far is not looked at further.
+                found = line.earliest(task, ready, insertion, math.inf if best is None else best[0])
+                if found is None:
+                    continue
+                k, begin = found
+                start = begin
+                cache = line.cache(k)
+                load = self._load_ms(task, cache)
                 if aware:
-                    start += load + self._penalty(task, line.cache(k), line.memory_mb)
-                choice = Assignment(
-                    task.task_id, gpu.gpu_id, start, start + task.run_ms, load, ready, begin - ready
-                )
-                if best is None or (start, gpu.gpu_id) < (best[0].start_ms, best[0].gpu_id):
-                    best = (choice, k)
+                    start += load + self._penalty(task, cache, line.memory_mb)
+                if best is None or (start, gpu.gpu_id) < best[:2]:
+                    best = (start, gpu.gpu_id, k, ready, begin, load)
             assert best is not None
-            choice, k = best
+            start, gpu_id, k, ready, begin, load = best
+            choice = Assignment(
+                task.task_id, gpu_id, start, start + task.run_ms, load, ready, begin - ready
+            )
             done[task.task_id] = choice
             item = Pending(task.model, task.model_mb, task.run_ms, choice.ready_ms, sent=False)
             timelines[choice.gpu_id].insert(k, item)
-            slots[task.task_id] = k
-            gpu = next(g for g in gpus if g.gpu_id == choice.gpu_id)
-            gpu.backlog = (*gpu.backlog, item)
+            added.setdefault(choice.gpu_id, []).append(item)
+        for gpu_id, items in added.items():
+            gpu = by_id[gpu_id]
+            gpu.backlog = (*gpu.backlog, *items)
         return [done[t.task_id] for t in workflow.tasks]
 
     def adjust(
@@ -308,21 +361,39 @@ class Planner:
             del cache[victim]
         cache[model] = size_mb
 
-    def _arrival(
+    def _arrivals(
         self,
         task: Task,
-        node_id: str,
         done: dict[str, Assignment],
         node_of: dict[str, str],
         now_ms: float,
-    ) -> float:
-        """When the task's inputs would reach ``node_id``, as planned."""
-        arrivals = (
-            done[p].finish_ms
-            + self.costs.transfer_ms(task.in_kb, node_of[done[p].gpu_id] == node_id)
-            for p in task.parents
-        )
-        return max(now_ms, max(arrivals, default=now_ms))
+    ) -> Callable[[str], float]:
+        """When the task's inputs would reach a node, as planned, node by node.
+
+        An input moves for free within its node and for the same transfer time
+        between any two nodes, so the latest input to reach a node is the latest
+        that ended there or the latest (transfer included) from elsewhere: a few
+        maxima over the parents, then O(1) for each node asked.
+        """
+        moved = self.costs.transfer_ms(task.in_kb, same_node=False)
+        local: dict[str, float] = {}  # node -> when its last parent there ends
+        for parent in task.parents:
+            assignment = done[parent]
+            node_id = node_of[assignment.gpu_id]
+            local[node_id] = max(local.get(node_id, assignment.finish_ms), assignment.finish_ms)
+        # The latest parent end and, on another node than that one's, the next latest.
+        top_node, top, runner_up = "", -math.inf, -math.inf
+        for node_id, end in local.items():
+            if end > top:
+                top_node, top, runner_up = node_id, end, top
+            elif end > runner_up:
+                runner_up = end
+
+        def arrival(node_id: str) -> float:
+            elsewhere = runner_up if node_id == top_node else top
+            return max(now_ms, local.get(node_id, now_ms), elsewhere + moved)
+
+        return arrival
 
     def _load_ms(self, task: Task, cache: dict[str, float]) -> float:
         if not task.model or task.model in cache:

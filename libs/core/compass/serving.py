@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from libs.core.compass.planner import Assignment, GpuState, Input, Pending, PlanMode, Planner
 from libs.core.compass.workflow import BYTES_PER_MB, Costs, Task, Workflow
@@ -59,12 +61,23 @@ MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
 
 @dataclass
 class _Gpu:
+    """One GPU as serving sees it.
+
+    ``planned`` and ``dispatched`` map task ids, in the order they came, to their
+    part of the GPU's fact in the digest: ``(task id, when its inputs arrive)``,
+    kept written out so that a fact costs a join, not a pass over the tasks.
+    """
+
     key: GpuKey
     memory_mb: float
     resident: dict[str, float] = field(default_factory=dict)  # model -> MB, as reported
-    planned: dict[str, None] = field(default_factory=dict)  # task ids, in plan order
-    dispatched: dict[str, None] = field(default_factory=dict)  # sent, not yet ended
+    planned: dict[str, str] = field(default_factory=dict)  # planned here, not sent yet
+    dispatched: dict[str, str] = field(default_factory=dict)  # sent, not yet ended
     started: dict[str, float] = field(default_factory=dict)  # task id -> start (ms)
+    planned_models: Counter[str] = field(default_factory=Counter)  # of the planned tasks
+    # Dispatched tasks whose part is written again at the GPU's next touch: the time
+    # their inputs arrive became known just after their send touched the GPU.
+    restated: set[str] = field(default_factory=set)
 
     @property
     def busy(self) -> bool:
@@ -74,28 +87,63 @@ class _Gpu:
     def label(self) -> str:
         return f"{self.key[0]}/{self.key[1]}"
 
+    def plan(self, task_id: str, model: str, part: str) -> None:
+        self.planned[task_id] = part
+        if model:
+            self.planned_models[model] += 1
 
-@dataclass
+    def unplan(self, task_id: str, model: str) -> None:
+        if self.planned.pop(task_id, None) is not None and model:
+            self.planned_models[model] -= 1
+            if not self.planned_models[model]:
+                del self.planned_models[model]
+
+
 class _Flow:
-    job_id: str
-    spec: JobSpec
-    workflow: Workflow
-    gpu: dict[str, GpuKey]  # task name -> its GPU: planned, then where it was sent
-    parents_left: dict[str, int]
-    finished: dict[str, float] = field(default_factory=dict)  # task name -> end (ms)
-    dispatched: set[str] = field(default_factory=set)
-    ended: bool = False  # failed or cancelled: nothing more is sent
+    """A planned workflow: where each task runs and how far it got.
 
-    @property
-    def in_flight(self) -> set[str]:
-        """Tasks sent to a GPU that have not ended."""
-        return self.dispatched - self.finished.keys()
+    Its fact in the digest names every task; the parts are kept written out in
+    task-name order, so that writing the fact after each change costs a join,
+    not a sort of the whole workflow.
+    """
 
-    @property
+    def __init__(self, job_id: str, spec: JobSpec, workflow: Workflow, gpu: dict[str, GpuKey]):
+        self.job_id = job_id
+        self.spec = spec
+        self.workflow = workflow
+        self.gpu = gpu  # task name -> its GPU: planned, then where it was sent (see move)
+        self.parents_left = {t.task_id: len(t.parents) for t in workflow.tasks}
+        self.finished: dict[str, float] = {}  # task name -> end (ms)
+        self.dispatched: set[str] = set()
+        self.in_flight: dict[str, None] = {}  # sent to a GPU, not ended
+        self.ended = False  # failed or cancelled: nothing more is sent
+        self.abandoned: tuple[GpuKey, ...] = ()  # the GPUs its unsent tasks were planned on
+        names = sorted(gpu)
+        self._index = {name: i for i, name in enumerate(names)}
+        self._gpu_parts = [repr((name, gpu[name])) for name in names]
+        self._finished_parts: list[str | None] = [None] * len(names)
+        self._dispatched_parts: list[str | None] = [None] * len(names)
+
+    def move(self, name: str, key: GpuKey) -> None:
+        self.gpu[name] = key
+        self._gpu_parts[self._index[name]] = repr((name, key))
+
+    def dispatch(self, name: str) -> None:
+        self.dispatched.add(name)
+        self.in_flight[name] = None
+        self._dispatched_parts[self._index[name]] = repr(name)
+
+    def finish(self, name: str, at_ms: float) -> None:
+        self.finished[name] = at_ms
+        self.in_flight.pop(name, None)
+        self._finished_parts[self._index[name]] = repr((name, at_ms))
+
     def fact(self) -> str:
+        """``f|job|sorted(gpu.items())|sorted(finished.items())|sorted(dispatched)|ended``."""
         return (
-            f"f|{self.job_id}|{sorted(self.gpu.items())}|{sorted(self.finished.items())}"
-            f"|{sorted(self.dispatched)}|{self.ended}"
+            f"f|{self.job_id}|[{', '.join(self._gpu_parts)}]"
+            f"|[{', '.join(filter(None, self._finished_parts))}]"
+            f"|[{', '.join(filter(None, self._dispatched_parts))}]|{self.ended}"
         )
 
 
@@ -106,6 +154,10 @@ class _NotPlanned(enum.Enum):
 
 def task_id_of(job_id: str, name: str) -> str:
     return f"{job_id}/{name}"
+
+
+def _part(task_id: str, ready_ms: float | None) -> str:
+    return repr((task_id, ready_ms))
 
 
 class Serving:
@@ -123,7 +175,6 @@ class Serving:
         self._capacity = capacity
         self._reserved = reserved  # nodes batch preemption is freeing for a job: not ours
         self._fingerprint = fingerprint
-        self._facts: dict[str, str] = {}
         self._gpus: dict[GpuKey, _Gpu] = {}
         self.pool: dict[GpuKey, None] = {}  # GPUs held from batch work for serving
         self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
@@ -177,7 +228,7 @@ class Serving:
         gpu.dispatched.pop(task_id, None)
         gpu.started.pop(task_id, None)
         self._touch(gpu, now_ms)
-        flow.finished[task.task_id] = now_ms
+        flow.finish(task.task_id, now_ms)
         decisions: list[Decision] = []
         if exit_code != 0:
             self._abandon(flow, now_ms)
@@ -320,21 +371,14 @@ class Serving:
                 self._set_hungry((spec.gpu_type, need_mb))
         if self._holds(workflow, plan):
             return _NotPlanned.HELD  # the views were copies: nothing to undo
-        flow = _Flow(
-            job_id,
-            spec,
-            workflow,
-            gpu={a.task_id: by_label[a.gpu_id] for a in plan},
-            parents_left={t.task_id: len(t.parents) for t in workflow.tasks},
-        )
+        flow = _Flow(job_id, spec, workflow, gpu={a.task_id: by_label[a.gpu_id] for a in plan})
         self._flows[job_id] = flow
-        ready = {a.task_id: a.ready_ms for a in plan}
-        for task in workflow.tasks:
+        for task, assignment in zip(workflow.tasks, plan, strict=True):
             task_id = task_id_of(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
-            self._ready[task_id] = ready[task.task_id]
+            self._ready[task_id] = assignment.ready_ms
             gpu = self._gpus[flow.gpu[task.task_id]]
-            gpu.planned[task_id] = None
+            gpu.plan(task_id, task.model, _part(task_id, assignment.ready_ms))
             self._acquire(gpu)
         decisions: list[Decision] = [
             Planned(
@@ -373,7 +417,7 @@ class Serving:
         chosen = [key for key in self.pool if self._fits(key, spec.gpu_type, need_mb)]
         room = self._cap - len(self.pool)
         if room > 0:
-            models = {t.model for t in workflow.tasks if t.model}
+            models = workflow.models
             free = [key for key in self._free_gpus() if self._fits(key, spec.gpu_type, need_mb)]
             warm = [key for key in free if models & self._gpus[key].resident.keys()]
             wanted = room if self.mode in (PlanMode.HASH, PlanMode.JIT) else len(workflow.tasks)
@@ -402,9 +446,11 @@ class Serving:
 
     def _set_hungry(self, want: tuple[str, float] | None) -> None:
         self._hungry = want
-        self._refresh("h", f"h|{want}")
+        self._fingerprint.put("h", f"h|{want}")
 
-    def _view(self, gpu: _Gpu, now_ms: float, without: str = "") -> GpuState:
+    def _view(
+        self, gpu: _Gpu, now_ms: float, without: str = "", *, sent_only: bool = False
+    ) -> GpuState:
         """The GPU as the planner sees it: when its running task ends, its models,
         and its backlog (sent, then planned) with when each task's inputs arrive."""
         free_at = now_ms
@@ -420,7 +466,7 @@ class Serving:
             )
             for t, task in (
                 (t, self._tasks[t][1])
-                for t in (*gpu.dispatched, *gpu.planned)
+                for t in (*gpu.dispatched, *(() if sent_only else gpu.planned))
                 if t not in gpu.started and t != without
             )
         )
@@ -431,14 +477,15 @@ class Serving:
         task_id = task_id_of(flow.job_id, task.task_id)
         planned = self._gpus[flow.gpu[task.task_id]]
         target, reason = self._adjust(flow, task, planned, now_ms)
-        planned.planned.pop(task_id, None)
+        planned.unplan(task_id, task.model)
         self._touch(planned, now_ms)
         if target is not planned:
-            flow.gpu[task.task_id] = target.key
+            flow.move(task.task_id, target.key)
             self._acquire(target)
-        target.dispatched[task_id] = None
+        target.dispatched[task_id] = _part(task_id, self._ready.get(task_id))
         self._touch(target)
-        flow.dispatched.add(task.task_id)
+        target.restated.add(task_id)  # its arrival, set below, shows from the next touch
+        flow.dispatch(task.task_id)
         arrival = max(
             (
                 flow.finished[p]
@@ -448,18 +495,13 @@ class Serving:
             default=now_ms,
         )
         self._ready[task_id] = arrival
-        upcoming = tuple(
-            dict.fromkeys(
-                self._tasks[t][1].model for t in target.planned if self._tasks[t][1].model
-            )
-        )
         serving = ServingTask(
             task.task_id,
             task.model,
             task.model_mb,
             task.run_ms,
             max(0.0, arrival - now_ms),
-            upcoming,
+            self._upcoming(target),
             planned.key if target is not planned else None,
             reason,
         )
@@ -475,10 +517,12 @@ class Serving:
         else:
             return planned, ""
         task_id = task_id_of(flow.job_id, task.task_id)
-        own = self._view(planned, now_ms, without=task_id)
-        wait = self._planner.wait_ms(own, now_ms)
+        # A task ready now waits only for what was sent before it (planned tasks go
+        # after it), so the common case looks at the sent tasks alone.
+        wait = self._planner.wait_ms(self._view(planned, now_ms, sent_only=True), now_ms)
         if threshold and wait <= threshold * task.run_ms:
             return planned, ""  # the common case: no need to look at other GPUs
+        own = self._view(planned, now_ms, without=task_id)
         views = self._views(flow.spec, flow.workflow, task.model_mb, now_ms)
         views[planned.key] = own
         inputs = [Input(flow.gpu[p][0], flow.finished[p]) for p in task.parents]
@@ -504,8 +548,17 @@ class Serving:
         self._touch(gpu)
 
     def _abandon(self, flow: _Flow, now_ms: float) -> None:
-        """Stop sending a failed or cancelled flow's tasks; planned ones are dropped."""
+        """Stop sending a failed or cancelled flow's tasks; planned ones are dropped.
+
+        Again (another task failed): only the GPUs they were planned on are touched,
+        as going through the dropped tasks once more would.
+        """
+        if flow.ended:
+            for key in flow.abandoned:
+                self._touch(self._gpus[key], now_ms)
+            return
         flow.ended = True
+        abandoned: dict[GpuKey, None] = {}
         for task in flow.workflow.tasks:
             if task.task_id in flow.dispatched:
                 continue
@@ -513,41 +566,55 @@ class Serving:
             self._tasks.pop(task_id, None)
             self._ready.pop(task_id, None)
             gpu = self._gpus[flow.gpu[task.task_id]]
-            gpu.planned.pop(task_id, None)
+            gpu.unplan(task_id, task.model)
             self._touch(gpu, now_ms)
+            abandoned[gpu.key] = None
+        flow.abandoned = tuple(abandoned)
 
     def _forget(self, flow: _Flow) -> None:
         del self._flows[flow.job_id]
-        self._fingerprint.remove(self._facts.pop(f"f|{flow.job_id}"))
+        self._fingerprint.drop(f"f|{flow.job_id}")
         for task in flow.workflow.tasks:
             self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
             self._ready.pop(task_id_of(flow.job_id, task.task_id), None)
 
     def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
-        """Fold a GPU's change into the digest; a drained pool GPU starts lingering."""
+        """Fold a GPU's change into the digest; a drained pool GPU starts lingering.
+
+        Every change to what its fact reads is followed by a touch, so the fact,
+        written when the digest is read, is what it would have been here.
+        """
         if gpu.busy:
             self._idle_since.pop(gpu.key, None)
         elif now_ms is not None and gpu.key in self.pool:
             self._idle_since.setdefault(gpu.key, now_ms)
-        fact = (
+        for task_id in gpu.restated:
+            if task_id in gpu.dispatched:
+                gpu.dispatched[task_id] = _part(task_id, self._ready.get(task_id))
+        gpu.restated.clear()
+        self._fingerprint.defer(f"g|{gpu.label}", partial(self._gpu_fact, gpu))
+
+    def _gpu_fact(self, gpu: _Gpu) -> str:
+        return (
             f"g|{gpu.label}|{gpu.memory_mb}|{list(gpu.resident.items())}"
-            f"|{[(t, self._ready.get(t)) for t in gpu.planned]}"
-            f"|{[(t, self._ready.get(t)) for t in gpu.dispatched]}"
+            f"|[{', '.join(gpu.planned.values())}]|[{', '.join(gpu.dispatched.values())}]"
             f"|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
             f"|{self._idle_since.get(gpu.key)}"
         )
-        self._refresh(f"g|{gpu.label}", fact)
 
     def _touch_flow(self, flow: _Flow) -> None:
-        self._refresh(f"f|{flow.job_id}", flow.fact)
+        self._fingerprint.defer(f"f|{flow.job_id}", flow.fact)
 
-    def _refresh(self, key: str, fact: str) -> None:
-        old = self._facts.get(key)
-        if old is None:
-            self._fingerprint.add(fact)
-        else:
-            self._fingerprint.replace(old, fact)
-        self._facts[key] = fact
+    def _upcoming(self, gpu: _Gpu) -> tuple[str, ...]:
+        """The models planned on the GPU, each once, in plan order (its cache's look-ahead)."""
+        models: dict[str, None] = {}
+        for task_id in gpu.planned:
+            if len(models) == len(gpu.planned_models):
+                break  # seen them all: the rest of the queue adds none
+            model = self._tasks[task_id][1].model
+            if model:
+                models[model] = None
+        return tuple(models)
 
     @property
     def _cap(self) -> int:
