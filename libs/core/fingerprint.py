@@ -22,7 +22,7 @@ _MOD = 1 << 256
 class Fingerprint:
     def __init__(self) -> None:
         self._sum = 0
-        self._keyed: dict[str, str] = {}  # key -> its fact, counted in the sum
+        self._keyed: dict[str, int] = {}  # key -> the hash of its fact, counted in the sum
         self._deferred: dict[str, Callable[[], str]] = {}  # key -> writes its fact out
 
     def add(self, fact: str) -> None:
@@ -39,12 +39,9 @@ class Fingerprint:
     def put(self, key: str, fact: str) -> None:
         """Count ``fact`` as the one fact under ``key``, in place of the one before."""
         self._deferred.pop(key, None)
-        old = self._keyed.get(key)
-        if old is None:
-            self.add(fact)
-        else:
-            self.replace(old, fact)
-        self._keyed[key] = fact
+        new = _hash(fact)
+        self._sum = (self._sum - self._keyed.get(key, 0) + new) % _MOD
+        self._keyed[key] = new
 
     def defer(self, key: str, fact: Callable[[], str]) -> None:
         """``put(key, fact())`` when the digest is next read. Whatever ``fact`` reads
@@ -54,9 +51,7 @@ class Fingerprint:
     def drop(self, key: str) -> None:
         """Forget the fact under ``key``, deferred or counted."""
         self._deferred.pop(key, None)
-        old = self._keyed.pop(key, None)
-        if old is not None:
-            self.remove(old)
+        self._sum = (self._sum - self._keyed.pop(key, 0)) % _MOD
 
     def digest(self) -> bytes:
         while self._deferred:

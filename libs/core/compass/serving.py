@@ -37,7 +37,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from libs.core.compass.planner import Assignment, GpuState, Input, Pending, PlanMode, Planner
+from libs.core.compass.planner import (
+    Assignment,
+    GpuState,
+    Input,
+    Pending,
+    PlanMode,
+    Planner,
+    Timeline,
+)
 from libs.core.compass.workflow import BYTES_PER_MB, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
@@ -147,6 +155,16 @@ class _Flow:
         )
 
 
+@dataclass
+class _Line:
+    """A GPU's timeline as of ``now_ms``, with the item of each task in it. Each
+    send edits it in place; any other change to the GPU drops it (see _touch)."""
+
+    now_ms: float
+    timeline: Timeline
+    items: dict[str, Pending]  # task id -> its item in the timeline
+
+
 class _NotPlanned(enum.Enum):
     NO_GPU = enum.auto()  # none may take it now
     HELD = enum.auto()  # a plan would start it too late: see _holds
@@ -176,13 +194,15 @@ class Serving:
         self._reserved = reserved  # nodes batch preemption is freeing for a job: not ours
         self._fingerprint = fingerprint
         self._gpus: dict[GpuKey, _Gpu] = {}
+        self._lines: dict[GpuKey, _Line] = {}  # timelines kept for adjusting (see _line)
         self.pool: dict[GpuKey, None] = {}  # GPUs held from batch work for serving
         self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
         self._flows: dict[str, _Flow] = {}
         self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task)
-        # task id -> when its inputs arrive at its GPU: the plan's estimate, then
-        # (once sent) the known time. The planner plays each GPU's backlog forward.
-        self._ready: dict[str, float] = {}
+        # task id -> the task as its GPU's backlog holds it, with when its inputs arrive
+        # there: the plan's estimate, then (once sent) the known time. The planner
+        # plays each GPU's backlog forward.
+        self._items: dict[str, Pending] = {}
         self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
         # work frees joins it (GPU type, model size it must hold).
@@ -222,7 +242,7 @@ class Serving:
     def ended(self, task_id: str, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow."""
         job_id, task = self._tasks.pop(task_id)
-        self._ready.pop(task_id, None)
+        self._items.pop(task_id, None)
         flow = self._flows[job_id]
         gpu = self._gpus[flow.gpu[task.task_id]]
         gpu.dispatched.pop(task_id, None)
@@ -376,7 +396,9 @@ class Serving:
         for task, assignment in zip(workflow.tasks, plan, strict=True):
             task_id = task_id_of(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
-            self._ready[task_id] = assignment.ready_ms
+            self._items[task_id] = Pending(
+                task.model, task.model_mb, task.run_ms, assignment.ready_ms, sent=False
+            )
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.plan(task_id, task.model, _part(task_id, assignment.ready_ms))
             self._acquire(gpu)
@@ -410,6 +432,13 @@ class Serving:
     def _views(
         self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
     ) -> dict[GpuKey, GpuState]:
+        """The GPUs a plan may use (see _candidates), as the planner sees them."""
+        return {
+            key: self._view(self._gpus[key], now_ms)
+            for key in self._candidates(spec, workflow, need_mb)
+        }
+
+    def _candidates(self, spec: JobSpec, workflow: Workflow, need_mb: float) -> list[GpuKey]:
         """The GPUs a plan may use: those serving now, then free ones while serving
         has room: first those already holding one of its models, then in node order.
         The hash baselines spread over every eligible GPU."""
@@ -424,7 +453,7 @@ class Serving:
             taken = set(warm)
             cold = [key for key in free if key not in taken][:wanted]
             chosen += (warm + cold)[:room]
-        return {key: self._view(self._gpus[key], now_ms) for key in sorted(chosen)}
+        return sorted(chosen)
 
     def _fits(self, key: GpuKey, gpu_type: str, need_mb: float) -> bool:
         """The GPU is registered, of the type asked for, with room for the largest model."""
@@ -448,41 +477,54 @@ class Serving:
         self._hungry = want
         self._fingerprint.put("h", f"h|{want}")
 
-    def _view(
-        self, gpu: _Gpu, now_ms: float, without: str = "", *, sent_only: bool = False
-    ) -> GpuState:
+    def _view(self, gpu: _Gpu, now_ms: float, *, sent_only: bool = False) -> GpuState:
         """The GPU as the planner sees it: when its running task ends, its models,
         and its backlog (sent, then planned) with when each task's inputs arrive."""
+        backlog = tuple(item for _, item in self._backlog(gpu, sent_only))
+        return self._state(gpu, now_ms, backlog)
+
+    def _state(self, gpu: _Gpu, now_ms: float, backlog: tuple[Pending, ...]) -> GpuState:
         free_at = now_ms
         for task_id, start in gpu.started.items():
             free_at = max(free_at, start + self._tasks[task_id][1].run_ms)
-        backlog = tuple(
-            Pending(
-                task.model,
-                task.model_mb,
-                task.run_ms,
-                self._ready[t],
-                sent=t in gpu.dispatched,
-            )
-            for t, task in (
-                (t, self._tasks[t][1])
-                for t in (*gpu.dispatched, *(() if sent_only else gpu.planned))
-                if t not in gpu.started and t != without
-            )
-        )
         return GpuState(gpu.label, gpu.key[0], free_at, dict(gpu.resident), gpu.memory_mb, backlog)
+
+    def _backlog(self, gpu: _Gpu, sent_only: bool = False) -> list[tuple[str, Pending]]:
+        """The tasks waiting for the GPU, sent then planned, each with its item."""
+        ids = gpu.dispatched.keys() if sent_only else (*gpu.dispatched, *gpu.planned)
+        return [(t, self._items[t]) for t in ids if t not in gpu.started]
+
+    def _line(self, gpu: _Gpu, now_ms: float) -> _Line:
+        """The GPU's timeline for adjusting, built once and then kept up to date."""
+        line = self._lines.get(gpu.key)
+        if line is None or line.now_ms != now_ms:
+            backlog = self._backlog(gpu)
+            reserve = self.mode is not PlanMode.JIT  # as Planner.adjust builds them
+            state = self._state(gpu, now_ms, tuple(item for _, item in backlog))
+            timeline = Timeline(self._planner, state, now_ms, reserve)
+            items = {t: item for t, item in backlog if item.sent or reserve}
+            line = self._lines[gpu.key] = _Line(now_ms, timeline, items)
+        return line
+
+    def _kept_lines(self, now_ms: float, *keys: GpuKey) -> dict[GpuKey, _Line]:
+        return {
+            key: line
+            for key in keys
+            if (line := self._lines.get(key)) is not None and line.now_ms == now_ms
+        }
 
     def _send(self, flow: _Flow, task: Task, now_ms: float) -> list[Decision]:
         """Send a ready task to its GPU, adjusting first when the plan went stale."""
         task_id = task_id_of(flow.job_id, task.task_id)
         planned = self._gpus[flow.gpu[task.task_id]]
-        target, reason = self._adjust(flow, task, planned, now_ms)
         planned.unplan(task_id, task.model)
+        target, reason = self._adjust(flow, task, planned, now_ms)
+        kept = self._kept_lines(now_ms, planned.key, target.key)
         self._touch(planned, now_ms)
         if target is not planned:
             flow.move(task.task_id, target.key)
             self._acquire(target)
-        target.dispatched[task_id] = _part(task_id, self._ready.get(task_id))
+        target.dispatched[task_id] = _part(task_id, self._ready(task_id))
         self._touch(target)
         target.restated.add(task_id)  # its arrival, set below, shows from the next touch
         flow.dispatch(task.task_id)
@@ -494,7 +536,17 @@ class Serving:
             ),
             default=now_ms,
         )
-        self._ready[task_id] = arrival
+        item = self._items[task_id] = Pending(
+            task.model, task.model_mb, task.run_ms, arrival, sent=True
+        )
+        # The two timelines follow the send (the touches above dropped them).
+        for key, line in kept.items():
+            left = line.items.pop(task_id, None)
+            sent = None
+            if key == target.key:
+                sent = line.items[task_id] = item
+            line.timeline.replace(None if left is None else line.timeline.find(left), sent)
+            self._lines[key] = line
         serving = ServingTask(
             task.task_id,
             task.model,
@@ -517,27 +569,49 @@ class Serving:
         else:
             return planned, ""
         task_id = task_id_of(flow.job_id, task.task_id)
-        # A task ready now waits only for what was sent before it (planned tasks go
-        # after it), so the common case looks at the sent tasks alone.
-        wait = self._planner.wait_ms(self._view(planned, now_ms, sent_only=True), now_ms)
+        # A task ready now waits only for what was sent before it (the planned tasks,
+        # this one among them, go after it): a kept timeline answers, or those alone.
+        kept = self._kept_lines(now_ms, planned.key).get(planned.key)
+        if kept is not None:
+            wait = kept.timeline.wait(now_ms)
+        else:
+            wait = self._planner.wait_ms(self._view(planned, now_ms, sent_only=True), now_ms)
         if threshold and wait <= threshold * task.run_ms:
             return planned, ""  # the common case: no need to look at other GPUs
-        own = self._view(planned, now_ms, without=task_id)
-        views = self._views(flow.spec, flow.workflow, task.model_mb, now_ms)
-        views[planned.key] = own
         inputs = [Input(flow.gpu[p][0], flow.finished[p]) for p in task.parents]
-        chosen = self._planner.adjust(
-            task, own, list(views.values()), now_ms, threshold, inputs=inputs
+        own = self._line(planned, now_ms)
+        self._leave_behind(own, task_id, task, now_ms, inputs)
+        lines = {
+            self._line(self._gpus[key], now_ms).timeline: key
+            for key in self._candidates(flow.spec, flow.workflow, task.model_mb)
+        }
+        chosen = self._planner.adjust_lines(
+            task, own.timeline, list(lines), now_ms, threshold, inputs=inputs
         )
-        if chosen.gpu_id == planned.label:
+        if chosen is own.timeline:
             return planned, ""
-        target = next(self._gpus[key] for key, view in views.items() if view is chosen)
+        target = self._gpus[lines[chosen]]
         if self.mode is PlanMode.JIT:
             return target, "re-routed at run time (jit)"
         return target, (
             f"{wait:.0f} ms wait on {planned.label} exceeds {threshold:g}× its "
             f"{task.run_ms:g} ms run"
         )
+
+    def _leave_behind(
+        self, own: _Line, task_id: str, task: Task, now_ms: float, inputs: list[Input]
+    ) -> None:
+        """Weigh the planned GPU without the task (its item is still in the kept
+        timeline, to be moved there in one edit if it stays): only an item ahead of
+        the task's own turn makes a difference, and is taken out now."""
+        item = own.items.get(task_id)
+        if item is None:
+            return
+        ready = self._planner.ready_at(task, own.timeline.node_id, now_ms, inputs)
+        at = own.timeline.find(item)
+        if at < own.timeline.slot(ready):
+            own.timeline.replace(at, None)
+            del own.items[task_id]
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -564,7 +638,7 @@ class Serving:
                 continue
             task_id = task_id_of(flow.job_id, task.task_id)
             self._tasks.pop(task_id, None)
-            self._ready.pop(task_id, None)
+            self._items.pop(task_id, None)
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.unplan(task_id, task.model)
             self._touch(gpu, now_ms)
@@ -576,7 +650,7 @@ class Serving:
         self._fingerprint.drop(f"f|{flow.job_id}")
         for task in flow.workflow.tasks:
             self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
-            self._ready.pop(task_id_of(flow.job_id, task.task_id), None)
+            self._items.pop(task_id_of(flow.job_id, task.task_id), None)
 
     def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
         """Fold a GPU's change into the digest; a drained pool GPU starts lingering.
@@ -590,9 +664,14 @@ class Serving:
             self._idle_since.setdefault(gpu.key, now_ms)
         for task_id in gpu.restated:
             if task_id in gpu.dispatched:
-                gpu.dispatched[task_id] = _part(task_id, self._ready.get(task_id))
+                gpu.dispatched[task_id] = _part(task_id, self._ready(task_id))
         gpu.restated.clear()
+        self._lines.pop(gpu.key, None)
         self._fingerprint.defer(f"g|{gpu.label}", partial(self._gpu_fact, gpu))
+
+    def _ready(self, task_id: str) -> float | None:
+        item = self._items.get(task_id)
+        return None if item is None else item.ready_ms
 
     def _gpu_fact(self, gpu: _Gpu) -> str:
         return (
