@@ -134,6 +134,7 @@ class Timeline:
         self._ends = [gpu.free_at_ms]
         self._caches = [dict(gpu.resident)]
         self._gaps: list[int] = []  # played tasks the GPU would wait for, idle: see earliest
+        self._gap_keys: list[float] = []  # see earliest_begin; as far as it was asked
         self._played: _Played | None = None
 
     def __len__(self) -> int:
@@ -233,12 +234,18 @@ class Timeline:
             self._play(k)
         return self._caches[k]
 
-    def first_idle(self) -> float:
-        """When the GPU would first sit idle, waiting for a task's inputs, or run out
-        of work: no task it is given can begin earlier."""
-        at = self._next_gap(0, math.inf)
-        assert at is not None  # never past an infinite limit
-        return self._ends[at]
+    def earliest_begin(self, ready_ms: float) -> float:
+        """No task ready at ``ready_ms`` begins here earlier, unless its run is so short
+        that it rounds away there: it fits only into a gap whose next task is ready
+        later than it (see ``earliest``), and the GPU is busy until the first of those
+        (or the end of what was played so far)."""
+        gaps, latest = self._gaps, self._gap_keys
+        while len(latest) < len(gaps):  # the latest key of the gaps so far
+            key = self.keys[gaps[len(latest)]][0]
+            latest.append(max(latest[-1], key) if latest else key)
+        at = bisect.bisect_right(latest, ready_ms)
+        end = self._ends[gaps[at]] if at < len(gaps) else self._ends[-1]
+        return max(ready_ms, end) if self._ends[0] >= 0 else -math.inf
 
     def wait(self, ready_ms: float) -> float:
         """How long a task ready at ``ready_ms`` would wait (before any load)."""
@@ -284,6 +291,7 @@ class Timeline:
             del self._ends[low + 1 :]
             del self._caches[low + 1 :]
             del self._gaps[cut:]
+        del self._gap_keys[cut:]
 
     def _play(self, k: int) -> None:
         while len(self._ends) <= k:
@@ -354,67 +362,60 @@ class _Shortlist:
 
     Weighing every GPU for every task costs tasks × GPUs; this leaves out, without
     changing any choice (the earliest start wins, ties the lowest id):
-    - of GPUs with nothing queued that are alike (models, memory, when free), on
-      nodes holding none of the task's inputs, all but the lowest id: they would
-      start it alike;
-    - GPUs with a queue that would not go idle (``first_idle``) before the best start
-      found: a task waits at least for that. They are weighed in that order.
-    GPUs on the nodes of the task's parents, where its inputs arrive earlier, are
-    always weighed.
+    - of GPUs with nothing queued that are alike (models, memory, when free) and
+      get the task's inputs at the same time (on the same node, or on none of its
+      parents' nodes), all but the lowest id: they would start it alike;
+    - GPUs with a queue that would take the task later than the best start found
+      (``Timeline.earliest_begin``, weighed in that order): a load and an eviction
+      only add to it.
     """
 
     def __init__(self, gpus: Sequence[GpuState], lines: dict[str, Timeline]) -> None:
         self.lines = lines
-        self.on_node: dict[str, list[str]] = {}
-        self.idle: dict[tuple[object, ...], list[str]] = {}  # alike -> ids, lowest first
-        self.queued: list[tuple[float, str]] = []  # (first idle, id), earliest first
-        self.first_idle: dict[str, float] = {}
-        # Below 0 a short run could round away where a queue has no gap: no shortcut.
-        self.exact = all(g.free_at_ms >= 0 for g in gpus)
+        self.node_of = {g.gpu_id: g.node_id for g in gpus}
+        # alike -> node -> ids with nothing queued, lowest first
+        self.idle: dict[tuple[object, ...], dict[str, list[str]]] = {}
+        self.queued: dict[str, None] = {}
         for gpu in gpus:
-            self.on_node.setdefault(gpu.node_id, []).append(gpu.gpu_id)
             if len(lines[gpu.gpu_id]):
-                self._queue(gpu.gpu_id)
+                self.queued[gpu.gpu_id] = None
             else:
                 alike = (gpu.free_at_ms, tuple(gpu.resident.items()), lines[gpu.gpu_id].memory_mb)
-                bisect.insort(self.idle.setdefault(alike, []), gpu.gpu_id)
+                on_node = self.idle.setdefault(alike, {}).setdefault(gpu.node_id, [])
+                bisect.insort(on_node, gpu.gpu_id)
 
     def weigh(self, task: Task, arrivals: _Arrivals, start: Callable[[str, float], float]) -> None:
         """Call ``start(gpu id, best start so far)`` for each GPU on the shortlist;
         it returns the best start after weighing that GPU."""
         best = math.inf
-        near = [g for node in arrivals.local if node in self.on_node for g in self.on_node[node]]
-        for gpu_id in near:
-            best = start(gpu_id, best)
-        skip = set(near)
-        for ids in self.idle.values():
-            first = next((g for g in ids if g not in skip), None)
-            if first is not None:
-                best = start(first, best)
-        last = self.queued[-1][0] if self.queued else 0.0
-        prune = self.exact and task.run_ms > math.ulp(last)
-        for first_idle, gpu_id in self.queued:
-            if prune and max(arrivals.elsewhere, first_idle) > best:
-                return
-            if gpu_id not in skip:
+        for by_node in self.idle.values():
+            elsewhere = ""  # the lowest id off the parents' nodes
+            for node, ids in by_node.items():
+                if not ids:
+                    continue
+                if node in arrivals.local:
+                    best = start(ids[0], best)
+                elif not elsewhere or ids[0] < elsewhere:
+                    elsewhere = ids[0]
+            if elsewhere:
+                best = start(elsewhere, best)
+        bounds = sorted(
+            (self.lines[g].earliest_begin(arrivals.at(self.node_of[g])), g) for g in self.queued
+        )
+        for bound, gpu_id in bounds:
+            # A run so short that it could round away at a busy place: no shortcut.
+            if bound <= best or not task.run_ms > math.ulp(bound):
                 best = start(gpu_id, best)
 
     def changed(self, gpu_id: str) -> None:
         """The GPU's timeline got a task."""
-        old = self.first_idle.pop(gpu_id, None)
-        if old is not None:
-            del self.queued[bisect.bisect_left(self.queued, (old, gpu_id))]
-        else:
-            for ids in self.idle.values():
+        if gpu_id not in self.queued:
+            for by_node in self.idle.values():
+                ids = by_node.get(self.node_of[gpu_id], [])
                 if gpu_id in ids:
                     ids.remove(gpu_id)
                     break
-        self._queue(gpu_id)
-
-    def _queue(self, gpu_id: str) -> None:
-        first_idle = self.lines[gpu_id].first_idle()
-        self.first_idle[gpu_id] = first_idle
-        bisect.insort(self.queued, (first_idle, gpu_id))
+            self.queued[gpu_id] = None
 
 
 class _Choice:
@@ -577,10 +578,18 @@ class Planner:
         # The earliest start wins; ties keep the planned GPU, then go to the lowest id.
         best = (own.begin(k, own_ready) + cost(own, k), False, own.gpu_id)
         chosen = own
-        for line in lines:
-            if line is own:
-                continue
-            ready = self.ready_at(task, line.node_id, ready_ms, inputs) if aware else ready_ms
+        others = [
+            (self.ready_at(task, line.node_id, ready_ms, inputs) if aware else ready_ms, line)
+            for line in lines
+            if line is not own
+        ]
+        if insertion:  # the GPUs that may take it soonest first (see Timeline.earliest_begin)
+            others.sort(key=lambda other: (other[1].earliest_begin(other[0]), other[1].gpu_id))
+        for ready, line in others:
+            if insertion:
+                bound = line.earliest_begin(ready)
+                if bound > best[0] and task.run_ms > math.ulp(bound):
+                    continue
             # A load and an eviction only add: a GPU that takes it later is not weighed.
             found = line.earliest(task, ready, insertion, best[0])
             if found is None:
