@@ -447,43 +447,27 @@ class JobRecords:
                     task.planned_node_id = placed.serving.planned_node_id
                     task.planned_gpu_index = placed.serving.planned_gpu_index
                 put(task)
-            case "task_started":
-                started = env.task_started
-                task = self._task(job_id, head, shape, _task_name(head, started.task_id))
-                _fill_task_node(task, started.node_id)
-                _advance_task(task, _S.JOB_STATE_RUNNING)
-                task.started_at.CopyFrom(at)  # a fact even when its end was seen first
-                put(task)
-            case "task_finished":
-                finished = env.task_finished
-                task = self._task(job_id, head, shape, _task_name(head, finished.task_id))
-                _fill_task_node(task, finished.node_id)
-                if _advance_task(task, _S.JOB_STATE_FINISHED):
-                    task.exit_code = finished.exit_code
-                    task.finished_at.CopyFrom(at)
-                put(task)
-            case "task_failed":
-                failed = env.task_failed
-                task = self._task(job_id, head, shape, _task_name(head, failed.task_id))
-                _fill_task_node(task, failed.node_id)
-                if _advance_task(task, _S.JOB_STATE_FAILED):
-                    task.exit_code = failed.exit_code
-                    task.reason = failed.reason
-                    task.finished_at.CopyFrom(at)
-                put(task)
-            case "task_stop_requested":
-                stop = env.task_stop_requested
-                task = self._task(job_id, head, shape, _task_name(head, stop.task_id))
-                _fill_task_node(task, stop.node_id)
-                _advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
-                put(task)
-                head.stop_reason = stop.reason
-                head.stop_cause = stop.cause
-            case "task_idle":
-                idle = env.task_idle
-                task = self._task(job_id, head, shape, _task_name(head, idle.task_id))
-                _fill_task_node(task, idle.node_id)
-                _advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
+            case _:  # a report on one task: started, ended, asked to stop, idle or busy
+                report = getattr(env, kind)
+                task = self._task(job_id, head, shape, _task_name(head, report.task_id))
+                _fill_task_node(task, report.node_id)
+                if kind == "task_started":
+                    _advance_task(task, _S.JOB_STATE_RUNNING)
+                    task.started_at.CopyFrom(at)  # a fact even when its end was seen first
+                elif kind in ("task_finished", "task_failed"):
+                    failed = kind == "task_failed"
+                    end = _S.JOB_STATE_FAILED if failed else _S.JOB_STATE_FINISHED
+                    if _advance_task(task, end):
+                        task.exit_code = report.exit_code
+                        if failed:
+                            task.reason = report.reason
+                        task.finished_at.CopyFrom(at)
+                elif kind == "task_stop_requested":
+                    _advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
+                    head.stop_reason = report.reason
+                    head.stop_cause = report.cause
+                else:  # task_idle
+                    _advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
                 put(task)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
 from functools import reduce
 
 from hypothesis import given, settings
@@ -11,6 +10,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.readmodels import JobRecords, apply_job_event
 from libs.readmodels.jobs import task_key
+from tests.perf.workflow_bench import Counted
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
@@ -24,33 +24,6 @@ from tests.unit.libs.readmodels.readmodel_builders import (
 
 S = types_pb2.JobState
 J = "j-big"
-
-
-class Counted(MutableMapping[str, bytes]):
-    """A dict that counts what is written to it, as a changelog would carry it."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.writes = 0
-        self.bytes = 0
-
-    def __getitem__(self, key: str) -> bytes:
-        return self.data[key]
-
-    def __setitem__(self, key: str, value: bytes) -> None:
-        self.writes += 1
-        self.bytes += len(key) + len(value)
-        self.data[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        self.writes += 1
-        del self.data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
 
 
 def wide(n: int, job_id: str = J) -> types_pb2.JobSpec:
@@ -123,7 +96,7 @@ def test_a_large_workflow_costs_one_small_record_per_task_event() -> None:
     assert heads.writes <= 4
     task_events = 3 * len(names(spec))
     assert tasks.writes <= task_events + len(names(spec))  # the plan writes each once
-    written = heads.bytes + tasks.bytes  # the spec aside
+    written = heads.written + tasks.written  # the spec aside
     assert written / (task_events + 3) < 120
     assert len(spec.SerializeToString()) > 100 * 120
 
