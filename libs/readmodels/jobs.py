@@ -54,9 +54,12 @@ thousands of tasks costs O(1), in time and in bytes written:
 A workflow job's state and times, derived from its tasks, are derived when the
 job is read (``JobRecords.job``), which gives what deriving them after every
 event gives: the derived state only climbs, and the times are taken from the
-tasks as they are. The workflow's task names (checked once per job) are kept
-for the jobs folded last. A record that an event leaves as it was is not
-written again.
+tasks as they are. (Events that disagree on the spec, a workflow in one and
+none in another, may end otherwise than the whole-job fold did, which then
+depended on the order.) The workflow's task names (checked once per job) are
+kept for the jobs folded last. A record that an event leaves as it was is not
+written again. The cost left per event is decoding it: a task's placement
+carries the job's whole spec.
 """
 
 from __future__ import annotations
