@@ -351,10 +351,11 @@ class _Arrivals:
         self.elsewhere = max(now_ms, self.top + moved_ms)  # at a node without parents
 
     def at(self, node_id: str) -> float:
-        if node_id not in self.local:
+        local = self.local.get(node_id)
+        if local is None:
             return self.elsewhere
         other = self.runner_up if node_id == self.top_node else self.top
-        return max(self.now_ms, self.local[node_id], other + self.moved_ms)
+        return max(self.now_ms, local, other + self.moved_ms)
 
 
 class _Shortlist:
@@ -399,9 +400,8 @@ class _Shortlist:
                     elsewhere = ids[0]
             if elsewhere:
                 best = start(elsewhere, best)
-        bounds = sorted(
-            (self.lines[g].earliest_begin(arrivals.at(self.node_of[g])), g) for g in self.queued
-        )
+        lines, node_of, ready = self.lines, self.node_of, arrivals.at
+        bounds = sorted((lines[g].earliest_begin(ready(node_of[g])), g) for g in self.queued)
         for bound, gpu_id in bounds:
             # A run so short that it could round away at a busy place: no shortcut.
             if bound <= best or not task.run_ms > math.ulp(bound):
