@@ -52,10 +52,6 @@ class Workflow:
         """The tasks that name ``task_id`` as a parent, in workflow order."""
         return self._children.get(task_id, ())
 
-    def position(self, task_id: str) -> int:
-        """Where the task stands in ``tasks``."""
-        return self._positions[task_id]
-
     @cached_property
     def largest_model_mb(self) -> float:
         """The GPU memory its largest model needs (0: no task has a model)."""
@@ -74,13 +70,6 @@ class Workflow:
         for task in self.tasks:
             by_id.setdefault(task.task_id, task)
         return by_id
-
-    @cached_property
-    def _positions(self) -> dict[str, int]:
-        positions: dict[str, int] = {}
-        for i, task in enumerate(self.tasks):
-            positions.setdefault(task.task_id, i)
-        return positions
 
     @cached_property
     def _children(self) -> dict[str, tuple[str, ...]]:
