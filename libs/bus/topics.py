@@ -42,10 +42,20 @@ class Topics:
     decisions: TopicSpec
     deadletter: TopicSpec
     jobs_view: TopicSpec
+    job_specs_view: TopicSpec
+    job_tasks_view: TopicSpec
     nodes_view: TopicSpec
 
     def all(self) -> list[TopicSpec]:
-        return [self.events, self.decisions, self.deadletter, self.jobs_view, self.nodes_view]
+        return [
+            self.events,
+            self.decisions,
+            self.deadletter,
+            self.jobs_view,
+            self.job_specs_view,
+            self.job_tasks_view,
+            self.nodes_view,
+        ]
 
 
 def load_topic_config(path: Path | None = None) -> Topics:

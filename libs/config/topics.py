@@ -29,6 +29,8 @@ class TopicEntries(FileModel):
     decisions: TopicEntry
     deadletter: TopicEntry
     jobs_view: TopicEntry
+    job_specs_view: TopicEntry
+    job_tasks_view: TopicEntry
     nodes_view: TopicEntry
 
 

@@ -5,6 +5,7 @@ No I/O here; the projector service stores or serves what these return.
 
 from libs.readmodels.jobs import (
     DEFAULT_LIST_LIMIT,
+    JobRecords,
     apply_job_event,
     has_ended,
     job_key,
@@ -18,6 +19,7 @@ from libs.readmodels.usage import ClusterUsage, UsageLedger
 __all__ = [
     "DEFAULT_LIST_LIMIT",
     "ClusterUsage",
+    "JobRecords",
     "UsageLedger",
     "apply_job_event",
     "apply_node_event",

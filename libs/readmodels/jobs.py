@@ -39,13 +39,37 @@ order. Before any event carrying the spec arrives, a task id whose last part is
 not a placement number (``<n>`` or ``<n>.<rank>``) is taken for a workflow task;
 a workflow whose task names look like placement numbers is only recognised once
 its spec is seen. Workflow tasks are not requeued: ``JobRequeued`` is ignored.
+
+Kept as records (``JobRecords``), so that folding an event of a workflow of
+thousands of tasks costs O(1), in time and in bytes written:
+
+- ``heads``: job id -> ``qm.v1.Job`` with the job's own facts, without its spec
+  and without the tasks its workflow names (it keeps any other task: all of
+  them while the spec is unknown, and those a workflow does not name);
+- ``specs``: job id -> ``qm.v1.Job`` holding only the job's spec, written when
+  the spec is first seen (or the submission replaces it);
+- ``tasks``: a key of job id and task name -> ``qm.v1.JobTask``, one for each
+  task the workflow names.
+
+A workflow job's state and times, derived from its tasks, are derived when the
+job is read (``JobRecords.job``), which gives what deriving them after every
+event gives: the derived state only climbs, and the times are taken from the
+tasks as they are. (Events that disagree on the spec, a workflow in one and
+none in another, may end otherwise than the whole-job fold did, which then
+depended on the order.) The workflow's task names (checked once per job) are
+kept for the jobs folded last. A record that an event leaves as it was is not
+written again. The cost left per event is decoding it: a task's placement
+carries the job's whole spec.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -159,50 +183,363 @@ def apply_job_event(job: types_pb2.Job | None, env: events_pb2.Envelope) -> type
 
     Any event of a job creates the job when it is unknown (its job_submitted
     may still be on its way); envelopes about no job return ``job`` unchanged.
+    The whole job in, the whole job out: the projector keeps ``JobRecords``.
     """
     job_id = job_key(env)
     if job_id is None:
         return job
     if job is not None and job.job_id != job_id:
         raise ValueError(f"envelope for job {job_id!r} applied to job {job.job_id!r}")
-    new = types_pb2.Job(job_id=job_id)
+    records = JobRecords({}, {}, {})
     if job is not None:
-        new.CopyFrom(job)
-    kind = event_type(env)
-    if kind == "task_placed":
-        _fill_spec(new, env.task_placed.spec)
-    if _is_workflow_event(new, kind, env):
-        if kind in _TASK_EVENTS or kind in ("workflow_planned", "job_requeued"):
-            _apply_workflow_event(new, kind, env)
+        records.load(job)
+    records.apply(env)
+    return records.job(job_id)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a job's spec says of its tasks: whether a spec was seen, and the task
+    names of the workflow it runs as, in workflow order (None: it runs none)."""
+
+    known: bool
+    names: tuple[str, ...] | None = None
+    named: frozenset[str] = field(init=False, repr=False)  # the names, to look up
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "named", frozenset(self.names or ()))
+
+
+_NO_SPEC = _Shape(known=False)
+
+
+class JobRecords:
+    """The job read model kept as records (see the module's notes) in three mappings
+    of serialized messages: the projector's tables, or dicts.
+
+    Written by one folder (``apply``, ``load``), read by any (``job``, ``jobs``);
+    ``remembered``: for how many jobs the workflow's task names are kept.
+    """
+
+    def __init__(
+        self,
+        heads: MutableMapping[str, bytes],
+        specs: MutableMapping[str, bytes],
+        tasks: MutableMapping[str, bytes],
+        *,
+        remembered: int = 256,
+    ) -> None:
+        self.heads = heads
+        self.specs = specs
+        self.tasks = tasks
+        self._remembered = remembered
+        self._shapes: OrderedDict[str, _Shape] = OrderedDict()
+
+    # -- reading ---------------------------------------------------------------
+
+    def job(self, job_id: str) -> types_pb2.Job | None:
+        """The job as ``apply_job_event`` folds it: spec, tasks in order, derived state."""
+        job = self._head(job_id)
+        if job is None:
+            return None
+        spec = self._spec(job_id, job)
+        if spec is not None:
+            job.spec.CopyFrom(spec)
+        shape = self._shape(job_id, job)
+        if shape.names is not None:
+            inline = {task.name: task for task in job.tasks}
+            ordered: list[types_pb2.JobTask] = []
+            for name in shape.names:
+                data = self.tasks.get(task_key(job_id, name))
+                if data is not None:
+                    ordered.append(types_pb2.JobTask.FromString(data))
+                elif name in inline:  # a record kept before tasks had records of their own
+                    ordered.append(_copy(inline.pop(name)))
+            ordered += (_copy(task) for task in inline.values())  # by name, as kept
+            del job.tasks[:]
+            job.tasks.extend(ordered)
+            _settle_workflow(job, shape.names)
+        elif not shape.known and job.tasks:
+            _settle_workflow(job, ())
+        return job
+
+    def jobs(self, *, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT) -> list[types_pb2.Job]:
+        """Jobs of one allocation (all when empty), newest submission first; see
+        ``newest_jobs``. Only the jobs listed are put together with their tasks."""
+        listed = []
+        for job_id in list(self.heads):
+            head = self._head(job_id)
+            if head is None:
+                continue
+            spec = self._spec(job_id, head)
+            if spec is not None:
+                head.spec.CopyFrom(spec)
+            listed.append(head)
+        chosen = newest_jobs(listed, allocation=allocation, limit=limit)
+        return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
+
+    # -- folding ---------------------------------------------------------------
+
+    def apply(self, env: events_pb2.Envelope) -> None:
+        """Fold one envelope (one about no job changes nothing)."""
+        job_id = job_key(env)
+        if job_id is None:
+            return
+        stored = self.heads.get(job_id)
+        head = types_pb2.Job(job_id=job_id) if stored is None else _parse_head(stored)
+        if head.HasField("spec") and job_id not in self.specs:  # kept with its spec
+            self.specs[job_id] = _spec_record(job_id, head.spec)
+        head.ClearField("spec")
+        kind = event_type(env)
+        self._take_spec(job_id, head, kind, env)
+        shape = self._shape(job_id, head)
+        if shape.named and head.tasks:
+            self._file_tasks(job_id, head, shape)  # kept before tasks had records of their own
+        if self._is_workflow_event(head, shape, kind, env):
+            if kind in _TASK_EVENTS or kind in ("workflow_planned", "job_requeued"):
+                self._apply_workflow_event(head, shape, kind, env)
+            else:
+                _apply_job_event(head, kind, env)
+        elif kind in _TASK_EVENTS:
+            if _enter_task(head, task_attempt(getattr(env, kind).task_id)):
+                _apply_job_event(head, kind, env)
+        elif kind != "workflow_planned":  # a plan names a workflow; a spec saying otherwise wins
+            _apply_job_event(head, kind, env)
+        data = head.SerializeToString(deterministic=True)
+        if data != stored:
+            self.heads[job_id] = data
+
+    def load(self, job: types_pb2.Job) -> None:
+        """Keep a whole job (as ``job`` gives it) as records."""
+        head = _copy_job(job)
+        head.ClearField("spec")
+        if job.HasField("spec"):
+            self.specs[job.job_id] = _spec_record(job.job_id, job.spec)
+        self._shapes.pop(job.job_id, None)
+        shape = self._shape(job.job_id, head)
+        if shape.named:
+            self._file_tasks(job.job_id, head, shape)
+        self.heads[job.job_id] = head.SerializeToString(deterministic=True)
+
+    def forget_cached(self) -> None:
+        """Drop what is kept in memory besides the mappings (after they were changed
+        by someone else, as a test does)."""
+        self._shapes.clear()
+
+    # -- the spec and what it says of the tasks --------------------------------
+
+    def _head(self, job_id: str) -> types_pb2.Job | None:
+        data = self.heads.get(job_id)
+        return None if data is None else _parse_head(data)
+
+    def _spec(self, job_id: str, head: types_pb2.Job) -> types_pb2.JobSpec | None:
+        data = self.specs.get(job_id)
+        if data is not None:
+            return types_pb2.Job.FromString(data).spec
+        return head.spec if head.HasField("spec") else None  # a head kept with its spec
+
+    def _shape(self, job_id: str, head: types_pb2.Job) -> _Shape:
+        shape = self._shapes.get(job_id)
+        if shape is not None:
+            self._shapes.move_to_end(job_id)
+            return shape
+        spec = self._spec(job_id, head)
+        shape = _NO_SPEC if spec is None else _Shape(True, _workflow_names(spec))
+        self._shapes[job_id] = shape
+        if len(self._shapes) > self._remembered:
+            self._shapes.popitem(last=False)
+        return shape
+
+    def _take_spec(
+        self, job_id: str, head: types_pb2.Job, kind: str, env: events_pb2.Envelope
+    ) -> None:
+        """The earliest submission is the authority on the spec; other copies only fill
+        gaps. A later one is a duplicate request's claim, which lost (admission's
+        requests.py): it changes nothing."""
+        if kind == "job_submitted":
+            if not env.job_submitted.HasField("spec") or not _earliest(head, env):
+                return
+            spec = env.job_submitted.spec
+        elif kind in ("job_admitted", "job_rejected", "task_placed"):
+            if self._shape(job_id, head).known:
+                return
+            spec = getattr(env, kind).spec
+            if not spec.ByteSize():
+                return
         else:
-            _apply_job_event(new, kind, env)
-        _settle_workflow(new)
-        return new
-    if kind in _TASK_EVENTS and not _enter_task(new, task_attempt(getattr(env, kind).task_id)):
-        return new
-    if kind != "workflow_planned":  # a plan names a workflow; a spec saying otherwise wins
-        _apply_job_event(new, kind, env)
-    return new
+            return
+        record = _spec_record(job_id, spec)
+        if self.specs.get(job_id) == record:
+            return
+        before = self._shape(job_id, head)
+        self.specs[job_id] = record
+        self._shapes.pop(job_id, None)
+        after = self._shape(job_id, head)
+        # Tasks the old workflow named and the new one does not go back into the head.
+        for name in before.names or ():
+            key = task_key(job_id, name)
+            data = self.tasks.get(key)
+            if name not in after.named and data is not None:
+                _keep_inline(head, types_pb2.JobTask.FromString(data))
+                del self.tasks[key]
+        self._file_tasks(job_id, head, after)
+
+    def _file_tasks(self, job_id: str, head: types_pb2.Job, shape: _Shape) -> None:
+        """Give the tasks the workflow names records of their own."""
+        kept = []
+        for task in head.tasks:
+            if task.name in shape.named:
+                self._put_task(job_id, task)
+            else:
+                kept.append(_copy(task))
+        if len(kept) < len(head.tasks):
+            del head.tasks[:]
+            head.tasks.extend(kept)
+
+    # -- workflow tasks --------------------------------------------------------
+
+    def _is_workflow_event(
+        self, head: types_pb2.Job, shape: _Shape, kind: str, env: events_pb2.Envelope
+    ) -> bool:
+        if shape.known:
+            return shape.names is not None
+        if kind == "workflow_planned" or head.tasks:
+            return True
+        if kind == "task_placed" and env.task_placed.HasField("serving"):
+            return True
+        return kind in _TASK_EVENTS and _is_workflow_task(head, getattr(env, kind).task_id)
+
+    def _task(
+        self, job_id: str, head: types_pb2.Job, shape: _Shape, name: str
+    ) -> types_pb2.JobTask:
+        """The task to change: a copy of its record (``_put_task`` it back) or, for a
+        task the workflow does not name, the head's own (kept in order of name)."""
+        if name in shape.named:
+            data = self.tasks.get(task_key(job_id, name))
+            return (
+                types_pb2.JobTask(name=name) if data is None else types_pb2.JobTask.FromString(data)
+            )
+        return _keep_inline(head, types_pb2.JobTask(name=name), replace=False)
+
+    def _put_task(self, job_id: str, task: types_pb2.JobTask) -> None:
+        key = task_key(job_id, task.name)
+        data = task.SerializeToString(deterministic=True)
+        if self.tasks.get(key) != data:
+            self.tasks[key] = data
+
+    def _apply_workflow_event(
+        self, head: types_pb2.Job, shape: _Shape, kind: str, env: events_pb2.Envelope
+    ) -> None:
+        job_id = head.job_id
+
+        def put(task: types_pb2.JobTask) -> None:
+            if task.name in shape.named:
+                self._put_task(job_id, task)
+
+        at = env.occurred_at
+        match kind:
+            case "workflow_planned":
+                for planned in env.workflow_planned.tasks:
+                    task = self._task(job_id, head, shape, planned.name)
+                    task.planned_node_id = planned.node_id
+                    task.planned_gpu_index = planned.gpu_index
+                    _advance_task(task, _S.JOB_STATE_PENDING)
+                    put(task)
+                _advance(head, _S.JOB_STATE_PENDING)
+            case "job_requeued":
+                pass  # the scheduler does not requeue workflow tasks
+            case "task_placed":
+                placed = env.task_placed
+                name = placed.serving.name or _task_name(head, placed.task_id)
+                task = self._task(job_id, head, shape, name)
+                _advance_task(task, _S.JOB_STATE_PLACED)
+                task.node_id = placed.node_id
+                task.gpu_index = placed.gpu_indices[0] if placed.gpu_indices else 0
+                if placed.serving.planned_node_id:  # adjusted away from its plan
+                    task.planned_node_id = placed.serving.planned_node_id
+                    task.planned_gpu_index = placed.serving.planned_gpu_index
+                put(task)
+            case _:  # a report on one task: started, ended, asked to stop, idle or busy
+                report = getattr(env, kind)
+                task = self._task(job_id, head, shape, _task_name(head, report.task_id))
+                _fill_task_node(task, report.node_id)
+                if kind == "task_started":
+                    _advance_task(task, _S.JOB_STATE_RUNNING)
+                    task.started_at.CopyFrom(at)  # a fact even when its end was seen first
+                elif kind in ("task_finished", "task_failed", "task_lost"):
+                    failed = kind != "task_finished"
+                    end = _S.JOB_STATE_FAILED if failed else _S.JOB_STATE_FINISHED
+                    if _advance_task(task, end):
+                        task.exit_code = -1 if kind == "task_lost" else report.exit_code
+                        if failed:
+                            task.reason = report.reason
+                        task.finished_at.CopyFrom(at)
+                elif kind == "task_stop_requested":
+                    _advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
+                    head.stop_reason = report.reason
+                    head.stop_cause = report.cause
+                else:  # task_idle
+                    _advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
+                put(task)
+
+
+def task_key(job_id: str, name: str) -> str:
+    """The key of a workflow task's record: the job id's length first, so that no two
+    jobs' tasks share one whatever their ids and names hold."""
+    return f"{len(job_id)}:{job_id}/{name}"
+
+
+def _parse_head(data: bytes) -> types_pb2.Job:
+    return types_pb2.Job.FromString(data)
+
+
+def _spec_record(job_id: str, spec: types_pb2.JobSpec) -> bytes:
+    record = types_pb2.Job(job_id=job_id)
+    record.spec.CopyFrom(spec)
+    return record.SerializeToString(deterministic=True)
+
+
+def _copy(task: types_pb2.JobTask) -> types_pb2.JobTask:
+    copy = types_pb2.JobTask()
+    copy.CopyFrom(task)
+    return copy
+
+
+def _copy_job(job: types_pb2.Job) -> types_pb2.Job:
+    copy = types_pb2.Job()
+    copy.CopyFrom(job)
+    return copy
+
+
+def _keep_inline(
+    head: types_pb2.Job, task: types_pb2.JobTask, *, replace: bool = True
+) -> types_pb2.JobTask:
+    """The head's task of ``task``'s name, added in order of name if missing (set to
+    ``task`` when ``replace``); returned as held by the head, to be changed there."""
+    names = [t.name for t in head.tasks]
+    at = bisect.bisect_left(names, task.name)
+    if at < len(names) and names[at] == task.name:
+        if replace:
+            head.tasks[at].CopyFrom(task)
+        return head.tasks[at]
+    kept = [_copy(t) for t in head.tasks]
+    kept.insert(at, task)
+    del head.tasks[:]
+    head.tasks.extend(kept)
+    return head.tasks[at]
 
 
 def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
     at = env.occurred_at
     match kind:
-        case "job_submitted":
-            # The earliest submission is the authority on the spec; other copies only
-            # fill gaps. A later one is a duplicate request's claim, which lost
-            # (admission's requests.py): it changes nothing.
-            if not new.HasField("submitted_at") or _time(at) < _time(new.submitted_at):
-                if env.job_submitted.HasField("spec"):
-                    new.spec.CopyFrom(env.job_submitted.spec)
+        case "job_submitted":  # the spec is JobRecords' to keep
+            if _earliest(new, env):
                 new.submitted_at.CopyFrom(at)
             _advance(new, _S.JOB_STATE_SUBMITTED)
         case "job_admitted":
-            _fill_spec(new, env.job_admitted.spec)
             _advance(new, _S.JOB_STATE_PENDING)
         case "job_rejected":
             rejected = env.job_rejected
-            _fill_spec(new, rejected.spec)
             _advance(new, _S.JOB_STATE_REJECTED)
             if new.state == _S.JOB_STATE_REJECTED:
                 new.reason = rejected.reason
@@ -276,6 +613,13 @@ def _apply_job_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) ->
                 new.reason = getattr(env, kind).reason
                 if not new.HasField("finished_at"):  # the task's own end says it better
                     new.finished_at.CopyFrom(at)
+
+
+def _earliest(job: types_pb2.Job, env: events_pb2.Envelope) -> bool:
+    """Whether this submission is the earliest seen of the job (the others are claims of
+    duplicate requests, which lost); by time, so that any arrival order agrees."""
+    seen = job.HasField("submitted_at")
+    return not seen or _time(env.occurred_at) < _time(job.submitted_at)
 
 
 def newest_jobs(
@@ -367,11 +711,6 @@ def _cancel_if_stopped(job: types_pb2.Job) -> None:
         job.state = _S.JOB_STATE_CANCELLED
 
 
-def _fill_spec(job: types_pb2.Job, spec: types_pb2.JobSpec) -> None:
-    if not job.HasField("spec") and spec.ByteSize():
-        job.spec.CopyFrom(spec)
-
-
 def _fill_node(job: types_pb2.Job, node_id: str) -> None:
     if not job.node_id:
         job.node_id = node_id
@@ -401,23 +740,8 @@ def _is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
     return bool(job.tasks) or not _ATTEMPT.fullmatch(_task_name(job, task_id))
 
 
-def _is_workflow_event(job: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> bool:
-    if job.HasField("spec"):
-        return _workflow_names(job.spec) is not None
-    if kind == "workflow_planned" or job.tasks:
-        return True
-    if kind == "task_placed" and env.task_placed.HasField("serving"):
-        return True
-    return kind in _TASK_EVENTS and _is_workflow_task(job, getattr(env, kind).task_id)
-
-
 def _find_task(job: types_pb2.Job, name: str) -> types_pb2.JobTask | None:
     return next((t for t in job.tasks if t.name == name), None)
-
-
-def _task(job: types_pb2.Job, name: str) -> types_pb2.JobTask:
-    found = _find_task(job, name)
-    return found if found is not None else job.tasks.add(name=name)
 
 
 def _advance_task(task: types_pb2.JobTask, state: _State) -> bool:
@@ -427,79 +751,13 @@ def _advance_task(task: types_pb2.JobTask, state: _State) -> bool:
     return task.state == state
 
 
-def _apply_workflow_event(job: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
-    at = env.occurred_at
-    match kind:
-        case "workflow_planned":
-            for planned in env.workflow_planned.tasks:
-                task = _task(job, planned.name)
-                task.planned_node_id = planned.node_id
-                task.planned_gpu_index = planned.gpu_index
-                _advance_task(task, _S.JOB_STATE_PENDING)
-            _advance(job, _S.JOB_STATE_PENDING)
-        case "job_requeued":
-            pass  # the scheduler does not requeue workflow tasks
-        case "task_lost":
-            gone = env.task_lost
-            task = _task(job, _task_name(job, gone.task_id))
-            _fill_task_node(task, gone.node_id)
-            if _advance_task(task, _S.JOB_STATE_FAILED):
-                task.exit_code = -1
-                task.reason = gone.reason
-                task.finished_at.CopyFrom(at)
-        case "task_placed":
-            placed = env.task_placed
-            task = _task(job, placed.serving.name or _task_name(job, placed.task_id))
-            _advance_task(task, _S.JOB_STATE_PLACED)
-            task.node_id = placed.node_id
-            task.gpu_index = placed.gpu_indices[0] if placed.gpu_indices else 0
-            if placed.serving.planned_node_id:  # adjusted away from its plan
-                task.planned_node_id = placed.serving.planned_node_id
-                task.planned_gpu_index = placed.serving.planned_gpu_index
-        case "task_started":
-            started = env.task_started
-            task = _task(job, _task_name(job, started.task_id))
-            _fill_task_node(task, started.node_id)
-            _advance_task(task, _S.JOB_STATE_RUNNING)
-            task.started_at.CopyFrom(at)  # a fact even when its end was seen first
-        case "task_finished":
-            finished = env.task_finished
-            task = _task(job, _task_name(job, finished.task_id))
-            _fill_task_node(task, finished.node_id)
-            if _advance_task(task, _S.JOB_STATE_FINISHED):
-                task.exit_code = finished.exit_code
-                task.finished_at.CopyFrom(at)
-        case "task_failed":
-            failed = env.task_failed
-            task = _task(job, _task_name(job, failed.task_id))
-            _fill_task_node(task, failed.node_id)
-            if _advance_task(task, _S.JOB_STATE_FAILED):
-                task.exit_code = failed.exit_code
-                task.reason = failed.reason
-                task.finished_at.CopyFrom(at)
-        case "task_stop_requested":
-            stop = env.task_stop_requested
-            task = _task(job, _task_name(job, stop.task_id))
-            _fill_task_node(task, stop.node_id)
-            _advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
-            job.stop_reason = stop.reason
-            job.stop_cause = stop.cause
-        case "task_idle":
-            idle = env.task_idle
-            task = _task(job, _task_name(job, idle.task_id))
-            _fill_task_node(task, idle.node_id)
-            _advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
-
-
 def _fill_task_node(task: types_pb2.JobTask, node_id: str) -> None:
     if not task.node_id:
         task.node_id = node_id
 
 
-def _settle_workflow(job: types_pb2.Job) -> None:
-    """Order the tasks and derive the job's state and times from them."""
-    names = _workflow_names(job.spec) or ()
-    _order_tasks(job, names)
+def _settle_workflow(job: types_pb2.Job, names: tuple[str, ...]) -> None:
+    """Derive the job's state and times from its tasks (``names``: its workflow's)."""
     tasks = list(job.tasks)
     failed = [t for t in tasks if t.state == _S.JOB_STATE_FAILED]
     finished = [t for t in tasks if t.state == _S.JOB_STATE_FINISHED]
@@ -526,22 +784,6 @@ def _settle_workflow(job: types_pb2.Job) -> None:
         job.reason = f"task {first.name} failed" + (f": {first.reason}" if first.reason else "")
         job.finished_at.CopyFrom(first.finished_at)
     _cancel_if_stopped(job)
-
-
-def _order_tasks(job: types_pb2.Job, names: tuple[str, ...]) -> None:
-    """Tasks in workflow order; any the workflow does not name (or all, while the spec
-    is unknown) after those, by name: the same facts always give the same bytes."""
-    index = {name: i for i, name in enumerate(names)}
-    ordered = sorted(job.tasks, key=lambda t: (index.get(t.name, len(names)), t.name))
-    if [t.name for t in ordered] == [t.name for t in job.tasks]:
-        return
-    copies = []
-    for task in ordered:
-        copy = types_pb2.JobTask()
-        copy.CopyFrom(task)
-        copies.append(copy)
-    del job.tasks[:]
-    job.tasks.extend(copies)
 
 
 def _time(ts: Timestamp) -> tuple[int, int]:

@@ -1,9 +1,10 @@
-"""``python -m tests.perf.bench [core|live|all] [flags]``: run benchmarks, print numbers.
+"""``python -m tests.perf.bench [core|workflow|live|all] [flags]``: run benchmarks, print numbers.
 
-``make bench`` runs both. Each benchmark measures a baseline in the same run and
+``make bench`` runs them all. Each benchmark measures a baseline in the same run and
 prints medians and ratios against it; nothing is written to disk but scratch logs.
 
     python -m tests.perf.bench core --waiting 2000 --inputs 1000
+    python -m tests.perf.bench workflow --tasks 4096 --gpus 64 --shapes wide
     python -m tests.perf.bench live --rate 500 --duration 20 --modes echo,placement
     python -m tests.perf.bench live --duration 10 --modes placement --profile placement
 """
@@ -15,11 +16,14 @@ from collections.abc import Sequence
 
 from tests.perf.core_bench import CoreParams, report_core, run_core
 from tests.perf.live_bench import LiveParams, run_live
+from tests.perf.workflow_bench import WorkflowParams, run_workflow
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.bench", description=__doc__)
-    parser.add_argument("which", nargs="?", choices=("core", "live", "all"), default="all")
+    parser.add_argument(
+        "which", nargs="?", choices=("core", "workflow", "live", "all"), default="all"
+    )
     core = parser.add_argument_group("core")
     c = CoreParams()
     core.add_argument("--nodes", type=int, default=c.nodes)
@@ -29,6 +33,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     core.add_argument("--seed", type=int, default=c.seed)
     core.add_argument("--setup-budget", type=float, default=c.setup_budget_s, metavar="S")
     core.add_argument("--measure-budget", type=float, default=c.measure_budget_s, metavar="S")
+    flow = parser.add_argument_group("workflow")
+    w = WorkflowParams()
+    flow.add_argument("--tasks", type=int, default=w.tasks, help="tasks in the workflow")
+    flow.add_argument("--gpus", type=int, default=w.gpus)
+    flow.add_argument("--serving-gpus-per-node", type=int, default=w.gpus_per_node)
+    flow.add_argument("--shapes", default=",".join(w.shapes), help="wide,layered,chain")
+    flow.add_argument("--whole-budget", type=float, default=w.whole_budget_s, metavar="S")
     live = parser.add_argument_group("live")
     lp = LiveParams()
     live.add_argument("--sim-nodes", type=int, default=lp.nodes)
@@ -61,6 +72,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     setup_budget_s=args.setup_budget,
                     measure_budget_s=args.measure_budget,
                 )
+            )
+        )
+    if args.which in ("workflow", "all"):
+        if args.tasks < 3 or args.gpus < 1 or not 1 <= args.serving_gpus_per_node <= args.gpus:
+            raise SystemExit(
+                "--tasks must be >= 3 and --serving-gpus-per-node between 1 and --gpus"
+            )
+        run_workflow(
+            WorkflowParams(
+                tasks=args.tasks,
+                gpus=args.gpus,
+                gpus_per_node=args.serving_gpus_per_node,
+                shapes=tuple(s.strip() for s in args.shapes.split(",") if s.strip()),
+                seed=args.seed,
+                whole_budget_s=args.whole_budget,
             )
         )
     if args.which in ("live", "all"):

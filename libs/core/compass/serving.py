@@ -32,10 +32,20 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
-from libs.core.compass.planner import Assignment, GpuState, Input, Pending, PlanMode, Planner
+from libs.core.compass.planner import (
+    Assignment,
+    GpuState,
+    Input,
+    Pending,
+    PlanMode,
+    Planner,
+    Timeline,
+)
 from libs.core.compass.workflow import BYTES_PER_MB, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
@@ -59,12 +69,23 @@ MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
 
 @dataclass
 class _Gpu:
+    """One GPU as serving sees it.
+
+    ``planned`` and ``dispatched`` map task ids, in the order they came, to their
+    part of the GPU's fact in the digest: ``(task id, when its inputs arrive)``,
+    kept written out so that a fact costs a join, not a pass over the tasks.
+    """
+
     key: GpuKey
     memory_mb: float
     resident: dict[str, float] = field(default_factory=dict)  # model -> MB, as reported
-    planned: dict[str, None] = field(default_factory=dict)  # task ids, in plan order
-    dispatched: dict[str, None] = field(default_factory=dict)  # sent, not yet ended
+    planned: dict[str, str] = field(default_factory=dict)  # planned here, not sent yet
+    dispatched: dict[str, str] = field(default_factory=dict)  # sent, not yet ended
     started: dict[str, float] = field(default_factory=dict)  # task id -> start (ms)
+    planned_models: Counter[str] = field(default_factory=Counter)  # of the planned tasks
+    # Dispatched tasks whose part is written again at the GPU's next touch: the time
+    # their inputs arrive became known just after their send touched the GPU.
+    restated: set[str] = field(default_factory=set)
 
     @property
     def busy(self) -> bool:
@@ -74,29 +95,74 @@ class _Gpu:
     def label(self) -> str:
         return f"{self.key[0]}/{self.key[1]}"
 
+    def plan(self, task_id: str, model: str, part: str) -> None:
+        self.planned[task_id] = part
+        if model:
+            self.planned_models[model] += 1
+
+    def unplan(self, task_id: str, model: str) -> None:
+        if self.planned.pop(task_id, None) is not None and model:
+            self.planned_models[model] -= 1
+            if not self.planned_models[model]:
+                del self.planned_models[model]
+
+
+class _Flow:
+    """A planned workflow: where each task runs and how far it got.
+
+    Its fact in the digest names every task; the parts are kept written out in
+    task-name order, so that writing the fact after each change costs a join,
+    not a sort of the whole workflow.
+    """
+
+    def __init__(self, job_id: str, spec: JobSpec, workflow: Workflow, gpu: dict[str, GpuKey]):
+        self.job_id = job_id
+        self.spec = spec
+        self.workflow = workflow
+        self.gpu = gpu  # task name -> its GPU: planned, then where it was sent (see move)
+        self.parents_left = {t.task_id: len(t.parents) for t in workflow.tasks}
+        self.finished: dict[str, float] = {}  # task name -> end (ms)
+        self.dispatched: set[str] = set()
+        self.in_flight: dict[str, None] = {}  # sent to a GPU, not ended
+        self.ended = False  # failed or cancelled: nothing more is sent
+        self.abandoned: tuple[GpuKey, ...] = ()  # the GPUs its unsent tasks were planned on
+        names = sorted(gpu)
+        self._index = {name: i for i, name in enumerate(names)}
+        self._gpu_parts = [repr((name, gpu[name])) for name in names]
+        self._finished_parts: list[str | None] = [None] * len(names)
+        self._dispatched_parts: list[str | None] = [None] * len(names)
+
+    def move(self, name: str, key: GpuKey) -> None:
+        self.gpu[name] = key
+        self._gpu_parts[self._index[name]] = repr((name, key))
+
+    def dispatch(self, name: str) -> None:
+        self.dispatched.add(name)
+        self.in_flight[name] = None
+        self._dispatched_parts[self._index[name]] = repr(name)
+
+    def finish(self, name: str, at_ms: float) -> None:
+        self.finished[name] = at_ms
+        self.in_flight.pop(name, None)
+        self._finished_parts[self._index[name]] = repr((name, at_ms))
+
+    def fact(self) -> str:
+        """``f|job|sorted(gpu.items())|sorted(finished.items())|sorted(dispatched)|ended``."""
+        return (
+            f"f|{self.job_id}|[{', '.join(self._gpu_parts)}]"
+            f"|[{', '.join(filter(None, self._finished_parts))}]"
+            f"|[{', '.join(filter(None, self._dispatched_parts))}]|{self.ended}"
+        )
+
 
 @dataclass
-class _Flow:
-    job_id: str
-    spec: JobSpec
-    workflow: Workflow
-    gpu: dict[str, GpuKey]  # task name -> its GPU: planned, then where it was sent
-    parents_left: dict[str, int]
-    finished: dict[str, float] = field(default_factory=dict)  # task name -> end (ms)
-    dispatched: set[str] = field(default_factory=set)
-    ended: bool = False  # failed or cancelled: nothing more is sent
+class _Line:
+    """A GPU's timeline as of ``now_ms``, with the item of each task in it. Each
+    send edits it in place; any other change to the GPU drops it (see _touch)."""
 
-    @property
-    def in_flight(self) -> set[str]:
-        """Tasks sent to a GPU that have not ended."""
-        return self.dispatched - self.finished.keys()
-
-    @property
-    def fact(self) -> str:
-        return (
-            f"f|{self.job_id}|{sorted(self.gpu.items())}|{sorted(self.finished.items())}"
-            f"|{sorted(self.dispatched)}|{self.ended}"
-        )
+    now_ms: float
+    timeline: Timeline
+    items: dict[str, Pending]  # task id -> its item in the timeline
 
 
 class _NotPlanned(enum.Enum):
@@ -106,6 +172,10 @@ class _NotPlanned(enum.Enum):
 
 def task_id_of(job_id: str, name: str) -> str:
     return f"{job_id}/{name}"
+
+
+def _part(task_id: str, ready_ms: float | None) -> str:
+    return repr((task_id, ready_ms))
 
 
 class Serving:
@@ -123,15 +193,16 @@ class Serving:
         self._capacity = capacity
         self._reserved = reserved  # nodes batch preemption is freeing for a job: not ours
         self._fingerprint = fingerprint
-        self._facts: dict[str, str] = {}
         self._gpus: dict[GpuKey, _Gpu] = {}
+        self._lines: dict[GpuKey, _Line] = {}  # timelines kept for adjusting (see _line)
         self.pool: dict[GpuKey, None] = {}  # GPUs held from batch work for serving
         self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
         self._flows: dict[str, _Flow] = {}
         self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task)
-        # task id -> when its inputs arrive at its GPU: the plan's estimate, then
-        # (once sent) the known time. The planner plays each GPU's backlog forward.
-        self._ready: dict[str, float] = {}
+        # task id -> the task as its GPU's backlog holds it, with when its inputs arrive
+        # there: the plan's estimate, then (once sent) the known time. The planner
+        # plays each GPU's backlog forward.
+        self._items: dict[str, Pending] = {}
         self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
         # work frees joins it (GPU type, model size it must hold).
@@ -171,13 +242,13 @@ class Serving:
     def ended(self, task_id: str, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow."""
         job_id, task = self._tasks.pop(task_id)
-        self._ready.pop(task_id, None)
+        self._items.pop(task_id, None)
         flow = self._flows[job_id]
         gpu = self._gpus[flow.gpu[task.task_id]]
         gpu.dispatched.pop(task_id, None)
         gpu.started.pop(task_id, None)
         self._touch(gpu, now_ms)
-        flow.finished[task.task_id] = now_ms
+        flow.finish(task.task_id, now_ms)
         decisions: list[Decision] = []
         if exit_code != 0:
             self._abandon(flow, now_ms)
@@ -320,21 +391,16 @@ class Serving:
                 self._set_hungry((spec.gpu_type, need_mb))
         if self._holds(workflow, plan):
             return _NotPlanned.HELD  # the views were copies: nothing to undo
-        flow = _Flow(
-            job_id,
-            spec,
-            workflow,
-            gpu={a.task_id: by_label[a.gpu_id] for a in plan},
-            parents_left={t.task_id: len(t.parents) for t in workflow.tasks},
-        )
+        flow = _Flow(job_id, spec, workflow, gpu={a.task_id: by_label[a.gpu_id] for a in plan})
         self._flows[job_id] = flow
-        ready = {a.task_id: a.ready_ms for a in plan}
-        for task in workflow.tasks:
+        for task, assignment in zip(workflow.tasks, plan, strict=True):
             task_id = task_id_of(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
-            self._ready[task_id] = ready[task.task_id]
+            self._items[task_id] = Pending(
+                task.model, task.model_mb, task.run_ms, assignment.ready_ms, sent=False
+            )
             gpu = self._gpus[flow.gpu[task.task_id]]
-            gpu.planned[task_id] = None
+            gpu.plan(task_id, task.model, _part(task_id, assignment.ready_ms))
             self._acquire(gpu)
         decisions: list[Decision] = [
             Planned(
@@ -366,6 +432,13 @@ class Serving:
     def _views(
         self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
     ) -> dict[GpuKey, GpuState]:
+        """The GPUs a plan may use (see _candidates), as the planner sees them."""
+        return {
+            key: self._view(self._gpus[key], now_ms)
+            for key in self._candidates(spec, workflow, need_mb)
+        }
+
+    def _candidates(self, spec: JobSpec, workflow: Workflow, need_mb: float) -> list[GpuKey]:
         """The GPUs a plan may use: those serving now, then free ones while serving
         has room: first those already holding one of its models, then in node order.
         The hash baselines spread over every eligible GPU."""
@@ -373,14 +446,14 @@ class Serving:
         chosen = [key for key in self.pool if self._fits(key, spec.gpu_type, need_mb)]
         room = self._cap - len(self.pool)
         if room > 0:
-            models = {t.model for t in workflow.tasks if t.model}
+            models = workflow.models
             free = [key for key in self._free_gpus() if self._fits(key, spec.gpu_type, need_mb)]
             warm = [key for key in free if models & self._gpus[key].resident.keys()]
             wanted = room if self.mode in (PlanMode.HASH, PlanMode.JIT) else len(workflow.tasks)
             taken = set(warm)
             cold = [key for key in free if key not in taken][:wanted]
             chosen += (warm + cold)[:room]
-        return {key: self._view(self._gpus[key], now_ms) for key in sorted(chosen)}
+        return sorted(chosen)
 
     def _fits(self, key: GpuKey, gpu_type: str, need_mb: float) -> bool:
         """The GPU is registered, of the type asked for, with room for the largest model."""
@@ -402,43 +475,59 @@ class Serving:
 
     def _set_hungry(self, want: tuple[str, float] | None) -> None:
         self._hungry = want
-        self._refresh("h", f"h|{want}")
+        self._fingerprint.put("h", f"h|{want}")
 
-    def _view(self, gpu: _Gpu, now_ms: float, without: str = "") -> GpuState:
+    def _view(self, gpu: _Gpu, now_ms: float, *, sent_only: bool = False) -> GpuState:
         """The GPU as the planner sees it: when its running task ends, its models,
         and its backlog (sent, then planned) with when each task's inputs arrive."""
+        backlog = tuple(item for _, item in self._backlog(gpu, sent_only))
+        return self._state(gpu, now_ms, backlog)
+
+    def _state(self, gpu: _Gpu, now_ms: float, backlog: tuple[Pending, ...]) -> GpuState:
         free_at = now_ms
         for task_id, start in gpu.started.items():
             free_at = max(free_at, start + self._tasks[task_id][1].run_ms)
-        backlog = tuple(
-            Pending(
-                task.model,
-                task.model_mb,
-                task.run_ms,
-                self._ready[t],
-                sent=t in gpu.dispatched,
-            )
-            for t, task in (
-                (t, self._tasks[t][1])
-                for t in (*gpu.dispatched, *gpu.planned)
-                if t not in gpu.started and t != without
-            )
-        )
         return GpuState(gpu.label, gpu.key[0], free_at, dict(gpu.resident), gpu.memory_mb, backlog)
+
+    def _backlog(self, gpu: _Gpu, sent_only: bool = False) -> list[tuple[str, Pending]]:
+        """The tasks waiting for the GPU, sent then planned, each with its item."""
+        ids = gpu.dispatched.keys() if sent_only else (*gpu.dispatched, *gpu.planned)
+        return [(t, self._items[t]) for t in ids if t not in gpu.started]
+
+    def _line(self, gpu: _Gpu, now_ms: float) -> _Line:
+        """The GPU's timeline for adjusting, built once and then kept up to date."""
+        line = self._lines.get(gpu.key)
+        if line is None or line.now_ms != now_ms:
+            backlog = self._backlog(gpu)
+            reserve = self.mode is not PlanMode.JIT  # as Planner.adjust builds them
+            state = self._state(gpu, now_ms, tuple(item for _, item in backlog))
+            timeline = Timeline(self._planner, state, now_ms, reserve)
+            items = {t: item for t, item in backlog if item.sent or reserve}
+            line = self._lines[gpu.key] = _Line(now_ms, timeline, items)
+        return line
+
+    def _kept_lines(self, now_ms: float, *keys: GpuKey) -> dict[GpuKey, _Line]:
+        return {
+            key: line
+            for key in keys
+            if (line := self._lines.get(key)) is not None and line.now_ms == now_ms
+        }
 
     def _send(self, flow: _Flow, task: Task, now_ms: float) -> list[Decision]:
         """Send a ready task to its GPU, adjusting first when the plan went stale."""
         task_id = task_id_of(flow.job_id, task.task_id)
         planned = self._gpus[flow.gpu[task.task_id]]
+        planned.unplan(task_id, task.model)
         target, reason = self._adjust(flow, task, planned, now_ms)
-        planned.planned.pop(task_id, None)
+        kept = self._kept_lines(now_ms, planned.key, target.key)
         self._touch(planned, now_ms)
         if target is not planned:
-            flow.gpu[task.task_id] = target.key
+            flow.move(task.task_id, target.key)
             self._acquire(target)
-        target.dispatched[task_id] = None
+        target.dispatched[task_id] = _part(task_id, self._ready(task_id))
         self._touch(target)
-        flow.dispatched.add(task.task_id)
+        target.restated.add(task_id)  # its arrival, set below, shows from the next touch
+        flow.dispatch(task.task_id)
         arrival = max(
             (
                 flow.finished[p]
@@ -447,19 +536,24 @@ class Serving:
             ),
             default=now_ms,
         )
-        self._ready[task_id] = arrival
-        upcoming = tuple(
-            dict.fromkeys(
-                self._tasks[t][1].model for t in target.planned if self._tasks[t][1].model
-            )
+        item = self._items[task_id] = Pending(
+            task.model, task.model_mb, task.run_ms, arrival, sent=True
         )
+        # The two timelines follow the send (the touches above dropped them).
+        for key, line in kept.items():
+            left = line.items.pop(task_id, None)
+            sent = None
+            if key == target.key:
+                sent = line.items[task_id] = item
+            line.timeline.replace(None if left is None else line.timeline.find(left), sent)
+            self._lines[key] = line
         serving = ServingTask(
             task.task_id,
             task.model,
             task.model_mb,
             task.run_ms,
             max(0.0, arrival - now_ms),
-            upcoming,
+            self._upcoming(target),
             planned.key if target is not planned else None,
             reason,
         )
@@ -475,25 +569,49 @@ class Serving:
         else:
             return planned, ""
         task_id = task_id_of(flow.job_id, task.task_id)
-        own = self._view(planned, now_ms, without=task_id)
-        wait = self._planner.wait_ms(own, now_ms)
+        # A task ready now waits only for what was sent before it (the planned tasks,
+        # this one among them, go after it): a kept timeline answers, or those alone.
+        kept = self._kept_lines(now_ms, planned.key).get(planned.key)
+        if kept is not None:
+            wait = kept.timeline.wait(now_ms)
+        else:
+            wait = self._planner.wait_ms(self._view(planned, now_ms, sent_only=True), now_ms)
         if threshold and wait <= threshold * task.run_ms:
             return planned, ""  # the common case: no need to look at other GPUs
-        views = self._views(flow.spec, flow.workflow, task.model_mb, now_ms)
-        views[planned.key] = own
         inputs = [Input(flow.gpu[p][0], flow.finished[p]) for p in task.parents]
-        chosen = self._planner.adjust(
-            task, own, list(views.values()), now_ms, threshold, inputs=inputs
+        own = self._line(planned, now_ms)
+        self._leave_behind(own, task_id, task, now_ms, inputs)
+        lines = {
+            self._line(self._gpus[key], now_ms).timeline: key
+            for key in self._candidates(flow.spec, flow.workflow, task.model_mb)
+        }
+        chosen = self._planner.adjust_lines(
+            task, own.timeline, list(lines), now_ms, threshold, inputs=inputs
         )
-        if chosen.gpu_id == planned.label:
+        if chosen is own.timeline:
             return planned, ""
-        target = next(self._gpus[key] for key, view in views.items() if view is chosen)
+        target = self._gpus[lines[chosen]]
         if self.mode is PlanMode.JIT:
             return target, "re-routed at run time (jit)"
         return target, (
             f"{wait:.0f} ms wait on {planned.label} exceeds {threshold:g}× its "
             f"{task.run_ms:g} ms run"
         )
+
+    def _leave_behind(
+        self, own: _Line, task_id: str, task: Task, now_ms: float, inputs: list[Input]
+    ) -> None:
+        """Weigh the planned GPU without the task (its item is still in the kept
+        timeline, to be moved there in one edit if it stays): only an item ahead of
+        the task's own turn makes a difference, and is taken out now."""
+        item = own.items.get(task_id)
+        if item is None:
+            return
+        ready = self._planner.ready_at(task, own.timeline.node_id, now_ms, inputs)
+        at = own.timeline.find(item)
+        if at < own.timeline.slot(ready):
+            own.timeline.replace(at, None)
+            del own.items[task_id]
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -504,50 +622,78 @@ class Serving:
         self._touch(gpu)
 
     def _abandon(self, flow: _Flow, now_ms: float) -> None:
-        """Stop sending a failed or cancelled flow's tasks; planned ones are dropped."""
+        """Stop sending a failed or cancelled flow's tasks; planned ones are dropped.
+
+        Again (another task failed): only the GPUs they were planned on are touched,
+        as going through the dropped tasks once more would.
+        """
+        if flow.ended:
+            for key in flow.abandoned:
+                self._touch(self._gpus[key], now_ms)
+            return
         flow.ended = True
+        abandoned: dict[GpuKey, None] = {}
         for task in flow.workflow.tasks:
             if task.task_id in flow.dispatched:
                 continue
             task_id = task_id_of(flow.job_id, task.task_id)
             self._tasks.pop(task_id, None)
-            self._ready.pop(task_id, None)
+            self._items.pop(task_id, None)
             gpu = self._gpus[flow.gpu[task.task_id]]
-            gpu.planned.pop(task_id, None)
+            gpu.unplan(task_id, task.model)
             self._touch(gpu, now_ms)
+            abandoned[gpu.key] = None
+        flow.abandoned = tuple(abandoned)
 
     def _forget(self, flow: _Flow) -> None:
         del self._flows[flow.job_id]
-        self._fingerprint.remove(self._facts.pop(f"f|{flow.job_id}"))
+        self._fingerprint.drop(f"f|{flow.job_id}")
         for task in flow.workflow.tasks:
             self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
-            self._ready.pop(task_id_of(flow.job_id, task.task_id), None)
+            self._items.pop(task_id_of(flow.job_id, task.task_id), None)
 
     def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
-        """Fold a GPU's change into the digest; a drained pool GPU starts lingering."""
+        """Fold a GPU's change into the digest; a drained pool GPU starts lingering.
+
+        Every change to what its fact reads is followed by a touch, so the fact,
+        written when the digest is read, is what it would have been here.
+        """
         if gpu.busy:
             self._idle_since.pop(gpu.key, None)
         elif now_ms is not None and gpu.key in self.pool:
             self._idle_since.setdefault(gpu.key, now_ms)
-        fact = (
+        for task_id in gpu.restated:
+            if task_id in gpu.dispatched:
+                gpu.dispatched[task_id] = _part(task_id, self._ready(task_id))
+        gpu.restated.clear()
+        self._lines.pop(gpu.key, None)
+        self._fingerprint.defer(f"g|{gpu.label}", partial(self._gpu_fact, gpu))
+
+    def _ready(self, task_id: str) -> float | None:
+        item = self._items.get(task_id)
+        return None if item is None else item.ready_ms
+
+    def _gpu_fact(self, gpu: _Gpu) -> str:
+        return (
             f"g|{gpu.label}|{gpu.memory_mb}|{list(gpu.resident.items())}"
-            f"|{[(t, self._ready.get(t)) for t in gpu.planned]}"
-            f"|{[(t, self._ready.get(t)) for t in gpu.dispatched]}"
+            f"|[{', '.join(gpu.planned.values())}]|[{', '.join(gpu.dispatched.values())}]"
             f"|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
             f"|{self._idle_since.get(gpu.key)}"
         )
-        self._refresh(f"g|{gpu.label}", fact)
 
     def _touch_flow(self, flow: _Flow) -> None:
-        self._refresh(f"f|{flow.job_id}", flow.fact)
+        self._fingerprint.defer(f"f|{flow.job_id}", flow.fact)
 
-    def _refresh(self, key: str, fact: str) -> None:
-        old = self._facts.get(key)
-        if old is None:
-            self._fingerprint.add(fact)
-        else:
-            self._fingerprint.replace(old, fact)
-        self._facts[key] = fact
+    def _upcoming(self, gpu: _Gpu) -> tuple[str, ...]:
+        """The models planned on the GPU, each once, in plan order (its cache's look-ahead)."""
+        models: dict[str, None] = {}
+        for task_id in gpu.planned:
+            if len(models) == len(gpu.planned_models):
+                break  # seen them all: the rest of the queue adds none
+            model = self._tasks[task_id][1].model
+            if model:
+                models[model] = None
+        return tuple(models)
 
     @property
     def _cap(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 BYTES_PER_MB = 1_000_000  # model sizes and GPU caches are counted in MB of 10^6 bytes
 
@@ -44,15 +45,38 @@ class Workflow:
     tasks: tuple[Task, ...]  # in topological order
 
     def task(self, task_id: str) -> Task:
-        return next(t for t in self.tasks if t.task_id == task_id)
+        return self._by_id[task_id]
 
     def children(self, task_id: str) -> tuple[str, ...]:
-        return tuple(t.task_id for t in self.tasks if task_id in t.parents)
+        """The tasks that name ``task_id`` as a parent, in workflow order."""
+        return self._children.get(task_id, ())
 
-    @property
+    @cached_property
     def largest_model_mb(self) -> float:
         """The GPU memory its largest model needs (0: no task has a model)."""
         return max((t.model_mb for t in self.tasks), default=0.0)
+
+    @cached_property
+    def models(self) -> frozenset[str]:
+        """The models its tasks serve."""
+        return frozenset(t.model for t in self.tasks if t.model)
+
+    # Indexes built on first use, so that looking a task up costs O(1) however large
+    # the workflow (the first task of an id wins, as in a workflow not yet checked).
+    @cached_property
+    def _by_id(self) -> dict[str, Task]:
+        by_id: dict[str, Task] = {}
+        for task in self.tasks:
+            by_id.setdefault(task.task_id, task)
+        return by_id
+
+    @cached_property
+    def _children(self) -> dict[str, tuple[str, ...]]:
+        children: dict[str, list[str]] = {}
+        for task in self.tasks:
+            for parent in dict.fromkeys(task.parents):
+                children.setdefault(parent, []).append(task.task_id)
+        return {parent: tuple(kids) for parent, kids in children.items()}
 
 
 def build_workflow(name: str, raw: Sequence[Task], gpu_memory_mb: float) -> Workflow:
@@ -96,14 +120,25 @@ def build_workflow(name: str, raw: Sequence[Task], gpu_memory_mb: float) -> Work
 
 
 def _topological(name: str, tasks: dict[str, Task]) -> tuple[Task, ...]:
+    """Tasks in rounds: each round, by id, the tasks whose parents all came in earlier
+    rounds (Kahn's algorithm, one level at a time: O(n log n + edges))."""
+    left = {task_id: len(set(task.parents)) for task_id, task in tasks.items()}
+    children: dict[str, list[str]] = {}
+    for task_id, task in tasks.items():
+        for parent in set(task.parents):
+            children.setdefault(parent, []).append(task_id)
     ordered: list[Task] = []
-    done: set[str] = set()
-    pending = dict(tasks)
-    while pending:
-        ready = sorted(t for t, task in pending.items() if set(task.parents) <= done)
-        if not ready:
-            raise WorkflowError(f"{name}/{min(pending)}: part of a cycle")
+    ready = sorted(task_id for task_id, count in left.items() if count == 0)
+    while ready:
+        following: list[str] = []
         for task_id in ready:
-            ordered.append(pending.pop(task_id))
-            done.add(task_id)
+            ordered.append(tasks[task_id])
+            for child in children.get(task_id, ()):
+                left[child] -= 1
+                if left[child] == 0:
+                    following.append(child)
+        ready = sorted(following)
+    if len(ordered) < len(tasks):
+        placed = {task.task_id for task in ordered}
+        raise WorkflowError(f"{name}/{min(set(tasks) - placed)}: part of a cycle")
     return tuple(ordered)

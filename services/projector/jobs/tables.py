@@ -1,25 +1,28 @@
-"""Job id -> serialized ``qm.v1.Job``."""
+"""Jobs as records (see ``libs.readmodels.jobs``): heads, specs and workflow tasks,
+a table each, written by the jobs agent alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from qm.v1 import events_pb2, types_pb2
 
-from qm.v1 import types_pb2
-
+from libs.readmodels import DEFAULT_LIST_LIMIT, JobRecords
 from services.projector.app import TOPICS, protobuf_table
 
 jobs = protobuf_table("jobs", TOPICS.jobs_view)
+job_specs = protobuf_table("job_specs", TOPICS.job_specs_view)
+job_tasks = protobuf_table("job_tasks", TOPICS.job_tasks_view)
+records = JobRecords(jobs, job_specs, job_tasks)
+
+
+def fold_job_event(env: events_pb2.Envelope) -> None:
+    """Fold an envelope into the tables; only from the jobs agent (a table is
+    written by one agent)."""
+    records.apply(env)
 
 
 def get_job(job_id: str) -> types_pb2.Job | None:
-    data = jobs.get(job_id)
-    return None if data is None else types_pb2.Job.FromString(data)
+    return records.job(job_id)
 
 
-def put_job(job: types_pb2.Job) -> None:
-    """Store a job; only from the jobs agent (a table is written by one agent)."""
-    jobs[job.job_id] = job.SerializeToString(deterministic=True)
-
-
-def all_jobs() -> Iterator[types_pb2.Job]:
-    return (types_pb2.Job.FromString(data) for data in list(jobs.values()))
+def list_jobs(allocation: str = "", limit: int = DEFAULT_LIST_LIMIT) -> list[types_pb2.Job]:
+    return records.jobs(allocation=allocation, limit=limit)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from faust import web
 from qm.v1 import job_service_pb2
 
-from libs.readmodels import newest_jobs
 from services.projector.app import app
 from services.projector.contract import PROTOBUF
-from services.projector.jobs.tables import all_jobs, get_job
+from services.projector.jobs.tables import get_job, list_jobs
 
 
 @app.page("/jobs/{job_id}")
@@ -30,6 +29,6 @@ class JobListView(web.View):
             limit = -1
         if limit < 0:
             return self.error(400, f"limit must be a non-negative integer, not {raw_limit!r}")
-        jobs = newest_jobs(all_jobs(), allocation=request.query.get("allocation", ""), limit=limit)
+        jobs = list_jobs(allocation=request.query.get("allocation", ""), limit=limit)
         reply = job_service_pb2.ListJobsResponse(jobs=jobs)
         return self.bytes(reply.SerializeToString(deterministic=True), content_type=PROTOBUF)

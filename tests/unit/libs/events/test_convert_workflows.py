@@ -219,3 +219,17 @@ def test_the_largest_gpu_in_mb() -> None:
     assert gpu_memory_mb(inventory, "T4") == 16_000
     assert gpu_memory_mb(inventory, "A100") == 0
     assert math.isclose(gpu_memory_mb(types_pb2.NodeInventory()), 0)
+
+
+def test_every_task_placed_carries_its_spec_whole_and_apart() -> None:
+    # Placement converts a workflow's spec once for all its tasks; each placement still
+    # carries the spec as spec_to_proto writes it, and changing one changes no other.
+    spec = job(1, command=(), workflow=TRANSLATION, min_runtime_s=0)
+    places = [Place("j-1", f"j-1/{t.task_id}", "n1", (0,), spec) for t in TRANSLATION.tasks]
+    first, second = (decision_payload(p, PROVENANCE) for p in places[:2])
+    assert isinstance(first, events_pb2.TaskPlaced) and isinstance(second, events_pb2.TaskPlaced)
+    assert first.spec == second.spec == spec_to_proto(spec)
+    first.spec.workflow.tasks[0].task_id = "changed"
+    third = decision_payload(places[2], PROVENANCE)
+    assert isinstance(third, events_pb2.TaskPlaced)
+    assert third.spec == second.spec == spec_to_proto(spec)

@@ -12,7 +12,7 @@ import pytest
 from libs.readmodels import UsageLedger
 from services.projector.app import app
 from services.projector.inputs import deadletters
-from services.projector.jobs.tables import jobs
+from services.projector.jobs.tables import job_specs, job_tasks, jobs, records
 from services.projector.nodes.tables import nodes
 from services.projector.usage import state as usage
 
@@ -23,7 +23,9 @@ def projector() -> Iterator[faust.App]:
     app.discover()  # imports agents, tables and views as the worker does
     app.flow_control.resume()
     yield app
-    jobs.data.clear()
+    for table in (jobs, job_specs, job_tasks):
+        table.data.clear()
+    records.forget_cached()
     nodes.data.clear()
     usage.ledger = UsageLedger(usage.WINDOW_S)
     usage.rebuilt.clear()

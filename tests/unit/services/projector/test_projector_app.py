@@ -7,14 +7,19 @@ import subprocess
 import sys
 
 from services.projector.app import TOPICS, app
-from services.projector.jobs.tables import jobs
+from services.projector.jobs.tables import job_specs, job_tasks, jobs
 from services.projector.nodes.tables import nodes
 
 
 def test_changelogs_are_the_configured_topics() -> None:
-    assert jobs.changelog_topic.get_topic_name() == TOPICS.jobs_view.name
-    assert nodes.changelog_topic.get_topic_name() == TOPICS.nodes_view.name
-    assert jobs.partitions == TOPICS.jobs_view.partitions == TOPICS.events.partitions
+    for table, topic in (
+        (jobs, TOPICS.jobs_view),
+        (job_specs, TOPICS.job_specs_view),
+        (job_tasks, TOPICS.job_tasks_view),
+        (nodes, TOPICS.nodes_view),
+    ):
+        assert table.changelog_topic.get_topic_name() == topic.name
+        assert table.partitions == topic.partitions == TOPICS.events.partitions
     assert app.conf.topic_partitions == TOPICS.events.partitions
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from libs.core import (
@@ -25,6 +27,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.compass import Task, Workflow, build_workflow
+from libs.core.compass.serving import Serving
 from tests.builders import job
 
 GIB_80 = 80.0
@@ -287,3 +290,40 @@ def test_a_held_workflow_holds_back_only_its_own_gpu_type() -> None:
     out = run(s, [JobArrived(1.1, "a0", job(1, workflow=CHAIN, gpu_type="A100"))])
     [plan] = [d for d in out if isinstance(d, Planned)]
     assert plan.job_id == "a0" and {t.node_id for t in plan.tasks} == {"a1"}
+
+
+@pytest.mark.parametrize("mode", ["compass", "jit"])
+def test_kept_timelines_decide_as_timelines_built_afresh_for_every_send(mode: str) -> None:
+    # A fan-out sends 40 tasks in one input: serving keeps each GPU's timeline and
+    # edits it per send; building them anew for every send must decide the same,
+    # with the same digests.
+    fan = build_workflow(
+        "fan",
+        [
+            Task("root", "llm", 5000, 100, 1, 1),
+            *(Task(f"x{i:02d}", "vit", 1000, 50 + i, 1, 1, ("root",)) for i in range(40)),
+        ],
+        gpu_memory_mb=1e9,
+    )
+
+    def decide_all() -> list[tuple[list[Decision], bytes]]:
+        s = Scheduler(PolicyConfig(serving_mode=mode, serving_max_fraction=1.0))
+        steps = [NodeJoined(0, gpu_node("n1", 4)), NodeJoined(0, gpu_node("n2", 4))]
+        steps += [JobArrived(1, "w1", flow(fan)), JobArrived(1.01, "w2", flow(fan))]
+        steps += [TaskStarted(1.02, "w1", "w1/root", "n1"), TaskEnded(1.2, "w1", "w1/root", "n1")]
+        return [(s.handle(step), s.digest()) for step in steps]
+
+    kept = decide_all()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Serving, "_kept_lines", lambda self, now_ms, *keys: {})
+        original = Serving._line
+
+        def afresh(self: Serving, gpu: Any, now_ms: float) -> Any:
+            self._lines.pop(gpu.key, None)
+            return original(self, gpu, now_ms)
+
+        patch.setattr(Serving, "_line", afresh)
+        assert decide_all() == kept
+    sent = [p for p in places(kept[-1][0]) if p.job_id == "w1"]
+    assert len(sent) == 40
+    assert any(p.serving is not None and p.serving.planned is not None for p in sent)  # moved
