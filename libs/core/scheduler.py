@@ -164,11 +164,11 @@ class Scheduler:
                 if not lost:
                     return []  # only time passed: the next tick's pass sees it
                 decisions += lost
-            case TaskStarted() if self._serving.owns(event.task_id):
+            case TaskStarted() if self._serving.owns(event.task_id, event.node_id):
                 self._serving.started(event.task_id, self._now_ms)
             case TaskStarted():
                 self._started(event)
-            case TaskEnded() if self._serving.owns(event.task_id):
+            case TaskEnded() if self._serving.owns(event.task_id, event.node_id):
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case TaskEnded():
                 decisions += self._ended(event.job_id, event.task_id, event.node_id, event.at)
@@ -361,7 +361,9 @@ class Scheduler:
         known = self._incarnations.get(node_id)
         decisions: list[Decision] = []
         if event.incarnation and known is not None and known != event.incarnation:
-            decisions += self._lose_tasks(node_id, f"the node agent on {node_id} restarted")
+            restarted = f"the node agent on {node_id} restarted"
+            decisions += self._lose_tasks(node_id, restarted)
+            decisions += self._serving.lose(node_id, restarted, self._now_ms)
         if known is not None:
             self._fingerprint.remove(f"i|{node_id}|{known}")
         self._incarnations[node_id] = event.incarnation
@@ -401,6 +403,7 @@ class Scheduler:
         self._lease(node_id, False)
         decisions: list[Decision] = [NodeLost(node_id, self._incarnations.get(node_id, ""), why)]
         decisions += self._lose_tasks(node_id, f"node {node_id} lost: {why}")
+        decisions += self._serving.lose(node_id, f"node {node_id} lost: {why}", self._now_ms)
         node = self._capacity.nodes.get(node_id)
         if node is not None:
             self._fingerprint.remove(_node_fact(node))

@@ -8,7 +8,7 @@ read the log alike.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from dataclasses import replace
 
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
@@ -171,25 +171,6 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
     )
 
 
-# The last specs placed, by identity: placement places every task of a workflow with
-# its job's spec (the same object), which would otherwise be converted, workflow and
-# all, once per task. The object is kept with its message, so an id is never reused.
-_PLACED_SPECS_KEPT = 8
-_placed_specs: OrderedDict[int, tuple[JobSpec, types_pb2.JobSpec]] = OrderedDict()
-
-
-def _placed_spec(spec: JobSpec) -> types_pb2.JobSpec:
-    """``spec_to_proto(spec)``, shared: copy it, never change it."""
-    kept = _placed_specs.get(id(spec))
-    if kept is not None and kept[0] is spec:
-        return kept[1]
-    message = spec_to_proto(spec)
-    _placed_specs[id(spec)] = (spec, message)
-    if len(_placed_specs) > _PLACED_SPECS_KEPT:
-        _placed_specs.popitem(last=False)
-    return message
-
-
 def gpu_memory_mb(inventory: types_pb2.NodeInventory, gpu_type: str = "") -> float:
     """A node's largest GPU in MB (10^6 bytes, as model sizes); 0 when it has none.
 
@@ -311,12 +292,18 @@ def decision_payload(
     rejection repeats when it fits (a spec rejected for its size is left out)."""
     match decision:
         case Place():
+            # A workflow task's placement leaves the workflow out: the task's part of it
+            # is its ServingTask, the whole is in the job's submission, and a copy per
+            # task would be the workflow's size times its tasks on the decisions topic.
+            placed_spec = decision.spec
+            if decision.serving is not None:
+                placed_spec = replace(placed_spec, workflow=None)
             placed = events_pb2.TaskPlaced(
                 job_id=decision.job_id,
                 task_id=decision.task_id,
                 node_id=decision.node_id,
                 gpu_indices=list(decision.gpu_indices),
-                spec=_placed_spec(decision.spec),  # copied in
+                spec=spec_to_proto(placed_spec),
                 provenance=provenance,
                 node_incarnation=decision.node_incarnation,
             )

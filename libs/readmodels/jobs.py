@@ -363,6 +363,8 @@ class JobRecords:
         elif kind in ("job_admitted", "job_rejected", "task_placed"):
             if self._shape(job_id, head).known:
                 return
+            if kind == "task_placed" and env.task_placed.HasField("serving"):
+                return  # a workflow task's placement leaves the workflow out of its spec
             spec = getattr(env, kind).spec
             if not spec.ByteSize():
                 return

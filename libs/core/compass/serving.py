@@ -51,12 +51,14 @@ from libs.core.config import PolicyConfig
 from libs.core.decisions import (
     Cancel,
     Decision,
+    JobLost,
     Place,
     Planned,
     PlannedTask,
     ServingTask,
     Stop,
     StopCause,
+    TaskLost,
     Wait,
 )
 from libs.core.fingerprint import Fingerprint
@@ -216,8 +218,11 @@ class Serving:
             gpu.memory_mb = node.gpu_memory_gib * MB_PER_GIB
             self._touch(gpu)
 
-    def owns(self, task_id: str) -> bool:
-        return task_id in self._tasks
+    def owns(self, task_id: str, node_id: str) -> bool:
+        """Whether the task is a workflow task sent to (or planned on) ``node_id``; a
+        report from any other node is not believed."""
+        known = self._tasks.get(task_id)
+        return known is not None and self._flows[known[0]].gpu[known[1].task_id][0] == node_id
 
     def loaded(self, node_id: str, gpu_index: int, model: str, size_mb: float) -> None:
         gpu = self._gpus.get((node_id, gpu_index))
@@ -320,6 +325,52 @@ class Serving:
             del self.pool[key]
             self._capacity.give(key[0], [key[1]])
             self._touch(self._gpus[key])
+
+    def lose(self, node_id: str, why: str, now_ms: float) -> list[Decision]:
+        """A node was lost, or its agent restarted: the tasks sent there are lost, and
+        with them every workflow that sent or planned a task there (its other tasks
+        under way are stopped); the node's GPUs leave the pool, their models gone."""
+        keys = sorted(key for key in self._gpus if key[0] == node_id)
+        hit: dict[str, None] = {}  # the workflows lost, in a deterministic order
+        for key in keys:
+            gpu = self._gpus[key]
+            for task_id in (*gpu.dispatched, *gpu.planned):
+                hit[self._tasks[task_id][0]] = None
+        decisions: list[Decision] = []
+        for job_id in hit:
+            decisions += self._lose_flow(self._flows[job_id], node_id, why, now_ms)
+        for key in keys:
+            gpu = self._gpus[key]
+            if key in self.pool:  # back to the node's capacity: free when it returns
+                del self.pool[key]
+                self._capacity.give(key[0], [key[1]])
+            self._idle_since.pop(key, None)
+            gpu.resident.clear()
+            self._touch(gpu)
+        return decisions
+
+    def _lose_flow(self, flow: _Flow, node_id: str, why: str, now_ms: float) -> list[Decision]:
+        self._abandon(flow, now_ms)
+        decisions: list[Decision] = []
+        for name in sorted(flow.in_flight):
+            task_id = task_id_of(flow.job_id, name)
+            at = flow.gpu[name]
+            if at[0] != node_id:
+                decisions.append(Stop(flow.job_id, task_id, at[0], StopCause.NODE_LOST, why))
+                continue
+            decisions.append(TaskLost(flow.job_id, task_id, node_id, why))
+            gpu = self._gpus[at]
+            gpu.dispatched.pop(task_id, None)
+            gpu.started.pop(task_id, None)
+            self._tasks.pop(task_id, None)
+            self._items.pop(task_id, None)
+            flow.finish(name, now_ms)
+            self._touch(gpu, now_ms)
+        decisions.append(JobLost(flow.job_id, f"{why}; a workflow does not go on without it"))
+        self._touch_flow(flow)
+        if not flow.in_flight:
+            self._forget(flow)
+        return decisions
 
     def cancel(self, job_id: str, now_ms: float) -> list[Decision] | None:
         """Withdraw a workflow; None when the job is not a workflow this knows."""

@@ -14,6 +14,7 @@ from libs.core import (
     JobArrived,
     JobSpec,
     ModelLoaded,
+    NodeHeartbeat,
     NodeJoined,
     NodeSpec,
     Place,
@@ -22,6 +23,7 @@ from libs.core import (
     Scheduler,
     Stop,
     TaskEnded,
+    TaskLost,
     TaskStarted,
     Tick,
     Wait,
@@ -327,3 +329,57 @@ def test_kept_timelines_decide_as_timelines_built_afresh_for_every_send(mode: st
     sent = [p for p in places(kept[-1][0]) if p.job_id == "w1"]
     assert len(sent) == 40
     assert any(p.serving is not None and p.serving.planned is not None for p in sent)  # moved
+
+
+# -- lost nodes ---------------------------------------------------------------
+
+
+def fan_running(s: Scheduler) -> Place:
+    """The fan on two one-GPU nodes whose agents heartbeat; its root runs."""
+    out = run(
+        s,
+        [
+            NodeJoined(0, gpu_node("n1"), "one", 5),
+            NodeJoined(0, gpu_node("n2"), "one", 5),
+            JobArrived(1, "w1", flow(FAN)),
+        ],
+    )
+    [root] = places(out)
+    s.handle(TaskStarted(1.2, "w1", root.task_id, root.node_id))
+    return root
+
+
+def test_a_workflow_with_a_task_on_a_restarted_node_is_lost() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    root = fan_running(s)
+    out = s.handle(NodeJoined(2, gpu_node(root.node_id), "two", 5))
+    assert [(type(d).__name__, d.job_id) for d in out][:2] == [
+        ("TaskLost", "w1"),
+        ("JobLost", "w1"),
+    ]
+    assert out[1].reason.startswith(f"the node agent on {root.node_id} restarted")  # type: ignore[union-attr]
+    # Nothing of it is left to send, and the GPU went back to batch work, free.
+    assert s.serving_gpus() <= 1 and s.handle(TaskEnded(3, "w1", root.task_id, root.node_id)) == []
+    [place] = s.handle(JobArrived(4, "b1", job(1, min_runtime_s=60)))
+    assert isinstance(place, Place) and place.job_id == "b1"
+
+
+def test_a_workflow_planned_on_a_lost_node_is_lost_and_its_tasks_elsewhere_stopped() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    root = fan_running(s)
+    other = "n2" if root.node_id == "n1" else "n1"
+    s.handle(TaskEnded(1.3, "w1", root.task_id, root.node_id))  # x and y are sent
+    beats = [d for at in range(5, 45, 5) for d in s.handle(NodeHeartbeat(at, root.node_id, "one"))]
+    lost = [d for d in beats if d.job_id == "w1"]
+    kinds = [type(d).__name__ for d in lost]
+    assert kinds[-1] == "JobLost" and "TaskLost" in kinds
+    assert all(d.node_id == other for d in lost if isinstance(d, TaskLost))
+    assert all(d.node_id == root.node_id for d in lost if isinstance(d, Stop))
+
+
+def test_a_task_report_from_another_node_is_not_believed() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    root = fan_running(s)
+    elsewhere = "n2" if root.node_id == "n1" else "n1"
+    assert s.handle(TaskEnded(2, "w1", root.task_id, elsewhere)) == []
+    assert places(s.handle(TaskEnded(3, "w1", root.task_id, root.node_id)))  # x, y sent
