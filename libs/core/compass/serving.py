@@ -62,6 +62,7 @@ from libs.core.decisions import (
     Wait,
 )
 from libs.core.fingerprint import Fingerprint
+from libs.core.limits import MAX_UPCOMING
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.placement import Capacity
 
@@ -736,11 +737,12 @@ class Serving:
         self._fingerprint.defer(f"f|{flow.job_id}", flow.fact)
 
     def _upcoming(self, gpu: _Gpu) -> tuple[str, ...]:
-        """The models planned on the GPU, each once, in plan order (its cache's look-ahead)."""
+        """The models planned on the GPU, each once, in plan order (its cache's look-ahead),
+        the soonest ``MAX_UPCOMING``: enough to evict by, and a bound on the record."""
         models: dict[str, None] = {}
         for task_id in gpu.planned:
-            if len(models) == len(gpu.planned_models):
-                break  # seen them all: the rest of the queue adds none
+            if len(models) in (len(gpu.planned_models), MAX_UPCOMING):
+                break  # seen them all (the rest of the queue adds none), or enough
             model = self._tasks[task_id][1].model
             if model:
                 models[model] = None
