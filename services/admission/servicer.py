@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -39,9 +40,13 @@ PRODUCER = "admission"
 # How long the broker may take to write a record, or to show it back: past that the
 # call fails UNAVAILABLE (the CLI retries) instead of running into the client's deadline.
 LOG_TIMEOUT_S = 5.0
-# How long a duplicate waits for the request that claimed its job to decide it; past
-# that, the claimer is taken for dead and the duplicate decides the claimed spec.
+# How long a duplicate waits for the request that claimed its job to decide it (then
+# it answers UNAVAILABLE: retry); and how old a claim must be before a duplicate takes
+# its claimer for dead and decides the claimed spec itself. A claimer's decision can
+# land well after the claimer gave up on it (the producer retries for 40 s), and two
+# deciders would admit the job twice.
 DECIDE_WITHIN_S = 5.0
+TAKE_OVER_AFTER_S = 60.0
 
 
 def job_id_for(user: str, client_request_id: str) -> str:
@@ -107,8 +112,14 @@ class JobServicer(js_grpc.JobServiceServicer):
         try:
             outcome = await asyncio.wait_for(self._requests.outcome(job_id), DECIDE_WITHIN_S)
         except TimeoutError:
+            age = time.monotonic() - claim.seen_at
+            if age < TAKE_OVER_AFTER_S:
+                raise Unavailable(
+                    f"job {job_id} is still being decided by the request that claimed it "
+                    f"{age:.0f} s ago"
+                ) from None
             # The request that claimed it died before deciding: decide its spec for it.
-            log.warning("%s was claimed but not decided; deciding it here", job_id)
+            log.warning("%s was claimed %.0f s ago but not decided; deciding it here", job_id, age)
             return await self._decide(job_id, claim.spec, context, claimed=True)
         if not outcome.admitted:
             code = getattr(grpc.StatusCode, outcome.status, grpc.StatusCode.INVALID_ARGUMENT)

@@ -78,10 +78,24 @@ async def test_a_permission_refusal_is_repeated_as_one() -> None:
     assert first.details == again.details
 
 
+async def test_a_fresh_claim_not_decided_yet_makes_a_duplicate_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
+    log = MemoryLog()
+    service = servicer(log)
+    claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", "r-1"), spec=spec())
+    await log.enqueue("qm.events", new_envelope(claim, producer="admission"), key="default")
+    with pytest.raises(Unavailable, match="still being decided"):
+        await submit(service, spec())
+    assert kinds(log) == ["job_submitted"]  # its claimer may still decide: nobody else does
+
+
 async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
+    monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
     log = MemoryLog()
     service = servicer(log)
     job_id = job_id_for("alice", "r-1")
