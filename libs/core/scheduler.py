@@ -131,13 +131,14 @@ class Scheduler:
     def handle(self, event: Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
-        if self._leases and event.at - self.now > self.config.node_lost_timeout_s / 2:
+        gap = event.at - self.now
+        if self._leases and gap > self.config.node_lost_timeout_s / 2:
             # The log itself was silent (the broker, or everything that writes to it,
-            # was down; the ticker writes every second): nobody could heartbeat, so the
-            # nodes get a fresh lease instead of all being declared lost at once.
-            self.now = event.at
-            for node_id in list(self._leases):
-                self._lease(node_id, True)
+            # was down; the ticker writes every second): nobody could heartbeat, so
+            # that silence is held against no node, instead of losing them all at once.
+            for node_id, heard in list(self._leases.items()):
+                self._fingerprint.replace(f"l|{node_id}|{heard}", f"l|{node_id}|{heard + gap}")
+                self._leases[node_id] = heard + gap
         self.now = max(self.now, event.at)
         decisions: list[Decision] = []
         match event:

@@ -47,6 +47,8 @@ LOG_TIMEOUT_S = 5.0
 # deciders would admit the job twice.
 DECIDE_WITHIN_S = 5.0
 TAKE_OVER_AFTER_S = 60.0
+# A submission answers within this, whatever it waits for: a client's deadline is 10 s.
+SUBMIT_WITHIN_S = 8.0
 
 
 def job_id_for(user: str, client_request_id: str) -> str:
@@ -97,6 +99,17 @@ class JobServicer(js_grpc.JobServiceServicer):
         spec.user = user
         spec.cluster = spec.cluster or "default"
         job_id = job_id_for(user, spec.client_request_id)
+        try:
+            async with asyncio.timeout(SUBMIT_WITHIN_S):
+                return await self._submit(job_id, spec, context)
+        except TimeoutError:
+            raise Unavailable(
+                f"the job could not be recorded within {SUBMIT_WITHIN_S:g} s"
+            ) from None
+
+    async def _submit(
+        self, job_id: str, spec: types_pb2.JobSpec, context: grpc.aio.ServicerContext
+    ) -> js.SubmitJobResponse:
         if unloggable := _unloggable(spec):  # no claim can hold it: rejected, spec left out
             spec.cluster = "default"
             await self._reject(job_id, spec, unloggable.field, str(unloggable), record_spec=False)

@@ -69,8 +69,11 @@ class Faults:
             ("placement", lambda: self.kill("placement", "next decision", self._decides)),
             ("node agent a", lambda: self.kill_agent("a")),
             ("node agent p", lambda: self.kill_agent("p", "on-process-node")),
-            ("node lost-0", self.lose_node),
+            # The broker before the node lost for good: its outage would stop the log's
+            # clock while the node's lease runs out (placement does not count a silent
+            # log against a node), and the loss would be judged against the wrong start.
             ("kafka", self.kill_broker),
+            ("node lost-0", self.lose_node),
         ]
 
     async def run(self, duration_s: float) -> None:

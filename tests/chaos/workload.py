@@ -194,12 +194,17 @@ class Workload:
         return sub
 
     async def run(self, rate: float, stop: asyncio.Event, max_in_flight: int = 48) -> None:
-        """Open loop at ``rate`` per second until ``stop``; waits for no stragglers."""
+        """Open loop at ``rate`` per second until ``stop``; waits for no stragglers.
+
+        While ``max_in_flight`` submissions are under way (their retries through an
+        outage) it waits, then catches up: the run still offers ``rate`` on average.
+        """
         interval = 1.0 / rate
         next_at = time.monotonic()
         while not stop.is_set():
-            if len(self._tasks) < max_in_flight:
-                self.spawn(self.new_submission())
+            while len(self._tasks) >= max_in_flight and not stop.is_set():
+                await asyncio.sleep(0.05)
+            self.spawn(self.new_submission())
             next_at += interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))

@@ -65,6 +65,16 @@ def wait_for_end(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> typ
     return last
 
 
+def until_running(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> types_pb2.Job:
+    """The job once its task runs."""
+
+    def running() -> types_pb2.Job | None:
+        job = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice"))
+        return job if job.state == types_pb2.JOB_STATE_RUNNING else None
+
+    return eventually(running, what=f"{job_id} to run")
+
+
 def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
     """Replay the session's log through the core (as `qm audit verify` does, and
     through that command too): every decision reproduces, and there are enough."""
@@ -86,26 +96,29 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
 def read_topic(stack: Stack, key: str) -> list[ConsumerRecord[bytes, bytes]]:
     """Every record currently in one of the session's topics (by config key)."""
     topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
+    return asyncio.run(committed_records(KafkaSettings(bootstrap=stack.bootstrap), topic))
 
-    async def read() -> list[ConsumerRecord[bytes, bytes]]:
-        consumer = AIOKafkaConsumer(
-            topic,
-            **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        try:
-            while not consumer.assignment():
-                await asyncio.sleep(0.05)
-            ends = await consumer.end_offsets(list(consumer.assignment()))
-            records: list[ConsumerRecord[bytes, bytes]] = []
-            while any([await consumer.position(tp) < end for tp, end in ends.items()]):
-                for batch in (await consumer.getmany(timeout_ms=500)).values():
-                    records.extend(batch)
-            return records
-        finally:
-            await consumer.stop()
 
-    return asyncio.run(read())
+async def committed_records(
+    settings: KafkaSettings, topic: str
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every committed record of a topic, up to its end as of now."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        **settings.client_kwargs(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        while not consumer.assignment():
+            await asyncio.sleep(0.05)
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        while any([await consumer.position(tp) < end for tp, end in ends.items()]):
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()

@@ -13,7 +13,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.events import decode, event_type
-from tests.integration.conftest import eventually, read_topic, wait_for_end
+from tests.integration.conftest import eventually, read_topic, until_running, wait_for_end
 from tests.integration.stack import Stack
 from tests.integration.test_job_lifecycle import submit
 
@@ -40,16 +40,7 @@ def test_a_crashed_agent_loses_its_node_and_leaks_nothing(
     sleeper = submit(
         stack, jobs, gpus=4, gpu_type="H100", command=["sleep", "120"], min_runtime_s=60
     )
-    running = eventually(
-        lambda: (
-            (
-                job := jobs.GetJob(js.GetJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
-            ).state
-            == types_pb2.JOB_STATE_RUNNING
-            and job
-        ),
-        what="the sleeper to run",
-    )
+    running = until_running(stack, jobs, sleeper)
     [pid] = [
         env.task_started.pid
         for env in (decode(r.value) for r in read_topic(stack, "events"))

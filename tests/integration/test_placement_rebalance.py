@@ -20,6 +20,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventProducer, KafkaSettings, ensure_topics, load_topic_config
 from libs.events import decode, new_envelope
 from services.placement.service import PlacementService
+from tests.integration.conftest import committed_records
 from tests.integration.stack import ROOT
 
 JOBS = 40
@@ -116,22 +117,4 @@ async def until_every_job_placed(settings: KafkaSettings, topic: str) -> Counter
 
 
 async def committed(settings: KafkaSettings, topic: str) -> list[events_pb2.Envelope]:
-    reader = AIOKafkaConsumer(
-        topic,
-        **settings.client_kwargs(),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-    )
-    await reader.start()
-    try:
-        while not reader.assignment():
-            await asyncio.sleep(0.05)
-        ends = await reader.end_offsets(list(reader.assignment()))
-        found = []
-        while any([await reader.position(tp) < end for tp, end in ends.items()]):
-            for records in (await reader.getmany(timeout_ms=500)).values():
-                found += [decode(r.value) for r in records]
-        return found
-    finally:
-        await reader.stop()
+    return [decode(record.value) for record in await committed_records(settings, topic)]

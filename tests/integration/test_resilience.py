@@ -13,7 +13,7 @@ from qm.v1 import types_pb2
 
 from libs.bus import KafkaSettings, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_TOPIC
-from tests.integration.conftest import eventually, read_topic, wait_for_end
+from tests.integration.conftest import eventually, read_topic, until_running, wait_for_end
 from tests.integration.stack import Stack
 from tests.integration.test_job_lifecycle import submit
 
@@ -77,16 +77,7 @@ def test_placement_rebuilds_its_state_after_a_restart(
         gpu_type="H100",
         command=["python", "-c", "import time; time.sleep(60)"],
     )
-    held = eventually(
-        lambda: (
-            (
-                job := jobs.GetJob(js.GetJobRequest(job_id=sleeper), metadata=stack.auth("alice"))
-            ).state
-            == types_pb2.JOB_STATE_RUNNING
-            and job
-        ),
-        what="the first job to run",
-    )
+    held = until_running(stack, jobs, sleeper)
     stack.stop("placement")
     waiting = submit(stack, jobs, gpus=4, gpu_type="H100", command=["true"])
     stack.start("placement")

@@ -156,3 +156,17 @@ def test_a_log_that_was_silent_longer_than_the_timeout_loses_no_node() -> None:
     assert ticks(s, 71, 100) == []
     lost = ticks(s, 101, 101)
     assert [type(d) for d in lost][:2] == [NodeLost, TaskLost]
+
+
+def test_silence_before_a_log_outage_still_counts() -> None:
+    """n2 went quiet 20 s before the broker went down for a minute: it has 10 s left."""
+    s = Scheduler()
+    s.handle(joined("n1"))
+    s.handle(joined("n2"))
+    for at in range(1, 21):
+        s.handle(NodeHeartbeat(at, "n1", "one"))  # n2 says nothing from the start
+    assert s.handle(Tick(80)) == []  # the log resumes after 60 s of nothing
+    for at in range(81, 90):
+        assert s.handle(NodeHeartbeat(at, "n1", "one")) == []
+    lost = s.handle(NodeHeartbeat(91, "n1", "one"))
+    assert [(type(d), d.node_id) for d in lost] == [(NodeLost, "n2")]  # type: ignore[union-attr]
