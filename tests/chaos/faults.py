@@ -46,6 +46,13 @@ class Recovery:
     detail: str = ""
 
 
+# How a task whose node or agent is gone ends in the log: placement's word, or the
+# agent's own report if it got one out.
+ENDS = frozenset({"task_lost", "task_finished", "task_failed"})
+FREED_IN_LOG = "its tasks end in placement's log (GPUs free)"
+FREED_IN_VIEW = "its tasks leave ListNodes"
+
+
 @dataclass
 class Faults:
     stack: ChaosStack
@@ -161,31 +168,50 @@ class Faults:
     def _watch_release(
         self, fault: str, killed_at: float, running: dict[str, list[int]], nodes: set[str]
     ) -> None:
-        recovery = Recovery(
-            fault,
-            "its tasks leave ListNodes (GPUs free)",
-            killed_at,
-            detail=f"{len(running)} tasks on {sum(map(len, running.values()))} GPUs",
-        )
-        self.recoveries.append(recovery)
+        """Two clocks: placement's log says the tasks ended (their GPUs free to place
+        on again), and the projector's node view shows it, a little later."""
+        held = f"{len(running)} tasks on {sum(map(len, running.values()))} GPUs"
+        freed = Recovery(fault, FREED_IN_LOG, killed_at, detail=held)
+        listed = Recovery(fault, FREED_IN_VIEW, killed_at, detail=held)
+        self.recoveries += [freed, listed]
         if not running:
-            recovery.seconds = 0.0
-            recovery.detail = "n/a: no task was running there"
+            for recovery in (freed, listed):
+                recovery.seconds = 0.0
+                recovery.detail = "n/a: no task was running there"
             return
         timeout = self.node_loss_timeout_s + 10 + 30
+        jobs = {task_id.partition("/")[0] for task_id in running}
 
-        async def watch() -> None:
+        async def ended_in_log() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ended = {
+                    s.job_id for s in self.observer.seen if s.at >= killed_at and s.kind in ENDS
+                }
+                if jobs <= ended:
+                    freed.seconds = (
+                        max(s.at for s in self.observer.seen if s.job_id in jobs and s.kind in ENDS)
+                        - killed_at
+                    )
+                    return
+                await asyncio.sleep(0.5)
+            freed.detail += f"; not all ended in the log after {timeout:g} s"
+
+        async def gone_from_view() -> None:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 left = set(running) & set(await self._running_on(nodes))
                 if not left:
-                    recovery.seconds = time.time() - recovery.killed_at
+                    listed.seconds = time.time() - listed.killed_at
                     return
                 await asyncio.sleep(1.0)
             left = set(running) & set(await self._running_on(nodes))
-            recovery.detail += f"; {len(left)} still listed after {timeout:g} s"
+            listed.detail += f"; {len(left)} still listed after {timeout:g} s"
 
-        self._background.append(asyncio.create_task(watch()))
+        self._background += [
+            asyncio.create_task(ended_in_log()),
+            asyncio.create_task(gone_from_view()),
+        ]
 
     async def _occupy(self, nodes: set[str], kind: str, jobs: int = 2, timeout: float = 20) -> None:
         """Submit jobs that only these nodes run; wait (a while) until they run there."""
