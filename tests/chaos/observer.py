@@ -28,6 +28,7 @@ class Seen:
     kind: str  # the envelope's payload
     node_id: str
     job_id: str
+    task_id: str = ""
 
 
 def node_of(payload: object) -> str:
@@ -80,6 +81,7 @@ class Observer:
                                 kind,
                                 node_of(payload),
                                 str(getattr(payload, "job_id", "")),
+                                str(getattr(payload, "task_id", "")),
                             )
                         )
             if polled:
