@@ -35,7 +35,7 @@ from libs.bus import KafkaSettings, Topics, load_topic_config
 from tests.chaos import invariants
 from tests.chaos.clients import Clients
 from tests.chaos.exits import crashes
-from tests.chaos.faults import FREED_IN_LOG, FREED_IN_VIEW, Faults, Recovery
+from tests.chaos.faults import FREED_IN_LOG, FREED_IN_VIEW, VIEW_LAG_S, Faults, Recovery
 from tests.chaos.fuzz import Fuzzer, FuzzResult
 from tests.chaos.observer import Observer, read_log
 from tests.chaos.poison import groups, produce
@@ -56,8 +56,6 @@ TEARDOWN_S = 30.0
 CANARY_TIMEOUT_S = 30.0
 RECOVERY_BOUND_S = 60.0
 BROKER_BOUND_S = 90.0
-# How far the projector's node view may trail placement's log under the run's load.
-VIEW_LAG_S = 20.0
 FAULT_SHARE = 0.4  # of the load time; the fuzzer gets the rest
 RETRYABLE_NAMES = frozenset(code.name for code in RETRYABLE)
 AGENT_OF = {node["node_id"]: agent for agent, nodes in AGENTS.items() for node in nodes}
@@ -138,7 +136,7 @@ async def drive(run: Run) -> None:
             report.facts["cancel fuzz-accepted jobs"] = await _cancel_all(
                 clients, stack, fuzzed.accepted_jobs
             )
-            await faults.finish(timeout=settings.node_loss_timeout_s + 40)
+            await faults.finish(timeout=settings.node_loss_timeout_s + 10 + VIEW_LAG_S)
             accepted = {s.job_id for s in workload.submissions if s.accepted}
             accepted |= {job_id for job_id, _ in fuzzed.accepted_jobs}
             snapshot = await _drain(kafka, topics, accepted, DRAIN_S)
