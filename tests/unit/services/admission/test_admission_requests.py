@@ -120,6 +120,7 @@ async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
         await submit(servicer(log), spec())
 
 
+@pytest.mark.parametrize("allocation", ["team-a", ""])  # "": the default, chosen later
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
@@ -129,10 +130,10 @@ async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
     ],
 )
 async def test_a_job_too_large_to_record_is_refused_naming_the_field(
-    fields: dict[str, object], named: str
+    fields: dict[str, object], named: str, allocation: str
 ) -> None:
     log = MemoryLog()
-    reply = await submit(servicer(log), spec(**fields))
+    reply = await submit(servicer(log), spec(allocation=allocation, **fields))
     assert isinstance(reply, Aborted) and reply.code == grpc.StatusCode.INVALID_ARGUMENT
     assert named in reply.details
     [rejected] = log.sent  # no claim: nothing that large is written
@@ -140,11 +141,15 @@ async def test_a_job_too_large_to_record_is_refused_naming_the_field(
     assert rejected.ByteSize() < L.MAX_RECORD_BYTES
 
 
-async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built() -> None:
+@pytest.mark.parametrize("allocation", ["team-a", ""])
+async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built(
+    allocation: str,
+) -> None:
     tasks = [
         types_pb2.WorkflowTask(task_id=f"t{i}", run_ms=1, in_kb=1, out_kb=1) for i in range(100_000)
     ]
-    huge = spec(command=[], workflow=types_pb2.Workflow(name="w", tasks=tasks))
+    workflow = types_pb2.Workflow(name="w", tasks=tasks)
+    huge = spec(allocation=allocation, command=[], workflow=workflow)
     reply = await submit(servicer(MemoryLog()), huge)
     assert isinstance(reply, Aborted)
     assert "workflow.tasks: at most 4096 tasks, got 100000" in reply.details
