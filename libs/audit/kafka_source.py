@@ -18,7 +18,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from rich.progress import Progress
 
 from libs.audit.replay import AuditResult, Replay
-from libs.bus import KafkaSettings, Topics
+from libs.bus import KafkaBus, KafkaSettings, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
 
@@ -44,15 +44,9 @@ async def audit_topics(
     audit); ``clusters`` limits it to the input partitions holding those
     clusters (each partition is replayed whole: its scheduler folds them all).
     """
-    admin = AIOKafkaAdminClient(**settings.client_kwargs())
-    consumer = AIOKafkaConsumer(
-        **settings.client_kwargs(),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        max_partition_fetch_bytes=FETCH_BYTES,
-        fetch_max_bytes=4 * FETCH_BYTES,
-    )
+    bus = KafkaBus(settings)
+    admin = bus.admin()
+    consumer = bus.consumer(max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
     await admin.start()
     try:
         await consumer.start()

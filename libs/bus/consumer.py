@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import TopicPartition
 from opentelemetry.context import Context
 from qm.v1 import events_pb2
 
 from libs.bus.deadletter import dead_letter
+from libs.bus.ports import Bus, Consumer, OffsetReset, RebalanceListener, Record
 from libs.bus.producer import EventProducer
-from libs.bus.settings import KafkaSettings
 from libs.events import DecodeError, decode
 from libs.telemetry import extract_context
 
@@ -38,47 +36,35 @@ class Delivery:
 
 
 class EventConsumer:
-    """Wraps one aiokafka consumer.
-
-    Reads only committed records (``read_committed``) so that placement's
-    transactional output is seen exactly once, all or nothing.
-    """
+    """Wraps one consumer of a bus (committed records only; offsets committed by the
+    caller once it has acted on them)."""
 
     def __init__(
         self,
-        settings: KafkaSettings,
+        bus: Bus,
         topics: list[str],
         *,
         name: str,
         deadletter_topic: str,
         deadletter_producer: EventProducer,
         group_id: str | None = None,
-        auto_offset_reset: str = "earliest",
-        enable_auto_commit: bool = False,
-        **kwargs: Any,
+        auto_offset_reset: OffsetReset = "earliest",
     ) -> None:
         self.name = name
         self._topics = topics
         self._deadletter_topic = deadletter_topic
         self._deadletter_producer = deadletter_producer
-        self._consumer = AIOKafkaConsumer(
-            **settings.client_kwargs(),
-            client_id=name,
-            group_id=group_id,
-            auto_offset_reset=auto_offset_reset,
-            enable_auto_commit=enable_auto_commit,
-            isolation_level="read_committed",
-            **kwargs,
+        self._consumer = bus.consumer(
+            client_id=name, group_id=group_id, auto_offset_reset=auto_offset_reset
         )
 
     @property
-    def kafka(self) -> AIOKafkaConsumer:
+    def client(self) -> Consumer:
         return self._consumer
 
-    async def start(self, *, subscribe: bool = True, **subscribe_kwargs: Any) -> None:
+    async def start(self, *, listener: RebalanceListener | None = None) -> None:
         await self._consumer.start()
-        if subscribe:
-            self._consumer.subscribe(self._topics, **subscribe_kwargs)
+        self._consumer.subscribe(self._topics, listener=listener)
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -95,7 +81,7 @@ class EventConsumer:
                         batch.append(delivery)
             yield batch
 
-    async def decode(self, record: ConsumerRecord[bytes, bytes]) -> Delivery | None:
+    async def decode(self, record: Record) -> Delivery | None:
         try:
             env = decode(record.value)
         except DecodeError as exc:

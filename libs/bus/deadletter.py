@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka.structs import ConsumerRecord
-
+from libs.bus.ports import Record
 from libs.bus.producer import EventProducer
 
 log = logging.getLogger(__name__)
@@ -20,7 +19,7 @@ CONSUMER = "qm-dlq-consumer"
 async def dead_letter(
     producer: EventProducer,
     topic: str,
-    record: ConsumerRecord[bytes, bytes],
+    record: Record,
     *,
     reason: str,
     consumer: str,

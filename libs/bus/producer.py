@@ -1,14 +1,15 @@
-"""An idempotent (acks=all) producer of envelopes, optionally transactional."""
+"""Send envelopes: encoded, keyed by cluster, typed and traced in their headers."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
 from qm.v1 import events_pb2
 
-from libs.bus.settings import KafkaSettings
+from libs.bus.ports import Bus, Producer
 from libs.events import encode, event_type
 from libs.telemetry import inject_context
 
@@ -16,21 +17,18 @@ TYPE_HEADER = "qm-type"
 
 
 class EventProducer:
+    """Wraps one producer of a bus; transactional when given a ``transactional_id``."""
+
     def __init__(
         self,
-        settings: KafkaSettings,
+        bus: Bus,
         *,
         client_id: str,
         transactional_id: str | None = None,
         linger_ms: int = 2,
     ) -> None:
-        self._producer = AIOKafkaProducer(
-            **settings.client_kwargs(),
-            client_id=client_id,
-            enable_idempotence=True,
-            acks="all",
-            transactional_id=transactional_id,
-            linger_ms=linger_ms,
+        self._producer = bus.producer(
+            client_id=client_id, transactional_id=transactional_id, linger_ms=linger_ms
         )
 
     async def start(self) -> None:
@@ -62,7 +60,9 @@ class EventProducer:
         future = await self.enqueue(topic, env, key=key)
         await future
 
-    async def enqueue(self, topic: str, env: events_pb2.Envelope, *, key: str | None = None) -> Any:
+    async def enqueue(
+        self, topic: str, env: events_pb2.Envelope, *, key: str | None = None
+    ) -> asyncio.Future[RecordMetadata]:
         """Queue one envelope; the returned future resolves on acknowledgement."""
         headers = inject_context([(TYPE_HEADER, event_type(env).encode())])
         return await self._producer.send(
@@ -78,11 +78,11 @@ class EventProducer:
         value: bytes | None,
         *,
         key: bytes | None,
-        headers: list[tuple[str, bytes]],
+        headers: Sequence[tuple[str, bytes]],
     ) -> None:
         await (await self._producer.send(topic, value=value, key=key, headers=headers))
 
     @property
-    def kafka(self) -> AIOKafkaProducer:
+    def client(self) -> Producer:
         """The underlying producer, for transactions."""
         return self._producer

@@ -7,27 +7,21 @@ skipped here; the group consumers of the same topic dead-letter them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2
 
-from libs.bus.settings import KafkaSettings
+from libs.bus.ports import Bus
 from libs.events import DecodeError, decode
 
 Apply = Callable[[events_pb2.Envelope], None]
 
 
 class LogReader:
-    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+    def __init__(self, bus: Bus, topic: str) -> None:
         self._topic = topic
-        self._consumer = AIOKafkaConsumer(
-            **settings.client_kwargs(),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-        )
+        self._consumer = bus.consumer()
         self._partitions: list[TopicPartition] = []
         # Per partition, the offset after the last record applied; waiters are woken
         # after every poll.
@@ -56,7 +50,7 @@ class LogReader:
             count += await self._poll(apply)
         return count
 
-    async def _behind(self, ends: dict[TopicPartition, int]) -> bool:
+    async def _behind(self, ends: Mapping[TopicPartition, int]) -> bool:
         for tp in self._partitions:
             if await self._consumer.position(tp) < ends[tp]:
                 return True

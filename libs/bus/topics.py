@@ -9,9 +9,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from libs.bus.kafka import KafkaBus
 from libs.bus.settings import KafkaSettings
 from libs.config.document import load
 from libs.config.topics import TopicsFile
@@ -76,7 +77,7 @@ def load_topic_config(path: Path | None = None) -> Topics:
 
 async def ensure_topics(settings: KafkaSettings, topics: Topics) -> list[str]:
     """Create the topics that do not exist yet; return the names created."""
-    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    admin = KafkaBus(settings).admin()
     await admin.start()
     try:
         existing = set(await admin.list_topics())

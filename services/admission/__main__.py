@@ -23,7 +23,7 @@ from qm.v1 import (
 )
 
 from libs.auth import issue_token, load_secret
-from libs.bus import EventProducer, KafkaSettings, load_topic_config
+from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import Address, EnvSettings
 from libs.core import Limits
 from libs.core.limits import MAX_GPUS
@@ -68,12 +68,13 @@ class AdmissionSettings(EnvSettings):
 async def serve() -> None:
     settings, topics, secret = KafkaSettings.from_env(), load_topic_config(), load_secret()
     own = AdmissionSettings.from_env()
-    producer = EventProducer(settings, client_id="admission")
+    bus = KafkaBus(settings)
+    producer = EventProducer(bus, client_id="admission")
     projector = ProjectorClient(own.projector_url)
     budget = BudgetView(own.budget_target, issue_token("svc-admission", secret))
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
-    follower = Follower(settings, topics.events.name, [explainer.apply, requests.apply])
+    follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])
     jobs = JobServicer(
         producer=producer,
         topic=topics.events.name,

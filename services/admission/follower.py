@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2
 
-from libs.bus import KafkaSettings, LogReader
+from libs.bus import Bus, LogReader
 
 View = Callable[[events_pb2.Envelope], None]
 
 
 class Follower:
-    def __init__(self, settings: KafkaSettings, topic: str, views: Sequence[View]) -> None:
-        self._reader = LogReader(settings, topic)
+    def __init__(self, bus: Bus, topic: str, views: Sequence[View]) -> None:
+        self._reader = LogReader(bus, topic)
         self._views = tuple(views)
         self._follow: asyncio.Task[None] | None = None
 

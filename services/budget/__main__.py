@@ -17,7 +17,7 @@ from pydantic import Field
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
 from libs.auth import load_secret
-from libs.bus import EventProducer, KafkaSettings, LogReader, load_topic_config
+from libs.bus import EventProducer, KafkaBus, KafkaSettings, LogReader, load_topic_config
 from libs.config.budget import load_budget_tree
 from libs.config.env import Address, EnvSettings, Names
 from libs.telemetry import setup_tracing
@@ -42,10 +42,11 @@ async def serve() -> None:
     settings, topics = KafkaSettings.from_env(), load_topic_config()
     clusters = list(own.clusters)
     book = BudgetBook.for_policy(policy_from_env())
-    reader = LogReader(settings, topics.events.name)
+    bus = KafkaBus(settings)
+    reader = LogReader(bus, topics.events.name)
     # Placement's TaskLost ends a charge no agent will end: the ledger folds those too.
-    decisions = LogReader(settings, topics.decisions.name)
-    producer = EventProducer(settings, client_id="budget")
+    decisions = LogReader(bus, topics.decisions.name)
+    producer = EventProducer(bus, client_id="budget")
     await reader.start()
     await decisions.start()
     await producer.start()

@@ -623,7 +623,7 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
                 await agent.handle(delivery)
                 done[delivery.topic_partition] = delivery.offset + 1
             if done:
-                await consumer.kafka.commit(done)
+                await consumer.client.commit(done)
             if stop.is_set():
                 return
     finally:
@@ -641,10 +641,10 @@ async def _until_assigned(consumer: EventConsumer, stop: asyncio.Event) -> bool:
 
     Registering earlier could let a placement made for the new node slip by unseen.
     """
-    while not consumer.kafka.assignment():
+    while not consumer.client.assignment():
         if stop.is_set():
             return False
         await asyncio.sleep(0.1)
-    for partition in consumer.kafka.assignment():
-        await consumer.kafka.position(partition)
+    for partition in consumer.client.assignment():
+        await consumer.client.position(partition)
     return True

@@ -27,7 +27,14 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import EventConsumer, EventProducer, KafkaSettings, Topics, load_topic_config
+from libs.bus import (
+    EventConsumer,
+    EventProducer,
+    KafkaBus,
+    KafkaSettings,
+    Topics,
+    load_topic_config,
+)
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
@@ -207,7 +214,8 @@ async def _run(
     )
     # Before registering: the new incarnation tells placement those tasks are gone.
     ledger.kill_leftovers()
-    async with EventProducer(settings, client_id=client) as producer:
+    bus = KafkaBus(settings)
+    async with EventProducer(bus, client_id=client) as producer:
 
         async def emit(env: events_pb2.Envelope) -> None:
             await producer.send(topics.events.name, env, key=env.cluster)
@@ -228,7 +236,7 @@ async def _run(
             heartbeat_s=args.heartbeat_seconds,
         )
         consumer = EventConsumer(
-            settings,
+            bus,
             [topics.decisions.name],
             name=client,
             group_id=client,

@@ -8,7 +8,7 @@ replay with the same file), plus the Kafka settings.
 import asyncio
 import os
 
-from libs.bus import KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
 from services.policy_file import policy_from_env
@@ -19,7 +19,7 @@ def main() -> None:
     configure_logging("placement")
     setup_tracing("placement")
     service = PlacementService(
-        KafkaSettings.from_env(),
+        KafkaBus(KafkaSettings.from_env()),
         load_topic_config(),
         group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-placement"),
         policy=policy_from_env(),

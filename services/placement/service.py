@@ -24,12 +24,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 from qm.v1 import events_pb2
 
-from libs.bus import Delivery, EventConsumer, EventProducer, KafkaSettings, Topics
+from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
 from libs.events.decide import PartitionSchedulers, step
@@ -40,7 +40,7 @@ tracer = trace.get_tracer(__name__)
 
 @dataclass
 class PlacementService:
-    settings: KafkaSettings
+    bus: Bus
     topics: Topics
     # Also the transactional id: a restarted (or standby) instance fences the old one.
     group_id: str = "qm-placement"
@@ -52,12 +52,10 @@ class PlacementService:
     generation: int = 0
 
     async def run(self) -> None:
-        producer = EventProducer(
-            self.settings, client_id="placement", transactional_id=self.group_id
-        )
-        deadletters = EventProducer(self.settings, client_id="placement-dlq")
+        producer = EventProducer(self.bus, client_id="placement", transactional_id=self.group_id)
+        deadletters = EventProducer(self.bus, client_id="placement-dlq")
         consumer = EventConsumer(
-            self.settings,
+            self.bus,
             [self.topics.events.name],
             name="placement",
             group_id=self.group_id,
@@ -69,7 +67,7 @@ class PlacementService:
         await consumer.start(listener=_Rebalance(self))
         try:
             async for batch in consumer.batches():
-                if not consumer.kafka.assignment():
+                if not consumer.client.assignment():
                     continue
                 try:
                     await self._commit(producer, consumer, batch)
@@ -88,16 +86,16 @@ class PlacementService:
     async def _commit(
         self, producer: EventProducer, consumer: EventConsumer, batch: list[Delivery]
     ) -> None:
-        kafka = consumer.kafka
+        client = consumer.client
         generation = self.generation
         for delivery in batch:
             if delivery.partition not in self.schedulers:
                 await self.rebuild(delivery.topic_partition, delivery.offset)
         # The positions cover dead-lettered records too, so those are not re-read.
-        offsets = {tp: await kafka.position(tp) for tp in kafka.assignment()}
+        offsets = {tp: await client.position(tp) for tp in client.assignment()}
         if not batch and all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return
-        async with producer.kafka.transaction():  # an exception aborts it
+        async with producer.client.transaction():  # an exception aborts it
             acks = []
             for delivery in batch:
                 self._still_owner(generation)
@@ -105,7 +103,7 @@ class PlacementService:
                 await asyncio.sleep(0)  # the consumer's heartbeat runs between records
             await asyncio.gather(*acks)
             self._still_owner(generation)
-            await producer.kafka.send_offsets_to_transaction(offsets, self.group_id)
+            await producer.client.send_offsets_to_transaction(offsets, self.group_id)
             self._still_owner(generation)
         self._committed.update(offsets)
 
@@ -155,11 +153,7 @@ class PlacementService:
 
     async def _replay(self, schedulers: PartitionSchedulers, tp: TopicPartition, upto: int) -> None:
         """Fold the partition's records before ``upto``; no output is written."""
-        reader = AIOKafkaConsumer(
-            **self.settings.client_kwargs(),
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
+        reader = self.bus.consumer()
         await reader.start()
         try:
             reader.assign([tp])

@@ -11,7 +11,7 @@ import logging
 
 from pydantic import Field
 
-from libs.bus import EventProducer, KafkaSettings, load_topic_config
+from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import EnvSettings, Names
 from services.runtime import configure_logging, run_until_signalled
 from services.ticker.service import PRODUCER, run
@@ -25,7 +25,7 @@ class TickerSettings(EnvSettings):
 
 
 async def serve(settings: TickerSettings, kafka: KafkaSettings, topic: str) -> None:
-    producer = EventProducer(kafka, client_id=PRODUCER)
+    producer = EventProducer(KafkaBus(kafka), client_id=PRODUCER)
     await producer.start()
     try:
         clusters, interval = list(settings.clusters), settings.tick_seconds

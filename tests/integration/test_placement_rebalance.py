@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from aiokafka import AIOKafkaConsumer
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery, EventProducer, KafkaSettings, ensure_topics, load_topic_config
+from libs.bus import (
+    Delivery,
+    EventProducer,
+    KafkaBus,
+    KafkaSettings,
+    ensure_topics,
+    load_topic_config,
+)
 from libs.events import decode, new_envelope
 from services.placement.service import PlacementService
 from tests.integration.conftest import committed_records
@@ -45,22 +51,22 @@ async def test_a_batch_decided_across_a_rebalance_is_not_committed_twice(
     tmp_path: Path,
 ) -> None:
     settings = KafkaSettings.from_env()
+    bus = KafkaBus(settings)
     topics = load_topic_config(private_topics(tmp_path, f"r{uuid.uuid4().hex[:8]}"))
     await ensure_topics(settings, topics)
-    async with EventProducer(settings, client_id="test") as producer:
+    async with EventProducer(bus, client_id="test") as producer:
         for env in inputs():
             await producer.send(topics.events.name, env)
 
     group = f"rebalance-{uuid.uuid4().hex[:8]}"
-    service = Gated(settings, topics, group_id=group)
+    service = Gated(bus, topics, group_id=group)
     running = asyncio.create_task(service.run())
-    intruder = AIOKafkaConsumer(
-        topics.events.name, **settings.client_kwargs(), group_id=group, enable_auto_commit=False
-    )
+    intruder = bus.consumer(group_id=group)
     try:
         async with asyncio.timeout(60):
             await service.paused.wait()
-            await intruder.start()  # joins the group: placement's partitions move
+            await intruder.start()
+            intruder.subscribe([topics.events.name])  # joins the group: partitions move
             while not intruder.assignment():
                 await intruder.getmany(timeout_ms=100)
             service.go_on.set()

@@ -13,7 +13,7 @@ import logging
 
 from aiokafka.errors import KafkaError
 
-from libs.bus import LogReader
+from libs.bus import KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
 from libs.events import encode
 from libs.telemetry import inject_context
@@ -33,8 +33,9 @@ async def fold_events() -> None:
     Placement's decisions are folded too, for the one that changes a charge: a task
     lost with its node, whose end no agent reports.
     """
-    reader = LogReader(KAFKA, TOPICS.events.name)
-    decisions = LogReader(KAFKA, TOPICS.decisions.name)
+    bus = KafkaBus(KAFKA)
+    reader = LogReader(bus, TOPICS.events.name)
+    decisions = LogReader(bus, TOPICS.decisions.name)
     await reader.start()
     await decisions.start()
     try:

@@ -1,23 +1,28 @@
-"""Admission's surroundings in memory: the caller, the log, the budget, the projector."""
+"""Admission's surroundings in memory: the caller, the log (on the memory bus), the budget,
+the projector."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-from aiokafka.structs import RecordMetadata, TopicPartition
-from qm.v1 import events_pb2, types_pb2
+from qm.v1 import types_pb2
 
 from libs.auth import issue_token
+from libs.bus import EventProducer
+from libs.bus.memory import MemoryBus
 from libs.config.budget import tree_from_mapping
 from libs.core import Limits, PolicyConfig
 from services.admission.explainer import Explainer
+from services.admission.follower import Follower
 from services.admission.requests import RequestLog
 from services.admission.servicer import JobServicer
 from services.projector.client import ProjectorUnavailable
 
 SECRET = b"test-secret"
+TOPIC = "qm.events"
 TREE = tree_from_mapping(
     {
         "name": "root",
@@ -43,28 +48,9 @@ class Context:
         raise Aborted(code, details)
 
 
-class MemoryLog:
-    """The events topic as a list: the producer appends to it and the follower reads it
-    back to the views, every record as soon as it is written (unless ``down``)."""
-
-    def __init__(self, views: list[Any] | None = None) -> None:
-        self.sent: list[events_pb2.Envelope] = []
-        self.views = views or []
-        self.down = False  # the broker takes records but never acknowledges them
-
-    async def enqueue(self, topic: str, env: events_pb2.Envelope, *, key: str) -> Any:
-        written = asyncio.get_running_loop().create_future()
-        if self.down:
-            return written
-        offset = len(self.sent)
-        self.sent.append(env)
-        for view in self.views:
-            view(env)
-        written.set_result(RecordMetadata(topic, 0, TopicPartition(topic, 0), offset, -1, 0, 0))
-        return written
-
-    async def reached(self, tp: TopicPartition, offset: int) -> None:
-        assert offset < len(self.sent)
+def memory_log() -> MemoryBus:
+    """The events topic, in memory."""
+    return MemoryBus({TOPIC: 1})
 
 
 class Budget:
@@ -88,20 +74,28 @@ class Projector:
         return self.nodes
 
 
-def servicer(
-    log: MemoryLog, projector: Projector | None = None, limits: Limits | None = None
-) -> JobServicer:
-    """Admission over the in-memory log: its request log is one of the log's views."""
-    requests = RequestLog()
-    log.views.append(requests.apply)
-    return JobServicer(
-        producer=log,  # type: ignore[arg-type]
-        topic="qm.events",
-        budget=Budget(),  # type: ignore[arg-type]
-        projector=projector or Projector(),  # type: ignore[arg-type]
-        limits=limits or Limits(),
-        secret=SECRET,
-        explainer=Explainer(PolicyConfig()),
-        requests=requests,
-        follower=log,  # type: ignore[arg-type]
-    )
+@asynccontextmanager
+async def servicer(
+    log: MemoryBus, projector: Projector | None = None, limits: Limits | None = None
+) -> AsyncIterator[JobServicer]:
+    """Admission over the in-memory bus, its producer and follower as in production."""
+    requests, explainer = RequestLog(), Explainer(PolicyConfig())
+    producer = EventProducer(log, client_id="admission")
+    follower = Follower(log, TOPIC, [explainer.apply, requests.apply])
+    await producer.start()
+    await follower.start()
+    try:
+        yield JobServicer(
+            producer=producer,
+            topic=TOPIC,
+            budget=Budget(),  # type: ignore[arg-type]
+            projector=projector or Projector(),  # type: ignore[arg-type]
+            limits=limits or Limits(),
+            secret=SECRET,
+            explainer=explainer,
+            requests=requests,
+            follower=follower,
+        )
+    finally:
+        await follower.stop()
+        await producer.stop()

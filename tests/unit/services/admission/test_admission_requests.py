@@ -9,11 +9,13 @@ import pytest
 from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 
+from libs.bus import EventProducer
+from libs.bus.memory import MemoryBus
 from libs.core import limits as L
 from libs.events import event_type, new_envelope
 from services.admission.servicer import JobServicer, job_id_for
 from services.status import Unavailable
-from tests.unit.services.admission.doubles import Aborted, Context, MemoryLog, servicer
+from tests.unit.services.admission.doubles import TOPIC, Aborted, Context, memory_log, servicer
 
 
 def spec(request_id: str = "r-1", **fields: object) -> types_pb2.JobSpec:
@@ -36,59 +38,66 @@ async def submit(
         return exc
 
 
-def kinds(log: MemoryLog) -> list[str]:
-    return [event_type(env) for env in log.sent]
+def kinds(log: MemoryBus) -> list[str]:
+    return [event_type(env) for env in log.envelopes(TOPIC)]
+
+
+async def append(log: MemoryBus, env: events_pb2.Envelope) -> None:
+    """A record some other admission instance wrote."""
+    await EventProducer(log, client_id="other").send(TOPIC, env, key="default")
 
 
 async def test_a_retry_gets_the_same_job_and_adds_no_decision() -> None:
-    log = MemoryLog()
-    service = servicer(log)
-    first, again = await submit(service, spec()), await submit(service, spec())
-    assert isinstance(first, js.SubmitJobResponse) and isinstance(again, js.SubmitJobResponse)
-    assert (first.job_id, first.duplicate) == (again.job_id, False) and again.duplicate
-    assert kinds(log) == ["job_submitted", "job_admitted"]
+    log = memory_log()
+    async with servicer(log) as service:
+        first, again = await submit(service, spec()), await submit(service, spec())
+        assert isinstance(first, js.SubmitJobResponse) and isinstance(again, js.SubmitJobResponse)
+        assert (first.job_id, first.duplicate) == (again.job_id, False) and again.duplicate
+        assert kinds(log) == ["job_submitted", "job_admitted"]
 
 
 async def test_duplicates_racing_each_other_make_one_job() -> None:
-    log = MemoryLog()
-    service = servicer(log)
-    replies = await asyncio.gather(*(submit(service, spec()) for _ in range(5)))
-    assert {r.job_id for r in replies} == {job_id_for("alice", "r-1")}  # type: ignore[union-attr]
-    assert sorted(r.duplicate for r in replies) == [False, True, True, True, True]  # type: ignore[union-attr]
-    assert kinds(log).count("job_admitted") == 1
+    log = memory_log()
+    async with servicer(log) as service:
+        replies = await asyncio.gather(*(submit(service, spec()) for _ in range(5)))
+        assert {r.job_id for r in replies} == {job_id_for("alice", "r-1")}  # type: ignore[union-attr]
+        assert sorted(r.duplicate for r in replies) == [False, True, True, True, True]  # type: ignore[union-attr]
+        assert kinds(log).count("job_admitted") == 1
 
 
 async def test_a_retry_after_a_rejection_gets_the_same_rejection() -> None:
-    log = MemoryLog()
-    service = servicer(log)
-    refused = await submit(service, spec(gpus=0))
-    fixed = await submit(service, spec(gpus=1))  # the same request id: the same answer
-    assert isinstance(refused, Aborted) and isinstance(fixed, Aborted)
-    assert (fixed.code, fixed.details) == (refused.code, refused.details)
-    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT and "gpus" in refused.details
-    assert kinds(log) == ["job_submitted", "job_rejected"]
+    log = memory_log()
+    async with servicer(log) as service:
+        refused = await submit(service, spec(gpus=0))
+        fixed = await submit(service, spec(gpus=1))  # the same request id: the same answer
+        assert isinstance(refused, Aborted) and isinstance(fixed, Aborted)
+        assert (fixed.code, fixed.details) == (refused.code, refused.details)
+        assert refused.code == grpc.StatusCode.INVALID_ARGUMENT and "gpus" in refused.details
+        assert kinds(log) == ["job_submitted", "job_rejected"]
 
 
 async def test_a_permission_refusal_is_repeated_as_one() -> None:
-    service = servicer(MemoryLog())
-    first = await submit(service, spec(allocation="team-b"))
-    again = await submit(service, spec(allocation="team-b"))
-    assert isinstance(first, Aborted) and isinstance(again, Aborted)
-    assert first.code == again.code == grpc.StatusCode.PERMISSION_DENIED
-    assert first.details == again.details
+    async with servicer(memory_log()) as service:
+        first = await submit(service, spec(allocation="team-b"))
+        again = await submit(service, spec(allocation="team-b"))
+        assert isinstance(first, Aborted) and isinstance(again, Aborted)
+        assert first.code == again.code == grpc.StatusCode.PERMISSION_DENIED
+        assert first.details == again.details
 
 
 async def test_a_fresh_claim_not_decided_yet_makes_a_duplicate_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
-    log = MemoryLog()
-    service = servicer(log)
-    claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", "r-1"), spec=spec())
-    await log.enqueue("qm.events", new_envelope(claim, producer="admission"), key="default")
-    with pytest.raises(Unavailable, match="still being decided"):
-        await submit(service, spec())
-    assert kinds(log) == ["job_submitted"]  # its claimer may still decide: nobody else does
+    log = memory_log()
+    async with servicer(log) as service:
+        claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", "r-1"), spec=spec())
+        await append(log, new_envelope(claim, producer="admission"))
+        with pytest.raises(Unavailable, match="still being decided"):
+            await submit(service, spec())
+        # Claims only (this request's own, if its view had not read the first yet,
+        # comes second and loses): its claimer may still decide, nobody else does.
+        assert set(kinds(log)) == {"job_submitted"}
 
 
 async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
@@ -96,28 +105,33 @@ async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
 ) -> None:
     monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
     monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
-    log = MemoryLog()
-    service = servicer(log)
-    job_id = job_id_for("alice", "r-1")
-    claimed = spec(command=["python", "-c", "print(1)"])
-    claimed.user = "alice"
-    # The request that wrote this claim died before deciding.
-    dead = new_envelope(events_pb2.JobSubmitted(job_id=job_id, spec=claimed), producer="admission")
-    await log.enqueue("qm.events", dead, key="default")
-    reply = await submit(service, spec())
-    assert isinstance(reply, js.SubmitJobResponse) and reply.job_id == job_id
-    [admitted] = [env.job_admitted for env in log.sent if env.HasField("job_admitted")]
-    assert list(admitted.spec.command) == ["python", "-c", "print(1)"]  # what was claimed
+    log = memory_log()
+    async with servicer(log) as service:
+        job_id = job_id_for("alice", "r-1")
+        claimed = spec(command=["python", "-c", "print(1)"])
+        claimed.user = "alice"
+        # The request that wrote this claim died before deciding.
+        dead = new_envelope(
+            events_pb2.JobSubmitted(job_id=job_id, spec=claimed), producer="admission"
+        )
+        await append(log, dead)
+        reply = await submit(service, spec())
+        assert isinstance(reply, js.SubmitJobResponse) and reply.job_id == job_id
+        [admitted] = [
+            env.job_admitted for env in log.envelopes(TOPIC) if env.HasField("job_admitted")
+        ]
+        assert list(admitted.spec.command) == ["python", "-c", "print(1)"]  # what was claimed
 
 
 async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("services.admission.servicer.LOG_TIMEOUT_S", 0.05)
-    log = MemoryLog()
+    log = memory_log()
     log.down = True
-    with pytest.raises(Unavailable, match="did not take the record"):
-        await submit(servicer(log), spec())
+    async with servicer(log) as service:
+        with pytest.raises(Unavailable, match="did not take the record"):
+            await submit(service, spec())
 
 
 @pytest.mark.parametrize("allocation", ["team-a", ""])  # "": the default, chosen later
@@ -132,11 +146,12 @@ async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
 async def test_a_job_too_large_to_record_is_refused_naming_the_field(
     fields: dict[str, object], named: str, allocation: str
 ) -> None:
-    log = MemoryLog()
-    reply = await submit(servicer(log), spec(allocation=allocation, **fields))
+    log = memory_log()
+    async with servicer(log) as service:
+        reply = await submit(service, spec(allocation=allocation, **fields))
     assert isinstance(reply, Aborted) and reply.code == grpc.StatusCode.INVALID_ARGUMENT
     assert named in reply.details
-    [rejected] = log.sent  # no claim: nothing that large is written
+    [rejected] = log.envelopes(TOPIC)  # no claim: nothing that large is written
     assert rejected.job_rejected.spec == types_pb2.JobSpec()
     assert rejected.ByteSize() < L.MAX_RECORD_BYTES
 
@@ -150,6 +165,7 @@ async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built(
     ]
     workflow = types_pb2.Workflow(name="w", tasks=tasks)
     huge = spec(allocation=allocation, command=[], workflow=workflow)
-    reply = await submit(servicer(MemoryLog()), huge)
+    async with servicer(memory_log()) as service:
+        reply = await submit(service, huge)
     assert isinstance(reply, Aborted)
     assert "workflow.tasks: at most 4096 tasks, got 100000" in reply.details

@@ -11,10 +11,11 @@ from qm.v1 import job_service_pb2 as js
 from libs.core import Limits
 from libs.events import event_type
 from tests.unit.services.admission.doubles import (
+    TOPIC,
     Aborted,
     Context,
-    MemoryLog,
     Projector,
+    memory_log,
     servicer,
 )
 
@@ -56,16 +57,16 @@ def translation(opt_mb: float = 5720) -> types_pb2.Workflow:
 async def submit(
     spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
 ) -> tuple[js.SubmitJobResponse | Aborted, list[events_pb2.Envelope]]:
-    producer = MemoryLog()
-    service = servicer(producer, projector or Projector(CLUSTER), limits)
-    try:
-        reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(
-            js.SubmitJobRequest(spec=spec),
-            Context(),  # type: ignore[arg-type]
-        )
-    except Aborted as exc:
-        reply = exc
-    return reply, producer.sent
+    log = memory_log()
+    async with servicer(log, projector or Projector(CLUSTER), limits) as service:
+        try:
+            reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(
+                js.SubmitJobRequest(spec=spec),
+                Context(),  # type: ignore[arg-type]
+            )
+        except Aborted as exc:
+            reply = exc
+    return reply, log.envelopes(TOPIC)
 
 
 def wf_spec(workflow: types_pb2.Workflow, **kw: Any) -> types_pb2.JobSpec:

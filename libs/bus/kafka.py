@@ -1,0 +1,57 @@
+"""The one place aiokafka clients are built: where the cluster is, how to authenticate,
+and the options every Quartermaster client shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from libs.bus.ports import OffsetReset
+from libs.bus.settings import KafkaSettings
+
+
+@dataclass(frozen=True)
+class KafkaBus:
+    """A ``libs.bus.ports.Bus`` over a Kafka cluster; returns aiokafka's own clients."""
+
+    settings: KafkaSettings
+
+    def consumer(
+        self,
+        *,
+        client_id: str | None = None,
+        group_id: str | None = None,
+        auto_offset_reset: OffsetReset = "earliest",
+        **tuning: Any,
+    ) -> AIOKafkaConsumer:
+        """Committed records only (``read_committed``), so that placement's transactional
+        output is seen exactly once, all or nothing; offsets are committed by the caller,
+        once it has acted on the records."""
+        return AIOKafkaConsumer(
+            **self.settings.client_kwargs(),
+            **({"client_id": client_id} if client_id else {}),
+            group_id=group_id,
+            auto_offset_reset=auto_offset_reset,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            **tuning,
+        )
+
+    def producer(
+        self, *, client_id: str | None = None, transactional_id: str | None = None, **tuning: Any
+    ) -> AIOKafkaProducer:
+        """Idempotent and acknowledged by every replica: a retried send is not doubled."""
+        return AIOKafkaProducer(
+            **self.settings.client_kwargs(),
+            **({"client_id": client_id} if client_id else {}),
+            enable_idempotence=True,
+            acks="all",
+            transactional_id=transactional_id,
+            **tuning,
+        )
+
+    def admin(self) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(**self.settings.client_kwargs())
