@@ -1,0 +1,147 @@
+"""Placement's consume-decide-produce loop over the in-memory bus: what it writes, what
+it commits, what it dead-letters, and what it does across a restart and a rebalance."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
+from qm.v1 import events_pb2, types_pb2
+
+from libs.bus import Delivery, EventProducer, load_topic_config
+from libs.bus.deadletter import CONSUMER, REASON, SOURCE_OFFSET, SOURCE_TOPIC
+from libs.bus.memory import MemoryBus
+from libs.bus.producer import TYPE_HEADER
+from libs.events import new_envelope
+from services.placement.service import PlacementService
+
+TOPICS = load_topic_config()
+EVENTS, DECISIONS = TOPICS.events.name, TOPICS.decisions.name
+GROUP = "qm-placement"
+# Every input is keyed by its cluster: all of them land on this partition.
+INPUT = TopicPartition(
+    EVENTS, DefaultPartitioner()(b"default", *[list(range(TOPICS.events.partitions))] * 2)
+)
+
+
+def node() -> events_pb2.Envelope:
+    inventory = types_pb2.NodeInventory(
+        node_id="n0",
+        gpus=[types_pb2.Gpu(index=i, type="H100", memory_bytes=80 << 30) for i in range(8)],
+    )
+    return new_envelope(events_pb2.NodeRegistered(inventory=inventory), producer="test")
+
+
+def job(i: int) -> events_pb2.Envelope:
+    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["true"])
+    return new_envelope(events_pb2.JobAdmitted(job_id=f"j-{i}", spec=spec), producer="test")
+
+
+async def write(bus: MemoryBus, *envs: events_pb2.Envelope) -> None:
+    async with EventProducer(bus, client_id="test") as producer:
+        for env in envs:
+            await producer.send(EVENTS, env)
+
+
+def placed(bus: MemoryBus) -> Counter[str]:
+    return Counter(
+        env.task_placed.job_id for env in bus.envelopes(DECISIONS) if env.HasField("task_placed")
+    )
+
+
+def caught_up(bus: MemoryBus) -> Callable[[], bool]:
+    """Placement has committed every input written so far."""
+    return lambda: bus.committed(GROUP).get(INPUT) == len(bus.records(EVENTS))
+
+
+@asynccontextmanager
+async def running(service: PlacementService) -> AsyncIterator[PlacementService]:
+    task = asyncio.create_task(service.run())
+    try:
+        yield service
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_each_input_is_decided_and_committed_with_its_decisions() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), job(0), job(1))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)):
+        await bus.until(caught_up(bus))
+    assert placed(bus) == {"j-0": 1, "j-1": 1}
+    records = bus.records(DECISIONS)
+    assert {(r.key, r.partition) for r in records} == {(b"default", INPUT.partition)}
+    assert all((TYPE_HEADER, b"task_placed") in r.headers for r in records)
+    assert bus.committed(GROUP) == {
+        TopicPartition(EVENTS, p): 3 if p == INPUT.partition else 0
+        for p in range(TOPICS.events.partitions)
+    }
+
+
+async def test_an_undecodable_record_is_dead_lettered_and_skipped() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node())
+    await (await bus.producer().send(EVENTS, b"\xff not an envelope", b"default"))
+    await write(bus, job(0))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)):
+        await bus.until(caught_up(bus))
+    assert placed(bus) == {"j-0": 1}
+    [parked] = bus.records(TOPICS.deadletter.name)
+    headers = dict(parked.headers)
+    assert (parked.value, parked.key) == (b"\xff not an envelope", b"default")
+    assert (headers[SOURCE_TOPIC], headers[SOURCE_OFFSET], headers[CONSUMER]) == (
+        EVENTS.encode(),
+        b"1",
+        b"placement",
+    )
+    assert headers[REASON].startswith(b"not a qm.v1.Envelope")
+
+
+async def test_a_restarted_placement_rebuilds_its_state_and_decides_only_new_input() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), job(0), job(1))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)):
+        await bus.until(caught_up(bus))
+    await write(bus, job(2))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)):
+        await bus.until(caught_up(bus))
+    # j-2 is placed on the node registered before the restart: the log rebuilt that.
+    assert placed(bus) == {"j-0": 1, "j-1": 1, "j-2": 1}
+
+
+class Gated(PlacementService):
+    """Placement that stops, once, in the middle of its first batch of jobs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
+        if delivery.envelope.job_admitted.job_id == "j-3" and not self.go_on.is_set():
+            self.paused.set()
+            await self.go_on.wait()
+        return await super()._decide(producer, delivery)
+
+
+async def test_a_batch_decided_across_a_rebalance_is_aborted_and_decided_again_once() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), *(job(i) for i in range(6)))
+    async with running(Gated(bus, TOPICS, group_id=GROUP)) as service:
+        await asyncio.wait_for(service.paused.wait(), 5)
+        intruder = bus.consumer(group_id=GROUP)
+        await intruder.start()
+        intruder.subscribe([EVENTS])  # joins the group: placement's partitions move
+        await intruder.getmany(timeout_ms=0)
+        service.go_on.set()
+        await asyncio.sleep(0.05)
+        assert placed(bus) == {}  # the batch's transaction was aborted
+        await intruder.stop()  # the partitions come back; decided again from offset 0
+        await bus.until(caught_up(bus))
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
