@@ -1,0 +1,62 @@
+"""A budget change over the in-memory bus: one record per cluster, on that cluster's
+partition, or UNAVAILABLE when the bus does not answer."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+from qm.v1 import budget_service_pb2, types_pb2
+
+from libs.bus import EventProducer, load_topic_config
+from libs.bus.memory import MemoryBus
+from libs.config.budget import tree_from_mapping
+from libs.core import PolicyConfig
+from services.budget.book import BudgetBook
+from services.budget.server import BudgetServicer
+from services.status import status_of
+from tests.unit.services.admission.doubles import SECRET, Context
+
+TOPICS = load_topic_config()
+EVENTS = TOPICS.events.name
+CLUSTERS = ["east", "west"]
+TREE = tree_from_mapping(
+    {"name": "root", "managers": ["boss"], "children": [{"name": "team-a"}, {"name": "team-b"}]}
+)
+
+
+def servicer(bus: MemoryBus) -> BudgetServicer:
+    book = BudgetBook.for_policy(PolicyConfig())
+    book.tree, book.version = TREE, 1
+    producer = EventProducer(bus, client_id="budget")
+    return BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, secret=SECRET)
+
+
+def change(weight: float) -> budget_service_pb2.SetAllocationRequest:
+    node = types_pb2.BudgetNode(name="team-b", parent="root", weight=weight)
+    return budget_service_pb2.SetAllocationRequest(node=node)
+
+
+async def test_a_change_is_appended_to_every_clusters_input() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    tree = await servicer(bus).SetAllocation(change(3.0), Context("boss"))  # type: ignore[arg-type]
+    assert tree.version == 2
+    records = bus.records(EVENTS)
+    partitions = list(range(TOPICS.events.partitions))
+    assert sorted((r.key, r.partition) for r in records) == sorted(
+        (c.encode(), DefaultPartitioner()(c.encode(), partitions, partitions)) for c in CLUSTERS
+    )
+    changed = [env.budget_changed for env in bus.envelopes(EVENTS)]
+    assert {(c.tree.version, c.changed_by, c.node) for c in changed} == {(2, "boss", "team-b")}
+
+
+async def test_a_bus_that_does_not_answer_makes_the_change_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.budget.server.WRITE_TIMEOUT_S", 0.05)
+    bus = MemoryBus.for_topics(TOPICS)
+    bus.down = True
+    with pytest.raises(TimeoutError) as raised:
+        await servicer(bus).SetAllocation(change(3.0), Context("boss"))  # type: ignore[arg-type]
+    assert status_of(raised.value)[0] == grpc.StatusCode.UNAVAILABLE
+    assert bus.records(EVENTS) == []
