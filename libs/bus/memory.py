@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aiokafka.errors import IllegalOperation, IllegalStateError
+from aiokafka.errors import IllegalOperation, IllegalStateError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata, TopicPartition
 from qm.v1 import events_pb2
@@ -67,6 +67,8 @@ class MemoryBus:
         self._changed = asyncio.Event()
         # While down, sends are taken but never acknowledged, and nothing is written.
         self.down = False
+        # The next this many sends fail, as to a broker that does not answer in time.
+        self.refusals = 0
         for topic, count in (partitions or {}).items():
             self.create_topic(topic, count)
 
@@ -370,6 +372,9 @@ class MemoryProducer:
         *,
         headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[RecordMetadata]:
+        if self._bus.refusals:
+            self._bus.refusals -= 1
+            raise KafkaTimeoutError()
         written: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         if self._bus.down:
             return written

@@ -7,36 +7,21 @@ import itertools
 import logging
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
-from qm.v1 import events_pb2
 
+from libs.bus import EventProducer
+from libs.bus.memory import MemoryBus
 from libs.config.document import ConfigError
 from services.ticker.__main__ import TickerSettings
-from services.ticker.service import run, tick
+from services.ticker.service import PRODUCER, run, tick
 
-
-class MemoryProducer:
-    """Keeps what is sent, with the loop time; fails the sends it is told to."""
-
-    def __init__(self, failures: int = 0) -> None:
-        self.sent: list[tuple[str, str | None, events_pb2.Envelope, float]] = []
-        self.failures = failures
-
-    async def send(self, topic: str, env: events_pb2.Envelope, *, key: str | None = None) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise KafkaTimeoutError()
-        self.sent.append((topic, key, env, asyncio.get_running_loop().time()))
+TOPIC = "qm.events"
 
 
 async def test_one_tick_per_cluster_keyed_by_cluster() -> None:
-    producer = MemoryProducer()
-    await tick(producer, "qm.events", ["east", "west"])
-    assert [(topic, key) for topic, key, _, _ in producer.sent] == [
-        ("qm.events", "east"),
-        ("qm.events", "west"),
-    ]
-    east, west = (env for _, _, env, _ in producer.sent)
+    bus = MemoryBus({TOPIC: 1})  # one partition: the records in the order sent
+    await tick(EventProducer(bus, client_id=PRODUCER), TOPIC, ["east", "west"])
+    assert [record.key for record in bus.records(TOPIC)] == [b"east", b"west"]
+    east, west = bus.envelopes(TOPIC)
     assert (east.WhichOneof("payload"), east.producer, east.cluster) == (
         "clock_tick",
         "ticker",
@@ -46,13 +31,14 @@ async def test_one_tick_per_cluster_keyed_by_cluster() -> None:
     assert east.occurred_at.seconds > 0
 
 
-async def until_sent(producer: MemoryProducer, count: int, task: asyncio.Task[None]) -> None:
-    async def enough() -> None:
-        while len(producer.sent) < count:
-            await asyncio.sleep(0.005)
-
+async def sent_at(bus: MemoryBus, count: int, task: asyncio.Task[None]) -> list[float]:
+    """The loop time at which each of the first ``count`` ticks was written."""
+    loop, times = asyncio.get_running_loop(), []
     try:
-        await asyncio.wait_for(enough(), 5)
+        while len(times) < count:
+            await bus.until(lambda: len(bus.records(TOPIC)) > len(times))
+            times.append(loop.time())
+        return times
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -60,10 +46,10 @@ async def until_sent(producer: MemoryProducer, count: int, task: asyncio.Task[No
 
 
 async def test_ticks_keep_a_steady_pace_until_cancelled() -> None:
-    producer = MemoryProducer()
-    task = asyncio.create_task(run(producer, "qm.events", ["default"], 0.05))
-    await until_sent(producer, 4, task)
-    times = [at for _, _, _, at in producer.sent]
+    bus = MemoryBus()
+    producer = EventProducer(bus, client_id=PRODUCER)
+    task = asyncio.create_task(run(producer, TOPIC, ["default"], 0.05))
+    times = await sent_at(bus, 4, task)
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert all(0.04 < gap < 0.5 for gap in gaps), gaps
 
@@ -71,10 +57,12 @@ async def test_ticks_keep_a_steady_pace_until_cancelled() -> None:
 async def test_a_failed_tick_is_logged_and_ticking_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    producer = MemoryProducer(failures=2)
-    task = asyncio.create_task(run(producer, "qm.events", ["default"], 0.01))
+    bus = MemoryBus()
+    bus.refusals = 2
+    producer = EventProducer(bus, client_id=PRODUCER)
+    task = asyncio.create_task(run(producer, TOPIC, ["default"], 0.01))
     with caplog.at_level(logging.WARNING, logger="services.ticker.service"):
-        await until_sent(producer, 2, task)
+        await sent_at(bus, 2, task)
     assert len([r for r in caplog.records if "tick not appended" in r.message]) == 2
 
 
