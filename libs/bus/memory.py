@@ -13,6 +13,7 @@ deterministic: no randomness, no wall clock (a keyless record goes round-robin).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -121,11 +122,12 @@ class MemoryBus:
         return dict(self._group(group_id).committed)
 
     async def until(self, condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-        """Return once ``condition`` holds, checking after every change to the bus."""
+        """Return once ``condition`` holds, checking after every change to the bus and
+        every few milliseconds (what consumers do with their records changes no bus)."""
         async with asyncio.timeout(timeout_s):
             while not condition():
-                changed = self._changed
-                await changed.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.005)
 
     # The broker's side.
 

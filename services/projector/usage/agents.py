@@ -13,7 +13,7 @@ import logging
 
 from aiokafka.errors import KafkaError
 
-from libs.bus import KafkaBus, LogReader
+from libs.bus import Bus, KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
 from libs.events import encode
 from libs.telemetry import inject_context
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 PRODUCER = "projector"
 
+# Where the ledger is read from (tests put a memory bus here).
+BUS: Bus = KafkaBus(KAFKA)
 events_out = app.topic(TOPICS.events.name, key_type=bytes, value_type=bytes)
 
 
@@ -33,9 +35,8 @@ async def fold_events() -> None:
     Placement's decisions are folded too, for the one that changes a charge: a task
     lost with its node, whose end no agent reports.
     """
-    bus = KafkaBus(KAFKA)
-    reader = LogReader(bus, TOPICS.events.name)
-    decisions = LogReader(bus, TOPICS.decisions.name)
+    reader = LogReader(BUS, TOPICS.events.name)
+    decisions = LogReader(BUS, TOPICS.decisions.name)
     await reader.start()
     await decisions.start()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 from unittest import mock
 
 import faust
@@ -15,6 +15,8 @@ from aiokafka.errors import KafkaTimeoutError
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from qm.v1 import events_pb2, types_pb2
 
+from libs.bus import EventProducer
+from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
 from libs.events import decode, new_envelope
 from services.projector.client import ProjectorClient, ProjectorError
@@ -35,67 +37,34 @@ LOST = new_envelope(
 )
 
 
-class FakeReader:
-    """A LogReader over a list: catch_up folds ``LOG`` (or, of the decisions topic,
-    ``LOST``), follow folds ``later`` and waits."""
-
-    later: ClassVar[list[events_pb2.Envelope]] = []
-    instances: ClassVar[list[FakeReader]] = []
-
-    def __init__(self, settings: Any, topic: str) -> None:
-        self.topic = topic
-        self.stopped = False
-        self.following = asyncio.Event()
-        FakeReader.instances.append(self)
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-    async def catch_up(self, apply: Apply) -> int:
-        assert not usage.rebuilt.is_set()
-        log = [LOST] if self.topic == agents.TOPICS.decisions.name else [*LOG, *LOST_JOB]
-        for env in log:
-            apply(env)
-        return len(log)
-
-    async def follow(self, apply: Apply) -> None:
-        if self.topic == agents.TOPICS.events.name:
-            for env in self.later:
-                apply(env)
-        self.following.set()
-        await asyncio.Event().wait()
-
-
 @pytest.fixture
-def reader() -> Iterator[type[FakeReader]]:
-    FakeReader.instances.clear()
-    with mock.patch.object(agents, "LogReader", FakeReader):
-        yield FakeReader
+def bus() -> Iterator[MemoryBus]:
+    """The log the ledger is read from: ``LOG`` and ``LOST_JOB`` as events, ``LOST`` as
+    placement's decision."""
+    memory = MemoryBus.for_topics(agents.TOPICS)
+    with mock.patch.object(agents, "BUS", memory):
+        yield memory
 
 
 async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
-    projector: faust.App, reader: type[FakeReader]
+    projector: faust.App, bus: MemoryBus
 ) -> None:
-    reader.later = [tick(T0 + 20)]
-    task = asyncio.create_task(agents.fold_events())
-    await asyncio.wait_for(usage.rebuilt.wait(), 5)
-    events, decisions = reader.instances
-    await asyncio.wait_for(events.following.wait(), 5)
-    assert (events.topic, decisions.topic) == (
-        agents.TOPICS.events.name,
-        agents.TOPICS.decisions.name,
-    )
-    cluster = usage.ledger.cluster("default")
-    assert cluster is not None
-    # j ran 10 s, k 15 s until its node was lost: 2 GPUs each.
-    assert (cluster.now, cluster.usage()["team-a"].allocated_gpu_s) == (T0 + 20, 50.0)
+    async with EventProducer(bus, client_id="test") as producer:
+        for env in [*LOG, *LOST_JOB]:
+            await producer.send(agents.TOPICS.events.name, env)
+        await producer.send(agents.TOPICS.decisions.name, LOST)
+        task = asyncio.create_task(agents.fold_events())
+        await asyncio.wait_for(usage.rebuilt.wait(), 5)
+        cluster = usage.ledger.cluster("default")
+        assert cluster is not None
+        # j ran 10 s, k 15 s until its node was lost: 2 GPUs each.
+        assert cluster.usage()["team-a"].allocated_gpu_s == 50.0
+        await producer.send(agents.TOPICS.events.name, tick(T0 + 20))
+        await bus.until(lambda: cluster.now == T0 + 20)  # followed
+        assert cluster.usage()["team-a"].allocated_gpu_s == 50.0
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert events.stopped and decisions.stopped
 
 
 def sending(*outcomes: BaseException | None) -> mock.AsyncMock:
