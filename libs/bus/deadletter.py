@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from libs.bus.ports import Record
 from libs.bus.producer import EventProducer
@@ -16,6 +17,28 @@ SOURCE_OFFSET = "qm-dlq-offset"
 CONSUMER = "qm-dlq-consumer"
 
 
+class Source(Protocol):
+    """Where a record was read (a bus record, or a faust message in the projector)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+def headers(record: Source, *, reason: str, consumer: str) -> list[tuple[str, bytes]]:
+    """What a parked record carries besides itself: why, where from, who parked it."""
+    return [
+        (REASON, reason.encode()),
+        (SOURCE_TOPIC, record.topic.encode()),
+        (SOURCE_PARTITION, str(record.partition).encode()),
+        (SOURCE_OFFSET, str(record.offset).encode()),
+        (CONSUMER, consumer.encode()),
+    ]
+
+
 async def dead_letter(
     producer: EventProducer,
     topic: str,
@@ -24,14 +47,8 @@ async def dead_letter(
     reason: str,
     consumer: str,
 ) -> None:
-    headers = [
-        (REASON, reason.encode()),
-        (SOURCE_TOPIC, record.topic.encode()),
-        (SOURCE_PARTITION, str(record.partition).encode()),
-        (SOURCE_OFFSET, str(record.offset).encode()),
-        (CONSUMER, consumer.encode()),
-    ]
-    await producer.send_raw(topic, record.value, key=record.key, headers=headers)
+    parked = headers(record, reason=reason, consumer=consumer)
+    await producer.send_raw(topic, record.value, key=record.key, headers=parked)
     log.warning(
         "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
     )

@@ -43,13 +43,7 @@ async def envelopes(
 
 async def _dead_letter(event: faust.EventT[bytes], *, reason: str, consumer: str) -> None:
     message = event.message
-    headers = [
-        (deadletter.REASON, reason.encode()),
-        (deadletter.SOURCE_TOPIC, message.topic.encode()),
-        (deadletter.SOURCE_PARTITION, str(message.partition).encode()),
-        (deadletter.SOURCE_OFFSET, str(message.offset).encode()),
-        (deadletter.CONSUMER, consumer.encode()),
-    ]
+    headers = deadletter.headers(message, reason=reason, consumer=consumer)
     await deadletters.send(key=message.key, value=message.value, headers=headers)
     log.warning(
         "%s dead-lettered %s[%d]@%d: %s",

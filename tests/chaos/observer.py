@@ -13,10 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from libs.bus import KafkaSettings, Topics
+from libs.bus import KafkaBus, KafkaSettings, Topics
 from libs.events import DecodeError, decode, event_type
 from tests.chaos.invariants import Log, Record
 
@@ -42,20 +41,14 @@ def node_of(payload: object) -> str:
 class Observer:
     def __init__(self, settings: KafkaSettings, topics: Topics) -> None:
         self._names = {topics.events.name: "events", topics.decisions.name: "decisions"}
-        self._consumer = AIOKafkaConsumer(
-            *self._names,
-            **settings.client_kwargs(),
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            max_partition_fetch_bytes=4 << 20,
-        )
+        self._consumer = KafkaBus(settings).consumer(max_partition_fetch_bytes=4 << 20)
         self.seen: list[Seen] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._consumer.start()
+        self._consumer.subscribe(list(self._names))
         self._task = asyncio.create_task(self._tail())
 
     async def stop(self) -> None:
@@ -111,12 +104,7 @@ async def read_log(settings: KafkaSettings, topics: Topics, timeout: float = 120
     Records that do not decode are left out: they decide nothing.
     """
     names = {topics.events.name: "events", topics.decisions.name: "decisions"}
-    consumer = AIOKafkaConsumer(
-        **settings.client_kwargs(),
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        max_partition_fetch_bytes=4 << 20,
-    )
+    consumer = KafkaBus(settings).consumer(max_partition_fetch_bytes=4 << 20)
     await consumer.start()
     log = Log()
     try:

@@ -225,6 +225,7 @@ def groups(nodes: list[str], tree: types_pb2.BudgetTree) -> list[tuple[str, list
 
 async def produce(settings: KafkaSettings, topics: Topics, poisons: list[Poison]) -> list[Produced]:
     """Write each record as it is; a refusal (too large, ...) is an outcome, not an error."""
+    # Not KafkaBus's producer: an outsider's, that lets the broker judge what it is sent.
     producer = AIOKafkaProducer(
         **settings.client_kwargs(),
         client_id=PRODUCER,

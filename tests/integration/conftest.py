@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
@@ -16,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from libs.audit import audit_topics
-from libs.bus import KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from tests.integration.stack import Stack
 
 T = TypeVar("T")
@@ -103,14 +102,9 @@ async def committed_records(
     settings: KafkaSettings, topic: str
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Every committed record of a topic, up to its end as of now."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        **settings.client_kwargs(),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-    )
+    consumer = KafkaBus(settings).consumer()
     await consumer.start()
+    consumer.subscribe([topic])
     try:
         while not consumer.assignment():
             await asyncio.sleep(0.05)

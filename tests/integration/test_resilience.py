@@ -6,12 +6,11 @@ import asyncio
 import json
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
-from libs.bus import KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_TOPIC
 from tests.integration.conftest import eventually, read_topic, until_running, wait_for_end
 from tests.integration.stack import Stack
@@ -22,10 +21,10 @@ def produce_raw(stack: Stack, key: str, value: bytes) -> None:
     topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
 
     async def send() -> None:
-        producer = AIOKafkaProducer(**KafkaSettings(bootstrap=stack.bootstrap).client_kwargs())
+        producer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).producer()
         await producer.start()
         try:
-            await producer.send_and_wait(topic, value=value, key=b"default")
+            await (await producer.send(topic, value=value, key=b"default"))
         finally:
             await producer.stop()
 

@@ -44,12 +44,11 @@ from pathlib import Path
 
 import grpc
 import yaml
-from aiokafka import AIOKafkaConsumer
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
-from libs.bus import KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
@@ -243,14 +242,10 @@ class Collector:
 
     def __init__(self, stack: Stack) -> None:
         self.topic = load_topic_config(stack.topics_file).decisions.name
-        self.consumer = AIOKafkaConsumer(
-            self.topic,
-            **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            fetch_max_wait_ms=50,
+        self.consumer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).consumer(
+            fetch_max_wait_ms=50
         )
+        self.consumer.subscribe([self.topic])
         self.placed: dict[str, Seen] = {}
         self.decided: dict[str, Seen] = {}
         self.pending = 0
@@ -279,12 +274,8 @@ class Collector:
 
 async def _wait_nodes(stack: Stack, nodes: int, timeout: float) -> None:
     """Until every simulated node's NodeRegistered is in the event log."""
-    consumer = AIOKafkaConsumer(
-        load_topic_config(stack.topics_file).events.name,
-        **KafkaSettings(bootstrap=stack.bootstrap).client_kwargs(),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    consumer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).consumer()
+    consumer.subscribe([load_topic_config(stack.topics_file).events.name])
     await consumer.start()
     seen: set[str] = set()
     deadline = time.monotonic() + timeout
