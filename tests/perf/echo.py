@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery, KafkaSettings, load_topic_config
+from libs.bus import Delivery, KafkaBus, KafkaSettings, load_topic_config
 from libs.events import event_type, new_envelope
 from libs.events.decide import PartitionSchedulers
 from libs.telemetry import setup_tracing
@@ -76,7 +76,7 @@ def main() -> None:
     configure_logging("echo")
     setup_tracing("echo")
     echo = Echo(
-        KafkaSettings.from_env(),
+        KafkaBus(KafkaSettings.from_env()),
         load_topic_config(),
         group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-echo"),
         nodes=int(os.environ.get("QM_ECHO_NODES", "1")),

@@ -39,7 +39,7 @@ def change(weight: float) -> budget_service_pb2.SetAllocationRequest:
 
 async def test_a_change_is_appended_to_every_clusters_input() -> None:
     bus = MemoryBus.for_topics(TOPICS)
-    tree = await servicer(bus).SetAllocation(change(3.0), Context("boss"))  # type: ignore[arg-type]
+    tree = await servicer(bus).SetAllocation(change(3.0), Context("boss"))
     assert tree.version == 2
     records = bus.records(EVENTS)
     partitions = list(range(TOPICS.events.partitions))
@@ -57,6 +57,6 @@ async def test_a_bus_that_does_not_answer_makes_the_change_unavailable(
     bus = MemoryBus.for_topics(TOPICS)
     bus.down = True
     with pytest.raises(TimeoutError) as raised:
-        await servicer(bus).SetAllocation(change(3.0), Context("boss"))  # type: ignore[arg-type]
+        await servicer(bus).SetAllocation(change(3.0), Context("boss"))
     assert status_of(raised.value)[0] == grpc.StatusCode.UNAVAILABLE
     assert bus.records(EVENTS) == []

@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
@@ -59,8 +59,11 @@ def caught_up(bus: MemoryBus) -> Callable[[], bool]:
     return lambda: bus.committed(GROUP).get(INPUT) == len(bus.records(EVENTS))
 
 
+Service = TypeVar("Service", bound=PlacementService)
+
+
 @asynccontextmanager
-async def running(service: PlacementService) -> AsyncIterator[PlacementService]:
+async def running(service: Service) -> AsyncIterator[Service]:
     task = asyncio.create_task(service.run())
     try:
         yield service
