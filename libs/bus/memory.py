@@ -198,7 +198,9 @@ class MemoryBus:
 class MemoryConsumer:
     """A ``libs.bus.ports.Consumer`` of a ``MemoryBus``."""
 
-    def __init__(self, bus: MemoryBus, *, group_id: str | None, auto_offset_reset: str) -> None:
+    def __init__(
+        self, bus: MemoryBus, *, group_id: str | None, auto_offset_reset: OffsetReset
+    ) -> None:
         self._bus = bus
         self._group_id = group_id
         self._reset = auto_offset_reset
