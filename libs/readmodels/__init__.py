@@ -11,6 +11,7 @@ from libs.readmodels.jobs import (
     job_key,
     newest_jobs,
 )
+from libs.readmodels.knobs import PlacementKnobs
 from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, without_ended_tasks
 from libs.readmodels.usage import ClusterUsage, UsageLedger
 
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "ClusterUsage",
     "JobRecords",
+    "PlacementKnobs",
     "UsageLedger",
     "apply_job_event",
     "apply_node_event",

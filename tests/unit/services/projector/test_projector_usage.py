@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 from unittest import mock
 
+import aiohttp
 import faust
 import pytest
 from aiohttp.test_utils import TestServer
@@ -16,8 +18,11 @@ from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus.producer import TYPE_HEADER
+from libs.core import PolicyConfig
 from libs.events import decode, new_envelope
+from libs.events.decide import policy_configured
 from services.projector.client import ProjectorClient, ProjectorError
+from services.projector.contract import CONFIG
 from services.projector.usage import agents
 from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished, started, tick
@@ -40,6 +45,7 @@ class FakeReader:
     ``LOST``), follow folds ``later`` and waits."""
 
     later: ClassVar[list[events_pb2.Envelope]] = []
+    decided_later: ClassVar[list[events_pb2.Envelope]] = []  # of the decisions topic
     instances: ClassVar[list[FakeReader]] = []
 
     def __init__(self, settings: Any, topic: str) -> None:
@@ -62,9 +68,9 @@ class FakeReader:
         return len(log)
 
     async def follow(self, apply: Apply) -> None:
-        if self.topic == agents.TOPICS.events.name:
-            for env in self.later:
-                apply(env)
+        events = self.topic == agents.TOPICS.events.name
+        for env in self.later if events else self.decided_later:
+            apply(env)
         self.following.set()
         await asyncio.Event().wait()
 
@@ -72,6 +78,7 @@ class FakeReader:
 @pytest.fixture
 def reader() -> Iterator[type[FakeReader]]:
     FakeReader.instances.clear()
+    FakeReader.later, FakeReader.decided_later = [], []
     with mock.patch.object(agents, "LogReader", FakeReader):
         yield FakeReader
 
@@ -173,3 +180,29 @@ async def test_usage_view_answers_balances_once_rebuilt(client: ProjectorClient)
     ]
     assert list((await client.usage("east")).balances) == []
     assert list((await client.usage("north")).balances) == []
+
+
+async def test_placement_under_another_window_is_said_loudly(
+    projector: faust.App, reader: type[FakeReader], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert PolicyConfig().lookback_window_s == usage.WINDOW_S
+    placement = PolicyConfig(lookback_window_s=3600)
+    reader.decided_later = [policy_configured(placement, LOG[0], partition=0, offset=0)]
+    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
+    await server.start_server()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.make_url(CONFIG)) as agrees:
+            assert agrees.status == 200
+        task = asyncio.create_task(agents.fold_events())
+        await asyncio.wait_for(usage.rebuilt.wait(), 5)
+        await asyncio.wait_for(reader.instances[1].following.wait(), 5)
+        async with http.get(server.make_url(CONFIG)) as differs:
+            said, status = await differs.text(), differs.status
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await server.close()
+    assert status == 409
+    named = "lookback_window_s: placement 3600.0, projector 604800.0"
+    assert said == f"placement decides under other knobs than the projector: {named}"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [said]
