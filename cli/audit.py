@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -79,10 +80,20 @@ def verify(
         raise typer.Exit(2) from exc
     elapsed = time.monotonic() - started
     errors.print(f"{result.inputs} events replayed in {elapsed:.1f} s")
-    if result.divergence is None:
+    if result.ok:
         console.print(f"[green]{result.checked} decisions, {result.reproduced} reproduced[/]")
         return
-    _show_divergence(result, result.divergence)
+    if result.config:
+        # Said first: under other knobs, every divergence that follows is expected.
+        console.print(
+            "[red]configuration differs from the log's: "
+            + escape("; ".join(d.describe("log", "replay") for d in result.config))
+            + "[/]\n[yellow]audit with the policy file placement ran with (--policy, "
+            "QM_POLICY_FILE)[/]",
+            highlight=False,
+        )
+    if result.divergence is not None:
+        _show_divergence(result, result.divergence)
     raise typer.Exit(1)
 
 
@@ -104,6 +115,11 @@ def _show_divergence(result: AuditResult, found: Divergence) -> None:
             "[yellow]the log was decided by another policy version: "
             "audit it with the release that recorded it[/]"
         )
+    elif not result.config and any(f.endswith("provenance.config_digest") for f in found.fields):
+        console.print(
+            "[yellow]the log was decided under other knobs, and names them nowhere the audit "
+            "read: audit it with the policy file placement ran with[/]"
+        )
 
 
 def _text(env: events_pb2.Envelope | None) -> str:
@@ -119,6 +135,8 @@ def _hex_digest(message: Message, indent: int, as_one_line: bool) -> str | None:
     rest = types_pb2.Provenance()
     rest.CopyFrom(message)
     rest.ClearField("state_digest")
+    rest.ClearField("config_digest")
     lines = [f"state_digest: {message.state_digest.hex()}"]
+    lines += [f"config_digest: {message.config_digest.hex()}"] if message.config_digest else []
     lines += text_format.MessageToString(rest, as_utf8=True).splitlines()
     return ("\n" + " " * indent).join(lines)

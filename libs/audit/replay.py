@@ -11,6 +11,10 @@ streams are paired independently, and only the unpaired part of each is held.
 The replay never reads ahead on its own: its driver feeds both logs, at any
 interleaving, and may use :meth:`Replay.expected_waiting` and
 :attr:`Replay.recorded_waiting` to keep the two sides close.
+
+Placement's ``PolicyConfigured`` records are not decisions: they are not paired,
+but compared with the replay's own knobs, so that a replay under other knobs says
+which ones differ (:attr:`AuditResult.config`) besides where decisions diverge.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from qm.v1 import events_pb2
 
 from libs.audit.divergence import Difference, Divergence, compare
-from libs.core import PolicyConfig
+from libs.core import KnobDifference, PolicyConfig, config_digest, knob_differences
 from libs.events import encode, event_type
 from libs.events.decide import PartitionSchedulers
 
@@ -37,10 +41,12 @@ class AuditResult:
     checked: int  # recorded decisions compared, the diverging one included
     reproduced: int
     divergence: Divergence | None
+    # The knobs the log was first decided under that the replay's differ from, by name.
+    config: tuple[KnobDifference, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None
+        return self.divergence is None and not self.config
 
 
 @dataclass
@@ -76,6 +82,7 @@ class Replay:
         self.checked = 0
         self.reproduced = 0
         self.divergence: Divergence | None = None
+        self.config: tuple[KnobDifference, ...] = ()
 
     def feed_input(self, partition: int, offset: int, env: events_pb2.Envelope) -> None:
         """One decoded input record; a partition's records must come in offset order."""
@@ -96,7 +103,10 @@ class Replay:
 
     def feed_recorded(self, env: events_pb2.Envelope) -> None:
         """One decoded record of the decisions topic, in its partition's order."""
-        payload = getattr(env, event_type(env))
+        kind = event_type(env)
+        if kind == "policy_configured":
+            return self._configured(env.policy_configured)
+        payload = getattr(env, kind)
         # Only decisions carry provenance; anything else on the topic is not placement's.
         if self.divergence or "provenance" not in payload.DESCRIPTOR.fields_by_name:
             return
@@ -111,6 +121,17 @@ class Replay:
         stream.recorded.append((offset, index, env))
         self.recorded_waiting += 1
         self._pair(stream)
+
+    def _configured(self, recorded: events_pb2.PolicyConfigured) -> None:
+        """Placement's knobs from this input on: the first that differ from ours are kept."""
+        if self.config or not self._audited(recorded.input_partition, recorded.from_offset):
+            return
+        ours = config_digest(self._config)
+        if recorded.config_digest != ours:
+            # Equal knobs under unequal digests: a writer that encodes them otherwise.
+            self.config = knob_differences(recorded.knobs, self._config) or (
+                KnobDifference("config_digest", recorded.config_digest.hex(), ours.hex()),
+            )
 
     def expected_waiting(self, partition: int) -> int:
         """Recomputed decisions of one input partition not yet paired with recorded ones."""
@@ -129,7 +150,7 @@ class Replay:
     def finish(self) -> AuditResult:
         self.end_inputs()
         self.end_recorded()
-        return AuditResult(self.inputs, self.checked, self.reproduced, self.divergence)
+        return AuditResult(self.inputs, self.checked, self.reproduced, self.divergence, self.config)
 
     def _audited(self, partition: int, offset: int) -> bool:
         return self._bounds is None or offset < self._bounds.get(partition, 0)

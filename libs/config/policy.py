@@ -12,11 +12,12 @@ from typing import Annotated
 from pydantic import Field, Strict
 
 from libs.config.document import FileModel, read_document, validate
+from libs.core import limits as L
 from libs.core.compass import PlanMode
 from libs.core.config import PolicyConfig
 
 _D = PolicyConfig()
-GpuType = Annotated[str, Field(min_length=1)]
+GpuType = Annotated[str, Field(min_length=1, max_length=L.MAX_TEXT_CHARS)]
 Price = Annotated[float, Field(gt=0)]
 
 
@@ -26,7 +27,7 @@ class PolicyFile(FileModel):
     running_horizon_s: float = Field(_D.running_horizon_s, ge=0)
     debug_headroom: float = Field(_D.debug_headroom, ge=0, le=1)
     # GPU type -> what one of its GPU-seconds costs (types not listed cost 1).
-    gpu_prices: dict[GpuType, Price] = Field(default_factory=dict)
+    gpu_prices: dict[GpuType, Price] = Field(default_factory=dict, max_length=L.MAX_GPU_TYPES)
     serving_mode: Annotated[PlanMode, Strict(False)] = PlanMode(_D.serving_mode)
     adjust_threshold: float = Field(_D.adjust_threshold, ge=0)
     adjust_joins: bool = _D.adjust_joins

@@ -3,7 +3,13 @@
 A test (tests/unit/libs/core/test_purity.py) keeps I/O imports out of this package.
 """
 
-from libs.core.config import PolicyConfig
+from libs.core.config import (
+    KnobDifference,
+    PolicyConfig,
+    config_digest,
+    knob_differences,
+    knobs,
+)
 from libs.core.decisions import (
     Cancel,
     Decision,
@@ -52,6 +58,7 @@ __all__ = [
     "JobArrived",
     "JobLost",
     "JobSpec",
+    "KnobDifference",
     "Limits",
     "ModelEvicted",
     "ModelLoaded",
@@ -80,6 +87,9 @@ __all__ = [
     "Violation",
     "Wait",
     "WorkClass",
+    "config_digest",
+    "knob_differences",
+    "knobs",
     "validate_job",
     "validate_node",
 ]

@@ -1,11 +1,19 @@
 """The policy's knobs. Part of the replay contract: auditors must use the same values.
 
-Read from a file by ``libs.config.policy``, which declares each knob's range.
+Read from a file by ``libs.config.policy``, which declares each knob's range. Every
+decision records :func:`config_digest` of the knobs it was made under, and placement
+records the knobs themselves (:func:`knobs`), so that a replay under other knobs can
+name the ones that differ (:func:`knob_differences`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 DAY = 86_400.0
 HOUR = 3_600.0
@@ -52,3 +60,55 @@ class PolicyConfig:
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)
+
+
+def knobs(config: PolicyConfig) -> dict[str, str]:
+    """Every knob by name, its value as canonical JSON: what the log records of a config."""
+    return {f.name: _canonical(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+@lru_cache(maxsize=16)  # computed for every input that decides; configs are few
+def config_digest(config: PolicyConfig) -> bytes:
+    """16 bytes of sha256 over the knobs: equal for equal knobs, whoever computes it."""
+    return hashlib.sha256(_dumps(knobs(config)).encode()).digest()[:16]
+
+
+@dataclass(frozen=True)
+class KnobDifference:
+    name: str
+    theirs: str | None  # None: they have no such knob
+    mine: str | None
+
+    def describe(self, theirs: str, mine: str) -> str:
+        """E.g. ``lookback_window_s: log 604800.0, replay 86400.0``."""
+        return f"{self.name}: {theirs} {self.theirs or '(none)'}, {mine} {self.mine or '(none)'}"
+
+
+def knob_differences(
+    theirs: Mapping[str, str], config: PolicyConfig, names: Collection[str] = ()
+) -> tuple[KnobDifference, ...]:
+    """The knobs (of ``names``; all if empty) whose recorded value is not ``config``'s, by name."""
+    mine = knobs(config)
+    wanted = set(names) or theirs.keys() | mine.keys()
+    return tuple(
+        KnobDifference(name, theirs.get(name), mine.get(name))
+        for name in sorted(wanted)
+        if theirs.get(name) != mine.get(name)
+    )
+
+
+def _canonical(value: object) -> str:
+    return _dumps(_floats(value))
+
+
+def _floats(value: object) -> object:
+    # 3600 and 3600.0 are the same knob value: ints (no knob is one) are written as floats.
+    if isinstance(value, tuple | list):
+        return [_floats(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)

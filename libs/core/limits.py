@@ -41,6 +41,7 @@ MAX_TRANSFER_KB = 1e9
 MAX_UPCOMING = 32  # models a serving task names as planned next on its GPU (look-ahead)
 
 MAX_NODE_GPUS = 64
+MAX_GPU_TYPES = 256  # priced in the policy file: placement records its knobs whole
 MAX_GPU_INDEX = 1023
 
 MAX_BUDGET_NODES = 10_000

@@ -64,7 +64,9 @@ from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.validation import joined, rejection, validate_node
 
 POLICY = "budget"
-POLICY_VERSION = 8
+# 9: every decision's provenance carries the digest of the knobs it was decided
+# under (``config_digest``), so the same input yields other bytes than under 8.
+POLICY_VERSION = 9
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 

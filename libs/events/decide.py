@@ -11,6 +11,10 @@ core (it must never raise, and property tests hold it to that) is logged and
 answered with a refusal, so one record can never stop a partition. Every output is
 checked against the bus's record limit; one that would still not fit (the limits
 make that impossible for anything the core writes today) becomes a rejection.
+
+Each decision's provenance carries the digest of the knobs it was decided under;
+placement's :class:`PartitionSchedulers` also announce the knobs themselves
+(``PolicyConfigured``) before a cluster's first decision, so the log names them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ import logging
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import POLICY, POLICY_VERSION, Decision, PolicyConfig, Refused, Reject, Scheduler
+from libs.core import (
+    POLICY,
+    POLICY_VERSION,
+    Decision,
+    PolicyConfig,
+    Refused,
+    Reject,
+    Scheduler,
+    config_digest,
+    knobs,
+)
 from libs.core.limits import MAX_RECORD_BYTES
 from libs.events.convert import decision_payload, to_input
 from libs.events.envelope import encode, event_type, new_envelope
@@ -57,6 +71,7 @@ def decide(
         state_digest=scheduler.digest(),
         policy=POLICY,
         policy_version=POLICY_VERSION,
+        config_digest=config_digest(scheduler.config),
     )
     outputs = []
     for index, decision in enumerate(decisions):
@@ -71,6 +86,28 @@ def decide(
         )
         outputs.append(out if len(encode(out)) <= MAX_RECORD_BYTES else _too_large(out))
     return outputs
+
+
+def policy_configured(
+    config: PolicyConfig, env: events_pb2.Envelope, *, partition: int, offset: int
+) -> events_pb2.Envelope:
+    """The record naming the knobs that decide ``env`` (at ``offset``) and what follows it."""
+    announced = events_pb2.PolicyConfigured(
+        input_partition=partition,
+        from_offset=offset,
+        policy=POLICY,
+        policy_version=POLICY_VERSION,
+        config_digest=config_digest(config),
+        knobs=knobs(config),
+    )
+    return new_envelope(
+        announced,
+        producer=PRODUCER,
+        cluster=env.cluster,
+        causation_id=env.event_id,
+        occurred=env.occurred_at.ToDatetime(),
+        event_id=f"{env.cluster}-p{partition}-o{offset}-config",
+    )
 
 
 def _payload(
@@ -106,11 +143,18 @@ class PartitionSchedulers:
 
     Clusters are keyed onto partitions by hash, so two may share one; each still
     gets a scheduler of its own and never sees the other's nodes.
+
+    With ``announce`` (placement), a cluster's first decisions from these schedulers
+    are preceded by :func:`policy_configured`: they are made once per start (or
+    assignment), so the knobs are on the log before anything decided under them,
+    on the decisions partition those decisions go to.
     """
 
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, *, announce: bool = False) -> None:
         self._config = config
         self._by_cluster: dict[str, Scheduler] = {}
+        self._announce = announce
+        self._announced: set[str] = set()  # clusters whose knobs are on the log
 
     def of(self, cluster: str) -> Scheduler:
         scheduler = self._by_cluster.get(cluster)
@@ -124,4 +168,9 @@ class PartitionSchedulers:
     def decide(
         self, env: events_pb2.Envelope, *, partition: int, offset: int
     ) -> list[events_pb2.Envelope]:
-        return decide(self.of(env.cluster), env, partition=partition, offset=offset)
+        outputs = decide(self.of(env.cluster), env, partition=partition, offset=offset)
+        if not outputs or not self._announce or env.cluster in self._announced:
+            return outputs
+        self._announced.add(env.cluster)
+        config = policy_configured(self._config, env, partition=partition, offset=offset)
+        return [config, *outputs]

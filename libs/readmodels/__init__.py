@@ -3,16 +3,15 @@
 No I/O here; the projector service stores or serves what these return.
 """
 
+from libs.readmodels.job_state import has_ended, task_attempt, task_is_over
 from libs.readmodels.jobs import (
     DEFAULT_LIST_LIMIT,
     JobRecords,
     apply_job_event,
-    has_ended,
     job_key,
     newest_jobs,
-    task_attempt,
-    task_is_over,
 )
+from libs.readmodels.knobs import PlacementKnobs
 from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, without_ended_tasks
 from libs.readmodels.usage import ClusterUsage, UsageLedger
 
@@ -20,6 +19,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "ClusterUsage",
     "JobRecords",
+    "PlacementKnobs",
     "UsageLedger",
     "apply_job_event",
     "apply_node_event",

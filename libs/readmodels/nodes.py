@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
-from libs.readmodels.jobs import task_is_over
+from libs.readmodels.job_state import task_is_over
 
 
 def node_key(env: events_pb2.Envelope) -> str | None:

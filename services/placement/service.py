@@ -145,7 +145,8 @@ class PlacementService:
 
     async def rebuild(self, tp: TopicPartition, upto: int) -> None:
         """Fold records [0, upto) of one partition into fresh schedulers."""
-        scheduler = PartitionSchedulers(self.policy)
+        # Announcing: the knobs go on the log again after every (re)build.
+        scheduler = PartitionSchedulers(self.policy, announce=True)
         if upto > 0:
             await self._replay(scheduler, tp, upto)
             log.info("rebuilt partition %d from %d records", tp.partition, upto)

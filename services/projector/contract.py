@@ -3,3 +3,4 @@
 PROTOBUF = "application/x-protobuf"
 READY = "/ready"
 USAGE = "/usage"
+CONFIG = "/config"

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
-from libs.readmodels import has_ended
-from libs.readmodels.jobs import apply_job_event, task_attempt
+from libs.readmodels import apply_job_event, has_ended, task_attempt
 
 ENDS = ("task_finished", "task_failed")
 _UNDER_WAY = (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)

@@ -31,7 +31,7 @@ from libs.core.compass import GpuWorker
 from libs.core.compass.serving import MB_PER_GIB
 from libs.events import event_type, new_envelope
 from libs.events.convert import serving_from_proto
-from libs.events.decide import decide
+from libs.events.decide import decide, policy_configured
 from libs.events.logfile import write_log
 from services.node_agent.lifecycle import model_evicted, model_loaded
 
@@ -424,7 +424,10 @@ def record(
     steps = list(scenario.steps())
     write_log(HERE / f"{name}.input.bin", (step.input for step in steps))
     decisions = [d for step in steps for d in step.decisions]
-    _write(name, name, decisions, expect=None)
+    # Placement names its knobs before its first decision; the audit checks them.
+    first = next(step for step in steps if step.decisions)
+    configured = policy_configured(PolicyConfig(), first.input, partition=0, offset=first.offset)
+    _write(name, name, [configured, *decisions], expect=None)
     return steps
 
 
@@ -484,7 +487,8 @@ def _write(
     expect: dict[str, object] | None,
     fields: list[str] | None = None,
 ) -> None:
-    count = write_log(HERE / f"{name}.decisions.bin", decisions)
+    write_log(HERE / f"{name}.decisions.bin", decisions)
+    count = sum(event_type(d) != "policy_configured" for d in decisions)
     sidecar = {
         "input": f"{input_name}.input.bin",
         "decisions": f"{name}.decisions.bin",

@@ -85,7 +85,7 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
             group=stack.env["QM_PLACEMENT_GROUP"],
         )
     )
-    assert result.divergence is None, result.divergence
+    assert result.ok, (result.config, result.divergence)
     assert result.checked == result.reproduced >= at_least
     verdict = CliRunner().invoke(app, ["audit", "verify"], env=stack.env)
     assert verdict.exit_code == 0, verdict.output

@@ -20,15 +20,16 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cli.app import app
 from libs.audit import audit_topics
 from libs.bus import KafkaSettings, Topics, load_topic_config
-from libs.events import encode
+from libs.core import knobs
+from libs.events import decode, encode, event_type
 from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario
-from tests.integration.conftest import assert_audit_reproduces, wait_for_end
+from tests.integration.conftest import assert_audit_reproduces, read_topic, wait_for_end
 from tests.integration.stack import Stack
 from tests.integration.test_job_lifecycle import submit
 
@@ -57,6 +58,13 @@ def test_every_decision_of_a_random_workload_reproduces(
         wait_for_end(stack, jobs, job_id)
 
     assert_audit_reproduces(stack, at_least=len(submitted + cancelled))
+    # Placement named its knobs before its decisions: those the audit replayed under.
+    records = read_topic(stack, "decisions")
+    decided = [decode(r.value) for r in records]
+    announced = [d.policy_configured for d in decided if event_type(d) == "policy_configured"]
+    assert announced and all(dict(a.knobs) == knobs(stack.policy) for a in announced)
+    firsts = {r.partition: d for r, d in reversed(list(zip(records, decided, strict=True)))}
+    assert {event_type(d) for d in firsts.values()} == {"policy_configured"}
 
 
 def test_a_tampered_log_is_caught_over_kafka(tmp_path: Path) -> None:
@@ -72,15 +80,34 @@ def test_a_tampered_log_is_caught_over_kafka(tmp_path: Path) -> None:
             golden["divergence"]["difference"],
         )
 
-        topics_file = tmp_path / "topics.yaml"
-        names = {f.name: {"name": getattr(topics, f.name).name} for f in dataclasses.fields(topics)}
-        topics_file.write_text(yaml.safe_dump({"partitions": 1, "topics": names}))
-        verdict = CliRunner().invoke(
-            app, ["audit", "verify"], env={"QM_TOPICS": str(topics_file), "COLUMNS": "200"}
-        )
+        verdict = _verify(tmp_path, topics)
     assert verdict.exit_code == 1, verdict.output
     assert f"input offset {found.input_offset}, decision #{found.index}" in verdict.output
     assert "differing fields: task_placed.gpu_indices" in verdict.output
+
+
+def test_other_knobs_than_placements_are_named_over_kafka(tmp_path: Path) -> None:
+    settings = KafkaSettings.from_env()
+    golden = json.loads((HERE / "scheduler-basic.json").read_text())
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("lookback_window_s: 86400\n")
+    with private_topics(settings, partitions=1) as topics:
+        asyncio.run(_produce_files(settings, topics, golden["input"], golden["decisions"]))
+        verdict = _verify(tmp_path, topics, "--policy", str(policy))
+        agrees = _verify(tmp_path, topics)
+    assert verdict.exit_code == 1, verdict.output
+    named = "configuration differs from the log's: lookback_window_s: log 604800.0, replay 86400.0"
+    assert named in verdict.output.splitlines()
+    assert verdict.output.index(named) < verdict.output.index("the first divergence")
+    assert agrees.exit_code == 0, agrees.output
+
+
+def _verify(tmp_path: Path, topics: Topics, *args: str) -> Result:
+    topics_file = tmp_path / "topics.yaml"
+    names = {f.name: {"name": getattr(topics, f.name).name} for f in dataclasses.fields(topics)}
+    topics_file.write_text(yaml.safe_dump({"partitions": 1, "topics": names}))
+    env = {"QM_TOPICS": str(topics_file), "QM_POLICY_FILE": "", "COLUMNS": "200"}
+    return CliRunner().invoke(app, ["audit", "verify", *args], env=env)
 
 
 async def _produce_files(

@@ -2,6 +2,8 @@
 
 ``make bench`` runs them all. Each benchmark measures a baseline in the same run and
 prints medians and ratios against it; nothing is written to disk but scratch logs.
+Every figure is then checked against its committed range (tests/perf/ranges.yaml): the
+command exits 1 when one is outside it (tests.perf.ranges says how ranges are set).
 
     python -m tests.perf.bench core --waiting 2000 --inputs 1000
     python -m tests.perf.bench workflow --tasks 4096 --gpus 64 --shapes wide
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 from tests.perf.core_bench import CoreParams, report_core, run_core
 from tests.perf.live_bench import LiveParams, run_live
+from tests.perf.ranges import Figure, judge, load_ranges, report
 from tests.perf.workflow_bench import WorkflowParams, run_workflow
 
 
@@ -60,8 +63,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    ranges = load_ranges()  # a broken ranges file fails before minutes of measuring
+    figures: list[Figure] = []
     if args.which in ("core", "all"):
-        report_core(
+        figures += report_core(
             run_core(
                 CoreParams(
                     nodes=args.nodes,
@@ -79,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(
                 "--tasks must be >= 3 and --serving-gpus-per-node between 1 and --gpus"
             )
-        run_workflow(
+        figures += run_workflow(
             WorkflowParams(
                 tasks=args.tasks,
                 gpus=args.gpus,
@@ -94,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = set(modes) - {"echo", "placement"}
         if unknown:
             raise SystemExit(f"--modes: unknown {sorted(unknown)}; use echo and/or placement")
-        run_live(
+        figures += run_live(
             LiveParams(
                 nodes=args.sim_nodes,
                 rate=args.rate,
@@ -106,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 profile=args.profile,
             )
         )
-    return 0
+    ran = {"core", "workflow", "live"} if args.which == "all" else {args.which}
+    judged = args == parse_args([args.which])  # ranges hold for the defaults only
+    return 0 if report(judge(figures, ranges, ran), judged=judged) else 1
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from libs.core import (
     UsageSnapshot,
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
+from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, fmt_us, percentile, ratio, summary, table
 
 SIZES = (1, 2, 4, 8)
@@ -307,7 +308,8 @@ def _us(calls: Sequence[Call]) -> list[float]:
     return [c.ns / 1e3 for c in calls]
 
 
-def report_core(result: CoreResult) -> None:
+def report_core(result: CoreResult) -> list[Figure]:
+    """Print the tables; the figures ranges.yaml bounds."""
     calls, null = result.calls, result.null_calls
     null_all = _us(null)
     rows: list[list[str]] = []
@@ -352,6 +354,7 @@ def report_core(result: CoreResult) -> None:
             points.append(f"q={window[-1].queue}: {fmt_us(percentile(_us(window), 50))}")
         console.print("JobArrived cost while the queue filled: " + ", ".join(points))
     placing_p50 = percentile(_us([calls[i] for i in placing]), 50)
+    noop_p50 = percentile(_us([null[i] for i in placing]), 50)
     verdict = "MET" if placing_p50 <= 1000 else "NOT MET"
     console.print(
         f"target: median per placing call <= 1 ms: {fmt_us(placing_p50)} → {verdict}; "
@@ -359,3 +362,9 @@ def report_core(result: CoreResult) -> None:
         f"{result.cpu_share:.0%} of a core while measuring (load {os.getloadavg()[0]:.1f} "
         f"on {os.cpu_count()} CPUs)"
     )
+    return [
+        Figure("core.placing_p50_us", placing_p50, "µs"),
+        Figure("core.placing_vs_noop", placing_p50 / noop_p50 if noop_p50 else math.nan, "×"),
+        Figure("core.every_input_p50_us", percentile(_us(calls), 50), "µs"),
+        Figure("core.digest_p50_us", percentile(result.digest_us, 50), "µs"),
+    ]

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import io
 import itertools
+import math
 import os
 import pstats
 import random
@@ -53,6 +54,7 @@ from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
 from tests.perf.phases import diff, read_snapshots
+from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, percentile, ratio, table
 
 TEST_KAFKA_DIR = ROOT / ".local" / "kafka-test"
@@ -558,8 +560,22 @@ def report_live(params: LiveParams, results: list[ModeResult]) -> None:
             console.print(f"  {r.mode}/{name} wall time by seam: " + "; ".join(parts))
 
 
-def run_live(params: LiveParams) -> list[ModeResult]:
+def run_live(params: LiveParams) -> list[Figure]:
     with broker(params.bootstrap):
         results = [run_mode(params, mode) for mode in params.modes]
     report_live(params, results)
-    return results
+    return live_figures(results)
+
+
+def live_figures(results: list[ModeResult]) -> list[Figure]:
+    """Per mode: submit -> placed p50 and the share answered OK; placement against echo."""
+    figures: list[Figure] = []
+    p50 = {r.mode: percentile(r.latencies_ms(), 50) for r in results}
+    for r in results:
+        figures.append(Figure(f"live.{r.mode}.placed_p50_ms", p50[r.mode], "ms"))
+        share = len(r.ok) / len(r.submissions) if r.submissions else math.nan
+        figures.append(Figure(f"live.{r.mode}.ok_share", share, ""))
+    if {"echo", "placement"} <= p50.keys():
+        versus = p50["placement"] / p50["echo"] if p50["echo"] > 0 else math.nan
+        figures.append(Figure("live.placement_vs_echo", versus, "×"))
+    return figures

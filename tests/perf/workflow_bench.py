@@ -37,6 +37,7 @@ from libs.events import decode, encode, new_envelope
 from libs.events.convert import decision_payload, spec_to_proto
 from libs.readmodels import JobRecords, apply_job_event
 from libs.sim.workflows import ServingCluster, policy
+from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
 
 SHAPES = ("wide", "layered", "chain")
@@ -237,11 +238,12 @@ def fold_whole(envelopes: Sequence[bytes], budget_s: float) -> Fold:
     return Fold(done, time.process_time() - start, decoding, store.written, store.writes)
 
 
-def run_workflow(params: WorkflowParams) -> None:
+def run_workflow(params: WorkflowParams) -> list[Figure]:
+    """Print the tables; the figures ranges.yaml bounds, per shape."""
     unknown = set(params.shapes) - set(SHAPES)
     if unknown:
         raise SystemExit(f"--shapes: unknown {sorted(unknown)}; use {', '.join(SHAPES)}")
-    core_rows, fold_rows, verdicts = [], [], []
+    core_rows, fold_rows, verdicts, figures = [], [], [], []
     for shape in params.shapes:
         run = run_core(shape, params)
         arrival = run.calls[0][1]
@@ -272,6 +274,11 @@ def run_workflow(params: WorkflowParams) -> None:
                 ]
             )
         verdicts.append(records.events / records.seconds >= FOLD_TARGET)
+        figures += [
+            Figure(f"workflow.{shape}.arrival_ms", arrival, "ms"),
+            Figure(f"workflow.{shape}.longest_after_ms", after[1], "ms"),
+            Figure(f"workflow.{shape}.fold_events_per_s", records.events / records.seconds, "/s"),
+        ]
     nodes = params.gpus // params.gpus_per_node
     table(
         f"core: one workflow of {params.tasks} tasks on {params.gpus} GPUs ({nodes} nodes × "
@@ -290,6 +297,7 @@ def run_workflow(params: WorkflowParams) -> None:
         f"{FOLD_TARGET:,.0f} events/s → {met}; for scale, 10 M Python additions took "
         f"{_reference_s():.2f} s of CPU here (an idle recent core: about 0.4 s)"
     )
+    return figures
 
 
 def _reference_s() -> float:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 from aiokafka.errors import KafkaError
+from qm.v1 import events_pb2
 
 from libs.bus import Bus, KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
@@ -33,7 +34,8 @@ async def fold_events() -> None:
     """Fold the whole log, mark the ledger rebuilt, then keep folding as the log grows.
 
     Placement's decisions are folded too, for the one that changes a charge: a task
-    lost with its node, whose end no agent reports.
+    lost with its node, whose end no agent reports; and for the knobs placement
+    announces, which must be the ledger's.
     """
     reader = LogReader(BUS, TOPICS.events.name)
     decisions = LogReader(BUS, TOPICS.decisions.name)
@@ -41,15 +43,22 @@ async def fold_events() -> None:
     await decisions.start()
     try:
         folded = await reader.catch_up(state.ledger.apply)
-        await decisions.catch_up(state.ledger.decided)
+        await decisions.catch_up(_fold_decision)
         log.info("usage ledger rebuilt from %d events", folded)
+        if mismatch := state.placement.mismatch(PRODUCER):
+            log.error("%s", mismatch)
         state.rebuilt.set()
-        await asyncio.gather(
-            reader.follow(state.ledger.apply), decisions.follow(state.ledger.decided)
-        )
+        await asyncio.gather(reader.follow(state.ledger.apply), decisions.follow(_fold_decision))
     finally:
         await reader.stop()
         await decisions.stop()
+
+
+def _fold_decision(env: events_pb2.Envelope) -> None:
+    state.ledger.decided(env)
+    # While catching up, announcements placement has since replaced go by unsaid.
+    if state.placement.fold(env) and state.rebuilt.is_set():
+        log.error("%s", state.placement.mismatch(PRODUCER))
 
 
 # Registered by call: faust's decorators are untyped.

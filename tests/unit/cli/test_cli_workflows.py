@@ -72,7 +72,7 @@ def test_the_example_is_the_translation_workflow() -> None:
     )
 
 
-@pytest.mark.skipif(not PROFILES.exists(), reason="the Compass profiles are not checked out")
+@pytest.mark.shared_data
 def test_the_example_matches_the_compass_profiles() -> None:
     assert load_workflow(PROFILES, "translation") == load_workflow(EXAMPLE)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
 from libs.audit import Difference, Replay, audit_logs
-from libs.core import POLICY, POLICY_VERSION
+from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 from libs.events import event_type, new_envelope
 from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario, Step
@@ -195,3 +195,43 @@ def test_bounds_limit_the_audit_to_what_placement_committed() -> None:
 def test_records_that_are_not_decisions_are_not_placements() -> None:
     stray = _steps(0)[0].input  # an input event, written to the decisions topic by mistake
     assert audit_logs(_inputs(_steps(0), 0), [stray, *_recorded(_steps(0))]).ok
+
+
+def _golden_basic() -> tuple[list[tuple[int, int, events_pb2.Envelope]], list[events_pb2.Envelope]]:
+    inputs = [
+        (0, offset, env)
+        for offset, env in enumerate(read_log(GOLDEN / "scheduler-basic.input.bin"))
+    ]
+    return inputs, list(read_log(GOLDEN / "scheduler-basic.decisions.bin"))
+
+
+def test_a_replay_under_other_knobs_names_them_with_both_values() -> None:
+    inputs, recorded = _golden_basic()
+    assert event_type(recorded[0]) == "policy_configured"  # placement's, before its decisions
+    other = PolicyConfig(lookback_window_s=86_400, node_lost_timeout_s=60)
+    result = audit_logs(inputs, recorded, other)
+    assert not result.ok
+    assert [d.describe("log", "replay") for d in result.config] == [
+        "lookback_window_s: log 604800.0, replay 86400.0",
+        "node_lost_timeout_s: log 30.0, replay 60.0",
+    ]
+    # Every decision under other knobs differs at least in its provenance.
+    assert result.divergence is not None and result.reproduced == 0
+    assert result.divergence.fields[-1].endswith("provenance.config_digest")
+
+
+def test_equal_knobs_under_another_digest_are_told_by_the_digest() -> None:
+    inputs, recorded = _golden_basic()
+    configured = _copy(recorded[0])
+    configured.policy_configured.config_digest = b"\0" * 16
+    result = audit_logs(inputs, [configured, *recorded[1:]])
+    assert [d.name for d in result.config] == ["config_digest"]
+    assert result.divergence is None and not result.ok
+
+
+def test_knobs_announced_for_inputs_past_the_bounds_are_not_audited() -> None:
+    _, recorded = _golden_basic()
+    audit = Replay(PolicyConfig(lookback_window_s=86_400), bounds={0: 0})
+    for decision in recorded:
+        audit.feed_recorded(decision)
+    assert audit.finish().ok

@@ -56,7 +56,7 @@ def test_the_shipped_files_give_what_they_say() -> None:
     assert philly.tree_path == DEPLOY / "sim" / "budget-tree.yaml"
 
 
-@pytest.mark.skipif(not PROFILES.exists(), reason="the Compass profiles are not checked out")
+@pytest.mark.shared_data
 def test_the_compass_profiles_are_valid() -> None:
     validate(ProfilesFile, read_document(PROFILES), str(PROFILES))
 

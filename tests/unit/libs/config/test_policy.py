@@ -9,7 +9,13 @@ import pytest
 
 from libs.config.document import ConfigError
 from libs.config.policy import PolicyFile, load_policy, policy_from_mapping
-from libs.core.config import PolicyConfig
+from libs.core.config import (
+    KnobDifference,
+    PolicyConfig,
+    config_digest,
+    knob_differences,
+    knobs,
+)
 
 
 def test_the_file_declares_every_knob_with_its_default() -> None:
@@ -36,6 +42,7 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
         ({"lookback": 1}, "lookback: unknown key; known keys: lookback_window_s, "),
         ({"gpu_prices": {"H100": 0}}, "gpu_prices.H100: expected a number > 0, got 0"),
         ({"gpu_prices": ["H100"]}, 'gpu_prices: expected a mapping, got ["H100"]'),
+        ({"gpu_prices": {str(i): 1 for i in range(257)}}, "gpu_prices: expected at most 256 items"),
         ({"hold_threshold": -1}, "hold_threshold: expected a number >= 0, got -1"),
         ({"adjust_threshold": float("nan")}, "adjust_threshold: expected a finite number, got NaN"),
         ({"lookback_window_s": float("inf")}, "lookback_window_s: expected a finite number"),
@@ -51,3 +58,41 @@ def test_bad_knobs_are_refused_naming_the_file_and_key(raw: object, message: str
         policy_from_mapping(raw, "policy.yaml")
     assert str(caught.value).startswith("policy.yaml: ")
     assert message in str(caught.value)
+
+
+def test_the_digest_covers_every_knob_and_is_canonical(tmp_path: Path) -> None:
+    default = PolicyConfig()
+    assert list(knobs(default)) == list(PolicyFile.model_fields)
+    assert knobs(default)["lookback_window_s"] == "604800.0"
+    assert knobs(default)["gpu_prices"] == "[]"
+    assert len(config_digest(default)) == 16
+    path = tmp_path / "policy.yaml"
+    path.write_text("gpu_prices: {H100: 2, A100: 1.5}\nlookback_window_s: 3600\n")
+    # A file, ints or floats, the order of keys: the same knobs, the same digest.
+    same = PolicyConfig(lookback_window_s=3600, gpu_prices=(("A100", 1.5), ("H100", 2)))
+    assert config_digest(load_policy(path)) == config_digest(same) != config_digest(default)
+    for field in dataclasses.fields(PolicyConfig):
+        value = getattr(default, field.name)
+        changed = dataclasses.replace(default, **{field.name: _another(value)})
+        assert config_digest(changed) != config_digest(default), field.name
+
+
+def _another(value: object) -> object:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, float):
+        return value / 2
+    return "heft" if isinstance(value, str) else (("H100", 2.0),)
+
+
+def test_differing_knobs_are_named_with_both_values() -> None:
+    recorded = knobs(PolicyConfig(lookback_window_s=86_400, node_lost_timeout_s=60))
+    assert knob_differences(recorded, PolicyConfig()) == (
+        KnobDifference("lookback_window_s", "86400.0", "604800.0"),
+        KnobDifference("node_lost_timeout_s", "60.0", "30.0"),
+    )
+    assert knob_differences(recorded, PolicyConfig(), ["gpu_prices", "lookback_window_s"]) == (
+        KnobDifference("lookback_window_s", "86400.0", "604800.0"),
+    )
+    unknown = knob_differences({**recorded, "newer_knob": "1.0"}, PolicyConfig(), ["newer_knob"])
+    assert [d.describe("log", "replay") for d in unknown] == ["newer_knob: log 1.0, replay (none)"]

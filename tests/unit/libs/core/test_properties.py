@@ -5,7 +5,14 @@ running tasks end when hypothesis says so; a task its node lost with it is gone.
 Each property is checked after every step. The hostile histories add what a
 careless or malicious writer of the log could: invalid jobs and nodes, task
 ends for tasks that never ran, numbers that are not finite, nodes that go silent
-or restart.
+or restart. The tied histories are made of ties (equal shares, equal
+priorities, simultaneous arrivals, equal nodes) where an order that follows set
+or dict iteration, or hash randomization, would show in the decisions.
+
+Determinism is held byte for byte by ``determinism.check_determinism``: two
+runs, a replay of the recorded inputs, and a replay in another process with
+another ``PYTHONHASHSEED`` (``test_determinism.py`` shows it catches planted
+nondeterminism).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from libs.core import (
     UsageSnapshot,
 )
 from tests.builders import job, node, tree
+from tests.unit.libs.core.determinism import OtherProcess, Recording, check_determinism, line
 
 ALLOCATIONS = ("a", "b", "c")
 
@@ -50,11 +58,11 @@ class Cluster:
     held: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, gpu) -> task
     tasks: dict[str, Place] = field(default_factory=dict)  # running task id -> placement
     started: dict[str, float] = field(default_factory=dict)  # job id -> start time
-    log: list[tuple[Input, list[Decision]]] = field(default_factory=list)
+    log: list[tuple[Input, list[Decision], bytes]] = field(default_factory=list)  # + digest
 
     def feed(self, event: Input) -> list[Decision]:
         decisions = self.scheduler.handle(event)
-        self.log.append((event, decisions))
+        self.log.append((event, decisions, self.scheduler.digest()))
         for d in decisions:
             if isinstance(d, Place):
                 for gpu in d.gpu_indices:
@@ -78,6 +86,12 @@ class Cluster:
             if isinstance(d, Stop) and d.task_id in self.tasks:
                 self.end(d.task_id)
         return decisions
+
+    def recording(self) -> Recording:
+        return Recording(
+            tuple(event for event, _, _ in self.log),
+            tuple(line(decisions, digest) for _, decisions, digest in self.log),
+        )
 
     def end(self, task_id: str) -> None:
         place = self.forget(task_id)
@@ -147,11 +161,12 @@ def test_no_gpu_twice_and_no_protected_job_preempted(history: list[tuple[object,
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps)
-def test_the_same_input_gives_the_same_output(history: list[tuple[object, ...]]) -> None:
-    first, second = play(history), play(history)
-    assert [d for _, d in first.log] == [d for _, d in second.log]
-    assert first.scheduler.digest() == second.scheduler.digest()
+@given(history=steps)
+def test_the_same_input_gives_the_same_output(
+    history: list[tuple[object, ...]], other_process: OtherProcess
+) -> None:
+    divergence = check_determinism(lambda: play(history).recording(), elsewhere=[other_process])
+    assert divergence is None, str(divergence)
 
 
 @settings(max_examples=60, deadline=None)
@@ -236,8 +251,8 @@ def play_hostile(history: list[tuple[object, ...]]) -> Cluster:
             world.feed(JobArrived(world.now, f"j{arrived}", job(gpus, allocation=allocation)))  # type: ignore[arg-type]
             arrived += 1
         elif kind == "node":
-            _, spec, inc, beat = step
-            world.feed(NodeJoined(world.now, spec, inc, beat))  # type: ignore[arg-type]
+            _, spec, agent, beat = step
+            world.feed(NodeJoined(world.now, spec, agent, beat))  # type: ignore[arg-type]
         elif kind == "stray":
             # A report from a node the task is not on: never believed.
             world.feed(TaskEnded(world.now, str(step[1]).split("/")[0], str(step[1]), "n9"))
@@ -272,8 +287,99 @@ def test_a_hostile_history_never_raises_nor_gives_a_gpu_twice(
 
 
 @settings(max_examples=100, deadline=None)
-@given(hostile_steps)
-def test_a_hostile_history_replays_identically(history: list[tuple[object, ...]]) -> None:
-    first, second = play_hostile(history), play_hostile(history)
-    assert [d for _, d in first.log] == [d for _, d in second.log]
-    assert first.scheduler.digest() == second.scheduler.digest()
+@given(history=hostile_steps)
+def test_a_hostile_history_replays_identically(
+    history: list[tuple[object, ...]], other_process: OtherProcess
+) -> None:
+    divergence = check_determinism(
+        lambda: play_hostile(history).recording(), elsewhere=[other_process]
+    )
+    assert divergence is None, str(divergence)
+
+
+# -- tied histories ------------------------------------------------------------
+
+TIED = ("a", "b", "c", "d")  # equal weights: equal shares until usage tells them apart
+simultaneous = st.lists(
+    st.tuples(
+        st.sampled_from([1, 2, 4, 8]),
+        st.sampled_from(TIED),
+        st.sampled_from([0, 600, 3600]),
+        st.sampled_from([0, 0, 1]),  # priority
+        st.booleans(),  # resumable
+    ),
+    min_size=1,
+    max_size=6,
+)
+tied_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("burst"), simultaneous),
+        st.tuples(st.just("node"), st.sampled_from(["n3", "n1", "n2", "n0"])),
+        st.tuples(st.just("end"), st.integers(0, 50)),
+        st.tuples(st.just("ends"), st.integers(1, 4)),  # several tasks end at the same time
+        st.tuples(st.just("time"), st.sampled_from([1, 10, 600, 3600])),
+        st.tuples(st.just("idle"), st.integers(0, 50)),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+        st.tuples(st.just("usage"), st.sampled_from([0, 3600, 7200])),  # the same for all
+    ),
+    max_size=40,
+)
+
+
+def play_tied(history: list[tuple[object, ...]]) -> Cluster:
+    """Equal allocations, equal 8-GPU nodes that join when the history says (jobs
+    may queue up before any node exists), bursts of arrivals at one instant."""
+    world = Cluster()
+    world.feed(BudgetSet(0, tree(**dict.fromkeys(TIED, 1.0))))
+    arrived = 0
+    for step in history:
+        kind = step[0]
+        if kind == "burst":
+            for gpus, allocation, minimum, priority, resumable in step[1]:  # type: ignore[attr-defined]
+                spec = job(
+                    gpus,
+                    allocation=allocation,
+                    min_runtime_s=minimum,
+                    priority=priority,
+                    resumable=resumable,
+                )
+                world.feed(JobArrived(world.now, f"j{arrived}", spec))
+                arrived += 1
+        elif kind == "node":
+            world.feed(NodeJoined(world.now, node(str(step[1]), 8)))
+        elif kind == "end" and world.tasks:
+            world.end(sorted(world.tasks)[step[1] % len(world.tasks)])  # type: ignore[operator]
+        elif kind == "ends":
+            for task_id in sorted(world.tasks)[: int(str(step[1]))]:
+                world.end(task_id)
+        elif kind == "time":
+            world.now += step[1]  # type: ignore[operator]
+            world.feed(Tick(world.now))
+        elif kind == "idle" and world.tasks:
+            place = world.tasks[sorted(world.tasks)[step[1] % len(world.tasks)]]  # type: ignore[operator]
+            world.feed(TaskIdle(world.now, place.job_id, place.task_id, True))
+        elif kind == "cancel" and arrived:
+            world.feed(CancelRequested(world.now, f"j{step[1] % arrived}"))  # type: ignore[operator]
+        elif kind == "usage":
+            usage = tuple((allocation, float(step[1])) for allocation in TIED)  # type: ignore[arg-type]
+            world.feed(UsageSnapshot(world.now, 7 * 86400.0, usage))
+    return world
+
+
+@settings(max_examples=100, deadline=None)
+@given(history=tied_steps)
+def test_tied_histories_give_the_same_decisions_byte_for_byte_in_any_process(
+    history: list[tuple[object, ...]], other_process: OtherProcess
+) -> None:
+    divergence = check_determinism(
+        lambda: play_tied(history).recording(), elsewhere=[other_process]
+    )
+    assert divergence is None, str(divergence)
+
+
+@settings(max_examples=30, deadline=None)
+@given(tied_steps)
+def test_tied_histories_keep_every_gpu_once_and_every_contract(
+    history: list[tuple[object, ...]],
+) -> None:
+    play_tied(history)  # the Cluster asserts both after every decision

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import PolicyConfig, Scheduler
+from libs.core import PolicyConfig, Scheduler, config_digest, knobs
 from libs.events import encode, event_type, new_envelope
 from libs.events.decide import PartitionSchedulers, decide
 
@@ -67,6 +67,49 @@ def test_outputs_carry_their_provenance() -> None:
     assert placed[0].event_id == "default-p2-o1-d0"
     assert placed[0].occurred_at == log[1].occurred_at
     assert len(placed[0].task_placed.provenance.state_digest) == 32
+    assert placed[0].task_placed.provenance.config_digest == config_digest(PolicyConfig())
+
+
+def test_other_knobs_are_told_by_the_provenance() -> None:
+    log = _log()
+    other = Scheduler(PolicyConfig(lookback_window_s=3600))
+    decide(other, log[0], partition=0, offset=0)
+    [placed] = decide(other, log[1], partition=0, offset=1)
+    provenance = placed.task_placed.provenance
+    assert provenance.config_digest == config_digest(other.config) != config_digest(PolicyConfig())
+
+
+def test_placement_names_its_knobs_before_each_clusters_first_decision() -> None:
+    config = PolicyConfig(node_lost_timeout_s=60)
+    announcing = PartitionSchedulers(config, announce=True)
+    west = [_copy(env, cluster="west") for env in _log()]
+    decided = [
+        [event_type(out) for out in announcing.decide(env, partition=3, offset=offset)]
+        for offset, env in enumerate([_log()[0], *_log()[1:3], west[0], west[1]])
+    ]
+    assert decided == [
+        [],  # a node registered: nothing decided, nothing said yet
+        ["policy_configured", "task_placed"],
+        ["task_placed"],
+        [],
+        ["policy_configured", "task_placed"],
+    ]
+    [configured, pending] = PartitionSchedulers(config, announce=True).decide(
+        west[1], partition=3, offset=9
+    )
+    announced = configured.policy_configured
+    assert (configured.cluster, configured.event_id) == ("west", "west-p3-o9-config")
+    assert (announced.input_partition, announced.from_offset) == (3, 9)
+    assert dict(announced.knobs) == knobs(config)
+    assert announced.config_digest == config_digest(config)
+    assert event_type(pending) == "job_pending"
+
+
+def _copy(env: events_pb2.Envelope, *, cluster: str) -> events_pb2.Envelope:
+    copy = events_pb2.Envelope()
+    copy.CopyFrom(env)
+    copy.cluster = cluster
+    return copy
 
 
 def test_clusters_sharing_a_partition_never_share_nodes() -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.config.policy import policy_from_mapping
 from libs.core import Place, Planned, PlannedTask, Reject, ServingTask
 from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
+from libs.events.decide import policy_configured
 
 # Kafka's default record limit (message.max.bytes) and aiokafka's max_request_size.
 KAFKA_LIMIT = 1_048_576
@@ -21,6 +23,7 @@ PROVENANCE = types_pb2.Provenance(
     state_digest=b"d" * 32,
     policy=TEXT,
     policy_version=2**31 - 1,
+    config_digest=b"c" * 16,
 )
 
 
@@ -104,5 +107,14 @@ def test_the_largest_job_fits_in_every_record_about_it() -> None:
     sizes["workflow_planned"] = envelope_size(decision_payload(plan, PROVENANCE))
     rejection = Reject(ID, TEXT, "r" * 10 * L.MAX_REASON_CHARS)
     sizes["job_rejected"] = envelope_size(decision_payload(rejection, PROVENANCE, spec))
+    prices = {f"{i:0{L.MAX_TEXT_CHARS}d}": 1e300 for i in range(L.MAX_GPU_TYPES)}
+    config = policy_from_mapping({"gpu_prices": prices}, "policy.yaml")
+    announced = policy_configured(
+        config,
+        new_envelope(events_pb2.ClockTick(), producer="t"),
+        partition=2**31 - 1,
+        offset=2**63 - 1,
+    )
+    sizes["policy_configured"] = envelope_size(announced.policy_configured)
     too_big = {kind: size for kind, size in sizes.items() if size > L.MAX_RECORD_BYTES}
     assert too_big == {}, sizes

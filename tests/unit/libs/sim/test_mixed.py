@@ -27,7 +27,7 @@ from libs.sim.mixed import (
 )
 from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles
 
-pytestmark = pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
+pytestmark = pytest.mark.shared_data
 
 # Two 8-GPU nodes, six minutes of workflows after five of batch work alone.
 SMALL = MixedSettings(

@@ -14,7 +14,6 @@ from libs.config.scenario import load_scenario
 from libs.core import PolicyConfig
 from libs.sim import build_workload
 from libs.sim.report import duration, summary_rows
-from libs.sim.workflows import PROFILES
 
 REPO = Path(__file__).resolve().parents[4]
 HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
@@ -70,10 +69,9 @@ def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
     assert "unknown policy" in result.output
 
 
+@pytest.mark.shared_data
 def test_the_shipped_philly_scenario_is_overloaded_two_to_three_times() -> None:
     scenario = load_scenario(REPO / "deploy" / "sim" / "philly.yaml")
-    if not scenario.path.exists():
-        pytest.skip("shared trace data not present")
     workload = build_workload(scenario, PolicyConfig().max_min_runtime_s)
     assert len(workload.jobs) == 14_000
     assert 2.0 <= workload.offered_load() <= 3.0
@@ -86,9 +84,8 @@ def test_durations_read_and_print_like_people_write_them() -> None:
     assert summary_rows([]) == []
 
 
+@pytest.mark.shared_data
 def test_the_workflow_sweep_prints_every_mode(tmp_path: Path) -> None:
-    if not PROFILES.exists():
-        pytest.skip("shared trace data not present")
     args = ["workflows", "--gpus", "16,24", "--jobs", "60", "--out", str(tmp_path)]
     result = CliRunner().invoke(sim_app, args)
     assert result.exit_code == 0, result.output

@@ -116,7 +116,7 @@ def test_a_truncated_log_is_refused(tmp_path: Path) -> None:
         load_event_log(path)
 
 
-@pytest.mark.skipif(not (DATA / "philly-15k").exists(), reason="shared trace data not present")
+@pytest.mark.shared_data
 def test_the_real_philly_file_parses_whole() -> None:
     jobs = load_philly(DATA / "philly-15k" / "philly_data_training.csv")
     assert len(jobs) == 15_000

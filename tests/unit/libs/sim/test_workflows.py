@@ -30,7 +30,7 @@ from libs.sim.workflows import (
     sweep,
 )
 
-pytestmark = pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
+pytestmark = pytest.mark.shared_data
 
 
 @pytest.fixture(scope="module")

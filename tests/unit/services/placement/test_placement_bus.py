@@ -80,7 +80,12 @@ async def test_each_input_is_decided_and_committed_with_its_decisions() -> None:
     assert placed(bus) == {"j-0": 1, "j-1": 1}
     records = bus.records(DECISIONS)
     assert {(r.key, r.partition) for r in records} == {(b"default", INPUT.partition)}
-    assert all((TYPE_HEADER, b"task_placed") in r.headers for r in records)
+    # Typed in their headers; placement's knobs are announced before its first decision.
+    assert [dict(r.headers)[TYPE_HEADER] for r in records] == [
+        b"policy_configured",
+        b"task_placed",
+        b"task_placed",
+    ]
     assert bus.committed(GROUP) == {
         TopicPartition(EVENTS, p): 3 if p == INPUT.partition else 0
         for p in range(TOPICS.events.partitions)

@@ -9,7 +9,7 @@ from unittest import mock
 import faust
 import pytest
 
-from libs.readmodels import UsageLedger
+from libs.readmodels import PlacementKnobs, UsageLedger
 from services.projector.app import app
 from services.projector.inputs import deadletters
 from services.projector.jobs.tables import job_specs, job_tasks, jobs, records
@@ -29,6 +29,7 @@ def projector() -> Iterator[faust.App]:
     nodes.data.clear()
     usage.ledger = UsageLedger(usage.WINDOW_S)
     usage.rebuilt.clear()
+    usage.placement = PlacementKnobs(usage.LEDGER_CONFIG, usage.LEDGER_KNOBS)
 
 
 @pytest.fixture

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
 from unittest import mock
 
+import aiohttp
 import faust
 import pytest
 from aiohttp.test_utils import TestServer
@@ -18,8 +20,11 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
+from libs.core import PolicyConfig
 from libs.events import decode, new_envelope
+from libs.events.decide import policy_configured
 from services.projector.client import ProjectorClient, ProjectorError
+from services.projector.contract import CONFIG
 from services.projector.usage import agents
 from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished, started, tick
@@ -46,13 +51,17 @@ def bus() -> Iterator[MemoryBus]:
         yield memory
 
 
+async def write_log(producer: EventProducer) -> None:
+    for env in [*LOG, *LOST_JOB]:
+        await producer.send(agents.TOPICS.events.name, env)
+    await producer.send(agents.TOPICS.decisions.name, LOST)
+
+
 async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
     projector: faust.App, bus: MemoryBus
 ) -> None:
     async with EventProducer(bus, client_id="test") as producer:
-        for env in [*LOG, *LOST_JOB]:
-            await producer.send(agents.TOPICS.events.name, env)
-        await producer.send(agents.TOPICS.decisions.name, LOST)
+        await write_log(producer)
         task = asyncio.create_task(agents.fold_events())
         await asyncio.wait_for(usage.rebuilt.wait(), 5)
         cluster = usage.ledger.cluster("default")
@@ -142,3 +151,31 @@ async def test_usage_view_answers_balances_once_rebuilt(client: ProjectorClient)
     ]
     assert list((await client.usage("east")).balances) == []
     assert list((await client.usage("north")).balances) == []
+
+
+async def test_placement_under_another_window_is_said_loudly(
+    projector: faust.App, bus: MemoryBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert PolicyConfig().lookback_window_s == usage.WINDOW_S
+    placement = PolicyConfig(lookback_window_s=3600)
+    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
+    await server.start_server()
+    async with aiohttp.ClientSession() as http, EventProducer(bus, client_id="t") as producer:
+        async with http.get(server.make_url(CONFIG)) as agrees:
+            assert agrees.status == 200
+        await write_log(producer)
+        task = asyncio.create_task(agents.fold_events())
+        await asyncio.wait_for(usage.rebuilt.wait(), 5)
+        configured = policy_configured(placement, LOG[0], partition=0, offset=0)
+        await producer.send(agents.TOPICS.decisions.name, configured)  # followed
+        await bus.until(lambda: any(r.levelname == "ERROR" for r in caplog.records))
+        async with http.get(server.make_url(CONFIG)) as differs:
+            said, status = await differs.text(), differs.status
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await server.close()
+    assert status == 409
+    named = "lookback_window_s: placement 3600.0, projector 604800.0"
+    assert said == f"placement decides under other knobs than the projector: {named}"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [said]

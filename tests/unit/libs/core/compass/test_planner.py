@@ -64,7 +64,7 @@ def gpus(n: int, per_node: int = 1) -> list[GpuState]:
     return [GpuState(f"g{i}", f"n{i // per_node}", 0.0) for i in range(n)]
 
 
-@pytest.mark.skipif(not PROFILES.exists(), reason="shared data not present")
+@pytest.mark.shared_data
 def test_every_published_workflow_parses_in_topological_order() -> None:
     for workflow in load_profiles(PROFILES).workflows:
         seen: set[str] = set()

@@ -1,0 +1,388 @@
+"""The rules of one job's state: an envelope folded into ``qm.v1.Job``, in any arrival order.
+
+The projector reads two topics, events and decisions, that are not ordered with
+respect to each other: a task can be seen finishing before it is seen placed.
+So the fold merges facts rather than replaying transitions.
+
+A job runs as a series of placements: a resumable job that is preempted is
+requeued and placed again. The scheduler numbers placements from 0 in the task
+ids (``<job id>/<n>``, or ``<job id>/<n>.<rank>`` for a gang spanning nodes),
+so the fold knows which task is the latest even when a newer task's events
+arrive before an older one's. Within the latest task the state only climbs a
+rank; an event about an older task changes nothing; the first event about a
+newer task starts the job's per-task fields afresh.
+
+How far arrival order may vary:
+
+- A job placed once ends the same in any order, with any repeats, provided its
+  events agree on the spec, a job still waiting has one waiting reason, and a
+  running task was reported idle or busy once (several ``job_pending`` or
+  ``task_idle`` come from one partition, in order).
+- ``JobRequeued`` names no task: it ends the latest task if that task was asked
+  to stop for preemption, and is otherwise taken for a stale one. Placement
+  writes the stop, then the requeue, then the next placement, all on the
+  decisions topic; so with that topic read in order, any interleaving with the
+  events topic, and a restart that reads either topic's tail again, give the
+  same job. A shuffled decisions topic may not. One race remains: a restart
+  that repeats a requeue after the next task was already asked to stop ends
+  that task early, and a job then preempted for good loses its node and exit code.
+
+A workflow job (its spec holds a workflow the scheduler accepts, see
+``libs.events.convert.spec_from_proto``) runs as one task per workflow task,
+``<job id>/<task name>``, each on one GPU. The fold keeps each task's facts in
+``Job.tasks`` (state climbing by rank, node and GPU, plan, times) and derives the
+job from them: PLACED once a task is placed, RUNNING once one starts, FINISHED
+when every workflow task finished, FAILED when one failed (the earliest failure
+gives the reason and exit code). The job's own ``node_id`` and ``gpu_indices``
+stay empty. Derived from a set of facts, the job ends the same in any arrival
+order. Before any event carrying the spec arrives, a task id whose last part is
+not a placement number (``<n>`` or ``<n>.<rank>``) is taken for a workflow task;
+a workflow whose task names look like placement numbers is only recognised once
+its spec is seen. Workflow tasks are not requeued: ``JobRequeued`` is ignored.
+
+``libs.readmodels.jobs`` keeps the model as records and folds through these rules.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeAlias
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from qm.v1 import events_pb2, types_pb2
+
+from libs.events.convert import workflow_from_proto
+
+State: TypeAlias = types_pb2.JobState.ValueType
+
+_S = types_pb2.JobState
+_RANK: dict[State, int] = {
+    _S.JOB_STATE_UNSPECIFIED: 0,
+    _S.JOB_STATE_SUBMITTED: 1,
+    _S.JOB_STATE_PENDING: 2,
+    _S.JOB_STATE_PLACED: 3,
+    _S.JOB_STATE_RUNNING: 4,
+    # The task is over. Two claims on one task (a task that finished while a
+    # cancellation stopped it) are settled by rank, so arrival order cannot matter.
+    _S.JOB_STATE_REJECTED: 5,
+    _S.JOB_STATE_FINISHED: 6,
+    _S.JOB_STATE_FAILED: 7,
+    _S.JOB_STATE_PREEMPTED: 8,
+    _S.JOB_STATE_CANCELLED: 9,
+    _S.JOB_STATE_LOST: 10,
+}
+# The job is over for good: no task of it is placed afterwards.
+_FINAL = frozenset(
+    {_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED, _S.JOB_STATE_LOST}
+)
+# A task that ended on one of these waits for placement's word: requeued or over.
+_AWAITING = (types_pb2.STOP_CAUSE_PREEMPTED, types_pb2.STOP_CAUSE_NODE_LOST)
+
+TASK_EVENTS = frozenset(
+    {
+        "task_placed",
+        "task_started",
+        "task_finished",
+        "task_failed",
+        "task_stop_requested",
+        "task_idle",
+        "task_lost",
+    }
+)
+JOB_EVENTS = TASK_EVENTS | {
+    "job_submitted",
+    "job_admitted",
+    "job_rejected",
+    "job_pending",
+    "job_cancelled",
+    "job_requeued",
+    "job_preempted",
+    "job_lost",
+    "workflow_planned",
+}
+# A batch job's task ids end in its placement number, and a gang's in the rank too.
+_ATTEMPT = re.compile(r"\d+(\.\d+)?")
+
+
+def task_attempt(task_id: str) -> int:
+    """The placement a task belongs to: ``j-1/2`` and, in a gang, ``j-1/2.0`` -> 2.
+
+    0 for an id without that suffix.
+    """
+    number = task_id.rpartition("/")[2].partition(".")[0]
+    return int(number) if number.isascii() and number.isdigit() else 0
+
+
+def has_ended(job: types_pb2.Job) -> bool:
+    """Whether the job is over: no task of it runs now or will be placed later.
+
+    A task that ended after placement asked it to stop for preemption is not the
+    end yet: placement still decides between requeueing and ending the job.
+    """
+    if job.state in _FINAL:
+        return True
+    task_over = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    return task_over and job.stop_cause not in _AWAITING
+
+
+def task_is_over(job: types_pb2.Job, task_id: str) -> bool:
+    """Whether the job's events say this task of it no longer runs.
+
+    A task newer than any the job has seen is not over: its events are on their way.
+    """
+    if job.state in _FINAL:
+        return True
+    if is_workflow_task(job, task_id):
+        task = _find_task(job, task_name(job, task_id))
+        return task is not None and task.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    attempt = task_attempt(task_id)
+    latest = job.attempts - 1
+    if attempt != latest:
+        return attempt < latest
+    return _requeued(job) or job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+
+
+def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
+    at = env.occurred_at
+    match kind:
+        case "job_submitted":  # the spec is JobRecords' to keep
+            if earliest(new, env):
+                new.submitted_at.CopyFrom(at)
+            advance(new, _S.JOB_STATE_SUBMITTED)
+        case "job_admitted":
+            advance(new, _S.JOB_STATE_PENDING)
+        case "job_rejected":
+            rejected = env.job_rejected
+            advance(new, _S.JOB_STATE_REJECTED)
+            if new.state == _S.JOB_STATE_REJECTED:
+                new.reason = rejected.reason
+                new.finished_at.CopyFrom(at)
+                if not new.HasField("submitted_at"):  # a rejection is its only event
+                    new.submitted_at.CopyFrom(at)
+        case "job_pending":
+            advance(new, _S.JOB_STATE_PENDING)
+            if new.state == _S.JOB_STATE_PENDING:
+                new.reason = env.job_pending.reason
+        case "task_placed":
+            placed = env.task_placed
+            advance(new, _S.JOB_STATE_PLACED)
+            new.node_id = placed.node_id
+            new.gpu_indices[:] = placed.gpu_indices
+        case "task_started":
+            _fill_node(new, env.task_started.node_id)
+            advance(new, _S.JOB_STATE_RUNNING)
+            new.started_at.CopyFrom(at)
+        case "task_finished":
+            finished = env.task_finished
+            _fill_node(new, finished.node_id)
+            _end_task(new, _S.JOB_STATE_FINISHED, finished.exit_code, at)
+        case "task_failed":
+            failed = env.task_failed
+            _fill_node(new, failed.node_id)
+            _end_task(new, _S.JOB_STATE_FAILED, failed.exit_code, at)
+            # Why a preempted job ended is the preemption, not the signal that carried it out.
+            if new.state != _S.JOB_STATE_PREEMPTED:
+                new.reason = failed.reason
+        case "task_stop_requested":
+            stop = env.task_stop_requested
+            _fill_node(new, stop.node_id)
+            advance(new, _S.JOB_STATE_PLACED)  # only a placed task is stopped
+            new.stop_reason = stop.reason
+            new.stop_cause = stop.cause
+            _cancel_if_stopped(new)
+        case "task_lost":
+            gone = env.task_lost
+            _fill_node(new, gone.node_id)
+            if not new.stop_cause:  # a stop already on its way says why it ends
+                new.stop_cause = types_pb2.STOP_CAUSE_NODE_LOST
+                new.stop_reason = gone.reason
+            _end_task(new, _S.JOB_STATE_FAILED, -1, at)
+            if new.state == _S.JOB_STATE_FAILED:
+                new.reason = gone.reason
+        case "task_idle":
+            idle = env.task_idle
+            _fill_node(new, idle.node_id)
+            advance(new, _S.JOB_STATE_RUNNING)  # only a running task is measured
+            # A report read after the task's end describes GPUs it no longer holds.
+            if new.state == _S.JOB_STATE_RUNNING:
+                new.idle = idle.idle
+        case "job_cancelled":
+            advance(new, _S.JOB_STATE_CANCELLED)
+            new.reason = env.job_cancelled.reason
+            new.finished_at.CopyFrom(at)
+        case "job_requeued":
+            # A requeue follows the stop it answers. Without one, it is about an
+            # older task (a newer one showed up first), or a repeat that can only
+            # restate why the job waits.
+            preempted_task = new.stop_cause in _AWAITING
+            if new.state not in _FINAL and (preempted_task or _requeued(new)):
+                _clear_task(new)
+                new.state = _S.JOB_STATE_PENDING
+                new.reason = env.job_requeued.reason
+        case "job_preempted" | "job_lost":
+            state = _S.JOB_STATE_PREEMPTED if kind == "job_preempted" else _S.JOB_STATE_LOST
+            advance(new, state)
+            if new.state == state:
+                new.reason = getattr(env, kind).reason
+                if not new.HasField("finished_at"):  # the task's own end says it better
+                    new.finished_at.CopyFrom(at)
+
+
+def earliest(job: types_pb2.Job, env: events_pb2.Envelope) -> bool:
+    """Whether this submission is the earliest seen of the job (the others are claims of
+    duplicate requests, which lost); by time, so that any arrival order agrees."""
+    seen = job.HasField("submitted_at")
+    return not seen or _time(env.occurred_at) < _time(job.submitted_at)
+
+
+def _requeued(job: types_pb2.Job) -> bool:
+    """Whether a requeue closed the latest task: the job waits, or was cancelled waiting.
+
+    Only a requeue brings a placed job back to PENDING. A job cancelled while its
+    task ran was stopped for it (stop cause CANCELLED); one cancelled while
+    waiting after a requeue has no stop cause, the requeue having cleared it.
+    """
+    if job.attempts == 0:
+        return False
+    cancelled_waiting = (
+        job.state == _S.JOB_STATE_CANCELLED and job.stop_cause == types_pb2.STOP_CAUSE_UNSPECIFIED
+    )
+    return job.state == _S.JOB_STATE_PENDING or cancelled_waiting
+
+
+def enter_task(job: types_pb2.Job, attempt: int) -> bool:
+    """Make ``attempt`` the job's latest task if it is newer; False when it is stale.
+
+    Every task event raises the state to PLACED at least, so a job with attempts
+    is only PENDING again after a requeue, which closes its latest task.
+    """
+    latest = job.attempts - 1
+    if attempt < latest or (attempt == latest and _requeued(job)):
+        return False
+    if attempt > latest and job.attempts > 0:
+        if job.state in _FINAL:
+            return False  # no task is placed after the end; nothing newer can follow
+        _clear_task(job)
+        job.state = _S.JOB_STATE_PENDING
+    job.attempts = max(job.attempts, attempt + 1)
+    return True
+
+
+def _clear_task(job: types_pb2.Job) -> None:
+    """Forget the fields that describe one task, keeping those of the job."""
+    for name in (
+        "reason",
+        "node_id",
+        "gpu_indices",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "stop_reason",
+        "stop_cause",
+        "idle",
+    ):
+        job.ClearField(name)
+
+
+def advance(job: types_pb2.Job, state: State) -> None:
+    """Raise the state to ``state`` unless the job is already there or beyond."""
+    if _RANK[state] <= _RANK[job.state]:
+        return
+    if _RANK[job.state] <= _RANK[_S.JOB_STATE_PENDING]:
+        job.reason = ""  # a reason to wait lapses once the job leaves the queue
+    if _RANK[state] > _RANK[_S.JOB_STATE_RUNNING]:
+        job.idle = False  # only a running task holds GPUs that can sit idle
+    job.state = state
+
+
+def _end_task(job: types_pb2.Job, state: State, exit_code: int, at: Timestamp) -> None:
+    advance(job, state)
+    job.exit_code = exit_code
+    job.finished_at.CopyFrom(at)
+    _cancel_if_stopped(job)
+
+
+def _cancel_if_stopped(job: types_pb2.Job) -> None:
+    # Checked on both the stop and the task end: whichever arrives last decides.
+    ended = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    if ended and job.stop_cause == types_pb2.STOP_CAUSE_CANCELLED:
+        job.state = _S.JOB_STATE_CANCELLED
+
+
+def _fill_node(job: types_pb2.Job, node_id: str) -> None:
+    if not job.node_id:
+        job.node_id = node_id
+
+
+# -- workflow jobs -------------------------------------------------------------
+
+
+def workflow_names(spec: types_pb2.JobSpec) -> tuple[str, ...] | None:
+    """The task names of the job's workflow in workflow order; None when the scheduler
+    does not run the job as a workflow (no workflow, or one that breaks a DAG rule)."""
+    if not spec.HasField("workflow"):
+        return None
+    workflow = workflow_from_proto(spec.workflow)
+    return None if workflow is None else tuple(t.task_id for t in workflow.tasks)
+
+
+def task_name(job: types_pb2.Job, task_id: str) -> str:
+    return task_id.removeprefix(f"{job.job_id}/")
+
+
+def is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
+    """Whether a task of this job is a workflow task; see the module's notes for a job
+    whose spec is not known yet."""
+    if job.HasField("spec"):
+        return workflow_names(job.spec) is not None
+    return bool(job.tasks) or not _ATTEMPT.fullmatch(task_name(job, task_id))
+
+
+def _find_task(job: types_pb2.Job, name: str) -> types_pb2.JobTask | None:
+    return next((t for t in job.tasks if t.name == name), None)
+
+
+def advance_task(task: types_pb2.JobTask, state: State) -> bool:
+    """Raise a task's state; whether it is now ``state`` (False: it was already beyond)."""
+    if _RANK[state] > _RANK[task.state]:
+        task.state = state
+    return task.state == state
+
+
+def fill_task_node(task: types_pb2.JobTask, node_id: str) -> None:
+    if not task.node_id:
+        task.node_id = node_id
+
+
+def settle_workflow(job: types_pb2.Job, names: tuple[str, ...]) -> None:
+    """Derive the job's state and times from its tasks (``names``: its workflow's)."""
+    tasks = list(job.tasks)
+    failed = [t for t in tasks if t.state == _S.JOB_STATE_FAILED]
+    finished = [t for t in tasks if t.state == _S.JOB_STATE_FINISHED]
+    derived: State | None = None
+    if failed:
+        derived = _S.JOB_STATE_FAILED
+    elif names and {t.name for t in finished} >= set(names):
+        derived = _S.JOB_STATE_FINISHED
+    elif finished or any(t.state == _S.JOB_STATE_RUNNING for t in tasks):
+        derived = _S.JOB_STATE_RUNNING
+    elif any(t.state == _S.JOB_STATE_PLACED for t in tasks):
+        derived = _S.JOB_STATE_PLACED
+    if derived is not None:
+        advance(job, derived)
+    starts = [t.started_at for t in tasks if t.HasField("started_at")]
+    if starts:
+        job.started_at.CopyFrom(min(starts, key=_time))
+    if derived == _S.JOB_STATE_FINISHED and job.state == derived:
+        job.exit_code = 0
+        job.finished_at.CopyFrom(max((t.finished_at for t in finished), key=_time))
+    elif derived == _S.JOB_STATE_FAILED and job.state == derived:
+        first = min(failed, key=lambda t: (_time(t.finished_at), t.name))
+        job.exit_code = first.exit_code
+        job.reason = f"task {first.name} failed" + (f": {first.reason}" if first.reason else "")
+        job.finished_at.CopyFrom(first.finished_at)
+    _cancel_if_stopped(job)
+
+
+def _time(ts: Timestamp) -> tuple[int, int]:
+    return (ts.seconds, ts.nanos)

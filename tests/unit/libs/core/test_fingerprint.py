@@ -1,0 +1,90 @@
+"""The state digest (``libs/core/fingerprint.py``): equal facts, equal digest, whatever the path."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs.core.fingerprint import Fingerprint
+
+EMPTY = bytes(32)
+
+
+def digest_of(*facts: str) -> bytes:
+    fp = Fingerprint()
+    for fact in facts:
+        fp.add(fact)
+    return fp.digest()
+
+
+def test_an_empty_state_has_the_zero_digest_of_32_bytes() -> None:
+    assert Fingerprint().digest() == EMPTY
+
+
+def test_removing_what_was_added_gives_the_digest_back() -> None:
+    fp = Fingerprint()
+    fp.add("w|j1|0")
+    fp.add("n|n0|H100")
+    fp.remove("w|j1|0")
+    assert fp.digest() == digest_of("n|n0|H100")
+    fp.remove("n|n0|H100")
+    assert fp.digest() == EMPTY
+
+
+def test_different_facts_give_different_digests() -> None:
+    assert digest_of("w|j1|0") != digest_of("w|j1|1")
+    assert digest_of("a", "b") != digest_of("ab")
+
+
+def test_replace_is_remove_then_add_and_a_no_op_when_equal() -> None:
+    fp = Fingerprint()
+    fp.add("u|0|[]")
+    fp.replace("u|0|[]", "u|10|[('a', 1.0)]")
+    assert fp.digest() == digest_of("u|10|[('a', 1.0)]")
+    fp.replace("x", "x")  # not counted, and not uncounted either
+    assert fp.digest() == digest_of("u|10|[('a', 1.0)]")
+
+
+def test_a_keyed_fact_replaces_the_one_before_under_its_key() -> None:
+    fp = Fingerprint()
+    fp.put("workflow w1", "1 of 3 done")
+    fp.put("workflow w1", "2 of 3 done")
+    assert fp.digest() == digest_of("2 of 3 done")
+    fp.drop("workflow w1")
+    assert fp.digest() == EMPTY
+
+
+def test_a_deferred_fact_is_written_out_when_the_digest_is_read() -> None:
+    progress = ["1 of 3 done"]
+    fp = Fingerprint()
+    fp.defer("workflow w1", lambda: progress[0])
+    progress[0] = "3 of 3 done"  # the fact as it is when the digest is read counts
+    assert fp.digest() == digest_of("3 of 3 done")
+    fp.defer("workflow w1", lambda: "gone")
+    fp.drop("workflow w1")  # dropped before it was ever written out
+    assert fp.digest() == EMPTY
+
+
+@given(st.lists(st.text(max_size=8), max_size=12), st.randoms(use_true_random=False))
+def test_the_digest_does_not_depend_on_the_order_facts_came_in(
+    facts: list[str], rng: random.Random
+) -> None:
+    shuffled = list(facts)
+    rng.shuffle(shuffled)
+    assert digest_of(*facts) == digest_of(*shuffled)
+
+
+@given(st.lists(st.text(max_size=8), max_size=12), st.lists(st.text(max_size=8), max_size=12))
+def test_adding_and_removing_other_facts_leaves_the_digest_of_the_rest(
+    kept: list[str], transient: list[str]
+) -> None:
+    fp = Fingerprint()
+    for fact in transient:
+        fp.add(fact)
+    for fact in kept:
+        fp.add(fact)
+    for fact in reversed(transient):
+        fp.remove(fact)
+    assert fp.digest() == digest_of(*kept)
