@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
-from libs.bus.ports import Record
+from libs.bus.ports import Located, Record
 from libs.bus.producer import EventProducer
 
 log = logging.getLogger(__name__)
@@ -17,18 +16,7 @@ SOURCE_OFFSET = "qm-dlq-offset"
 CONSUMER = "qm-dlq-consumer"
 
 
-class Source(Protocol):
-    """Where a record was read (a bus record, or a faust message in the projector)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-
-
-def headers(record: Source, *, reason: str, consumer: str) -> list[tuple[str, bytes]]:
+def headers(record: Located, *, reason: str, consumer: str) -> list[tuple[str, bytes]]:
     """What a parked record carries besides itself: why, where from, who parked it."""
     return [
         (REASON, reason.encode()),

@@ -19,8 +19,8 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 OffsetReset = Literal["earliest", "latest"]
 
 
-class Record(Protocol):
-    """One consumed record and where it sits in the log."""
+class Located(Protocol):
+    """Where a record sits in the log: a bus record, or a faust message in the projector."""
 
     @property
     def topic(self) -> str: ...
@@ -28,6 +28,11 @@ class Record(Protocol):
     def partition(self) -> int: ...
     @property
     def offset(self) -> int: ...
+
+
+class Record(Located, Protocol):
+    """One consumed record and where it sits in the log."""
+
     @property
     def key(self) -> bytes | None: ...
     @property

@@ -11,13 +11,11 @@ import asyncio
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import yaml
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import (
-    Delivery,
     EventProducer,
     KafkaBus,
     KafkaSettings,
@@ -25,26 +23,11 @@ from libs.bus import (
     load_topic_config,
 )
 from libs.events import decode, new_envelope
-from services.placement.service import PlacementService
 from tests.integration.conftest import committed_records
 from tests.integration.stack import ROOT
+from tests.placement_gate import GatedPlacement
 
 JOBS = 40
-
-
-class Gated(PlacementService):
-    """Placement that stops, once, in the middle of its first batch of jobs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.paused = asyncio.Event()
-        self.go_on = asyncio.Event()
-
-    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
-        if delivery.envelope.job_admitted.job_id == "j-20" and not self.go_on.is_set():
-            self.paused.set()
-            await self.go_on.wait()
-        return await super()._decide(producer, delivery)
 
 
 async def test_a_batch_decided_across_a_rebalance_is_not_committed_twice(
@@ -59,7 +42,7 @@ async def test_a_batch_decided_across_a_rebalance_is_not_committed_twice(
             await producer.send(topics.events.name, env)
 
     group = f"rebalance-{uuid.uuid4().hex[:8]}"
-    service = Gated(bus, topics, group_id=group)
+    service = GatedPlacement(bus, topics, group_id=group, pause_at="j-20")
     running = asyncio.create_task(service.run())
     intruder = bus.consumer(group_id=group)
     try:

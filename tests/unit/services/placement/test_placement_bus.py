@@ -7,18 +7,19 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery, EventProducer, load_topic_config
+from libs.bus import EventProducer, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
 from libs.events import new_envelope
 from services.placement.service import PlacementService
+from tests.placement_gate import GatedPlacement
 
 TOPICS = load_topic_config()
 EVENTS, DECISIONS = TOPICS.events.name, TOPICS.decisions.name
@@ -123,25 +124,10 @@ async def test_a_restarted_placement_rebuilds_its_state_and_decides_only_new_inp
     assert placed(bus) == {"j-0": 1, "j-1": 1, "j-2": 1}
 
 
-class Gated(PlacementService):
-    """Placement that stops, once, in the middle of its first batch of jobs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.paused = asyncio.Event()
-        self.go_on = asyncio.Event()
-
-    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
-        if delivery.envelope.job_admitted.job_id == "j-3" and not self.go_on.is_set():
-            self.paused.set()
-            await self.go_on.wait()
-        return await super()._decide(producer, delivery)
-
-
 async def test_a_batch_decided_across_a_rebalance_is_aborted_and_decided_again_once() -> None:
     bus = MemoryBus.for_topics(TOPICS)
     await write(bus, node(), *(job(i) for i in range(6)))
-    async with running(Gated(bus, TOPICS, group_id=GROUP)) as service:
+    async with running(GatedPlacement(bus, TOPICS, group_id=GROUP, pause_at="j-3")) as service:
         await asyncio.wait_for(service.paused.wait(), 5)
         intruder = bus.consumer(group_id=GROUP)
         await intruder.start()

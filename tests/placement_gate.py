@@ -1,0 +1,26 @@
+"""A placement service that stops, once, in the middle of a batch: to move its
+partitions away (a rebalance) while it decides, over the memory bus or the broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from libs.bus import Delivery, EventProducer
+from services.placement.service import PlacementService
+
+
+class GatedPlacement(PlacementService):
+    """Pauses before deciding the admission of ``pause_at``, until ``go_on`` is set."""
+
+    def __init__(self, *args: Any, pause_at: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pause_at = pause_at
+        self.paused = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
+        if delivery.envelope.job_admitted.job_id == self.pause_at and not self.go_on.is_set():
+            self.paused.set()
+            await self.go_on.wait()
+        return await super()._decide(producer, delivery)
