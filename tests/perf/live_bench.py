@@ -244,9 +244,9 @@ class Collector:
 
     def __init__(self, stack: Stack) -> None:
         self.topic = load_topic_config(stack.topics_file).decisions.name
-        self.consumer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).consumer(
-            fetch_max_wait_ms=50
-        )
+        self.consumer = KafkaBus(
+            KafkaSettings.from_env({"QM_KAFKA_BOOTSTRAP": stack.bootstrap})
+        ).consumer(fetch_max_wait_ms=50)
         self.consumer.subscribe([self.topic])
         self.placed: dict[str, Seen] = {}
         self.decided: dict[str, Seen] = {}
@@ -276,7 +276,7 @@ class Collector:
 
 async def _wait_nodes(stack: Stack, nodes: int, timeout: float) -> None:
     """Until every simulated node's NodeRegistered is in the event log."""
-    consumer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).consumer()
+    consumer = KafkaBus(KafkaSettings.from_env({"QM_KAFKA_BOOTSTRAP": stack.bootstrap})).consumer()
     consumer.subscribe([load_topic_config(stack.topics_file).events.name])
     await consumer.start()
     seen: set[str] = set()
