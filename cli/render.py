@@ -62,6 +62,8 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
         if job.attempts > 1:
             detail = f"attempt {job.attempts}; {detail}"
         node = job.node_id or "-"
+        if len(job.placements) > 1:  # a gang
+            node = f"{len(job.placements)} nodes"
         if job.spec.HasField("workflow"):
             detail = "; ".join(part for part in (workflow_progress(job), detail) if part)
             nodes = sorted({t.node_id for t in job.tasks if t.node_id})
@@ -77,6 +79,13 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
             detail,
         )
     return table
+
+
+def _where(job: types_pb2.Job) -> str:
+    """Where a batch job runs: its node's GPUs, or each node of a gang."""
+    if len(job.placements) > 1:
+        return "; ".join(f"{p.node_id} GPUs {list(p.gpu_indices)}" for p in job.placements)
+    return f"{job.node_id} GPUs {list(job.gpu_indices)}" if job.node_id else "-"
 
 
 def job_detail(job: types_pb2.Job) -> RenderableType:
@@ -97,7 +106,7 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
             if workflow
-            else ("node", f"{job.node_id} GPUs {list(job.gpu_indices)}" if job.node_id else "-")
+            else ("nodes" if len(job.placements) > 1 else "node", _where(job))
         ),
         ("submitted", when(job.submitted_at)),
         ("started", when(job.started_at)),

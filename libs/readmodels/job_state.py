@@ -10,7 +10,10 @@ ids (``<job id>/<n>``, or ``<job id>/<n>.<rank>`` for a gang spanning nodes),
 so the fold knows which task is the latest even when a newer task's events
 arrive before an older one's. Within the latest task the state only climbs a
 rank; an event about an older task changes nothing; the first event about a
-newer task starts the job's per-task fields afresh.
+newer task starts the job's per-task fields afresh. The latest placement's tasks
+are kept in ``Job.placements`` in rank order (a gang runs one per node; its
+``<n>.<rank>`` tasks may be seen in any order), and the job's own node and GPUs
+are its first task's.
 
 How far arrival order may vary:
 
@@ -164,10 +167,8 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             if new.state == _S.JOB_STATE_PENDING:
                 new.reason = env.job_pending.reason
         case "task_placed":
-            placed = env.task_placed
             advance(new, _S.JOB_STATE_PLACED)
-            new.node_id = placed.node_id
-            new.gpu_indices[:] = placed.gpu_indices
+            _place(new, env.task_placed)
         case "task_started":
             _fill_node(new, env.task_started.node_id)
             advance(new, _S.JOB_STATE_RUNNING)
@@ -280,8 +281,33 @@ def _clear_task(job: types_pb2.Job) -> None:
         "stop_reason",
         "stop_cause",
         "idle",
+        "placements",
     ):
         job.ClearField(name)
+
+
+def _place(job: types_pb2.Job, placed: events_pb2.TaskPlaced) -> None:
+    """Keep where one task of the latest placement runs, in rank order (a gang's tasks
+    may be seen in any order); the job's own node is its first task's."""
+    kept = {p.task_id: _placement(p) for p in job.placements}
+    kept[placed.task_id] = _placement(placed)
+    ordered = sorted(kept.values(), key=lambda p: (_gang_rank(p.task_id), p.task_id))
+    del job.placements[:]
+    job.placements.extend(ordered)
+    job.node_id = ordered[0].node_id
+    job.gpu_indices[:] = ordered[0].gpu_indices
+
+
+def _placement(task: types_pb2.JobPlacement | events_pb2.TaskPlaced) -> types_pb2.JobPlacement:
+    return types_pb2.JobPlacement(
+        task_id=task.task_id, node_id=task.node_id, gpu_indices=task.gpu_indices
+    )
+
+
+def _gang_rank(task_id: str) -> int:
+    """A gang task's rank: ``j-1/2.3`` -> 3; 0 for a task on one node."""
+    rank = task_id.rpartition("/")[2].partition(".")[2]
+    return int(rank) if rank.isascii() and rank.isdigit() else 0
 
 
 def advance(job: types_pb2.Job, state: State) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import pytest
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
+from rich.console import Console
 
 
 class RecordingJobs(js_grpc.JobServiceServicer):
@@ -51,3 +53,10 @@ def admission() -> Iterator[Admission]:
         yield Admission(jobs, f"127.0.0.1:{port}")
     finally:
         server.stop(grace=None)
+
+
+def text(renderable: Any) -> str:
+    """What a rich renderable prints, as plain text."""
+    console = Console(record=True, width=160)
+    console.print(renderable)
+    return console.export_text()

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 from qm.v1 import types_pb2
-from rich.console import Console
 from typer.testing import CliRunner
 
 from cli import render
 from cli.app import app, load_workflow
 from libs.config.document import ConfigError
 from libs.sim.workflows import PROFILES
-from tests.unit.cli.conftest import Admission
+from tests.unit.cli.conftest import Admission, text
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "examples" / "workflow-translation.yaml"
@@ -178,12 +177,6 @@ def workflow_job() -> types_pb2.Job:
             types_pb2.JobTask(name="marian", state=S.JOB_STATE_PENDING, planned_node_id="n1"),
         ],
     )
-
-
-def text(renderable: Any) -> str:
-    console = Console(record=True, width=160)
-    console.print(renderable)
-    return console.export_text()
 
 
 def test_status_shows_each_task_of_a_workflow() -> None:

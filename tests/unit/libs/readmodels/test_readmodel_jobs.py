@@ -621,3 +621,38 @@ def test_newest_jobs_default_limit_and_ties() -> None:
     listed = newest_jobs(jobs, limit=0)
     assert len(listed) == 100
     assert listed[0].job_id == "j149"  # same time: ordered by id, also newest-looking first
+
+
+def where(job: types_pb2.Job) -> list[tuple[str, str, list[int]]]:
+    return [(p.task_id, p.node_id, list(p.gpu_indices)) for p in job.placements]
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
+def test_a_gang_shows_every_node_it_runs_on_whatever_the_order(order: tuple[int, ...]) -> None:
+    ranks = [placed("g", f"n{r}", range(8), task=f"g/0.{r}") for r in (0, 1, 2)]
+    job = folded([submitted("g"), admitted("g"), *(ranks[i] for i in order)])
+    assert where(job) == [(f"g/0.{r}", f"n{r}", list(range(8))) for r in (0, 1, 2)]
+    assert (job.node_id, list(job.gpu_indices)) == ("n0", list(range(8)))  # its first node
+
+
+def test_a_gang_of_more_than_ten_nodes_keeps_rank_order() -> None:
+    ranks = [placed("g", f"n{r}", [0], task=f"g/0.{r}") for r in range(12)]
+    assert [t for t, _, _ in where(folded(list(reversed(ranks))))] == [
+        f"g/0.{r}" for r in range(12)
+    ]
+
+
+def test_a_requeued_gang_forgets_where_its_last_placement_ran() -> None:
+    gang = [placed("g", f"n{r}", [0], task=f"g/0.{r}") for r in (0, 1)]
+    stopped = [stop("g", "for team-b", "n0", task="g/0.0"), failed("g", "SIGTERM", task="g/0.0")]
+    waiting = folded([submitted("g"), *gang, *stopped, requeued("g")])
+    assert where(waiting) == []
+    again = folded(
+        [submitted("g"), *gang, *stopped, requeued("g"), placed("g", "n5", [1], task="g/1.0")]
+    )
+    assert where(again) == [("g/1.0", "n5", [1])]
+
+
+def test_a_job_on_one_node_has_one_placement() -> None:
+    job = folded([submitted("j"), placed("j", "n1", [2, 3])])
+    assert where(job) == [("j/0", "n1", [2, 3])]
