@@ -44,15 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.core.budget_tree import BudgetNode, BudgetTree
-from libs.core.compass import Costs, GpuWorker, Workflow
-from libs.core.compass.serving import MB_PER_GIB
+from libs.core.compass import Costs, Workflow
 from libs.core.config import PolicyConfig
-from libs.core.decisions import Cancel, Decision, Place, Planned, Wait
+from libs.core.decisions import Cancel, Decision, Planned, Wait
 from libs.core.inputs import (
     BudgetSet,
     Input,
     JobArrived,
-    ModelEvicted,
     NodeJoined,
     TaskEnded,
     TaskStarted,
@@ -62,11 +60,12 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, WorkClass
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
-from libs.sim.batch import OVER, AgentEvent, BatchAgents, Completion, EndTask, Job, StopEnd, Task
+from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, StopEnd
 from libs.sim.cluster import ClusterSpec
 from libs.sim.metrics import CLASSES, Distribution
-from libs.sim.workflows import Profiles, ServingCluster, SimError, keyed
+from libs.sim.workflows import Profiles, ServingCluster, hits, keyed
 from libs.sim.workload import SimJob
+from libs.sim.world import SimulationError
 
 SERVING_TEAM = "serving"
 TEAMS = (("vision", 40.0), ("language", 35.0), (SERVING_TEAM, 25.0))  # name, weight
@@ -75,8 +74,6 @@ RUNTIME_S = (120.0, 3600.0)  # batch runtimes: log-uniform between these
 DEBUG_MIN_RUNTIME_S = 600  # small short jobs: the debug class
 ALLOCATED_MIN_RUNTIME_S = 1800
 PHASES = ("all", "calm", "burst")
-
-GpuKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -347,12 +344,26 @@ class _Cluster(ServingCluster):
         self._run.held()
 
 
-def serving_gpus(scheduler: Scheduler) -> int:
-    """GPUs the serving core holds from batch work now.
+@dataclass(frozen=True)
+class _Flow:
+    """A workflow job arrives."""
 
-    The core has no public view of its serving pool; this reads it (read only).
-    """
-    return scheduler.serving_gpus()
+    job_id: str
+    workflow: Workflow
+
+
+@dataclass(frozen=True)
+class _Every:
+    """A periodic event: a usage snapshot, a tick or a sample."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The window opens or closes: usage so far is noted."""
+
+    name: str
 
 
 class MixedSimulation:
@@ -363,6 +374,8 @@ class MixedSimulation:
         self.tree = budget_tree(settings.teams)
         self.scheduler = Scheduler(config)
         self.cluster = _Cluster(self.scheduler, profiles.costs, self)
+        self.world = world = self.cluster.world
+        world.stop_grace_s = settings.stop_grace_s
         self.usage = WindowedUsage(config.lookback_window_s)
         nodes = settings.cluster.node_specs()
         self.capacity = sum(n.gpu_count for n in nodes)
@@ -373,130 +386,107 @@ class MixedSimulation:
         self.batch = batch_jobs(settings, rng)
         self.arrivals = workflow_arrivals(settings, flows, rng)
         self.batch_held = _BatchHeld(self)
-        self.agents = BatchAgents(self, self.batch_held, settings.stop_grace_s, SimError)
-        self.on_gpu: dict[GpuKey, str] = {}  # GPU -> the batch task holding it
+        self.agents = BatchAgents(world, self.batch_held)
         self.running: dict[str, tuple[str, int, float]] = {}  # task -> allocation, GPUs, start
         self.gpu_s_run: dict[str, float] = {}
         self.serving_run_s = 0.0  # workflow task time inside the window
         self.flows: dict[str, tuple[float, Workflow]] = {}  # job -> (arrival ms, workflow)
-        self.left: dict[str, int] = {}  # workflow job -> tasks not ended
-        self.finished_ms: dict[str, float] = {}
         self.waited: set[str] = set()
         self.serving_steps = _Steps()
         self.peak_held = 0
         self.peak_active = 0
         self.samples: list[Sample] = []
-        self.evictions = 0
         self.inputs = 0
         self.marks: dict[str, dict[str, Usage]] = {}  # window start/end -> usage
-        self.cluster.on_end = self._workflow_task_ended
 
     # -- driving ---------------------------------------------------------------------
 
     def run(self) -> MixedRun:
         began = time.perf_counter()
-        cluster = self.cluster
+        cluster, world = self.cluster, self.world
         cluster.feed(BudgetSet(0.0, self.tree))
-        spec = self.settings.cluster
-        for node in spec.node_specs():
+        for node in self.settings.cluster.node_specs():
             cluster.feed(NodeJoined(0.0, node))
-            for index in node.gpu_indices:
-                cluster.workers[(node.node_id, index)] = GpuWorker(
-                    node.gpu_memory_gib * MB_PER_GIB, cluster.costs.host_to_gpu_mb_per_ms
-                )
+            world.join(node)
         for job in self.batch:
-            cluster.push(job.at * 1000, "batch", job)
+            world.at(job.at * 1000, job)
         for n, (at, flow) in enumerate(self.arrivals):
-            cluster.push((self.start + at) * 1000, "flow", (f"w{n:06d}", flow))
+            world.at((self.start + at) * 1000, _Flow(f"w{n:06d}", flow))
         for kind in ("snapshot", "tick"):
-            cluster.push(0.0, kind, None)
-        cluster.push(self.start * 1000, "mark", "start")
-        cluster.push(self.start * 1000, "sample", None)
-        cluster.push(self.end * 1000, "mark", "end")
+            world.at(0.0, _Every(kind))
+        world.at(self.start * 1000, _Mark("start"))
+        world.at(self.start * 1000, _Every("sample"))
+        world.at(self.end * 1000, _Mark("end"))
         cluster.run(self._handle)
-        unfinished = len(self.arrivals) - len(self.finished_ms)
+        unfinished = len(self.arrivals) - len(world.done)
         if unfinished:
-            raise SimError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
+            raise SimulationError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
         if left := [j for j in self.jobs.values() if j.state not in OVER]:
-            raise SimError(f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}")
+            raise SimulationError(
+                f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}"
+            )
         return dataclasses.replace(self._result(), wall_s=time.perf_counter() - began)
 
     @property
     def now(self) -> float:
-        return self.cluster.now_ms / 1000
+        return self.world.now_s
 
     @property
     def jobs(self) -> dict[str, Job]:
         """The batch jobs, by id."""
         return self.agents.jobs
 
-    def _handle(self, kind: str, data: object) -> None:
+    def _handle(self, entry: object) -> None:
         now, cluster = self.now, self.cluster
-        if kind == "feed":
-            assert isinstance(data, (TaskStarted, TaskEnded, ModelEvicted))
-            cluster.feed(data)
-        elif kind == "batch":
-            assert isinstance(data, SimJob)
-            self.agents.arrive(data)
-            cluster.feed(JobArrived(now, data.job_id, data.spec))
-        elif kind == "flow":
-            assert isinstance(data, tuple)
-            job_id, flow = data
-            self.flows[job_id] = (cluster.now_ms, flow)
-            self.left[job_id] = len(flow.tasks)
-            spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
-            cluster.feed(JobArrived(now, job_id, spec))
-        elif kind == "agents":
-            assert isinstance(data, (Completion, StopEnd, EndTask))
-            self.agents.handle(data)
-        elif kind == "snapshot":
-            usage = self.usage.snapshot(now)
-            cluster.feed(
-                UsageSnapshot(
-                    now,
-                    self.config.lookback_window_s,
-                    tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
+        match entry:
+            case SimJob():
+                self.agents.arrive(entry)
+                cluster.feed(JobArrived(now, entry.job_id, entry.spec))
+            case _Flow(job_id=job_id, workflow=flow):
+                self.flows[job_id] = (self.world.now, flow)
+                spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
+                cluster.feed(JobArrived(now, job_id, spec))
+            case Completion() | StopEnd() | EndTask():
+                self.agents.handle(entry)
+            case _Every(kind="snapshot"):
+                usage = self.usage.snapshot(now)
+                cluster.feed(
+                    UsageSnapshot(
+                        now,
+                        self.config.lookback_window_s,
+                        tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
+                    )
                 )
-            )
-            self._again(kind, self.settings.snapshot_s)
-        elif kind == "tick":
-            cluster.feed(Tick(now))
-            self._again(kind, self.settings.tick_s)
-        elif kind == "sample":
-            self._sample()
-            if now + self.settings.sample_s <= self.end + 1e-9:
-                cluster.push((now + self.settings.sample_s) * 1000, kind, None)
-        elif kind == "mark":
-            assert isinstance(data, str)
-            self.marks[data] = self.usage.snapshot(now)
-        else:  # pragma: no cover - every kind pushed here is handled above
-            raise SimError(f"unknown event {kind}")
+                self._again(entry, self.settings.snapshot_s)
+            case _Every(kind="tick"):
+                cluster.feed(Tick(now))
+                self._again(entry, self.settings.tick_s)
+            case _Every(kind="sample"):
+                self._sample()
+                if now + self.settings.sample_s <= self.end + 1e-9:
+                    self.world.at((now + self.settings.sample_s) * 1000, entry)
+            case _Mark(name=name):
+                self.marks[name] = self.usage.snapshot(now)
+            case _:  # pragma: no cover - every entry pushed here is handled above
+                raise SimulationError(f"unknown event {entry}")
 
-    def _again(self, kind: str, period_s: float) -> None:
+    def _again(self, entry: _Every, period_s: float) -> None:
         """Periodic inputs go on while anything is left to do."""
-        busy = self.now < self.end or len(self.finished_ms) < len(self.arrivals)
+        busy = self.now < self.end or len(self.world.done) < len(self.arrivals)
         if busy or any(j.state not in OVER for j in self.jobs.values()):
-            self.cluster.push((self.now + period_s) * 1000, kind, None)
+            self.world.at((self.now + period_s) * 1000, entry)
 
     # -- what the scheduler hears --------------------------------------------------------
 
     def observe(self, event: Input) -> None:
         """Every input, before the scheduler: charge task lifecycles as the projector does."""
         self.inputs += 1
+        self.world.charge(self.usage, event)
         if isinstance(event, TaskStarted):
-            task = self.agents.tasks.get(event.task_id)
-            if task is not None:
-                spec = task.job.sim.spec
-                allocation, gpus, allocated = spec.allocation, len(task.gpus), spec.allocated
-            else:
-                sent = self.cluster.sent[event.task_id]
-                if sent.gpu in self.on_gpu:
-                    raise SimError(f"{event.task_id} started on {sent.gpu}, which batch holds")
-                allocation, gpus, allocated = SERVING_TEAM, 1, True
-            self.usage.start(event.task_id, allocation, gpus, allocated=allocated, at=event.at)
-            self.running[event.task_id] = (allocation, gpus, event.at)
+            task = self.world.tasks[event.task_id]
+            gpus = 1 if task.serving else len(task.gpus)
+            self.running[event.task_id] = (task.spec.allocation, gpus, event.at)
         elif isinstance(event, TaskEnded):
-            self.usage.end(event.task_id, event.at)
             allocation, gpus, began = self.running.pop(event.task_id)
             used = gpus * (event.at - began)
             self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
@@ -505,14 +495,14 @@ class MixedSimulation:
                 self.serving_run_s += max(inside, 0.0)
 
     def held(self) -> None:
-        held = serving_gpus(self.scheduler)
+        held = self.scheduler.serving_gpus()
         self.peak_held = max(self.peak_held, held)
         self.serving_steps.set(self.now, held)
 
-    def decided(self, decision: Decision, now_ms: float) -> None:
+    def decided(self, decision: Decision) -> None:
         match decision:
             case Cancel(job_id=job_id):  # pragma: no cover - nothing is cancelled here
-                raise SimError(f"{job_id} cancelled: nothing asked for that")
+                raise SimulationError(f"{job_id} cancelled: nothing asked for that")
             case Wait(job_id=job_id) if job_id in self.flows:
                 self.waited.add(job_id)
             case Planned() | Wait():
@@ -520,53 +510,15 @@ class MixedSimulation:
             case _:
                 self.agents.decide(decision)
 
-    # -- batch work: the node agents' host ---------------------------------------------
-
-    def take_gpus(self, place: Place) -> None:
-        """A batch task evicts the models cached on its GPUs, reported first."""
-        now, cluster = self.now, self.cluster
-        for index in place.gpu_indices:
-            key = (place.node_id, index)
-            if key in self.on_gpu:
-                raise SimError(f"{place.task_id}: GPU {key} already runs {self.on_gpu[key]}")
-            worker = cluster.workers[key]
-            if worker.running is not None or worker.queue:
-                raise SimError(f"{place.task_id}: GPU {key} is serving workflow tasks")
-            for eviction in worker.evict_all(f"GPU taken by batch job {place.job_id}"):
-                self.evictions += 1
-                evicted = ModelEvicted(now, place.node_id, index, eviction.model)
-                cluster.push(cluster.now_ms, "feed", evicted)
-            self.on_gpu[key] = place.task_id
-
-    def free_gpus(self, task: Task) -> None:
-        for index in task.gpus:
-            del self.on_gpu[(task.node_id, index)]
-
-    def started(self, event: TaskStarted, task: Task) -> None:
-        """Fed after the inputs already pushed for now (``observe`` charges it)."""
-        self.cluster.push(self.cluster.now_ms, "feed", event)
-
-    def ended(self, event: TaskEnded) -> None:
-        self.cluster.feed(event)
-
-    def schedule(self, at: float | None, event: AgentEvent) -> None:
-        cluster = self.cluster
-        cluster.push(cluster.now_ms if at is None else at * 1000, "agents", event)
-
-    # -- workflows -------------------------------------------------------------------------
-
-    def _workflow_task_ended(self, job_id: str, task_id: str, at_ms: float) -> None:
-        self.left[job_id] -= 1
-        if self.left[job_id] == 0:
-            self.finished_ms[job_id] = at_ms
+    # -- measuring ---------------------------------------------------------------------------
 
     def _sample(self) -> None:
-        active = sum(1 for w in self.cluster.workers.values() if w.running is not None or w.queue)
+        active = sum(1 for w in self.world.workers.values() if w.running is not None or w.queue)
         self.peak_active = max(self.peak_active, active)
         self.samples.append(
             Sample(
                 self.now - self.start,
-                serving_gpus(self.scheduler),
+                self.scheduler.serving_gpus(),
                 active,
                 (
                     self.batch_held.by_class[WorkClass.DEBUG.value],
@@ -613,8 +565,9 @@ class MixedSimulation:
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
         charges, gpu_s_charged = self._charges()
-        hits = sum(h for h, _ in self.cluster.hits.values())
-        looked = sum(h + m for h, m in self.cluster.hits.values())
+        counts = hits(self.world.served)
+        hit = sum(h for h, _ in counts.values())
+        looked = sum(h + m for h, m in counts.values())
         return MixedRun(
             serving_max_fraction=self.config.serving_max_fraction,
             serving_linger_s=self.config.serving_linger_s,
@@ -632,8 +585,8 @@ class MixedSimulation:
             batch_waits=self._waits(),
             workflows=self._slowdowns(),
             charges=charges,
-            cache_hit_rate=hits / looked if looked else 0.0,
-            batch_evictions=self.evictions,
+            cache_hit_rate=hit / looked if looked else 0.0,
+            batch_evictions=self.world.evicted_by_batch,
             preemptions=self.batch_held.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
@@ -652,7 +605,7 @@ class MixedSimulation:
         for job_id, (arrived_ms, flow) in self.flows.items():
             del arrived_ms
             for task in flow.tasks:
-                end_ms = self.cluster.finished_ms.get(f"{job_id}/{task.task_id}")
+                end_ms = self.world.ended.get(f"{job_id}/{task.task_id}")
                 if end_ms is None:  # pragma: no cover - every task ends
                     continue
                 a, b = (end_ms - task.run_ms) / 1000, end_ms / 1000
@@ -698,7 +651,7 @@ class MixedSimulation:
         by_phase: dict[str, list[tuple[float, float]]] = {p: [] for p in PHASES}
         waited: dict[str, int] = dict.fromkeys(PHASES, 0)
         for job_id, (arrived_ms, flow) in self.flows.items():
-            latency = self.finished_ms[job_id] - arrived_ms
+            latency = self.world.done[job_id] - arrived_ms
             entry = (latency / self.best_case_ms[flow.name], latency)
             phase = self.settings.phase(arrived_ms / 1000 - self.start)
             for p in ("all", phase):
