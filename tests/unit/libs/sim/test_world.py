@@ -6,7 +6,7 @@ import pytest
 
 from libs.core import JobSpec, NodeSpec
 from libs.core.decisions import Place, ServingTask
-from libs.core.inputs import Input, ModelEvicted, ModelLoaded, TaskEnded, TaskStarted
+from libs.core.inputs import Input, ModelEvicted, TaskEnded, TaskStarted
 from libs.core.usage import WindowedUsage
 from libs.sim.world import SIGTERM_EXIT, SimulationError, World
 
