@@ -23,14 +23,13 @@ from libs.core.inputs import (
     JobArrived,
     NodeJoined,
     Tick,
-    UsageSnapshot,
 )
 from libs.core.usage import WindowedUsage
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, BatchAgents, Completion, StopEnd
 from libs.sim.metrics import JobOutcome, Metrics, Recorder
 from libs.sim.policy import Policy
 from libs.sim.workload import SimJob, Workload
-from libs.sim.world import SimulationError, World
+from libs.sim.world import SimulationError, World, usage_snapshot
 
 # Ranks at equal times, after what is due now (0).
 _RANKS = {Completion: 1, StopEnd: 2}
@@ -129,14 +128,7 @@ class Simulation:
 
     def _snapshot(self) -> None:
         now = self._last_snapshot = self.world.now
-        usage = self.usage.snapshot(now)
-        self._feed(
-            UsageSnapshot(
-                now,
-                self.settings.lookback_window_s,
-                tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
-            )
-        )
+        self._feed(usage_snapshot(self.usage, now, self.settings.lookback_window_s))
 
     # --- the policy ---
 

@@ -45,7 +45,6 @@ from libs.core.inputs import (
     TaskEnded,
     TaskStarted,
     Tick,
-    UsageSnapshot,
 )
 from libs.core.model import JobSpec, WorkClass
 from libs.core.scheduler import Scheduler
@@ -62,7 +61,7 @@ from libs.sim.mixed_workload import (
 )
 from libs.sim.workflows import Profiles, ServingCluster, hits, keyed
 from libs.sim.workload import SimJob
-from libs.sim.world import SimulationError
+from libs.sim.world import SimulationError, usage_snapshot
 
 PHASES = ("all", "calm", "burst")
 
@@ -220,7 +219,7 @@ class _Cluster(ServingCluster):
     """The serving cluster; the mixed run sees every input the scheduler gets."""
 
     def __init__(self, scheduler: Scheduler, costs: Costs, run: MixedSimulation) -> None:
-        super().__init__(scheduler, costs, on_decision=run.decided)
+        super().__init__(scheduler, costs, run.decided, run.settings.stop_grace_s)
         self._run = run
 
     def feed(self, event: Input) -> None:
@@ -260,7 +259,6 @@ class MixedSimulation:
         self.scheduler = Scheduler(config)
         self.cluster = _Cluster(self.scheduler, profiles.costs, self)
         self.world = world = self.cluster.world
-        world.stop_grace_s = settings.stop_grace_s
         self.usage = WindowedUsage(config.lookback_window_s)
         nodes = settings.cluster.node_specs()
         self.capacity = sum(n.gpu_count for n in nodes)
@@ -334,14 +332,7 @@ class MixedSimulation:
             case Completion() | StopEnd() | EndTask():
                 self.agents.handle(entry)
             case _Every(kind="snapshot"):
-                usage = self.usage.snapshot(now)
-                cluster.feed(
-                    UsageSnapshot(
-                        now,
-                        self.config.lookback_window_s,
-                        tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
-                    )
-                )
+                cluster.feed(usage_snapshot(self.usage, now, self.config.lookback_window_s))
                 self._again(entry, self.settings.snapshot_s)
             case _Every(kind="tick"):
                 cluster.feed(Tick(now))

@@ -135,11 +135,15 @@ class ServingCluster:
         scheduler: Scheduler,
         costs: Costs,
         on_decision: Callable[[Decision], None] | None = None,
+        stop_grace_s: float = 30.0,  # for batch work on the side
     ) -> None:
         self.scheduler = scheduler
         self.on_decision = on_decision
         self.world = World(
-            per_s=1000.0, host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms, deliver=self.feed
+            per_s=1000.0,
+            stop_grace_s=stop_grace_s,
+            host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
+            deliver=self.feed,
         )
         self.decisions = 0
         self.adjusted = 0  # tasks sent elsewhere than planned

@@ -36,7 +36,14 @@ from libs.core.compass import GpuWorker
 from libs.core.compass.serving import MB_PER_GIB
 from libs.core.compass.worker import Start
 from libs.core.decisions import Place
-from libs.core.inputs import Input, ModelEvicted, ModelLoaded, TaskEnded, TaskStarted
+from libs.core.inputs import (
+    Input,
+    ModelEvicted,
+    ModelLoaded,
+    TaskEnded,
+    TaskStarted,
+    UsageSnapshot,
+)
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.usage import WindowedUsage
 
@@ -194,19 +201,13 @@ class World:
 
     def claim(self, place: Place) -> Task:
         """A batch task takes its GPUs; the models cached there go first."""
-        if self.tasks.get(place.task_id) is not None:
+        if place.task_id in self.tasks:
             raise SimulationError(f"{place.task_id}: placed while a task of that id runs")
+        if place.node_id not in self.prices:
+            raise SimulationError(f"{place.task_id}: placed on unknown node {place.node_id}")
         for index in place.gpu_indices:
             key = (place.node_id, index)
-            if key not in self.gpus:
-                if not any(node == place.node_id for node, _ in self.gpus):
-                    raise SimulationError(
-                        f"{place.task_id}: placed on unknown node {place.node_id}"
-                    )
-                raise SimulationError(
-                    f"{place.task_id}: GPU {index} of {place.node_id} is not free"
-                )
-            if self.gpus[key] is not None:
+            if key not in self.gpus or self.gpus[key] is not None:
                 raise SimulationError(
                     f"{place.task_id}: GPU {index} of {place.node_id} is not free"
                 )
@@ -221,26 +222,15 @@ class World:
                 for eviction in worker.evict_all(f"GPU taken by batch job {place.job_id}"):
                     self.evicted_by_batch += 1
                     self.report(ModelEvicted(self.now_s, place.node_id, index, eviction.model))
-        task = Task(
-            place.job_id,
-            place.task_id,
-            place.node_id,
-            place.gpu_indices,
-            place.spec,
-            False,
-        )
-        self.tasks[place.task_id] = task
+        task = self.tasks[place.task_id] = _task(place, serving=False)
         return task
 
     def start(self, place: Place) -> Task:
         """``claim``, and the task reports its start ``start_delay_s`` later."""
         task = self.claim(place)
-        self.at(
-            self.units(self.now_s + self.start_delay_s) if self.start_delay_s else self.now,
-            TaskStarted(
-                self.now_s + self.start_delay_s, place.job_id, place.task_id, place.node_id
-            ),
-        )
+        at_s = self.now_s + self.start_delay_s
+        # Without a delay, exactly now: seconds and back need not give ``now`` again.
+        self.at(self.units(at_s) if self.start_delay_s else self.now, _started(task, at_s))
         return task
 
     def end(self, task_id: str, exit_code: int = 0) -> Task:
@@ -299,9 +289,7 @@ class World:
         ready = now_ms + max(serving.input_delay_ms, 0.0)
         if not self.workers[key].enqueue(place.task_id, serving, ready):
             raise SimulationError(f"{place.task_id} sent twice to {key}")
-        self.tasks[place.task_id] = Task(
-            place.job_id, place.task_id, place.node_id, place.gpu_indices, place.spec, True
-        )
+        self.tasks[place.task_id] = _task(place, serving=True)
         self._sent[place.task_id] = (serving.name, ready - now_ms)
         if place.job_id not in self._left and place.spec.workflow is not None:
             self._left[place.job_id] = len(place.spec.workflow.tasks)
@@ -330,7 +318,7 @@ class World:
             self.at(
                 start, ModelLoaded(begun.start_ms / 1000, node_id, index, model, serving.model_mb)
             )
-        self.at(start, TaskStarted(begun.start_ms / 1000, task.job_id, begun.task_id, node_id))
+        self.at(start, _started(task, begun.start_ms / 1000))
         self.at(self._from_ms(begun.finish_ms), _Finish(begun.task_id))
 
     def _finish(self, task_id: str) -> None:
@@ -350,3 +338,17 @@ class World:
             wake_at = worker.next_ready_ms(self._ms(self.now))
             if wake_at is not None:
                 self.at(self._from_ms(wake_at), _Wake(key))
+
+
+def usage_snapshot(usage: WindowedUsage, at: float, window_s: float) -> UsageSnapshot:
+    """What the projector appends: each allocation's charged GPU-seconds in the window."""
+    charged = tuple((name, u.allocated_gpu_s) for name, u in usage.snapshot(at).items())
+    return UsageSnapshot(at, window_s, charged)
+
+
+def _task(place: Place, *, serving: bool) -> Task:
+    return Task(place.job_id, place.task_id, place.node_id, place.gpu_indices, place.spec, serving)
+
+
+def _started(task: Task, at_s: float) -> TaskStarted:
+    return TaskStarted(at_s, task.job_id, task.task_id, task.node_id)
