@@ -8,6 +8,7 @@ from pathlib import Path
 from libs.sim.metrics import CLASSES, Distribution
 from libs.sim.mixed import PHASES, MixedRun
 from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
+from libs.sim.report import markdown_table
 
 
 def _minutes(seconds: float) -> str:
@@ -176,15 +177,11 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         "",
     ]
     for title, (header, rows) in tables(runs[0]).items():
-        lines += [f"## {title}", "", _md_row(header), "|" + " --- |" * len(header)]
-        lines += [_md_row(row) for row in rows]
-        lines.append("")
+        lines += [f"## {title}", "", *markdown_table(header, rows), ""]
     lines += [
         "## serving_max_fraction side by side (same workload)",
         "",
-        _md_row(COMPARISON_HEADER),
-        "|" + " --- |" * len(COMPARISON_HEADER),
-        *(_md_row(row) for row in comparison_rows(runs)),
+        *markdown_table(COMPARISON_HEADER, comparison_rows(runs)),
         "",
         "Definitions: *serving* GPUs are those the serving core holds from batch work "
         "(planned or lingering), weighted by time; *busy* counts GPUs running a workflow task "
@@ -195,10 +192,6 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
