@@ -111,6 +111,7 @@ class World:
         host_to_gpu_mb_per_ms: float | None = None,  # None: no model caches
         ranks: Mapping[type, int] | None = None,
         deliver: Callable[[Input], None] | None = None,
+        digits: int | None = None,  # agenda times rounded so (a log keeps ms: 3)
     ) -> None:
         self.per_s = per_s
         self.now = 0.0  # in the driver's unit
@@ -119,6 +120,7 @@ class World:
         self.stopped_exit = stopped_exit
         self._bandwidth = host_to_gpu_mb_per_ms
         self._ranks = dict(ranks or {})
+        self._digits = digits
         self.deliver = deliver or self.report
         self._agenda: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -153,7 +155,18 @@ class World:
         """Put ``payload`` on the agenda at ``when`` (the driver's unit)."""
         self._seq += 1
         order = self._ranks.get(type(payload), 0) if rank is None else rank
+        if self._digits is not None:
+            when = round(when, self._digits)
         heapq.heappush(self._agenda, (when, order, self._seq, payload))
+
+    @property
+    def made(self) -> int:
+        """Entries put on the agenda so far."""
+        return self._seq
+
+    def entries(self) -> list[object]:
+        """What the agenda holds, in no particular order."""
+        return [payload for *_, payload in self._agenda]
 
     def report(self, event: Input) -> None:
         """Next on the agenda, after what is already due now."""
