@@ -2,9 +2,9 @@
 a clock, an agenda, and what node agents do with the scheduler's decisions.
 
 The trace simulator (``libs.sim.driver``), the workflow sweep (``libs.sim.workflows``),
-the mixed cluster (``libs.sim.mixed``), the golden recorder (``tests/golden/record.py``),
-the property tests and the core benchmarks all run their tasks here. What a node agent
-does is decided once:
+the mixed cluster (``libs.sim.mixed``), the property tests and the core benchmarks run
+their tasks here, and the golden recorder (``tests/golden/record.py``) its batch tasks.
+What a node agent does is decided once:
 
 * A batch ``Place`` claims its GPUs at once; a GPU given twice, or one its node does not
   have, stops the run (``SimulationError``). Models cached on a GPU a batch task takes
@@ -23,7 +23,8 @@ carry seconds and GPU workers milliseconds, each converted where it is made, so 
 simulator keeps its arithmetic, and so its figures. The agenda runs entries by time,
 then rank (``ranks``, by payload type; 0 otherwise), then in the order they were made.
 Reports due now go to ``deliver``: the driver says whether the scheduler hears them at
-once or after what it is already handling (by default: next on the agenda).
+once or after what it is already handling (by default: next on the agenda). The world
+is plain state changed by its methods; it reads no clock and draws no random number.
 """
 
 from __future__ import annotations
