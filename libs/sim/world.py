@@ -95,13 +95,15 @@ class _Finish:
 
 @dataclass(frozen=True)
 class _End:
-    """A batch task ends (its stop's grace is over)."""
+    """A batch task ends (its stop's grace is over), unless it is gone already."""
 
-    task_id: str
+    task: Task
     exit_code: int
 
 
 class World:
+    """One simulated cluster; its driver feeds the scheduler and hands the decisions here."""
+
     def __init__(
         self,
         *,
@@ -192,9 +194,9 @@ class World:
                 self._wake(gpu)
             case _Finish(task_id=task_id):
                 self._finish(task_id)
-            case _End(task_id=task_id, exit_code=code):
-                if task_id in self.tasks:
-                    self.end(task_id, code)
+            case _End(task=task, exit_code=code):
+                if self.tasks.get(task.task_id) is task:  # not ended, lost or placed anew
+                    self.end(task.task_id, code)
             case _:
                 return False
         return True
@@ -266,12 +268,13 @@ class World:
         return task
 
     def stop(self, task_id: str) -> bool:
-        """SIGTERM: the task ends ``stop_grace_s`` from now; False when it is not running
-        or already stopping."""
-        if task_id not in self.tasks or task_id in self.stopping:
+        """SIGTERM: the batch task ends ``stop_grace_s`` from now; False when it is not a
+        running batch task, or is stopping already."""
+        task = self.tasks.get(task_id)
+        if task is None or task.serving or task_id in self.stopping:
             return False
         self.stopping.add(task_id)
-        self.at(self.units(self.now_s + self.stop_grace_s), _End(task_id, self.stopped_exit))
+        self.at(self.units(self.now_s + self.stop_grace_s), _End(task, self.stopped_exit))
         return True
 
     def charge(self, usage: WindowedUsage, event: Input) -> None:
