@@ -377,15 +377,15 @@ def mixed(
     """
     import time
 
-    from libs.sim.mixed import (
+    from libs.sim.mixed import compare_fractions
+    from libs.sim.mixed_report import (
         COMPARISON_HEADER,
-        MixedSettings,
-        compare_fractions,
         comparison_rows,
         markdown,
         tables,
         write_plot,
     )
+    from libs.sim.mixed_workload import MixedSettings
     from libs.sim.workflows import load_profiles
 
     extra = _items("--compare", compare, float, lambda f: 0 < f <= 1, "fractions in (0, 1]", True)

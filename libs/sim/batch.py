@@ -13,9 +13,9 @@ act on them, and keeps each job's lifecycle:
 * ``Reject``: the policy refused the job (a CPU-only job of a trace, say): it
   never runs.
 
-What differs between the simulators is their ``Host``: its clock, how it
-claims and frees GPUs, how the task inputs reach the scheduler and how it
-schedules the agents' events for later; and an ``Observer`` that counts
+The tasks themselves run in the simulated cluster (``libs.sim.world``): it
+claims and frees their GPUs, reports their starts and ends, and hands the
+agents' events back at their times. An ``Observer`` counts
 (``libs.sim.metrics.Recorder`` is one).
 """
 
@@ -34,11 +34,9 @@ from libs.core.decisions import (
     Stop,
     StopCause,
 )
-from libs.core.inputs import TaskEnded, TaskStarted
 from libs.core.model import JobSpec
 from libs.sim.workload import SimJob
-
-SIGTERM_EXIT = 143
+from libs.sim.world import SIGTERM_EXIT, SimulationError, World
 
 # Job states. A job is placing until all GPUs of its gang are placed; stopped
 # when its tasks ended on a preemption and the policy has not yet said what next.
@@ -77,16 +75,7 @@ class Job:
         self.preemptions = 0
 
 
-class Task:
-    __slots__ = ("gpus", "job", "node_id")
-
-    def __init__(self, job: Job, node_id: str, gpus: tuple[int, ...]) -> None:
-        self.job = job
-        self.node_id = node_id
-        self.gpus = gpus
-
-
-# -- the agents' events, which the host schedules and hands back to ``BatchAgents.handle``
+# -- the agents' events, which the world's agenda hands back to ``BatchAgents.handle``
 
 
 @dataclass(frozen=True)
@@ -117,34 +106,6 @@ class EndTask:
 AgentEvent = Completion | StopEnd | EndTask
 
 
-class Host(Protocol):
-    """The simulation the agents run in."""
-
-    @property
-    def now(self) -> float:
-        """The simulated time, in seconds."""
-        ...
-
-    def take_gpus(self, place: Place) -> None:
-        """Claim the placement's GPUs; raise if one is not the batch work's to take."""
-        ...
-
-    def free_gpus(self, task: Task) -> None: ...
-
-    def started(self, event: TaskStarted, task: Task) -> None:
-        """Charge the task and pass its start on to the scheduler."""
-        ...
-
-    def ended(self, event: TaskEnded) -> None:
-        """Stop charging the task and pass its end on to the scheduler."""
-        ...
-
-    def schedule(self, at: float | None, event: AgentEvent) -> None:
-        """Hand ``event`` back to ``BatchAgents.handle`` at ``at`` (seconds), or, for
-        None, now, after the inputs already on their way to the scheduler."""
-        ...
-
-
 class Observer(Protocol):
     def waiting(self, spec: JobSpec, delta: int) -> None: ...
 
@@ -162,22 +123,13 @@ class Observer(Protocol):
 
 
 class BatchAgents:
-    """The batch jobs of a run and their running tasks; ``error`` is what a decision
-    no scheduler may make raises."""
+    """The batch jobs of a run and their running tasks, in ``world``."""
 
-    def __init__(
-        self,
-        host: Host,
-        observer: Observer,
-        stop_grace_s: float,
-        error: type[Exception] = RuntimeError,
-    ) -> None:
-        self.host = host
+    def __init__(self, world: World, observer: Observer) -> None:
+        self.world = world
         self.observer = observer
-        self.stop_grace_s = stop_grace_s
-        self.error = error
         self.jobs: dict[str, Job] = {}
-        self.tasks: dict[str, Task] = {}  # running, by task id
+        self.tasks: dict[str, Job] = {}  # running task -> its job
         self.waiting = 0  # jobs
 
     def arrive(self, sim: SimJob) -> bool:
@@ -192,7 +144,7 @@ class BatchAgents:
     def job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
-            raise self.error(f"a decision names {job_id}, which was never submitted")
+            raise SimulationError(f"a decision names {job_id}, which was never submitted")
         return job
 
     # -- decisions -------------------------------------------------------------------
@@ -227,19 +179,15 @@ class BatchAgents:
 
     def _place(self, place: Place) -> None:
         job = self.job(place.job_id)
-        if place.task_id in self.tasks:
-            raise self.error(f"{place.task_id}: placed while a task of that id runs")
-        host = self.host
-        host.take_gpus(place)
-        now = host.now
+        world = self.world
+        world.start(place)
+        now = world.now_s
         spec = job.sim.spec
         gpus = len(place.gpu_indices)
-        task = Task(job, place.node_id, place.gpu_indices)
-        self.tasks[place.task_id] = task
+        self.tasks[place.task_id] = job
         self.observer.held(spec, gpus)
-        host.started(TaskStarted(now, place.job_id, place.task_id, place.node_id), task)
         if job.state in OVER:  # finished during a stop's grace: exits at once
-            host.schedule(None, EndTask(place.task_id))
+            world.at(world.now, EndTask(place.task_id))
             return
         if job.state not in (PLACING, RUNNING):
             self._leave_waiting(job, PLACING)
@@ -251,18 +199,17 @@ class BatchAgents:
         job.tasks.append(place.task_id)
         job.placed += gpus
         if job.placed > spec.gpus:
-            raise self.error(f"{place.job_id}: placed on {job.placed} GPUs, asked {spec.gpus}")
+            raise SimulationError(f"{place.job_id}: placed on {job.placed} GPUs, asked {spec.gpus}")
         if job.placed == spec.gpus:
             job.state = RUNNING
             job.run_start = now
             remaining = max(job.sim.runtime_s - job.progress_s, 0.0)
-            host.schedule(now + remaining, Completion(job, job.gen))
+            world.at(world.units(now + remaining), Completion(job, job.gen))
 
     def _stop(self, stop: Stop) -> None:
-        task = self.tasks.get(stop.task_id)
-        if task is None:
+        job = self.tasks.get(stop.task_id)
+        if job is None:
             return  # already ended
-        job = task.job
         if job.state == STOPPING and stop.cause is StopCause.CANCELLED:
             job.stop_cause = StopCause.CANCELLED  # cancelled while being preempted
         if stop.task_id not in job.tasks or job.state not in (PLACING, RUNNING):
@@ -271,8 +218,9 @@ class BatchAgents:
         if stop.cause is StopCause.PREEMPTED:
             job.preemptions += 1
             self.observer.preempted(job.sim.spec)
-        now = self.host.now
-        at = now + self.stop_grace_s
+        world = self.world
+        now = world.now_s
+        at = now + world.stop_grace_s
         finishes = False
         if job.state == RUNNING:
             job.progress_s += now - job.run_start  # checkpointed at SIGTERM if resumable
@@ -280,12 +228,12 @@ class BatchAgents:
             finishes = done_at <= at
             at = min(at, done_at)
         job.state = STOPPING
-        self.host.schedule(at, StopEnd(job, job.gen, tuple(job.tasks), finishes))
+        world.at(world.units(at), StopEnd(job, job.gen, tuple(job.tasks), finishes))
 
     # -- events ----------------------------------------------------------------------
 
     def handle(self, event: AgentEvent) -> None:
-        """One of the events ``Host.schedule`` was given, at its time."""
+        """One of the events put on the world's agenda, at its time."""
         match event:
             case Completion():
                 self._complete(event.job, event.gen)
@@ -298,7 +246,7 @@ class BatchAgents:
         if job.gen != gen or job.state != RUNNING:
             return  # stopped since this was scheduled
         job.state = FINISHED
-        job.finished = self.host.now
+        job.finished = self.world.now_s
         for task_id in job.tasks:
             self._end_task(task_id, 0)
 
@@ -308,7 +256,7 @@ class BatchAgents:
         if end.finishes:
             if job.state not in OVER:
                 self._leave_waiting(job, FINISHED)
-                job.finished = self.host.now
+                job.finished = self.world.now_s
             if job.gen != end.gen:  # placed again meanwhile: that run ends too
                 task_ids += tuple(job.tasks)
         elif job.gen == end.gen and job.state == STOPPING:
@@ -319,14 +267,13 @@ class BatchAgents:
     # -- bookkeeping -----------------------------------------------------------------
 
     def _end_task(self, task_id: str, exit_code: int) -> None:
-        """Free a task's GPUs and tell the host it ended."""
-        task = self.tasks.pop(task_id, None)
-        if task is None:
+        """Free a task's GPUs; it says it ended once the observer has counted it."""
+        job = self.tasks.pop(task_id, None)
+        if job is None:
             return
-        host = self.host
-        host.free_gpus(task)
-        self.observer.held(task.job.sim.spec, -len(task.gpus))
-        host.ended(TaskEnded(host.now, task.job.sim.job_id, task_id, task.node_id, exit_code))
+        task = self.world.release(task_id)
+        self.observer.held(job.sim.spec, -len(task.gpus))
+        self.world.announce_end(task, exit_code)
 
     def _leave_waiting(self, job: Job, state: str) -> None:
         if job.state == WAITING:

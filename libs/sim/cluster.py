@@ -1,4 +1,4 @@
-"""The simulated cluster: identical nodes, named so that sorting keeps their order."""
+"""A simulated cluster's shape: identical nodes, named so that sorting keeps their order."""
 
 from __future__ import annotations
 

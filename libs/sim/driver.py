@@ -1,58 +1,45 @@
-"""The discrete-event simulator: one policy, simulated nodes, a simulated clock.
+"""The trace simulator: one policy, the simulated cluster (``libs.sim.world``), its clock.
 
-Events sit on a heap ordered by (time, kind, sequence); at equal times, tasks
-end before cancellations, cancellations before submissions, and usage
-snapshots before ticks, and otherwise first pushed runs first, so a run is a
-pure function of the workload, the policy and the settings. Every input goes
-through ``Policy.handle``; the simulated node agents (``libs.sim.batch``)
-act on its decisions, and a ``Place`` must name free GPUs (a GPU given twice
-is a policy bug and stops the run). Usage snapshots come from
-``WindowedUsage`` fed with the task lifecycle, as the projector computes
-them, every ``snapshot_s``; ticks every ``tick_s``. Both are skipped while
-nothing waits (nothing to decide), and a submission after such a lull gets a
-fresh snapshot first.
+At equal times, what is due now (the inputs a decision caused, as the node agents report
+them) runs first, then tasks end, then cancellations, submissions, usage snapshots and
+ticks, each in the order made, so a run is a pure function of the workload, the policy and
+the settings. Every input goes through ``Policy.handle``; the simulated node agents
+(``libs.sim.batch``) act on its decisions, and a ``Place`` must name free GPUs (a GPU given
+twice is a policy bug and stops the run). Usage snapshots come from ``WindowedUsage`` fed
+with the task lifecycle, as the projector computes them, every ``snapshot_s``; ticks every
+``tick_s``. Both are skipped while nothing waits (nothing to decide), and a submission
+after such a lull gets a fresh snapshot first.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from dataclasses import dataclass
 
 from libs.core.config import DAY
-from libs.core.decisions import Place
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
     Input,
     JobArrived,
     NodeJoined,
-    TaskEnded,
-    TaskStarted,
     Tick,
-    UsageSnapshot,
 )
 from libs.core.usage import WindowedUsage
-from libs.sim.batch import (
-    PLACING,
-    RUNNING,
-    STOPPED,
-    STOPPING,
-    AgentEvent,
-    BatchAgents,
-    Completion,
-    Task,
-)
+from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, BatchAgents, Completion, StopEnd
 from libs.sim.metrics import JobOutcome, Metrics, Recorder
 from libs.sim.policy import Policy
 from libs.sim.workload import SimJob, Workload
+from libs.sim.world import SimulationError, World, usage_snapshot
 
-# Event kinds, in the order they run at equal times.
-_COMPLETE, _STOP_END, _CANCEL, _ARRIVE, _SNAPSHOT, _TICK = range(6)
+# Ranks at equal times, after what is due now (0).
+_RANKS = {Completion: 1, StopEnd: 2}
+_CANCEL, _ARRIVE, _SNAPSHOT, _TICK = 3, 4, 5, 6
+
+__all__ = ["SimSettings", "SimulationError", "simulate"]
 
 
-class SimulationError(RuntimeError):
-    """The policy broke a rule no scheduler may break; the message says which."""
+class _Snapshot:
+    """Time for a usage snapshot."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +70,6 @@ class Simulation:
         jobs = workload.jobs
         self.start = jobs[0].at if jobs else 0.0
         self.end = (jobs[-1].at if jobs else 0.0) + settings.drain_s
-        self.now = self.start
         self.recorder = Recorder(
             workload.capacity,
             workload.tree.entitlements(),
@@ -94,124 +80,74 @@ class Simulation:
         )
         self.usage = WindowedUsage(settings.lookback_window_s)
         self.inputs = 0
-        self._heap: list[tuple[float, int, int, object]] = []
-        self._seq = 0
-        self._pending: deque[Input] = deque()
-        self.agents = BatchAgents(self, self.recorder, settings.stop_grace_s, SimulationError)
-        self._busy: dict[str, list[bool]] = {}
-        self._price: dict[str, float] = {}  # per node: what its GPU-seconds cost
+        self.world = World(stop_grace_s=settings.stop_grace_s, ranks=_RANKS)
+        self.world.now = self.start
+        self.agents = BatchAgents(self.world, self.recorder)
         self._last_snapshot = -float("inf")
 
     def run(self) -> Metrics:
+        world, recorder, settings, agents = self.world, self.recorder, self.settings, self.agents
         self._feed(BudgetSet(self.start, self.workload.tree))
+        prices = dict(settings.gpu_prices)
         for node in self.workload.nodes:
-            self._busy[node.node_id] = [False] * (max(node.gpu_indices, default=-1) + 1)
-            self._price[node.node_id] = dict(self.settings.gpu_prices).get(node.gpu_type, 1.0)
+            world.join(node, prices.get(node.gpu_type, 1.0))
             self._feed(NodeJoined(self.start, node))
         for job in self.workload.jobs:
-            self._push(job.at, _ARRIVE, job)
+            world.at(job.at, job, _ARRIVE)
         for at, job_id in self.workload.cancels:
-            self._push(at, _CANCEL, job_id)
-        self._push(self.start, _SNAPSHOT, None)
-        self._push(self.start, _TICK, None)
-        heap, recorder, settings, agents = self._heap, self.recorder, self.settings, self.agents
-        while heap and heap[0][0] <= self.end:
-            at, kind, _, payload = heapq.heappop(heap)
-            self.now = at
-            recorder.advance(at)
-            if kind in (_COMPLETE, _STOP_END):
-                agents.handle(payload)  # type: ignore[arg-type]
-                self._drain()
-            elif kind == _ARRIVE:
-                self._arrive(payload)  # type: ignore[arg-type]
-            elif kind == _CANCEL:
-                self._feed(CancelRequested(at, payload))  # type: ignore[arg-type]
-            elif kind == _SNAPSHOT:
-                self._push(at + settings.snapshot_s, _SNAPSHOT, None)
-                if agents.waiting:
-                    self._snapshot()
-            else:
-                self._push(at + settings.tick_s, _TICK, None)
-                if agents.waiting:
-                    self._feed(Tick(at))
+            world.at(at, CancelRequested(at, job_id), _CANCEL)
+        world.at(self.start, _Snapshot(), _SNAPSHOT)
+        world.at(self.start, Tick(self.start), _TICK)
+        while (next_at := world.next_at()) is not None and next_at[0] <= self.end:
+            entry = world.pop()
+            recorder.advance(world.now)
+            match entry:
+                case SimJob():
+                    self._arrive(entry)
+                case _Snapshot():
+                    world.at(world.now + settings.snapshot_s, entry, _SNAPSHOT)
+                    if agents.waiting:
+                        self._snapshot()
+                case Tick():
+                    world.at(world.now + settings.tick_s, Tick(world.now + settings.tick_s), _TICK)
+                    if agents.waiting:
+                        self._feed(entry)
+                case _ if isinstance(entry, Input):
+                    self._feed(entry)
+                case _:
+                    self._step(entry)
         return recorder.finish(self._outcomes(), self.name, self.inputs)
-
-    # --- events ---
-
-    def _push(self, at: float, kind: int, payload: object) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (at, kind, self._seq, payload))
 
     def _arrive(self, sim: SimJob) -> None:
         if not self.agents.arrive(sim):
             return
-        if self.now - self._last_snapshot >= self.settings.snapshot_s:
+        now = self.world.now
+        if now - self._last_snapshot >= self.settings.snapshot_s:
             self._snapshot()
-        self._feed(JobArrived(self.now, sim.job_id, sim.spec))
+        self._feed(JobArrived(now, sim.job_id, sim.spec))
 
     def _snapshot(self) -> None:
-        self._last_snapshot = self.now
-        usage = self.usage.snapshot(self.now)
-        self._feed(
-            UsageSnapshot(
-                self.now,
-                self.settings.lookback_window_s,
-                tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
-            )
-        )
+        now = self._last_snapshot = self.world.now
+        self._feed(usage_snapshot(self.usage, now, self.settings.lookback_window_s))
 
     # --- the policy ---
 
     def _feed(self, event: Input) -> None:
-        self._pending.append(event)
-        self._drain()
+        """``event`` and everything due now it causes, before anything else happens."""
+        world = self.world
+        self._step(event)
+        while (next_at := world.next_at()) is not None and next_at == (world.now, 0):
+            self._step(world.pop())
 
-    def _drain(self) -> None:
-        """Feed every pending input, including those the decisions cause, in order."""
-        pending, handle, apply = self._pending, self.policy.handle, self.agents.decide
-        while pending:
+    def _step(self, entry: object) -> None:
+        """An input for the policy, whose decisions the agents act on, or an agents' event."""
+        if isinstance(entry, Input):
             self.inputs += 1
-            for decision in handle(pending.popleft()):
-                apply(decision)
-
-    # --- the node agents' host ---
-
-    def take_gpus(self, place: Place) -> None:
-        busy = self._busy.get(place.node_id)
-        if busy is None:
-            raise SimulationError(f"{place.task_id}: placed on unknown node {place.node_id}")
-        for gpu in place.gpu_indices:
-            if gpu >= len(busy) or busy[gpu]:
-                raise SimulationError(f"{place.task_id}: GPU {gpu} of {place.node_id} is not free")
-            busy[gpu] = True
-
-    def free_gpus(self, task: Task) -> None:
-        busy = self._busy[task.node_id]
-        for gpu in task.gpus:
-            busy[gpu] = False
-
-    def started(self, event: TaskStarted, task: Task) -> None:
-        spec = task.job.sim.spec
-        self.usage.start(
-            event.task_id,
-            spec.allocation,
-            len(task.gpus),
-            allocated=spec.allocated,
-            at=event.at,
-            price=self._price[task.node_id],
-        )
-        self._pending.append(event)
-
-    def ended(self, event: TaskEnded) -> None:
-        """The policy hears of it with the pending inputs."""
-        self.usage.end(event.task_id, event.at)
-        self._pending.append(event)
-
-    def schedule(self, at: float | None, event: AgentEvent) -> None:
-        if at is None:
-            self.agents.handle(event)
+            self.world.charge(self.usage, entry)
+            for decision in self.policy.handle(entry):
+                self.agents.decide(decision)
         else:
-            self._push(at, _COMPLETE if isinstance(event, Completion) else _STOP_END, event)
+            self.agents.handle(entry)  # type: ignore[arg-type]
 
     def _outcomes(self) -> list[JobOutcome]:
         shown = {PLACING: RUNNING, STOPPING: STOPPED}

@@ -1,36 +1,28 @@
 """Mixed clusters: batch jobs and workflows share one cluster under one budget.
 
 One discrete-event run drives exactly the core ``Scheduler`` (its batch tiers
-and its serving core) the way the live stack does:
+and its serving core) the way the live stack does, over the workload of
+``libs.sim.mixed_workload``:
 
 * the cluster (16 × 8 H100 by default) joins at time 0 under a budget tree of
-  two batch teams and one serving team;
-* batch jobs arrive by a Poisson process from time 0 (sizes 1-8 GPUs,
-  log-uniform runtimes of 2 to 60 minutes, debug, allocated or free contracts)
-  at a rate that offers ``batch_load`` × the cluster's GPU time; the serving
-  team submits a share of them too, so its workflows' charges show in its
-  batch jobs' fair-share rank;
+  two batch teams and one serving team; batch jobs arrive from time 0;
 * after ``warmup_s`` of batch work alone (the cluster is full, as it would be),
-  the measured window opens: the four Compass workflows arrive by a Poisson
-  process for the serving team, ``burst_factor`` × faster during the burst
-  phase ("daytime");
-* simulated node agents (``libs.sim.batch``): a batch task ends after its
-  runtime (``TaskStarted`` when placed, ``TaskEnded`` then, or
-  ``stop_grace_s`` after a ``Stop``); serving tasks run through one
-  ``GpuWorker`` per GPU (``libs.sim.workflows.ServingCluster``), which
-  reports ``ModelEvicted``, ``ModelLoaded``, ``TaskStarted`` and
-  ``TaskEnded`` at their times. A batch task that lands on a GPU whose worker
-  caches models evicts them all (``GpuWorker.evict_all``) and reports each
-  ``ModelEvicted`` first, as the node agent does;
+  the measured window opens and the serving team's workflows arrive, faster
+  during the burst phase ("daytime");
+* the tasks run in the simulated cluster (``libs.sim.world``, in ms): batch
+  jobs through its batch agents (``libs.sim.batch``: a task ends after its
+  runtime, or ``stop_grace_s`` after a ``Stop``), workflow tasks through its
+  GPU workers (``libs.sim.workflows.ServingCluster``); a batch task that lands
+  on a GPU that caches models evicts them first, as the node agent does;
 * ``UsageSnapshot`` every ``snapshot_s`` from ``WindowedUsage`` fed with every
   task's start and end (workflow tasks charged as allocated work, one GPU
   each, as the projector charges them) and a ``Tick`` every ``tick_s``.
 
 After the window closes no more work arrives; the run goes on until every
 job and workflow has finished (waits are measured up to the window's end, as
-``libs.sim.metrics`` does). The run checks on the way that no GPU ever runs
+``libs.sim.metrics`` does). The world checks on the way that no GPU ever runs
 batch and serving work at once. Deterministic: seeded generators, and events
-at equal times in the order they were made.
+at equal times in the order they were made. ``libs.sim.mixed_report`` shows a run.
 """
 
 from __future__ import annotations
@@ -41,148 +33,37 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from libs.core.budget_tree import BudgetNode, BudgetTree
-from libs.core.compass import Costs, GpuWorker, Workflow
-from libs.core.compass.serving import MB_PER_GIB
+from libs.core.compass import Costs, Workflow
 from libs.core.config import PolicyConfig
-from libs.core.decisions import Cancel, Decision, Place, Planned, Wait
+from libs.core.decisions import Cancel, Decision, Planned, Wait
 from libs.core.inputs import (
     BudgetSet,
     Input,
     JobArrived,
-    ModelEvicted,
     NodeJoined,
     TaskEnded,
     TaskStarted,
     Tick,
-    UsageSnapshot,
 )
 from libs.core.model import JobSpec, WorkClass
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
-from libs.sim.batch import OVER, AgentEvent, BatchAgents, Completion, EndTask, Job, StopEnd, Task
-from libs.sim.cluster import ClusterSpec
+from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, StopEnd
 from libs.sim.metrics import CLASSES, Distribution
-from libs.sim.workflows import Profiles, ServingCluster, SimError, keyed
+from libs.sim.mixed_workload import (
+    SERVING_TEAM,
+    MixedSettings,
+    batch_jobs,
+    budget_tree,
+    mixed_policy,
+    workflow_arrivals,
+)
+from libs.sim.workflows import Profiles, ServingCluster, hits, keyed
 from libs.sim.workload import SimJob
+from libs.sim.world import SimulationError, usage_snapshot
 
-SERVING_TEAM = "serving"
-TEAMS = (("vision", 40.0), ("language", 35.0), (SERVING_TEAM, 25.0))  # name, weight
-SIZES = ((1, 0.35), (2, 0.2), (4, 0.25), (8, 0.2))  # batch GPUs, weight
-RUNTIME_S = (120.0, 3600.0)  # batch runtimes: log-uniform between these
-DEBUG_MIN_RUNTIME_S = 600  # small short jobs: the debug class
-ALLOCATED_MIN_RUNTIME_S = 1800
 PHASES = ("all", "calm", "burst")
-
-GpuKey = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class MixedSettings:
-    cluster: ClusterSpec = field(default_factory=lambda: ClusterSpec(16, 8, "H100", 80.0))
-    teams: tuple[tuple[str, float], ...] = TEAMS
-    hours: float = 2.0  # the measured window: workflows arrive during it
-    warmup_s: float = 1800.0  # batch work alone before it, so serving meets a full cluster
-    batch_load: float = 2.0  # batch GPU time offered ÷ the cluster's
-    batch_runtime_s: tuple[float, float] = RUNTIME_S  # log-uniform between these
-    serving_batch_share: float = 0.1  # of the batch jobs, submitted by the serving team
-    free_share: float = 0.25  # of the batch jobs, free work (minimum runtime 0)
-    workflow_rate_per_s: float = 2.0  # outside the burst
-    burst_factor: float = 4.0
-    burst_s: tuple[float, float] = (2400.0, 4800.0)  # into the window
-    tick_s: float = 30.0
-    snapshot_s: float = 300.0
-    stop_grace_s: float = 30.0
-    sample_s: float = 10.0  # time-series resolution, for the plot
-    seed: int = 7
-
-    @property
-    def window_s(self) -> float:
-        return self.hours * 3600
-
-    @property
-    def end_s(self) -> float:
-        return self.warmup_s + self.window_s
-
-    def phase(self, at_s: float) -> str:
-        """calm or burst, for a time in seconds since the window opened."""
-        return "burst" if self.burst_s[0] <= at_s < self.burst_s[1] else "calm"
-
-
-def mixed_policy(
-    costs: Costs, *, serving_max_fraction: float = 0.5, serving_linger_s: float = 30.0
-) -> PolicyConfig:
-    """The default policy, with the profiles' transfer rates and the two serving knobs."""
-    return dataclasses.replace(
-        PolicyConfig(),
-        host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
-        node_to_node_mb_per_ms=costs.node_to_node_mb_per_ms,
-        serving_max_fraction=serving_max_fraction,
-        serving_linger_s=serving_linger_s,
-    )
-
-
-def budget_tree(teams: Sequence[tuple[str, float]] = TEAMS) -> BudgetTree:
-    return BudgetTree((BudgetNode("cluster"), *(BudgetNode(n, "cluster", w) for n, w in teams)))
-
-
-# -- the workload ----------------------------------------------------------------------
-
-
-def batch_jobs(settings: MixedSettings, rng: random.Random) -> list[SimJob]:
-    """Poisson arrivals over [0, end) offering ``batch_load`` × the cluster's GPU time."""
-    lo, hi = settings.batch_runtime_s
-    mean_runtime = (hi - lo) / math.log(hi / lo)
-    sizes = [size for size, _ in SIZES]
-    weights = [weight for _, weight in SIZES]
-    mean_gpus = sum(s * w for s, w in SIZES) / sum(weights)
-    capacity = settings.cluster.nodes * settings.cluster.gpus_per_node
-    rate = settings.batch_load * capacity / (mean_gpus * mean_runtime)
-    teams = [n for n, _ in settings.teams if n != SERVING_TEAM]
-    jobs: list[SimJob] = []
-    at = rng.expovariate(rate)
-    while at < settings.end_s:
-        if rng.random() < settings.serving_batch_share:
-            team = SERVING_TEAM
-        else:
-            team = teams[rng.randrange(len(teams))]
-        gpus = rng.choices(sizes, weights)[0]
-        runtime = lo * (hi / lo) ** rng.random()
-        resumable = False
-        if rng.random() < settings.free_share:
-            min_runtime = 0
-            resumable = rng.random() < 0.5
-        elif gpus <= 2 and runtime <= 900:
-            min_runtime = DEBUG_MIN_RUNTIME_S
-        else:
-            min_runtime = ALLOCATED_MIN_RUNTIME_S
-        spec = JobSpec(team, "sim", gpus, (), min_runtime_s=min_runtime, resumable=resumable)
-        jobs.append(SimJob(at, f"b{len(jobs):05d}", spec, runtime))
-        at += rng.expovariate(rate)
-    return jobs
-
-
-def workflow_arrivals(
-    settings: MixedSettings, flows: Sequence[Workflow], rng: random.Random
-) -> list[tuple[float, Workflow]]:
-    """(seconds into the window, workflow): Poisson, ``burst_factor`` × faster in the burst."""
-    out: list[tuple[float, Workflow]] = []
-    edges = sorted({*settings.burst_s, settings.window_s})
-    at = 0.0
-    while at < settings.window_s:
-        rate = settings.workflow_rate_per_s
-        if settings.phase(at) == "burst":
-            rate *= settings.burst_factor
-        following = at + rng.expovariate(rate)
-        edge = next((e for e in edges if e > at), settings.window_s)
-        if following >= edge:  # memoryless: start over at the phase change
-            at = edge
-            continue
-        at = following
-        out.append((at, flows[rng.randrange(len(flows))]))
-    return out
 
 
 # -- what a run measured ---------------------------------------------------------------
@@ -338,7 +219,7 @@ class _Cluster(ServingCluster):
     """The serving cluster; the mixed run sees every input the scheduler gets."""
 
     def __init__(self, scheduler: Scheduler, costs: Costs, run: MixedSimulation) -> None:
-        super().__init__(scheduler, costs, on_decision=run.decided)
+        super().__init__(scheduler, costs, run.decided, run.settings.stop_grace_s)
         self._run = run
 
     def feed(self, event: Input) -> None:
@@ -347,12 +228,26 @@ class _Cluster(ServingCluster):
         self._run.held()
 
 
-def serving_gpus(scheduler: Scheduler) -> int:
-    """GPUs the serving core holds from batch work now.
+@dataclass(frozen=True)
+class _Flow:
+    """A workflow job arrives."""
 
-    The core has no public view of its serving pool; this reads it (read only).
-    """
-    return scheduler.serving_gpus()
+    job_id: str
+    workflow: Workflow
+
+
+@dataclass(frozen=True)
+class _Every:
+    """A periodic event: a usage snapshot, a tick or a sample."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The window opens or closes: usage so far is noted."""
+
+    name: str
 
 
 class MixedSimulation:
@@ -363,6 +258,7 @@ class MixedSimulation:
         self.tree = budget_tree(settings.teams)
         self.scheduler = Scheduler(config)
         self.cluster = _Cluster(self.scheduler, profiles.costs, self)
+        self.world = world = self.cluster.world
         self.usage = WindowedUsage(config.lookback_window_s)
         nodes = settings.cluster.node_specs()
         self.capacity = sum(n.gpu_count for n in nodes)
@@ -373,130 +269,100 @@ class MixedSimulation:
         self.batch = batch_jobs(settings, rng)
         self.arrivals = workflow_arrivals(settings, flows, rng)
         self.batch_held = _BatchHeld(self)
-        self.agents = BatchAgents(self, self.batch_held, settings.stop_grace_s, SimError)
-        self.on_gpu: dict[GpuKey, str] = {}  # GPU -> the batch task holding it
+        self.agents = BatchAgents(world, self.batch_held)
         self.running: dict[str, tuple[str, int, float]] = {}  # task -> allocation, GPUs, start
         self.gpu_s_run: dict[str, float] = {}
         self.serving_run_s = 0.0  # workflow task time inside the window
         self.flows: dict[str, tuple[float, Workflow]] = {}  # job -> (arrival ms, workflow)
-        self.left: dict[str, int] = {}  # workflow job -> tasks not ended
-        self.finished_ms: dict[str, float] = {}
         self.waited: set[str] = set()
         self.serving_steps = _Steps()
         self.peak_held = 0
         self.peak_active = 0
         self.samples: list[Sample] = []
-        self.evictions = 0
         self.inputs = 0
         self.marks: dict[str, dict[str, Usage]] = {}  # window start/end -> usage
-        self.cluster.on_end = self._workflow_task_ended
 
     # -- driving ---------------------------------------------------------------------
 
     def run(self) -> MixedRun:
         began = time.perf_counter()
-        cluster = self.cluster
+        cluster, world = self.cluster, self.world
         cluster.feed(BudgetSet(0.0, self.tree))
-        spec = self.settings.cluster
-        for node in spec.node_specs():
+        for node in self.settings.cluster.node_specs():
             cluster.feed(NodeJoined(0.0, node))
-            for index in node.gpu_indices:
-                cluster.workers[(node.node_id, index)] = GpuWorker(
-                    node.gpu_memory_gib * MB_PER_GIB, cluster.costs.host_to_gpu_mb_per_ms
-                )
+            world.join(node)
         for job in self.batch:
-            cluster.push(job.at * 1000, "batch", job)
+            world.at(job.at * 1000, job)
         for n, (at, flow) in enumerate(self.arrivals):
-            cluster.push((self.start + at) * 1000, "flow", (f"w{n:06d}", flow))
+            world.at((self.start + at) * 1000, _Flow(f"w{n:06d}", flow))
         for kind in ("snapshot", "tick"):
-            cluster.push(0.0, kind, None)
-        cluster.push(self.start * 1000, "mark", "start")
-        cluster.push(self.start * 1000, "sample", None)
-        cluster.push(self.end * 1000, "mark", "end")
+            world.at(0.0, _Every(kind))
+        world.at(self.start * 1000, _Mark("start"))
+        world.at(self.start * 1000, _Every("sample"))
+        world.at(self.end * 1000, _Mark("end"))
         cluster.run(self._handle)
-        unfinished = len(self.arrivals) - len(self.finished_ms)
+        unfinished = len(self.arrivals) - len(world.done)
         if unfinished:
-            raise SimError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
+            raise SimulationError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
         if left := [j for j in self.jobs.values() if j.state not in OVER]:
-            raise SimError(f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}")
+            raise SimulationError(
+                f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}"
+            )
         return dataclasses.replace(self._result(), wall_s=time.perf_counter() - began)
 
     @property
     def now(self) -> float:
-        return self.cluster.now_ms / 1000
+        return self.world.now_s
 
     @property
     def jobs(self) -> dict[str, Job]:
         """The batch jobs, by id."""
         return self.agents.jobs
 
-    def _handle(self, kind: str, data: object) -> None:
+    def _handle(self, entry: object) -> None:
         now, cluster = self.now, self.cluster
-        if kind == "feed":
-            assert isinstance(data, (TaskStarted, TaskEnded, ModelEvicted))
-            cluster.feed(data)
-        elif kind == "batch":
-            assert isinstance(data, SimJob)
-            self.agents.arrive(data)
-            cluster.feed(JobArrived(now, data.job_id, data.spec))
-        elif kind == "flow":
-            assert isinstance(data, tuple)
-            job_id, flow = data
-            self.flows[job_id] = (cluster.now_ms, flow)
-            self.left[job_id] = len(flow.tasks)
-            spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
-            cluster.feed(JobArrived(now, job_id, spec))
-        elif kind == "agents":
-            assert isinstance(data, (Completion, StopEnd, EndTask))
-            self.agents.handle(data)
-        elif kind == "snapshot":
-            usage = self.usage.snapshot(now)
-            cluster.feed(
-                UsageSnapshot(
-                    now,
-                    self.config.lookback_window_s,
-                    tuple((name, u.allocated_gpu_s) for name, u in usage.items()),
-                )
-            )
-            self._again(kind, self.settings.snapshot_s)
-        elif kind == "tick":
-            cluster.feed(Tick(now))
-            self._again(kind, self.settings.tick_s)
-        elif kind == "sample":
-            self._sample()
-            if now + self.settings.sample_s <= self.end + 1e-9:
-                cluster.push((now + self.settings.sample_s) * 1000, kind, None)
-        elif kind == "mark":
-            assert isinstance(data, str)
-            self.marks[data] = self.usage.snapshot(now)
-        else:  # pragma: no cover - every kind pushed here is handled above
-            raise SimError(f"unknown event {kind}")
+        match entry:
+            case SimJob():
+                self.agents.arrive(entry)
+                cluster.feed(JobArrived(now, entry.job_id, entry.spec))
+            case _Flow(job_id=job_id, workflow=flow):
+                self.flows[job_id] = (self.world.now, flow)
+                spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
+                cluster.feed(JobArrived(now, job_id, spec))
+            case Completion() | StopEnd() | EndTask():
+                self.agents.handle(entry)
+            case _Every(kind="snapshot"):
+                cluster.feed(usage_snapshot(self.usage, now, self.config.lookback_window_s))
+                self._again(entry, self.settings.snapshot_s)
+            case _Every(kind="tick"):
+                cluster.feed(Tick(now))
+                self._again(entry, self.settings.tick_s)
+            case _Every(kind="sample"):
+                self._sample()
+                if now + self.settings.sample_s <= self.end + 1e-9:
+                    self.world.at((now + self.settings.sample_s) * 1000, entry)
+            case _Mark(name=name):
+                self.marks[name] = self.usage.snapshot(now)
+            case _:  # pragma: no cover - every entry pushed here is handled above
+                raise SimulationError(f"unknown event {entry}")
 
-    def _again(self, kind: str, period_s: float) -> None:
+    def _again(self, entry: _Every, period_s: float) -> None:
         """Periodic inputs go on while anything is left to do."""
-        busy = self.now < self.end or len(self.finished_ms) < len(self.arrivals)
+        busy = self.now < self.end or len(self.world.done) < len(self.arrivals)
         if busy or any(j.state not in OVER for j in self.jobs.values()):
-            self.cluster.push((self.now + period_s) * 1000, kind, None)
+            self.world.at((self.now + period_s) * 1000, entry)
 
     # -- what the scheduler hears --------------------------------------------------------
 
     def observe(self, event: Input) -> None:
         """Every input, before the scheduler: charge task lifecycles as the projector does."""
         self.inputs += 1
+        self.world.charge(self.usage, event)
         if isinstance(event, TaskStarted):
-            task = self.agents.tasks.get(event.task_id)
-            if task is not None:
-                spec = task.job.sim.spec
-                allocation, gpus, allocated = spec.allocation, len(task.gpus), spec.allocated
-            else:
-                sent = self.cluster.sent[event.task_id]
-                if sent.gpu in self.on_gpu:
-                    raise SimError(f"{event.task_id} started on {sent.gpu}, which batch holds")
-                allocation, gpus, allocated = SERVING_TEAM, 1, True
-            self.usage.start(event.task_id, allocation, gpus, allocated=allocated, at=event.at)
-            self.running[event.task_id] = (allocation, gpus, event.at)
+            task = self.world.tasks[event.task_id]
+            gpus = 1 if task.serving else len(task.gpus)
+            self.running[event.task_id] = (task.spec.allocation, gpus, event.at)
         elif isinstance(event, TaskEnded):
-            self.usage.end(event.task_id, event.at)
             allocation, gpus, began = self.running.pop(event.task_id)
             used = gpus * (event.at - began)
             self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
@@ -505,14 +371,14 @@ class MixedSimulation:
                 self.serving_run_s += max(inside, 0.0)
 
     def held(self) -> None:
-        held = serving_gpus(self.scheduler)
+        held = self.scheduler.serving_gpus()
         self.peak_held = max(self.peak_held, held)
         self.serving_steps.set(self.now, held)
 
-    def decided(self, decision: Decision, now_ms: float) -> None:
+    def decided(self, decision: Decision) -> None:
         match decision:
             case Cancel(job_id=job_id):  # pragma: no cover - nothing is cancelled here
-                raise SimError(f"{job_id} cancelled: nothing asked for that")
+                raise SimulationError(f"{job_id} cancelled: nothing asked for that")
             case Wait(job_id=job_id) if job_id in self.flows:
                 self.waited.add(job_id)
             case Planned() | Wait():
@@ -520,53 +386,15 @@ class MixedSimulation:
             case _:
                 self.agents.decide(decision)
 
-    # -- batch work: the node agents' host ---------------------------------------------
-
-    def take_gpus(self, place: Place) -> None:
-        """A batch task evicts the models cached on its GPUs, reported first."""
-        now, cluster = self.now, self.cluster
-        for index in place.gpu_indices:
-            key = (place.node_id, index)
-            if key in self.on_gpu:
-                raise SimError(f"{place.task_id}: GPU {key} already runs {self.on_gpu[key]}")
-            worker = cluster.workers[key]
-            if worker.running is not None or worker.queue:
-                raise SimError(f"{place.task_id}: GPU {key} is serving workflow tasks")
-            for eviction in worker.evict_all(f"GPU taken by batch job {place.job_id}"):
-                self.evictions += 1
-                evicted = ModelEvicted(now, place.node_id, index, eviction.model)
-                cluster.push(cluster.now_ms, "feed", evicted)
-            self.on_gpu[key] = place.task_id
-
-    def free_gpus(self, task: Task) -> None:
-        for index in task.gpus:
-            del self.on_gpu[(task.node_id, index)]
-
-    def started(self, event: TaskStarted, task: Task) -> None:
-        """Fed after the inputs already pushed for now (``observe`` charges it)."""
-        self.cluster.push(self.cluster.now_ms, "feed", event)
-
-    def ended(self, event: TaskEnded) -> None:
-        self.cluster.feed(event)
-
-    def schedule(self, at: float | None, event: AgentEvent) -> None:
-        cluster = self.cluster
-        cluster.push(cluster.now_ms if at is None else at * 1000, "agents", event)
-
-    # -- workflows -------------------------------------------------------------------------
-
-    def _workflow_task_ended(self, job_id: str, task_id: str, at_ms: float) -> None:
-        self.left[job_id] -= 1
-        if self.left[job_id] == 0:
-            self.finished_ms[job_id] = at_ms
+    # -- measuring ---------------------------------------------------------------------------
 
     def _sample(self) -> None:
-        active = sum(1 for w in self.cluster.workers.values() if w.running is not None or w.queue)
+        active = sum(1 for w in self.world.workers.values() if w.running is not None or w.queue)
         self.peak_active = max(self.peak_active, active)
         self.samples.append(
             Sample(
                 self.now - self.start,
-                serving_gpus(self.scheduler),
+                self.scheduler.serving_gpus(),
                 active,
                 (
                     self.batch_held.by_class[WorkClass.DEBUG.value],
@@ -613,8 +441,9 @@ class MixedSimulation:
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
         charges, gpu_s_charged = self._charges()
-        hits = sum(h for h, _ in self.cluster.hits.values())
-        looked = sum(h + m for h, m in self.cluster.hits.values())
+        counts = hits(self.world.served)
+        hit = sum(h for h, _ in counts.values())
+        looked = sum(h + m for h, m in counts.values())
         return MixedRun(
             serving_max_fraction=self.config.serving_max_fraction,
             serving_linger_s=self.config.serving_linger_s,
@@ -632,8 +461,8 @@ class MixedSimulation:
             batch_waits=self._waits(),
             workflows=self._slowdowns(),
             charges=charges,
-            cache_hit_rate=hits / looked if looked else 0.0,
-            batch_evictions=self.evictions,
+            cache_hit_rate=hit / looked if looked else 0.0,
+            batch_evictions=self.world.evicted_by_batch,
             preemptions=self.batch_held.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
@@ -652,7 +481,7 @@ class MixedSimulation:
         for job_id, (arrived_ms, flow) in self.flows.items():
             del arrived_ms
             for task in flow.tasks:
-                end_ms = self.cluster.finished_ms.get(f"{job_id}/{task.task_id}")
+                end_ms = self.world.ended.get(f"{job_id}/{task.task_id}")
                 if end_ms is None:  # pragma: no cover - every task ends
                     continue
                 a, b = (end_ms - task.run_ms) / 1000, end_ms / 1000
@@ -698,7 +527,7 @@ class MixedSimulation:
         by_phase: dict[str, list[tuple[float, float]]] = {p: [] for p in PHASES}
         waited: dict[str, int] = dict.fromkeys(PHASES, 0)
         for job_id, (arrived_ms, flow) in self.flows.items():
-            latency = self.finished_ms[job_id] - arrived_ms
+            latency = self.world.done[job_id] - arrived_ms
             entry = (latency / self.best_case_ms[flow.name], latency)
             phase = self.settings.phase(arrived_ms / 1000 - self.start)
             for p in ("all", phase):
@@ -739,244 +568,3 @@ def compare_fractions(
     with ProcessPoolExecutor(max_workers=len(configs)) as pool:
         futures = [pool.submit(simulate_mixed, profiles, c, settings) for c in configs]
         return [f.result() for f in futures]
-
-
-# -- the report --------------------------------------------------------------------------
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f}"
-
-
-def tables(run: MixedRun) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """Title -> (header, rows): what ``qm sim mixed`` prints and summary.md holds."""
-    out: dict[str, tuple[list[str], list[list[str]]]] = {}
-    rows = []
-    for phase in PHASES:
-        h, b = run.serving_held[phase], run.batch_held[phase]
-        busy = run.serving_busy[phase]
-        rows.append(
-            [
-                phase,
-                f"{h.median:g}",
-                f"{h.p90:g}",
-                f"{h.max:g}",
-                f"{h.mean:.1f}",
-                f"{busy:.1f}",
-                f"{100 * busy / h.mean:.0f}%" if h.mean else "-",
-                f"{b.mean:.1f}",
-                f"{100 * b.mean / run.capacity:.1f}%",
-            ]
-        )
-    out[
-        f"GPUs held over time (serving cap {run.serving_cap} of {run.capacity}, "
-        f"linger {run.serving_linger_s:g} s)"
-    ] = (
-        [
-            "phase",
-            "serving p50",
-            "serving p90",
-            "serving max",
-            "serving mean",
-            "serving busy",
-            "serving use",
-            "batch mean",
-            "batch occupancy",
-        ],
-        rows,
-    )
-    rows = []
-    for phase in PHASES:
-        w = run.workflows[phase]
-        rows.append(
-            [
-                phase,
-                str(w.count),
-                f"{w.median:.3f}",
-                f"{w.p99:.2f}",
-                f"{w.median_latency_ms:.0f}",
-                str(w.waited),
-            ]
-        )
-    out["Workflows: slowdown (latency ÷ best case), by arrival phase"] = (
-        ["phase", "workflows", "median", "p99", "median latency ms", "waited for a GPU"],
-        rows,
-    )
-    rows = []
-    for (team, cls), d in run.batch_waits.items():
-        rows.append([team, cls, str(d.count), _minutes(d.p50), _minutes(d.p90)])
-    out["Batch queue wait (minutes), jobs submitted in the window"] = (
-        ["allocation", "class", "jobs", "p50", "p90"],
-        rows,
-    )
-    total = sum(c.allocated_gpu_h + c.free_gpu_h for c in run.charges) or 1.0
-    window_h = run.window_s / 3600
-    rows = []
-    for c in run.charges:
-        rows.append(
-            [
-                c.allocation,
-                f"{c.entitlement:.0%}",
-                f"{c.entitlement * run.capacity * window_h:.0f}",
-                f"{c.allocated_gpu_h:.0f}",
-                f"{c.serving_gpu_h:.1f}",
-                f"{c.free_gpu_h:.0f}",
-                f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}",
-            ]
-        )
-    out["GPU-hours in the window per allocation vs entitlement"] = (
-        [
-            "allocation",
-            "entitlement",
-            "entitled GPU-h",
-            "charged GPU-h",
-            "of it workflows",
-            "free GPU-h",
-            "share of use",
-        ],
-        rows,
-    )
-    out["Cluster"] = (
-        ["measure", "value"],
-        [
-            ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
-            ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
-            ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
-            ["batch occupancy", f"{run.batch_occupancy_pct:.1f}%"],
-            ["workflow cache hit rate", f"{run.cache_hit_rate:.1%}"],
-            ["models evicted by batch placements", str(run.batch_evictions)],
-            ["batch preemptions", str(run.preemptions)],
-            ["batch jobs / workflows in the window", f"{run.jobs} / {run.workflow_jobs}"],
-            ["decisions / inputs", f"{run.decisions} / {run.inputs}"],
-            ["simulation wall-clock", f"{run.wall_s:.1f} s"],
-        ],
-    )
-    return out
-
-
-COMPARISON_HEADER = [
-    "serving_max_fraction",
-    "cap",
-    "at cap",
-    "serving p50/p90/max",
-    "serving mean (burst)",
-    "batch occupancy",
-    "cluster occupancy",
-    "wf median calm/burst",
-    "wf p99 calm/burst",
-    "batch p50/p90 wait min",
-    "wall s",
-]
-
-
-def comparison_rows(runs: Sequence[MixedRun]) -> list[list[str]]:
-    rows = []
-    for r in runs:
-        h, w = r.serving_held["all"], r.workflows
-        d = r.batch_waits.get(("all", "all"), Distribution.of([]))
-        rows.append(
-            [
-                f"{r.serving_max_fraction:g}",
-                str(r.serving_cap),
-                f"{r.at_cap_pct:.0f}%",
-                f"{h.median:g} / {h.p90:g} / {h.max:g}",
-                f"{h.mean:.1f} ({r.serving_held['burst'].mean:.1f})",
-                f"{r.batch_occupancy_pct:.1f}%",
-                f"{r.cluster_occupancy_pct:.1f}%",
-                f"{w['calm'].median:.2f} / {w['burst'].median:.2f}",
-                f"{w['calm'].p99:.1f} / {w['burst'].p99:.1f}",
-                f"{_minutes(d.p50)} / {_minutes(d.p90)}",
-                f"{r.wall_s:.1f}",
-            ]
-        )
-    return rows
-
-
-def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
-    """The first run in full, then every run side by side."""
-    s, c = settings, settings.cluster
-    lines = [
-        "# Mixed cluster: batch jobs and workflows under one budget",
-        "",
-        f"{c.describe()} ({c.gpu_memory_gib:g} GiB), budget "
-        + ", ".join(f"{n} {w:g}" for n, w in s.teams)
-        + f". Batch: Poisson, {s.batch_load:g}× the cluster's GPU time, sizes 1-8, runtimes "
-        f"{s.batch_runtime_s[0] / 60:g}-{s.batch_runtime_s[1] / 60:g} min (log-uniform), "
-        f"{s.free_share:.0%} free work, "
-        f"{s.serving_batch_share:.0%} of jobs from {SERVING_TEAM}. Workflows (the four Compass "
-        f"profiles) for {SERVING_TEAM}: Poisson {s.workflow_rate_per_s:g}/s, "
-        f"×{s.burst_factor:g} from {s.burst_s[0] / 60:g} to {s.burst_s[1] / 60:g} min. "
-        f"Window {s.hours:g} h after {s.warmup_s / 60:g} min of batch work alone; seed {s.seed}.",
-        "",
-    ]
-    for title, (header, rows) in tables(runs[0]).items():
-        lines += [f"## {title}", "", _md_row(header), "|" + " --- |" * len(header)]
-        lines += [_md_row(row) for row in rows]
-        lines.append("")
-    lines += [
-        "## serving_max_fraction side by side (same workload)",
-        "",
-        _md_row(COMPARISON_HEADER),
-        "|" + " --- |" * len(COMPARISON_HEADER),
-        *(_md_row(row) for row in comparison_rows(runs)),
-        "",
-        "Definitions: *serving* GPUs are those the serving core holds from batch work "
-        "(planned or lingering), weighted by time; *busy* counts GPUs running a workflow task "
-        "(model loads excluded); *use* is busy ÷ held. Waits run from submission to the first "
-        "start, cut at the window's end. Slowdown is a workflow's latency ÷ its published best "
-        "case; phases go by arrival. Charges are WindowedUsage over the window, as the "
-        "projector folds the task lifecycle: workflow tasks are allocated work.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
-    """GPUs held by batch work (by class) and by serving over time, one panel per run."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 3.4 * len(runs)))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(runs), 1, squeeze=False)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
-        hours = [p.at_s / 3600 for p in run.series]
-        ax.stackplot(
-            hours,
-            [p.serving_held for p in run.series],
-            *([p.batch[i] for p in run.series] for i in range(3)),
-            labels=["serving (held)", *(f"batch {c}" for c in CLASSES)],
-            colors=["tab:orange", "tab:green", "tab:blue", "tab:gray"],
-            alpha=0.8,
-            step="post",
-        )
-        ax.step(
-            hours,
-            [p.serving_active for p in run.series],
-            where="post",
-            color="tab:red",
-            linewidth=0.8,
-            label="serving (with work)",
-        )
-        ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
-        ax.axhline(run.capacity, color="black", linewidth=0.8)
-        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
-            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
-        ax.set_ylim(0, run.capacity * 1.02)
-        ax.set_xlim(0, run.window_s / 3600)
-        ax.set_ylabel("GPUs")
-        ax.set_title(
-            f"serving_max_fraction {run.serving_max_fraction:g} (cap {run.serving_cap}): "
-            f"serving held mean {run.serving_held['all'].mean:.1f}, "
-            f"batch occupancy {run.batch_occupancy_pct:.1f}%"
-        )
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    axes[-1, 0].set_xlabel("hours into the measured window")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    return path

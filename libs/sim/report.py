@@ -164,7 +164,7 @@ def summary_markdown(
         "",
         "## Summary",
         "",
-        *_table(SUMMARY_HEADER, summary_rows(results)),
+        *markdown_table(SUMMARY_HEADER, summary_rows(results)),
         "",
         f"Targets (DESIGN.md §1): owed delivered ≥ {TARGET_DELIVERED_PCT:.0f}% for every team "
         f"with enough demand, occupancy ≥ {TARGET_OCCUPANCY_PCT:.0f}%, debug p90 wait ≤ "
@@ -235,12 +235,12 @@ def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
             + ".",
             "",
         ]
-    lines += _table(
+    lines += markdown_table(
         ("class", "jobs", "GPU-hours asked"),
         [(c, str(v["jobs"]), f"{v['gpu_h']:,.0f}") for c, v in profile["classes"].items()],
     )
     lines += [""]
-    lines += _table(
+    lines += markdown_table(
         ("team", "entitlement", "users", "jobs", "charged GPU-hours asked"),
         [
             (
@@ -285,7 +285,7 @@ def _allocations_section(results: Sequence[Metrics]) -> list[str]:
             "delivered/owed",
             "unallocated run",
         )
-        lines += [f"### {m.policy}", "", *_table(header, rows), ""]
+        lines += [f"### {m.policy}", "", *markdown_table(header, rows), ""]
     return lines
 
 
@@ -320,7 +320,7 @@ def _waits_section(results: Sequence[Metrics]) -> list[str]:
         "slowdown p50",
         "slowdown p90",
     )
-    return ["## Waits, completion times and slowdown", "", *_table(header, rows), ""]
+    return ["## Waits, completion times and slowdown", "", *markdown_table(header, rows), ""]
 
 
 def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
@@ -344,7 +344,7 @@ def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
         "lost GPU-hours",
         "policy inputs",
     )
-    return ["## Jobs at the end of the window", "", *_table(header, rows), ""]
+    return ["## Jobs at the end of the window", "", *markdown_table(header, rows), ""]
 
 
 def _verdict(m: Metrics) -> str:
@@ -361,7 +361,7 @@ def _verdict(m: Metrics) -> str:
     return f"{verdict} (occupancy of demand {m.occupancy_of_demand_pct:.1f}%)"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(" --- " for _ in header) + "|",

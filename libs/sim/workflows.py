@@ -3,16 +3,11 @@
 The sweep drives the same code as the live stack: a ``Scheduler`` (its
 serving core, libs.core.compass.serving, plans each workflow on arrival and
 sends each task to its GPU when its inputs are ready, adjusting on the way)
-and one ``GpuWorker`` per GPU (its queue and model cache, as the node agent
-keeps them). The cluster is the Compass setup: one node per GPU, every GPU
-empty at the start. Jobs (one workflow each, drawn in equal shares) arrive by
-a Poisson or a bursty gamma process.
-
-What the simulated node agents report, at the times they happen (the order
-the node agent uses): ``ModelEvicted`` for each model the worker makes room
-with and, on a cache miss, ``ModelLoaded`` once the load is done, then
-``TaskStarted`` and, ``run_ms`` later, ``TaskEnded``. A ``Place`` is acted on
-at once; its task enters the worker's queue ``input_delay_ms`` later.
+and the simulated cluster (``libs.sim.world``: one ``GpuWorker`` per GPU, its
+queue and model cache, reporting loads, evictions, starts and ends as the node
+agent does), in milliseconds. The cluster is the Compass setup: one node per
+GPU, every GPU empty at the start. Jobs (one workflow each, drawn in equal
+shares) arrive by a Poisson or a bursty gamma process.
 
 Models are cached per workflow by default, as the source simulator keys them
 (OPT in translation and OPT in question_answer are separate entries);
@@ -23,7 +18,6 @@ events at equal times in the order they were made.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -32,39 +26,20 @@ from pathlib import Path
 
 from libs.config.document import ConfigError, load
 from libs.config.workflow import ProfilesFile
-from libs.core.compass import (
-    Costs,
-    GpuWorker,
-    PlanMode,
-    Task,
-    Workflow,
-    WorkflowError,
-    build_workflow,
-)
+from libs.core.compass import Costs, PlanMode, Task, Workflow, WorkflowError, build_workflow
 from libs.core.compass.serving import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, Wait
-from libs.core.inputs import (
-    Input,
-    JobArrived,
-    ModelEvicted,
-    ModelLoaded,
-    NodeJoined,
-    TaskEnded,
-    TaskStarted,
-)
+from libs.core.inputs import Input, JobArrived, NodeJoined
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
+from libs.sim.world import Served, SimulationError, World
 
 # The published profiles, where a checkout keeps them (../shared, next to the repo).
 PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "compass" / "workflows.json"
 PARTS = ("queue", "load", "transfer", "run")
 GPU_TYPE = "T4"
 ALLOCATION = "serving"
-
-
-class SimError(RuntimeError):
-    """The core decided something this simulation cannot act on."""
 
 
 @dataclass(frozen=True)
@@ -145,23 +120,13 @@ def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Rando
     return times
 
 
-@dataclass
-class _Sent:
-    """A task the core sent to a GPU."""
-
-    job: str
-    flow: str
-    name: str
-    gpu: tuple[str, int]
-    transfer_ms: float
-
-
 class ServingCluster:
-    """GPU workers acting on a scheduler's serving decisions, one node per GPU.
+    """The scheduler and the simulated cluster (``libs.sim.world``), serving.
 
-    ``feed`` hands the scheduler one input and acts on what it decides;
-    ``run`` drains the event heap. The mixed simulation drives it too, with
-    batch work on the side (``on_decision`` sees every decision that is not a
+    ``feed`` hands the scheduler one input and acts on what it decides: a serving
+    ``Place`` goes to its GPU's queue; the GPUs' reports are fed back at once, and at
+    their times by ``run``, which drains the agenda. The mixed simulation drives it too,
+    with batch work on the side (``on_decision`` sees every decision that is not a
     serving ``Place``).
     """
 
@@ -169,137 +134,86 @@ class ServingCluster:
         self,
         scheduler: Scheduler,
         costs: Costs,
-        on_decision: Callable[[Decision, float], None] | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+        stop_grace_s: float = 30.0,  # for batch work on the side
     ) -> None:
         self.scheduler = scheduler
-        self.costs = costs
         self.on_decision = on_decision
-        self.workers: dict[tuple[str, int], GpuWorker] = {}
-        self.sent: dict[str, _Sent] = {}
-        self.events: list[tuple[float, int, str, object]] = []
-        self._seq = 0
-        self.now_ms = 0.0
+        self.world = World(
+            per_s=1000.0,
+            stop_grace_s=stop_grace_s,
+            host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
+            deliver=self.feed,
+        )
         self.decisions = 0
-        self.adjusted = 0
-        self.used: set[tuple[str, int]] = set()
-        self.hits: dict[str, list[int]] = {}  # workflow -> [hits, misses]
-        self.parts: dict[tuple[str, str], list[float]] = {}  # queue, load, transfer, run, n
-        self.finished_ms: dict[str, float] = {}  # task id -> when it ended
+        self.adjusted = 0  # tasks sent elsewhere than planned
         self.planned_ms: dict[str, float] = {}  # job -> when its plan was made
-        self.on_end: Callable[[str, str, float], None] | None = None  # (job, task id, ms)
-
-    # -- the cluster -----------------------------------------------------------
 
     def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
         gib = memory_mb / MB_PER_GIB  # the serving core reads memory in GiB
-        self.feed(NodeJoined(self.now_ms / 1000, NodeSpec(node_id, GPU_TYPE, gpu_indices, gib)))
-        for index in gpu_indices:
-            self.workers[(node_id, index)] = GpuWorker(
-                gib * MB_PER_GIB, self.costs.host_to_gpu_mb_per_ms
-            )
+        node = NodeSpec(node_id, GPU_TYPE, gpu_indices, gib)
+        self.feed(NodeJoined(self.world.now_s, node))
+        self.world.join(node)
 
-    # -- events ----------------------------------------------------------------
-
-    def push(self, at_ms: float, kind: str, data: object) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (at_ms, self._seq, kind, data))
-
-    def run(self, handle: Callable[[str, object], None] | None = None) -> None:
-        """Process events in time order; ``handle`` takes the kinds this class does not."""
-        while self.events:
-            self.now_ms, _, kind, data = heapq.heappop(self.events)
-            if kind == "wake":
-                assert isinstance(data, tuple)
-                self._wake(data)
-            elif kind == "input":
-                assert isinstance(data, (ModelLoaded, TaskStarted))
-                self.feed(data)
-            elif kind == "end":
-                assert isinstance(data, str)
-                self._end(data)
+    def run(self, handle: Callable[[object], None] | None = None) -> None:
+        """Process the agenda in time order; ``handle`` takes what neither the world nor
+        the scheduler does."""
+        world = self.world
+        while world:
+            entry = world.pop()
+            if world.handle(entry):
+                continue
+            if isinstance(entry, Input):
+                self.feed(entry)
             elif handle is not None:
-                handle(kind, data)
-            else:  # pragma: no cover - every kind pushed here is handled above
-                raise SimError(f"unknown event {kind}")
+                handle(entry)
+            else:  # pragma: no cover - every entry pushed here is handled above
+                raise SimulationError(f"unknown event {entry}")
 
     def feed(self, event: Input) -> None:
         for decision in self.scheduler.handle(event):
             self.decisions += 1
             self._act(decision)
 
-    # -- acting on decisions ---------------------------------------------------
-
     def _act(self, decision: Decision) -> None:
         if isinstance(decision, Planned):
-            self.planned_ms[decision.job_id] = self.now_ms
+            self.planned_ms[decision.job_id] = self.world.now
         if not isinstance(decision, Place) or decision.serving is None:
             if self.on_decision is not None:
-                self.on_decision(decision, self.now_ms)
+                self.on_decision(decision)
             elif not isinstance(decision, (Planned, Wait)):
-                raise SimError(f"unexpected decision {decision}")
+                raise SimulationError(f"unexpected decision {decision}")
             return
-        serving = decision.serving
-        if len(decision.gpu_indices) != 1:
-            raise SimError(f"{decision.task_id}: a serving task on {decision.gpu_indices}")
-        key = (decision.node_id, decision.gpu_indices[0])
-        ready = self.now_ms + max(serving.input_delay_ms, 0.0)
-        if not self.workers[key].enqueue(decision.task_id, serving, ready):
-            raise SimError(f"{decision.task_id} sent twice to {key}")
-        flow = decision.spec.workflow.name if decision.spec.workflow else ""
-        self.sent[decision.task_id] = _Sent(
-            decision.job_id, flow, serving.name, key, ready - self.now_ms
-        )
-        if serving.planned is not None:
+        if decision.serving.planned is not None:
             self.adjusted += 1
-        if ready > self.now_ms:
-            self.push(ready, "wake", key)
-        else:
-            self._wake(key)
+        self.world.send(decision)
 
-    def _wake(self, key: tuple[str, int]) -> None:
-        worker = self.workers[key]
-        begun = worker.start(self.now_ms)
-        if begun is None:
-            return
-        sent = self.sent[begun.task_id]
-        self.used.add(key)
-        node_id, index = key
-        for eviction in begun.evicted:
-            self.feed(ModelEvicted(self.now_ms / 1000, node_id, index, eviction.model))
-        if begun.serving.model:
-            counts = self.hits.setdefault(sent.flow, [0, 0])
-            counts[0 if begun.hit else 1] += 1
-        if begun.loaded:
-            loaded = ModelLoaded(
-                begun.start_ms / 1000, node_id, index, begun.serving.model, begun.serving.model_mb
-            )
-            self.push(begun.start_ms, "input", loaded)
-        self.push(
-            begun.start_ms,
-            "input",
-            TaskStarted(begun.start_ms / 1000, sent.job, begun.task_id, node_id),
-        )
-        self.push(begun.finish_ms, "end", begun.task_id)
-        parts = self.parts.setdefault((sent.flow, sent.name), [0.0] * 5)
-        parts[0] += self.now_ms - begun.ready_ms
-        parts[1] += begun.load_ms
-        parts[2] += sent.transfer_ms
-        parts[3] += begun.serving.run_ms
-        parts[4] += 1
 
-    def _end(self, task_id: str) -> None:
-        sent = self.sent.pop(task_id)
-        worker = self.workers[sent.gpu]
-        worker.finish(task_id)
-        self.finished_ms[task_id] = self.now_ms
-        self.feed(TaskEnded(self.now_ms / 1000, sent.job, task_id, sent.gpu[0]))
-        if self.on_end is not None:
-            self.on_end(sent.job, task_id, self.now_ms)
-        self._wake(sent.gpu)
-        if worker.idle and worker.queue:
-            wake_at = worker.next_ready_ms(self.now_ms)
-            if wake_at is not None:
-                self.push(wake_at, "wake", sent.gpu)
+def hits(served: Sequence[Served]) -> dict[str, list[int]]:
+    """Workflow -> [cache hits, misses] of its tasks that name a model."""
+    counts: dict[str, list[int]] = {}
+    for s in served:
+        if s.begun.serving.model:
+            counts.setdefault(_flow(s), [0, 0])[0 if s.begun.hit else 1] += 1
+    return counts
+
+
+def _flow(served: Served) -> str:
+    workflow = served.task.spec.workflow
+    return workflow.name if workflow else ""
+
+
+def _parts(served: Sequence[Served]) -> dict[tuple[str, str], list[float]]:
+    """(workflow, task) -> summed queue, load, transfer and run ms, and a count."""
+    parts: dict[tuple[str, str], list[float]] = {}
+    for s in served:
+        p = parts.setdefault((_flow(s), s.name), [0.0] * 5)
+        p[0] += s.taken_ms - s.begun.ready_ms
+        p[1] += s.begun.load_ms
+        p[2] += s.transfer_ms
+        p[3] += s.begun.serving.run_ms
+        p[4] += 1
+    return parts
 
 
 def policy(mode: PlanMode, costs: Costs, **overrides: float) -> PolicyConfig:
@@ -338,30 +252,20 @@ def simulate(
     times = arrivals(jobs, rate_per_s, burst_shape, rng)
     flow_of: dict[str, Workflow] = {}
     arrived: dict[str, float] = {}
-    left: dict[str, int] = {}
-    finished: dict[str, float] = {}
+    world = cluster.world
     for n, at in enumerate(times):
         job_id = f"w{n:06d}"
         flow = flows[rng.randrange(len(flows))]
         flow_of[job_id] = flow
         arrived[job_id] = at
-        left[job_id] = len(flow.tasks)
-        cluster.push(at, "arrive", job_id)
-
-    def handle(kind: str, data: object) -> None:
-        assert kind == "arrive" and isinstance(data, str)
-        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow_of[data])
-        cluster.feed(JobArrived(cluster.now_ms / 1000, data, spec))
-
-    def ended(job_id: str, task_id: str, at_ms: float) -> None:
-        left[job_id] -= 1
-        if left[job_id] == 0:
-            finished[job_id] = at_ms
-
-    cluster.on_end = ended
-    cluster.run(handle)
+        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow)
+        world.at(at, JobArrived(at / 1000, job_id, spec))
+    cluster.run()
+    finished = world.done
     if len(finished) != len(times):
-        raise SimError(f"{len(times) - len(finished)} of {len(times)} workflows never finished")
+        raise SimulationError(
+            f"{len(times) - len(finished)} of {len(times)} workflows never finished"
+        )
     return _summary(mode, gpus, flows, best_case_ms, flow_of, arrived, finished, cluster, warmup)
 
 
@@ -376,6 +280,8 @@ def _summary(
     cluster: ServingCluster,
     warmup: float,
 ) -> WorkflowRun:
+    served = cluster.world.served
+    counts, parts = hits(served), _parts(served)
     done = sorted(finished, key=lambda j: (finished[j], j))
     measured = done[int(len(done) * warmup) :]
     slowdowns = [(finished[j] - arrived[j]) / best_case_ms[flow_of[j].name] for j in measured]
@@ -383,14 +289,14 @@ def _summary(
     per_workflow = {}
     for flow in flows:
         mine = [s for j, s in zip(measured, slowdowns, strict=True) if flow_of[j].name == flow.name]
-        h, m = cluster.hits.get(flow.name, [0, 0])
+        h, m = counts.get(flow.name, [0, 0])
         per_workflow[flow.name] = (
             statistics.median(mine) if mine else 0.0,
             h / (h + m) if h + m else 0.0,
         )
-    hits = sum(h for h, _ in cluster.hits.values())
-    looked = sum(h + m for h, m in cluster.hits.values())
-    counted = sum(p[4] for p in cluster.parts.values())
+    hit = sum(h for h, _ in counts.values())
+    looked = sum(h + m for h, m in counts.values())
+    counted = sum(p[4] for p in parts.values())
     return WorkflowRun(
         mode=mode,
         gpus=gpus,
@@ -399,17 +305,17 @@ def _summary(
         p99_slowdown=_p99(sorted(slowdowns)),
         median_latency_ms=statistics.median(latencies),
         p99_latency_ms=_p99(latencies),
-        cache_hit_rate=hits / looked if looked else 0.0,
-        gpus_used=len(cluster.used),
+        cache_hit_rate=hit / looked if looked else 0.0,
+        gpus_used=len({(s.task.node_id, s.task.gpus[0]) for s in served}),
         per_workflow=per_workflow,
         breakdown_ms={
-            part: sum(p[i] for p in cluster.parts.values()) / max(counted, 1)
+            part: sum(p[i] for p in parts.values()) / max(counted, 1)
             for i, part in enumerate(PARTS)
         },
         held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j] for j in measured),
         task_breakdown_ms={
             key: {part: p[i] / max(p[4], 1) for i, part in enumerate(PARTS)}
-            for key, p in sorted(cluster.parts.items())
+            for key, p in sorted(parts.items())
         },
         adjusted=cluster.adjusted,
         decisions=cluster.decisions,

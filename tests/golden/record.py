@@ -3,7 +3,14 @@
 A scenario is a small simulated cluster around the scheduler: admission
 submits jobs, node agents start and end the tasks placement places (and stop
 the ones it stops), users cancel, managers change the budget, the ticker and
-the projector report time and usage. Every id, timestamp and choice comes from
+the projector report time and usage. The batch tasks run in the simulators'
+cluster (``libs.sim.world``: it holds their GPUs, refuses a GPU given twice,
+starts a task a second after its placement and ends it two seconds after a
+stop); its agenda orders every record, to the millisecond. Workflow tasks
+still queue in the recorder's own ``GpuWorker``s: it writes each GPU's wake as
+a record at whole milliseconds and never evicts models for batch work (the
+node agent and the world do), so moving them onto the world changes the logs:
+that waits for their next re-recording. Every id, timestamp and choice comes from
 the seed, so a scenario is the same log on every run. Each input goes through
 :func:`decide` as placement would, and the decisions are recorded.
 
@@ -13,7 +20,6 @@ it; tampered copies of the decisions name the divergence the audit must find.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import math
@@ -26,13 +32,23 @@ from pathlib import Path
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler
+from libs.core import (
+    POLICY,
+    POLICY_VERSION,
+    Input,
+    Place,
+    PolicyConfig,
+    Scheduler,
+    TaskEnded,
+    TaskStarted,
+)
 from libs.core.compass import GpuWorker
 from libs.core.compass.serving import MB_PER_GIB
 from libs.events import event_type, new_envelope
-from libs.events.convert import serving_from_proto
+from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
 from libs.events.decide import decide, policy_configured
 from libs.events.logfile import write_log
+from libs.sim.world import World
 from services.node_agent.lifecycle import model_evicted, model_loaded
 
 HERE = Path(__file__).resolve().parent
@@ -61,6 +77,21 @@ WORKFLOWS = (
     ),
 )
 GpuKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class _Record:
+    """An input record a producer writes at its time."""
+
+    producer: str
+    message: Message
+
+
+@dataclass(frozen=True)
+class _Serve:
+    """A node agent's serving queue on one GPU looks for work."""
+
+    gpu: GpuKey
 
 
 @dataclass(frozen=True)
@@ -160,13 +191,19 @@ class Scenario:
         self._gpu_workers: dict[GpuKey, GpuWorker] = {}
         self._bandwidth = config.host_to_gpu_mb_per_ms
         self._window_s = config.lookback_window_s
-        # (time, sequence, producer, payload): the sequence breaks ties in creation
-        # order. A GPU key instead of a payload wakes that GPU's serving queue.
-        self._agenda: list[tuple[float, int, str, Message | GpuKey]] = []
-        self._sequence = 0
+        # Records at equal times go in the order they were made; the batch tasks' own
+        # reports (starts, a stop's end) come from the world.
+        self._ended: list[Input] = []
+        self._world = World(
+            start_delay_s=1.0,
+            stop_grace_s=2.0,
+            stopped_exit=STOPPED,
+            deliver=self._ended.append,
+            digits=3,
+        )
+        self._pids: dict[str, int] = {}
         self._live: dict[str, events_pb2.TaskPlaced] = {}  # task id -> placement
         self._started: dict[str, float] = {}
-        self._stopping: set[str] = set()
         self._charged: dict[str, float] = dict.fromkeys(sorted(ALLOCATIONS), 0.0)
         # Nodes heartbeat; one falls silent for good, one's agent restarts, and a few
         # records break the rules as a careless or hostile writer would.
@@ -177,30 +214,53 @@ class Scenario:
     def steps(self) -> Iterator[Step]:
         self._plan()
         offset = 0
-        while self._agenda:
-            at, _, producer, payload = heapq.heappop(self._agenda)
-            if isinstance(payload, tuple):
-                self._serve(payload, at)
+        world = self._world
+        while world:
+            entry = world.pop()
+            at = world.now
+            if isinstance(entry, _Serve):
+                self._serve(entry.gpu, at)
                 continue
-            if not self._still_happens(at, payload):
-                continue
-            env = new_envelope(
-                payload,
-                producer=producer,
-                cluster=self._cluster,
-                correlation_id=getattr(payload, "job_id", ""),
-                occurred=T0 + timedelta(seconds=at),
-                event_id=f"{self._cluster}-{self._partition}-{offset:07d}",
-            )
-            decisions = decide(self._scheduler, env, partition=self._partition, offset=offset)
-            for decision in decisions:
-                self._react(at, decision)
-            yield Step(offset, env, decisions)
-            offset += 1
+            for record in self._records(entry):
+                payload = record.message
+                if not self._still_happens(at, payload):
+                    continue
+                env = new_envelope(
+                    payload,
+                    producer=record.producer,
+                    cluster=self._cluster,
+                    correlation_id=getattr(payload, "job_id", ""),
+                    occurred=T0 + timedelta(seconds=at),
+                    event_id=f"{self._cluster}-{self._partition}-{offset:07d}",
+                )
+                decisions = decide(self._scheduler, env, partition=self._partition, offset=offset)
+                for decision in decisions:
+                    self._react(at, decision)
+                yield Step(offset, env, decisions)
+                offset += 1
 
-    def _at(self, at: float, producer: str, payload: Message | GpuKey) -> None:
-        heapq.heappush(self._agenda, (round(at, 3), self._sequence, producer, payload))
-        self._sequence += 1
+    def _records(self, entry: object) -> list[_Record]:
+        """The records an agenda entry makes: its own, or the node agent's for what the
+        world did (a batch task started, or ended at a stop's grace)."""
+        if isinstance(entry, _Record):
+            return [entry]
+        if isinstance(entry, TaskStarted):
+            ids = {"job_id": entry.job_id, "task_id": entry.task_id, "node_id": entry.node_id}
+            started = events_pb2.TaskStarted(**ids, pid=self._pids.pop(entry.task_id))
+            return [_Record("node-agent", started)]
+        if not self._world.handle(entry):
+            raise TypeError(f"unknown agenda entry {entry!r}")
+        records = []
+        for ended in self._ended:
+            assert isinstance(ended, TaskEnded) and ended.exit_code == STOPPED
+            ids = {"job_id": ended.job_id, "task_id": ended.task_id, "node_id": ended.node_id}
+            failed = events_pb2.TaskFailed(**ids, exit_code=STOPPED, reason="killed by SIGTERM")
+            records.append(_Record("node-agent", failed))
+        self._ended.clear()
+        return records
+
+    def _at(self, at: float, producer: str, payload: Message) -> None:
+        self._world.at(at, _Record(producer, payload))
 
     def _plan(self) -> None:
         self._at(0.0, "budget", events_pb2.BudgetChanged(tree=budget_tree(1, 60.0)))
@@ -250,6 +310,8 @@ class Scenario:
             for task_id, placed in list(self._live.items()):
                 if placed.node_id == "a100-0":
                     del self._live[task_id]
+                    if task_id in self._world.tasks:
+                        self._world.release(task_id)
             inventory = self._inventory(next(n for n in NODES if n[0] == "a100-0"))
             self._at(at, "node-agent", self._registered(inventory))
 
@@ -293,6 +355,8 @@ class Scenario:
                 payload.incarnation = self._incarnations[payload.node_id]
                 beat = events_pb2.NodeHeartbeat(node_id=payload.node_id)
                 self._at(at + HEARTBEAT_S, "node-agent", beat)
+            case events_pb2.NodeRegistered():
+                self._world.join(node_from_proto(payload.inventory))
             case events_pb2.UsageSnapshot():
                 self._at(at + USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
                 payload.window_s = self._window_s
@@ -303,19 +367,20 @@ class Scenario:
             case events_pb2.TaskStarted() | events_pb2.TaskIdle():
                 return payload.task_id in self._live
             case events_pb2.TaskFinished() | events_pb2.TaskFailed():
-                # Once placement stops a task, only the stop's outcome ends it.
-                stopped = payload.task_id in self._stopping
-                if stopped != (payload.exit_code == STOPPED) or payload.task_id not in self._live:
+                # Once placement stops a task, only the stop's outcome (the world's) ends it.
+                task_id = payload.task_id
+                if task_id in self._world.stopping or task_id not in self._live:
                     return False
-                self._stopping.discard(payload.task_id)
-                placed = self._live.pop(payload.task_id)
+                if task_id in self._world.tasks:  # its own end: its GPUs are free
+                    self._world.release(task_id)
+                placed = self._live.pop(task_id)
                 started = self._started.pop(payload.task_id, at)
                 if placed.HasField("serving"):
                     key = (placed.node_id, placed.gpu_indices[0])
                     worker = self._gpu_workers[key]
                     if not worker.finish(payload.task_id):
                         worker.remove(payload.task_id)
-                    self._at(at, "wake", key)
+                    self._world.at(at, _Serve(key))
                 if placed.spec.min_runtime_s or placed.HasField("serving"):
                     used = len(placed.gpu_indices) * (at - started)
                     self._charged[placed.spec.allocation] += used
@@ -333,7 +398,7 @@ class Scenario:
             ready = worker.next_ready_ms(at * 1000)
             if worker.idle and ready is not None:
                 # Times are kept to the ms: wake no earlier than the inputs arrive.
-                self._at(math.ceil(ready) / 1000, "wake", key)
+                self._world.at(math.ceil(ready) / 1000, _Serve(key))
             return
         placed = self._live[start.task_id]
         ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
@@ -343,7 +408,7 @@ class Scenario:
         if start.loaded:
             self._at(start.start_ms / 1000, "node-agent", model_loaded(placed, key[1], start))
         self._started[placed.task_id] = start.start_ms / 1000
-        started = events_pb2.TaskStarted(**ids, pid=4000 + self._sequence)
+        started = events_pb2.TaskStarted(**ids, pid=4000 + self._world.made)
         self._at(start.start_ms / 1000, "node-agent", started)
         finished = events_pb2.TaskFinished(
             job_id=placed.job_id, task_id=placed.task_id, node_id=placed.node_id
@@ -352,8 +417,9 @@ class Scenario:
 
     def _busy(self) -> bool:
         periodic = events_pb2.ClockTick | events_pb2.UsageSnapshot | events_pb2.NodeHeartbeat
-        return any(not isinstance(payload, periodic) for _, _, _, payload in self._agenda) or bool(
-            self._live
+        return bool(self._live) or any(
+            not (isinstance(entry, _Record) and isinstance(entry.message, periodic))
+            for entry in self._world.entries()
         )
 
     def _react(self, at: float, decision: events_pb2.Envelope) -> None:
@@ -367,14 +433,17 @@ class Scenario:
             worker = self._gpu_workers.setdefault(key, GpuWorker(memory, self._bandwidth))
             serving = serving_from_proto(placed.serving)
             worker.enqueue(placed.task_id, serving, at * 1000 + serving.input_delay_ms)
-            self._at(at, "wake", key)
+            self._world.at(at, _Serve(key))
         elif kind == "task_placed":
             placed = decision.task_placed
             self._live[placed.task_id] = placed
             ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
             start = at + 1.0
             self._started[placed.task_id] = start
-            self._at(start, "node-agent", events_pb2.TaskStarted(**ids, pid=4000 + self._sequence))
+            self._pids[placed.task_id] = 4000 + self._world.made
+            gpus = tuple(placed.gpu_indices)
+            spec = spec_from_proto(placed.spec)
+            self._world.start(Place(placed.job_id, placed.task_id, placed.node_id, gpus, spec))
             if placed.spec.simulated_utilization < 0.1:
                 self._at(
                     start + 120,
@@ -390,15 +459,12 @@ class Scenario:
             )
             self._at(end, "node-agent", outcome)
         elif kind == "task_lost":
-            self._live.pop(decision.task_lost.task_id, None)
-            self._stopping.discard(decision.task_lost.task_id)
-        elif kind == "task_stop_requested":
-            stop = decision.task_stop_requested
-            if stop.task_id in self._live and stop.task_id not in self._stopping:
-                self._stopping.add(stop.task_id)
-                ids = {"job_id": stop.job_id, "task_id": stop.task_id, "node_id": stop.node_id}
-                failed = events_pb2.TaskFailed(**ids, exit_code=STOPPED, reason="killed by SIGTERM")
-                self._at(at + 2.0, "node-agent", failed)
+            task_id = decision.task_lost.task_id
+            self._live.pop(task_id, None)
+            if task_id in self._world.tasks:
+                self._world.release(task_id)
+        elif kind == "task_stop_requested" and decision.task_stop_requested.task_id in self._live:
+            self._world.stop(decision.task_stop_requested.task_id)
 
 
 # name: (seed, jobs, mean seconds between arrivals, chance an arrival is a workflow burst)

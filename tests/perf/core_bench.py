@@ -8,7 +8,8 @@ Phases: a budget tree of ~20 allocations, ``nodes`` × ``gpus_per_node`` GPUs jo
 then job arrivals (sizes 1/2/4/8, mixed contracts) until the cluster is full and
 ``waiting`` jobs queue. Then a measured stream of TaskEnded (frees GPUs, hence
 placements), JobArrived, Tick and UsageSnapshot, plus the TaskStarted (after each
-Place) and TaskEnded (after each Stop) that node agents would report. The baseline
+Place) and TaskEnded (after each Stop) that the simulated cluster (``libs.sim.world``)
+reports. The baseline
 replays the very same inputs through a no-op policy that only updates a few dicts.
 
 Setup and measurement each stop at a time budget: a core whose cost grows with the
@@ -24,7 +25,6 @@ import math
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -42,11 +42,11 @@ from libs.core import (
     Scheduler,
     Stop,
     TaskEnded,
-    TaskStarted,
     Tick,
     UsageSnapshot,
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
+from libs.sim.world import World
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, fmt_us, percentile, ratio, summary, table
 
@@ -161,19 +161,24 @@ class Call:
 
 @dataclass
 class Driver:
-    """Feeds one policy, answers its decisions as node agents would, times every call."""
+    """Feeds one policy, times every call; the simulated cluster (``libs.sim.world``) acts
+    on its decisions as node agents would: placed tasks start and stopped ones end at once,
+    reported as follow-ups."""
 
     policy: Policy
-    running: dict[str, tuple[str, str]] = field(default_factory=dict)  # task -> (job, node)
+    world: World = field(default_factory=lambda: World(stop_grace_s=0.0))
     running_ids: list[str] = field(default_factory=list)
-    followups: deque[Input] = field(default_factory=deque)
     waiting: set[str] = field(default_factory=set)
     fed: list[Input] = field(default_factory=list)
 
     def feed(self, event: Input) -> Call:
         self.fed.append(event)
+        world = self.world
+        world.now = event.at
         if isinstance(event, JobArrived):
             self.waiting.add(event.job_id)
+        elif isinstance(event, NodeJoined):
+            world.join(event.node)
         start = time.perf_counter_ns()
         decisions = self.policy.handle(event)
         elapsed = time.perf_counter_ns() - start
@@ -182,19 +187,22 @@ class Driver:
             if isinstance(decision, Place):
                 places += 1
                 self.waiting.discard(decision.job_id)
-                if decision.task_id not in self.running:
-                    self.running_ids.append(decision.task_id)
-                self.running[decision.task_id] = (decision.job_id, decision.node_id)
-                self.followups.append(
-                    TaskStarted(event.at, decision.job_id, decision.task_id, decision.node_id)
-                )
+                world.start(decision)
+                self.running_ids.append(decision.task_id)
             elif isinstance(decision, Stop):
-                self.followups.append(
-                    TaskEnded(event.at, decision.job_id, decision.task_id, decision.node_id)
-                )
+                world.stop(decision.task_id)
         return Call(type(event).__name__, elapsed, places, len(decisions), len(self.waiting))
 
-    def end_random(self, rng: random.Random, at: float) -> TaskEnded | None:
+    def followup(self) -> Input | None:
+        """The next report due now (a start, or the end of a stopped task), if any."""
+        world = self.world
+        while (due := world.next_at()) is not None and due[0] <= world.now:
+            entry = world.pop()
+            if not world.handle(entry):
+                return entry  # type: ignore[return-value]
+        return None
+
+    def end_random(self, rng: random.Random, at: float) -> Input | None:
         while self.running_ids:
             index = rng.randrange(len(self.running_ids))
             self.running_ids[index], self.running_ids[-1] = (
@@ -202,9 +210,10 @@ class Driver:
                 self.running_ids[index],
             )
             task_id = self.running_ids.pop()
-            if task_id in self.running:
-                job_id, node_id = self.running.pop(task_id)
-                return TaskEnded(at, job_id, task_id, node_id)
+            if task_id in self.world.tasks:
+                self.world.now = at
+                self.world.end(task_id)
+                return self.followup()
         return None
 
 
@@ -239,10 +248,10 @@ def run_core(params: CoreParams) -> CoreResult:
             break
         at += 0.001
         setup_calls.append(driver.feed(work.job(at)))
-        while driver.followups:
-            driver.feed(driver.followups.popleft())
+        while (followup := driver.followup()) is not None:
+            driver.feed(followup)
     setup_s = time.monotonic() - started
-    queue_reached, running = len(driver.waiting), len(driver.running)
+    queue_reached, running = len(driver.waiting), len(driver.world.tasks)
     console.print(
         f"core setup: {params.nodes} nodes × {params.gpus_per_node} GPUs, "
         f"{running} tasks running, {queue_reached} of {params.waiting} jobs queued "
@@ -259,10 +268,8 @@ def run_core(params: CoreParams) -> CoreResult:
     cpu_started = time.process_time()
     deadline = started + params.measure_budget_s
     while len(calls) < params.inputs and time.monotonic() < deadline:
-        event: Input | None
-        if driver.followups:
-            event = driver.followups.popleft()
-        else:
+        event = driver.followup()
+        if event is None:
             at += STEP_S
             kind = work.rng.choices(kinds, weights)[0]
             if kind == "TaskEnded":

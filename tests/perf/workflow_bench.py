@@ -2,7 +2,8 @@
 
 Core: a ``Scheduler`` (compass; every GPU may serve) on ``gpus`` GPUs, ``gpus_per_node`` to
 a node, receives one workflow of ``tasks`` tasks, and simulated GPUs
-(``libs.sim.workflows.ServingCluster``: a ``GpuWorker`` each, as the node agents keep them)
+(``libs.sim.workflows.ServingCluster`` over the simulated cluster, ``libs.sim.world``: a
+``GpuWorker`` each, as the node agents keep them)
 load its models, start and end every task it sends, until the workflow is done. Each
 input is timed with the digest placement records next to its decisions, in process CPU
 time (a busy machine does not inflate it). Per shape: the arrival (the whole plan and
@@ -166,12 +167,8 @@ def run_core(shape: str, params: WorkflowParams) -> CoreRun:
     for payload in (events_pb2.JobSubmitted, events_pb2.JobAdmitted):
         record.put(payload(job_id=JOB, spec=spec_to_proto(spec)), 0.0)
     run.calls.clear()  # the nodes joining
-
-    def arrive(kind: str, data: object) -> None:
-        cluster.feed(JobArrived(cluster.now_ms / 1000, JOB, spec))
-
-    cluster.push(0.0, "arrive", JOB)
-    cluster.run(arrive)
+    cluster.world.at(0.0, JobArrived(0.0, JOB, spec))
+    cluster.run()
     return run
 
 

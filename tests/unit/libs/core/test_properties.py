@@ -1,7 +1,8 @@
 """Properties that must hold for any history (hypothesis drives a tiny cluster).
 
-The driver plays the node agents: placed tasks start, stopped tasks end, and
-running tasks end when hypothesis says so; a task its node lost with it is gone.
+The simulated cluster (``libs.sim.world``) plays the node agents: placed tasks
+start, stopped tasks end, and running tasks end when hypothesis says so; a task
+its node lost with it is gone.
 Each property is checked after every step. The hostile histories add what a
 careless or malicious writer of the log could: invalid jobs and nodes, task
 ends for tasks that never ran, numbers that are not finite, nodes that go silent
@@ -39,10 +40,10 @@ from libs.core import (
     TaskEnded,
     TaskIdle,
     TaskLost,
-    TaskStarted,
     Tick,
     UsageSnapshot,
 )
+from libs.sim.world import Task, World
 from tests.builders import job, node, tree
 from tests.unit.libs.core.determinism import OtherProcess, Recording, check_determinism, line
 
@@ -51,26 +52,57 @@ ALLOCATIONS = ("a", "b", "c")
 
 @dataclass
 class Cluster:
-    """The world as node agents see it, fed by the scheduler's decisions."""
+    """The scheduler and the simulated cluster (``libs.sim.world``): placed tasks start at
+    once, stopped ones end at once, a GPU given twice raises ``SimulationError``; every
+    preemption is checked against the contract."""
 
     scheduler: Scheduler = field(default_factory=Scheduler)
-    now: float = 0.0
-    held: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, gpu) -> task
-    tasks: dict[str, Place] = field(default_factory=dict)  # running task id -> placement
+    world: World = field(default_factory=lambda: World(stop_grace_s=0.0))
     started: dict[str, float] = field(default_factory=dict)  # job id -> start time
     log: list[tuple[Input, list[Decision], bytes]] = field(default_factory=list)  # + digest
 
+    @property
+    def now(self) -> float:
+        return self.world.now
+
+    @now.setter
+    def now(self, at: float) -> None:
+        self.world.now = at
+
+    @property
+    def tasks(self) -> dict[str, Task]:
+        return self.world.tasks
+
     def feed(self, event: Input) -> list[Decision]:
+        """``event``, then what the node agents report because of it."""
+        decisions = self._decide(event)
+        self._settle()
+        return decisions
+
+    def end(self, task_id: str) -> None:
+        self.world.end(task_id)
+        self._settle()
+
+    def _settle(self) -> None:
+        world = self.world
+        while (due := world.next_at()) is not None and due[0] <= world.now:
+            entry = world.pop()
+            if not world.handle(entry):
+                self._decide(entry)  # type: ignore[arg-type]
+
+    def _decide(self, event: Input) -> list[Decision]:
+        if isinstance(event, NodeJoined):
+            self.world.join(event.node)
+        if isinstance(event, TaskEnded):
+            self.started.pop(event.job_id, None)
         decisions = self.scheduler.handle(event)
         self.log.append((event, decisions, self.scheduler.digest()))
         for d in decisions:
             if isinstance(d, Place):
-                for gpu in d.gpu_indices:
-                    assert (d.node_id, gpu) not in self.held, f"GPU {d.node_id}:{gpu} given twice"
-                    self.held[(d.node_id, gpu)] = d.task_id
-                self.tasks[d.task_id] = d
-            if isinstance(d, TaskLost):  # gone with its node: no agent reports its end
-                self.forget(d.task_id)
+                self.world.start(d)
+                self.started.setdefault(d.job_id, self.now)
+            if isinstance(d, TaskLost) and d.task_id in self.tasks:  # gone with its node
+                self.started.pop(self.world.release(d.task_id).job_id, None)
             if isinstance(d, Stop) and d.cause is StopCause.PREEMPTED:
                 spec = self.tasks[d.task_id].spec
                 began = self.started.get(d.job_id)
@@ -78,13 +110,9 @@ class Cluster:
                     began is None or self.now < began + spec.min_runtime_s
                 )
                 assert not protected, f"{d.job_id} preempted inside its contract"
-        # Agents report starts and honour stops at once.
         for d in decisions:
-            if isinstance(d, Place) and d.job_id not in self.started:
-                self.started[d.job_id] = self.now
-                self.feed(TaskStarted(self.now, d.job_id, d.task_id, d.node_id))
-            if isinstance(d, Stop) and d.task_id in self.tasks:
-                self.end(d.task_id)
+            if isinstance(d, Stop):
+                self.world.stop(d.task_id)
         return decisions
 
     def recording(self) -> Recording:
@@ -92,17 +120,6 @@ class Cluster:
             tuple(event for event, _, _ in self.log),
             tuple(line(decisions, digest) for _, decisions, digest in self.log),
         )
-
-    def end(self, task_id: str) -> None:
-        place = self.forget(task_id)
-        self.feed(TaskEnded(self.now, place.job_id, task_id, place.node_id))
-
-    def forget(self, task_id: str) -> Place:
-        place = self.tasks.pop(task_id)
-        for gpu in place.gpu_indices:
-            del self.held[(place.node_id, gpu)]
-        self.started.pop(place.job_id, None)
-        return place
 
 
 steps = st.lists(

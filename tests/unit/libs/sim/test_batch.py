@@ -1,59 +1,23 @@
-"""The batch agents on their own: a scripted host that records what they ask of it."""
+"""The batch agents on their own, in a one-node world: what they report and count."""
 
 from __future__ import annotations
 
 import pytest
 
-from libs.core import JobSpec
+from libs.core import JobSpec, NodeSpec
 from libs.core.decisions import Place, Preempted, Requeue, Stop, StopCause
-from libs.core.inputs import TaskEnded, TaskStarted
-from libs.sim.batch import (
-    FINISHED,
-    LOST,
-    PLACING,
-    RUNNING,
-    SIGTERM_EXIT,
-    STOPPED,
-    WAITING,
-    AgentEvent,
-    BatchAgents,
-    Task,
-)
+from libs.core.inputs import Input, TaskEnded
+from libs.sim.batch import FINISHED, LOST, PLACING, RUNNING, STOPPED, WAITING, BatchAgents
 from libs.sim.workload import SimJob
+from libs.sim.world import SIGTERM_EXIT, SimulationError, World
 
 
-class Host:
-    """A clock, an event list and a record of the inputs and counts."""
+class Counts:
+    """The observer: what the agents counted, in order."""
 
     def __init__(self) -> None:
-        self.now = 0.0
-        self.later: list[tuple[float, AgentEvent]] = []
-        self.inputs: list[TaskStarted | TaskEnded] = []
         self.counts: list[tuple[str, object]] = []
-        self.free: set[tuple[str, int]] = {("n", i) for i in range(4)}
 
-    def take_gpus(self, place: Place) -> None:
-        for gpu in place.gpu_indices:
-            self.free.remove((place.node_id, gpu))
-
-    def free_gpus(self, task: Task) -> None:
-        self.free.update((task.node_id, gpu) for gpu in task.gpus)
-
-    def started(self, event: TaskStarted, task: Task) -> None:
-        self.inputs.append(event)
-
-    def ended(self, event: TaskEnded) -> None:
-        self.inputs.append(event)
-
-    def schedule(self, at: float | None, event: AgentEvent) -> None:
-        self.later.append((self.now if at is None else at, event))
-
-    def run_next(self, agents: BatchAgents) -> None:
-        self.later.sort(key=lambda e: e[0])
-        self.now, event = self.later.pop(0)
-        agents.handle(event)
-
-    # the observer
     def waiting(self, spec: JobSpec, delta: int) -> None:
         self.counts.append(("waiting", delta))
 
@@ -70,11 +34,50 @@ class Host:
         self.counts.append(("lost", gpu_s))
 
 
+class Host:
+    """One 4-GPU node in a world; the inputs its agents reported, in order."""
+
+    def __init__(self) -> None:
+        self.world = World(stop_grace_s=30.0)
+        self.world.join(NodeSpec("n", "H100", (0, 1, 2, 3), 80.0))
+        self.inputs: list[Input] = []
+        self.observer = Counts()
+        self.counts = self.observer.counts
+
+    @property
+    def free(self) -> set[tuple[str, int]]:
+        return {key for key, task in self.world.gpus.items() if task is None}
+
+    def later(self) -> list[tuple[float, object]]:
+        """What is on the agenda after the reports due now."""
+        self.settle()
+        return sorted((at, e) for at, _, _, e in self.world._agenda)  # type: ignore[misc]
+
+    def settle(self) -> None:
+        """Take in the reports due now."""
+        world = self.world
+        while world.next_at() == (world.now, 0) and isinstance(world._agenda[0][3], Input):
+            self.inputs.append(world.pop())  # type: ignore[arg-type]
+
+    def run_next(self, agents: BatchAgents) -> None:
+        self.settle()
+        agents.handle(self.world.pop())  # type: ignore[arg-type]
+        self.settle()
+
+    def drop_next(self) -> None:
+        self.settle()
+        self.world.pop()
+
+    def at(self, now: float) -> None:
+        self.settle()
+        self.world.now = now
+
+
 def _agents(
     gpus: int = 2, runtime: float = 100.0, *, resumable: bool = False
 ) -> tuple[Host, BatchAgents]:
     host = Host()
-    agents = BatchAgents(host, host, stop_grace_s=30.0, error=ValueError)
+    agents = BatchAgents(host.world, host.observer)
     spec = JobSpec("a", "u", gpus, (), resumable=resumable)
     assert agents.arrive(SimJob(0.0, "j", spec, runtime))
     assert not agents.arrive(SimJob(0.0, "j", spec, runtime))  # a repeat is ignored
@@ -88,25 +91,24 @@ def _place(agents: BatchAgents, task_id: str, gpu: int) -> Place:
 def test_a_gang_runs_once_all_its_gpus_are_placed_and_ends_after_its_runtime() -> None:
     host, agents = _agents()
     agents.decide(_place(agents, "j/0", 0))
-    assert agents.jobs["j"].state == PLACING and not host.later
-    host.now = 5.0
+    assert agents.jobs["j"].state == PLACING and not host.later()
+    host.at(5.0)
     agents.decide(_place(agents, "j/1", 1))
     assert agents.jobs["j"].state == RUNNING and agents.waiting == 0
-    assert host.later[0][0] == 105.0
+    assert host.later()[0][0] == 105.0
     host.run_next(agents)
     job = agents.jobs["j"]
     assert (job.state, job.first_start, job.finished) == (FINISHED, 0.0, 105.0)
     assert [type(i).__name__ for i in host.inputs] == ["TaskStarted"] * 2 + ["TaskEnded"] * 2
-    assert len(host.free) == 4 and not agents.tasks
+    assert len(host.free) == 4 and not agents.tasks and not host.world.tasks
 
 
 def test_a_stop_ends_the_placement_after_the_grace_and_a_requeue_loses_unsaved_work() -> None:
     host, agents = _agents(gpus=1)
     agents.decide(_place(agents, "j/0", 0))
-    host.now = 40.0
+    host.at(40.0)
     agents.decide(Stop("j", "j/0", "n", StopCause.PREEMPTED, "preempted"))
-    assert host.later[-1][0] == 70.0
-    host.later.pop(0)  # the completion, now stale
+    assert [at for at, _ in host.later()] == [70.0, 100.0]  # the completion is stale
     host.run_next(agents)
     ended = host.inputs[-1]
     assert isinstance(ended, TaskEnded) and ended.exit_code == SIGTERM_EXIT
@@ -119,11 +121,11 @@ def test_a_stop_ends_the_placement_after_the_grace_and_a_requeue_loses_unsaved_w
 def test_a_job_whose_work_runs_out_within_the_grace_finishes() -> None:
     host, agents = _agents(gpus=1, runtime=50.0)
     agents.decide(_place(agents, "j/0", 0))
-    host.now = 40.0
+    host.at(40.0)
     agents.decide(Stop("j", "j/0", "n", StopCause.PREEMPTED, "preempted"))
-    host.later.pop(0)
+    host.drop_next()  # the completion at 50: the stop's end comes first
     host.run_next(agents)
-    assert host.now == 50.0 and agents.jobs["j"].state == FINISHED
+    assert host.world.now == 50.0 and agents.jobs["j"].state == FINISHED
     ended = host.inputs[-1]
     assert isinstance(ended, TaskEnded) and ended.exit_code == 0
     agents.decide(Preempted("j", "too late"))  # over already: nothing changes
@@ -133,12 +135,11 @@ def test_a_job_whose_work_runs_out_within_the_grace_finishes() -> None:
 def test_preempted_ends_a_stopped_job_and_rule_breaking_decisions_raise() -> None:
     host, agents = _agents(gpus=1)
     agents.decide(_place(agents, "j/0", 0))
-    with pytest.raises(ValueError, match="placed while a task of that id runs"):
+    with pytest.raises(SimulationError, match="placed while a task of that id runs"):
         agents.decide(_place(agents, "j/0", 1))
-    with pytest.raises(ValueError, match="never submitted"):
+    with pytest.raises(SimulationError, match="never submitted"):
         agents.decide(Requeue("nope", "?"))
     agents.decide(Stop("j", "j/0", "n", StopCause.PREEMPTED, "preempted"))
-    host.later.pop(0)
     host.run_next(agents)
     agents.decide(Preempted("j", "not resumable"))
     assert agents.jobs["j"].state == LOST and agents.jobs["j"].preemptions == 1

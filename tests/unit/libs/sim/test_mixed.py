@@ -11,19 +11,14 @@ from typer.testing import CliRunner
 
 from libs.core.model import WorkClass
 from libs.sim.cluster import ClusterSpec
-from libs.sim.mixed import (
+from libs.sim.mixed import MixedRun, MixedSimulation, compare_fractions, simulate_mixed
+from libs.sim.mixed_report import comparison_rows, markdown, write_plot
+from libs.sim.mixed_workload import (
     SERVING_TEAM,
-    MixedRun,
     MixedSettings,
-    MixedSimulation,
     batch_jobs,
-    compare_fractions,
-    comparison_rows,
-    markdown,
     mixed_policy,
-    simulate_mixed,
     workflow_arrivals,
-    write_plot,
 )
 from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles
 

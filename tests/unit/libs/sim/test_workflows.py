@@ -22,6 +22,7 @@ from libs.sim.workflows import (
     WorkflowRun,
     arrivals,
     claims,
+    hits,
     keyed,
     load_profiles,
     markdown,
@@ -97,19 +98,21 @@ def test_the_core_plans_each_workflow_and_the_workers_report_back(profiles: Prof
     cluster = ServingCluster(
         Scheduler(policy(PlanMode.COMPASS, profiles.costs)),
         profiles.costs,
-        on_decision=lambda d, _: seen.append(d),
+        on_decision=seen.append,
     )
     for i in range(2):
         cluster.add_gpu_node(f"n{i}", (0,), profiles.costs.gpu_memory_mb)
-    assert cluster.workers[("n0", 0)].capacity_mb == pytest.approx(14000)
+    world = cluster.world
+    assert world.workers[("n0", 0)].capacity_mb == pytest.approx(14000)
     flow = keyed(profiles.workflows[0])
     cluster.feed(JobArrived(0.0, "w1", JobSpec("serving", "sim", 1, (), workflow=flow)))
     cluster.run()
     assert [type(d) for d in seen] == [Planned]
-    assert len(cluster.finished_ms) == len(flow.tasks)
+    assert len(world.ended) == len(flow.tasks) and "w1" in world.done
     # Four tasks with a model on two cold GPUs: OPT, marian and mt5 load at least once.
-    assert sum(h + m for h, m in cluster.hits.values()) == 4
-    assert sum(m for _, m in cluster.hits.values()) >= 3
+    counts = hits(world.served)
+    assert sum(h + m for h, m in counts.values()) == 4
+    assert sum(m for _, m in counts.values()) >= 3
 
 
 def test_compass_needs_fewer_gpus_than_hash_for_the_same_slowdown(profiles: Profiles) -> None:

@@ -1,0 +1,241 @@
+"""How a mixed run is shown: the tables ``qm sim mixed`` prints, summary.md and mixed.png."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from libs.sim.metrics import CLASSES, Distribution
+from libs.sim.mixed import PHASES, MixedRun
+from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
+from libs.sim.report import markdown_table
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f}"
+
+
+def tables(run: MixedRun) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Title -> (header, rows): what ``qm sim mixed`` prints and summary.md holds."""
+    out: dict[str, tuple[list[str], list[list[str]]]] = {}
+    rows = []
+    for phase in PHASES:
+        h, b = run.serving_held[phase], run.batch_held[phase]
+        busy = run.serving_busy[phase]
+        rows.append(
+            [
+                phase,
+                f"{h.median:g}",
+                f"{h.p90:g}",
+                f"{h.max:g}",
+                f"{h.mean:.1f}",
+                f"{busy:.1f}",
+                f"{100 * busy / h.mean:.0f}%" if h.mean else "-",
+                f"{b.mean:.1f}",
+                f"{100 * b.mean / run.capacity:.1f}%",
+            ]
+        )
+    out[
+        f"GPUs held over time (serving cap {run.serving_cap} of {run.capacity}, "
+        f"linger {run.serving_linger_s:g} s)"
+    ] = (
+        [
+            "phase",
+            "serving p50",
+            "serving p90",
+            "serving max",
+            "serving mean",
+            "serving busy",
+            "serving use",
+            "batch mean",
+            "batch occupancy",
+        ],
+        rows,
+    )
+    rows = []
+    for phase in PHASES:
+        w = run.workflows[phase]
+        rows.append(
+            [
+                phase,
+                str(w.count),
+                f"{w.median:.3f}",
+                f"{w.p99:.2f}",
+                f"{w.median_latency_ms:.0f}",
+                str(w.waited),
+            ]
+        )
+    out["Workflows: slowdown (latency ÷ best case), by arrival phase"] = (
+        ["phase", "workflows", "median", "p99", "median latency ms", "waited for a GPU"],
+        rows,
+    )
+    rows = []
+    for (team, cls), d in run.batch_waits.items():
+        rows.append([team, cls, str(d.count), _minutes(d.p50), _minutes(d.p90)])
+    out["Batch queue wait (minutes), jobs submitted in the window"] = (
+        ["allocation", "class", "jobs", "p50", "p90"],
+        rows,
+    )
+    total = sum(c.allocated_gpu_h + c.free_gpu_h for c in run.charges) or 1.0
+    window_h = run.window_s / 3600
+    rows = []
+    for c in run.charges:
+        rows.append(
+            [
+                c.allocation,
+                f"{c.entitlement:.0%}",
+                f"{c.entitlement * run.capacity * window_h:.0f}",
+                f"{c.allocated_gpu_h:.0f}",
+                f"{c.serving_gpu_h:.1f}",
+                f"{c.free_gpu_h:.0f}",
+                f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}",
+            ]
+        )
+    out["GPU-hours in the window per allocation vs entitlement"] = (
+        [
+            "allocation",
+            "entitlement",
+            "entitled GPU-h",
+            "charged GPU-h",
+            "of it workflows",
+            "free GPU-h",
+            "share of use",
+        ],
+        rows,
+    )
+    out["Cluster"] = (
+        ["measure", "value"],
+        [
+            ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
+            ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
+            ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
+            ["batch occupancy", f"{run.batch_occupancy_pct:.1f}%"],
+            ["workflow cache hit rate", f"{run.cache_hit_rate:.1%}"],
+            ["models evicted by batch placements", str(run.batch_evictions)],
+            ["batch preemptions", str(run.preemptions)],
+            ["batch jobs / workflows in the window", f"{run.jobs} / {run.workflow_jobs}"],
+            ["decisions / inputs", f"{run.decisions} / {run.inputs}"],
+            ["simulation wall-clock", f"{run.wall_s:.1f} s"],
+        ],
+    )
+    return out
+
+
+COMPARISON_HEADER = [
+    "serving_max_fraction",
+    "cap",
+    "at cap",
+    "serving p50/p90/max",
+    "serving mean (burst)",
+    "batch occupancy",
+    "cluster occupancy",
+    "wf median calm/burst",
+    "wf p99 calm/burst",
+    "batch p50/p90 wait min",
+    "wall s",
+]
+
+
+def comparison_rows(runs: Sequence[MixedRun]) -> list[list[str]]:
+    rows = []
+    for r in runs:
+        h, w = r.serving_held["all"], r.workflows
+        d = r.batch_waits.get(("all", "all"), Distribution.of([]))
+        rows.append(
+            [
+                f"{r.serving_max_fraction:g}",
+                str(r.serving_cap),
+                f"{r.at_cap_pct:.0f}%",
+                f"{h.median:g} / {h.p90:g} / {h.max:g}",
+                f"{h.mean:.1f} ({r.serving_held['burst'].mean:.1f})",
+                f"{r.batch_occupancy_pct:.1f}%",
+                f"{r.cluster_occupancy_pct:.1f}%",
+                f"{w['calm'].median:.2f} / {w['burst'].median:.2f}",
+                f"{w['calm'].p99:.1f} / {w['burst'].p99:.1f}",
+                f"{_minutes(d.p50)} / {_minutes(d.p90)}",
+                f"{r.wall_s:.1f}",
+            ]
+        )
+    return rows
+
+
+def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
+    """The first run in full, then every run side by side."""
+    s, c = settings, settings.cluster
+    lines = [
+        "# Mixed cluster: batch jobs and workflows under one budget",
+        "",
+        f"{c.describe()} ({c.gpu_memory_gib:g} GiB), budget "
+        + ", ".join(f"{n} {w:g}" for n, w in s.teams)
+        + f". Batch: Poisson, {s.batch_load:g}× the cluster's GPU time, sizes 1-8, runtimes "
+        f"{s.batch_runtime_s[0] / 60:g}-{s.batch_runtime_s[1] / 60:g} min (log-uniform), "
+        f"{s.free_share:.0%} free work, "
+        f"{s.serving_batch_share:.0%} of jobs from {SERVING_TEAM}. Workflows (the four Compass "
+        f"profiles) for {SERVING_TEAM}: Poisson {s.workflow_rate_per_s:g}/s, "
+        f"×{s.burst_factor:g} from {s.burst_s[0] / 60:g} to {s.burst_s[1] / 60:g} min. "
+        f"Window {s.hours:g} h after {s.warmup_s / 60:g} min of batch work alone; seed {s.seed}.",
+        "",
+    ]
+    for title, (header, rows) in tables(runs[0]).items():
+        lines += [f"## {title}", "", *markdown_table(header, rows), ""]
+    lines += [
+        "## serving_max_fraction side by side (same workload)",
+        "",
+        *markdown_table(COMPARISON_HEADER, comparison_rows(runs)),
+        "",
+        "Definitions: *serving* GPUs are those the serving core holds from batch work "
+        "(planned or lingering), weighted by time; *busy* counts GPUs running a workflow task "
+        "(model loads excluded); *use* is busy ÷ held. Waits run from submission to the first "
+        "start, cut at the window's end. Slowdown is a workflow's latency ÷ its published best "
+        "case; phases go by arrival. Charges are WindowedUsage over the window, as the "
+        "projector folds the task lifecycle: workflow tasks are allocated work.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
+    """GPUs held by batch work (by class) and by serving over time, one panel per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 3.4 * len(runs)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(runs), 1, squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        hours = [p.at_s / 3600 for p in run.series]
+        ax.stackplot(
+            hours,
+            [p.serving_held for p in run.series],
+            *([p.batch[i] for p in run.series] for i in range(3)),
+            labels=["serving (held)", *(f"batch {c}" for c in CLASSES)],
+            colors=["tab:orange", "tab:green", "tab:blue", "tab:gray"],
+            alpha=0.8,
+            step="post",
+        )
+        ax.step(
+            hours,
+            [p.serving_active for p in run.series],
+            where="post",
+            color="tab:red",
+            linewidth=0.8,
+            label="serving (with work)",
+        )
+        ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
+        ax.axhline(run.capacity, color="black", linewidth=0.8)
+        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
+            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
+        ax.set_ylim(0, run.capacity * 1.02)
+        ax.set_xlim(0, run.window_s / 3600)
+        ax.set_ylabel("GPUs")
+        ax.set_title(
+            f"serving_max_fraction {run.serving_max_fraction:g} (cap {run.serving_cap}): "
+            f"serving held mean {run.serving_held['all'].mean:.1f}, "
+            f"batch occupancy {run.batch_occupancy_pct:.1f}%"
+        )
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    axes[-1, 0].set_xlabel("hours into the measured window")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    return path
