@@ -1,0 +1,208 @@
+"""Declared state: everything the core remembers, in named tables and cells that
+keep the state digest themselves.
+
+A scheduler declares each piece of what it remembers once, as a ``Table`` (keyed
+facts) or a ``Cell`` (one value), in its ``State``. Every write goes through
+them, so the digest covers the state by construction: there is no second,
+hand-kept list of facts to forget a field in. A write only marks its key; the
+marked facts are hashed when the digest is read, so a hot path pays a dict
+write, and a key written many times between two digests is hashed once.
+
+A table's order is state too (the oldest lease expires first, a workflow GPU
+is chosen in node order): each entry's fact holds its place, the count of
+entries inserted into the table before it, so a replay that agrees on the
+digest agrees on every order the scheduler reads.
+
+Values should be immutable (frozen dataclasses, tuples): a value changed in
+place is seen by the digest only after ``touch``. ``State.recomputed`` hashes
+every fact afresh, so tests can hold the incremental digest to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
+from typing import Generic, TypeVar, overload
+
+from libs.core.fingerprint import Fingerprint
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class State:
+    """The named tables and cells of one scheduler, and their digest."""
+
+    def __init__(self) -> None:
+        self._fingerprint = Fingerprint()
+        self._parts: dict[str, Table[object, object] | Cell[object]] = {}
+        self._marked: list[Table[object, object] | Cell[object]] = []  # parts with marks
+
+    def table(self, name: str, fact: Callable[[V], str] = repr) -> Table[K, V]:
+        table: Table[K, V] = Table(self, name, fact)
+        self._declare(name, table)
+        return table
+
+    def cell(self, name: str, value: V, fact: Callable[[V], str] = repr) -> Cell[V]:
+        cell = Cell(self, name, value, fact)
+        self._declare(name, cell)
+        return cell
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._parts)
+
+    def digest(self) -> bytes:
+        """The digest of every declared fact, hashing only those written since."""
+        while self._marked:
+            self._marked.pop()._flush(self._fingerprint)
+        return self._fingerprint.digest()
+
+    def recomputed(self) -> bytes:
+        """The digest hashed from scratch over every fact (for tests: slow)."""
+        fingerprint = Fingerprint()
+        for part in self._parts.values():
+            for _, fact in part.facts():
+                fingerprint.add(fact)  # the same sum as ``put``: each key holds one fact
+        return fingerprint.digest()
+
+    def _declare(self, name: str, part: object) -> None:
+        if name in self._parts:
+            raise ValueError(f"state {name!r} is declared twice")
+        self._parts[name] = part  # type: ignore[assignment]
+
+    def _mark(self, part: object) -> None:
+        self._marked.append(part)  # type: ignore[arg-type]
+
+
+class Table(Generic[K, V]):
+    """A named mapping whose entries are facts in the digest, in insertion order."""
+
+    __slots__ = ("_data", "_fact", "_inserted", "_marked", "_places", "_state", "name")
+
+    def __init__(self, state: State, name: str, fact: Callable[[V], str]) -> None:
+        self.name = name
+        self._state = state
+        self._fact = fact
+        self._data: dict[K, V] = {}
+        self._places: dict[K, int] = {}  # key -> its place in the order (see the module)
+        self._inserted = 0
+        self._marked: set[K] = set()
+
+    # -- reading ---------------------------------------------------------------
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    @overload
+    def get(self, key: K) -> V | None: ...
+
+    @overload
+    def get(self, key: K, default: V) -> V: ...
+
+    def get(self, key: K, default: V | None = None) -> V | None:
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def keys(self) -> KeysView[K]:
+        return self._data.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._data.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._data.items()
+
+    def first(self) -> tuple[K, V]:
+        """The entry written first (of those still here)."""
+        return next(iter(self._data.items()))
+
+    # -- writing ---------------------------------------------------------------
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key not in self._data:  # a new key goes last, as in a dict
+            self._places[key] = self._inserted
+            self._inserted += 1
+        self._data[key] = value
+        self.touch(key)
+
+    def __delitem__(self, key: K) -> None:
+        del self._data[key], self._places[key]
+        self.touch(key)
+
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        if key not in self._data:
+            return default
+        self.touch(key)
+        del self._places[key]
+        return self._data.pop(key)
+
+    def setdefault(self, key: K, value: V) -> V:
+        if key not in self._data:
+            self[key] = value
+        return self._data[key]
+
+    def touch(self, key: K) -> None:
+        """The entry under ``key`` changed (in place, or was written): rehash it."""
+        if not self._marked:
+            self._state._mark(self)
+        self._marked.add(key)
+
+    # -- the digest --------------------------------------------------------------
+
+    def facts(self) -> Iterator[tuple[str, str]]:
+        for key in self._data:
+            yield f"{self.name}|{key}", self._written(key)
+
+    def _written(self, key: K) -> str:
+        return f"{self.name}|{key}|{self._places[key]}|{self._fact(self._data[key])}"
+
+    def _flush(self, fingerprint: Fingerprint) -> None:
+        for key in self._marked:
+            if key in self._data:
+                fingerprint.put(f"{self.name}|{key}", self._written(key))
+            else:
+                fingerprint.drop(f"{self.name}|{key}")
+        self._marked.clear()
+
+
+class Cell(Generic[V]):
+    """A named value that is one fact in the digest."""
+
+    __slots__ = ("_fact", "_marked", "_state", "_value", "name")
+
+    def __init__(self, state: State, name: str, value: V, fact: Callable[[V], str]) -> None:
+        self.name = name
+        self._state = state
+        self._fact = fact
+        self._value = value
+        self._marked = False
+        self.touch()
+
+    @property
+    def value(self) -> V:
+        return self._value
+
+    @value.setter
+    def value(self, value: V) -> None:
+        self._value = value
+        self.touch()
+
+    def touch(self) -> None:
+        if not self._marked:
+            self._marked = True
+            self._state._mark(self)
+
+    def facts(self) -> Iterator[tuple[str, str]]:
+        yield self.name, f"{self.name}|{self._fact(self._value)}"
+
+    def _flush(self, fingerprint: Fingerprint) -> None:
+        fingerprint.put(self.name, f"{self.name}|{self._fact(self._value)}")
+        self._marked = False
