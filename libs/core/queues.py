@@ -31,12 +31,16 @@ class Waiting:
     def key(self) -> tuple[int, int, str]:
         return (-self.spec.priority, self.seq, self.job_id)
 
+    def fact(self) -> str:
+        """Every field, for the state digest (the job id is the table's key)."""
+        return f"{self.seq}|{self.attempt}|{self.since}|{self.spec.fact}"
+
 
 class Queues:
     DERIVED = ("_lists",)
 
     def __init__(self, state: State | None = None) -> None:
-        self.jobs: Table[str, Waiting] = (state or State()).table("queues.jobs")
+        self.jobs: Table[str, Waiting] = (state or State()).table("queues.jobs", Waiting.fact)
         # An index over ``jobs`` (``derived`` rebuilds it):
         # tier -> allocation -> gpus -> sorted keys
         self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {

@@ -87,6 +87,13 @@ class _Running:
     ended: tuple[str, ...] = ()  # sorted
     lost: str = ""  # why its node was lost, when it was
 
+    def fact(self) -> str:
+        """Every field, for the state digest (the job id is the table's key)."""
+        return (
+            f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
+            f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.spec.fact}"
+        )
+
 
 class _Snapshot(NamedTuple):
     at: float
@@ -139,7 +146,7 @@ class Scheduler:
         state = self._state = State()
         self._capacity = Capacity(state)
         self._queues = Queues(state)
-        self._running: Table[str, _Running] = state.table("running")
+        self._running: Table[str, _Running] = state.table("running", _Running.fact)
         self._tree: Cell[BudgetTree | None] = state.cell("tree", None, _tree_fact)
         self._snapshot = state.cell("usage", _Snapshot(0.0, {}), _snapshot_fact)
         # Preemption: node -> (the job it is freed for, since); job -> its reserved nodes.
@@ -174,6 +181,11 @@ class Scheduler:
     def handle(self, event: Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
+        decisions = self._handle(event)
+        self._state.settle()  # hashes what the input changed, once per fact
+        return decisions
+
+    def _handle(self, event: Input) -> list[Decision]:
         gap = event.at - self.now
         if self._leases and gap > self.config.node_lost_timeout_s / 2:
             # The log itself was silent (the broker, or everything that writes to it,

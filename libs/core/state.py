@@ -4,9 +4,11 @@ keep the state digest themselves.
 A scheduler declares each piece of what it remembers once, as a ``Table`` (keyed
 facts) or a ``Cell`` (one value), in its ``State``. Every write goes through
 them, so the digest covers the state by construction: there is no second,
-hand-kept list of facts to forget a field in. A write only marks its key; the
-marked facts are hashed when the digest is read, so a hot path pays a dict
-write, and a key written many times between two digests is hashed once.
+hand-kept list of facts to forget a field in. A write only marks its key, so a
+hot path pays a dict write and a key written many times is hashed once: the
+marked facts are hashed when the driver ``settle``s the state after an input,
+and a ``large`` table's (a workflow's progress, a GPU's queue) only when the
+digest is read, so inputs that decide nothing do not pay for them.
 
 A table's order is state too (the oldest lease expires first, a workflow GPU
 is chosen in node order): each entry's fact holds its place, the count of
@@ -20,8 +22,8 @@ every fact afresh, so tests can hold the incremental digest to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
-from typing import Generic, TypeVar, overload
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from libs.core.fingerprint import Fingerprint
 
@@ -35,10 +37,14 @@ class State:
     def __init__(self) -> None:
         self._fingerprint = Fingerprint()
         self._parts: dict[str, Table[object, object] | Cell[object]] = {}
-        self._marked: list[Table[object, object] | Cell[object]] = []  # parts with marks
+        # Parts with marked facts: hashed on settle, and large ones on digest.
+        self._marked: list[Table[object, object] | Cell[object]] = []
+        self._marked_large: list[Table[object, object]] = []
 
-    def table(self, name: str, fact: Callable[[V], str] = repr) -> Table[K, V]:
-        table: Table[K, V] = Table(self, name, fact)
+    def table(
+        self, name: str, fact: Callable[[V], str] = repr, *, large: bool = False
+    ) -> Table[K, V]:
+        table: Table[K, V] = Table(self, name, fact, large)
         self._declare(name, table)
         return table
 
@@ -51,10 +57,16 @@ class State:
     def names(self) -> tuple[str, ...]:
         return tuple(self._parts)
 
-    def digest(self) -> bytes:
-        """The digest of every declared fact, hashing only those written since."""
+    def settle(self) -> None:
+        """Hash the facts written since, but for those of large tables."""
         while self._marked:
             self._marked.pop()._flush(self._fingerprint)
+
+    def digest(self) -> bytes:
+        """The digest of every declared fact, hashing only those written since."""
+        self.settle()
+        while self._marked_large:
+            self._marked_large.pop()._flush(self._fingerprint)
         return self._fingerprint.digest()
 
     def recomputed(self) -> bytes:
@@ -70,106 +82,85 @@ class State:
             raise ValueError(f"state {name!r} is declared twice")
         self._parts[name] = part  # type: ignore[assignment]
 
-    def _mark(self, part: object) -> None:
-        self._marked.append(part)  # type: ignore[arg-type]
+    def _mark(self, part: object, large: bool = False) -> None:
+        (self._marked_large if large else self._marked).append(part)  # type: ignore[arg-type]
 
 
-class Table(Generic[K, V]):
-    """A named mapping whose entries are facts in the digest, in insertion order."""
+class Table(dict[K, V]):
+    """A named mapping whose entries are facts in the digest, in insertion order.
 
-    __slots__ = ("_data", "_fact", "_inserted", "_marked", "_places", "_state", "name")
+    Reads are a dict's own (the hot paths read far more than they write); the
+    writes a table does not count (``update``, ``clear``...) are refused.
+    """
 
-    def __init__(self, state: State, name: str, fact: Callable[[V], str]) -> None:
+    __slots__ = ("_fact", "_inserted", "_large", "_marked", "_places", "_state", "name")
+
+    def __init__(self, state: State, name: str, fact: Callable[[V], str], large: bool) -> None:
+        super().__init__()
         self.name = name
         self._state = state
         self._fact = fact
-        self._data: dict[K, V] = {}
+        self._large = large
         self._places: dict[K, int] = {}  # key -> its place in the order (see the module)
         self._inserted = 0
         self._marked: set[K] = set()
 
-    # -- reading ---------------------------------------------------------------
-
-    def __getitem__(self, key: K) -> V:
-        return self._data[key]
-
-    @overload
-    def get(self, key: K) -> V | None: ...
-
-    @overload
-    def get(self, key: K, default: V) -> V: ...
-
-    def get(self, key: K, default: V | None = None) -> V | None:
-        return self._data.get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def keys(self) -> KeysView[K]:
-        return self._data.keys()
-
-    def values(self) -> ValuesView[V]:
-        return self._data.values()
-
-    def items(self) -> ItemsView[K, V]:
-        return self._data.items()
-
     def first(self) -> tuple[K, V]:
         """The entry written first (of those still here)."""
-        return next(iter(self._data.items()))
+        return next(iter(self.items()))
 
     # -- writing ---------------------------------------------------------------
 
     def __setitem__(self, key: K, value: V) -> None:
-        if key not in self._data:  # a new key goes last, as in a dict
+        if key not in self:  # a new key goes last, as in a dict
             self._places[key] = self._inserted
             self._inserted += 1
-        self._data[key] = value
+        dict.__setitem__(self, key, value)
         self.touch(key)
 
     def __delitem__(self, key: K) -> None:
-        del self._data[key], self._places[key]
+        dict.__delitem__(self, key)
+        del self._places[key]
         self.touch(key)
 
-    def pop(self, key: K, default: V | None = None) -> V | None:
-        if key not in self._data:
+    def pop(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
+        if key not in self:
             return default
         self.touch(key)
         del self._places[key]
-        return self._data.pop(key)
+        return dict.pop(self, key)
 
     def setdefault(self, key: K, value: V) -> V:
-        if key not in self._data:
+        if key not in self:
             self[key] = value
-        return self._data[key]
+        return self[key]
 
     def touch(self, key: K) -> None:
         """The entry under ``key`` changed (in place, or was written): rehash it."""
         if not self._marked:
-            self._state._mark(self)
+            self._state._mark(self, self._large)
         self._marked.add(key)
+
+    def _refused(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(f"table {self.name}: write entries one by one")
+
+    update = clear = popitem = __ior__ = _refused  # type: ignore[assignment]
 
     # -- the digest --------------------------------------------------------------
 
     def facts(self) -> Iterator[tuple[str, str]]:
-        for key in self._data:
-            yield f"{self.name}|{key}", self._written(key)
-
-    def _written(self, key: K) -> str:
-        return f"{self.name}|{key}|{self._places[key]}|{self._fact(self._data[key])}"
+        for key, value in self.items():
+            where = f"{self.name}|{key}"
+            yield where, f"{where}|{self._places[key]}|{self._fact(value)}"
 
     def _flush(self, fingerprint: Fingerprint) -> None:
+        places, fact = self._places, self._fact
         for key in self._marked:
-            if key in self._data:
-                fingerprint.put(f"{self.name}|{key}", self._written(key))
+            where = f"{self.name}|{key}"
+            if key in self:
+                fingerprint.put(where, f"{where}|{places[key]}|{fact(self[key])}")
             else:
-                fingerprint.drop(f"{self.name}|{key}")
+                fingerprint.drop(where)
         self._marked.clear()
 
 

@@ -230,10 +230,11 @@ class Serving:
         self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
         self._planner = Planner(self._costs, self.mode)
         self._batch = gpus
-        self._gpus: Table[GpuKey, _Gpu] = state.table("serving.gpus", _gpu_fact)
+        # A GPU's queue and a workflow's progress are large: hashed when the digest is read.
+        self._gpus: Table[GpuKey, _Gpu] = state.table("serving.gpus", _gpu_fact, large=True)
         self.pool: Table[GpuKey, None] = state.table("serving.pool")  # held from batch work
         self._idle_since: Table[GpuKey, float] = state.table("serving.idle")  # pool, queue empty
-        self._flows: Table[str, _Flow] = state.table("serving.flows", _Flow.fact)
+        self._flows: Table[str, _Flow] = state.table("serving.flows", _Flow.fact, large=True)
         # task id -> the task as its GPU's backlog holds it, with when its inputs arrive
         # there: the plan's estimate, then (once sent) the known time. The planner
         # plays each GPU's backlog forward.

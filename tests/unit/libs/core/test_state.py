@@ -10,18 +10,21 @@ field added without a table fails here.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 
-from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler
+from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, StopCause
 from libs.core.compass.serving import Serving
 from libs.core.placement import Capacity
-from libs.core.queues import Queues
+from libs.core.queues import Queues, Waiting
+from libs.core.scheduler import _Running
 from libs.core.state import Cell, State, Table
 from libs.events.convert import to_input
 from libs.events.logfile import read_log
+from tests.builders import job
 from tests.unit.libs.core.test_properties import (
     hostile_steps,
     play,
@@ -218,3 +221,52 @@ def test_the_order_of_a_table_is_in_its_digest() -> None:
     assert list(a) != list(b) and one.digest() != two.digest()
     a["x"] = 3  # a key written again keeps its place
     assert list(a) == ["x", "y"] and one.digest() == one.recomputed()
+
+
+def test_settling_hashes_the_facts_written_but_those_of_large_tables() -> None:
+    hashed: list[str] = []
+
+    def fact(value: int) -> str:
+        hashed.append(str(value))
+        return str(value)
+
+    state = State()
+    small: Table[str, int] = state.table("small", fact)
+    large: Table[str, int] = state.table("large", fact, large=True)
+    small["k"], large["k"] = 1, 2
+    small["k"] = 3  # written twice, hashed once
+    state.settle()
+    assert hashed == ["3"]
+    assert state.digest() == state.recomputed() and hashed[:2] == ["3", "2"]
+
+
+def test_writes_that_would_bypass_the_digest_are_refused() -> None:
+    table: Table[str, int] = State().table("t")
+    with pytest.raises(TypeError, match="one by one"):
+        table.update({"k": 1})
+    with pytest.raises(TypeError):
+        table.clear()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Waiting("j1", job(2), 7, 1, 30.0),
+        _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))}, 31.0, True, None, (), ""),
+    ],
+)
+def test_a_hand_written_fact_names_every_field(value: Waiting | _Running) -> None:
+    """The facts written field by field (hot tables) change with any field but the key."""
+    other = {str: "x", int: 99, float: 99.5, bool: False, tuple: ("x",), dict: {}}
+    for f in dataclasses.fields(value):
+        if f.name == "job_id":
+            continue
+        current = getattr(value, f.name)
+        changed = (
+            job(3)
+            if f.name == "spec"
+            else StopCause.CANCELLED
+            if current is None
+            else other[type(current)]
+        )
+        assert dataclasses.replace(value, **{f.name: changed}).fact() != value.fact(), f.name
