@@ -3,8 +3,8 @@
 The scheduler records a digest of its whole state with every decision; a
 running sum of per-fact hashes (mod 2**256) keeps that cheap however large
 the queue grows, and equal states give equal digests whatever the history.
-Facts are counted under a key (``put``, ``drop``) by the declared state
-(``state.py``), which also defers hashing until the digest is read.
+The declared state (``state.py``) keeps the hash of each of its facts and
+moves the sum by the difference when a fact changes (``shift``).
 """
 
 from __future__ import annotations
@@ -17,27 +17,20 @@ _MOD = 1 << 256
 class Fingerprint:
     def __init__(self) -> None:
         self._sum = 0
-        self._keyed: dict[str, int] = {}  # key -> the hash of its fact, counted in the sum
 
     def add(self, fact: str) -> None:
-        self._sum = (self._sum + _hash(fact)) % _MOD
+        self._sum = (self._sum + fact_hash(fact)) % _MOD
 
     def remove(self, fact: str) -> None:
-        self._sum = (self._sum - _hash(fact)) % _MOD
+        self._sum = (self._sum - fact_hash(fact)) % _MOD
 
-    def put(self, key: str, fact: str) -> None:
-        """Count ``fact`` as the one fact under ``key``, in place of the one before."""
-        new = _hash(fact)
-        self._sum = (self._sum - self._keyed.get(key, 0) + new) % _MOD
-        self._keyed[key] = new
-
-    def drop(self, key: str) -> None:
-        """Forget the fact under ``key``."""
-        self._sum = (self._sum - self._keyed.pop(key, 0)) % _MOD
+    def shift(self, delta: int) -> None:
+        """Move the sum by ``delta``: the hashes of facts counted less those uncounted."""
+        self._sum = (self._sum + delta) % _MOD
 
     def digest(self) -> bytes:
         return self._sum.to_bytes(32, "big")
 
 
-def _hash(fact: str) -> int:
+def fact_hash(fact: str) -> int:
     return int.from_bytes(hashlib.blake2b(fact.encode(), digest_size=32).digest(), "big")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from libs.core.fingerprint import Fingerprint
+from libs.core.fingerprint import Fingerprint, fact_hash
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -73,8 +73,8 @@ class State:
         """The digest hashed from scratch over every fact (for tests: slow)."""
         fingerprint = Fingerprint()
         for part in self._parts.values():
-            for _, fact in part.facts():
-                fingerprint.add(fact)  # the same sum as ``put``: each key holds one fact
+            for fact in part.facts():
+                fingerprint.add(fact)
         return fingerprint.digest()
 
     def _declare(self, name: str, part: object) -> None:
@@ -93,7 +93,16 @@ class Table(dict[K, V]):
     writes a table does not count (``update``, ``clear``...) are refused.
     """
 
-    __slots__ = ("_fact", "_inserted", "_large", "_marked", "_places", "_state", "name")
+    __slots__ = (
+        "_fact",
+        "_hashes",
+        "_inserted",
+        "_large",
+        "_marked",
+        "_places",
+        "_state",
+        "name",
+    )
 
     def __init__(self, state: State, name: str, fact: Callable[[V], str], large: bool) -> None:
         super().__init__()
@@ -104,6 +113,7 @@ class Table(dict[K, V]):
         self._places: dict[K, int] = {}  # key -> its place in the order (see the module)
         self._inserted = 0
         self._marked: set[K] = set()
+        self._hashes: dict[K, int] = {}  # key -> the hash of its fact, counted in the digest
 
     def first(self) -> tuple[K, V]:
         """The entry written first (of those still here)."""
@@ -148,26 +158,26 @@ class Table(dict[K, V]):
 
     # -- the digest --------------------------------------------------------------
 
-    def facts(self) -> Iterator[tuple[str, str]]:
+    def facts(self) -> Iterator[str]:
         for key, value in self.items():
-            where = f"{self.name}|{key}"
-            yield where, f"{where}|{self._places[key]}|{self._fact(value)}"
+            yield f"{self.name}|{key}|{self._places[key]}|{self._fact(value)}"
 
     def _flush(self, fingerprint: Fingerprint) -> None:
-        places, fact = self._places, self._fact
+        name, places, fact, hashes = self.name, self._places, self._fact, self._hashes
+        delta = 0
         for key in self._marked:
-            where = f"{self.name}|{key}"
+            delta -= hashes.pop(key, 0)
             if key in self:
-                fingerprint.put(where, f"{where}|{places[key]}|{fact(self[key])}")
-            else:
-                fingerprint.drop(where)
+                new = hashes[key] = fact_hash(f"{name}|{key}|{places[key]}|{fact(self[key])}")
+                delta += new
+        fingerprint.shift(delta)
         self._marked.clear()
 
 
 class Cell(Generic[V]):
     """A named value that is one fact in the digest."""
 
-    __slots__ = ("_fact", "_marked", "_state", "_value", "name")
+    __slots__ = ("_fact", "_hash", "_marked", "_state", "_value", "name")
 
     def __init__(self, state: State, name: str, value: V, fact: Callable[[V], str]) -> None:
         self.name = name
@@ -175,6 +185,7 @@ class Cell(Generic[V]):
         self._fact = fact
         self._value = value
         self._marked = False
+        self._hash = 0  # of its fact, counted in the digest
         self.touch()
 
     @property
@@ -191,9 +202,11 @@ class Cell(Generic[V]):
             self._marked = True
             self._state._mark(self)
 
-    def facts(self) -> Iterator[tuple[str, str]]:
-        yield self.name, f"{self.name}|{self._fact(self._value)}"
+    def facts(self) -> Iterator[str]:
+        yield f"{self.name}|{self._fact(self._value)}"
 
     def _flush(self, fingerprint: Fingerprint) -> None:
-        fingerprint.put(self.name, f"{self.name}|{self._fact(self._value)}")
+        new = fact_hash(f"{self.name}|{self._fact(self._value)}")
+        fingerprint.shift(new - self._hash)
+        self._hash = new
         self._marked = False

@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.fingerprint import Fingerprint
+from libs.core.fingerprint import Fingerprint, fact_hash
 
 EMPTY = bytes(32)
 
@@ -40,10 +40,10 @@ def test_different_facts_give_different_digests() -> None:
 
 def test_a_keyed_fact_replaces_the_one_before_under_its_key() -> None:
     fp = Fingerprint()
-    fp.put("workflow w1", "1 of 3 done")
-    fp.put("workflow w1", "2 of 3 done")
+    fp.shift(fact_hash("1 of 3 done"))
+    fp.shift(fact_hash("2 of 3 done") - fact_hash("1 of 3 done"))
     assert fp.digest() == digest_of("2 of 3 done")
-    fp.drop("workflow w1")
+    fp.shift(-fact_hash("2 of 3 done"))
     assert fp.digest() == EMPTY
 
 
