@@ -126,7 +126,10 @@ class Table(dict[K, V]):
             self._places[key] = self._inserted
             self._inserted += 1
         dict.__setitem__(self, key, value)
-        self.touch(key)
+        marked = self._marked  # touch(key), inline: the hot paths write here
+        if not marked:
+            self._state._mark(self, self._large)
+        marked.add(key)
 
     def __delitem__(self, key: K) -> None:
         dict.__delitem__(self, key)

@@ -274,3 +274,10 @@ def test_a_hand_written_fact_names_every_field(value: Waiting | _Running) -> Non
             else other[type(current)]
         )
         assert dataclasses.replace(value, **{f.name: changed}).fact() != value.fact(), f.name
+
+
+def test_a_running_job_copied_with_changes_is_what_replace_gives() -> None:
+    run = _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))})
+    changed = run.but(ended=("j1/1",), idle=True)
+    assert changed == dataclasses.replace(run, ended=("j1/1",), idle=True) != run
+    assert run.ended == () and not run.idle
