@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from libs.core.compass.workflow import Workflow
 
@@ -43,6 +45,12 @@ class JobSpec:
     @property
     def allocated(self) -> bool:
         return self.min_runtime_s > 0 or self.workflow is not None
+
+    @cached_property
+    def fact(self) -> str:
+        """Every field, hashed once per spec: how the state digest counts a job's spec
+        (a waiting or running job's fact is written out many times)."""
+        return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
 
     @property
     def work_class(self) -> WorkClass:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import JobSpec, NodeSpec
+from libs.core.state import State, Table
 
 _NodeClass = tuple[str, float]  # (GPU type, GPU memory in GiB)
 
@@ -38,10 +40,21 @@ def describe(spec: JobSpec) -> str:
     return f"{spec.gpus}×{spec.gpu_type or 'GPU'}{memory}"
 
 
+class Free(NamedTuple):
+    gpus: tuple[int, ...]  # the node's free GPU indices, sorted
+    since: int  # when the node got this many free GPUs: its place in its bucket
+
+
 class Capacity:
-    def __init__(self) -> None:
-        self.nodes: dict[str, NodeSpec] = {}
-        self._free: dict[str, tuple[int, ...]] = {}
+    DERIVED = ("_by_class", "_class_size", "_class_total", "total_gpus", "total_free")
+
+    def __init__(self, state: State | None = None) -> None:
+        state = state or State()
+        # Declared state: the nodes and their free GPUs; every other field is an
+        # index over them (``derived`` rebuilds them, tests compare).
+        self.nodes: Table[str, NodeSpec] = state.table("capacity.nodes")
+        self._free: Table[str, Free] = state.table("capacity.free")
+        self._moves = state.cell("capacity.moves", 0)  # stamps Free.since
         # class -> free count -> nodes, in the order they got that count: taking
         # the first is O(1) and deterministic (the order follows the input).
         self._by_class: dict[_NodeClass, dict[int, dict[str, None]]] = {}
@@ -54,15 +67,12 @@ class Capacity:
         """Register or re-register a node; ``held`` GPUs stay taken by running tasks."""
         old = self.nodes.get(node.node_id)
         if old is not None:
-            self._unindex(node.node_id)
-            self.total_gpus -= old.gpu_count
-            self.total_free -= len(self._free[node.node_id])
-            self._class_total[(old.gpu_type, old.gpu_memory_gib)] -= old.gpu_count
-        self.nodes[node.node_id] = node
-        self._free[node.node_id] = tuple(g for g in sorted(node.gpu_indices) if g not in held)
+            self._uncount(old)
+        self.nodes[node.node_id] = node  # a re-registered node keeps its place
+        free = tuple(g for g in sorted(node.gpu_indices) if g not in held)
         self.total_gpus += node.gpu_count
-        self.total_free += len(self._free[node.node_id])
-        self._index(node.node_id)
+        self.total_free += len(free)
+        self._index(node.node_id, free)
         cls = (node.gpu_type, node.gpu_memory_gib)
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
         self._class_total[cls] = self._class_total.get(cls, 0) + node.gpu_count
@@ -70,42 +80,49 @@ class Capacity:
     def remove(self, node_id: str) -> None:
         """A node leaves (it was lost): its GPUs, free or not, are no longer counted."""
         node = self.nodes.get(node_id)
-        if node is None:
-            return
-        self._unindex(node_id)
+        if node is not None:
+            self._uncount(node)
+            del self.nodes[node_id], self._free[node_id]
+
+    def _uncount(self, node: NodeSpec) -> None:
+        """Take a node out of the indexes and totals (its class too, if it was the last)."""
+        self._unindex(node.node_id)
         cls = (node.gpu_type, node.gpu_memory_gib)
         if not self._by_class[cls]:
             del self._by_class[cls]
-        del self.nodes[node_id]
         self.total_gpus -= node.gpu_count
-        self.total_free -= len(self._free.pop(node_id))
+        self.total_free -= len(self.free(node.node_id))
         self._class_total[cls] -= node.gpu_count
-        sizes = [n.gpu_count for n in self.nodes.values() if (n.gpu_type, n.gpu_memory_gib) == cls]
+        sizes = [
+            n.gpu_count
+            for n in self.nodes.values()
+            if (n.gpu_type, n.gpu_memory_gib) == cls and n.node_id != node.node_id
+        ]
         if sizes:
             self._class_size[cls] = max(sizes)
         else:
             del self._class_size[cls], self._class_total[cls]
 
     def free(self, node_id: str) -> tuple[int, ...]:
-        return self._free.get(node_id, ())
+        free = self._free.get(node_id)
+        return () if free is None else free.gpus
 
     def take(self, node_id: str, gpus: Collection[int]) -> None:
         self._unindex(node_id)
-        before = self._free[node_id]
-        self._free[node_id] = tuple(g for g in before if g not in gpus)
-        self.total_free -= len(before) - len(self._free[node_id])
-        self._index(node_id)
+        before = self.free(node_id)
+        after = tuple(g for g in before if g not in gpus)
+        self.total_free -= len(before) - len(after)
+        self._index(node_id, after)
 
     def give(self, node_id: str, gpus: Collection[int]) -> None:
         node = self.nodes.get(node_id)
         if node is None:
             return
         self._unindex(node_id)
-        before = self._free[node_id]
+        before = self.free(node_id)
         back = [g for g in gpus if g in node.gpu_indices and g not in before]
-        self._free[node_id] = tuple(sorted((*before, *back)))
         self.total_free += len(back)
-        self._index(node_id)
+        self._index(node_id, tuple(sorted((*before, *back))))
 
     def matching(self, spec: JobSpec) -> list[_NodeClass]:
         return sorted(
@@ -146,7 +163,7 @@ class Capacity:
                 summary=f"{wanted}; waiting for a block that large to free up",
             )
         node_id = best[1]
-        return Fit(((node_id, self._free[node_id][: spec.gpus]),))
+        return Fit(((node_id, self.free(node_id)[: spec.gpus]),))
 
     def shape(self, blocked: Collection[str] = ()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
@@ -196,19 +213,41 @@ class Capacity:
         remaining = spec.gpus
         for node_id in whole[:needed]:
             take = min(node_size, remaining)
-            tasks.append((node_id, self._free[node_id][:take]))
+            tasks.append((node_id, self.free(node_id)[:take]))
             remaining -= take
         return Fit(tuple(tasks))
 
-    def _index(self, node_id: str) -> None:
+    def derived(self) -> tuple[object, ...]:
+        """The indexes rebuilt from the declared state alone (tests compare them)."""
+        by_class: dict[_NodeClass, dict[int, dict[str, None]]] = {}
+        sizes: dict[_NodeClass, int] = {}
+        totals: dict[_NodeClass, int] = {}
+        for node_id, free in sorted(self._free.items(), key=lambda item: item[1].since):
+            node = self.nodes[node_id]
+            cls = (node.gpu_type, node.gpu_memory_gib)
+            by_class.setdefault(cls, {}).setdefault(len(free.gpus), {})[node_id] = None
+            sizes[cls] = max(sizes.get(cls, 0), node.gpu_count)
+            totals[cls] = totals.get(cls, 0) + node.gpu_count
+        free_gpus = sum(len(free.gpus) for free in self._free.values())
+        total = sum(node.gpu_count for node in self.nodes.values())
+        return by_class, sizes, totals, total, free_gpus
+
+    def indexes(self) -> tuple[object, ...]:
+        """The indexes as kept, in the shape of ``derived``."""
+        by_class = {cls: buckets for cls, buckets in self._by_class.items() if buckets}
+        return by_class, self._class_size, self._class_total, self.total_gpus, self.total_free
+
+    def _index(self, node_id: str, free: tuple[int, ...]) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
-        buckets.setdefault(len(self._free[node_id]), {})[node_id] = None
+        buckets.setdefault(len(free), {})[node_id] = None
+        self._moves.value += 1
+        self._free[node_id] = Free(free, self._moves.value)
 
     def _unindex(self, node_id: str) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
-        count = len(self._free[node_id])
+        count = len(self.free(node_id))
         del buckets[count][node_id]
         if not buckets[count]:
             del buckets[count]

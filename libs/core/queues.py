@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec, WorkClass
+from libs.core.state import State, Table
 
 TIERS = (WorkClass.DEBUG, WorkClass.ALLOCATED, WorkClass.UNALLOCATED)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Waiting:
     job_id: str
     spec: JobSpec
@@ -30,10 +31,17 @@ class Waiting:
     def key(self) -> tuple[int, int, str]:
         return (-self.spec.priority, self.seq, self.job_id)
 
+    def fact(self) -> str:
+        """Every field, for the state digest (the job id is the table's key)."""
+        return f"{self.seq}|{self.attempt}|{self.since}|{self.spec.fact}"
+
 
 class Queues:
-    def __init__(self) -> None:
-        self.jobs: dict[str, Waiting] = {}
+    DERIVED = ("_lists",)
+
+    def __init__(self, state: State | None = None) -> None:
+        self.jobs: Table[str, Waiting] = (state or State()).table("queues.jobs", Waiting.fact)
+        # An index over ``jobs`` (``derived`` rebuilds it):
         # tier -> allocation -> gpus -> sorted keys
         self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {
             tier: {} for tier in TIERS
@@ -46,6 +54,24 @@ class Queues:
         self.jobs[job.job_id] = job
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
         bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
+
+    def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]]:
+        """The index rebuilt from ``jobs`` alone (tests compare it with the one kept)."""
+        lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {
+            tier: {} for tier in TIERS
+        }
+        for job in self.jobs.values():
+            sizes = lists[job.spec.work_class].setdefault(job.spec.allocation, {})
+            sizes.setdefault(job.spec.gpus, []).append(job.key)
+        for allocations in lists.values():
+            for sizes in allocations.values():
+                for keys in sizes.values():
+                    keys.sort()
+        return lists
+
+    @property
+    def index(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]]:
+        return self._lists
 
     def remove(self, job_id: str) -> Waiting | None:
         job = self.jobs.pop(job_id, None)

@@ -20,10 +20,12 @@ A scheduling pass, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from libs.core.budget_tree import BudgetTree
-from libs.core.compass.serving import Serving
+from libs.core.compass.serving import GpuKey, Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
 from libs.core.decisions import (
@@ -42,7 +44,6 @@ from libs.core.decisions import (
 )
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing, leaf_order, standings
-from libs.core.fingerprint import Fingerprint
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -61,85 +62,145 @@ from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.placement import Capacity, Fit, NoFit, describe
 from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
+from libs.core.state import Cell, State, Table
 from libs.core.validation import joined, rejection, validate_node
 
 POLICY = "budget"
 # 9: every decision's provenance carries the digest of the knobs it was decided
 # under (``config_digest``), so the same input yields other bytes than under 8.
-POLICY_VERSION = 9
+# 10: the digest covers every declared table (libs/core/state.py): reasons, seen jobs,
+# the no-plan cache, the preemption round and more; the decisions are unchanged.
+POLICY_VERSION = 10
 PREEMPTION_ROUND_S = 10.0
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Running:
     job_id: str
     spec: JobSpec
     seq: int
     attempt: int
     placed_at: float
-    tasks: dict[str, tuple[str, tuple[int, ...]]]  # task id -> (node id, GPU indices)
+    tasks: dict[str, tuple[str, tuple[int, ...]]]  # task id -> (node id, GPU indices); kept
     started_at: float | None = None
     idle: bool = False
     stopping: StopCause | None = None
-    ended: set[str] = field(default_factory=set)
+    ended: tuple[str, ...] = ()  # sorted
     lost: str = ""  # why its node was lost, when it was
 
-    @property
+    def but(self, **changes: object) -> _Running:
+        """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
+        on every task start and end), as the class has no ``__post_init__``."""
+        run = object.__new__(_Running)
+        run.__dict__.update(self.__dict__, **changes)
+        return run
+
     def fact(self) -> str:
+        """Every field, for the state digest (the job id is the table's key)."""
         return (
-            f"r|{self.job_id}|{self.attempt}|{sorted(self.tasks.items())}|{self.started_at}"
-            f"|{self.idle}|{self.stopping}|{sorted(self.ended)}|{self.lost}"
+            f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
+            f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.spec.fact}"
         )
 
 
+class _Snapshot(NamedTuple):
+    at: float
+    usage: dict[str, float]  # charged GPU-seconds per allocation; never changed in place
+
+
+class _Lender:
+    """Serving's narrow view of the batch capacity (``serving.BatchGpus``): it takes
+    free GPUs and gives them back, never on nodes reserved for a preempting job."""
+
+    def __init__(self, capacity: Capacity, reserved: Table[str, tuple[str, float]]) -> None:
+        self._capacity = capacity
+        self._reserved = reserved
+
+    @property
+    def total_gpus(self) -> int:
+        return self._capacity.total_gpus
+
+    @property
+    def total_free(self) -> int:
+        return self._capacity.total_free
+
+    def node(self, node_id: str) -> NodeSpec | None:
+        return self._capacity.nodes.get(node_id)
+
+    def free_gpus(self) -> Iterator[GpuKey]:
+        for node_id in self._capacity.nodes:
+            if node_id not in self._reserved:
+                for index in self._capacity.free(node_id):
+                    yield node_id, index
+
+    def take(self, key: GpuKey) -> None:
+        self._capacity.take(key[0], (key[1],))
+
+    def give(self, key: GpuKey) -> None:
+        self._capacity.give(key[0], (key[1],))
+
+
 class Scheduler:
+    """The state machine. What it remembers is declared in ``self._state`` (tables
+    and cells the digest covers by construction); every other attribute is the
+    config, the input clock, or a cache derived from declared state (named in
+    ``DERIVED``, rebuilt by ``derived``)."""
+
+    DERIVED = ("_on_node", "_entitlements", "_free_work_gpus")
+
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
-        self.now = 0.0
-        self._capacity = Capacity()
-        self._queues = Queues()
-        self._running: dict[str, _Running] = {}
-        self._on_node: dict[str, dict[str, None]] = {}  # node -> running job ids (ordered set)
-        self._tree: BudgetTree | None = None
-        self._entitlements: dict[str, float] = {}
-        self._snapshot: dict[str, float] = {}
-        self._snapshot_at = 0.0
-        self._reserved: dict[str, tuple[str, float]] = {}  # node -> (job id, since)
-        self._nominated: dict[str, tuple[str, ...]] = {}  # job id -> its reserved nodes
-        self._reasons: dict[str, str] = {}
-        self._seen: set[str] = set()
-        self._seq = 0
-        self._fingerprint = Fingerprint()
-        self._running_version = 0  # bumped whenever the set of running work changes
-        self._no_plan: tuple[tuple[str, int], float] | None = None
-        self._next_preemption_at = 0.0
-        # Allocated running GPUs per allocation, and the sum of gpus × max(placed,
-        # snapshot time): usage since the snapshot in O(allocations).
-        self._running_gpus: dict[str, float] = {}  # priced
-        self._weighted_start: dict[str, float] = {}
-        self._impossible: set[str] = set()  # jobs no registered node can ever hold
-        self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+        self.now = 0.0  # the input clock: the largest ``at`` of the log so far
+        state = self._state = State()
+        self._capacity = Capacity(state)
+        self._queues = Queues(state)
+        self._running: Table[str, _Running] = state.table("running", _Running.fact)
+        self._tree: Cell[BudgetTree | None] = state.cell("tree", None, _tree_fact)
+        self._snapshot = state.cell("usage", _Snapshot(0.0, {}), _snapshot_fact)
+        # Preemption: node -> (the job it is freed for, since); job -> its reserved nodes.
+        self._reserved: Table[str, tuple[str, float]] = state.table("reserved")
+        self._nominated: Table[str, tuple[str, ...]] = state.table("nominated")
+        self._reasons: Table[str, str] = state.table("reasons")  # the last Wait each job heard
+        self._seen: Table[str, None] = state.table("seen")  # every job id decided on
+        self._seq = state.cell("seq", 0)  # submission order
+        self._running_version = state.cell("running_version", 0)  # bumped as running work changes
+        # A failed preemption plan: ((job id, running_version), when).
+        self._no_plan: Cell[tuple[tuple[str, int], float] | None] = state.cell("no_plan", None)
+        self._next_preemption_at = state.cell("next_preemption_at", 0.0)
+        # Per allocation: allocated running GPUs (priced), and the sum of gpus × max(placed,
+        # snapshot time): usage since the snapshot in O(allocations). Float sums depend
+        # on the order of the terms, so they are state, not a cache.
+        self._tally: Table[str, tuple[float, float]] = state.table("tally")
+        self._impossible: Table[str, None] = state.table("impossible")  # no node can ever hold
         # Liveness: the agent incarnation each node registered with last, and when the
         # nodes that heartbeat were last heard from (input time, oldest first).
-        self._incarnations: dict[str, str] = {}
-        self._leases: dict[str, float] = {}
-        # Workflows (DAGs of model-serving tasks) are planned by the serving core,
-        # on GPUs it holds from this scheduler's capacity.
-        self._serving = Serving(self.config, self._capacity, self._fingerprint, self._reserved)
+        self._incarnations: Table[str, str] = state.table("incarnations")
+        self._leases: Table[str, float] = state.table("leases")
+        # Derived caches (see ``derived``).
+        self._on_node: dict[str, dict[str, None]] = {}  # node -> running job ids (ordered set)
+        self._entitlements: dict[str, float] = {}  # of the tree
+        self._free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+        # Workflows (DAGs of model-serving tasks) are planned by the serving core, in
+        # tables of its own, on GPUs it borrows from this scheduler's capacity.
+        self._serving = Serving(self.config, state, _Lender(self._capacity, self._reserved))
 
     # -- the one entry point -------------------------------------------------
 
     def handle(self, event: Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
+        decisions = self._handle(event)
+        self._state.settle()  # hashes what the input changed, once per fact
+        return decisions
+
+    def _handle(self, event: Input) -> list[Decision]:
         gap = event.at - self.now
         if self._leases and gap > self.config.node_lost_timeout_s / 2:
             # The log itself was silent (the broker, or everything that writes to it,
             # was down; the ticker writes every second): nobody could heartbeat, so
             # that silence is held against no node, instead of losing them all at once.
             for node_id, heard in list(self._leases.items()):
-                self._fingerprint.replace(f"l|{node_id}|{heard}", f"l|{node_id}|{heard + gap}")
                 self._leases[node_id] = heard + gap
         self.now = max(self.now, event.at)
         decisions: list[Decision] = []
@@ -147,15 +208,15 @@ class Scheduler:
             case JobArrived():
                 if event.job_id in self._seen:  # a duplicate submission: already decided
                     return []
-                self._seen.add(event.job_id)
+                self._seen[event.job_id] = None
                 rejected = rejection(event.job_id, event.spec)
                 if rejected is not None:
                     return [rejected]
                 if event.spec.workflow is not None:
                     decisions += self._serving.arrive(event.job_id, event.spec, self._now_ms)
                 else:
-                    self._seq += 1
-                    self._enqueue(Waiting(event.job_id, event.spec, self._seq, 0, event.at))
+                    self._seq.value += 1
+                    self._enqueue(Waiting(event.job_id, event.spec, self._seq.value, 0, event.at))
             case NodeJoined():
                 if violations := validate_node(event.node):
                     return [Refused(event.node.node_id, joined(violations))]
@@ -186,23 +247,20 @@ class Scheduler:
                 decisions += self._cancel(event.job_id) if served is None else served
             case BudgetSet():
                 self._set_tree(event.tree)
-                self._running_version += 1  # ranks changed
+                self._running_version.value += 1  # ranks changed
             case UsageSnapshot() if not all(math.isfinite(u) for _, u in event.usage):
                 return [Refused("usage snapshot", "charged GPU-seconds must be finite numbers")]
             case UsageSnapshot():
-                before = self._snapshot_fact
-                self._snapshot = dict(event.usage)
-                self._snapshot_at = event.at
-                self._fingerprint.replace(before, self._snapshot_fact)
+                self._snapshot.value = _Snapshot(event.at, dict(event.usage))
                 self._reweigh()
         decisions += self._expire_leases()
         # Preemption planning scans the running work, so it runs in rounds: at
         # most every 10 s of input time (ticks keep time moving), when the budget
         # changes, and when debug work arrives (the fast path).
         fast = isinstance(event, JobArrived) and event.spec.work_class is WorkClass.DEBUG
-        preempt = fast or isinstance(event, BudgetSet) or self.now >= self._next_preemption_at
+        preempt = fast or isinstance(event, BudgetSet) or self.now >= self._next_preemption_at.value
         if preempt and not fast:
-            self._next_preemption_at = self.now + PREEMPTION_ROUND_S
+            self._next_preemption_at.value = self.now + PREEMPTION_ROUND_S
         self._serving.release_idle(self._now_ms)
         # Workflows take freed GPUs before any batch tier: the fast path.
         self._serving.grow(self._now_ms)
@@ -229,8 +287,28 @@ class Scheduler:
         return len(self._serving.pool)
 
     def digest(self) -> bytes:
-        """A fingerprint of the whole state, recorded with every decision."""
-        return self._fingerprint.digest()
+        """A fingerprint of the whole declared state, recorded with every decision."""
+        return self._state.digest()
+
+    def recomputed_digest(self) -> bytes:
+        """The digest hashed afresh from every declared fact (for tests: slow)."""
+        return self._state.recomputed()
+
+    def derived(self) -> dict[str, object]:
+        """The derived caches (``DERIVED``) rebuilt from declared state alone."""
+        on_node: dict[str, dict[str, None]] = {}
+        for job_id, run in self._running.items():
+            for task_id, (node_id, _) in run.tasks.items():
+                if task_id not in run.ended:
+                    on_node.setdefault(node_id, {})[job_id] = None
+        tree = self._tree.value
+        return {
+            "_on_node": on_node,
+            "_entitlements": {} if tree is None else tree.entitlements(),
+            "_free_work_gpus": sum(
+                run.spec.gpus for run in self._running.values() if not run.spec.allocated
+            ),
+        }
 
     def explain(self, job_id: str) -> Explanation | None:
         """Why a job waits (or where it runs), computed from the current state."""
@@ -270,20 +348,14 @@ class Scheduler:
     def _now_ms(self) -> float:
         return self.now * 1000
 
-    @property
-    def _snapshot_fact(self) -> str:
-        return f"u|{self._snapshot_at}|{sorted(self._snapshot.items())}"
-
     def _enqueue(self, job: Waiting) -> None:
         self._queues.push(job)
-        self._fingerprint.add(f"w|{job.job_id}|{job.attempt}")
 
     def _dequeue(self, job_id: str) -> Waiting | None:
         job = self._queues.remove(job_id)
         if job is not None:
-            self._fingerprint.remove(f"w|{job.job_id}|{job.attempt}")
-            self._reasons.pop(job_id, None)
-            self._impossible.discard(job_id)
+            self._reasons.pop(job_id)
+            self._impossible.pop(job_id)
             self._release(job_id)
         return job
 
@@ -291,8 +363,6 @@ class Scheduler:
         old = self._capacity.nodes.get(node.node_id)
         if old == node:
             return
-        if old is not None:
-            self._fingerprint.remove(_node_fact(old))
         held = self._serving.held_on(node.node_id) | {
             gpu
             for job_id in self._on_node.get(node.node_id, {})
@@ -301,11 +371,9 @@ class Scheduler:
             for gpu in gpus
         }
         self._capacity.add(node, held)
-        self._fingerprint.add(_node_fact(node))
 
     def _set_tree(self, tree: BudgetTree) -> None:
-        self._fingerprint.replace(_tree_fact(self._tree), _tree_fact(tree))
-        self._tree = tree
+        self._tree.value = tree
         self._entitlements = tree.entitlements()
 
     def _started(self, event: TaskStarted) -> None:
@@ -317,27 +385,22 @@ class Scheduler:
         run = self._running.get(job_id)
         if run is None or (task_id and task_id not in run.tasks):
             return
-        before = run.fact
-        for name, value in changes.items():
-            setattr(run, name, value)
-        self._fingerprint.replace(before, run.fact)
-        self._running_version += 1
+        self._running[job_id] = run.but(**changes)
+        self._running_version.value += 1
 
     def _ended(self, job_id: str, task_id: str, node_id: str, at: float) -> list[Decision]:
         """A task ended; a report from another node than the task's is not believed."""
         run = self._running.get(job_id)
         if run is None or run.tasks.get(task_id, ("",))[0] != node_id or task_id in run.ended:
             return []
-        before = run.fact
-        run.ended.add(task_id)
-        self._running_version += 1
+        run = run.but(ended=tuple(sorted((*run.ended, task_id))))
+        self._running[job_id] = run
+        self._running_version.value += 1
         gpus = run.tasks[task_id][1]
         self._capacity.give(node_id, gpus)
         self._on_node.get(node_id, {}).pop(job_id, None)
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
-            self._fingerprint.replace(before, run.fact)
             return []
-        self._fingerprint.remove(before)
         del self._running[job_id]
         self._count(run, -1)
         if not run.spec.allocated:
@@ -367,10 +430,7 @@ class Scheduler:
             restarted = f"the node agent on {node_id} restarted"
             decisions += self._lose_tasks(node_id, restarted)
             decisions += self._serving.lose(node_id, restarted, self._now_ms)
-        if known is not None:
-            self._fingerprint.remove(f"i|{node_id}|{known}")
         self._incarnations[node_id] = event.incarnation
-        self._fingerprint.add(f"i|{node_id}|{event.incarnation}")
         self._lease(node_id, event.heartbeat_s > 0)
         self._join(event.node)
         self._serving.add_node(event.node)
@@ -383,19 +443,16 @@ class Scheduler:
 
     def _lease(self, node_id: str, held: bool) -> None:
         """Renew (``held``) or drop a node's lease; renewing moves it to the back."""
-        heard = self._leases.pop(node_id, None)
-        if heard is not None:
-            self._fingerprint.remove(f"l|{node_id}|{heard}")
+        self._leases.pop(node_id)
         if held:
             self._leases[node_id] = self.now
-            self._fingerprint.add(f"l|{node_id}|{self.now}")
 
     def _expire_leases(self) -> list[Decision]:
         """Declare lost the nodes silent for longer than the timeout, oldest first."""
         timeout = self.config.node_lost_timeout_s
         decisions: list[Decision] = []
         while self._leases:
-            node_id, heard = next(iter(self._leases.items()))
+            node_id, heard = self._leases.first()
             if self.now - heard <= timeout:
                 break
             silent = f"no heartbeat for {self.now - heard:.0f} s (node_lost_timeout_s {timeout:g})"
@@ -407,10 +464,7 @@ class Scheduler:
         decisions: list[Decision] = [NodeLost(node_id, self._incarnations.get(node_id, ""), why)]
         decisions += self._lose_tasks(node_id, f"node {node_id} lost: {why}")
         decisions += self._serving.lose(node_id, f"node {node_id} lost: {why}", self._now_ms)
-        node = self._capacity.nodes.get(node_id)
-        if node is not None:
-            self._fingerprint.remove(_node_fact(node))
-            self._capacity.remove(node_id)
+        self._capacity.remove(node_id)
         for held, (job_id, _) in sorted(self._reserved.items()):
             if held == node_id:
                 self._release(job_id)
@@ -563,8 +617,7 @@ class Scheduler:
         self._count(run, +1)
         if not job.spec.allocated:
             self._free_work_gpus += job.spec.gpus
-        self._running_version += 1
-        self._fingerprint.add(run.fact)
+        self._running_version.value += 1
         return decisions
 
     def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
@@ -578,9 +631,9 @@ class Scheduler:
                 return []
             reason = fit.stable
             if fit.possible:
-                self._impossible.discard(job.job_id)
+                self._impossible.pop(job.job_id)
             else:
-                self._impossible.add(job.job_id)
+                self._impossible[job.job_id] = None
         if self._reasons.get(job.job_id) == reason:
             return []
         self._reasons[job.job_id] = reason
@@ -590,7 +643,7 @@ class Scheduler:
         decisions: list[Decision] = []
         for job_id in sorted(self._impossible):
             job = self._queues.jobs.get(job_id)
-            self._impossible.discard(job_id)
+            self._impossible.pop(job_id)
             if job is not None:
                 decisions += self._wait(job)
         return decisions
@@ -602,12 +655,9 @@ class Scheduler:
             return []
         # A plan that failed stays failed until the running work changes, or a
         # minute passes (contracts expire and ranks drift with time).
-        attempt = (job.job_id, self._running_version)
-        if (
-            self._no_plan is not None
-            and self._no_plan[0] == attempt
-            and self.now < self._no_plan[1] + 60
-        ):
+        attempt = (job.job_id, self._running_version.value)
+        no_plan = self._no_plan.value
+        if no_plan is not None and no_plan[0] == attempt and self.now < no_plan[1] + 60:
             return []
         candidates = [
             (node_id, node.gpu_count, len(self._capacity.free(node_id)))
@@ -618,11 +668,10 @@ class Scheduler:
         ]
         plan = plan_preemption(job.spec, candidates, self._preemptible_by_node(), rank, self.now)
         if plan is None:
-            self._no_plan = (attempt, self.now)
+            self._no_plan.value = (attempt, self.now)
             return []
         for node_id in plan.node_ids:
             self._reserved[node_id] = (job.job_id, self.now)
-            self._fingerprint.add(f"v|{node_id}|{job.job_id}")
         self._nominated[job.job_id] = plan.node_ids
         decisions: list[Decision] = []
         for victim in plan.victims:
@@ -657,9 +706,8 @@ class Scheduler:
         return {node for node, (holder, _) in self._reserved.items() if holder != job_id}
 
     def _release(self, job_id: str) -> None:
-        for node in self._nominated.pop(job_id, ()):
+        for node in self._nominated.pop(job_id) or ():
             del self._reserved[node]
-            self._fingerprint.remove(f"v|{node}|{job_id}")
 
     def _expire_reservations(self) -> None:
         # Victims normally end within their stop grace; a node that never
@@ -674,10 +722,10 @@ class Scheduler:
     def _usage(self) -> dict[str, float]:
         """Charged usage per allocation: the last snapshot plus what ran since,
         plus running work counted ``running_horizon_s`` ahead."""
-        usage = dict(self._snapshot)
+        usage = dict(self._snapshot.value.usage)
         until = self.now + self.config.running_horizon_s
-        for allocation, gpus in self._running_gpus.items():
-            accrued = gpus * until - self._weighted_start[allocation]
+        for allocation, (gpus, weighted_start) in self._tally.items():
+            accrued = gpus * until - weighted_start
             usage[allocation] = usage.get(allocation, 0.0) + accrued
         return usage
 
@@ -687,12 +735,13 @@ class Scheduler:
             return
         gpus = self._priced_gpus(run) * sign
         allocation = run.spec.allocation
-        self._running_gpus[allocation] = self._running_gpus.get(allocation, 0.0) + gpus
-        start = max(run.placed_at, self._snapshot_at)
-        self._weighted_start[allocation] = self._weighted_start.get(allocation, 0.0) + gpus * start
-        if abs(self._running_gpus[allocation]) < 1e-9:  # float sums: nothing left runs
-            del self._running_gpus[allocation]
-            del self._weighted_start[allocation]
+        running, weighted_start = self._tally.get(allocation) or (0.0, 0.0)
+        start = max(run.placed_at, self._snapshot.value.at)
+        running, weighted_start = running + gpus, weighted_start + gpus * start
+        if abs(running) < 1e-9:  # float sums: nothing left runs
+            self._tally.pop(allocation)
+        else:
+            self._tally[allocation] = (running, weighted_start)
 
     def _priced_gpus(self, run: _Running) -> float:
         nodes = self._capacity.nodes
@@ -703,21 +752,25 @@ class Scheduler:
 
     def _reweigh(self) -> None:
         # The snapshot now holds what ran before it: count running work from it on.
-        self._weighted_start = dict.fromkeys(self._running_gpus, 0.0)
+        weighted_start = dict.fromkeys(self._tally, 0.0)
         for run in self._running.values():
             if run.spec.allocated:
-                start = max(run.placed_at, self._snapshot_at)
-                self._weighted_start[run.spec.allocation] += self._priced_gpus(run) * start
+                start = max(run.placed_at, self._snapshot.value.at)
+                weighted_start[run.spec.allocation] += self._priced_gpus(run) * start
+        for allocation, weighted in weighted_start.items():
+            self._tally[allocation] = (self._tally[allocation][0], weighted)
 
     def _rank(self) -> dict[str, int]:
-        if self._tree is None:
+        tree = self._tree.value
+        if tree is None:
             return {}
-        return {leaf: i for i, leaf in enumerate(leaf_order(self._tree, self._usage()))}
+        return {leaf: i for i, leaf in enumerate(leaf_order(tree, self._usage()))}
 
     def _standings(self) -> dict[str, Standing]:
-        if self._tree is None:
+        tree = self._tree.value
+        if tree is None:
             return {}
-        return standings(self._tree, self._usage(), self._entitlements)
+        return standings(tree, self._usage(), self._entitlements)
 
     def _protected_until(self, run: _Running) -> float | None:
         if not run.spec.allocated or run.started_at is None:
@@ -725,13 +778,13 @@ class Scheduler:
         return run.started_at + min(run.spec.min_runtime_s, self.config.max_min_runtime_s)
 
 
-def _node_fact(node: NodeSpec) -> str:
-    return f"n|{node.node_id}|{node.gpu_type}|{node.gpu_memory_gib}|{node.gpu_indices}"
+def _snapshot_fact(snapshot: _Snapshot) -> str:
+    return f"{snapshot.at}|{sorted(snapshot.usage.items())}"
 
 
 def _tree_fact(tree: BudgetTree | None) -> str:
     if tree is None:
-        return "t|"
-    return "t|" + "|".join(
+        return ""
+    return "|".join(
         f"{n.name}:{n.parent}:{n.weight}" for n in sorted(tree.nodes, key=lambda n: n.name)
     )

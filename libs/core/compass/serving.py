@@ -25,7 +25,10 @@ tier when GPUs free up: they are the latency-sensitive fast path.
 
 The GPU's memory is a model cache kept by its node agent; ``ModelLoaded`` and
 ``ModelEvicted`` inputs keep this view of it current. All times here are ms
-on the input clock; state changes are folded into the scheduler's digest.
+on the input clock. What serving remembers is declared in tables of the
+scheduler's ``State`` (prefixed ``serving.``), so its digest covers them; the
+GPUs it uses are borrowed through ``BatchGpus``, the scheduler's narrow view of
+its capacity.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Protocol
 
 from libs.core.compass.planner import (
     Assignment,
@@ -61,13 +64,35 @@ from libs.core.decisions import (
     TaskLost,
     Wait,
 )
-from libs.core.fingerprint import Fingerprint
 from libs.core.limits import MAX_UPCOMING
 from libs.core.model import JobSpec, NodeSpec
-from libs.core.placement import Capacity
+from libs.core.state import Cell, State, Table
 
 GpuKey = tuple[str, int]  # (node id, GPU index)
 MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
+
+
+class BatchGpus(Protocol):
+    """What serving may see and do of the batch scheduler's GPUs."""
+
+    @property
+    def total_gpus(self) -> int: ...
+
+    @property
+    def total_free(self) -> int: ...
+
+    def node(self, node_id: str) -> NodeSpec | None:
+        """A registered node, or None."""
+        ...
+
+    def free_gpus(self) -> Iterator[GpuKey]:
+        """The free GPUs serving may take (none on nodes reserved for batch work),
+        in node order."""
+        ...
+
+    def take(self, key: GpuKey) -> None: ...
+
+    def give(self, key: GpuKey) -> None: ...
 
 
 @dataclass
@@ -181,41 +206,66 @@ def _part(task_id: str, ready_ms: float | None) -> str:
     return repr((task_id, ready_ms))
 
 
+def _gpu_fact(gpu: _Gpu) -> str:
+    return (
+        f"{gpu.memory_mb}|{list(gpu.resident.items())}"
+        f"|[{', '.join(gpu.planned.values())}]|[{', '.join(gpu.dispatched.values())}]"
+        f"|{sorted(gpu.started.items())}"
+    )
+
+
 class Serving:
-    def __init__(
-        self,
-        config: PolicyConfig,
-        capacity: Capacity,
-        fingerprint: Fingerprint,
-        reserved: Mapping[str, object],
-    ) -> None:
+    """Workflow serving. What it remembers is declared in ``state``; every other
+    attribute is config, the ``BatchGpus`` it borrows from, or a cache derived from
+    declared state (``DERIVED``, rebuilt by ``derived``)."""
+
+    # ``_lines`` is a cache of ``_line``: each kept timeline is dropped on any change
+    # to its GPU (``_touch``) and edited on a send exactly as a rebuild would be
+    # (test_serving.py: test_kept_timelines_decide_as_timelines_built_afresh_for_every_send).
+    DERIVED = ("_tasks", "_lines")
+
+    def __init__(self, config: PolicyConfig, state: State, gpus: BatchGpus) -> None:
         self.config = config
         self.mode = PlanMode(config.serving_mode)
         self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
         self._planner = Planner(self._costs, self.mode)
-        self._capacity = capacity
-        self._reserved = reserved  # nodes batch preemption is freeing for a job: not ours
-        self._fingerprint = fingerprint
-        self._gpus: dict[GpuKey, _Gpu] = {}
-        self._lines: dict[GpuKey, _Line] = {}  # timelines kept for adjusting (see _line)
-        self.pool: dict[GpuKey, None] = {}  # GPUs held from batch work for serving
-        self._idle_since: dict[GpuKey, float] = {}  # pool GPUs with nothing queued
-        self._flows: dict[str, _Flow] = {}
-        self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task)
+        self._batch = gpus
+        # A GPU's queue and a workflow's progress are large: hashed when the digest is read.
+        self._gpus: Table[GpuKey, _Gpu] = state.table("serving.gpus", _gpu_fact, large=True)
+        self.pool: Table[GpuKey, None] = state.table("serving.pool")  # held from batch work
+        self._idle_since: Table[GpuKey, float] = state.table("serving.idle")  # pool, queue empty
+        self._flows: Table[str, _Flow] = state.table("serving.flows", _Flow.fact, large=True)
         # task id -> the task as its GPU's backlog holds it, with when its inputs arrive
         # there: the plan's estimate, then (once sent) the known time. The planner
         # plays each GPU's backlog forward.
-        self._items: dict[str, Pending] = {}
-        self.waiting: dict[str, JobSpec] = {}  # workflows no GPU could take, in order
+        self._items: Table[str, Pending] = state.table("serving.items")
+        # Workflows no GPU could take, in order.
+        self.waiting: Table[str, JobSpec] = state.table("serving.waiting")
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
         # work frees joins it (GPU type, model size it must hold).
-        self._hungry: tuple[str, float] | None = None
+        self._hungry: Cell[tuple[str, float] | None] = state.cell("serving.hungry", None)
+        # Derived caches (see ``derived``).
+        self._tasks: dict[str, tuple[str, Task]] = {}  # task id -> (job id, task), in flight
+        self._lines: dict[GpuKey, _Line] = {}  # timelines kept for adjusting (see _line)
+
+    def derived(self) -> dict[str, object]:
+        """``_tasks`` rebuilt from the flows: their tasks not yet ended, but for the
+        unsent ones of an abandoned flow."""
+        tasks = {
+            task_id_of(flow.job_id, task.task_id): (flow.job_id, task)
+            for flow in self._flows.values()
+            for task in flow.workflow.tasks
+            if task.task_id not in flow.finished
+            and (not flow.ended or task.task_id in flow.dispatched)
+        }
+        return {"_tasks": tasks}
 
     # -- facts from the log --------------------------------------------------
 
     def add_node(self, node: NodeSpec) -> None:
         for index in node.gpu_indices:
-            gpu = self._gpus.setdefault((node.node_id, index), _Gpu((node.node_id, index), 0.0))
+            key = (node.node_id, index)
+            gpu = self._gpus.setdefault(key, _Gpu(key, 0.0))
             gpu.memory_mb = node.gpu_memory_gib * MB_PER_GIB
             self._touch(gpu)
 
@@ -272,7 +322,6 @@ class Serving:
 
     def arrive(self, job_id: str, spec: JobSpec, now_ms: float) -> list[Decision]:
         self.waiting[job_id] = spec
-        self._fingerprint.add(f"q|{job_id}")
         decisions = self.retry(now_ms)  # older workflows first
         if job_id in self.waiting:
             decisions.append(Wait(job_id, self._why_waiting(spec)))
@@ -284,7 +333,7 @@ class Serving:
         decisions: list[Decision] = []
         held: set[str] = set()
         for job_id, spec in list(self.waiting.items()):
-            if not self.pool and not self._capacity.total_free:
+            if not self.pool and not self._batch.total_free:
                 break
             if spec.gpu_type in held:
                 continue
@@ -293,7 +342,6 @@ class Serving:
                 held.add(spec.gpu_type)
             elif planned is not _NotPlanned.NO_GPU:
                 del self.waiting[job_id]
-                self._fingerprint.remove(f"q|{job_id}")
                 decisions += planned
         return decisions
 
@@ -303,12 +351,14 @@ class Serving:
         Workflows plan onto the pool's queues when no GPU is free, so on a full
         cluster none of them ever waits; this is how serving still grows there.
         """
-        if self._hungry is None or len(self.pool) >= self._cap:
+        hungry = self._hungry.value
+        if hungry is None or len(self.pool) >= self._cap:
             return
-        gpu_type, need_mb = self._hungry
-        for key in self._free_gpus():
+        gpu_type, need_mb = hungry
+        for key in self._batch.free_gpus():
             gpu = self._gpus[key]
-            node = self._capacity.nodes[key[0]]
+            node = self._batch.node(key[0])
+            assert node is not None  # its GPU is free
             if gpu.memory_mb >= need_mb and (not gpu_type or node.gpu_type == gpu_type):
                 self._acquire(gpu)
                 self._touch(gpu, now_ms)  # idle: it lingers unless a plan uses it
@@ -319,12 +369,12 @@ class Serving:
         """Give GPUs whose queue drained ``serving_linger_s`` ago back to batch work."""
         linger_ms = self.config.serving_linger_s * 1000
         while self._idle_since:
-            key, since = next(iter(self._idle_since.items()))
+            key, since = self._idle_since.first()
             if since + linger_ms > now_ms:
                 return
             del self._idle_since[key]
             del self.pool[key]
-            self._capacity.give(key[0], [key[1]])
+            self._batch.give(key)
             self._touch(self._gpus[key])
 
     def lose(self, node_id: str, why: str, now_ms: float) -> list[Decision]:
@@ -344,7 +394,7 @@ class Serving:
             gpu = self._gpus[key]
             if key in self.pool:  # back to the node's capacity: free when it returns
                 del self.pool[key]
-                self._capacity.give(key[0], [key[1]])
+                self._batch.give(key)
             self._idle_since.pop(key, None)
             gpu.resident.clear()
             self._touch(gpu)
@@ -375,8 +425,7 @@ class Serving:
 
     def cancel(self, job_id: str, now_ms: float) -> list[Decision] | None:
         """Withdraw a workflow; None when the job is not a workflow this knows."""
-        if self.waiting.pop(job_id, None) is not None:
-            self._fingerprint.remove(f"q|{job_id}")
+        if self.waiting.pop(job_id) is not None:
             return [Cancel(job_id, "cancelled before it started")]
         flow = self._flows.get(job_id)
         if flow is None:
@@ -499,7 +548,7 @@ class Serving:
         room = self._cap - len(self.pool)
         if room > 0:
             models = workflow.models
-            free = [key for key in self._free_gpus() if self._fits(key, spec.gpu_type, need_mb)]
+            free = [k for k in self._batch.free_gpus() if self._fits(k, spec.gpu_type, need_mb)]
             warm = [key for key in free if models & self._gpus[key].resident.keys()]
             wanted = room if self.mode in (PlanMode.HASH, PlanMode.JIT) else len(workflow.tasks)
             taken = set(warm)
@@ -510,7 +559,7 @@ class Serving:
     def _fits(self, key: GpuKey, gpu_type: str, need_mb: float) -> bool:
         """The GPU is registered, of the type asked for, with room for the largest model."""
         gpu = self._gpus.get(key)
-        node = self._capacity.nodes.get(key[0])
+        node = self._batch.node(key[0])
         return (
             gpu is not None
             and node is not None
@@ -518,16 +567,8 @@ class Serving:
             and (not gpu_type or node.gpu_type == gpu_type)
         )
 
-    def _free_gpus(self) -> Iterator[GpuKey]:
-        for node_id in self._capacity.nodes:
-            if node_id in self._reserved:
-                continue
-            for index in self._capacity.free(node_id):
-                yield node_id, index
-
     def _set_hungry(self, want: tuple[str, float] | None) -> None:
-        self._hungry = want
-        self._fingerprint.put("h", f"h|{want}")
+        self._hungry.value = want
 
     def _view(self, gpu: _Gpu, now_ms: float, *, sent_only: bool = False) -> GpuState:
         """The GPU as the planner sees it: when its running task ends, its models,
@@ -670,7 +711,7 @@ class Serving:
     def _acquire(self, gpu: _Gpu) -> None:
         if gpu.key not in self.pool:
             self.pool[gpu.key] = None
-            self._capacity.take(gpu.key[0], [gpu.key[1]])
+            self._batch.take(gpu.key)
         self._touch(gpu)
 
     def _abandon(self, flow: _Flow, now_ms: float) -> None:
@@ -699,7 +740,6 @@ class Serving:
 
     def _forget(self, flow: _Flow) -> None:
         del self._flows[flow.job_id]
-        self._fingerprint.drop(f"f|{flow.job_id}")
         for task in flow.workflow.tasks:
             self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
             self._items.pop(task_id_of(flow.job_id, task.task_id), None)
@@ -711,30 +751,22 @@ class Serving:
         written when the digest is read, is what it would have been here.
         """
         if gpu.busy:
-            self._idle_since.pop(gpu.key, None)
-        elif now_ms is not None and gpu.key in self.pool:
-            self._idle_since.setdefault(gpu.key, now_ms)
+            self._idle_since.pop(gpu.key)
+        elif now_ms is not None and gpu.key in self.pool and gpu.key not in self._idle_since:
+            self._idle_since[gpu.key] = now_ms
         for task_id in gpu.restated:
             if task_id in gpu.dispatched:
                 gpu.dispatched[task_id] = _part(task_id, self._ready(task_id))
         gpu.restated.clear()
         self._lines.pop(gpu.key, None)
-        self._fingerprint.defer(f"g|{gpu.label}", partial(self._gpu_fact, gpu))
+        self._gpus.touch(gpu.key)
 
     def _ready(self, task_id: str) -> float | None:
         item = self._items.get(task_id)
         return None if item is None else item.ready_ms
 
-    def _gpu_fact(self, gpu: _Gpu) -> str:
-        return (
-            f"g|{gpu.label}|{gpu.memory_mb}|{list(gpu.resident.items())}"
-            f"|[{', '.join(gpu.planned.values())}]|[{', '.join(gpu.dispatched.values())}]"
-            f"|{sorted(gpu.started.items())}|{gpu.key in self.pool}"
-            f"|{self._idle_since.get(gpu.key)}"
-        )
-
     def _touch_flow(self, flow: _Flow) -> None:
-        self._fingerprint.defer(f"f|{flow.job_id}", flow.fact)
+        self._flows.touch(flow.job_id)
 
     def _upcoming(self, gpu: _Gpu) -> tuple[str, ...]:
         """The models planned on the GPU, each once, in plan order (its cache's look-ahead),
@@ -750,7 +782,7 @@ class Serving:
 
     @property
     def _cap(self) -> int:
-        return math.ceil(self.config.serving_max_fraction * self._capacity.total_gpus)
+        return math.ceil(self.config.serving_max_fraction * self._batch.total_gpus)
 
     def _why_waiting(self, spec: JobSpec) -> str:
         assert spec.workflow is not None

@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.fingerprint import Fingerprint
+from libs.core.fingerprint import Fingerprint, fact_hash
 
 EMPTY = bytes(32)
 
@@ -38,32 +38,12 @@ def test_different_facts_give_different_digests() -> None:
     assert digest_of("a", "b") != digest_of("ab")
 
 
-def test_replace_is_remove_then_add_and_a_no_op_when_equal() -> None:
-    fp = Fingerprint()
-    fp.add("u|0|[]")
-    fp.replace("u|0|[]", "u|10|[('a', 1.0)]")
-    assert fp.digest() == digest_of("u|10|[('a', 1.0)]")
-    fp.replace("x", "x")  # not counted, and not uncounted either
-    assert fp.digest() == digest_of("u|10|[('a', 1.0)]")
-
-
 def test_a_keyed_fact_replaces_the_one_before_under_its_key() -> None:
     fp = Fingerprint()
-    fp.put("workflow w1", "1 of 3 done")
-    fp.put("workflow w1", "2 of 3 done")
+    fp.shift(fact_hash("1 of 3 done"))
+    fp.shift(fact_hash("2 of 3 done") - fact_hash("1 of 3 done"))
     assert fp.digest() == digest_of("2 of 3 done")
-    fp.drop("workflow w1")
-    assert fp.digest() == EMPTY
-
-
-def test_a_deferred_fact_is_written_out_when_the_digest_is_read() -> None:
-    progress = ["1 of 3 done"]
-    fp = Fingerprint()
-    fp.defer("workflow w1", lambda: progress[0])
-    progress[0] = "3 of 3 done"  # the fact as it is when the digest is read counts
-    assert fp.digest() == digest_of("3 of 3 done")
-    fp.defer("workflow w1", lambda: "gone")
-    fp.drop("workflow w1")  # dropped before it was ever written out
+    fp.shift(-fact_hash("2 of 3 done"))
     assert fp.digest() == EMPTY
 
 

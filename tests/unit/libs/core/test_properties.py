@@ -141,8 +141,8 @@ steps = st.lists(
 )
 
 
-def play(history: list[tuple[object, ...]]) -> Cluster:
-    world = Cluster()
+def play(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) -> Cluster:
+    world = Cluster(scheduler or Scheduler())
     world.feed(BudgetSet(0, tree(a=3, b=2, c=1)))
     for i, size in enumerate([8, 8, 4]):
         world.feed(NodeJoined(0, node(f"n{i}", size)))
@@ -248,9 +248,9 @@ hostile_steps = st.lists(
 )
 
 
-def play_hostile(history: list[tuple[object, ...]]) -> Cluster:
+def play_hostile(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) -> Cluster:
     """Two nodes that heartbeat every time step until silenced, one that never does."""
-    world = Cluster()
+    world = Cluster(scheduler or Scheduler())
     world.feed(BudgetSet(0, tree(a=3, b=2, c=1)))
     incarnation = {"n0": "one", "n1": "one"}
     for node_id, inc in incarnation.items():
@@ -343,10 +343,10 @@ tied_steps = st.lists(
 )
 
 
-def play_tied(history: list[tuple[object, ...]]) -> Cluster:
+def play_tied(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) -> Cluster:
     """Equal allocations, equal 8-GPU nodes that join when the history says (jobs
     may queue up before any node exists), bursts of arrivals at one instant."""
-    world = Cluster()
+    world = Cluster(scheduler or Scheduler())
     world.feed(BudgetSet(0, tree(**dict.fromkeys(TIED, 1.0))))
     arrived = 0
     for step in history:

@@ -1,0 +1,283 @@
+"""Declared state (``libs/core/state.py``): the digest covers what the scheduler remembers.
+
+After every input of random histories (the generators of ``test_properties.py``)
+and of the golden logs, the incremental digest must equal one hashed from
+scratch over every declared table, and each derived cache must equal its
+rebuild from declared state. Every attribute of the scheduler and of its parts
+must be declared state, config, the input clock or a named derived cache, so a
+field added without a table fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, StopCause
+from libs.core.compass.serving import Serving
+from libs.core.placement import Capacity
+from libs.core.queues import Queues, Waiting
+from libs.core.scheduler import _Running
+from libs.core.state import Cell, State, Table
+from libs.events.convert import to_input
+from libs.events.logfile import read_log
+from tests.builders import job
+from tests.unit.libs.core.test_properties import (
+    hostile_steps,
+    play,
+    play_hostile,
+    play_tied,
+    steps,
+    tied_steps,
+)
+
+GOLDEN = Path(__file__).resolve().parents[3] / "golden"
+
+CONFIG = {"config", "mode", "_costs", "_planner"}  # the policy's settings, and what they make
+# What else is not declared state, besides the caches each class names in DERIVED.
+NOT_STATE: dict[type, set[str]] = {
+    # The input clock (the largest time in the log: every replay shares it), the
+    # State itself, and the parts that are checked in turn.
+    Scheduler: CONFIG | {"now", "_state", "_capacity", "_queues", "_serving"},
+    Capacity: set(),
+    Queues: set(),
+    Serving: CONFIG | {"_batch"},  # the scheduler's capacity it borrows from
+}
+
+
+def undeclared(part: object) -> list[str]:
+    """The attributes of ``part`` that are neither declared state nor allowed otherwise."""
+    kind = type(part)
+    allowed = NOT_STATE[kind] | set(getattr(kind, "DERIVED", ()))
+    return sorted(
+        name
+        for name, value in vars(part).items()
+        if not isinstance(value, Table | Cell) and name not in allowed
+    )
+
+
+def check(scheduler: Scheduler) -> None:
+    assert scheduler.digest() == scheduler.recomputed_digest()
+    derived = scheduler.derived()
+    assert {n: v for n, v in derived.items() if n != "_on_node"} == {
+        n: getattr(scheduler, n) for n in derived if n != "_on_node"
+    }
+    on_node = {n: list(jobs) for n, jobs in scheduler._on_node.items() if jobs}
+    assert on_node == {n: list(jobs) for n, jobs in derived["_on_node"].items()}  # type: ignore[attr-defined]
+    assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
+    queues = scheduler._queues
+    assert queues.derived() == queues.index
+    kept, rebuilt = scheduler._capacity.indexes(), scheduler._capacity.derived()
+    assert _in_order(kept[0]) == _in_order(rebuilt[0])  # type: ignore[arg-type]
+    assert kept[1:] == rebuilt[1:]
+
+
+def _in_order(by_class: dict[object, dict[int, dict[str, None]]]) -> object:
+    """Buckets with their nodes in order: best fit takes a bucket's first node."""
+    return {cls: {n: list(nodes) for n, nodes in b.items()} for cls, b in by_class.items()}
+
+
+class Checked(Scheduler):
+    """A scheduler that checks its digest and caches after every input (``every``
+    False: after every input that decides something, as placement records it)."""
+
+    every = True
+
+    def handle(self, event: Input) -> list[Decision]:
+        decisions = super().handle(event)
+        if decisions or self.every:
+            check(self)
+        return decisions
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_the_digest_is_the_declared_state_after_every_input(
+    history: list[tuple[object, ...]],
+) -> None:
+    play(history, Checked())
+
+
+@settings(max_examples=100, deadline=None)
+@given(hostile_steps)
+def test_the_digest_is_the_declared_state_in_hostile_histories(
+    history: list[tuple[object, ...]],
+) -> None:
+    play_hostile(history, Checked())
+
+
+@settings(max_examples=60, deadline=None)
+@given(tied_steps)
+def test_the_digest_is_the_declared_state_in_tied_histories(
+    history: list[tuple[object, ...]],
+) -> None:
+    play_tied(history, Checked())
+
+
+@pytest.mark.parametrize("log", sorted(p.name for p in GOLDEN.glob("*.input.bin")))
+def test_the_digest_is_the_declared_state_through_the_golden_logs(log: str) -> None:
+    """Workflows, model caches, lost nodes: the golden logs cover what hypothesis does not."""
+    scheduler = Checked()
+    scheduler.every = False  # thousands of inputs: the checks would take a minute
+    decisions: list[Decision] = []
+    for env in read_log(GOLDEN / log):
+        event = to_input(env)
+        if event is not None and not isinstance(event, Reject | Refused):  # the edge's answers
+            decisions += scheduler.handle(event)
+    check(scheduler)
+    assert any(isinstance(d, Planned) for d in decisions) or "serving" not in log
+
+
+def test_every_attribute_is_declared_state_config_or_a_derived_cache() -> None:
+    scheduler = play_hostile([("arrive", 2, "a"), ("time", 5)]).scheduler
+    parts = [scheduler, scheduler._capacity, scheduler._queues, scheduler._serving]
+    assert {type(p): undeclared(p) for p in parts} == {type(p): [] for p in parts}
+    # Every derived cache is rebuilt (and so compared by ``check``); serving's kept
+    # timelines are held to rebuilt ones by test_serving.py instead.
+    assert set(scheduler.derived()) == set(Scheduler.DERIVED)
+    assert set(scheduler._serving.derived()) == set(Serving.DERIVED) - {"_lines"}
+
+
+def test_a_field_added_without_a_table_is_caught() -> None:
+    scheduler = Scheduler()
+    scheduler._shortcut = {}  # type: ignore[attr-defined]
+    scheduler._serving._memo = None  # type: ignore[attr-defined]
+    assert undeclared(scheduler) == ["_shortcut"]
+    assert undeclared(scheduler._serving) == ["_memo"]
+
+
+def test_every_table_and_cell_is_in_the_digest() -> None:
+    scheduler = Scheduler()
+    found = {
+        value.name
+        for part in (scheduler, scheduler._capacity, scheduler._queues, scheduler._serving)
+        for value in vars(part).values()
+        if isinstance(value, Table | Cell)
+    }
+    assert found == set(scheduler._state.names)
+
+
+# -- the tables themselves ---------------------------------------------------------
+
+
+def test_writes_deletes_and_cells_keep_the_digest_equal_to_a_fresh_one() -> None:
+    state = State()
+    jobs: Table[str, tuple[int, ...]] = state.table("jobs")
+    clock = state.cell("clock", 0.0)
+    empty = state.digest()
+    jobs["a"] = (1,)
+    jobs["b"] = (2,)
+    jobs["a"] = (3,)
+    del jobs["b"]
+    clock.value = 5.0
+    assert state.digest() == state.recomputed() != empty
+    jobs.pop("a")
+    clock.value = 0.0
+    assert state.digest() == state.recomputed() == empty
+
+
+def test_a_value_changed_in_place_without_a_touch_is_caught() -> None:
+    state = State()
+    held: Table[str, list[int]] = state.table("held")
+    held["n0"] = [1]
+    state.digest()
+    held["n0"].append(2)  # a mutable value changed behind the table's back
+    assert state.digest() != state.recomputed()
+    held.touch("n0")
+    assert state.digest() == state.recomputed()
+
+
+def test_equal_contents_give_equal_digests_whatever_the_order_of_digests() -> None:
+    one, two = State(), State()
+    a: Table[str, int] = one.table("t")
+    b: Table[str, int] = two.table("t")
+    a["x"], a["y"] = 1, 5
+    one.digest()
+    a["y"] = 2
+    b["x"], b["y"] = 1, 2
+    assert one.digest() == two.digest()
+
+
+def test_the_same_value_under_another_table_or_key_is_another_fact() -> None:
+    one, two, three = State(), State(), State()
+    one.table("t")["k"] = 1
+    two.table("u")["k"] = 1
+    three.table("t")["j"] = 1
+    assert len({one.digest(), two.digest(), three.digest()}) == 3
+
+
+def test_a_name_is_declared_once() -> None:
+    state = State()
+    state.table("t")
+    with pytest.raises(ValueError, match="declared twice"):
+        state.cell("t", 0)
+
+
+def test_the_order_of_a_table_is_in_its_digest() -> None:
+    one, two = State(), State()
+    a: Table[str, int] = one.table("t")
+    b: Table[str, int] = two.table("t")
+    a["x"], a["y"] = 1, 2
+    b["y"], b["x"] = 2, 1
+    assert list(a) != list(b) and one.digest() != two.digest()
+    a["x"] = 3  # a key written again keeps its place
+    assert list(a) == ["x", "y"] and one.digest() == one.recomputed()
+
+
+def test_settling_hashes_the_facts_written_but_those_of_large_tables() -> None:
+    hashed: list[str] = []
+
+    def fact(value: int) -> str:
+        hashed.append(str(value))
+        return str(value)
+
+    state = State()
+    small: Table[str, int] = state.table("small", fact)
+    large: Table[str, int] = state.table("large", fact, large=True)
+    small["k"], large["k"] = 1, 2
+    small["k"] = 3  # written twice, hashed once
+    state.settle()
+    assert hashed == ["3"]
+    assert state.digest() == state.recomputed() and hashed[:2] == ["3", "2"]
+
+
+def test_writes_that_would_bypass_the_digest_are_refused() -> None:
+    table: Table[str, int] = State().table("t")
+    with pytest.raises(TypeError, match="one by one"):
+        table.update({"k": 1})
+    with pytest.raises(TypeError):
+        table.clear()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Waiting("j1", job(2), 7, 1, 30.0),
+        _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))}, 31.0, True, None, (), ""),
+    ],
+)
+def test_a_hand_written_fact_names_every_field(value: Waiting | _Running) -> None:
+    """The facts written field by field (hot tables) change with any field but the key."""
+    other = {str: "x", int: 99, float: 99.5, bool: False, tuple: ("x",), dict: {}}
+    for f in dataclasses.fields(value):
+        if f.name == "job_id":
+            continue
+        current = getattr(value, f.name)
+        changed = (
+            job(3)
+            if f.name == "spec"
+            else StopCause.CANCELLED
+            if current is None
+            else other[type(current)]
+        )
+        assert dataclasses.replace(value, **{f.name: changed}).fact() != value.fact(), f.name
+
+
+def test_a_running_job_copied_with_changes_is_what_replace_gives() -> None:
+    run = _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))})
+    changed = run.but(ended=("j1/1",), idle=True)
+    assert changed == dataclasses.replace(run, ended=("j1/1",), idle=True) != run
+    assert run.ended == () and not run.idle
