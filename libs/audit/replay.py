@@ -1,7 +1,7 @@
 """The audit replayer: decide the input log again and pair the result with the recorded log.
 
 Fresh schedulers per input partition (one per cluster) fold that partition's
-records through :func:`~libs.events.decide.decide`, exactly as placement does,
+records through :func:`~libs.events.driver.decide`, exactly as placement does,
 and each recomputed decision must equal its recorded one byte for byte.
 
 Recorded decisions are paired by their provenance. Outputs of one cluster go
@@ -29,7 +29,7 @@ from qm.v1 import events_pb2
 from libs.audit.divergence import Difference, Divergence, compare
 from libs.core import KnobDifference, PolicyConfig, config_digest, knob_differences
 from libs.events import encode, event_type
-from libs.events.decide import PartitionSchedulers
+from libs.events.driver import PartitionSchedulers
 
 # (input offset, index among that input's decisions, decision)
 _Entry = tuple[int, int, events_pb2.Envelope]

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from libs.core.budget_tree import BudgetTree
-from libs.core.compass.serving import GpuKey, Serving
+from libs.core.capacity import Capacity, Fit, NoFit, describe
+from libs.core.compass.scheduler import GpuKey, Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
 from libs.core.decisions import (
@@ -59,7 +60,6 @@ from libs.core.inputs import (
     UsageSnapshot,
 )
 from libs.core.model import JobSpec, NodeSpec, WorkClass
-from libs.core.placement import Capacity, Fit, NoFit, describe
 from libs.core.preemption import plan_preemption
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.state import Cell, State, Table

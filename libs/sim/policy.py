@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from libs.core import Decision, Input, PolicyConfig, Scheduler
-from libs.core.policies import FifoPolicy, PriorityPolicy
+from libs.core.baselines import FifoPolicy, PriorityPolicy
 
 
 class Policy(Protocol):

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from libs.core.compass import GpuWorker
-from libs.core.compass.serving import MB_PER_GIB
+from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.compass.worker import Start
 from libs.core.decisions import Place
 from libs.core.inputs import (

@@ -32,7 +32,7 @@ from qm.v1 import events_pb2
 from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
-from libs.events.decide import PartitionSchedulers, step
+from libs.events.driver import PartitionSchedulers, step
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

@@ -43,10 +43,10 @@ from libs.core import (
     TaskStarted,
 )
 from libs.core.compass import GpuWorker
-from libs.core.compass.serving import MB_PER_GIB
+from libs.core.compass.scheduler import MB_PER_GIB
 from libs.events import event_type, new_envelope
 from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
-from libs.events.decide import decide, policy_configured
+from libs.events.driver import decide, policy_configured
 from libs.events.logfile import write_log
 from libs.sim.world import World
 from services.node_agent.lifecycle import model_evicted, model_loaded

@@ -21,7 +21,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, KafkaBus, KafkaSettings, load_topic_config
 from libs.events import event_type, new_envelope
-from libs.events.decide import PartitionSchedulers
+from libs.events.driver import PartitionSchedulers
 from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
 from services.runtime import configure_logging, run_until_signalled

@@ -19,8 +19,8 @@ from libs.core import (
     UsageSnapshot,
 )
 from libs.core import limits as L
+from libs.core.baselines import FifoPolicy, PriorityPolicy
 from libs.core.compass.workflow import Task, Workflow
-from libs.core.policies import FifoPolicy, PriorityPolicy
 from tests.builders import job, node
 
 WIDE = "x" * (L.MAX_COMMAND_BYTES + 1)

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 
 from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, StopCause
-from libs.core.compass.serving import Serving
-from libs.core.placement import Capacity
+from libs.core.capacity import Capacity
+from libs.core.compass.scheduler import Serving
 from libs.core.queues import Queues, Waiting
 from libs.core.scheduler import _Running
 from libs.core.state import Cell, State, Table
@@ -136,7 +136,7 @@ def test_every_attribute_is_declared_state_config_or_a_derived_cache() -> None:
     parts = [scheduler, scheduler._capacity, scheduler._queues, scheduler._serving]
     assert {type(p): undeclared(p) for p in parts} == {type(p): [] for p in parts}
     # Every derived cache is rebuilt (and so compared by ``check``); serving's kept
-    # timelines are held to rebuilt ones by test_serving.py instead.
+    # timelines are held to rebuilt ones by compass/test_scheduler.py instead.
     assert set(scheduler.derived()) == set(Scheduler.DERIVED)
     assert set(scheduler._serving.derived()) == set(Serving.DERIVED) - {"_lines"}
 

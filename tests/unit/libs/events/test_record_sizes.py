@@ -10,7 +10,7 @@ from libs.core import Place, Planned, PlannedTask, Reject, ServingTask
 from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
-from libs.events.decide import policy_configured
+from libs.events.driver import policy_configured
 
 # Kafka's default record limit (message.max.bytes) and aiokafka's max_request_size.
 KAFKA_LIMIT = 1_048_576

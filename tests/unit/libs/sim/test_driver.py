@@ -19,7 +19,7 @@ from libs.core import (
     TaskStarted,
     UsageSnapshot,
 )
-from libs.core.policies import FifoPolicy
+from libs.core.baselines import FifoPolicy
 from libs.sim import SimSettings, SimulationError, make_policy, simulate
 from tests.unit.libs.sim.sim_builders import Recording, Scripted, spec, workload
 

@@ -22,7 +22,7 @@ from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
 from libs.core import PolicyConfig
 from libs.events import decode, new_envelope
-from libs.events.decide import policy_configured
+from libs.events.driver import policy_configured
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import CONFIG
 from services.projector.usage import agents

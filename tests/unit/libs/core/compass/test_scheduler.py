@@ -29,7 +29,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.compass import Task, Workflow, build_workflow
-from libs.core.compass.serving import Serving
+from libs.core.compass.scheduler import Serving
 from tests.builders import job
 
 GIB_80 = 80.0

@@ -1,13 +1,13 @@
-"""Capacity (``libs/core/placement.py``): free GPUs by node class, best fit, gangs."""
+"""Capacity (``libs/core/capacity.py``): free GPUs by node class, best fit, gangs."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import NodeSpec
-from libs.core.placement import Capacity, Fit, NoFit, describe
 from tests.builders import job, node
 
 

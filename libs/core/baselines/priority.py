@@ -18,10 +18,10 @@ import enum
 import heapq
 from dataclasses import dataclass
 
+from libs.core.baselines._baseline import BaselinePolicy, Running
 from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Decision, StopCause
 from libs.core.model import JobSpec
-from libs.core.policies._baseline import BaselinePolicy, Running
 
 POLICY = "priority"
 

@@ -18,7 +18,7 @@ from libs.core import (
     StopCause,
     TaskEnded,
 )
-from libs.core.policies import Level, PriorityPolicy, level_of
+from libs.core.baselines import Level, PriorityPolicy, level_of
 from tests.builders import job, node
 
 # team-a is entitled to half of 16 GPUs: a cap of 8 guaranteed GPUs; team-b likewise.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from libs.core.baselines._baseline import BaselinePolicy
 from libs.core.decisions import Decision
 from libs.core.model import JobSpec
-from libs.core.policies._baseline import BaselinePolicy
 
 POLICY = "fifo"
 

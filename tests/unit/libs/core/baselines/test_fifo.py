@@ -20,7 +20,7 @@ from libs.core import (
     Tick,
     UsageSnapshot,
 )
-from libs.core.policies import FifoPolicy
+from libs.core.baselines import FifoPolicy
 from tests.builders import job, node
 
 

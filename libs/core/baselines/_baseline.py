@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from libs.core.baselines._inventory import Inventory, Placement
 from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
 from libs.core.inputs import (
@@ -23,7 +24,6 @@ from libs.core.inputs import (
     TaskEnded,
 )
 from libs.core.model import JobSpec
-from libs.core.policies._inventory import Inventory, Placement
 from libs.core.validation import rejection
 
 

@@ -1,4 +1,4 @@
-"""Workflow serving inside the scheduler: plan on arrival, dispatch when ready, adjust.
+"""The workflow scheduler inside the core: plan on arrival, dispatch when ready, adjust.
 
 A workflow job is planned whole when it arrives (``planner.Planner``): every
 task gets a GPU and an estimated start. A task is sent to its GPU (a ``Place``
@@ -220,8 +220,8 @@ class Serving:
     declared state (``DERIVED``, rebuilt by ``derived``)."""
 
     # ``_lines`` is a cache of ``_line``: each kept timeline is dropped on any change
-    # to its GPU (``_touch``) and edited on a send exactly as a rebuild would be
-    # (test_serving.py: test_kept_timelines_decide_as_timelines_built_afresh_for_every_send).
+    # to its GPU (``_touch``) and edited on a send exactly as a rebuild would be (held
+    # to it by test_kept_timelines_decide_as_timelines_built_afresh_for_every_send).
     DERIVED = ("_tasks", "_lines")
 
     def __init__(self, config: PolicyConfig, state: State, gpus: BatchGpus) -> None:
