@@ -50,6 +50,10 @@ from tests.unit.libs.core.determinism import OtherProcess, Recording, check_dete
 ALLOCATIONS = ("a", "b", "c")
 
 
+# Step kinds every history generator has (``Cluster.step``).
+COMMON_STEPS = frozenset({"end", "time", "idle", "cancel"})
+
+
 @dataclass
 class Cluster:
     """The scheduler and the simulated cluster (``libs.sim.world``): placed tasks start at
@@ -82,6 +86,22 @@ class Cluster:
     def end(self, task_id: str) -> None:
         self.world.end(task_id)
         self._settle()
+
+    def step(self, step: tuple[object, ...], arrived: int) -> None:
+        """A step the generators share: a task ends, time passes, a task idles, one of the
+        ``arrived`` jobs is cancelled (each a no-op when there is nothing to act on)."""
+        kind, pick = step[0], int(str(step[1]))
+        tasks = sorted(self.tasks)
+        if kind == "end" and tasks:
+            self.end(tasks[pick % len(tasks)])
+        elif kind == "time":
+            self.now += pick
+            self.feed(Tick(self.now))
+        elif kind == "idle" and tasks:
+            place = self.tasks[tasks[pick % len(tasks)]]
+            self.feed(TaskIdle(self.now, place.job_id, place.task_id, True))
+        elif kind == "cancel" and arrived:
+            self.feed(CancelRequested(self.now, f"j{pick % arrived}"))
 
     def _settle(self) -> None:
         world = self.world
@@ -155,16 +175,8 @@ def play(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) 
             spec = job(gpus, allocation=allocation, min_runtime_s=minimum, resumable=resumable)  # type: ignore[arg-type]
             world.feed(JobArrived(world.now, f"j{arrived}", spec))
             arrived += 1
-        elif kind == "end" and world.tasks:
-            world.end(sorted(world.tasks)[step[1] % len(world.tasks)])  # type: ignore[operator]
-        elif kind == "time":
-            world.now += step[1]  # type: ignore[operator]
-            world.feed(Tick(world.now))
-        elif kind == "idle" and world.tasks:
-            place = world.tasks[sorted(world.tasks)[step[1] % len(world.tasks)]]  # type: ignore[operator]
-            world.feed(TaskIdle(world.now, place.job_id, place.task_id, True))
-        elif kind == "cancel" and arrived:
-            world.feed(CancelRequested(world.now, f"j{step[1] % arrived}"))  # type: ignore[operator]
+        elif kind in COMMON_STEPS:
+            world.step(step, arrived)
         elif kind == "usage":
             usage[step[1]] = float(step[2])  # type: ignore[index, arg-type]
             world.feed(UsageSnapshot(world.now, 7 * 86400.0, tuple(sorted(usage.items()))))
@@ -273,10 +285,8 @@ def play_hostile(history: list[tuple[object, ...]], scheduler: Scheduler | None 
         elif kind == "stray":
             # A report from a node the task is not on: never believed.
             world.feed(TaskEnded(world.now, str(step[1]).split("/")[0], str(step[1]), "n9"))
-        elif kind == "end" and world.tasks:
-            world.end(sorted(world.tasks)[step[1] % len(world.tasks)])  # type: ignore[operator]
-        elif kind == "cancel" and arrived:
-            world.feed(CancelRequested(world.now, f"j{step[1] % arrived}"))  # type: ignore[operator]
+        elif kind in ("end", "cancel"):
+            world.step(step, arrived)
         elif kind == "time":
             world.now += step[1]  # type: ignore[operator]
             for node_id in sorted(beating):
@@ -364,19 +374,11 @@ def play_tied(history: list[tuple[object, ...]], scheduler: Scheduler | None = N
                 arrived += 1
         elif kind == "node":
             world.feed(NodeJoined(world.now, node(str(step[1]), 8)))
-        elif kind == "end" and world.tasks:
-            world.end(sorted(world.tasks)[step[1] % len(world.tasks)])  # type: ignore[operator]
+        elif kind in COMMON_STEPS:
+            world.step(step, arrived)
         elif kind == "ends":
             for task_id in sorted(world.tasks)[: int(str(step[1]))]:
                 world.end(task_id)
-        elif kind == "time":
-            world.now += step[1]  # type: ignore[operator]
-            world.feed(Tick(world.now))
-        elif kind == "idle" and world.tasks:
-            place = world.tasks[sorted(world.tasks)[step[1] % len(world.tasks)]]  # type: ignore[operator]
-            world.feed(TaskIdle(world.now, place.job_id, place.task_id, True))
-        elif kind == "cancel" and arrived:
-            world.feed(CancelRequested(world.now, f"j{step[1] % arrived}"))  # type: ignore[operator]
         elif kind == "usage":
             usage = tuple((allocation, float(step[1])) for allocation in TIED)  # type: ignore[arg-type]
             world.feed(UsageSnapshot(world.now, 7 * 86400.0, usage))
