@@ -49,6 +49,7 @@ its spec is seen. Workflow tasks are not requeued: ``JobRequeued`` is ignored.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TypeAlias
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -133,16 +134,30 @@ def task_is_over(job: types_pb2.Job, task_id: str) -> bool:
 
     A task newer than any the job has seen is not over: its events are on their way.
     """
+    return ended_tasks(job)(task_id)
+
+
+def ended_tasks(job: types_pb2.Job) -> Callable[[str], bool]:
+    """``task_is_over`` for many tasks of one job at the cost of one: the job's workflow
+    is read once, not once per task (a node view may list thousands of its tasks)."""
     if job.state in _FINAL:
-        return True
-    if is_workflow_task(job, task_id):
-        task = _find_task(job, task_name(job, task_id))
-        return task is not None and task.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
-    attempt = task_attempt(task_id)
+        return lambda _task_id: True
+    known = job.HasField("spec")
+    workflow = known and workflow_names(job.spec) is not None
+    ended = (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    done = frozenset(t.name for t in job.tasks if t.state in ended)
     latest = job.attempts - 1
-    if attempt != latest:
-        return attempt < latest
-    return _requeued(job) or job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    latest_over = _requeued(job) or job.state in ended
+
+    def over(task_id: str) -> bool:
+        name = task_name(job, task_id)
+        # As is_workflow_task, with the workflow read once.
+        if workflow if known else (bool(job.tasks) or not _ATTEMPT.fullmatch(name)):
+            return name in done
+        attempt = task_attempt(task_id)
+        return attempt < latest if attempt != latest else latest_over
+
+    return over
 
 
 def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
@@ -362,10 +377,6 @@ def is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
     if job.HasField("spec"):
         return workflow_names(job.spec) is not None
     return bool(job.tasks) or not _ATTEMPT.fullmatch(task_name(job, task_id))
-
-
-def _find_task(job: types_pb2.Job, name: str) -> types_pb2.JobTask | None:
-    return next((t for t in job.tasks if t.name == name), None)
 
 
 def advance_task(task: types_pb2.JobTask, state: State) -> bool:

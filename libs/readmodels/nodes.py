@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
-from libs.readmodels.job_state import task_is_over
+from libs.readmodels.job_state import ended_tasks
 
 
 def node_key(env: events_pb2.Envelope) -> str | None:
@@ -106,17 +106,22 @@ def without_ended_tasks(
 
     A task whose job is unknown is kept: the job's events may still be on their way.
     """
-    running = [task for task in node.running if not _over(task, job_of(task.job_id))]
+    ended: dict[str, Callable[[str], bool] | None] = {}  # job id -> its tasks' judge
+
+    def over(task: types_pb2.RunningTask) -> bool:
+        if task.job_id not in ended:
+            job = job_of(task.job_id)
+            ended[task.job_id] = None if job is None else ended_tasks(job)
+        judge = ended[task.job_id]
+        return judge is not None and judge(task.task_id)
+
+    running = [task for task in node.running if not over(task)]
     if len(running) == len(node.running):
         return node
     new = types_pb2.Node()
     new.CopyFrom(node)
     _set_running(new, running)
     return new
-
-
-def _over(task: types_pb2.RunningTask, job: types_pb2.Job | None) -> bool:
-    return job is not None and task_is_over(job, task.task_id)
 
 
 def _without(running: Iterable[types_pb2.RunningTask], task_id: str) -> list[types_pb2.RunningTask]:
