@@ -45,6 +45,7 @@ from libs.core.decisions import (
 )
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing, leaf_order, standings
+from libs.core.ids import batch_task_id
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -607,7 +608,7 @@ class Scheduler:
         tasks: dict[str, tuple[str, tuple[int, ...]]] = {}
         decisions: list[Decision] = []
         for rank, (node_id, gpus) in enumerate(fit.tasks):
-            task_id = f"{job.job_id}/{job.attempt}" + (f".{rank}" if len(fit.tasks) > 1 else "")
+            task_id = batch_task_id(job.job_id, job.attempt, rank if len(fit.tasks) > 1 else None)
             tasks[task_id] = (node_id, gpus)
             self._capacity.take(node_id, gpus)
             self._on_node.setdefault(node_id, {})[job.job_id] = None

@@ -3,7 +3,7 @@
 No I/O here; the projector service stores or serves what these return.
 """
 
-from libs.readmodels.job_state import has_ended, task_attempt, task_is_over
+from libs.readmodels.job_state import has_ended, task_is_over
 from libs.readmodels.jobs import (
     DEFAULT_LIST_LIMIT,
     JobRecords,
@@ -28,7 +28,6 @@ __all__ = [
     "newest_jobs",
     "node_key",
     "nodes_in_cluster",
-    "task_attempt",
     "task_is_over",
     "without_ended_tasks",
 ]

@@ -48,13 +48,13 @@ its spec is seen. Workflow tasks are not requeued: ``JobRequeued`` is ignored.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TypeAlias
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.ids import attempt_of, is_batch_task_id, name_in_job
 from libs.events.convert import workflow_from_proto
 
 State: TypeAlias = types_pb2.JobState.ValueType
@@ -104,17 +104,6 @@ JOB_EVENTS = TASK_EVENTS | {
     "job_lost",
     "workflow_planned",
 }
-# A batch job's task ids end in its placement number, and a gang's in the rank too.
-_ATTEMPT = re.compile(r"\d+(\.\d+)?")
-
-
-def task_attempt(task_id: str) -> int:
-    """The placement a task belongs to: ``j-1/2`` and, in a gang, ``j-1/2.0`` -> 2.
-
-    0 for an id without that suffix.
-    """
-    number = task_id.rpartition("/")[2].partition(".")[0]
-    return int(number) if number.isascii() and number.isdigit() else 0
 
 
 def has_ended(job: types_pb2.Job) -> bool:
@@ -150,11 +139,11 @@ def ended_tasks(job: types_pb2.Job) -> Callable[[str], bool]:
     latest_over = _requeued(job) or job.state in ended
 
     def over(task_id: str) -> bool:
-        name = task_name(job, task_id)
+        name = name_in_job(job.job_id, task_id)
         # As is_workflow_task, with the workflow read once.
-        if workflow if known else (bool(job.tasks) or not _ATTEMPT.fullmatch(name)):
+        if workflow if known else (bool(job.tasks) or not is_batch_task_id(job.job_id, task_id)):
             return name in done
-        attempt = task_attempt(task_id)
+        attempt = attempt_of(task_id)
         return attempt < latest if attempt != latest else latest_over
 
     return over
@@ -367,16 +356,12 @@ def workflow_names(spec: types_pb2.JobSpec) -> tuple[str, ...] | None:
     return None if workflow is None else tuple(t.task_id for t in workflow.tasks)
 
 
-def task_name(job: types_pb2.Job, task_id: str) -> str:
-    return task_id.removeprefix(f"{job.job_id}/")
-
-
 def is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
     """Whether a task of this job is a workflow task; see the module's notes for a job
     whose spec is not known yet."""
     if job.HasField("spec"):
         return workflow_names(job.spec) is not None
-    return bool(job.tasks) or not _ATTEMPT.fullmatch(task_name(job, task_id))
+    return bool(job.tasks) or not is_batch_task_id(job.job_id, task_id)
 
 
 def advance_task(task: types_pb2.JobTask, state: State) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.ids import attempt_of, name_in_job
 from libs.events import event_type
 from libs.readmodels.job_state import (
     JOB_EVENTS,
@@ -43,8 +44,6 @@ from libs.readmodels.job_state import (
     fold_event,
     is_workflow_task,
     settle_workflow,
-    task_attempt,
-    task_name,
     workflow_names,
 )
 
@@ -184,7 +183,7 @@ class JobRecords:
             else:
                 fold_event(head, kind, env)
         elif kind in TASK_EVENTS:
-            if enter_task(head, task_attempt(getattr(env, kind).task_id)):
+            if enter_task(head, attempt_of(getattr(env, kind).task_id)):
                 fold_event(head, kind, env)
         elif kind != "workflow_planned":  # a plan names a workflow; a spec saying otherwise wins
             fold_event(head, kind, env)
@@ -335,7 +334,7 @@ class JobRecords:
                 pass  # the scheduler does not requeue workflow tasks
             case "task_placed":
                 placed = env.task_placed
-                name = placed.serving.name or task_name(head, placed.task_id)
+                name = placed.serving.name or name_in_job(job_id, placed.task_id)
                 task = self._task(job_id, head, shape, name)
                 advance_task(task, _S.JOB_STATE_PLACED)
                 task.node_id = placed.node_id
@@ -346,7 +345,7 @@ class JobRecords:
                 put(task)
             case _:  # a report on one task: started, ended, asked to stop, idle or busy
                 report = getattr(env, kind)
-                task = self._task(job_id, head, shape, task_name(head, report.task_id))
+                task = self._task(job_id, head, shape, name_in_job(job_id, report.task_id))
                 fill_task_node(task, report.node_id)
                 if kind == "task_started":
                     advance_task(task, _S.JOB_STATE_RUNNING)

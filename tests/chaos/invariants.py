@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.ids import attempt_of
 from libs.events import event_type
-from libs.readmodels import apply_job_event, has_ended, task_attempt
+from libs.readmodels import apply_job_event, has_ended
 
 ENDS = ("task_finished", "task_failed")
 _UNDER_WAY = (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING)
@@ -148,7 +149,7 @@ def double_runs(log: Log) -> list[Finding]:
             tasks = running[job_id]
             if task_id in tasks:
                 found.append(Finding(task_id, "started again while running"))
-            others = {task_attempt(t) for t in tasks} - {task_attempt(task_id)}
+            others = {attempt_of(t) for t in tasks} - {attempt_of(task_id)}
             if others:
                 found.append(
                     Finding(task_id, f"started while placement(s) {sorted(others)} still run")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from libs.core.baselines._inventory import Inventory, Placement
 from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
+from libs.core.ids import batch_task_id
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -115,7 +116,7 @@ class BaselinePolicy(ABC):
         job = Running(job_id, spec, self._seq[job_id], attempt, placement[0][0])
         decisions: list[Decision] = []
         for k, (node_id, gpus) in enumerate(placement):
-            task_id = f"{job_id}/{attempt}.{k}"
+            task_id = batch_task_id(job_id, attempt, k)
             self.inventory.take(node_id, gpus)
             job.tasks[task_id] = (node_id, gpus)
             decisions.append(Place(job_id, task_id, node_id, gpus, spec))

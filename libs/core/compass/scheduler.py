@@ -64,6 +64,7 @@ from libs.core.decisions import (
     TaskLost,
     Wait,
 )
+from libs.core.ids import workflow_task_id
 from libs.core.limits import MAX_UPCOMING
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import Cell, State, Table
@@ -198,10 +199,6 @@ class _NotPlanned(enum.Enum):
     HELD = enum.auto()  # a plan would start it too late: see _holds
 
 
-def task_id_of(job_id: str, name: str) -> str:
-    return f"{job_id}/{name}"
-
-
 def _part(task_id: str, ready_ms: float | None) -> str:
     return repr((task_id, ready_ms))
 
@@ -252,7 +249,7 @@ class Serving:
         """``_tasks`` rebuilt from the flows: their tasks not yet ended, but for the
         unsent ones of an abandoned flow."""
         tasks = {
-            task_id_of(flow.job_id, task.task_id): (flow.job_id, task)
+            workflow_task_id(flow.job_id, task.task_id): (flow.job_id, task)
             for flow in self._flows.values()
             for task in flow.workflow.tasks
             if task.task_id not in flow.finished
@@ -404,7 +401,7 @@ class Serving:
         self._abandon(flow, now_ms)
         decisions: list[Decision] = []
         for name in sorted(flow.in_flight):
-            task_id = task_id_of(flow.job_id, name)
+            task_id = workflow_task_id(flow.job_id, name)
             at = flow.gpu[name]
             if at[0] != node_id:
                 decisions.append(Stop(flow.job_id, task_id, at[0], StopCause.NODE_LOST, why))
@@ -437,7 +434,7 @@ class Serving:
         decisions: list[Decision] = [Cancel(job_id, "cancelled by user")]
         for name in sorted(flow.in_flight):
             node_id, _ = flow.gpu[name]
-            task_id = task_id_of(job_id, name)
+            task_id = workflow_task_id(job_id, name)
             decisions.append(Stop(job_id, task_id, node_id, StopCause.CANCELLED, "cancelled"))
         if not flow.in_flight:
             self._forget(flow)
@@ -495,7 +492,7 @@ class Serving:
         flow = _Flow(job_id, spec, workflow, gpu={a.task_id: by_label[a.gpu_id] for a in plan})
         self._flows[job_id] = flow
         for task, assignment in zip(workflow.tasks, plan, strict=True):
-            task_id = task_id_of(job_id, task.task_id)
+            task_id = workflow_task_id(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
             self._items[task_id] = Pending(
                 task.model, task.model_mb, task.run_ms, assignment.ready_ms, sent=False
@@ -608,7 +605,7 @@ class Serving:
 
     def _send(self, flow: _Flow, task: Task, now_ms: float) -> list[Decision]:
         """Send a ready task to its GPU, adjusting first when the plan went stale."""
-        task_id = task_id_of(flow.job_id, task.task_id)
+        task_id = workflow_task_id(flow.job_id, task.task_id)
         planned = self._gpus[flow.gpu[task.task_id]]
         planned.unplan(task_id, task.model)
         target, reason = self._adjust(flow, task, planned, now_ms)
@@ -661,7 +658,7 @@ class Serving:
             threshold = 0.0
         else:
             return planned, ""
-        task_id = task_id_of(flow.job_id, task.task_id)
+        task_id = workflow_task_id(flow.job_id, task.task_id)
         # A task ready now waits only for what was sent before it (the planned tasks,
         # this one among them, go after it): a kept timeline answers, or those alone.
         kept = self._kept_lines(now_ms, planned.key).get(planned.key)
@@ -729,7 +726,7 @@ class Serving:
         for task in flow.workflow.tasks:
             if task.task_id in flow.dispatched:
                 continue
-            task_id = task_id_of(flow.job_id, task.task_id)
+            task_id = workflow_task_id(flow.job_id, task.task_id)
             self._tasks.pop(task_id, None)
             self._items.pop(task_id, None)
             gpu = self._gpus[flow.gpu[task.task_id]]
@@ -741,8 +738,8 @@ class Serving:
     def _forget(self, flow: _Flow) -> None:
         del self._flows[flow.job_id]
         for task in flow.workflow.tasks:
-            self._tasks.pop(task_id_of(flow.job_id, task.task_id), None)
-            self._items.pop(task_id_of(flow.job_id, task.task_id), None)
+            self._tasks.pop(workflow_task_id(flow.job_id, task.task_id), None)
+            self._items.pop(workflow_task_id(flow.job_id, task.task_id), None)
 
     def _touch(self, gpu: _Gpu, now_ms: float | None = None) -> None:
         """Fold a GPU's change into the digest; a drained pool GPU starts lingering.

@@ -15,7 +15,6 @@ from libs.readmodels import (
     has_ended,
     job_key,
     newest_jobs,
-    task_attempt,
     task_is_over,
 )
 from tests.unit.libs.readmodels.readmodel_builders import (
@@ -329,11 +328,6 @@ def preempted_once() -> list[events_pb2.Envelope]:
         stop("j", "for team-b", "n1"),
         failed("j", "SIGTERM", exit_code=143),
     ]
-
-
-def test_task_attempt_is_the_number_ending_the_task_id() -> None:
-    ids = ("j/0", "j/12", "j/2.1", "a/b/3", "j", "j/x", "j/²", "j/.1", "")
-    assert [task_attempt(t) for t in ids] == [0, 12, 2, 3, 0, 0, 0, 0, 0]
 
 
 def test_requeue_after_preemption_waits_again_and_keeps_attempts() -> None:

@@ -1,0 +1,47 @@
+"""Identifiers: what a job, task and node id is, and the one place a task id is
+built and read back.
+
+They are strings on the wire and in the log (so the log's bytes stay what they
+are); the types only keep a node id from being passed where a job id is meant.
+A task id names the job and which of its placements (and, in a gang, which rank)
+or which workflow task it is; nothing outside this module takes one apart.
+"""
+
+import re
+from typing import NewType
+
+JobId = NewType("JobId", str)
+TaskId = NewType("TaskId", str)
+NodeId = NewType("NodeId", str)
+
+# A batch task is named by its placement number, and a gang's tasks by the rank too.
+_BATCH_NAME = re.compile(r"\d+(\.\d+)?")
+
+
+def batch_task_id(job_id: str, attempt: int, rank: int | None = None) -> TaskId:
+    """``j-1/2`` for placement 2 of job ``j-1``; ``j-1/2.0`` for rank 0 of a gang."""
+    return TaskId(f"{job_id}/{attempt}" if rank is None else f"{job_id}/{attempt}.{rank}")
+
+
+def workflow_task_id(job_id: str, name: str) -> TaskId:
+    """``j-1/encode``: the task named ``encode`` in job ``j-1``'s workflow."""
+    return TaskId(f"{job_id}/{name}")
+
+
+def attempt_of(task_id: str) -> int:
+    """The placement a batch task belongs to (``j-1/2`` and ``j-1/2.0`` -> 2).
+
+    0 for an id without that suffix, such as a workflow task's.
+    """
+    number = task_id.rpartition("/")[2].partition(".")[0]
+    return int(number) if number.isascii() and number.isdigit() else 0
+
+
+def name_in_job(job_id: str, task_id: str) -> str:
+    """What follows the job id: ``2.0`` for a batch task, ``encode`` for a workflow task."""
+    return task_id.removeprefix(f"{job_id}/")
+
+
+def is_batch_task_id(job_id: str, task_id: str) -> bool:
+    """Whether the id names one of a batch job's placements (not a workflow task)."""
+    return _BATCH_NAME.fullmatch(name_in_job(job_id, task_id)) is not None

@@ -1,0 +1,26 @@
+"""Task ids: built in one place and read back there (libs/core/ids.py)."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs.core.ids import attempt_of, batch_task_id, workflow_task_id
+
+job_ids = st.text(min_size=1, max_size=20)
+
+
+@given(job_ids, st.integers(min_value=0, max_value=10**6), st.none() | st.integers(0, 4096))
+def test_a_batch_task_id_gives_back_its_attempt(
+    job_id: str, attempt: int, rank: int | None
+) -> None:
+    assert attempt_of(batch_task_id(job_id, attempt, rank)) == attempt
+
+
+def test_ids_have_the_logged_shape() -> None:
+    assert batch_task_id("j-1", 2) == "j-1/2"
+    assert batch_task_id("j-1", 2, 0) == "j-1/2.0"
+    assert workflow_task_id("j-1", "encode") == "j-1/encode"
+
+
+def test_an_id_without_an_attempt_reads_as_zero() -> None:
+    ids = ("j/0", "j/12", "j/2.1", "a/b/3", "j", "j/x", "j/²", "j/.1", "")
+    assert [attempt_of(t) for t in ids] == [0, 12, 2, 3, 0, 0, 0, 0, 0]
