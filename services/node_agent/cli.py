@@ -38,13 +38,7 @@ from libs.bus import (
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
-from services.node_agent.agent import (
-    DEFAULT_HEARTBEAT_S,
-    DEFAULT_HOST_TO_GPU_MB_PER_MS,
-    DEFAULT_SAMPLE_S,
-    NodeAgent,
-    serve,
-)
+from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import (
@@ -54,6 +48,8 @@ from services.node_agent.inventory import (
     select_nodes,
 )
 from services.node_agent.orphans import ProcessLedger
+from services.node_agent.registration import DEFAULT_HEARTBEAT_S
+from services.node_agent.serving import DEFAULT_HOST_TO_GPU_MB_PER_MS
 from services.node_agent.utilization import nvml_session, sampler_for
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
-from qm.v1 import events_pb2
+from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.agent import NodeAgent
 from services.node_agent.orphans import ProcessLedger
+from services.node_agent.reports import Reporter
 from tests.unit.services.node_agent.test_node_agent import (
     Recorder,
     delivery,
@@ -102,9 +103,7 @@ async def test_declared_lost_it_stops_the_nodes_tasks_and_registers_anew(
     assert not await agent.handle(delivery(lost, offset=2))
 
 
-async def test_a_report_the_bus_refuses_is_sent_again(
-    tracer: Tracer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_report_the_bus_refuses_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[events_pb2.Envelope] = []
     refusals = 2
 
@@ -115,11 +114,9 @@ async def test_a_report_the_bus_refuses_is_sent_again(
             raise ConnectionError("broker unreachable")
         sent.append(env)
 
-    monkeypatch.setattr("services.node_agent.agent.RETRY_FIRST_S", 0.01)
-    agent = NodeAgent([], executors={}, emit=flaky, tracer=tracer, heartbeat_s=0)
-    node = events_pb2.NodeRegistered().inventory
-    node.node_id = "sim-0"
-    await agent._report(node, events_pb2.TaskFinished(job_id="j", task_id="j/0"))
+    monkeypatch.setattr("services.node_agent.reports.RETRY_FIRST_S", 0.01)
+    node = types_pb2.NodeInventory(node_id="sim-0")
+    await Reporter(flaky)(node, events_pb2.TaskFinished(job_id="j", task_id="j/0"))
     assert refusals == 0 and [env.task_finished.task_id for env in sent] == ["j/0"]
 
 

@@ -13,8 +13,9 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
 from libs.events import event_type, new_envelope
-from services.node_agent.agent import NodeAgent, gpu_memory_mb
+from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.serving import gpu_memory_mb
 
 MB = 1_000_000
 BW = 100.0  # MB per ms: a 1000 MB model loads in 10 ms

@@ -1,0 +1,78 @@
+"""The agent's nodes as placement knows them: each registered under an incarnation, and
+said to be alive by a heartbeat every few seconds.
+
+Each registration of a node is a new incarnation: placement then knows that the tasks
+of an earlier one are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+from qm.v1 import events_pb2, types_pb2
+
+from services.node_agent.lifecycle import new_incarnation
+from services.node_agent.reports import Reporter, envelope
+
+log = logging.getLogger(__name__)
+
+# Placement declares a node lost after node_lost_timeout_s (30 s by default) of silence.
+DEFAULT_HEARTBEAT_S = 5.0
+
+
+class Registrations:
+    """``nodes`` with their current incarnations; a heartbeat every ``heartbeat_s``
+    seconds (0: never)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[types_pb2.NodeInventory],
+        report: Reporter,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    ) -> None:
+        if heartbeat_s < 0:
+            raise ValueError("heartbeat_s must be >= 0")
+        self.nodes = {node.node_id: node for node in nodes}
+        self._incarnations = {node_id: new_incarnation() for node_id in self.nodes}
+        self._report = report
+        self._heartbeat_s = heartbeat_s
+
+    @property
+    def incarnations(self) -> Mapping[str, str]:
+        """Node id -> its current incarnation."""
+        return self._incarnations
+
+    async def register_all(self) -> None:
+        for node in self.nodes.values():
+            await self._register(node)
+
+    async def register_anew(self, node_id: str) -> None:
+        """Register the node again, as a new incarnation."""
+        self._incarnations[node_id] = new_incarnation()
+        await self._register(self.nodes[node_id])
+
+    async def _register(self, node: types_pb2.NodeInventory) -> None:
+        incarnation = self._incarnations[node.node_id]
+        registered = events_pb2.NodeRegistered(
+            inventory=node, incarnation=incarnation, heartbeat_s=self._heartbeat_s
+        )
+        await self._report(node, registered)
+        log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))
+
+    async def heartbeat(self) -> None:
+        """Say every ``heartbeat_s`` that each node is alive, until cancelled. A beat
+        that cannot be sent is skipped: the next one says the same."""
+        if not self._heartbeat_s:
+            return
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            for node_id, node in self.nodes.items():
+                beat = events_pb2.NodeHeartbeat(
+                    node_id=node_id, incarnation=self._incarnations[node_id]
+                )
+                try:
+                    await self._report.emit(envelope(node, beat))
+                except Exception as exc:
+                    log.warning("heartbeat of %s not sent: %s", node_id, exc)

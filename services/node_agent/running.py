@@ -1,0 +1,130 @@
+"""Tasks running on the agent's nodes: launched on their executor, reported started,
+watched until they end and reported ended; stopped on request. Also which tasks were
+started here, so that a redelivered placement does not run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+from qm.v1 import events_pb2, types_pb2
+
+from services.node_agent.executors import Execution, Executor, LaunchError
+from services.node_agent.lifecycle import ended, launch_failed, started
+from services.node_agent.reports import Reporter
+
+log = logging.getLogger(__name__)
+
+Executors = Mapping[types_pb2.Executor.ValueType, Executor]
+
+# Redeliveries come soon after the original placement: older ended tasks need not be known.
+REMEMBER_ENDED = 10_000
+
+
+@dataclass
+class Run:
+    """A running task; its span ends when the task does."""
+
+    node: types_pb2.NodeInventory
+    task: events_pb2.TaskPlaced
+    placed_event_id: str
+    execution: Execution
+    span: Span
+    stopped_because: str = ""
+    stop_event_id: str = ""
+    stopper: asyncio.Task[None] | None = None
+
+
+class RunningTasks:
+    """The tasks running on the agent's nodes, by task id, and those started lately."""
+
+    def __init__(
+        self, executors: Executors, report: Reporter, remember_ended: int = REMEMBER_ENDED
+    ) -> None:
+        self._executors = executors
+        self._report = report
+        self._runs: dict[str, Run] = {}
+        # Tasks started here and not long ended; _ended says which to forget first.
+        self._started: set[str] = set()
+        self._ended: deque[str] = deque()
+        self._remember_ended = remember_ended
+
+    def claim(self, task_id: str) -> bool:
+        """Note that the task starts here; False if it already has (a redelivery)."""
+        if task_id in self._started:
+            return False
+        self._started.add(task_id)
+        return True
+
+    def forget_later(self, task_id: str) -> None:
+        """The task has ended: it may be forgotten once enough others have."""
+        self._ended.append(task_id)
+        if len(self._ended) > self._remember_ended:
+            self._started.discard(self._ended.popleft())
+
+    def get(self, task_id: str) -> Run | None:
+        return self._runs.get(task_id)
+
+    def on(self, node_id: str) -> list[Run]:
+        """The tasks running on the node."""
+        return [run for run in self._runs.values() if run.node.node_id == node_id]
+
+    def all(self) -> list[Run]:
+        return list(self._runs.values())
+
+    async def launch(
+        self,
+        node: types_pb2.NodeInventory,
+        task: events_pb2.TaskPlaced,
+        placed_event_id: str,
+        span: Span,
+        *,
+        model_resident: bool = False,
+    ) -> Run | None:
+        """Start the task and report it started; None (its failure reported) if it cannot."""
+        with trace.use_span(span):
+            try:
+                execution = await self._executors[node.executor].start(
+                    task, model_resident=model_resident
+                )
+            except LaunchError as exc:
+                log.warning("task %s could not start: %s", task.task_id, exc.reason)
+                span.set_status(Status(StatusCode.ERROR, exc.reason))
+                await self._report(node, launch_failed(task, exc), task, placed_event_id)
+                span.end()
+                self.forget_later(task.task_id)
+                return None
+            await self._report(node, started(task, execution.pid), task, placed_event_id)
+        log.info("task %s started on %s GPUs %s", task.task_id, node.node_id, task.gpu_indices)
+        run = Run(node, task, placed_event_id, execution, span)
+        self._runs[task.task_id] = run
+        return run
+
+    async def await_exit(self, run: Run) -> None:
+        """Wait for the task to end and report how it did."""
+        try:
+            with trace.use_span(run.span, end_on_exit=True):
+                exit_code = await run.execution.wait()
+                outcome = ended(run.task, exit_code, run.stopped_because)
+                if isinstance(outcome, events_pb2.TaskFailed):
+                    run.span.set_status(Status(StatusCode.ERROR, outcome.reason))
+                # A stopped task ended because of the stop request, not of its placement.
+                cause = run.stop_event_id or run.placed_event_id
+                await self._report(run.node, outcome, run.task, cause)
+                log.info("task %s ended: exit code %d", run.task.task_id, exit_code)
+        finally:
+            del self._runs[run.task.task_id]
+            self.forget_later(run.task.task_id)
+
+    def request_stop(self, run: Run, reason: str, event_id: str) -> None:
+        if run.stopper is not None:
+            return  # already stopping; the first reason stands
+        run.stopped_because, run.stop_event_id = reason, event_id
+        log.info("stopping task %s: %s", run.task.task_id, reason)
+        # In the background: one task's grace period must not hold up other decisions.
+        run.stopper = asyncio.create_task(run.execution.stop())
