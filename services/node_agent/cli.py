@@ -54,6 +54,41 @@ from services.node_agent.utilization import nvml_session, sampler_for
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")
 _IDLE = IdleThresholds()
+# Finite numbers whose default the environment may set: flag, variable, default, help.
+_NUMBERS_FROM_ENV: tuple[tuple[str, str, float, str], ...] = (
+    (
+        "--idle-threshold",
+        "QM_IDLE_THRESHOLD",
+        _IDLE.idle_below,
+        "a task is idle once its mean GPU utilisation (0..1) over the window is below "
+        "this; 0 turns idle detection off",
+    ),
+    (
+        "--busy-threshold",
+        "QM_BUSY_THRESHOLD",
+        _IDLE.busy_above,
+        "an idle task is busy again once that mean is above this",
+    ),
+    (
+        "--idle-window-seconds",
+        "QM_IDLE_WINDOW_SECONDS",
+        _IDLE.window_s,
+        "the window the mean is taken over",
+    ),
+    (
+        "--sample-seconds",
+        "QM_SAMPLE_SECONDS",
+        DEFAULT_SAMPLE_S,
+        "time between GPU utilisation samples",
+    ),
+    (
+        "--host-to-gpu-mb-per-ms",
+        "QM_HOST_TO_GPU_MB_PER_MS",
+        DEFAULT_HOST_TO_GPU_MB_PER_MS,
+        "host-to-GPU bandwidth for a workflow task's model load, in MB per ms: a "
+        "simulated load takes model MB / this",
+    ),
+)
 
 
 def _finite(text: str) -> float:
@@ -103,41 +138,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=10.0,
         help="time a stopped task gets between SIGTERM and SIGKILL (default: %(default)s)",
     )
-    # String defaults from the environment go through the type too, so a bad one is named.
-    parser.add_argument(
-        "--idle-threshold",
-        type=_finite,
-        default=os.environ.get("QM_IDLE_THRESHOLD", str(_IDLE.idle_below)),
-        help="a task is idle once its mean GPU utilisation (0..1) over the window is below "
-        "this; 0 turns idle detection off (env QM_IDLE_THRESHOLD; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--busy-threshold",
-        type=_finite,
-        default=os.environ.get("QM_BUSY_THRESHOLD", str(_IDLE.busy_above)),
-        help="an idle task is busy again once that mean is above this "
-        "(env QM_BUSY_THRESHOLD; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--idle-window-seconds",
-        type=_finite,
-        default=os.environ.get("QM_IDLE_WINDOW_SECONDS", str(_IDLE.window_s)),
-        help="the window the mean is taken over (env QM_IDLE_WINDOW_SECONDS; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--sample-seconds",
-        type=_finite,
-        default=os.environ.get("QM_SAMPLE_SECONDS", str(DEFAULT_SAMPLE_S)),
-        help="time between GPU utilisation samples (env QM_SAMPLE_SECONDS; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--host-to-gpu-mb-per-ms",
-        type=_finite,
-        default=os.environ.get("QM_HOST_TO_GPU_MB_PER_MS", str(DEFAULT_HOST_TO_GPU_MB_PER_MS)),
-        help="host-to-GPU bandwidth for a workflow task's model load, in MB per ms: a "
-        "simulated load takes model MB / this (env QM_HOST_TO_GPU_MB_PER_MS; "
-        "default: %(default)s)",
-    )
+    for flag, env, default, text in _NUMBERS_FROM_ENV:
+        parser.add_argument(
+            flag,
+            type=_finite,
+            # A default from the environment goes through the type too, so a bad one is named.
+            default=os.environ.get(env, str(default)),
+            help=f"{text} (env {env}; default: %(default)s)",
+        )
     parser.add_argument(
         "--heartbeat-seconds",
         type=float,

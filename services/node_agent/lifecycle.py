@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Mapping
+from typing import TypedDict
 
 from qm.v1 import events_pb2
 
@@ -14,6 +15,18 @@ from services.node_agent.executors import LaunchError
 
 Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested | events_pb2.NodeLost
 Outcome = events_pb2.TaskFinished | events_pb2.TaskFailed
+
+
+class _TaskRef(TypedDict):
+    """The fields that name a task in every report about it."""
+
+    job_id: str
+    task_id: str
+    node_id: str
+
+
+def _ref(task: events_pb2.TaskPlaced) -> _TaskRef:
+    return _TaskRef(job_id=task.job_id, task_id=task.task_id, node_id=task.node_id)
 
 
 def decision_for(env: events_pb2.Envelope, incarnations: Mapping[str, str]) -> Decision | None:
@@ -52,9 +65,7 @@ def producer_name(node_id: str) -> str:
 
 
 def started(task: events_pb2.TaskPlaced, pid: int) -> events_pb2.TaskStarted:
-    return events_pb2.TaskStarted(
-        job_id=task.job_id, task_id=task.task_id, node_id=task.node_id, pid=pid
-    )
+    return events_pb2.TaskStarted(**_ref(task), pid=pid)
 
 
 def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2.TaskFailed:
@@ -84,13 +95,7 @@ def model_loaded(
 def idle_changed(
     task: events_pb2.TaskPlaced, idle: bool, utilization: float
 ) -> events_pb2.TaskIdle:
-    return events_pb2.TaskIdle(
-        job_id=task.job_id,
-        task_id=task.task_id,
-        node_id=task.node_id,
-        idle=idle,
-        utilization=utilization,
-    )
+    return events_pb2.TaskIdle(**_ref(task), idle=idle, utilization=utilization)
 
 
 def stop_reason(request: events_pb2.TaskStopRequested) -> str:
@@ -106,9 +111,7 @@ def ended(task: events_pb2.TaskPlaced, exit_code: int, stopped_because: str = ""
     if stopped_because:
         return _failed(task, exit_code, stopped_because)
     if exit_code == 0:
-        return events_pb2.TaskFinished(
-            job_id=task.job_id, task_id=task.task_id, node_id=task.node_id, exit_code=0
-        )
+        return events_pb2.TaskFinished(**_ref(task), exit_code=0)
     return _failed(task, exit_code, exit_reason(exit_code))
 
 
@@ -128,10 +131,4 @@ def exit_reason(exit_code: int) -> str:
 
 
 def _failed(task: events_pb2.TaskPlaced, exit_code: int, reason: str) -> events_pb2.TaskFailed:
-    return events_pb2.TaskFailed(
-        job_id=task.job_id,
-        task_id=task.task_id,
-        node_id=task.node_id,
-        exit_code=exit_code,
-        reason=reason,
-    )
+    return events_pb2.TaskFailed(**_ref(task), exit_code=exit_code, reason=reason)
