@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,7 +13,11 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from services.status import StatusInterceptor
 
+log = logging.getLogger(__name__)
+
 Registrar = Callable[[grpc.aio.Server], None]
+# Calls under way when the service is told to stop get this long to finish.
+STOP_GRACE_S = 2.0
 
 
 async def start_server(
@@ -42,6 +47,20 @@ async def start_server(
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port
+
+
+async def serve_until_cancelled(
+    address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
+) -> None:
+    """Serve until cancelled (the process is told to stop), then stop: the calls under way
+    get ``STOP_GRACE_S`` to finish."""
+    server, port = await start_server(address, registrars, service_names)
+    names = " and ".join(name.rsplit(".", 1)[-1] for name in service_names)
+    log.info("serving %s on port %d", names, port)
+    try:
+        await server.wait_for_termination()
+    finally:
+        await server.stop(grace=STOP_GRACE_S)
 
 
 def bearer(token: str) -> tuple[tuple[str, Any], ...]:

@@ -1,5 +1,5 @@
 """Process plumbing shared by every service: run until SIGTERM or SIGINT, log one way,
-and end on a bad setting with one line instead of a traceback."""
+end on a bad setting with one line instead of a traceback, and stop background work."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Annotated, Any, Literal
 
@@ -16,6 +16,16 @@ from pydantic import BeforeValidator, Field
 
 from libs.config.document import ConfigError
 from libs.config.env import EnvSettings
+from libs.telemetry import setup_tracing
+
+
+def run_service(service: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """The life of a service's process: log and trace as ``service``, then run ``main()``
+    until SIGTERM or SIGINT. ``main`` is called once logging is set up, so that a bad
+    setting it reads is reported in one line (``configure_logging``)."""
+    configure_logging(service)
+    setup_tracing(service)
+    asyncio.run(run_until_signalled(main()))
 
 
 async def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
@@ -26,6 +36,13 @@ async def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def cancel_and_wait(work: asyncio.Future[Any]) -> None:
+    """Cancel background work and return once it has ended."""
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
 
 
 def report_config_errors(service: str) -> None:

@@ -10,7 +10,6 @@ nodes, as the projector lists them), plus Kafka and auth.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Annotated
 
@@ -27,16 +26,15 @@ from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import Address, EnvSettings
 from libs.core import Limits
 from libs.core.limits import MAX_GPUS
-from libs.telemetry import setup_tracing
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
 from services.admission.servicer import ClusterServicer, JobServicer
-from services.grpc_server import start_server
+from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
-from services.runtime import configure_logging, run_until_signalled
+from services.runtime import run_service
 
 log = logging.getLogger("admission")
 
@@ -90,7 +88,7 @@ async def serve() -> None:
     await producer.start()
     await follower.start()
     try:
-        server, port = await start_server(
+        await serve_until_cancelled(
             own.address,
             [
                 lambda s: job_service_pb2_grpc.add_JobServiceServicer_to_server(jobs, s),
@@ -101,11 +99,6 @@ async def serve() -> None:
                 cluster_service_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
             ],
         )
-        log.info("serving JobService and ClusterService on port %d", port)
-        try:
-            await server.wait_for_termination()
-        finally:
-            await server.stop(grace=2)
     finally:
         await follower.stop()
         await producer.stop()
@@ -114,9 +107,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    configure_logging("admission")
-    setup_tracing("admission")
-    asyncio.run(run_until_signalled(serve()))
+    run_service("admission", serve)
 
 
 if __name__ == "__main__":

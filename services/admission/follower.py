@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2
 
 from libs.bus import Bus, LogReader
+from services.runtime import cancel_and_wait
 
 View = Callable[[events_pb2.Envelope], None]
 
@@ -29,9 +29,7 @@ class Follower:
 
     async def stop(self) -> None:
         if self._follow is not None:
-            self._follow.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follow
+            await cancel_and_wait(self._follow)
         await self._reader.stop()
 
     async def reached(self, tp: TopicPartition, offset: int) -> None:

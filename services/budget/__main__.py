@@ -9,7 +9,6 @@ deploy/local/budget.yaml), ``QM_CLUSTERS`` (comma-separated, default
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
@@ -20,12 +19,11 @@ from libs.auth import load_secret
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, LogReader, load_topic_config
 from libs.config.budget import load_budget_tree
 from libs.config.env import Address, EnvSettings, Names
-from libs.telemetry import setup_tracing
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
-from services.grpc_server import start_server
+from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
-from services.runtime import configure_logging, run_until_signalled
+from services.runtime import cancel_and_wait, run_service
 
 log = logging.getLogger("budget")
 _DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budget.yaml"
@@ -64,20 +62,19 @@ async def serve() -> None:
         servicer = BudgetServicer(
             book, producer, topic=topics.events.name, clusters=clusters, secret=load_secret()
         )
-        server, port = await start_server(
-            own.address,
-            [lambda s: budget_service_pb2_grpc.add_BudgetServiceServicer_to_server(servicer, s)],
-            [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
-        )
-        log.info("serving BudgetService on port %d", port)
         followers = asyncio.gather(reader.follow(book.apply), decisions.follow(book.ledger.decided))
         try:
-            await server.wait_for_termination()
+            await serve_until_cancelled(
+                own.address,
+                [
+                    lambda s: budget_service_pb2_grpc.add_BudgetServiceServicer_to_server(
+                        servicer, s
+                    )
+                ],
+                [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
+            )
         finally:
-            followers.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await followers
-            await server.stop(grace=2)
+            await cancel_and_wait(followers)
     finally:
         await reader.stop()
         await decisions.stop()
@@ -85,9 +82,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    configure_logging("budget")
-    setup_tracing("budget")
-    asyncio.run(run_until_signalled(serve()))
+    run_service("budget", serve)
 
 
 if __name__ == "__main__":

@@ -5,26 +5,24 @@ Settings: ``QM_PLACEMENT_GROUP`` (consumer group and transactional id, default
 replay with the same file), plus the Kafka settings.
 """
 
-import asyncio
 import os
 
 from libs.bus import KafkaBus, KafkaSettings, load_topic_config
-from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
 from services.policy_file import policy_from_env
-from services.runtime import configure_logging, run_until_signalled
+from services.runtime import run_service
 
 
 def main() -> None:
-    configure_logging("placement")
-    setup_tracing("placement")
-    service = PlacementService(
-        KafkaBus(KafkaSettings.from_env()),
-        load_topic_config(),
-        group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-placement"),
-        policy=policy_from_env(),
+    run_service(
+        "placement",
+        lambda: PlacementService(
+            KafkaBus(KafkaSettings.from_env()),
+            load_topic_config(),
+            group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-placement"),
+            policy=policy_from_env(),
+        ).run(),
     )
-    asyncio.run(run_until_signalled(service.run()))
 
 
 if __name__ == "__main__":

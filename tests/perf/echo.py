@@ -12,7 +12,6 @@ Settings as placement: ``QM_PLACEMENT_GROUP``, ``QM_ECHO_NODES`` (how many nodes
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 
@@ -22,9 +21,8 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, KafkaBus, KafkaSettings, load_topic_config
 from libs.events import event_type, new_envelope
 from libs.events.driver import PartitionSchedulers
-from libs.telemetry import setup_tracing
 from services.placement.service import PlacementService
-from services.runtime import configure_logging, run_until_signalled
+from services.runtime import run_service
 
 
 def node_name(index: int) -> str:
@@ -73,15 +71,15 @@ class Echo(PlacementService):
 
 
 def main() -> None:
-    configure_logging("echo")
-    setup_tracing("echo")
-    echo = Echo(
-        KafkaBus(KafkaSettings.from_env()),
-        load_topic_config(),
-        group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-echo"),
-        nodes=int(os.environ.get("QM_ECHO_NODES", "1")),
+    run_service(
+        "echo",
+        lambda: Echo(
+            KafkaBus(KafkaSettings.from_env()),
+            load_topic_config(),
+            group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-echo"),
+            nodes=int(os.environ.get("QM_ECHO_NODES", "1")),
+        ).run(),
     )
-    asyncio.run(run_until_signalled(echo.run()))
 
 
 if __name__ == "__main__":
