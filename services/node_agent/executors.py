@@ -19,6 +19,7 @@ import re
 import shlex
 import signal
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -164,42 +165,39 @@ class ProcessExecutor:
         return ProcessExecution(process, grace_s=self._grace_s, ledger=self._ledger)
 
 
+@dataclass(frozen=True)
 class ProcessExecution:
-    def __init__(
-        self,
-        process: asyncio.subprocess.Process,
-        *,
-        grace_s: float,
-        ledger: ProcessLedger | None = None,
-    ) -> None:
-        self._process = process
-        self._grace_s = grace_s
-        self._ledger = ledger
+    """A task's process, the leader of its own process group; ``ledger`` (if any) has it
+    on record until it is reaped."""
+
+    process: asyncio.subprocess.Process
+    grace_s: float
+    ledger: ProcessLedger | None = None
 
     @property
     def pid(self) -> int:
-        return self._process.pid
+        return self.process.pid
 
     async def wait(self) -> int:
-        code = await self._process.wait()
-        if self._ledger is not None:
-            self._ledger.forget(self._process.pid)
+        code = await self.process.wait()
+        if self.ledger is not None:
+            self.ledger.forget(self.process.pid)
         return code
 
     async def stop(self) -> None:
         """SIGTERM to the task's process group; SIGKILL if it outlives the grace period."""
-        if self._process.returncode is not None:
+        if self.process.returncode is not None:
             return
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self._process.wait(), self._grace_s)
+            await asyncio.wait_for(self.process.wait(), self.grace_s)
         except TimeoutError:
             self._signal(signal.SIGKILL)
-            await self._process.wait()
+            await self.process.wait()
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
-            os.killpg(self._process.pid, sig)
+            os.killpg(self.process.pid, sig)
 
 
 class SimulatedExecutor:
