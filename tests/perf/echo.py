@@ -6,21 +6,23 @@ a span and a log line per output), with the scheduler swapped out: each
 JobAdmitted gets a TaskPlaced at once, on a node picked round-robin, with no
 scheduling state (so no rebuild and no digest).
 
-Settings as placement: ``QM_PLACEMENT_GROUP``, ``QM_ECHO_NODES`` (how many nodes named
-``sim-NNNN``), plus the Kafka settings.
+Settings as placement's (``QM_PLACEMENT_GROUP``, here by default ``qm-echo``;
+``QM_POLICY_FILE``; the Kafka settings), plus ``QM_ECHO_NODES`` (how many nodes named
+``sim-NNNN``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery, KafkaBus, KafkaSettings, load_topic_config
+from libs.bus import Delivery
 from libs.events import event_type, new_envelope
 from libs.events.driver import PartitionSchedulers
+from services.placement.environment import from_env
 from services.placement.service import PlacementService
 from services.runtime import run_service
 
@@ -71,15 +73,8 @@ class Echo(PlacementService):
 
 
 def main() -> None:
-    run_service(
-        "echo",
-        lambda: Echo(
-            KafkaBus(KafkaSettings.from_env()),
-            load_topic_config(),
-            group_id=os.environ.get("QM_PLACEMENT_GROUP", "qm-echo"),
-            nodes=int(os.environ.get("QM_ECHO_NODES", "1")),
-        ).run(),
-    )
+    nodes = int(os.environ.get("QM_ECHO_NODES", "1"))
+    run_service("echo", lambda: replace(from_env(Echo, "qm-echo"), nodes=nodes).run())
 
 
 if __name__ == "__main__":
