@@ -135,15 +135,7 @@ def test_as_given_keeps_the_tasks_unchecked_for_validation() -> None:
 def test_model_cache_events_become_core_inputs() -> None:
     at = datetime.fromtimestamp(T0, UTC)
     loaded = new_envelope(
-        events_pb2.ModelLoaded(
-            node_id="n1",
-            gpu_index=3,
-            model="OPT",
-            size_mb=5720,
-            load_ms=562,
-            job_id="j",
-            task_id="j/opt",
-        ),
+        events_pb2.ModelLoaded(node_id="n1", gpu_index=3, model="OPT", size_mb=5720, load_ms=562),
         producer="node-agent",
         occurred=at,
     )

@@ -10,21 +10,23 @@ from typing import Any
 
 import pytest
 import yaml
-from google.protobuf.message import Message
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, Tracer
+from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery
-from libs.events import event_type, new_envelope
 from services.node_agent.agent import NodeAgent
-from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import parse_inventory
 from services.node_agent.utilization import DeclaredSampler, Sample, SamplingError
+from tests.unit.services.node_agent.doubles import (
+    PLACEMENT_SPAN_ID,
+    TRACE_ID,
+    Recorder,
+    delivery,
+    executors,
+)
 
 NODES = parse_inventory(
     yaml.safe_load(
@@ -37,38 +39,11 @@ nodes:
     ),
     source="test",
 )
-TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
-PLACEMENT_SPAN_ID = "b7ad6b7169203331"
-
-
-class Recorder:
-    """Stands in for the producer: keeps each envelope and the span it was sent under."""
-
-    def __init__(self) -> None:
-        self.events: list[events_pb2.Envelope] = []
-        self.spans: list[SpanContext] = []
-
-    async def __call__(self, env: events_pb2.Envelope) -> None:
-        self.events.append(env)
-        self.spans.append(trace.get_current_span().get_span_context())
-
-    def types(self) -> list[str]:
-        return [event_type(env) for env in self.events]
-
-    async def until(self, count: int) -> None:
-        async with asyncio.timeout(5):
-            while len(self.events) < count:
-                await asyncio.sleep(0.01)
 
 
 @pytest.fixture
 def spans() -> InMemorySpanExporter:
     return InMemorySpanExporter()
-
-
-@pytest.fixture
-def emitted() -> Recorder:
-    return Recorder()
 
 
 @pytest.fixture
@@ -79,32 +54,12 @@ def tracer(spans: InMemorySpanExporter) -> Tracer:
 
 
 def make_agent(tmp_path: Path, emitted: Recorder, tracer: Tracer, **options: Any) -> NodeAgent:
-    return NodeAgent(
-        NODES,
-        executors={
-            types_pb2.EXECUTOR_PROCESS: ProcessExecutor(tmp_path, grace_s=1),
-            types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
-        },
-        emit=emitted,
-        tracer=tracer,
-        **options,
-    )
+    return NodeAgent(NODES, executors=executors(tmp_path), emit=emitted, tracer=tracer, **options)
 
 
 @pytest.fixture
 def agent(tmp_path: Path, emitted: Recorder, tracer: Tracer) -> NodeAgent:
     return make_agent(tmp_path, emitted, tracer)
-
-
-def delivery(payload: Message, offset: int = 0) -> Delivery:
-    traceparent = f"00-{TRACE_ID}-{PLACEMENT_SPAN_ID}-01".encode()
-    return Delivery(
-        envelope=new_envelope(payload, producer="placement", cluster="west"),
-        topic="decisions",
-        partition=0,
-        offset=offset,
-        headers=(("traceparent", traceparent),),
-    )
 
 
 def placement(
@@ -258,11 +213,7 @@ class BrokenSampler:
 
 
 def idle_reports(emitted: Recorder) -> list[tuple[bool, float]]:
-    return [
-        (env.task_idle.idle, env.task_idle.utilization)
-        for env in emitted.events
-        if event_type(env) == "task_idle"
-    ]
+    return [(env.task_idle.idle, env.task_idle.utilization) for env in emitted.of("task_idle")]
 
 
 async def test_an_idle_task_is_reported_once_inside_its_trace(

@@ -18,17 +18,8 @@ from qm.v1 import events_pb2, types_pb2
 from services.node_agent.agent import NodeAgent
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.reports import Reporter
-from tests.unit.services.node_agent.test_node_agent import (
-    Recorder,
-    delivery,
-    make_agent,
-    placement,
-)
-
-
-@pytest.fixture
-def emitted() -> Recorder:
-    return Recorder()
+from tests.unit.services.node_agent.doubles import Recorder, delivery
+from tests.unit.services.node_agent.test_node_agent import make_agent, placement
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import Delivery
-from libs.events import event_type, new_envelope
 from services.node_agent.agent import NodeAgent
-from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.executors import SimulatedExecutor
 from services.node_agent.serving import gpu_memory_mb
+from tests.unit.services.node_agent.doubles import Recorder, delivery, executors
 
 MB = 1_000_000
 BW = 100.0  # MB per ms: a 1000 MB model loads in 10 ms
@@ -37,63 +35,12 @@ def node(node_id: str, executor: types_pb2.Executor.ValueType) -> types_pb2.Node
 NODES = [node("sim-0", types_pb2.EXECUTOR_SIMULATED), node("proc-0", types_pb2.EXECUTOR_PROCESS)]
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[events_pb2.Envelope] = []
-
-    async def __call__(self, env: events_pb2.Envelope) -> None:
-        self.events.append(env)
-
-    def types(self) -> list[str]:
-        return [event_type(env) for env in self.events]
-
-    def of(self, kind: str) -> list[events_pb2.Envelope]:
-        return [env for env in self.events if event_type(env) == kind]
-
-    def trail(self) -> list[tuple[str, str]]:
-        """(event type, task or model) for each event, for readable order checks."""
-        out = []
-        for env in self.events:
-            kind = event_type(env)
-            body = getattr(env, kind)
-            out.append((kind, body.model if kind.startswith("model_") else body.task_id))
-        return out
-
-    async def until(self, count: int, kind: str | None = None) -> None:
-        async with asyncio.timeout(5):
-            while len(self.of(kind) if kind else self.events) < count:
-                await asyncio.sleep(0.005)
-
-
-@pytest.fixture
-def emitted() -> Recorder:
-    return Recorder()
-
-
 @pytest.fixture
 async def agent(tmp_path: Path, emitted: Recorder) -> AsyncIterator[NodeAgent]:
-    agent = NodeAgent(
-        NODES,
-        executors={
-            types_pb2.EXECUTOR_PROCESS: ProcessExecutor(tmp_path, grace_s=1),
-            types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
-        },
-        emit=emitted,
-        host_to_gpu_mb_per_ms=BW,
-    )
+    agent = NodeAgent(NODES, executors=executors(tmp_path), emit=emitted, host_to_gpu_mb_per_ms=BW)
     yield agent
     async with asyncio.timeout(5):
         await agent.shutdown()
-
-
-def delivery(payload: Message) -> Delivery:
-    return Delivery(
-        envelope=new_envelope(payload, producer="placement", cluster="west"),
-        topic="decisions",
-        partition=0,
-        offset=0,
-        headers=(),
-    )
 
 
 def serving(
@@ -152,8 +99,7 @@ async def test_same_model_twice_loads_once_and_the_second_is_a_hit(
     first = delivery(serving("a", "opt", 1000))
     await agent.handle(first)
     await agent.handle(delivery(serving("b", "opt", 1000)))
-    await emitted.until(2, "task_finished")
-    assert emitted.trail() == [
+    assert await emitted.trail_after(2) == [
         ("model_loaded", "opt"),
         ("task_started", "wf-1/a"),
         ("task_finished", "wf-1/a"),
@@ -161,15 +107,9 @@ async def test_same_model_twice_loads_once_and_the_second_is_a_hit(
         ("task_finished", "wf-1/b"),
     ]
     loaded = emitted.events[0]
-    assert loaded.model_loaded == events_pb2.ModelLoaded(
-        node_id="sim-0",
-        gpu_index=0,
-        model="opt",
-        size_mb=1000,
-        load_ms=10,
-        job_id="wf-1",
-        task_id="wf-1/a",
-    )
+    # What goes in a ModelLoaded is test_node_agent_lifecycle's: here, what the agent decides.
+    report = loaded.model_loaded
+    assert (report.node_id, report.gpu_index, report.load_ms) == ("sim-0", 0, 10)
     assert (loaded.producer, loaded.correlation_id, loaded.causation_id) == (
         "node-agent/sim-0",
         "wf-1",
@@ -220,8 +160,7 @@ async def test_a_batch_task_on_a_cached_gpu_evicts_every_model(
     emitted.events.clear()
     placed = delivery(batch("train-7", (1,)))
     await agent.handle(placed)
-    await emitted.until(1, "task_finished")
-    assert emitted.trail() == [
+    assert await emitted.trail_after(1) == [
         ("model_evicted", "m1"),
         ("model_evicted", "m2"),
         ("task_started", "train-7/0"),

@@ -1,0 +1,79 @@
+"""The agent's surroundings in memory: the producer it reports to, the decisions it reads,
+the executors it runs tasks on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from google.protobuf.message import Message
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext
+from qm.v1 import events_pb2, types_pb2
+
+from libs.bus import Delivery
+from libs.events import event_type, new_envelope
+from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
+from services.node_agent.running import Executors
+
+# The trace and span of the placement that made each decision.
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PLACEMENT_SPAN_ID = "b7ad6b7169203331"
+
+
+class Recorder:
+    """Stands in for the producer: keeps each envelope and the span it was sent under."""
+
+    def __init__(self) -> None:
+        self.events: list[events_pb2.Envelope] = []
+        self.spans: list[SpanContext] = []
+
+    async def __call__(self, env: events_pb2.Envelope) -> None:
+        self.events.append(env)
+        self.spans.append(trace.get_current_span().get_span_context())
+
+    def types(self) -> list[str]:
+        return [event_type(env) for env in self.events]
+
+    def of(self, kind: str) -> list[events_pb2.Envelope]:
+        return [env for env in self.events if event_type(env) == kind]
+
+    def trail(self) -> list[tuple[str, str]]:
+        """(event type, task or model) for each event, for readable order checks."""
+        out = []
+        for env in self.events:
+            kind = event_type(env)
+            body = getattr(env, kind)
+            out.append((kind, body.model if kind.startswith("model_") else body.task_id))
+        return out
+
+    async def trail_after(self, finished: int) -> list[tuple[str, str]]:
+        """The trail once ``finished`` tasks have finished."""
+        await self.until(finished, "task_finished")
+        return self.trail()
+
+    async def until(self, count: int, kind: str | None = None) -> None:
+        """Wait until ``count`` events (of ``kind``, if given) have been sent."""
+        async with asyncio.timeout(5):
+            while len(self.of(kind) if kind else self.events) < count:
+                await asyncio.sleep(0.005)
+
+
+def delivery(payload: Message, offset: int = 0) -> Delivery:
+    """A decision as the agent reads it, in placement's trace."""
+    traceparent = f"00-{TRACE_ID}-{PLACEMENT_SPAN_ID}-01".encode()
+    return Delivery(
+        envelope=new_envelope(payload, producer="placement", cluster="west"),
+        topic="decisions",
+        partition=0,
+        offset=offset,
+        headers=(("traceparent", traceparent),),
+    )
+
+
+def executors(log_dir: Path) -> Executors:
+    """Real processes (task logs in ``log_dir``, a second's grace) and simulated ones."""
+    return {
+        types_pb2.EXECUTOR_PROCESS: ProcessExecutor(log_dir, grace_s=1),
+        types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
+    }
