@@ -10,7 +10,6 @@ nodes, as the projector lists them), plus Kafka and auth.
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field
@@ -35,8 +34,6 @@ from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import run_service
-
-log = logging.getLogger("admission")
 
 
 def _types(value: object) -> object:
