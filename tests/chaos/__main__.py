@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.down()
         time.sleep(1)  # orphaned tasks of killed agents end or get reparented
         leftovers = kill_marked(stack.run_id)
-        run.report.count("processes left after teardown", [str(p) for p in leftovers])
+        run.report.count("processes left after teardown", leftovers)
     wall = time.monotonic() - run.started
     run.report.add("wall time", f"{wall:.0f} s", f"<= {args.settings.budget_s:g} s", None)
     run.report.write(args.out / "results.json")
