@@ -21,7 +21,7 @@ from tests.chaos.processes import kill_marked, marked
 from tests.chaos.run import PHASES, Run, Settings, drive
 from tests.chaos.stack import ChaosStack
 from tests.integration.stack import ROOT
-from tests.options import add_options, from_options
+from tests.perf.options import add_options, from_options
 from tests.perf.stats import console
 
 

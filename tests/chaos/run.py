@@ -43,7 +43,7 @@ from tests.chaos.report import Report
 from tests.chaos.stack import AGENTS, ChaosStack
 from tests.chaos.workload import RETRYABLE, Submission, Workload, write_specs
 from tests.integration.stack import ROOT
-from tests.options import option
+from tests.perf.options import option
 from tests.perf.stats import summary
 
 log = logging.getLogger("chaos")

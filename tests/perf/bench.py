@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from tests.options import add_options, from_options
 from tests.perf.core_bench import CoreParams, report_core, run_core
 from tests.perf.live_bench import LiveParams, run_live
+from tests.perf.options import add_options, from_options
 from tests.perf.ranges import Figure, judge, load_ranges, report
 from tests.perf.workflow_bench import WorkflowParams, run_workflow
 

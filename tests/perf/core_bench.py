@@ -47,7 +47,7 @@ from libs.core import (
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.sim.world import World
-from tests.options import option
+from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, fmt_us, percentile, ratio, summary, table
 

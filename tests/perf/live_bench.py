@@ -52,8 +52,8 @@ from qm.v1 import types_pb2
 from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
-from tests.options import option
 from tests.perf.echo import node_name
+from tests.perf.options import option
 from tests.perf.phases import diff, read_snapshots
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, percentile, ratio, table

@@ -38,7 +38,7 @@ from libs.events import decode, encode, new_envelope
 from libs.events.convert import decision_payload, spec_to_proto
 from libs.readmodels import JobRecords, apply_job_event
 from libs.sim.workflows import ServingCluster, policy
-from tests.options import option
+from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
 
