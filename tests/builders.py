@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from libs.config.budget import tree_from_mapping
-from libs.core import JobSpec, NodeSpec
+from libs.core import Decision, Input, JobSpec, NodeSpec
 from libs.core.budget_tree import BudgetTree
+from libs.sim.policy import Policy
 
 
 def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw: object) -> JobSpec:
@@ -21,3 +24,8 @@ def tree(**weights: float) -> BudgetTree:
     return tree_from_mapping(
         {"name": "root", "children": [{"name": k, "weight": w} for k, w in weights.items()]}
     )
+
+
+def decided(policy: Policy, inputs: Iterable[Input]) -> list[Decision]:
+    """Every decision the policy makes on the inputs, in order."""
+    return [d for event in inputs for d in policy.handle(event)]

@@ -10,6 +10,7 @@ and inputs placement has not reached yet are not counted as missing decisions.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -93,59 +94,51 @@ def _bounds(
     return {tp: min(end, positions.get(tp, 0)) for tp, end in ends.items()}
 
 
+@dataclass
 class _Reading:
     """One pass over both topics, pausing whichever side runs too far ahead."""
 
-    def __init__(
-        self,
-        consumer: AIOKafkaConsumer,
-        replay: Replay,
-        starts: dict[TopicPartition, int],
-        ends: dict[TopicPartition, int],
-        events_topic: str,
-        progress: Progress | None,
-    ) -> None:
-        self._consumer = consumer
-        self._replay = replay
-        self._starts = starts
-        self._ends = ends
-        self._events_topic = events_topic
-        self._progress = progress
+    consumer: AIOKafkaConsumer
+    replay: Replay
+    starts: dict[TopicPartition, int]
+    ends: dict[TopicPartition, int]
+    events_topic: str
+    progress: Progress | None
 
     async def run(self, inputs: list[TopicPartition], outputs: list[TopicPartition]) -> None:
         sides = {"events": inputs, "decisions": outputs}
         tasks = {
-            name: self._progress.add_task(name, total=self._span(tps, self._ends))
+            name: self.progress.add_task(name, total=self._span(tps, self.ends))
             for name, tps in sides.items()
-            if self._progress is not None
+            if self.progress is not None
         }
-        unread = {tp for tp in self._ends if self._ends[tp] > self._starts[tp]}
-        self._consumer.assign(sorted(unread))
+        unread = {tp for tp in self.ends if self.ends[tp] > self.starts[tp]}
+        self.consumer.assign(sorted(unread))
         for tp in unread:
-            self._consumer.seek(tp, self._starts[tp])
+            self.consumer.seek(tp, self.starts[tp])
         self._end_sides(unread)
-        while unread and not self._replay.divergence:
-            polled = await self._consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
+        while unread and not self.replay.divergence:
+            polled = await self.consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
             for tp, records in polled.items():
                 # Records past the ends arrived after the audit began: not audited.
-                records = [r for r in records if r.offset < self._ends[tp]]
-                if tp.topic == self._events_topic:
+                records = [r for r in records if r.offset < self.ends[tp]]
+                if tp.topic == self.events_topic:
                     self._feed_inputs(tp.partition, [(r.offset, r.value) for r in records])
                 else:
                     self._feed_recorded([r.value for r in records])
-            positions = {tp: await self._consumer.position(tp) for tp in unread}
-            if done := {tp for tp, at in positions.items() if at >= self._ends[tp]}:
-                self._consumer.pause(*done)
+            positions = {tp: await self.consumer.position(tp) for tp in unread}
+            if done := {tp for tp, at in positions.items() if at >= self.ends[tp]}:
+                self.consumer.pause(*done)
                 unread -= done
                 self._end_sides(unread)
-            if self._progress is not None:
-                reached = {**self._ends, **positions}
+            if self.progress is not None:
+                reached = {**self.ends, **positions}
                 for name, tps in sides.items():
-                    self._progress.update(tasks[name], completed=self._span(tps, reached))
+                    self.progress.update(tasks[name], completed=self._span(tps, reached))
             self._throttle(unread)
 
     def _span(self, tps: list[TopicPartition], at: dict[TopicPartition, int]) -> int:
-        return sum(min(at[tp], self._ends[tp]) - self._starts[tp] for tp in tps)
+        return sum(min(at[tp], self.ends[tp]) - self.starts[tp] for tp in tps)
 
     def _feed_inputs(self, partition: int, records: list[tuple[int, bytes | None]]) -> None:
         for offset, value in records:
@@ -153,7 +146,7 @@ class _Reading:
                 env = decode(value)
             except DecodeError:
                 continue  # placement dead-letters it and decides nothing
-            self._replay.feed_input(partition, offset, env)
+            self.replay.feed_input(partition, offset, env)
 
     def _feed_recorded(self, values: list[bytes | None]) -> None:
         for value in values:
@@ -162,26 +155,26 @@ class _Reading:
             except DecodeError:
                 # Cannot be paired; the decision it should have been shows as missing.
                 continue
-            self._replay.feed_recorded(env)
+            self.replay.feed_recorded(env)
 
     def _end_sides(self, unread: set[TopicPartition]) -> None:
-        if not any(tp.topic == self._events_topic for tp in unread):
-            self._replay.end_inputs()
-        if all(tp.topic == self._events_topic for tp in unread):
-            self._replay.end_recorded()
+        if not any(tp.topic == self.events_topic for tp in unread):
+            self.replay.end_inputs()
+        if all(tp.topic == self.events_topic for tp in unread):
+            self.replay.end_recorded()
 
     def _throttle(self, unread: set[TopicPartition]) -> None:
-        replay = self._replay
+        replay = self.replay
         ahead = {
             tp
             for tp in unread
             if (
                 replay.expected_waiting(tp.partition) > WAITING_LIMIT
-                if tp.topic == self._events_topic
+                if tp.topic == self.events_topic
                 else replay.recorded_waiting > WAITING_LIMIT
             )
         }
         if ahead == unread:  # nothing else left to read: reading on is the only way forward
             ahead = set()
-        self._consumer.pause(*ahead)
-        self._consumer.resume(*(unread - ahead))
+        self.consumer.pause(*ahead)
+        self.consumer.resume(*(unread - ahead))

@@ -19,13 +19,14 @@ class KafkaBus:
 
     settings: KafkaSettings
 
+    # ``options``: aiokafka's own (a group or transactional id, tuning), passed as they are.
+
     def consumer(
         self,
         *,
         client_id: str | None = None,
-        group_id: str | None = None,
         auto_offset_reset: OffsetReset = "earliest",
-        **tuning: Any,
+        **options: Any,
     ) -> AIOKafkaConsumer:
         """Committed records only (``read_committed``), so that placement's transactional
         output is seen exactly once, all or nothing; offsets are committed by the caller,
@@ -33,24 +34,20 @@ class KafkaBus:
         return AIOKafkaConsumer(
             **self.settings.client_kwargs(),
             **({"client_id": client_id} if client_id else {}),
-            group_id=group_id,
             auto_offset_reset=auto_offset_reset,
             enable_auto_commit=False,
             isolation_level="read_committed",
-            **tuning,
+            **options,
         )
 
-    def producer(
-        self, *, client_id: str | None = None, transactional_id: str | None = None, **tuning: Any
-    ) -> AIOKafkaProducer:
+    def producer(self, *, client_id: str | None = None, **options: Any) -> AIOKafkaProducer:
         """Idempotent and acknowledged by every replica: a retried send is not doubled."""
         return AIOKafkaProducer(
             **self.settings.client_kwargs(),
             **({"client_id": client_id} if client_id else {}),
             enable_idempotence=True,
             acks="all",
-            transactional_id=transactional_id,
-            **tuning,
+            **options,
         )
 
     def admin(self) -> AIOKafkaAdminClient:

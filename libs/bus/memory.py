@@ -81,19 +81,18 @@ class MemoryBus:
     def create_topic(self, topic: str, partitions: int) -> None:
         self._logs.setdefault(topic, [[] for _ in range(partitions)])
 
+    # A client id and tuning (``ignored``) mean nothing in memory.
+
     def consumer(
         self,
         *,
-        client_id: str | None = None,
         group_id: str | None = None,
         auto_offset_reset: OffsetReset = "earliest",
-        **tuning: Any,
+        **ignored: Any,
     ) -> MemoryConsumer:
         return MemoryConsumer(self, group_id=group_id, auto_offset_reset=auto_offset_reset)
 
-    def producer(
-        self, *, client_id: str | None = None, transactional_id: str | None = None, **tuning: Any
-    ) -> MemoryProducer:
+    def producer(self, *, transactional_id: str | None = None, **ignored: Any) -> MemoryProducer:
         return MemoryProducer(self, transactional_id=transactional_id)
 
     # What tests look at.

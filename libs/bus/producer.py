@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
 
 from aiokafka.structs import RecordMetadata
 from qm.v1 import events_pb2
@@ -41,12 +40,7 @@ class EventProducer:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def send(

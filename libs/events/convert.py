@@ -3,12 +3,18 @@
 Converting here, once, keeps protobuf out of the core. The placement service,
 the audit replayer and the budget service all use these functions, so they
 read the log alike.
+
+A core dataclass and the message it travels as name their fields alike, so most
+fields are copied by name (``_from_message``, ``_fields``); only the fields whose
+types differ are converted by hand.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
@@ -57,13 +63,63 @@ from libs.core.compass.workflow import (
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 GIB = 1 << 30
+
+D = TypeVar("D", bound="DataclassInstance")
 
 _STOP_CAUSES = {
     StopCause.CANCELLED: types_pb2.STOP_CAUSE_CANCELLED,
     StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
     StopCause.NODE_LOST: types_pb2.STOP_CAUSE_NODE_LOST,
 }
+
+# The inputs whose every field but ``at`` is the event's field of the same name.
+_PLAIN_INPUTS: dict[str, type[Input]] = {
+    "node_heartbeat": NodeHeartbeat,
+    "task_started": TaskStarted,
+    "task_finished": TaskEnded,
+    "task_failed": TaskEnded,
+    "task_idle": TaskIdle,
+    "model_loaded": ModelLoaded,
+    "model_evicted": ModelEvicted,
+    "job_cancel_requested": CancelRequested,
+    "clock_tick": Tick,
+}
+
+# The event each decision is recorded as; its fields are the decision's.
+_EVENTS: dict[type[Decision], Callable[..., Message]] = {
+    Place: events_pb2.TaskPlaced,
+    Planned: events_pb2.WorkflowPlanned,
+    Wait: events_pb2.JobPending,
+    Stop: events_pb2.TaskStopRequested,
+    Cancel: events_pb2.JobCancelled,
+    Requeue: events_pb2.JobRequeued,
+    Preempted: events_pb2.JobPreempted,
+    Reject: events_pb2.JobRejected,
+    Refused: events_pb2.InputRefused,
+    NodeLost: events_pb2.NodeLost,
+    TaskLost: events_pb2.TaskLost,
+    JobLost: events_pb2.JobLost,
+}
+
+
+def _from_message(cls: type[D], message: Message, **given: Any) -> D:
+    """``cls`` with each field taken from the message's field of that name, a
+    repeated one as a tuple; ``given``: the fields that need converting."""
+    by_name = message.DESCRIPTOR.fields_by_name
+    taken = (f.name for f in fields(cls) if f.name not in given)
+    values = {n: getattr(message, n) for n in taken}
+    plain = {n: tuple(v) if by_name[n].is_repeated else v for n, v in values.items()}
+    return cls(**plain, **given)
+
+
+def _fields(source: DataclassInstance, *but: str) -> dict[str, Any]:
+    """A dataclass's fields by name, to construct the message of the same fields
+    from; ``but``: those left out, to be converted by hand."""
+    return {f.name: getattr(source, f.name) for f in fields(source) if f.name not in but}
 
 
 def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False) -> JobSpec:
@@ -85,40 +141,18 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
             workflow = Workflow(spec.workflow.name, workflow_tasks_from_proto(spec.workflow))
         else:
             workflow = workflow_from_proto(spec.workflow)
-    return JobSpec(
-        allocation=spec.allocation,
-        user=spec.user,
-        gpus=spec.gpus,
-        command=tuple(spec.command),
-        gpu_type=spec.gpu_type,
-        min_runtime_s=spec.min_runtime_s,
-        resumable=spec.resumable,
-        priority=spec.priority,
-        client_request_id=spec.client_request_id,
+    return _from_message(
+        JobSpec,
+        spec,
         cluster=spec.cluster or DEFAULT_CLUSTER,
         env=tuple(sorted(spec.env.items())),
-        simulated_duration_s=spec.simulated_duration_s,
-        simulated_exit_code=spec.simulated_exit_code,
-        min_gpu_memory_gib=spec.min_gpu_memory_gib,
-        simulated_utilization=spec.simulated_utilization,
         workflow=workflow,
     )
 
 
 def workflow_tasks_from_proto(workflow: types_pb2.Workflow) -> tuple[Task, ...]:
     """The tasks as written, unchecked."""
-    return tuple(
-        Task(
-            task_id=t.task_id,
-            model=t.model,
-            model_mb=t.model_mb,
-            run_ms=t.run_ms,
-            in_kb=t.in_kb,
-            out_kb=t.out_kb,
-            parents=tuple(t.parents),
-        )
-        for t in workflow.tasks
-    )
+    return tuple(_from_message(Task, t) for t in workflow.tasks)
 
 
 def workflow_from_proto(workflow: types_pb2.Workflow) -> Workflow | None:
@@ -133,40 +167,14 @@ def workflow_from_proto(workflow: types_pb2.Workflow) -> Workflow | None:
 
 
 def workflow_to_proto(workflow: Workflow) -> types_pb2.Workflow:
-    return types_pb2.Workflow(
-        name=workflow.name,
-        tasks=[
-            types_pb2.WorkflowTask(
-                task_id=t.task_id,
-                model=t.model,
-                model_mb=t.model_mb,
-                run_ms=t.run_ms,
-                in_kb=t.in_kb,
-                out_kb=t.out_kb,
-                parents=list(t.parents),
-            )
-            for t in workflow.tasks
-        ],
-    )
+    tasks = [types_pb2.WorkflowTask(**_fields(t)) for t in workflow.tasks]
+    return types_pb2.Workflow(name=workflow.name, tasks=tasks)
 
 
 def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
     return types_pb2.JobSpec(
-        allocation=spec.allocation,
-        user=spec.user,
-        gpus=spec.gpus,
-        command=list(spec.command),
-        gpu_type=spec.gpu_type,
-        min_runtime_s=spec.min_runtime_s,
-        resumable=spec.resumable,
-        priority=spec.priority,
-        client_request_id=spec.client_request_id,
-        cluster=spec.cluster,
+        **_fields(spec, "env", "workflow"),
         env=dict(spec.env),
-        simulated_duration_s=spec.simulated_duration_s,
-        simulated_exit_code=spec.simulated_exit_code,
-        min_gpu_memory_gib=spec.min_gpu_memory_gib,
-        simulated_utilization=spec.simulated_utilization,
         workflow=workflow_to_proto(spec.workflow) if spec.workflow is not None else None,
     )
 
@@ -192,13 +200,7 @@ def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
 
 
 def budget_node_from_proto(node: types_pb2.BudgetNode) -> BudgetNode:
-    return BudgetNode(
-        name=node.name,
-        parent=node.parent,
-        weight=node.weight,
-        members=tuple(node.members),
-        managers=tuple(node.managers),
-    )
+    return _from_message(BudgetNode, node)
 
 
 def tree_from_proto(tree: types_pb2.BudgetTree) -> BudgetTree:
@@ -206,19 +208,8 @@ def tree_from_proto(tree: types_pb2.BudgetTree) -> BudgetTree:
 
 
 def tree_to_proto(tree: BudgetTree, version: int) -> types_pb2.BudgetTree:
-    return types_pb2.BudgetTree(
-        version=version,
-        nodes=[
-            types_pb2.BudgetNode(
-                name=n.name,
-                parent=n.parent,
-                weight=n.weight,
-                members=list(n.members),
-                managers=list(n.managers),
-            )
-            for n in tree.nodes
-        ],
-    )
+    nodes = [types_pb2.BudgetNode(**_fields(n)) for n in tree.nodes]
+    return types_pb2.BudgetTree(version=version, nodes=nodes)
 
 
 def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
@@ -230,35 +221,16 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
     budget tree's with a ``Refused``.
     """
     at = occurred_at(env)
-    match event_type(env):
+    kind = event_type(env)
+    plain = _PLAIN_INPUTS.get(kind)
+    if plain is not None:
+        return _from_message(plain, getattr(env, kind), at=at)
+    match kind:
         case "job_admitted":
             return _arrived(at, env.job_admitted)
         case "node_registered":
             r = env.node_registered
-            return NodeJoined(at, node_from_proto(r.inventory), r.incarnation, r.heartbeat_s)
-        case "node_heartbeat":
-            h = env.node_heartbeat
-            return NodeHeartbeat(at, h.node_id, h.incarnation)
-        case "task_started":
-            s = env.task_started
-            return TaskStarted(at, s.job_id, s.task_id, s.node_id)
-        case "task_finished":
-            f = env.task_finished
-            return TaskEnded(at, f.job_id, f.task_id, f.node_id, f.exit_code)
-        case "task_failed":
-            g = env.task_failed
-            return TaskEnded(at, g.job_id, g.task_id, g.node_id, g.exit_code)
-        case "task_idle":
-            i = env.task_idle
-            return TaskIdle(at, i.job_id, i.task_id, i.idle)
-        case "model_loaded":
-            m = env.model_loaded
-            return ModelLoaded(at, m.node_id, m.gpu_index, m.model, m.size_mb)
-        case "model_evicted":
-            e = env.model_evicted
-            return ModelEvicted(at, e.node_id, e.gpu_index, e.model)
-        case "job_cancel_requested":
-            return CancelRequested(at, env.job_cancel_requested.job_id)
+            return _from_message(NodeJoined, r, at=at, node=node_from_proto(r.inventory))
         case "budget_changed":
             try:
                 return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
@@ -268,8 +240,6 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
             u = env.usage_snapshot
             usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
             return UsageSnapshot(at, u.window_s, usage)
-        case "clock_tick":
-            return Tick(at)
     return None
 
 
@@ -290,92 +260,27 @@ def decision_payload(
 ) -> Message:
     """The event a decision is recorded as. ``spec``: the job's as it arrived, which a
     rejection repeats when it fits (a spec rejected for its size is left out)."""
+    values = _fields(decision)
+    if "reason" in values:
+        values["reason"] = _cut(values["reason"])
     match decision:
         case Place():
             # A workflow task's placement leaves the workflow out: the task's part of it
             # is its ServingTask, the whole is in the job's submission, and a copy per
             # task would be the workflow's size times its tasks on the decisions topic.
             placed_spec = decision.spec
+            serving = None
             if decision.serving is not None:
                 placed_spec = replace(placed_spec, workflow=None)
-            placed = events_pb2.TaskPlaced(
-                job_id=decision.job_id,
-                task_id=decision.task_id,
-                node_id=decision.node_id,
-                gpu_indices=list(decision.gpu_indices),
-                spec=spec_to_proto(placed_spec),
-                provenance=provenance,
-                node_incarnation=decision.node_incarnation,
-            )
-            if decision.serving is not None:
-                placed.serving.CopyFrom(serving_to_proto(decision.serving))
-            return placed
+                serving = serving_to_proto(decision.serving)
+            values.update(spec=spec_to_proto(placed_spec), serving=serving)
         case Planned():
-            return events_pb2.WorkflowPlanned(
-                job_id=decision.job_id,
-                mode=decision.mode,
-                tasks=[
-                    events_pb2.PlannedTask(
-                        name=t.name,
-                        node_id=t.node_id,
-                        gpu_index=t.gpu_index,
-                        start_ms=t.start_ms,
-                        finish_ms=t.finish_ms,
-                        load_ms=t.load_ms,
-                    )
-                    for t in decision.tasks
-                ],
-                provenance=provenance,
-            )
+            values["tasks"] = [events_pb2.PlannedTask(**_fields(t)) for t in decision.tasks]
         case Stop():
-            return events_pb2.TaskStopRequested(
-                job_id=decision.job_id,
-                task_id=decision.task_id,
-                node_id=decision.node_id,
-                reason=decision.reason,
-                cause=_STOP_CAUSES[decision.cause],
-                provenance=provenance,
-            )
-        case Reject():
-            rejected = events_pb2.JobRejected(
-                job_id=decision.job_id,
-                field=decision.field,
-                reason=_cut(decision.reason),
-                provenance=provenance,
-            )
-            if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
-                rejected.spec.CopyFrom(spec)
-            return rejected
-        case Refused():
-            return events_pb2.InputRefused(
-                subject=decision.subject, reason=_cut(decision.reason), provenance=provenance
-            )
-        case NodeLost():
-            return events_pb2.NodeLost(
-                node_id=decision.node_id,
-                incarnation=decision.incarnation,
-                reason=_cut(decision.reason),
-                provenance=provenance,
-            )
-        case TaskLost():
-            return events_pb2.TaskLost(
-                job_id=decision.job_id,
-                task_id=decision.task_id,
-                node_id=decision.node_id,
-                reason=_cut(decision.reason),
-                provenance=provenance,
-            )
-        case Wait():
-            message: type[Message] = events_pb2.JobPending
-        case Cancel():
-            message = events_pb2.JobCancelled
-        case Requeue():
-            message = events_pb2.JobRequeued
-        case Preempted():
-            message = events_pb2.JobPreempted
-        case JobLost():
-            message = events_pb2.JobLost
-    return message(job_id=decision.job_id, reason=_cut(decision.reason), provenance=provenance)
+            values["cause"] = _STOP_CAUSES[decision.cause]
+        case Reject() if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
+            values["spec"] = spec
+    return _EVENTS[type(decision)](**values, provenance=provenance)
 
 
 def _cut(reason: str) -> str:
@@ -389,27 +294,10 @@ def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:
     """``planned`` None (the task runs where it was planned) leaves planned_node_id empty."""
     node_id, gpu_index = serving.planned if serving.planned is not None else ("", 0)
     return events_pb2.ServingTask(
-        name=serving.name,
-        model=serving.model,
-        model_mb=serving.model_mb,
-        run_ms=serving.run_ms,
-        input_delay_ms=serving.input_delay_ms,
-        upcoming=list(serving.upcoming),
-        planned_node_id=node_id,
-        planned_gpu_index=gpu_index,
-        reason=serving.reason,
+        **_fields(serving, "planned"), planned_node_id=node_id, planned_gpu_index=gpu_index
     )
 
 
 def serving_from_proto(serving: events_pb2.ServingTask) -> ServingTask:
     planned = (serving.planned_node_id, serving.planned_gpu_index)
-    return ServingTask(
-        name=serving.name,
-        model=serving.model,
-        model_mb=serving.model_mb,
-        run_ms=serving.run_ms,
-        input_delay_ms=serving.input_delay_ms,
-        upcoming=tuple(serving.upcoming),
-        planned=planned if serving.planned_node_id else None,
-        reason=serving.reason,
-    )
+    return _from_message(ServingTask, serving, planned=planned if serving.planned_node_id else None)

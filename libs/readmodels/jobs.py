@@ -27,7 +27,7 @@ import bisect
 import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from qm.v1 import events_pb2, types_pb2
 
@@ -95,6 +95,7 @@ class _Shape:
 _NO_SPEC = _Shape(known=False)
 
 
+@dataclass(eq=False, repr=False)  # its mappings are whole tables
 class JobRecords:
     """The job read model kept as records (see the module's notes) in three mappings
     of serialized messages: the projector's tables, or dicts.
@@ -103,19 +104,12 @@ class JobRecords:
     ``remembered``: for how many jobs the workflow's task names are kept.
     """
 
-    def __init__(
-        self,
-        heads: MutableMapping[str, bytes],
-        specs: MutableMapping[str, bytes],
-        tasks: MutableMapping[str, bytes],
-        *,
-        remembered: int = 256,
-    ) -> None:
-        self.heads = heads
-        self.specs = specs
-        self.tasks = tasks
-        self._remembered = remembered
-        self._shapes: OrderedDict[str, _Shape] = OrderedDict()
+    heads: MutableMapping[str, bytes]
+    specs: MutableMapping[str, bytes]
+    tasks: MutableMapping[str, bytes]
+    _: KW_ONLY
+    remembered: int = 256
+    _shapes: OrderedDict[str, _Shape] = field(default_factory=OrderedDict, init=False)
 
     # -- reading ---------------------------------------------------------------
 
@@ -228,7 +222,7 @@ class JobRecords:
         spec = self._spec(job_id, head)
         shape = _NO_SPEC if spec is None else _Shape(True, workflow_names(spec))
         self._shapes[job_id] = shape
-        if len(self._shapes) > self._remembered:
+        if len(self._shapes) > self.remembered:
             self._shapes.popitem(last=False)
         return shape
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -76,12 +75,7 @@ class ProjectorClient:
     async def __aenter__(self) -> ProjectorClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     def _http(self) -> aiohttp.ClientSession:

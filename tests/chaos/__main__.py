@@ -18,44 +18,16 @@ import time
 from pathlib import Path
 
 from tests.chaos.processes import kill_marked, marked
-from tests.chaos.run import Run, Settings, drive
+from tests.chaos.run import PHASES, Run, Settings, drive
 from tests.chaos.stack import ChaosStack
 from tests.integration.stack import ROOT
+from tests.perf.options import add_options, from_options
 from tests.perf.stats import console
-
-PHASES = ("faults", "fuzz", "poison")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    defaults = Settings()
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=defaults.budget_s,
-        help="seconds for the whole run, setup and teardown included (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=defaults.jobs,
-        help="jobs the workload must get accepted (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--fuzz-requests",
-        type=int,
-        default=defaults.fuzz_requests,
-        help="fuzzed gRPC requests (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--node-loss-timeout",
-        type=float,
-        default=defaults.node_loss_timeout_s,
-        help="seconds after which placement must have freed a lost node's "
-        "GPUs; GPUs must be free this + 10 s after the run "
-        "(default: %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    add_options(parser, Settings)
     parser.add_argument(
         "--port-base",
         type=int,
@@ -70,27 +42,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="results.json, the run's logs and data (default: %(default)s)",
     )
     parser.add_argument(
-        "--phases",
-        default=",".join(PHASES),
-        help="which of faults, fuzz, poison to run (default: all)",
-    )
-    parser.add_argument(
         "--cleanup", action="store_true", help="only kill what the last run in --out left behind"
     )
     args = parser.parse_args(argv)
-    phases = {p for p in args.phases.split(",") if p}
-    if not phases <= set(PHASES):
-        parser.error(f"--phases: unknown {sorted(phases - set(PHASES))}; known: {PHASES}")
-    if args.budget < 240:
+    args.settings = from_options(Settings, args)
+    if unknown := args.settings.phases - PHASES:
+        parser.error(f"--phases: unknown {sorted(unknown)}; known: {sorted(PHASES)}")
+    if args.settings.budget_s < 240:
         parser.error("--budget: a run needs at least 240 s")
-    args.settings = Settings(
-        budget_s=args.budget,
-        jobs=args.jobs,
-        fuzz_requests=args.fuzz_requests,
-        node_loss_timeout_s=args.node_loss_timeout,
-        seed=args.seed,
-        phases=frozenset(phases),
-    )
     return args
 
 
@@ -133,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.down()
         time.sleep(1)  # orphaned tasks of killed agents end or get reparented
         leftovers = kill_marked(stack.run_id)
-        run.report.count("processes left after teardown", [str(p) for p in leftovers])
+        run.report.count("processes left after teardown", leftovers)
     wall = time.monotonic() - run.started
     run.report.add("wall time", f"{wall:.0f} s", f"<= {args.settings.budget_s:g} s", None)
     run.report.write(args.out / "results.json")

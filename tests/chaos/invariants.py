@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from qm.v1 import events_pb2, types_pb2
 
@@ -123,26 +124,33 @@ def _placements(log: Log) -> dict[str, events_pb2.TaskPlaced]:
     }
 
 
-def _losses(log: Log) -> dict[tuple[int, int], list[events_pb2.TaskLost]]:
-    """Placement's TaskLost decisions by the input they answer: a task its node (or its
-    agent's restart) took with it ends there, though no agent reports it."""
-    by_input: dict[tuple[int, int], list[events_pb2.TaskLost]] = defaultdict(list)
+def _answers(log: Log, kind: str) -> dict[tuple[int, int], list[Any]]:
+    """Placement's decisions of one kind by the input they answer (their provenance)."""
+    by_input: dict[tuple[int, int], list[Any]] = defaultdict(list)
     for record in log.decisions:
-        if event_type(record.envelope) == "task_lost":
-            gone = record.envelope.task_lost
-            by_input[(gone.provenance.input_partition, gone.provenance.input_offset)].append(gone)
+        if event_type(record.envelope) == kind:
+            decision = getattr(record.envelope, kind)
+            cause = (decision.provenance.input_partition, decision.provenance.input_offset)
+            by_input[cause].append(decision)
     return by_input
+
+
+def _events(log: Log) -> Iterator[tuple[Record, str, list[events_pb2.TaskLost]]]:
+    """The events in log order, each with its type and the tasks placement declared lost
+    in answer to it: a task its node (or its agent's restart) took with it ends there,
+    though no agent reports it."""
+    losses = _answers(log, "task_lost")
+    for record in log.events:
+        yield record, event_type(record.envelope), losses.get((record.partition, record.offset), [])
 
 
 def double_runs(log: Log) -> list[Finding]:
     """A task started again before it ended, or two placements of a job running together."""
     running: dict[str, set[str]] = defaultdict(set)  # job id -> task ids running
-    losses = _losses(log)
     found = []
-    for record in log.events:
+    for record, kind, lost in _events(log):
         env = record.envelope
-        kind = event_type(env)
-        for gone in losses.get((record.partition, record.offset), []):
+        for gone in lost:
             running[gone.job_id].discard(gone.task_id)
         if kind == "task_started":
             job_id, task_id = env.task_started.job_id, env.task_started.task_id
@@ -182,26 +190,18 @@ def replay_holdings(log: Log) -> tuple[list[Finding], dict[Gpu, list[_Holder]]]:
     Decisions are applied after the input they answer; decisions naming an input
     the events topic does not hold (forged ones) are left out.
     """
-    by_input: dict[tuple[int, int], list[events_pb2.TaskPlaced]] = defaultdict(list)
-    for record in log.decisions:
-        if event_type(record.envelope) == "task_placed":
-            placed = record.envelope.task_placed
-            cause = (placed.provenance.input_partition, placed.provenance.input_offset)
-            by_input[cause].append(placed)
+    placements = _answers(log, "task_placed")
     held: dict[Gpu, list[_Holder]] = defaultdict(list)
     gpus_of: dict[str, list[Gpu]] = {}
-    losses = _losses(log)
     found = []
-    for record in log.events:
-        env = record.envelope
-        kind = event_type(env)
-        ended = [getattr(env, kind).task_id] if kind in ENDS else []
+    for record, kind, lost in _events(log):
+        ended = [getattr(record.envelope, kind).task_id] if kind in ENDS else []
         # A loss is decided before the pass that may place on the GPUs it frees.
-        ended += [gone.task_id for gone in losses.get((record.partition, record.offset), [])]
+        ended += [gone.task_id for gone in lost]
         for task_id in ended:
             for gpu in gpus_of.pop(task_id, []):
                 held[gpu] = [h for h in held[gpu] if h.task_id != task_id]
-        for placed in by_input.get((record.partition, record.offset), []):
+        for placed in placements.get((record.partition, record.offset), []):
             new = _Holder(placed.task_id, placed.HasField("serving"))
             gpus = [(placed.node_id, index) for index in placed.gpu_indices]
             for gpu in gpus:
@@ -218,15 +218,15 @@ def reported_conflicts(log: Log) -> list[Finding]:
     placements = _placements(log)
     running: dict[Gpu, tuple[str, str]] = {}  # -> (task id, when it started)
     gpus_of: dict[str, list[Gpu]] = {}
-    losses = _losses(log)
     found = []
-    for record in log.events:
+    for record, kind, lost in _events(log):
         env = record.envelope
-        kind = event_type(env)
+        ended = [getattr(env, kind).task_id] if kind in ENDS else []
         # A lost task's agent killed it before registering again (or is gone).
-        for gone in losses.get((record.partition, record.offset), []):
-            for gpu in gpus_of.pop(gone.task_id, []):
-                if running.get(gpu, ("",))[0] == gone.task_id:
+        ended += [gone.task_id for gone in lost]
+        for task_id in ended:
+            for gpu in gpus_of.pop(task_id, []):
+                if running.get(gpu, ("",))[0] == task_id:
                     del running[gpu]
         if kind == "task_started":
             task_id = env.task_started.task_id
@@ -242,11 +242,6 @@ def reported_conflicts(log: Log) -> list[Finding]:
                     found.append(Finding(f"{gpu[0]} GPU {gpu[1]}", why))
                 running[gpu] = (task_id, at)
             gpus_of[task_id] = gpus
-        elif kind in ENDS:
-            task_id = getattr(env, kind).task_id
-            for gpu in gpus_of.pop(task_id, []):
-                if running.get(gpu, ("",))[0] == task_id:
-                    del running[gpu]
     return found
 
 

@@ -10,27 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 from tests.chaos.stack import MARK
 
 
-@dataclass(frozen=True)
-class Leftover:
-    pid: int
-    command: str
-
-    def __str__(self) -> str:
-        return f"{self.pid} {self.command[:120]}"
-
-
-def marked(run_id: str) -> list[Leftover]:
-    """Processes of this user carrying the mark of ``run_id``."""
+def marked(run_id: str) -> dict[int, str]:
+    """Processes of this user carrying the mark of ``run_id``: pid -> command line."""
     if not run_id:
         raise ValueError("a run id is needed: other runs on this machine are not ours to end")
     wanted = f"{MARK}={run_id}".encode()
-    found = []
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -40,14 +30,14 @@ def marked(run_id: str) -> list[Leftover]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
         if wanted in environ:
-            found.append(Leftover(int(entry.name), command.strip()))
+            found[int(entry.name)] = command.strip()
     return found
 
 
-def kill_marked(run_id: str) -> list[Leftover]:
-    """SIGKILL every marked process; returns those it found."""
+def kill_marked(run_id: str) -> list[str]:
+    """SIGKILL every marked process; returns those it found, as "pid command line"."""
     found = marked(run_id)
-    for leftover in found:
+    for pid in found:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(leftover.pid, signal.SIGKILL)
-    return found
+            os.kill(pid, signal.SIGKILL)
+    return [f"{pid} {command[:120]}" for pid, command in found.items()]

@@ -43,10 +43,12 @@ from tests.chaos.report import Report
 from tests.chaos.stack import AGENTS, ChaosStack
 from tests.chaos.workload import RETRYABLE, Submission, Workload, write_specs
 from tests.integration.stack import ROOT
+from tests.perf.options import option
 from tests.perf.stats import summary
 
 log = logging.getLogger("chaos")
 
+PHASES = frozenset({"faults", "fuzz", "poison"})
 # Seconds the phases after the load need, at most; the load gets the rest.
 DRAIN_S = 120.0  # at most; it ends once no job has ended for DRAIN_STALL_S
 DRAIN_STALL_S = 45.0
@@ -63,12 +65,21 @@ AGENT_OF = {node["node_id"]: agent for agent, nodes in AGENTS.items() for node i
 
 @dataclass(frozen=True)
 class Settings:
-    budget_s: float = 600.0
-    jobs: int = 2000
-    fuzz_requests: int = 10_000
-    node_loss_timeout_s: float = 30.0
-    seed: int = 1
-    phases: frozenset[str] = frozenset({"faults", "fuzz", "poison"})
+    budget_s: float = option(
+        600.0,
+        "seconds for the whole run, setup and teardown included (default: %(default)s)",
+        flag="--budget",
+    )
+    jobs: int = option(2000, "jobs the workload must get accepted (default: %(default)s)")
+    fuzz_requests: int = option(10_000, "fuzzed gRPC requests (default: %(default)s)")
+    node_loss_timeout_s: float = option(
+        30.0,
+        "seconds after which placement must have freed a lost node's GPUs; GPUs must be "
+        "free this + 10 s after the run (default: %(default)s)",
+        flag="--node-loss-timeout",
+    )
+    seed: int = option(1)
+    phases: frozenset[str] = option(PHASES, "which of faults, fuzz, poison to run (default: all)")
 
 
 @dataclass

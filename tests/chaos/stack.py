@@ -32,25 +32,11 @@ SUPERVISE = ROOT / "deploy" / "local" / "supervise.py"
 KAFKA = ROOT / "deploy" / "local" / "kafka.sh"
 MARK = "QM_CHAOS_RUN"
 
-# Members and managers the workload and the fuzzer act as. mallory manages the
-# `fuzz` leaf only: the fuzzer's budget changes cannot reach the workload's allocations.
-BUDGET_TREE: dict[str, Any] = {
-    "name": "lab",
-    "managers": ["carol"],
-    "children": [
-        {
-            "name": "vision",
-            "weight": 60,
-            "managers": ["dana"],
-            "children": [
-                {"name": "vision-detection", "weight": 2, "members": ["alice", "dana"]},
-                {"name": "vision-generation", "weight": 1, "members": ["erin"]},
-            ],
-        },
-        {"name": "nlp", "weight": 40, "members": ["bob"]},
-        {"name": "fuzz", "weight": 1, "members": ["mallory"], "managers": ["mallory"]},
-    ],
-}
+# The local stack's tree, whose members and managers the workload acts as, and a
+# `fuzz` leaf that mallory alone manages: the fuzzer's budget changes cannot reach the
+# workload's allocations.
+LOCAL_BUDGET_TREE = ROOT / "deploy" / "local" / "budget.yaml"
+FUZZ_ALLOCATION = {"name": "fuzz", "weight": 1, "members": ["mallory"], "managers": ["mallory"]}
 # The production defaults but a short linger, so that serving GPUs return to batch work.
 POLICY: dict[str, Any] = {"serving_linger_s": 2}
 
@@ -100,7 +86,9 @@ class ChaosStack(Stack):
         self.kafka_dir = self.workdir / "kafka"
         self.run_dir = self.workdir / "run"
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "budget.yaml").write_text(yaml.safe_dump(BUDGET_TREE))
+        tree = yaml.safe_load(LOCAL_BUDGET_TREE.read_text())
+        tree["children"].append(FUZZ_ALLOCATION)
+        (self.workdir / "budget.yaml").write_text(yaml.safe_dump(tree))
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
         for agent, nodes in AGENTS.items():
             (self.workdir / f"nodes-{agent}.yaml").write_text(yaml.safe_dump({"nodes": nodes}))

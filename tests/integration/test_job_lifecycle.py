@@ -55,13 +55,7 @@ def test_a_simulated_node_runs_for_the_declared_duration(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     job_id = submit(
-        stack,
-        jobs,
-        gpus=8,
-        gpu_type="A100",
-        command=["train"],
-        simulated_duration_s=0.5,
-        simulated_exit_code=0,
+        stack, jobs, gpus=8, gpu_type="A100", command=["train"], simulated_duration_s=0.5
     )
     job = wait_for_end(stack, jobs, job_id)
     assert job.state == types_pb2.JOB_STATE_FINISHED and job.node_id == "sim-0"

@@ -69,13 +69,7 @@ def test_garbage_is_dead_lettered_and_the_stack_goes_on(
 def test_placement_rebuilds_its_state_after_a_restart(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    sleeper = submit(
-        stack,
-        jobs,
-        gpus=4,
-        gpu_type="H100",
-        command=["python", "-c", "import time; time.sleep(60)"],
-    )
+    sleeper = submit(stack, jobs, gpus=4, gpu_type="H100", command=["sleep", "60"])
     held = until_running(stack, jobs, sleeper)
     stack.stop("placement")
     waiting = submit(stack, jobs, gpus=4, gpu_type="H100", command=["true"])

@@ -47,6 +47,7 @@ from libs.core import (
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.sim.world import World
+from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, fmt_us, percentile, ratio, summary, table
 
@@ -61,13 +62,13 @@ STEP_S = 0.5  # event time between two stream inputs
 
 @dataclass(frozen=True)
 class CoreParams:
-    nodes: int = 1000
-    gpus_per_node: int = 8
-    waiting: int = 10_000
-    inputs: int = 5_000
-    seed: int = 7
-    setup_budget_s: float = 300.0
-    measure_budget_s: float = 60.0
+    nodes: int = option(1000)
+    gpus_per_node: int = option(8)
+    waiting: int = option(10_000, "jobs to queue")
+    inputs: int = option(5_000, "measured inputs, at most")
+    seed: int = option(7)
+    setup_budget_s: float = option(300.0, flag="--setup-budget", metavar="S")
+    measure_budget_s: float = option(60.0, flag="--measure-budget", metavar="S")
 
 
 class Policy(Protocol):

@@ -53,6 +53,7 @@ from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
+from tests.perf.options import option
 from tests.perf.phases import diff, read_snapshots
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, percentile, ratio, table
@@ -70,15 +71,19 @@ INF = float("inf")
 
 @dataclass(frozen=True)
 class LiveParams:
-    nodes: int = 200
+    nodes: int = option(200, flag="--sim-nodes")
     gpus_per_node: int = 8
-    rate: float = 500.0
-    duration_s: float = 20.0
-    concurrency: int = 64
-    job_s: float = 0.5
-    modes: tuple[str, ...] = ("echo", "placement")
-    bootstrap: str = "127.0.0.1:19092"
-    profile: str = ""  # a service to run under cProfile (skews its latency)
+    rate: float = option(500.0, "submissions per second")
+    duration_s: float = option(20.0, flag="--duration", metavar="S")
+    concurrency: int = option(64)
+    job_s: float = option(0.5, flag="--job-seconds", metavar="S")
+    modes: tuple[str, ...] = option(("echo", "placement"), "echo,placement")
+    bootstrap: str = option("127.0.0.1:19092")
+    profile: str = option(
+        "",
+        "run this service under cProfile (skews its latency)",
+        choices=("", "placement", "admission", "node_agent"),
+    )
     warmup: int = 40
     drain_s: float = 30.0
     seed: int = 11

@@ -38,6 +38,7 @@ from libs.events import decode, encode, new_envelope
 from libs.events.convert import decision_payload, spec_to_proto
 from libs.readmodels import JobRecords, apply_job_event
 from libs.sim.workflows import ServingCluster, policy
+from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
 
@@ -54,12 +55,12 @@ FOLD_TARGET = 1000.0  # events per second
 
 @dataclass(frozen=True)
 class WorkflowParams:
-    tasks: int = 4096
-    gpus: int = 16
-    gpus_per_node: int = 8
-    shapes: tuple[str, ...] = SHAPES
-    seed: int = 7
-    whole_budget_s: float = 10.0
+    tasks: int = option(4096, "tasks in the workflow")
+    gpus: int = option(16)
+    gpus_per_node: int = option(8, flag="--serving-gpus-per-node")
+    shapes: tuple[str, ...] = option(SHAPES, "wide,layered,chain")
+    seed: int = 7  # the core benchmark's --seed
+    whole_budget_s: float = option(10.0, flag="--whole-budget", metavar="S")
 
 
 @dataclass

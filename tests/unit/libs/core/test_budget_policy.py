@@ -6,6 +6,7 @@ from libs.core import (
     BudgetSet,
     Decision,
     JobArrived,
+    JobSpec,
     NodeJoined,
     Place,
     Preempted,
@@ -27,11 +28,17 @@ from tests.builders import job, node, tree
 HOUR = 3600.0
 
 
-def started(s: Scheduler, decisions: list[Decision], at: float) -> None:
-    """Report every placed task as started, as node agents would."""
-    for d in decisions:
+def run_job(s: Scheduler, at: float, job_id: str, spec: JobSpec) -> None:
+    """Submit a job and report every task placed on its arrival as started, as node agents
+    would."""
+    for d in s.handle(JobArrived(at, job_id, spec)):
         if isinstance(d, Place):
             s.handle(TaskStarted(at, d.job_id, d.task_id, d.node_id))
+
+
+def charged(s: Scheduler, **gpu_s: float) -> None:
+    """Usage over the week so far, by allocation."""
+    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, tuple(gpu_s.items())))
 
 
 def cluster(*nodes: int, **weights: float) -> Scheduler:
@@ -53,9 +60,8 @@ def test_siblings_are_ordered_by_usage_over_share() -> None:
 
 def test_the_under_served_allocation_goes_first() -> None:
     s = cluster(1, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 100.0), ("b", 10.0))))
-    d = s.handle(JobArrived(1, "filler", job(1, allocation="a", min_runtime_s=60)))
-    started(s, d, 1)
+    charged(s, a=100.0, b=10.0)
+    run_job(s, 1, "filler", job(1, allocation="a", min_runtime_s=60))
     s.handle(JobArrived(2, "a-job", job(1, allocation="a", min_runtime_s=60)))
     s.handle(JobArrived(3, "b-job", job(1, allocation="b", min_runtime_s=60)))
     assert placed(s.handle(TaskEnded(4, "filler", "filler/0", "n0"))) == ["b-job"]
@@ -63,8 +69,7 @@ def test_the_under_served_allocation_goes_first() -> None:
 
 def test_priority_orders_jobs_only_inside_one_allocation() -> None:
     s = cluster(1, a=1, b=1)
-    d = s.handle(JobArrived(0, "filler", job(1, allocation="a", min_runtime_s=60)))
-    started(s, d, 0)
+    run_job(s, 0, "filler", job(1, allocation="a", min_runtime_s=60))
     s.handle(JobArrived(1, "low", job(1, allocation="b", priority=0, min_runtime_s=60)))
     s.handle(JobArrived(2, "high", job(1, allocation="b", priority=5, min_runtime_s=60)))
     assert placed(s.handle(TaskEnded(3, "filler", "filler/0", "n0"))) == ["high"]
@@ -101,8 +106,7 @@ def test_memory_per_gpu_is_a_constraint() -> None:
 
 def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
     s = cluster(2, a=1)
-    d = s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0, resumable=True)))
-    started(s, d, 0)
+    run_job(s, 0, "free", job(2, allocation="a", min_runtime_s=0, resumable=True))
     s.handle(JobArrived(1, "paid", job(2, allocation="a", min_runtime_s=HOUR)))
     d = s.handle(Tick(PREEMPTION_ROUND_S))  # preemption runs in rounds
     [stop] = [x for x in d if isinstance(x, Stop)]
@@ -114,9 +118,8 @@ def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
 
 def test_protected_work_is_never_preempted() -> None:
     s = cluster(1, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 0.0), ("b", 1e9))))
-    d = s.handle(JobArrived(0, "b-job", job(1, allocation="b", min_runtime_s=HOUR)))
-    started(s, d, 0)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=HOUR))
     d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
     assert not any(isinstance(x, Stop) for x in d)
     # Past its contract, the over-served allocation's job yields.
@@ -130,24 +133,22 @@ def test_protected_work_is_never_preempted() -> None:
 
 def test_past_contract_work_keeps_running_while_its_allocation_ranks_above() -> None:
     s = cluster(1, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 1e9), ("b", 0.0))))
-    d = s.handle(JobArrived(0, "b-job", job(1, allocation="b", min_runtime_s=60)))
-    started(s, d, 0)
+    charged(s, a=1e9, b=0.0)
+    run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=60))
     s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=60)))
     assert not any(isinstance(x, Stop) for x in s.handle(Tick(HOUR)))
 
 
 def test_victims_are_free_work_then_idle_then_fewest_gpus() -> None:
     s = cluster(4, 4, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 0.0), ("b", 1e9))))
+    charged(s, a=0.0, b=1e9)
     for name, gpus, minimum in [
         ("b-big", 3, 60),
         ("b-small", 1, 60),
         ("b-idle", 2, 60),
         ("free", 2, 0),
     ]:
-        d = s.handle(JobArrived(0, name, job(gpus, allocation="b", min_runtime_s=minimum)))
-        started(s, d, 0)
+        run_job(s, 0, name, job(gpus, allocation="b", min_runtime_s=minimum))
     s.handle(TaskIdle(10, "b-idle", "b-idle/0", True))
     d = s.handle(JobArrived(HOUR, "a-job", job(4, allocation="a", min_runtime_s=60)))
     assert sorted(x.job_id for x in d if isinstance(x, Stop)) == ["b-idle", "free"]
@@ -155,9 +156,8 @@ def test_victims_are_free_work_then_idle_then_fewest_gpus() -> None:
 
 def test_debug_work_takes_the_fast_path() -> None:
     s = cluster(1, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 1e9), ("b", 0.0))))
-    d = s.handle(JobArrived(0, "b-train", job(1, allocation="b", min_runtime_s=8 * HOUR)))
-    started(s, d, 0)
+    charged(s, a=1e9, b=0.0)
+    run_job(s, 0, "b-train", job(1, allocation="b", min_runtime_s=8 * HOUR))
     s.handle(JobArrived(1, "b-more", job(1, allocation="b", min_runtime_s=8 * HOUR)))
     s.handle(JobArrived(2, "a-debug", job(1, allocation="a", min_runtime_s=600)))
     assert placed(s.handle(TaskEnded(3, "b-train", "b-train/0", "n0"))) == ["a-debug"]
@@ -165,8 +165,8 @@ def test_debug_work_takes_the_fast_path() -> None:
 
 def test_explanations_name_rank_ratio_and_queue_position() -> None:
     s = cluster(2, a=1, b=1)
-    s.handle(UsageSnapshot(0, 7 * 24 * HOUR, (("a", 3e5), ("b", 1e5))))
-    started(s, s.handle(JobArrived(0, "fill", job(2, allocation="b", min_runtime_s=HOUR))), 0)
+    charged(s, a=3e5, b=1e5)
+    run_job(s, 0, "fill", job(2, allocation="b", min_runtime_s=HOUR))
     s.handle(JobArrived(1, "b1", job(2, allocation="b", min_runtime_s=HOUR)))
     s.handle(JobArrived(2, "a1", job(2, allocation="a", min_runtime_s=HOUR)))
     why = s.explain("a1")
@@ -183,7 +183,7 @@ def _none() -> object:
 
 def test_a_job_no_node_can_hold_never_preempts_anything() -> None:
     s = cluster(2, a=1)
-    started(s, s.handle(JobArrived(0, "free", job(2, allocation="a", min_runtime_s=0))), 0)
+    run_job(s, 0, "free", job(2, allocation="a", min_runtime_s=0))
     s.handle(JobArrived(1, "h200", job(1, allocation="a", gpu_type="H200", min_runtime_s=60)))
     assert not any(isinstance(d, Stop) for d in s.handle(Tick(PREEMPTION_ROUND_S + 1)))
 

@@ -18,8 +18,10 @@ nondeterminism).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,21 +185,6 @@ def play(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) 
     return world
 
 
-@settings(max_examples=150, deadline=None)
-@given(steps)
-def test_no_gpu_twice_and_no_protected_job_preempted(history: list[tuple[object, ...]]) -> None:
-    play(history)  # the Cluster asserts both after every decision
-
-
-@settings(max_examples=60, deadline=None)
-@given(history=steps)
-def test_the_same_input_gives_the_same_output(
-    history: list[tuple[object, ...]], other_process: OtherProcess
-) -> None:
-    divergence = check_determinism(lambda: play(history).recording(), elsewhere=[other_process])
-    assert divergence is None, str(divergence)
-
-
 @settings(max_examples=60, deadline=None)
 @given(steps)
 def test_no_waiting_job_starves_while_capacity_frees(history: list[tuple[object, ...]]) -> None:
@@ -305,25 +292,6 @@ def play_hostile(history: list[tuple[object, ...]], scheduler: Scheduler | None 
     return world
 
 
-@settings(max_examples=300, deadline=None)
-@given(hostile_steps)
-def test_a_hostile_history_never_raises_nor_gives_a_gpu_twice(
-    history: list[tuple[object, ...]],
-) -> None:
-    play_hostile(history)  # raises on an exception or a GPU given twice
-
-
-@settings(max_examples=100, deadline=None)
-@given(history=hostile_steps)
-def test_a_hostile_history_replays_identically(
-    history: list[tuple[object, ...]], other_process: OtherProcess
-) -> None:
-    divergence = check_determinism(
-        lambda: play_hostile(history).recording(), elsewhere=[other_process]
-    )
-    assert divergence is None, str(divergence)
-
-
 # -- tied histories ------------------------------------------------------------
 
 TIED = ("a", "b", "c", "d")  # equal weights: equal shares until usage tells them apart
@@ -385,20 +353,47 @@ def play_tied(history: list[tuple[object, ...]], scheduler: Scheduler | None = N
     return world
 
 
-@settings(max_examples=100, deadline=None)
-@given(history=tied_steps)
-def test_tied_histories_give_the_same_decisions_byte_for_byte_in_any_process(
-    history: list[tuple[object, ...]], other_process: OtherProcess
-) -> None:
-    divergence = check_determinism(
-        lambda: play_tied(history).recording(), elsewhere=[other_process]
-    )
-    assert divergence is None, str(divergence)
+# -- every kind of history -------------------------------------------------------
+
+# How each kind is generated, and played on a Cluster (by default on a new Scheduler).
+HISTORIES: dict[str, tuple[st.SearchStrategy[list[tuple[object, ...]]], Callable[..., Cluster]]] = {
+    "random": (steps, play),
+    "hostile": (hostile_steps, play_hostile),
+    "tied": (tied_steps, play_tied),
+}
 
 
-@settings(max_examples=30, deadline=None)
-@given(tied_steps)
-def test_tied_histories_keep_every_gpu_once_and_every_contract(
-    history: list[tuple[object, ...]],
+def for_histories(
+    kind: str, examples: int, check: Callable[[list[tuple[object, ...]]], object]
 ) -> None:
-    play_tied(history)  # the Cluster asserts both after every decision
+    """``check`` on up to ``examples`` histories of the kind; hypothesis shrinks the first
+    that fails."""
+
+    @settings(max_examples=examples, deadline=None)
+    @given(HISTORIES[kind][0])
+    def each(history: list[tuple[object, ...]]) -> None:
+        check(history)
+
+    each()
+
+
+@pytest.mark.parametrize(("kind", "examples"), [("random", 150), ("hostile", 300), ("tied", 30)])
+def test_no_gpu_twice_no_protected_job_preempted_and_nothing_raised(
+    kind: str, examples: int
+) -> None:
+    for_histories(kind, examples, HISTORIES[kind][1])  # the Cluster asserts after every decision
+
+
+@pytest.mark.parametrize(("kind", "examples"), [("random", 60), ("hostile", 100), ("tied", 100)])
+def test_the_same_history_gives_the_same_decisions_byte_for_byte_in_any_process(
+    kind: str, examples: int, other_process: OtherProcess
+) -> None:
+    played = HISTORIES[kind][1]
+
+    def replays_identically(history: list[tuple[object, ...]]) -> None:
+        divergence = check_determinism(
+            lambda: played(history).recording(), elsewhere=[other_process]
+        )
+        assert divergence is None, str(divergence)
+
+    for_histories(kind, examples, replays_identically)

@@ -1,4 +1,5 @@
-"""The core stays pure: no module in libs/core imports I/O, clocks or randomness."""
+"""The core stays pure: no module in libs/core (the baselines the simulator compares with
+included) imports I/O, clocks or randomness."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ import pytest
 from libs.core import (
     Cancel,
     CancelRequested,
-    Decision,
     Input,
     JobArrived,
     NodeJoined,
@@ -20,7 +19,7 @@ from libs.core import (
     Tick,
     Wait,
 )
-from tests.builders import job, node
+from tests.builders import decided, job, node
 
 
 @dataclass
@@ -100,8 +99,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_scenario(case: Case) -> None:
-    scheduler = Scheduler()
-    decisions: list[Decision] = [d for i in case.inputs for d in scheduler.handle(i)]
+    decisions = decided(Scheduler(), case.inputs)
     placed = {d.job_id: (d.node_id, d.gpu_indices) for d in decisions if isinstance(d, Place)}
     waiting = {d.job_id: d.reason for d in decisions if isinstance(d, Wait)}
     other = [type(d) for d in decisions if not isinstance(d, Place | Wait)]

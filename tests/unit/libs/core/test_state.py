@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
 
 from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, StopCause
 from libs.core.capacity import Capacity
@@ -25,14 +24,7 @@ from libs.core.state import Cell, State, Table
 from libs.events.convert import to_input
 from libs.events.logfile import read_log
 from tests.builders import job
-from tests.unit.libs.core.test_properties import (
-    hostile_steps,
-    play,
-    play_hostile,
-    play_tied,
-    steps,
-    tied_steps,
-)
+from tests.unit.libs.core.test_properties import HISTORIES, for_histories, play_hostile
 
 GOLDEN = Path(__file__).resolve().parents[3] / "golden"
 
@@ -93,28 +85,10 @@ class Checked(Scheduler):
         return decisions
 
 
-@settings(max_examples=60, deadline=None)
-@given(steps)
-def test_the_digest_is_the_declared_state_after_every_input(
-    history: list[tuple[object, ...]],
-) -> None:
-    play(history, Checked())
-
-
-@settings(max_examples=100, deadline=None)
-@given(hostile_steps)
-def test_the_digest_is_the_declared_state_in_hostile_histories(
-    history: list[tuple[object, ...]],
-) -> None:
-    play_hostile(history, Checked())
-
-
-@settings(max_examples=60, deadline=None)
-@given(tied_steps)
-def test_the_digest_is_the_declared_state_in_tied_histories(
-    history: list[tuple[object, ...]],
-) -> None:
-    play_tied(history, Checked())
+@pytest.mark.parametrize(("kind", "examples"), [("random", 60), ("hostile", 100), ("tied", 60)])
+def test_the_digest_is_the_declared_state_after_every_input(kind: str, examples: int) -> None:
+    played = HISTORIES[kind][1]
+    for_histories(kind, examples, lambda history: played(history, Checked()))
 
 
 @pytest.mark.parametrize("log", sorted(p.name for p in GOLDEN.glob("*.input.bin")))

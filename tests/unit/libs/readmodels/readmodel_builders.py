@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
@@ -46,77 +47,54 @@ def pending(job: str, reason: str, at: float = T0) -> events_pb2.Envelope:
 
 
 def placed(
-    job: str,
-    node: str = "n1",
-    gpus: Iterable[int] = (0,),
-    at: float = T0,
-    task: str | None = None,
-    cluster: str = "default",
+    job: str, node: str = "n1", gpus: Iterable[int] = (0,), **where: Any
 ) -> events_pb2.Envelope:
-    payload = events_pb2.TaskPlaced(
-        job_id=job, task_id=task or f"{job}/0", node_id=node, gpu_indices=gpus, spec=spec()
-    )
-    return env(payload, at, cluster)
+    return _task_event(events_pb2.TaskPlaced, job, node, gpu_indices=gpus, spec=spec(), **where)
 
 
-def started(
-    job: str, node: str = "n1", at: float = T0, task: str | None = None, cluster: str = "default"
-) -> events_pb2.Envelope:
-    payload = events_pb2.TaskStarted(job_id=job, task_id=task or f"{job}/0", node_id=node, pid=42)
-    return env(payload, at, cluster)
+def started(job: str, node: str = "n1", **where: Any) -> events_pb2.Envelope:
+    return _task_event(events_pb2.TaskStarted, job, node, pid=42, **where)
 
 
-def finished(
-    job: str,
-    *,
-    node: str = "n1",
-    exit_code: int = 0,
-    at: float = T0,
-    task: str | None = None,
-    cluster: str = "default",
-) -> events_pb2.Envelope:
-    payload = events_pb2.TaskFinished(
-        job_id=job, task_id=task or f"{job}/0", node_id=node, exit_code=exit_code
-    )
-    return env(payload, at, cluster)
+def finished(job: str, *, exit_code: int = 0, **where: Any) -> events_pb2.Envelope:
+    return _task_event(events_pb2.TaskFinished, job, exit_code=exit_code, **where)
 
 
 def failed(
-    job: str,
-    reason: str = "oom",
-    *,
-    node: str = "n1",
-    exit_code: int = 1,
-    at: float = T0,
-    task: str | None = None,
+    job: str, reason: str = "oom", *, exit_code: int = 1, **where: Any
 ) -> events_pb2.Envelope:
-    payload = events_pb2.TaskFailed(
-        job_id=job, task_id=task or f"{job}/0", node_id=node, exit_code=exit_code, reason=reason
-    )
-    return env(payload, at)
+    return _task_event(events_pb2.TaskFailed, job, exit_code=exit_code, reason=reason, **where)
 
 
 def stop(
     job: str,
     reason: str,
     node: str = "n1",
-    at: float = T0,
+    *,
     cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_PREEMPTED,
+    **where: Any,
+) -> events_pb2.Envelope:
+    return _task_event(events_pb2.TaskStopRequested, job, node, reason=reason, cause=cause, **where)
+
+
+def idle(job: str, is_idle: bool = True, node: str = "n1", **where: Any) -> events_pb2.Envelope:
+    return _task_event(events_pb2.TaskIdle, job, node, idle=is_idle, utilization=0.01, **where)
+
+
+def _task_event(
+    message: Callable[..., Message],
+    job: str,
+    node: str = "n1",
+    *,
+    at: float = T0,
     task: str | None = None,
+    cluster: str = "default",
+    **fields: Any,
 ) -> events_pb2.Envelope:
-    payload = events_pb2.TaskStopRequested(
-        job_id=job, task_id=task or f"{job}/0", node_id=node, reason=reason, cause=cause
-    )
-    return env(payload, at)
-
-
-def idle(
-    job: str, is_idle: bool = True, node: str = "n1", at: float = T0, task: str | None = None
-) -> events_pb2.Envelope:
-    payload = events_pb2.TaskIdle(
-        job_id=job, task_id=task or f"{job}/0", node_id=node, idle=is_idle, utilization=0.01
-    )
-    return env(payload, at)
+    """One task's event (``where`` above: its ``at``, ``task`` and ``cluster``); the task
+    is the job's first unless named."""
+    payload = message(job_id=job, task_id=task or f"{job}/0", node_id=node, **fields)
+    return env(payload, at, cluster)
 
 
 def requeued(

@@ -17,6 +17,7 @@ from libs.readmodels import (
     newest_jobs,
     task_is_over,
 )
+from tests.unit.libs.readmodels.folds import folded_job
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
@@ -54,23 +55,14 @@ TERMINAL = {
 }
 
 CANCELLED = types_pb2.STOP_CAUSE_CANCELLED
-
-
-def fold(events: list[events_pb2.Envelope]) -> types_pb2.Job | None:
-    return reduce(apply_job_event, events, None)
-
-
-def folded(events: list[events_pb2.Envelope]) -> types_pb2.Job:
-    job = fold(events)
-    assert job is not None
-    return job
+PLACED = ("n1", [0])  # where placed("j") puts it
 
 
 # --- one event at a time ------------------------------------------------------
 
 
 def test_submission_creates_the_job() -> None:
-    job = folded([submitted("j1", at=T0 + 5)])
+    job = folded_job([submitted("j1", at=T0 + 5)])
     assert job.job_id == "j1"
     assert job.state == S.JOB_STATE_SUBMITTED
     assert job.spec == spec()
@@ -83,11 +75,9 @@ class Case:
     events: list[events_pb2.Envelope]
     state: types_pb2.JobState.ValueType
     reason: str = ""
-    node_id: str = ""
-    gpu_indices: list[int] = field(default_factory=list)
+    on: tuple[str, list[int]] = ("", [])  # node id, GPU indices
     exit_code: int = 0
     stop_reason: str = ""
-    finished: bool = False
 
 
 CASES = [
@@ -96,14 +86,12 @@ CASES = [
         [submitted("j"), rejected("j", "gpus", "gpus: must be 1..64")],
         S.JOB_STATE_REJECTED,
         reason="gpus: must be 1..64",
-        finished=True,
     ),
     Case(
         "rejected without a field",
         [submitted("j"), rejected("j", "", "not a member")],
         S.JOB_STATE_REJECTED,
         reason="not a member",
-        finished=True,
     ),
     Case("admitted waits", [submitted("j"), admitted("j")], S.JOB_STATE_PENDING),
     Case(
@@ -116,23 +104,19 @@ CASES = [
         "placement clears the waiting reason",
         [submitted("j"), admitted("j"), pending("j", "queued"), placed("j", "n2", [1, 3])],
         S.JOB_STATE_PLACED,
-        node_id="n2",
-        gpu_indices=[1, 3],
+        on=("n2", [1, 3]),
     ),
     Case(
         "started",
         [submitted("j"), admitted("j"), placed("j"), started("j")],
         S.JOB_STATE_RUNNING,
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
     ),
     Case(
         "finished",
         [submitted("j"), admitted("j"), placed("j"), started("j"), finished("j", exit_code=0)],
         S.JOB_STATE_FINISHED,
-        node_id="n1",
-        gpu_indices=[0],
-        finished=True,
+        on=PLACED,
     ),
     Case(
         "failed",
@@ -145,17 +129,14 @@ CASES = [
         ],
         S.JOB_STATE_FAILED,
         reason="oom",
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         exit_code=137,
-        finished=True,
     ),
     Case(
         "stop requested, still running",
         [submitted("j"), admitted("j"), placed("j"), started("j"), stop("j", "preempted")],
         S.JOB_STATE_RUNNING,
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         stop_reason="preempted",
     ),
     Case(
@@ -163,31 +144,25 @@ CASES = [
         [placed("j"), started("j"), stop("j", "for team-b"), preempted("j", "for team-b")],
         S.JOB_STATE_PREEMPTED,
         reason="for team-b",
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         stop_reason="for team-b",
-        finished=True,
     ),
     Case(
         "a preempted job's task end does not undo the preemption",
         [placed("j"), preempted("j", "for team-b"), failed("j", "SIGTERM", exit_code=143)],
         S.JOB_STATE_PREEMPTED,
         reason="for team-b",
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         exit_code=143,
-        finished=True,
     ),
     Case(
         "stopped for preemption, failed, placement not decided yet",
         [placed("j"), started("j"), stop("j", "preempted"), failed("j", "SIGTERM", exit_code=143)],
         S.JOB_STATE_FAILED,
         reason="SIGTERM",
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         exit_code=143,
         stop_reason="preempted",
-        finished=True,
     ),
     Case(
         "a task end after a stop for cancellation is a cancellation",
@@ -198,11 +173,9 @@ CASES = [
             finished("j", exit_code=143),
         ],
         S.JOB_STATE_CANCELLED,
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         exit_code=143,
         stop_reason="cancelled by user",
-        finished=True,
     ),
     Case(
         "a stop for cancellation seen after the task end still cancels",
@@ -214,59 +187,51 @@ CASES = [
         ],
         S.JOB_STATE_CANCELLED,
         reason="SIGTERM",
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
         exit_code=143,
         stop_reason="cancelled",
-        finished=True,
     ),
     Case(
         "cancelled before it started",
         [submitted("j"), admitted("j"), pending("j", "queued"), cancelled("j", "withdrawn")],
         S.JOB_STATE_CANCELLED,
         reason="withdrawn",
-        finished=True,
     ),
     Case(
         "late placement fills in fields but never moves the job back",
         [submitted("j"), started("j", node=""), finished("j"), placed("j", "n7", [2])],
         S.JOB_STATE_FINISHED,
-        node_id="n7",
-        gpu_indices=[2],
-        finished=True,
+        on=("n7", [2]),
     ),
     Case(
         "late pending after running is ignored",
         [submitted("j"), placed("j"), started("j"), pending("j", "queued"), admitted("j")],
         S.JOB_STATE_RUNNING,
-        node_id="n1",
-        gpu_indices=[0],
+        on=PLACED,
     ),
     Case(
         "terminal states stick",
         [submitted("j"), rejected("j", "gpus", "gpus: too many"), admitted("j"), pending("j", "x")],
         S.JOB_STATE_REJECTED,
         reason="gpus: too many",
-        finished=True,
     ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fold(case: Case) -> None:
-    job = folded(case.events)
+    job = folded_job(case.events)
     assert job.job_id == "j"
     assert job.state == case.state
     assert job.reason == case.reason
-    assert job.node_id == case.node_id
-    assert list(job.gpu_indices) == case.gpu_indices
+    assert (job.node_id, list(job.gpu_indices)) == case.on
     assert job.exit_code == case.exit_code
     assert job.stop_reason == case.stop_reason
-    assert job.HasField("finished_at") == case.finished
+    assert job.HasField("finished_at") == (case.state in TERMINAL)
 
 
 def test_timestamps_come_from_the_events() -> None:
-    job = folded([submitted("j", at=T0), started("j", at=T0 + 2), finished("j", at=T0 + 9)])
+    job = folded_job([submitted("j", at=T0), started("j", at=T0 + 2), finished("j", at=T0 + 9)])
     assert (job.submitted_at.seconds, job.started_at.seconds, job.finished_at.seconds) == (
         int(T0),
         int(T0) + 2,
@@ -275,19 +240,19 @@ def test_timestamps_come_from_the_events() -> None:
 
 
 def test_any_job_event_creates_an_unknown_job() -> None:
-    job = folded([placed("j", "n3", [0, 1])])
+    job = folded_job([placed("j", "n3", [0, 1])])
     assert (job.state, job.node_id, job.spec) == (S.JOB_STATE_PLACED, "n3", spec())
 
 
 def test_submission_spec_wins_over_copies() -> None:
     own = spec(allocation="team-b", gpus=2)
-    job = folded([placed("j"), submitted("j", s=own)])
+    job = folded_job([placed("j"), submitted("j", s=own)])
     assert job.spec == own
 
 
 @pytest.mark.parametrize("envelope", [registered("n1"), tick()])
 def test_envelopes_about_no_job_change_nothing(envelope: events_pb2.Envelope) -> None:
-    job = folded([submitted("j")])
+    job = folded_job([submitted("j")])
     assert job_key(envelope) is None
     assert apply_job_event(job, envelope) is job
     assert apply_job_event(None, envelope) is None
@@ -299,7 +264,7 @@ def test_event_without_job_id_is_ignored() -> None:
 
 
 def test_inputs_are_not_mutated() -> None:
-    job = folded([submitted("j"), admitted("j")])
+    job = folded_job([submitted("j"), admitted("j")])
     before = job.SerializeToString(deterministic=True)
     event = placed("j", "n1", [0])
     event_before = event.SerializeToString(deterministic=True)
@@ -311,7 +276,7 @@ def test_inputs_are_not_mutated() -> None:
 
 def test_wrong_job_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="j2"):
-        apply_job_event(folded([submitted("j1")]), submitted("j2"))
+        apply_job_event(folded_job([submitted("j1")]), submitted("j2"))
 
 
 # --- requeues, idleness and task ids -------------------------------------------
@@ -331,7 +296,7 @@ def preempted_once() -> list[events_pb2.Envelope]:
 
 
 def test_requeue_after_preemption_waits_again_and_keeps_attempts() -> None:
-    job = folded([*preempted_once(), requeued("j", "preempted by team-b; waits")])
+    job = folded_job([*preempted_once(), requeued("j", "preempted by team-b; waits")])
     assert job.state == S.JOB_STATE_PENDING
     assert job.reason == "preempted by team-b; waits"
     assert job.attempts == 1
@@ -342,7 +307,7 @@ def test_requeue_after_preemption_waits_again_and_keeps_attempts() -> None:
 
 
 def test_a_requeued_job_runs_its_next_task_to_the_end() -> None:
-    job = folded(
+    job = folded_job(
         [
             *preempted_once(),
             requeued("j"),
@@ -364,60 +329,60 @@ def test_a_requeued_job_runs_its_next_task_to_the_end() -> None:
 
 
 def test_events_about_an_older_task_change_nothing() -> None:
-    running = folded([*preempted_once()[:5], requeued("j"), placed("j", "n2", [3], task=T1)])
+    running = folded_job([*preempted_once()[:5], requeued("j"), placed("j", "n2", [3], task=T1)])
     for late in (failed("j", "SIGTERM", exit_code=143), started("j"), idle("j"), stop("j", "x")):
         assert apply_job_event(running, late) == running
-    waiting = folded([*preempted_once()[:5], requeued("j")])
+    waiting = folded_job([*preempted_once()[:5], requeued("j")])
     assert apply_job_event(waiting, failed("j", "SIGTERM", exit_code=143)) == waiting
 
 
 def test_a_newer_task_seen_first_makes_the_requeue_stale() -> None:
     # The events topic ran ahead: the next task started before the requeue was read.
-    job = folded([*preempted_once(), started("j", "n2", task=T1), requeued("j")])
+    job = folded_job([*preempted_once(), started("j", "n2", task=T1), requeued("j")])
     assert (job.state, job.attempts, job.node_id) == (S.JOB_STATE_RUNNING, 2, "n2")
     assert job.exit_code == 0 and not job.HasField("finished_at")
 
 
 def test_a_requeue_without_a_stop_for_preemption_is_ignored() -> None:
-    running = folded([placed("j"), started("j")])
+    running = folded_job([placed("j"), started("j")])
     assert apply_job_event(running, requeued("j")) == running
-    cancelling = folded([placed("j"), started("j"), stop("j", "user", cause=CANCELLED)])
+    cancelling = folded_job([placed("j"), started("j"), stop("j", "user", cause=CANCELLED)])
     assert apply_job_event(cancelling, requeued("j")) == cancelling
 
 
 def test_a_task_ended_by_preemption_awaits_the_decision() -> None:
-    stopped = folded(preempted_once())
+    stopped = folded_job(preempted_once())
     assert stopped.state == S.JOB_STATE_FAILED
     assert not has_ended(stopped)
-    assert has_ended(folded([*preempted_once(), preempted("j")]))
-    assert has_ended(folded([placed("j"), started("j"), failed("j", "oom")]))
+    assert has_ended(folded_job([*preempted_once(), preempted("j")]))
+    assert has_ended(folded_job([placed("j"), started("j"), failed("j", "oom")]))
 
 
 def test_nothing_is_placed_after_the_end() -> None:
-    job = folded([*preempted_once(), preempted("j")])
+    job = folded_job([*preempted_once(), preempted("j")])
     assert apply_job_event(job, placed("j", "n2", task=T1)) == job
 
 
 def test_idle_reports_follow_the_running_task() -> None:
     running = [placed("j"), started("j")]
-    assert folded([*running, idle("j")]).idle
-    assert not folded([*running, idle("j"), idle("j", is_idle=False)]).idle
-    assert not folded([*running, idle("j"), finished("j")]).idle
-    assert not folded([*running, finished("j"), idle("j")]).idle
-    assert not folded([*running, idle("j"), stop("j", "x"), failed("j"), requeued("j")]).idle
+    assert folded_job([*running, idle("j")]).idle
+    assert not folded_job([*running, idle("j"), idle("j", is_idle=False)]).idle
+    assert not folded_job([*running, idle("j"), finished("j")]).idle
+    assert not folded_job([*running, finished("j"), idle("j")]).idle
+    assert not folded_job([*running, idle("j"), stop("j", "x"), failed("j"), requeued("j")]).idle
     # An idle report is also news that the task runs.
-    assert folded([placed("j"), idle("j")]).state == S.JOB_STATE_RUNNING
+    assert folded_job([placed("j"), idle("j")]).state == S.JOB_STATE_RUNNING
 
 
 def test_task_is_over() -> None:
-    job = folded([*preempted_once(), requeued("j"), placed("j", "n2", task=T1)])
+    job = folded_job([*preempted_once(), requeued("j"), placed("j", "n2", task=T1)])
     assert task_is_over(job, "j/0")
     assert not task_is_over(job, T1)
     assert not task_is_over(job, T2)  # newer than the job has seen: its events are on the way
-    assert task_is_over(folded([*preempted_once(), requeued("j")]), "j/0")
-    assert task_is_over(folded([placed("j"), finished("j")]), "j/0")
-    assert task_is_over(folded([placed("j"), preempted("j")]), "j/0")
-    assert not task_is_over(folded([placed("j"), started("j")]), "j/0")
+    assert task_is_over(folded_job([*preempted_once(), requeued("j")]), "j/0")
+    assert task_is_over(folded_job([placed("j"), finished("j")]), "j/0")
+    assert task_is_over(folded_job([placed("j"), preempted("j")]), "j/0")
+    assert not task_is_over(folded_job([placed("j"), started("j")]), "j/0")
 
 
 # --- order tolerance ------------------------------------------------------------
@@ -483,14 +448,14 @@ def test_any_order_and_any_repeats_end_in_the_same_job(
     lifecycle: tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType], data: st.DataObject
 ) -> None:
     events, final_state = lifecycle
-    in_order = folded(events)
+    in_order = folded_job(events)
     assert in_order.state == final_state
     assert in_order.idle == (
         final_state == S.JOB_STATE_RUNNING and any(e.HasField("task_idle") for e in events)
     )
     repeats = data.draw(st.lists(st.sampled_from(events), max_size=4), label="redelivered")
     shuffled = data.draw(st.permutations(events + repeats), label="arrival order")
-    assert folded(shuffled) == in_order
+    assert folded_job(shuffled) == in_order
 
 
 @given(lifecycles(), st.data())
@@ -585,10 +550,10 @@ def test_requeues_tolerate_any_interleaving_of_the_two_topics(
     history: tuple[Topics, types_pb2.JobState.ValueType, int], data: st.DataObject
 ) -> None:
     log, state, attempts = history
-    as_happened = folded(log.happened)
+    as_happened = folded_job(log.happened)
     assert (as_happened.state, as_happened.attempts) == (state, attempts)
     arrived = interleavings(data, log.events, log.decisions)
-    assert folded(arrived) == as_happened
+    assert folded_job(arrived) == as_happened
     # A consumer that restarts from earlier offsets reads both topics' tails again.
     tails = [data.draw(st.integers(0, len(t)), label="from") for t in (log.events, log.decisions)]
     redelivered = interleavings(data, log.events[tails[0] :], log.decisions[tails[1] :])
@@ -599,7 +564,7 @@ def test_requeues_tolerate_any_interleaving_of_the_two_topics(
 
 
 def _job(job_id: str, allocation: str, at: float) -> types_pb2.Job:
-    return folded([submitted(job_id, at=at, s=spec(allocation=allocation))])
+    return folded_job([submitted(job_id, at=at, s=spec(allocation=allocation))])
 
 
 def test_newest_jobs_first_filtered_and_limited() -> None:
@@ -624,14 +589,14 @@ def where(job: types_pb2.Job) -> list[tuple[str, str, list[int]]]:
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
 def test_a_gang_shows_every_node_it_runs_on_whatever_the_order(order: tuple[int, ...]) -> None:
     ranks = [placed("g", f"n{r}", range(8), task=f"g/0.{r}") for r in (0, 1, 2)]
-    job = folded([submitted("g"), admitted("g"), *(ranks[i] for i in order)])
+    job = folded_job([submitted("g"), admitted("g"), *(ranks[i] for i in order)])
     assert where(job) == [(f"g/0.{r}", f"n{r}", list(range(8))) for r in (0, 1, 2)]
     assert (job.node_id, list(job.gpu_indices)) == ("n0", list(range(8)))  # its first node
 
 
 def test_a_gang_of_more_than_ten_nodes_keeps_rank_order() -> None:
     ranks = [placed("g", f"n{r}", [0], task=f"g/0.{r}") for r in range(12)]
-    assert [t for t, _, _ in where(folded(list(reversed(ranks))))] == [
+    assert [t for t, _, _ in where(folded_job(list(reversed(ranks))))] == [
         f"g/0.{r}" for r in range(12)
     ]
 
@@ -639,14 +604,14 @@ def test_a_gang_of_more_than_ten_nodes_keeps_rank_order() -> None:
 def test_a_requeued_gang_forgets_where_its_last_placement_ran() -> None:
     gang = [placed("g", f"n{r}", [0], task=f"g/0.{r}") for r in (0, 1)]
     stopped = [stop("g", "for team-b", "n0", task="g/0.0"), failed("g", "SIGTERM", task="g/0.0")]
-    waiting = folded([submitted("g"), *gang, *stopped, requeued("g")])
+    waiting = folded_job([submitted("g"), *gang, *stopped, requeued("g")])
     assert where(waiting) == []
-    again = folded(
+    again = folded_job(
         [submitted("g"), *gang, *stopped, requeued("g"), placed("g", "n5", [1], task="g/1.0")]
     )
     assert where(again) == [("g/1.0", "n5", [1])]
 
 
 def test_a_job_on_one_node_has_one_placement() -> None:
-    job = folded([submitted("j"), placed("j", "n1", [2, 3])])
+    job = folded_job([submitted("j"), placed("j", "n1", [2, 3])])
     assert where(job) == [("j/0", "n1", [2, 3])]

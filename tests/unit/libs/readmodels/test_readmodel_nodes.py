@@ -16,6 +16,7 @@ from libs.readmodels import (
     nodes_in_cluster,
     without_ended_tasks,
 )
+from tests.unit.libs.readmodels.folds import folded_node
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     failed,
@@ -31,22 +32,12 @@ from tests.unit.libs.readmodels.readmodel_builders import (
 )
 
 
-def fold(events: list[events_pb2.Envelope]) -> types_pb2.Node | None:
-    return reduce(apply_node_event, events, None)
-
-
-def folded(events: list[events_pb2.Envelope]) -> types_pb2.Node:
-    node = fold(events)
-    assert node is not None
-    return node
-
-
 def running(node: types_pb2.Node) -> list[tuple[str, str, list[int]]]:
     return [(t.job_id, t.task_id, list(t.gpu_indices)) for t in node.running]
 
 
 def test_registration_creates_the_node() -> None:
-    node = folded([registered("n1", gpus=2, cluster="east", at=T0 + 3)])
+    node = folded_node([registered("n1", gpus=2, cluster="east", at=T0 + 3)])
     assert node.inventory.node_id == "n1"
     assert node.inventory.cluster == "east"
     assert [g.index for g in node.inventory.gpus] == [0, 1]
@@ -55,7 +46,7 @@ def test_registration_creates_the_node() -> None:
 
 
 def test_placements_add_and_task_ends_remove_running_tasks() -> None:
-    node = folded(
+    node = folded_node(
         [
             registered("n1"),
             placed("b", "n1", [2, 3]),
@@ -69,33 +60,33 @@ def test_placements_add_and_task_ends_remove_running_tasks() -> None:
 
 
 def test_reregistration_replaces_inventory_and_keeps_running_tasks() -> None:
-    node = folded([registered("n1", gpus=4), placed("a", "n1", [3]), registered("n1", gpus=8)])
+    node = folded_node([registered("n1", gpus=4), placed("a", "n1", [3]), registered("n1", gpus=8)])
     assert len(node.inventory.gpus) == 8
     assert running(node) == [("a", "a/0", [3])]
 
 
 def test_placement_on_an_unregistered_node_creates_it() -> None:
-    node = folded([placed("a", "n9", [0], cluster="west")])
+    node = folded_node([placed("a", "n9", [0], cluster="west")])
     assert (node.inventory.node_id, node.inventory.cluster) == ("n9", "west")
     assert list(node.inventory.gpus) == []
     assert running(node) == [("a", "a/0", [0])]
-    node = folded([placed("a", "n9", [0], cluster="west"), registered("n9", cluster="west")])
+    node = folded_node([placed("a", "n9", [0], cluster="west"), registered("n9", cluster="west")])
     assert len(node.inventory.gpus) == 4
     assert running(node) == [("a", "a/0", [0])]
 
 
 def test_a_repeated_placement_is_not_counted_twice() -> None:
-    node = folded([registered("n1"), placed("a", "n1", [0]), placed("a", "n1", [0])])
+    node = folded_node([registered("n1"), placed("a", "n1", [0]), placed("a", "n1", [0])])
     assert running(node) == [("a", "a/0", [0])]
 
 
 def test_task_end_on_an_unknown_node_creates_nothing() -> None:
-    assert fold([finished("a", node="n5")]) is None
-    assert fold([failed("a", node="n5")]) is None
+    assert reduce(apply_node_event, [finished("a", node="n5")], None) is None
+    assert reduce(apply_node_event, [failed("a", node="n5")], None) is None
 
 
 def test_task_end_of_an_unknown_task_changes_nothing_but_a_copy() -> None:
-    node = folded([registered("n1"), placed("a", "n1")])
+    node = folded_node([registered("n1"), placed("a", "n1")])
     after = apply_node_event(node, finished("zzz"))
     assert after == node
     assert after is not node
@@ -103,7 +94,7 @@ def test_task_end_of_an_unknown_task_changes_nothing_but_a_copy() -> None:
 
 @pytest.mark.parametrize("envelope", [submitted("j"), pending("j", "x"), tick()])
 def test_envelopes_about_no_node_change_nothing(envelope: events_pb2.Envelope) -> None:
-    node = folded([registered("n1")])
+    node = folded_node([registered("n1")])
     assert node_key(envelope) is None
     assert apply_node_event(node, envelope) is node
 
@@ -114,7 +105,7 @@ def test_event_without_node_id_is_ignored() -> None:
 
 
 def test_inputs_are_not_mutated() -> None:
-    node = folded([registered("n1"), placed("a", "n1")])
+    node = folded_node([registered("n1"), placed("a", "n1")])
     before = node.SerializeToString(deterministic=True)
     for event in (finished("a"), placed("b", "n1", [1]), registered("n1", gpus=1)):
         apply_node_event(node, event)
@@ -123,7 +114,7 @@ def test_inputs_are_not_mutated() -> None:
 
 def test_wrong_node_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="n2"):
-        apply_node_event(folded([registered("n1")]), registered("n2"))
+        apply_node_event(folded_node([registered("n1")]), registered("n2"))
 
 
 @st.composite
@@ -166,7 +157,7 @@ def test_running_tasks_are_those_placed_and_not_ended(
     history: tuple[list[events_pb2.Envelope], list[str]],
 ) -> None:
     events, still_running = history
-    node = folded(events)
+    node = folded_node(events)
     assert [t.task_id for t in node.running] == still_running
     assert len(node.inventory.gpus) == 8
 
@@ -176,7 +167,9 @@ def job(events: list[events_pb2.Envelope]) -> types_pb2.Job | None:
 
 
 def test_an_end_read_before_its_placement_leaves_a_task_the_jobs_settle() -> None:
-    node = folded([registered("n1"), finished("a"), placed("a", "n1", [0]), placed("b", "n1", [1])])
+    node = folded_node(
+        [registered("n1"), finished("a"), placed("a", "n1", [0]), placed("b", "n1", [1])]
+    )
     assert [t.task_id for t in node.running] == ["a/0", "b/0"]  # the fold alone cannot know
     jobs = {"a": job([finished("a"), placed("a", "n1", [0])]), "b": job([placed("b", "n1", [1])])}
     settled = without_ended_tasks(node, jobs.get)
@@ -185,7 +178,7 @@ def test_an_end_read_before_its_placement_leaves_a_task_the_jobs_settle() -> Non
 
 
 def test_a_task_stopped_by_preemption_ends_and_the_next_one_is_another_task() -> None:
-    node = folded(
+    node = folded_node(
         [
             registered("n1"),
             placed("j", "n1", [0]),
@@ -198,7 +191,7 @@ def test_a_task_stopped_by_preemption_ends_and_the_next_one_is_another_task() ->
 
 def test_a_requeued_jobs_older_task_read_late_is_settled() -> None:
     # The old task's end came before its placement; the job has moved on to j/1.
-    node = folded(
+    node = folded_node(
         [registered("n1"), failed("j"), placed("j", "n1", [0]), placed("j", "n1", [1], task="j/1")]
     )
     history = [placed("j"), started("j"), stop("j", "for team-b"), requeued("j")]
@@ -209,15 +202,15 @@ def test_a_requeued_jobs_older_task_read_late_is_settled() -> None:
 
 
 def test_tasks_of_running_or_unknown_jobs_are_kept() -> None:
-    node = folded([registered("n1"), placed("a", "n1", [0]), placed("b", "n1", [1])])
+    node = folded_node([registered("n1"), placed("a", "n1", [0]), placed("b", "n1", [1])])
     assert without_ended_tasks(node, {"a": job([placed("a", "n1", [0])])}.get) is node
 
 
 def test_nodes_in_cluster_sorted_by_id() -> None:
     nodes = [
-        folded([registered("n3", cluster="east")]),
-        folded([registered("n1", cluster="west")]),
-        folded([registered("n2", cluster="east")]),
+        folded_node([registered("n3", cluster="east")]),
+        folded_node([registered("n1", cluster="west")]),
+        folded_node([registered("n2", cluster="east")]),
     ]
     assert [n.inventory.node_id for n in nodes_in_cluster(nodes)] == ["n1", "n2", "n3"]
     assert [n.inventory.node_id for n in nodes_in_cluster(nodes, cluster="east")] == ["n2", "n3"]
@@ -245,12 +238,12 @@ def task_lost(job: str, node: str = "n1") -> events_pb2.Envelope:
 
 
 def test_a_lost_node_is_marked_until_its_agent_registers_again() -> None:
-    node = folded([incarnated("n1", "a"), placed("j1"), lost("n1", "a"), task_lost("j1")])
+    node = folded_node([incarnated("n1", "a"), placed("j1"), lost("n1", "a"), task_lost("j1")])
     assert (node.lost, node.lost_reason, running(node)) == (True, "no heartbeat", [])
-    again = folded([incarnated("n1", "a"), lost("n1", "a"), incarnated("n1", "b")])
+    again = folded_node([incarnated("n1", "a"), lost("n1", "a"), incarnated("n1", "b")])
     assert (again.lost, again.incarnation) == (False, "b")
 
 
 def test_a_loss_declared_for_an_earlier_incarnation_changes_nothing() -> None:
-    node = folded([incarnated("n1", "a"), incarnated("n1", "b"), lost("n1", "a")])
+    node = folded_node([incarnated("n1", "a"), incarnated("n1", "b"), lost("n1", "a")])
     assert not node.lost and node.incarnation == "b"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from functools import reduce
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
-from libs.readmodels import apply_job_event, has_ended, job_key, task_is_over
+from libs.readmodels import has_ended, job_key, task_is_over
+from tests.unit.libs.readmodels.folds import folded_job
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
@@ -81,12 +80,6 @@ def t(name: str) -> str:
     return f"{J}/{name}"
 
 
-def fold(events: list[events_pb2.Envelope]) -> types_pb2.Job:
-    job = reduce(apply_job_event, events, None)
-    assert job is not None
-    return job
-
-
 def run(name: str, node: str, gpu: int, start: float, end: float) -> list[events_pb2.Envelope]:
     return [
         wf_placed(name, node, gpu, at=start),
@@ -107,7 +100,7 @@ ALL_RUN = [
 
 
 def test_a_planned_workflow_waits_with_its_tasks_planned() -> None:
-    job = fold(ALL_RUN[:3])
+    job = folded_job(ALL_RUN[:3])
     assert job.state == S.JOB_STATE_PENDING
     assert [(x.name, x.state, x.planned_node_id, x.planned_gpu_index) for x in job.tasks] == [
         ("opt", S.JOB_STATE_PENDING, "n1", 0),
@@ -118,9 +111,9 @@ def test_a_planned_workflow_waits_with_its_tasks_planned() -> None:
 
 
 def test_placed_then_running_once_any_task_starts() -> None:
-    job = fold(ALL_RUN[:4])
+    job = folded_job(ALL_RUN[:4])
     assert job.state == S.JOB_STATE_PLACED
-    job = fold(ALL_RUN[:5])
+    job = folded_job(ALL_RUN[:5])
     assert job.state == S.JOB_STATE_RUNNING
     assert job.started_at.seconds == int(T0 + 1.1)
     assert (job.node_id, list(job.gpu_indices)) == ("", [])  # each task has its own
@@ -134,14 +127,14 @@ def test_placed_then_running_once_any_task_starts() -> None:
 
 
 def test_still_running_while_any_task_is_left() -> None:
-    job = fold(ALL_RUN[:-1])
+    job = folded_job(ALL_RUN[:-1])
     assert job.state == S.JOB_STATE_RUNNING
     assert not has_ended(job)
     assert task_is_over(job, t("opt")) and not task_is_over(job, t("aggregate"))
 
 
 def test_finished_when_every_task_finished() -> None:
-    job = fold(ALL_RUN)
+    job = folded_job(ALL_RUN)
     assert job.state == S.JOB_STATE_FINISHED and has_ended(job)
     assert [x.name for x in job.tasks] == ORDER
     assert all(x.state == S.JOB_STATE_FINISHED for x in job.tasks)
@@ -160,7 +153,7 @@ def test_failed_when_one_task_fails() -> None:
         wf_placed("mt5_b", "n2", 0, at=T0 + 2),
         failed(J, "CUDA out of memory", node="n2", exit_code=3, at=T0 + 2.5, task=t("mt5_b")),
     ]
-    job = fold(events)
+    job = folded_job(events)
     assert job.state == S.JOB_STATE_FAILED and has_ended(job)
     assert job.reason == "task mt5_b failed: CUDA out of memory"
     assert job.exit_code == 3 and job.finished_at.seconds == int(T0 + 2.5)
@@ -173,7 +166,7 @@ def test_failed_when_one_task_fails() -> None:
 
 
 def test_an_adjusted_task_keeps_where_it_was_planned() -> None:
-    job = fold([submitted(J, s=SPEC), wf_placed("opt", "n3", 2, planned=("n1", 0))])
+    job = folded_job([submitted(J, s=SPEC), wf_placed("opt", "n3", 2, planned=("n1", 0))])
     opt = job.tasks[0]
     assert (opt.node_id, opt.gpu_index, opt.planned_node_id, opt.planned_gpu_index) == (
         "n3",
@@ -189,15 +182,15 @@ def test_cancelling_a_running_workflow() -> None:
         stop(J, "cancelled", cause=types_pb2.STOP_CAUSE_CANCELLED, task=t("opt")),
         failed(J, "stopped", exit_code=-15, at=T0 + 1.5, task=t("opt")),
     ]
-    job = fold(events)
+    job = folded_job(events)
     assert job.state == S.JOB_STATE_CANCELLED
-    job = fold([*events[:-1], cancelled(J, "cancelled by user")])
+    job = folded_job([*events[:-1], cancelled(J, "cancelled by user")])
     assert job.state == S.JOB_STATE_CANCELLED and job.reason == "cancelled by user"
     assert task_is_over(job, t("mt5_a"))
 
 
 def test_idle_reports_and_requeues_do_not_disturb_a_workflow() -> None:
-    job = fold([*ALL_RUN[:5], idle(J, task=t("opt")), requeued(J), pending(J, "late")])
+    job = folded_job([*ALL_RUN[:5], idle(J, task=t("opt")), requeued(J), pending(J, "late")])
     assert job.state == S.JOB_STATE_RUNNING and not job.idle and job.reason == ""
     assert job.tasks[0].state == S.JOB_STATE_RUNNING
 
@@ -208,9 +201,9 @@ def test_task_events_before_the_spec_are_kept_and_ordered_once_it_comes() -> Non
         started(J, "n1", at=T0 + 1, task=t("opt")),
         submitted(J, s=SPEC),
     ]
-    job = fold(events[:2])
+    job = folded_job(events[:2])
     assert [x.name for x in job.tasks] == ["mt5_b", "opt"]  # by name while unknown
-    job = fold(events)
+    job = folded_job(events)
     assert [x.name for x in job.tasks] == ["opt", "mt5_b"]
     assert job.state == S.JOB_STATE_RUNNING and job.started_at.seconds == int(T0 + 1)
     assert job.attempts == 0
@@ -227,7 +220,7 @@ def test_a_broken_workflow_runs_as_the_scheduler_runs_it_a_plain_job() -> None:
         gpus=1,
         workflow=types_pb2.Workflow(name="w", tasks=[task("a", "a")]),
     )
-    job = fold([submitted(J, s=broken), placed(J, "n1", [0]), started(J), finished(J)])
+    job = folded_job([submitted(J, s=broken), placed(J, "n1", [0]), started(J), finished(J)])
     assert job.state == S.JOB_STATE_FINISHED and job.attempts == 1
     assert (job.node_id, list(job.gpu_indices), list(job.tasks)) == ("n1", [0], [])
 
@@ -243,7 +236,7 @@ def test_any_arrival_order_gives_the_same_job(cut: int, fail: bool, data: st.Dat
         ]
     if not events:
         return
-    expected = fold(events)
+    expected = folded_job(events)
     shuffled = data.draw(st.permutations(events), label="arrival order")
     repeats = data.draw(st.lists(st.sampled_from(events), max_size=3), label="repeats")
-    assert fold([*shuffled, *repeats]) == expected
+    assert folded_job([*shuffled, *repeats]) == expected

@@ -1,16 +1,20 @@
-"""The projector app in memory: no broker, state emptied per test, dead letters captured."""
+"""The projector app in memory: no broker, state emptied per test, its views served to a
+client, dead letters captured."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 from unittest import mock
 
 import faust
 import pytest
+from aiohttp.test_utils import TestServer
+from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from libs.readmodels import PlacementKnobs, UsageLedger
 from services.projector.app import app
+from services.projector.client import ProjectorClient
 from services.projector.inputs import deadletters
 from services.projector.jobs.tables import job_specs, job_tasks, jobs, records
 from services.projector.nodes.tables import nodes
@@ -30,6 +34,16 @@ def projector() -> Iterator[faust.App]:
     usage.ledger = UsageLedger(usage.WINDOW_S)
     usage.rebuilt.clear()
     usage.placement = PlacementKnobs(usage.LEDGER_CONFIG, usage.LEDGER_KNOBS)
+
+
+@pytest.fixture
+async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
+    """A client of the app's views, served over HTTP."""
+    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
+    await server.start_server()
+    async with ProjectorClient(str(server.make_url(""))) as client:
+        yield client
+    await server.close()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
 from unittest import mock
@@ -129,15 +129,6 @@ async def test_a_snapshot_that_failed_to_go_out_is_sent_next_time(projector: fau
         assert await agents.publish_snapshots() == 0
         assert await agents.publish_snapshots() == 1
     assert send.await_count == 2
-
-
-@pytest.fixture
-async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
-    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
-    await server.start_server()
-    async with ProjectorClient(str(server.make_url(""))) as client:
-        yield client
-    await server.close()
 
 
 async def test_usage_view_answers_balances_once_rebuilt(client: ProjectorClient) -> None:

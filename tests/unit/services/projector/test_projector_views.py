@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import cast
-
 import aiohttp
 import faust
 import pytest
-from aiohttp.test_utils import TestServer
-from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from qm.v1 import events_pb2, job_service_pb2, types_pb2
 
 from libs.events import encode
@@ -25,15 +20,6 @@ from tests.unit.libs.readmodels.readmodel_builders import (
     spec,
     submitted,
 )
-
-
-@pytest.fixture
-async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
-    server = TestServer(cast(AiohttpWeb, projector.web).web_app)
-    await server.start_server()
-    async with ProjectorClient(str(server.make_url(""))) as client:
-        yield client
-    await server.close()
 
 
 async def feed(agent: faust.types.AgentT[bytes], *envs: events_pb2.Envelope) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from string import ascii_lowercase
 
 import pytest
 
@@ -21,7 +22,7 @@ from libs.core import (
     UsageSnapshot,
 )
 from libs.core.baselines import FifoPolicy
-from tests.builders import job, node
+from tests.builders import decided, job, node
 
 
 @dataclass
@@ -34,33 +35,26 @@ class Case:
 
 NODES: list[Input] = [NodeJoined(0, node("n2")), NodeJoined(0, node("n1"))]
 
+
+def arrivals(*gpus: int) -> list[Input]:
+    """Jobs a, b, c... of these sizes, one a second from t=1."""
+    return [JobArrived(i + 1, ascii_lowercase[i], job(n)) for i, n in enumerate(gpus)]
+
+
 CASES = [
     Case(
         "first fit: the lowest node id, the lowest GPU indices",
-        [*NODES, JobArrived(1, "a", job(3)), JobArrived(2, "b", job(6))],
+        [*NODES, *arrivals(3, 6)],
         placed=[("a", "n1", (0, 1, 2)), ("b", "n2", (0, 1, 2, 3, 4, 5))],
     ),
     Case(
         "no backfill: a small job waits behind a head that does not fit",
-        [
-            *NODES,
-            JobArrived(1, "a", job(6)),
-            JobArrived(2, "b", job(8)),
-            JobArrived(3, "c", job(8)),
-            JobArrived(4, "d", job(1)),
-        ],
+        [*NODES, *arrivals(6, 8, 8, 1)],
         placed=[("a", "n1", (0, 1, 2, 3, 4, 5)), ("b", "n2", tuple(range(8)))],
     ),
     Case(
         "the head starts when a task ends, then those behind it in order",
-        [
-            *NODES,
-            JobArrived(1, "a", job(8)),
-            JobArrived(2, "b", job(8)),
-            JobArrived(3, "c", job(8)),
-            JobArrived(4, "d", job(1)),
-            TaskEnded(5, "a", "a/0.0", "n1"),
-        ],
+        [*NODES, *arrivals(8, 8, 8, 1), TaskEnded(5, "a", "a/0.0", "n1")],
         placed=[
             ("a", "n1", tuple(range(8))),
             ("b", "n2", tuple(range(8))),
@@ -81,8 +75,7 @@ CASES = [
         "cancelling a waiting job withdraws it; a running one is stopped",
         [
             NodeJoined(0, node("n1")),
-            JobArrived(1, "a", job(8)),
-            JobArrived(2, "b", job(8)),
+            *arrivals(8, 8),
             CancelRequested(3, "b"),
             CancelRequested(4, "a"),
         ],
@@ -108,8 +101,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_fifo(case: Case) -> None:
-    policy = FifoPolicy()
-    decisions = [d for event in case.inputs for d in policy.handle(event)]
+    decisions = decided(FifoPolicy(), case.inputs)
     placed = [(d.job_id, d.node_id, d.gpu_indices) for d in decisions if isinstance(d, Place)]
     assert placed == case.placed
     others = [d for d in decisions if isinstance(d, Cancel | Stop)]

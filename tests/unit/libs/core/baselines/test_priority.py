@@ -19,7 +19,7 @@ from libs.core import (
     TaskEnded,
 )
 from libs.core.baselines import Level, PriorityPolicy, level_of
-from tests.builders import job, node
+from tests.builders import decided, job, node
 
 # team-a is entitled to half of 16 GPUs: a cap of 8 guaranteed GPUs; team-b likewise.
 SETUP: list[Input] = [
@@ -33,7 +33,7 @@ LOW, HIGH, URGENT = -1, 1, 2
 
 
 def run(policy: PriorityPolicy, *inputs: Input) -> list[Decision]:
-    return [d for event in (*SETUP, *inputs) for d in policy.handle(event)]
+    return decided(policy, [*SETUP, *inputs])
 
 
 def places(decisions: list[Decision]) -> list[tuple[str, str]]:
@@ -51,29 +51,34 @@ def test_priorities_map_to_four_levels(priority: int, level: Level) -> None:
     assert level_of(priority) is level
 
 
-def test_the_higher_level_gets_freed_gpus_first_whatever_the_arrival_order() -> None:
-    policy = PriorityPolicy()
-    decisions = run(
-        policy,
-        JobArrived(1, "fill1", job(8, priority=URGENT)),
-        JobArrived(1, "fill2", job(8, allocation="team-b", priority=URGENT)),
-        JobArrived(2, "low", job(8, priority=LOW)),
-        JobArrived(3, "high", job(8, priority=HIGH)),
-        TaskEnded(4, "fill1", "fill1/0.0", "n1"),
-    )
-    assert places(decisions) == [("fill1", "n1"), ("fill2", "n2"), ("high", "n1")]
-
-
-def test_smaller_lower_work_backfills_around_a_big_job_that_waits() -> None:
-    policy = PriorityPolicy()
-    decisions = run(
-        policy,
-        JobArrived(1, "a", job(6, priority=URGENT)),
-        JobArrived(1, "b", job(6, allocation="team-b", priority=URGENT)),
-        JobArrived(2, "big", job(8, priority=URGENT)),
-        JobArrived(3, "small", job(2, allocation="team-b", priority=LOW)),
-    )
-    assert places(decisions) == [("a", "n1"), ("b", "n2"), ("small", "n1")]
+@pytest.mark.parametrize(
+    ("inputs", "placed"),
+    [
+        pytest.param(
+            [
+                JobArrived(1, "fill1", job(8, priority=URGENT)),
+                JobArrived(1, "fill2", job(8, allocation="team-b", priority=URGENT)),
+                JobArrived(2, "low", job(8, priority=LOW)),
+                JobArrived(3, "high", job(8, priority=HIGH)),
+                TaskEnded(4, "fill1", "fill1/0.0", "n1"),
+            ],
+            [("fill1", "n1"), ("fill2", "n2"), ("high", "n1")],
+            id="the higher level gets freed GPUs first, whatever the arrival order",
+        ),
+        pytest.param(
+            [
+                JobArrived(1, "a", job(6, priority=URGENT)),
+                JobArrived(1, "b", job(6, allocation="team-b", priority=URGENT)),
+                JobArrived(2, "big", job(8, priority=URGENT)),
+                JobArrived(3, "small", job(2, allocation="team-b", priority=LOW)),
+            ],
+            [("a", "n1"), ("b", "n2"), ("small", "n1")],
+            id="smaller lower work backfills around a big job that waits",
+        ),
+    ],
+)
+def test_placement_order(inputs: list[Input], placed: list[tuple[str, str]]) -> None:
+    assert places(run(PriorityPolicy(), *inputs)) == placed
 
 
 def test_work_beyond_the_team_cap_is_backfill_that_higher_levels_preempt() -> None:
