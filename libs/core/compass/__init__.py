@@ -2,14 +2,18 @@
 
 GPU memory is a model cache; a workflow (a DAG of model-serving tasks) is
 planned HEFT-style on arrival, with model loads, cache hits and transfers in
-the estimate, and adjusted as it runs. ``workflow`` checks the DAG,
-``planner`` plans (Compass and its baselines), ``serving`` runs plans inside
-the scheduler, ``worker`` and ``cache`` are one GPU's queue and model cache as
-the node agent and the simulators keep them.
+the estimate, and adjusted as it runs. ``workflow`` checks the DAG;
+``planner`` plans (Compass and its baselines), playing each GPU's backlog
+forward (``timeline``) and choosing each task's GPU (``choice``); ``scheduler``
+runs plans inside the core, over the GPUs its ``pool`` holds from batch work
+(``gpu``, ``flow`` and ``backlog`` are what it keeps of GPUs, workflows and
+queues); ``worker`` and ``cache`` are one GPU's queue and model cache as the
+node agent and the simulators keep them.
 """
 
 from libs.core.compass.cache import evict_for
-from libs.core.compass.planner import Assignment, GpuState, PlanMode, Planner
+from libs.core.compass.planner import Assignment, PlanMode, Planner
+from libs.core.compass.timeline import GpuState
 from libs.core.compass.worker import Eviction, GpuWorker, Queued, Start
 from libs.core.compass.workflow import (
     Costs,

@@ -1,13 +1,20 @@
-"""Look-ahead eviction: which resident models make room for a new one.
+"""A GPU's model cache: which resident models make room for a new one, and what
+the planner expects a cache to cost.
 
-First models no queued task needs, then those needed furthest ahead; never
-the model the running task uses. Pure: the caller says what is resident and
-when each model is next needed.
+Look-ahead eviction (``evict_for``): first models no queued task needs, then
+those needed furthest ahead; never the model the running task uses. The
+planner's picture of a cache is the node agent's least recently used order:
+a model used becomes the most recent (``use``), loading one costs its size
+over the host-to-GPU bandwidth (``load_ms``), and making room costs reloading
+what it evicts later (``penalty_ms``). Pure: the caller says what is resident
+and when each model is next needed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from libs.core.compass.workflow import Costs, Task
 
 
 def evict_for(
@@ -44,3 +51,38 @@ def evict_for(
         chosen.append(model)
         free += resident[model]
     return tuple(chosen) if free >= need_mb else None
+
+
+def use(cache: dict[str, float], model: str, size_mb: float, memory_mb: float) -> None:
+    """``model`` runs next with ``cache`` (least recently used first): it becomes
+    resident and most recently used, evicting the least recently used models to
+    make room."""
+    if not model:
+        return
+    if model in cache:
+        cache[model] = cache.pop(model)
+        return
+    victims = evict_for(size_mb, memory_mb, cache, {}, oldest_first=True)
+    if victims is None:
+        return
+    for victim in victims:
+        del cache[victim]
+    cache[model] = size_mb
+
+
+def load_ms(costs: Costs, task: Task, cache: Mapping[str, float]) -> float:
+    """What loading the task's model costs with ``cache``: 0 on a hit or without a model."""
+    if not task.model or task.model in cache:
+        return 0.0
+    return costs.load_ms(task.model_mb)
+
+
+def penalty_ms(costs: Costs, task: Task, cache: Mapping[str, float], memory_mb: float) -> float:
+    """What making room for the task's model costs later: reloading the models it
+    evicts (inf when it cannot fit)."""
+    if not task.model or task.model in cache:
+        return 0.0
+    victims = evict_for(task.model_mb, memory_mb, cache, {}, oldest_first=True)
+    if victims is None:
+        return float("inf")
+    return sum(costs.load_ms(cache[m]) for m in victims)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libs.core.compass.cache import evict_for
+from libs.core.ids import TaskId
 
 if TYPE_CHECKING:  # libs.core.decisions imports the compass package (via the model)
     from libs.core.decisions import ServingTask
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # libs.core.decisions imports the compass package (via the mo
 class Queued:
     """A dispatched task waiting for the GPU (``ready_ms``: its inputs have arrived)."""
 
-    task_id: str
+    task_id: TaskId
     serving: ServingTask
     ready_ms: float
     seq: int  # enqueue order
@@ -55,7 +56,7 @@ class Start:
     a model, and then ``load_ms`` is 0.
     """
 
-    task_id: str
+    task_id: TaskId
     serving: ServingTask
     ready_ms: float
     evicted: tuple[Eviction, ...]
@@ -113,10 +114,11 @@ class GpuWorker:
     # -- what drives it ------------------------------------------------------
 
     def enqueue(self, task_id: str, serving: ServingTask, ready_ms: float) -> bool:
-        """Queue a dispatched task; False (and nothing changes) if it is already here."""
+        """Queue a dispatched task (as the decision names it); False (and nothing
+        changes) if it is already here."""
         if self._has(task_id):
             return False
-        self._queue.append(Queued(task_id, serving, ready_ms, self._seq))
+        self._queue.append(Queued(TaskId(task_id), serving, ready_ms, self._seq))
         self._seq += 1
         return True
 

@@ -17,7 +17,8 @@ from libs.core.compass import (
     build_workflow,
     evict_for,
 )
-from libs.core.compass.planner import Input, Pending
+from libs.core.compass.planner import Input
+from libs.core.compass.timeline import Pending
 from libs.sim.workflows import PROFILES, load_profiles
 
 COSTS = Costs(host_to_gpu_mb_per_ms=10.171, node_to_node_mb_per_ms=12.583, gpu_memory_mb=14000)
@@ -62,6 +63,20 @@ def parse_workflow(
 
 def gpus(n: int, per_node: int = 1) -> list[GpuState]:
     return [GpuState(f"g{i}", f"n{i // per_node}", 0.0) for i in range(n)]
+
+
+def adjust(
+    planner: Planner,
+    task: Task,
+    planned: GpuState,
+    others: list[GpuState],
+    ready_ms: float,
+    **kw: Any,
+) -> str:
+    """The GPU ``planner.adjust`` chooses among timelines built afresh as of ``ready_ms``."""
+    own = planner.timeline(planned, ready_ms)
+    lines = [planner.timeline(gpu, ready_ms) for gpu in others]
+    return planner.adjust(task, own, lines, ready_ms, **kw).gpu_id
 
 
 @pytest.mark.shared_data
@@ -132,9 +147,9 @@ def test_adjust_moves_a_task_whose_gpu_is_backed_up() -> None:
     planner = Planner(COSTS)
     busy, idle = GpuState("busy", "n0", 5000.0), GpuState("idle", "n1", 0.0)
     marian = workflow.task("marian")
-    assert planner.adjust(marian, busy, [busy, idle], ready_ms=1000).gpu_id == "idle"
+    assert adjust(planner, marian, busy, [idle], ready_ms=1000) == "idle"
     soon = GpuState("soon", "n0", 1100.0)
-    assert planner.adjust(marian, soon, [soon, idle], ready_ms=1000).gpu_id == "soon"
+    assert adjust(planner, marian, soon, [idle], ready_ms=1000) == "soon"
 
 
 def test_eviction_looks_ahead_and_spares_the_running_model() -> None:
@@ -197,13 +212,12 @@ def test_insertion_keeps_planned_successors_on_time_and_jit_plans_nothing() -> N
     planned = GpuState("g2", "n2", 5000.0, {"NLI": 2140})
     # compass moves the task off its backed-up GPU, but not into g0's 10 ms gap:
     # it would delay the task planned there.
-    chosen = Planner(COSTS).adjust(task, planned, [reserved, idle, planned], ready_ms=0)
-    assert chosen is idle
+    assert adjust(Planner(COSTS), task, planned, [reserved, idle], ready_ms=0) == "g1"
     # With g1 gone, g0 after its reservation (510 ms) beats waiting 5000 ms.
-    assert Planner(COSTS).adjust(task, planned, [reserved, planned], ready_ms=0) is reserved
+    assert adjust(Planner(COSTS), task, planned, [reserved], ready_ms=0) == "g0"
     # jit plans nothing, so the reservation is not one: g0 is free now, first of equals.
     jit = Planner(COSTS, PlanMode.JIT)
-    assert jit.adjust(task, planned, [reserved, idle, planned], 0, threshold=0) is reserved
+    assert adjust(jit, task, planned, [reserved, idle], 0, threshold=0) == "g0"
     assert Planner(COSTS).wait_ms(reserved, 0) == 0 and Planner(COSTS).wait_ms(planned, 0) == 5000
 
 
@@ -213,8 +227,8 @@ def test_adjust_counts_the_transfer_from_the_parents() -> None:
     planned = GpuState("far", "n9", 9000.0)
     near, other = GpuState("near", "n1", 0.0), GpuState("a", "n0", 0.0)
     inputs = [Input("n1", 100.0), Input("n1", 100.0)]
-    chosen = Planner(COSTS).adjust(aggregate, planned, [other, near, planned], 100.0, inputs=inputs)
-    assert chosen is near  # no transfer there; "a" sorts first but needs one
+    chosen = adjust(Planner(COSTS), aggregate, planned, [other, near], 100.0, inputs=inputs)
+    assert chosen == "near"  # no transfer there; "a" sorts first but needs one
 
 
 def test_plans_are_deterministic_and_add_to_the_backlog() -> None:

@@ -29,7 +29,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.compass import Task, Workflow, build_workflow
-from libs.core.compass.scheduler import Serving
+from libs.core.compass.backlog import Backlogs
 from tests.builders import job
 
 GIB_80 = 80.0
@@ -317,14 +317,14 @@ def test_kept_timelines_decide_as_timelines_built_afresh_for_every_send(mode: st
 
     kept = decide_all()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Serving, "_kept_lines", lambda self, now_ms, *keys: {})
-        original = Serving._line
+        patch.setattr(Backlogs, "kept", lambda self, now_ms, *keys: {})
+        original = Backlogs.line
 
-        def afresh(self: Serving, gpu: Any, now_ms: float) -> Any:
+        def afresh(self: Backlogs, gpu: Any, now_ms: float) -> Any:
             self._lines.pop(gpu.key, None)
             return original(self, gpu, now_ms)
 
-        patch.setattr(Serving, "_line", afresh)
+        patch.setattr(Backlogs, "line", afresh)
         assert decide_all() == kept
     sent = [p for p in places(kept[-1][0]) if p.job_id == "w1"]
     assert len(sent) == 40

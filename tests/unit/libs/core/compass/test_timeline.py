@@ -11,13 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.core.compass import Costs, GpuState, PlanMode, Planner, Task, build_workflow
-from libs.core.compass import planner as planner_module
-from libs.core.compass.planner import Pending, Timeline
+from libs.core.compass.choice import Shortlist
+from libs.core.compass.timeline import Pending, Timeline
 
 Weigh = Callable[[str, float], float]
 
 COSTS = Costs(host_to_gpu_mb_per_ms=10.0, node_to_node_mb_per_ms=10.0, gpu_memory_mb=10_000)
-PLANNER = Planner(COSTS)
 MODELS = {"": 0.0, "a": 4000.0, "b": 5000.0, "c": 3000.0}
 NOW = 100.0
 
@@ -35,7 +34,7 @@ backlogs = st.lists(pendings, max_size=12)
 
 def timeline(backlog: list[Pending], free_at: float = NOW) -> Timeline:
     gpu = GpuState("g0", "n0", free_at, {"a": 4000.0}, backlog=tuple(backlog))
-    return Timeline(PLANNER, gpu, NOW, reserve=True)
+    return Timeline(COSTS, gpu, NOW, reserve=True)
 
 
 def played(line: Timeline) -> list[tuple[float, list[tuple[str, float]]]]:
@@ -166,7 +165,7 @@ def test_a_plan_chooses_as_weighing_every_gpu_fully_would(
     short = [dataclasses.replace(g) for g in cluster]
     plan = Planner(COSTS, mode).plan(workflow, short, NOW, job_id="j")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(planner_module._Shortlist, "weigh", weigh_all)
+        patch.setattr(Shortlist, "weigh", weigh_all)
         full = [dataclasses.replace(g) for g in cluster]
         assert Planner(COSTS, mode).plan(workflow, full, NOW, job_id="j") == plan
     assert [g.backlog for g in short] == [g.backlog for g in full]
