@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from libs.config.budget import tree_from_mapping
-from libs.core import JobSpec, NodeSpec
+from libs.core import JobSpec, NodeId, NodeSpec
 from libs.core.budget_tree import BudgetTree
 
 
@@ -13,7 +13,7 @@ def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw:
 
 
 def node(node_id: str, gpus: int = 8, gpu_type: str = "H100") -> NodeSpec:
-    return NodeSpec(node_id=node_id, gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))
+    return NodeSpec(node_id=NodeId(node_id), gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))
 
 
 def tree(**weights: float) -> BudgetTree:

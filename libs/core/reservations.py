@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from libs.core.capacity import Capacity
 from libs.core.contract import RunningJob
+from libs.core.ids import JobId, NodeId
 from libs.core.preemption import plan_preemption
 from libs.core.queues import Waiting
 from libs.core.running import RunningWork
@@ -28,12 +29,11 @@ RESERVATION_TIMEOUT_S = 600
 
 class Reservations:
     def __init__(self, state: State) -> None:
-        self.reserved: Table[str, tuple[str, float]] = state.table(
-            "reserved"
-        )  # node -> (job, since)
-        self.nominated: Table[str, tuple[str, ...]] = state.table("nominated")  # job -> its nodes
+        # Node -> (the job it is being freed for, since); job -> the nodes freed for it.
+        self.reserved: Table[NodeId, tuple[JobId, float]] = state.table("reserved")
+        self.nominated: Table[JobId, tuple[NodeId, ...]] = state.table("nominated")
         # The last plan that failed: ((job id, running work's version), when).
-        self._no_plan: Cell[tuple[tuple[str, int], float] | None] = state.cell("no_plan", None)
+        self._no_plan: Cell[tuple[tuple[JobId, int], float] | None] = state.cell("no_plan", None)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
@@ -77,16 +77,16 @@ class Reservations:
         self.nominated[job.job_id] = plan.node_ids
         return plan.victims
 
-    def blocked_for(self, job_id: str) -> set[str]:
+    def blocked_for(self, job_id: JobId) -> set[NodeId]:
         """The nodes reserved for other jobs."""
         return {node for node, (holder, _) in self.reserved.items() if holder != job_id}
 
-    def release(self, job_id: str) -> None:
+    def release(self, job_id: JobId) -> None:
         """The job no longer waits for its nodes (placed, cancelled, or given up on)."""
         for node in self.nominated.pop(job_id) or ():
             del self.reserved[node]
 
-    def release_node(self, node_id: str) -> None:
+    def release_node(self, node_id: NodeId) -> None:
         """The node is gone: the job it was reserved for plans again."""
         for held, (job_id, _) in sorted(self.reserved.items()):
             if held == node_id:

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
 from libs.core.decisions import StopCause
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
 from libs.core.queues import Waiting
 from libs.core.state import State, Table
 
-Tasks = dict[str, tuple[str, tuple[int, ...]]]  # task id -> (node id, GPU indices)
+Tasks = dict[TaskId, tuple[NodeId, tuple[int, ...]]]  # task id -> (node id, GPU indices)
 
 
 @dataclass(frozen=True)
 class Running:
-    job_id: str
+    job_id: JobId
     spec: JobSpec
     seq: int
     attempt: int
@@ -31,7 +32,7 @@ class Running:
     started_at: float | None = None
     idle: bool = False
     stopping: StopCause | None = None
-    ended: tuple[str, ...] = ()  # sorted
+    ended: tuple[TaskId, ...] = ()  # sorted
     lost: str = ""  # why its node was lost, when it was
 
     def but(self, **changes: object) -> Running:
@@ -63,10 +64,10 @@ class RunningWork:
 
     def __init__(self, config: PolicyConfig, state: State) -> None:
         self.config = config
-        self.jobs: Table[str, Running] = state.table("running", Running.fact)
+        self.jobs: Table[JobId, Running] = state.table("running", Running.fact)
         self._version = state.cell("running_version", 0)
         # Indexes over ``jobs`` (``derived`` rebuilds them):
-        self._on_node: dict[str, dict[str, None]] = {}  # node -> its jobs (an ordered set)
+        self._on_node: dict[NodeId, dict[JobId, None]] = {}  # node -> its jobs (an ordered set)
         self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
 
     @property
@@ -77,11 +78,11 @@ class RunningWork:
         """Running work, or how it ranks, changed: failed preemption plans are stale."""
         self._version.value += 1
 
-    def on_node(self, node_id: str) -> list[str]:
+    def on_node(self, node_id: NodeId) -> list[JobId]:
         """The jobs with a task on the node that has not ended."""
         return list(self._on_node.get(node_id, {}))
 
-    def held_on(self, node_id: str) -> set[int]:
+    def held_on(self, node_id: NodeId) -> set[int]:
         """The node's GPUs that running tasks hold."""
         return {
             gpu
@@ -102,21 +103,26 @@ class RunningWork:
         self.changed()
         return run
 
-    def update(self, job_id: str, *, task_id: str = "", **changes: object) -> None:
-        """Change a running job (when ``task_id``, only if that task is one of its)."""
+    def update(self, job_id: JobId, **changes: object) -> None:
         run = self.jobs.get(job_id)
-        if run is None or (task_id and task_id not in run.tasks):
-            return
-        self.jobs[job_id] = run.but(**changes)
-        self.changed()
+        if run is not None:
+            self.jobs[job_id] = run.but(**changes)
+            self.changed()
 
-    def started(self, job_id: str, task_id: str, at: float) -> None:
+    def started(self, job_id: JobId, task_id: TaskId, at: float) -> None:
         """A task started: the job's contract runs from its first task's start."""
         run = self.jobs.get(job_id)
         if run is not None and task_id in run.tasks and run.started_at is None:
             self.update(job_id, started_at=at)
 
-    def end(self, job_id: str, task_id: str, node_id: str) -> Running | None:
+    def idle(self, job_id: JobId, task_id: TaskId, idle: bool) -> None:
+        """A task's GPUs went idle, or busy again (a report that names no task counts
+        for the job; one that names a task not the job's is not believed)."""
+        run = self.jobs.get(job_id)
+        if run is not None and (not task_id or task_id in run.tasks):
+            self.update(job_id, idle=idle)
+
+    def end(self, job_id: JobId, task_id: TaskId, node_id: NodeId) -> Running | None:
         """A task ended: the job as it is now (gone from here once its last task ended),
         or None for a report not believed (about no such task, another node than the
         task's, or a task already over)."""
@@ -132,9 +138,9 @@ class RunningWork:
                 self.free_work_gpus -= run.spec.gpus
         return run
 
-    def preemptible_by_node(self) -> dict[str, list[RunningJob]]:
+    def preemptible_by_node(self) -> dict[NodeId, list[RunningJob]]:
         """The single-node jobs not already stopping, by node, as preemption sees them."""
-        by_node: dict[str, list[RunningJob]] = {}
+        by_node: dict[NodeId, list[RunningJob]] = {}
         for node_id, job_ids in self._on_node.items():
             for job_id in job_ids:
                 run = self.jobs[job_id]
@@ -157,7 +163,7 @@ class RunningWork:
 
     def derived(self) -> dict[str, object]:
         """The indexes (``DERIVED``) rebuilt from ``jobs`` alone."""
-        on_node: dict[str, dict[str, None]] = {}
+        on_node: dict[NodeId, dict[JobId, None]] = {}
         for job_id, run in self.jobs.items():
             for task_id, (node_id, _) in run.tasks.items():
                 if task_id not in run.ended:

@@ -48,7 +48,7 @@ from libs.core.decisions import (
     Wait,
 )
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
-from libs.core.ids import batch_task_id
+from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -84,7 +84,7 @@ class _Lender:
     """Serving's narrow view of the batch capacity (``serving.BatchGpus``): it takes
     free GPUs and gives them back, never on nodes reserved for a preempting job."""
 
-    def __init__(self, capacity: Capacity, reserved: Table[str, tuple[str, float]]) -> None:
+    def __init__(self, capacity: Capacity, reserved: Table[NodeId, tuple[JobId, float]]) -> None:
         self._capacity = capacity
         self._reserved = reserved
 
@@ -97,7 +97,7 @@ class _Lender:
         return self._capacity.total_free
 
     def node(self, node_id: str) -> NodeSpec | None:
-        return self._capacity.nodes.get(node_id)
+        return self._capacity.nodes.get(NodeId(node_id))
 
     def free_gpus(self) -> Iterator[GpuKey]:
         for node_id in self._capacity.nodes:
@@ -106,10 +106,10 @@ class _Lender:
                     yield node_id, index
 
     def take(self, key: GpuKey) -> None:
-        self._capacity.take(key[0], (key[1],))
+        self._capacity.take(NodeId(key[0]), (key[1],))
 
     def give(self, key: GpuKey) -> None:
-        self._capacity.give(key[0], (key[1],))
+        self._capacity.give(NodeId(key[0]), (key[1],))
 
 
 class Scheduler:
@@ -127,10 +127,10 @@ class Scheduler:
         self._charges = Charges(self.config, state, self._capacity)
         self._reservations = Reservations(state)
         self._liveness = Liveness(self.config, state)
-        self._reasons: Table[str, str] = state.table("reasons")  # the last Wait each job heard
-        self._seen: Table[str, None] = state.table("seen")  # every job id decided on
+        self._reasons: Table[JobId, str] = state.table("reasons")  # the last Wait each job heard
+        self._seen: Table[JobId, None] = state.table("seen")  # every job id decided on
         self._seq = state.cell("seq", 0)  # submission order
-        self._impossible: Table[str, None] = state.table("impossible")  # no node can ever hold
+        self._impossible: Table[JobId, None] = state.table("impossible")  # no node can ever hold
         # Workflows (DAGs of model-serving tasks) are planned by the serving core, in
         # tables of its own, on GPUs it borrows from this scheduler's capacity.
         lender = _Lender(self._capacity, self._reservations.reserved)
@@ -188,7 +188,7 @@ class Scheduler:
             case ModelEvicted():
                 self._serving.evicted(event.node_id, event.gpu_index, event.model)
             case TaskIdle():
-                self._running.update(event.job_id, idle=event.idle, task_id=event.task_id)
+                self._running.idle(event.job_id, event.task_id, event.idle)
             case CancelRequested():
                 served = self._serving.cancel(event.job_id, self._now_ms)
                 decisions += self._cancel(event.job_id) if served is None else served
@@ -219,7 +219,7 @@ class Scheduler:
     def _addressed(self, decision: Decision) -> Decision:
         """A placement names the agent incarnation it is for (see ``Place``)."""
         if isinstance(decision, Place):
-            incarnation = self._liveness.incarnations.get(decision.node_id, "")
+            incarnation = self._liveness.incarnations.get(NodeId(decision.node_id), "")
             if incarnation:
                 return replace(decision, node_incarnation=incarnation)
         return decision
@@ -236,7 +236,7 @@ class Scheduler:
         """The digest hashed afresh from every declared fact (for tests: slow)."""
         return self._state.recomputed()
 
-    def explain(self, job_id: str) -> Explanation | None:
+    def explain(self, job_id: JobId) -> Explanation | None:
         """Why a job waits (or where it runs), computed from the current state."""
         standing = self._charges.standings(self.now).get
         serving = self._serving.describe(job_id)
@@ -273,7 +273,7 @@ class Scheduler:
     def _now_ms(self) -> float:
         return self.now * 1000
 
-    def _dequeue(self, job_id: str) -> Waiting | None:
+    def _dequeue(self, job_id: JobId) -> Waiting | None:
         job = self._queues.remove(job_id)
         if job is not None:
             self._reasons.pop(job_id)
@@ -281,7 +281,7 @@ class Scheduler:
             self._reservations.release(job_id)
         return job
 
-    def _ended(self, job_id: str, task_id: str, node_id: str, at: float) -> list[Decision]:
+    def _ended(self, job_id: JobId, task_id: TaskId, node_id: NodeId, at: float) -> list[Decision]:
         """A task ended; a report from another node than the task's is not believed."""
         run = self._running.end(job_id, task_id, node_id)
         if run is None:
@@ -303,7 +303,7 @@ class Scheduler:
             return [Preempted(run.job_id, f"{what}; not resumable")]
         return [JobLost(run.job_id, f"{what}; not resumable")]
 
-    def _cancel(self, job_id: str) -> list[Decision]:
+    def _cancel(self, job_id: JobId) -> list[Decision]:
         if self._dequeue(job_id) is not None:
             return [Cancel(job_id, "cancelled before it started")]
         run = self._running.jobs.get(job_id)
@@ -349,7 +349,7 @@ class Scheduler:
             self._reservations.release_node(node_id)
         return decisions
 
-    def _lose_tasks(self, node_id: str, why: str) -> list[Decision]:
+    def _lose_tasks(self, node_id: NodeId, why: str) -> list[Decision]:
         """End every task on the node as lost; a gang's tasks elsewhere are stopped."""
         decisions: list[Decision] = []
         for job_id in self._running.on_node(node_id):

@@ -54,6 +54,7 @@ from libs.core.compass.workflow import (
     WorkflowError,
     build_workflow,
 )
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
@@ -184,7 +185,7 @@ def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
     types = sorted({gpu.type for gpu in inventory.gpus})
     memory = min((gpu.memory_bytes for gpu in inventory.gpus), default=0)
     return NodeSpec(
-        node_id=inventory.node_id,
+        node_id=NodeId(inventory.node_id),
         gpu_type="/".join(types),
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
         gpu_memory_gib=memory / GIB,
@@ -238,27 +239,27 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
             return NodeJoined(at, node_from_proto(r.inventory), r.incarnation, r.heartbeat_s)
         case "node_heartbeat":
             h = env.node_heartbeat
-            return NodeHeartbeat(at, h.node_id, h.incarnation)
+            return NodeHeartbeat(at, NodeId(h.node_id), h.incarnation)
         case "task_started":
             s = env.task_started
-            return TaskStarted(at, s.job_id, s.task_id, s.node_id)
+            return TaskStarted(at, JobId(s.job_id), TaskId(s.task_id), NodeId(s.node_id))
         case "task_finished":
             f = env.task_finished
-            return TaskEnded(at, f.job_id, f.task_id, f.node_id, f.exit_code)
+            return TaskEnded(at, JobId(f.job_id), TaskId(f.task_id), NodeId(f.node_id), f.exit_code)
         case "task_failed":
             g = env.task_failed
-            return TaskEnded(at, g.job_id, g.task_id, g.node_id, g.exit_code)
+            return TaskEnded(at, JobId(g.job_id), TaskId(g.task_id), NodeId(g.node_id), g.exit_code)
         case "task_idle":
             i = env.task_idle
-            return TaskIdle(at, i.job_id, i.task_id, i.idle)
+            return TaskIdle(at, JobId(i.job_id), TaskId(i.task_id), i.idle)
         case "model_loaded":
             m = env.model_loaded
-            return ModelLoaded(at, m.node_id, m.gpu_index, m.model, m.size_mb)
+            return ModelLoaded(at, NodeId(m.node_id), m.gpu_index, m.model, m.size_mb)
         case "model_evicted":
             e = env.model_evicted
-            return ModelEvicted(at, e.node_id, e.gpu_index, e.model)
+            return ModelEvicted(at, NodeId(e.node_id), e.gpu_index, e.model)
         case "job_cancel_requested":
-            return CancelRequested(at, env.job_cancel_requested.job_id)
+            return CancelRequested(at, JobId(env.job_cancel_requested.job_id))
         case "budget_changed":
             try:
                 return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
@@ -282,7 +283,7 @@ def _arrived(at: float, admitted: events_pb2.JobAdmitted) -> JobArrived | Reject
         given = spec_from_proto(admitted.spec, workflow_as_given=True)
         broken = [v for v in validate_job(given) if v.field.startswith("workflow")]
         return Reject(admitted.job_id, broken[0].field, "; ".join(str(v) for v in broken))
-    return JobArrived(at, admitted.job_id, spec)
+    return JobArrived(at, JobId(admitted.job_id), spec)
 
 
 def decision_payload(
