@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
+from libs.core import inputs
 from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.charges import Charges
 from libs.core.compass.scheduler import GpuKey, Serving
@@ -49,20 +50,6 @@ from libs.core.decisions import (
 )
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
-from libs.core.inputs import (
-    BudgetSet,
-    CancelRequested,
-    Input,
-    JobArrived,
-    ModelEvicted,
-    ModelLoaded,
-    NodeHeartbeat,
-    NodeJoined,
-    TaskEnded,
-    TaskIdle,
-    TaskStarted,
-    UsageSnapshot,
-)
 from libs.core.liveness import Liveness
 from libs.core.model import NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
@@ -138,19 +125,19 @@ class Scheduler:
 
     # -- the one entry point -------------------------------------------------
 
-    def handle(self, event: Input) -> list[Decision]:
+    def handle(self, event: inputs.Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
         decisions = self._handle(event)
         self._state.settle()  # hashes what the input changed, once per fact
         return decisions
 
-    def _handle(self, event: Input) -> list[Decision]:
+    def _handle(self, event: inputs.Input) -> list[Decision]:
         self._liveness.excuse_silence(event.at - self.now)
         self.now = max(self.now, event.at)
         decisions: list[Decision] = []
         match event:
-            case JobArrived():
+            case inputs.JobArrived():
                 if event.job_id in self._seen:  # a duplicate submission: already decided
                     return []
                 self._seen[event.job_id] = None
@@ -164,44 +151,44 @@ class Scheduler:
                     self._queues.push(
                         Waiting(event.job_id, event.spec, self._seq.value, 0, event.at)
                     )
-            case NodeJoined():
+            case inputs.NodeJoined():
                 if violations := validate_node(event.node):
                     return [Refused(event.node.node_id, joined(violations))]
                 decisions += self._register(event)
                 decisions += self._recheck_impossible()
-            case NodeHeartbeat():
+            case inputs.NodeHeartbeat():
                 self._liveness.heard(event.node_id, event.incarnation, self.now)
                 lost = self._expire_leases()
                 if not lost:
                     return []  # only time passed: the next tick's pass sees it
                 decisions += lost
-            case TaskStarted() if self._serving.owns(event.task_id, event.node_id):
+            case inputs.TaskStarted() if self._serving.owns(event.task_id, event.node_id):
                 self._serving.started(event.task_id, self._now_ms)
-            case TaskStarted():
+            case inputs.TaskStarted():
                 self._running.started(event.job_id, event.task_id, event.at)
-            case TaskEnded() if self._serving.owns(event.task_id, event.node_id):
+            case inputs.TaskEnded() if self._serving.owns(event.task_id, event.node_id):
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
-            case TaskEnded():
+            case inputs.TaskEnded():
                 decisions += self._ended(event.job_id, event.task_id, event.node_id, event.at)
-            case ModelLoaded():
+            case inputs.ModelLoaded():
                 self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
-            case ModelEvicted():
+            case inputs.ModelEvicted():
                 self._serving.evicted(event.node_id, event.gpu_index, event.model)
-            case TaskIdle():
+            case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
-            case CancelRequested():
+            case inputs.CancelRequested():
                 served = self._serving.cancel(event.job_id, self._now_ms)
                 decisions += self._cancel(event.job_id) if served is None else served
-            case BudgetSet():
+            case inputs.BudgetSet():
                 self._charges.set_tree(event.tree)
                 self._running.changed()  # ranks changed
-            case UsageSnapshot() if not all(math.isfinite(u) for _, u in event.usage):
+            case inputs.UsageSnapshot() if not all(math.isfinite(u) for _, u in event.usage):
                 return [Refused("usage snapshot", "charged GPU-seconds must be finite numbers")]
-            case UsageSnapshot():
+            case inputs.UsageSnapshot():
                 self._charges.snapshot(event.at, dict(event.usage), self._running.jobs.values())
         decisions += self._expire_leases()
-        fast = isinstance(event, JobArrived) and event.spec.work_class is WorkClass.DEBUG
-        budget_changed = isinstance(event, BudgetSet)
+        fast = isinstance(event, inputs.JobArrived) and event.spec.work_class is WorkClass.DEBUG
+        budget_changed = isinstance(event, inputs.BudgetSet)
         preempt = self._reservations.round_due(self.now, fast=fast, budget_changed=budget_changed)
         self._serving.release_idle(self._now_ms)
         # Workflows take freed GPUs before any batch tier: the fast path.
@@ -209,7 +196,7 @@ class Scheduler:
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
-        if isinstance(event, JobArrived) and event.job_id not in self._reasons:
+        if isinstance(event, inputs.JobArrived) and event.job_id not in self._reasons:
             # Every new job hears why it waits, even when the pass stopped early.
             waiting = self._queues.jobs.get(event.job_id)
             if waiting is not None:
@@ -321,7 +308,7 @@ class Scheduler:
 
     # -- liveness --------------------------------------------------------------
 
-    def _register(self, event: NodeJoined) -> list[Decision]:
+    def _register(self, event: inputs.NodeJoined) -> list[Decision]:
         """A node (re)registered. Another incarnation means its agent restarted and
         killed what it ran: those tasks are lost, and its GPUs come back free."""
         node = event.node
