@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from libs.config.budget import tree_from_mapping
-from libs.core import Decision, Input, JobSpec, NodeSpec
+from libs.core import Decision, Input, JobSpec, NodeId, NodeSpec
 from libs.core.budget_tree import BudgetTree
 from libs.sim.policy import Policy
 
@@ -16,7 +16,7 @@ def job(gpus: int = 1, *, allocation: str = "team-a", user: str = "alice", **kw:
 
 
 def node(node_id: str, gpus: int = 8, gpu_type: str = "H100") -> NodeSpec:
-    return NodeSpec(node_id=node_id, gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))
+    return NodeSpec(node_id=NodeId(node_id), gpu_type=gpu_type, gpu_indices=tuple(range(gpus)))
 
 
 def tree(**weights: float) -> BudgetTree:

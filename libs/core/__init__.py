@@ -28,6 +28,7 @@ from libs.core.decisions import (
     TaskLost,
     Wait,
 )
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -56,6 +57,7 @@ __all__ = [
     "Decision",
     "Input",
     "JobArrived",
+    "JobId",
     "JobLost",
     "JobSpec",
     "KnobDifference",
@@ -63,6 +65,7 @@ __all__ = [
     "ModelEvicted",
     "ModelLoaded",
     "NodeHeartbeat",
+    "NodeId",
     "NodeJoined",
     "NodeLost",
     "NodeSpec",
@@ -79,6 +82,7 @@ __all__ = [
     "Stop",
     "StopCause",
     "TaskEnded",
+    "TaskId",
     "TaskIdle",
     "TaskLost",
     "TaskStarted",

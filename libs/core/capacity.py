@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from libs.core.ids import NodeId
 from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
@@ -21,7 +22,7 @@ _NodeClass = tuple[str, float]  # (GPU type, GPU memory in GiB)
 
 @dataclass(frozen=True)
 class Fit:
-    tasks: tuple[tuple[str, tuple[int, ...]], ...]  # (node id, GPU indices) per node
+    tasks: tuple[tuple[NodeId, tuple[int, ...]], ...]  # (node id, GPU indices) per node
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,12 @@ class Capacity:
         state = state or State()
         # Declared state: the nodes and their free GPUs; every other field is an
         # index over them (``derived`` rebuilds them, tests compare).
-        self.nodes: Table[str, NodeSpec] = state.table("capacity.nodes")
-        self._free: Table[str, Free] = state.table("capacity.free")
+        self.nodes: Table[NodeId, NodeSpec] = state.table("capacity.nodes")
+        self._free: Table[NodeId, Free] = state.table("capacity.free")
         self._moves = state.cell("capacity.moves", 0)  # stamps Free.since
         # class -> free count -> nodes, in the order they got that count: taking
         # the first is O(1) and deterministic (the order follows the input).
-        self._by_class: dict[_NodeClass, dict[int, dict[str, None]]] = {}
+        self._by_class: dict[_NodeClass, dict[int, dict[NodeId, None]]] = {}
         self._class_size: dict[_NodeClass, int] = {}  # the most GPUs a node of the class has
         self._class_total: dict[_NodeClass, int] = {}
         self.total_gpus = 0
@@ -77,7 +78,7 @@ class Capacity:
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
         self._class_total[cls] = self._class_total.get(cls, 0) + node.gpu_count
 
-    def remove(self, node_id: str) -> None:
+    def remove(self, node_id: NodeId) -> None:
         """A node leaves (it was lost): its GPUs, free or not, are no longer counted."""
         node = self.nodes.get(node_id)
         if node is not None:
@@ -103,18 +104,18 @@ class Capacity:
         else:
             del self._class_size[cls], self._class_total[cls]
 
-    def free(self, node_id: str) -> tuple[int, ...]:
+    def free(self, node_id: NodeId) -> tuple[int, ...]:
         free = self._free.get(node_id)
         return () if free is None else free.gpus
 
-    def take(self, node_id: str, gpus: Collection[int]) -> None:
+    def take(self, node_id: NodeId, gpus: Collection[int]) -> None:
         self._unindex(node_id)
         before = self.free(node_id)
         after = tuple(g for g in before if g not in gpus)
         self.total_free -= len(before) - len(after)
         self._index(node_id, after)
 
-    def give(self, node_id: str, gpus: Collection[int]) -> None:
+    def give(self, node_id: NodeId, gpus: Collection[int]) -> None:
         node = self.nodes.get(node_id)
         if node is None:
             return
@@ -131,7 +132,7 @@ class Capacity:
             if (not spec.gpu_type or cls[0] == spec.gpu_type) and cls[1] >= spec.min_gpu_memory_gib
         )
 
-    def fit(self, spec: JobSpec, blocked: Collection[str] = ()) -> Fit | NoFit:
+    def fit(self, spec: JobSpec, blocked: Collection[NodeId] = ()) -> Fit | NoFit:
         classes = self.matching(spec)
         largest_node = max((self._class_size[c] for c in classes), default=0)
         if largest_node == 0:
@@ -143,7 +144,7 @@ class Capacity:
             if spec.gpus > total:
                 return NoFit(f"needs {describe(spec)}; the cluster has only {total} such GPUs")
             return self._fit_gang(spec, classes, largest_node, blocked)
-        best: tuple[int, str] | None = None
+        best: tuple[int, NodeId] | None = None
         largest_free = 0
         for cls in classes:
             for count, nodes in self._by_class[cls].items():
@@ -165,7 +166,7 @@ class Capacity:
         node_id = best[1]
         return Fit(((node_id, self.free(node_id)[: spec.gpus]),))
 
-    def shape(self, blocked: Collection[str] = ()) -> tuple[int, int, int]:
+    def shape(self, blocked: Collection[NodeId] = ()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
         leaving out ``blocked`` nodes."""
         largest = max(
@@ -188,7 +189,7 @@ class Capacity:
         return largest, node_size, whole
 
     def _fit_gang(
-        self, spec: JobSpec, classes: list[_NodeClass], node_size: int, blocked: Collection[str]
+        self, spec: JobSpec, classes: list[_NodeClass], node_size: int, blocked: Collection[NodeId]
     ) -> Fit | NoFit:
         whole = sorted(
             n
@@ -219,7 +220,7 @@ class Capacity:
 
     def derived(self) -> tuple[object, ...]:
         """The indexes rebuilt from the declared state alone (tests compare them)."""
-        by_class: dict[_NodeClass, dict[int, dict[str, None]]] = {}
+        by_class: dict[_NodeClass, dict[int, dict[NodeId, None]]] = {}
         sizes: dict[_NodeClass, int] = {}
         totals: dict[_NodeClass, int] = {}
         for node_id, free in sorted(self._free.items(), key=lambda item: item[1].since):
@@ -237,14 +238,14 @@ class Capacity:
         by_class = {cls: buckets for cls, buckets in self._by_class.items() if buckets}
         return by_class, self._class_size, self._class_total, self.total_gpus, self.total_free
 
-    def _index(self, node_id: str, free: tuple[int, ...]) -> None:
+    def _index(self, node_id: NodeId, free: tuple[int, ...]) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
         buckets.setdefault(len(free), {})[node_id] = None
         self._moves.value += 1
         self._free[node_id] = Free(free, self._moves.value)
 
-    def _unindex(self, node_id: str) -> None:
+    def _unindex(self, node_id: NodeId) -> None:
         node = self.nodes[node_id]
         buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
         count = len(self.free(node_id))

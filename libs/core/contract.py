@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
 
 
@@ -16,9 +17,9 @@ from libs.core.model import JobSpec, WorkClass
 class RunningJob:
     """What preemption needs to know about one running single-node job."""
 
-    job_id: str
+    job_id: JobId
     spec: JobSpec
-    node_id: str
+    node_id: NodeId
     gpus: int
     started_at: float | None  # None until its task reported started
     idle: bool

@@ -117,29 +117,30 @@ class Reject:
     reason: str  # every rule broken, for people
 
 
+class _AboutNoJob:
+    """A decision about no job. Every decision has a ``job_id`` (its record is
+    correlated by it); this one's is empty."""
+
+    @property
+    def job_id(self) -> str:
+        return ""
+
+
 @dataclass(frozen=True)
-class Refused:
+class Refused(_AboutNoJob):
     """An input about no job that the scheduler cannot act on; nothing changed."""
 
     subject: str  # what it was about: a node id, a budget tree
     reason: str
 
-    @property
-    def job_id(self) -> str:
-        return ""
-
 
 @dataclass(frozen=True)
-class NodeLost:
+class NodeLost(_AboutNoJob):
     """A node stopped heartbeating: its GPUs leave the pool until it registers again."""
 
     node_id: str
     incarnation: str
     reason: str
-
-    @property
-    def job_id(self) -> str:
-        return ""
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from libs.core.decisions import StopCause
 from libs.core.fairshare import Standing
+from libs.core.ids import JobId, NodeId
 from libs.core.queues import Waiting
 
 
 @dataclass(frozen=True)
 class Explanation:
-    job_id: str
+    job_id: JobId
     waiting: bool
     allocation: str
     standing: Standing | None
@@ -25,7 +26,7 @@ def explain_waiting(
     *,
     reason: str,
     ahead: int,
-    reserved: tuple[str, ...] | None,
+    reserved: tuple[NodeId, ...] | None,
 ) -> Explanation:
     spec = job.spec
     parts = [reason]
@@ -40,7 +41,7 @@ def explain_waiting(
 
 
 def explain_serving(
-    job_id: str, allocation: str, standing: Standing | None, what: str, waiting: bool
+    job_id: JobId, allocation: str, standing: Standing | None, what: str, waiting: bool
 ) -> Explanation:
     """A workflow: its plan and progress, or why no GPU has taken it yet."""
     text = f"{what}; {_standing_text(allocation, standing)}"
@@ -48,11 +49,11 @@ def explain_serving(
 
 
 def explain_running(
-    job_id: str,
+    job_id: JobId,
     allocation: str,
     standing: Standing | None,
     *,
-    nodes: list[str],
+    nodes: list[NodeId],
     protected_until: float | None,
     now: float,
     stopping: StopCause | None,

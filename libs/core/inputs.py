@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from libs.core.budget_tree import BudgetTree
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec, NodeSpec
 
 
 @dataclass(frozen=True)
 class JobArrived:
     at: float
-    job_id: str
+    job_id: JobId
     spec: JobSpec
 
 
@@ -37,7 +38,7 @@ class NodeJoined:
 @dataclass(frozen=True)
 class NodeHeartbeat:
     at: float
-    node_id: str
+    node_id: NodeId
     incarnation: str
 
 
@@ -46,17 +47,17 @@ class TaskStarted:
     """The contract's clock starts when the task really starts, not when placed."""
 
     at: float
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
 
 
 @dataclass(frozen=True)
 class TaskEnded:
     at: float
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
     exit_code: int = 0
 
 
@@ -65,8 +66,8 @@ class TaskIdle:
     """A task's GPUs went idle (``idle``) or busy again, as its node agent measured."""
 
     at: float
-    job_id: str
-    task_id: str
+    job_id: JobId
+    task_id: TaskId
     idle: bool
 
 
@@ -75,7 +76,7 @@ class ModelLoaded:
     """A node agent loaded a model into one GPU's memory (its model cache)."""
 
     at: float
-    node_id: str
+    node_id: NodeId
     gpu_index: int
     model: str
     size_mb: float
@@ -84,7 +85,7 @@ class ModelLoaded:
 @dataclass(frozen=True)
 class ModelEvicted:
     at: float
-    node_id: str
+    node_id: NodeId
     gpu_index: int
     model: str
 
@@ -92,7 +93,7 @@ class ModelEvicted:
 @dataclass(frozen=True)
 class CancelRequested:
     at: float
-    job_id: str
+    job_id: JobId
 
 
 @dataclass(frozen=True)

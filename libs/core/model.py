@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from libs.core.compass.workflow import Workflow
+from libs.core.ids import NodeId
 
 DEBUG_MAX_GPUS = 2
 DEBUG_MAX_MIN_RUNTIME_S = 15 * 60
@@ -63,7 +64,7 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    node_id: str
+    node_id: NodeId
     gpu_type: str
     gpu_indices: tuple[int, ...] = field(default=())
     gpu_memory_gib: float = 0.0

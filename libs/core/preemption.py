@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from libs.core.contract import RunningJob, may_preempt, victim_order
+from libs.core.ids import NodeId
 from libs.core.model import JobSpec
 
 _Cost = tuple[int, int, int, int]
@@ -19,14 +20,14 @@ _Cost = tuple[int, int, int, int]
 
 @dataclass(frozen=True)
 class Plan:
-    node_ids: tuple[str, ...]
+    node_ids: tuple[NodeId, ...]
     victims: tuple[RunningJob, ...]
 
 
 def plan_preemption(
     waiting: JobSpec,
-    candidate_nodes: Iterable[tuple[str, int, int]],
-    running_on: Mapping[str, Iterable[RunningJob]],
+    candidate_nodes: Iterable[tuple[NodeId, int, int]],
+    running_on: Mapping[NodeId, Iterable[RunningJob]],
     rank: dict[str, int],
     now: float,
 ) -> Plan | None:
@@ -37,7 +38,7 @@ def plan_preemption(
         return None
     if waiting.gpus > node_size:
         return _whole_nodes(waiting, nodes, node_size, running_on, rank, now)
-    best: tuple[_Cost, str, tuple[RunningJob, ...]] | None = None
+    best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
     for node_id, size, free in nodes:
         if size < waiting.gpus or free >= waiting.gpus:
             continue
@@ -62,14 +63,14 @@ def plan_preemption(
 
 def _whole_nodes(
     waiting: JobSpec,
-    nodes: list[tuple[str, int, int]],
+    nodes: list[tuple[NodeId, int, int]],
     node_size: int,
-    running_on: Mapping[str, Iterable[RunningJob]],
+    running_on: Mapping[NodeId, Iterable[RunningJob]],
     rank: dict[str, int],
     now: float,
 ) -> Plan | None:
     needed = -(-waiting.gpus // node_size)
-    options: list[tuple[_Cost, str, tuple[RunningJob, ...]]] = []
+    options: list[tuple[_Cost, NodeId, tuple[RunningJob, ...]]] = []
     for node_id, size, free in nodes:
         if size != node_size:
             continue

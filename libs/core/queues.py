@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from libs.core.ids import JobId
 from libs.core.model import JobSpec, WorkClass
 from libs.core.state import State, Table
 
@@ -21,14 +22,14 @@ TIERS = (WorkClass.DEBUG, WorkClass.ALLOCATED, WorkClass.UNALLOCATED)
 
 @dataclass(frozen=True)
 class Waiting:
-    job_id: str
+    job_id: JobId
     spec: JobSpec
     seq: int  # submission order; kept across requeues
     attempt: int  # 0 for the first placement; +1 per requeue
     since: float
 
     @property
-    def key(self) -> tuple[int, int, str]:
+    def key(self) -> tuple[int, int, JobId]:
         return (-self.spec.priority, self.seq, self.job_id)
 
     def fact(self) -> str:
@@ -40,10 +41,10 @@ class Queues:
     DERIVED = ("_lists",)
 
     def __init__(self, state: State | None = None) -> None:
-        self.jobs: Table[str, Waiting] = (state or State()).table("queues.jobs", Waiting.fact)
+        self.jobs: Table[JobId, Waiting] = (state or State()).table("queues.jobs", Waiting.fact)
         # An index over ``jobs`` (``derived`` rebuilds it):
         # tier -> allocation -> gpus -> sorted keys
-        self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {
+        self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]] = {
             tier: {} for tier in TIERS
         }
 
@@ -55,9 +56,9 @@ class Queues:
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
         bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
 
-    def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]]:
+    def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
         """The index rebuilt from ``jobs`` alone (tests compare it with the one kept)."""
-        lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]] = {
+        lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]] = {
             tier: {} for tier in TIERS
         }
         for job in self.jobs.values():
@@ -70,10 +71,10 @@ class Queues:
         return lists
 
     @property
-    def index(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, str]]]]]:
+    def index(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
         return self._lists
 
-    def remove(self, job_id: str) -> Waiting | None:
+    def remove(self, job_id: JobId) -> Waiting | None:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return None

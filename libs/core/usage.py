@@ -15,6 +15,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from libs.core.ids import TaskId
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -41,8 +43,8 @@ class WindowedUsage:
     def __init__(self, window_s: float, bucket_s: float = 3600.0) -> None:
         self.window_s = window_s
         self.bucket_s = bucket_s
-        self._running: dict[str, _Running] = {}
-        self._ended: set[str] = set()
+        self._running: dict[TaskId, _Running] = {}
+        self._ended: set[TaskId] = set()
         # bucket index -> allocation -> usage; totals hold the sum of the kept buckets.
         self._buckets: dict[int, dict[str, Usage]] = {}
         self._indices: list[int] = []  # heap of the kept bucket indices
@@ -51,7 +53,7 @@ class WindowedUsage:
 
     def start(
         self,
-        task_id: str,
+        task_id: TaskId,
         allocation: str,
         gpus: int,
         *,
@@ -63,7 +65,7 @@ class WindowedUsage:
         if task_id not in self._running and task_id not in self._ended:
             self._running[task_id] = _Running(allocation, gpus, allocated, at, price)
 
-    def end(self, task_id: str, at: float) -> None:
+    def end(self, task_id: TaskId, at: float) -> None:
         """Charge a task's whole run; a repeated end changes nothing."""
         run = self._running.pop(task_id, None)
         if run is None:

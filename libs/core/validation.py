@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from libs.core import limits as L
 from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
 from libs.core.decisions import Reject
+from libs.core.ids import JobId
 from libs.core.model import JobSpec, NodeSpec
 
 HOUR = 3600
@@ -64,7 +65,7 @@ def validate_job(
     return found
 
 
-def rejection(job_id: str, spec: JobSpec) -> Reject | None:
+def rejection(job_id: JobId, spec: JobSpec) -> Reject | None:
     """How every policy answers a job that breaks the protocol's rules; None: it is valid."""
     violations = validate_job(spec)
     if not 0 < len(job_id) <= L.MAX_NAME_CHARS:

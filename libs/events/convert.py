@@ -60,6 +60,7 @@ from libs.core.compass.workflow import (
     WorkflowError,
     build_workflow,
 )
+from libs.core.ids import JobId, NodeId
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
@@ -192,7 +193,7 @@ def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
     types = sorted({gpu.type for gpu in inventory.gpus})
     memory = min((gpu.memory_bytes for gpu in inventory.gpus), default=0)
     return NodeSpec(
-        node_id=inventory.node_id,
+        node_id=NodeId(inventory.node_id),
         gpu_type="/".join(types),
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
         gpu_memory_gib=memory / GIB,
@@ -252,7 +253,7 @@ def _arrived(at: float, admitted: events_pb2.JobAdmitted) -> JobArrived | Reject
         given = spec_from_proto(admitted.spec, workflow_as_given=True)
         broken = [v for v in validate_job(given) if v.field.startswith("workflow")]
         return Reject(admitted.job_id, broken[0].field, "; ".join(str(v) for v in broken))
-    return JobArrived(at, admitted.job_id, spec)
+    return JobArrived(at, JobId(admitted.job_id), spec)
 
 
 def decision_payload(

@@ -20,6 +20,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
 from libs.core.budget_tree import InvalidTree
+from libs.core.ids import TaskId
 from libs.core.usage import Usage, WindowedUsage
 from libs.events import event_type, new_envelope, occurred_at
 from libs.events.convert import node_from_proto, spec_from_proto, tree_from_proto
@@ -91,7 +92,7 @@ class ClusterUsage:
                 contract = self._jobs.get(started.job_id)
                 if contract is not None:
                     self._usage.start(
-                        started.task_id,
+                        TaskId(started.task_id),
                         contract.allocation,
                         contract.gpus,
                         allocated=contract.allocated,
@@ -102,9 +103,9 @@ class ClusterUsage:
                 node = node_from_proto(env.node_registered.inventory)
                 self._node_types[node.node_id] = node.gpu_type
             case "task_finished":
-                self._usage.end(env.task_finished.task_id, at)
+                self._usage.end(TaskId(env.task_finished.task_id), at)
             case "task_failed":
-                self._usage.end(env.task_failed.task_id, at)
+                self._usage.end(TaskId(env.task_failed.task_id), at)
             case "budget_changed":
                 # The budget service validates; a bad tree here keeps the last good one.
                 with contextlib.suppress(InvalidTree):
@@ -113,7 +114,7 @@ class ClusterUsage:
     def lost(self, gone: events_pb2.TaskLost, at: float) -> None:
         """Placement's word that a task ended with its node, which no agent will
         report: it is charged up to then."""
-        self._usage.end(gone.task_id, at)
+        self._usage.end(TaskId(gone.task_id), at)
 
     def usage(self) -> dict[str, Usage]:
         """Usage per allocation over the window ending at the clock, sorted by allocation."""

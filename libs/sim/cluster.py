@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libs.core.ids import NodeId
 from libs.core.model import NodeSpec
 
 
@@ -18,7 +19,7 @@ class ClusterSpec:
         width = len(str(max(self.nodes - 1, 0)))
         return tuple(
             NodeSpec(
-                node_id=f"node-{i:0{width}d}",
+                node_id=NodeId(f"node-{i:0{width}d}"),
                 gpu_type=self.gpu_type,
                 gpu_indices=tuple(range(self.gpus_per_node)),
                 gpu_memory_gib=self.gpu_memory_gib,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from libs.core.config import DAY
+from libs.core.ids import JobId
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -95,7 +96,7 @@ class Simulation:
         for job in self.workload.jobs:
             world.at(job.at, job, _ARRIVE)
         for at, job_id in self.workload.cancels:
-            world.at(at, CancelRequested(at, job_id), _CANCEL)
+            world.at(at, CancelRequested(at, JobId(job_id)), _CANCEL)
         world.at(self.start, _Snapshot(), _SNAPSHOT)
         world.at(self.start, Tick(self.start), _TICK)
         while (next_at := world.next_at()) is not None and next_at[0] <= self.end:
@@ -124,7 +125,7 @@ class Simulation:
         now = self.world.now
         if now - self._last_snapshot >= self.settings.snapshot_s:
             self._snapshot()
-        self._feed(JobArrived(now, sim.job_id, sim.spec))
+        self._feed(JobArrived(now, JobId(sim.job_id), sim.spec))
 
     def _snapshot(self) -> None:
         now = self._last_snapshot = self.world.now

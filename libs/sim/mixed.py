@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from libs.core.compass import Costs, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Cancel, Decision, Planned, Wait
+from libs.core.ids import JobId
 from libs.core.inputs import (
     BudgetSet,
     Input,
@@ -324,11 +325,11 @@ class MixedSimulation:
         match entry:
             case SimJob():
                 self.agents.arrive(entry)
-                cluster.feed(JobArrived(now, entry.job_id, entry.spec))
+                cluster.feed(JobArrived(now, JobId(entry.job_id), entry.spec))
             case _Flow(job_id=job_id, workflow=flow):
                 self.flows[job_id] = (self.world.now, flow)
                 spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
-                cluster.feed(JobArrived(now, job_id, spec))
+                cluster.feed(JobArrived(now, JobId(job_id), spec))
             case Completion() | StopEnd() | EndTask():
                 self.agents.handle(entry)
             case _Every(kind="snapshot"):

@@ -30,6 +30,7 @@ from libs.core.compass import Costs, PlanMode, Task, Workflow, WorkflowError, bu
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, Wait
+from libs.core.ids import JobId, NodeId
 from libs.core.inputs import Input, JobArrived, NodeJoined
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
@@ -151,7 +152,7 @@ class ServingCluster:
 
     def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
         gib = memory_mb / MB_PER_GIB  # the serving core reads memory in GiB
-        node = NodeSpec(node_id, GPU_TYPE, gpu_indices, gib)
+        node = NodeSpec(NodeId(node_id), GPU_TYPE, gpu_indices, gib)
         self.feed(NodeJoined(self.world.now_s, node))
         self.world.join(node)
 
@@ -259,7 +260,7 @@ def simulate(
         flow_of[job_id] = flow
         arrived[job_id] = at
         spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow)
-        world.at(at, JobArrived(at / 1000, job_id, spec))
+        world.at(at, JobArrived(at / 1000, JobId(job_id), spec))
     cluster.run()
     finished = world.done
     if len(finished) != len(times):

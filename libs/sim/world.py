@@ -37,6 +37,7 @@ from libs.core.compass import GpuWorker
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.compass.worker import Start
 from libs.core.decisions import Place
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.inputs import (
     Input,
     ModelEvicted,
@@ -60,9 +61,9 @@ class SimulationError(RuntimeError):
 class Task:
     """A placed task, holding its GPUs (batch) or queued on one (serving)."""
 
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
     gpus: tuple[int, ...]
     spec: JobSpec
     serving: bool
@@ -237,7 +238,8 @@ class World:
             if worker is not None:
                 for eviction in worker.evict_all(f"GPU taken by batch job {place.job_id}"):
                     self.evicted_by_batch += 1
-                    self.report(ModelEvicted(self.now_s, place.node_id, index, eviction.model))
+                    node_id = NodeId(place.node_id)
+                    self.report(ModelEvicted(self.now_s, node_id, index, eviction.model))
         task = self.tasks[place.task_id] = _task(place, serving=False)
         return task
 
@@ -325,7 +327,7 @@ class World:
         task = self.tasks[begun.task_id]
         name, transfer_ms = self._sent.pop(begun.task_id)
         self.served.append(Served(task, name, transfer_ms, now_ms, begun))
-        node_id, index = key
+        node_id, index = NodeId(key[0]), key[1]
         for eviction in begun.evicted:
             self.deliver(ModelEvicted(self.now_s, node_id, index, eviction.model))
         serving = begun.serving
@@ -349,7 +351,7 @@ class World:
             self._left[task.job_id] = left - 1
             if left == 1:
                 self.done[task.job_id] = self.now
-        self.deliver(TaskEnded(self.now_s, task.job_id, task_id, task.node_id))
+        self.deliver(TaskEnded(self.now_s, task.job_id, task.task_id, task.node_id))
         self._wake(key)
         if worker.idle and worker.queue:
             wake_at = worker.next_ready_ms(self._ms(self.now))
@@ -364,7 +366,8 @@ def usage_snapshot(usage: WindowedUsage, at: float, window_s: float) -> UsageSna
 
 
 def _task(place: Place, *, serving: bool) -> Task:
-    return Task(place.job_id, place.task_id, place.node_id, place.gpu_indices, place.spec, serving)
+    ids = JobId(place.job_id), TaskId(place.task_id), NodeId(place.node_id)
+    return Task(*ids, place.gpu_indices, place.spec, serving)
 
 
 def _started(task: Task, at_s: float) -> TaskStarted:

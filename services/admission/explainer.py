@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from qm.v1 import events_pb2
 
-from libs.core import PolicyConfig
+from libs.core import JobId, PolicyConfig
 from libs.core.explain import Explanation
 from libs.events.driver import PartitionSchedulers, step
 
@@ -24,4 +24,4 @@ class Explainer:
 
     def explain(self, job_id: str, cluster: str) -> Explanation | None:
         scheduler = self._schedulers.get(cluster)
-        return scheduler.explain(job_id) if scheduler is not None else None
+        return scheduler.explain(JobId(job_id)) if scheduler is not None else None

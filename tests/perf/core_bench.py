@@ -34,7 +34,9 @@ from libs.core import (
     Decision,
     Input,
     JobArrived,
+    JobId,
     JobSpec,
+    NodeId,
     NodeJoined,
     NodeSpec,
     Place,
@@ -125,7 +127,9 @@ class Workload:
         self.leaves = self.tree.leaves()
 
     def node(self, index: int) -> NodeSpec:
-        return NodeSpec(f"node-{index:05d}", "H100", tuple(range(self.params.gpus_per_node)), 80.0)
+        return NodeSpec(
+            NodeId(f"node-{index:05d}"), "H100", tuple(range(self.params.gpus_per_node)), 80.0
+        )
 
     def job(self, at: float) -> JobArrived:
         self.count += 1
@@ -144,7 +148,7 @@ class Workload:
             resumable=rng.random() < 0.5,
             priority=rng.randint(0, 3),
         )
-        return JobArrived(at, f"job-{self.count:06d}", spec)
+        return JobArrived(at, JobId(f"job-{self.count:06d}"), spec)
 
     def usage(self, at: float) -> UsageSnapshot:
         values = tuple((leaf, round(self.rng.uniform(0, 5e6), 1)) for leaf in self.leaves)

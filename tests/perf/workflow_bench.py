@@ -32,7 +32,16 @@ from datetime import UTC, datetime, timedelta
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import Decision, Input, JobArrived, JobSpec, Scheduler, TaskEnded, TaskStarted
+from libs.core import (
+    Decision,
+    Input,
+    JobArrived,
+    JobId,
+    JobSpec,
+    Scheduler,
+    TaskEnded,
+    TaskStarted,
+)
 from libs.core.compass import Costs, PlanMode, Task, build_workflow
 from libs.events import decode, encode, new_envelope
 from libs.events.convert import decision_payload, spec_to_proto
@@ -47,7 +56,7 @@ SHAPES = ("wide", "layered", "chain")
 MODELS = {"OPT": 5720, "marian": 800, "mt5": 2000, "NLI": 2140, "vit": 1700, "DETR": 1800}
 COSTS = Costs(host_to_gpu_mb_per_ms=10.171, node_to_node_mb_per_ms=12.583, gpu_memory_mb=14000)
 LAYER = 64
-JOB = "w-big"
+JOB = JobId("w-big")
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 CORE_TARGET_MS = 200.0
 FOLD_TARGET = 1000.0  # events per second

@@ -17,6 +17,7 @@ from pathlib import Path
 from qm.v1 import events_pb2
 
 from libs.core.budget_tree import BudgetTree
+from libs.core.ids import JobId
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -49,7 +50,7 @@ def read_envelopes(data: bytes) -> Iterator[events_pb2.Envelope]:
 
 
 def load_event_log(path: Path) -> RecordedLog:
-    arrivals: dict[str, JobArrived] = {}
+    arrivals: dict[JobId, JobArrived] = {}
     started: dict[str, float] = {}
     longest: dict[str, float] = {}
     cancels: list[tuple[float, str]] = []

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from libs.core import Decision, Input, PolicyConfig, Scheduler
+from libs.core import charges as charges_module
 from libs.core import fairshare as fairshare_module
-from libs.core import scheduler as scheduler_module
 from libs.core.budget_tree import BudgetTree
 
 REPO = Path(__file__).resolve().parents[4]
@@ -206,7 +206,7 @@ def _receive(pipe: IO[bytes]) -> object:
 
 def _serve(plant: str) -> None:
     if plant:
-        scheduler_module.leaf_order = PLANTS[plant]()  # type: ignore[attr-defined, assignment]
+        charges_module.leaf_order = PLANTS[plant]()  # type: ignore[attr-defined, assignment]
     while True:
         try:
             inputs = _receive(sys.stdin.buffer)

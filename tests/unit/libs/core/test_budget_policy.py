@@ -22,7 +22,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.fairshare import leaf_order
-from libs.core.scheduler import PREEMPTION_ROUND_S
+from libs.core.reservations import PREEMPTION_ROUND_S
 from tests.builders import job, node, tree
 
 HOUR = 3600.0

@@ -14,7 +14,7 @@ import math
 import pytest
 
 from libs.core import BudgetSet, Input, JobArrived, NodeJoined, Place, Scheduler, Wait
-from libs.core import scheduler as scheduler_module
+from libs.core import charges as charges_module
 from tests.builders import job, node, tree
 from tests.unit.libs.core.determinism import (
     MISSING,
@@ -52,7 +52,7 @@ def test_without_a_plant_the_ties_go_by_name_and_nothing_diverges(
 
 
 def test_the_checker_reports_a_tie_broken_at_random(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scheduler_module, "leaf_order", tie_broken_at_random(seed=2024))
+    monkeypatch.setattr(charges_module, "leaf_order", tie_broken_at_random(seed=2024))
     divergence = check_determinism(drive)
     assert divergence is not None
     # The arrivals only wait; the first node that joins places a different job.
@@ -66,7 +66,7 @@ def test_the_checker_reports_a_tie_broken_at_random(monkeypatch: pytest.MonkeyPa
 def test_the_checker_reports_a_tie_broken_by_hash_order_only_across_processes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(scheduler_module, "leaf_order", tie_broken_by_hash_order())
+    monkeypatch.setattr(charges_module, "leaf_order", tie_broken_by_hash_order())
     # In one process the hash order repeats: runs and replays agree.
     assert check_determinism(drive) is None
     # Processes with other hash seeds (fixed ones: the test is deterministic) do not.

@@ -17,11 +17,14 @@ import pytest
 
 from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, StopCause
 from libs.core.capacity import Capacity
+from libs.core.charges import Charges
 from libs.core.compass.backlog import Backlogs
 from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
+from libs.core.liveness import Liveness
 from libs.core.queues import Queues, Waiting
-from libs.core.scheduler import _Running
+from libs.core.reservations import Reservations
+from libs.core.running import Running, RunningWork
 from libs.core.state import Cell, State, Table
 from libs.events.convert import to_input
 from libs.events.logfile import read_log
@@ -35,13 +38,44 @@ CONFIG = {"config", "mode", "_costs", "_planner"}  # the policy's settings, and 
 NOT_STATE: dict[type, set[str]] = {
     # The input clock (the largest time in the log: every replay shares it), the
     # State itself, and the parts that are checked in turn.
-    Scheduler: CONFIG | {"now", "_state", "_capacity", "_queues", "_serving"},
+    Scheduler: CONFIG
+    | {
+        "now",
+        "_state",
+        "_capacity",
+        "_queues",
+        "_running",
+        "_charges",
+        "_reservations",
+        "_liveness",
+        "_serving",
+    },
     Capacity: set(),
     Queues: set(),
+    RunningWork: CONFIG,
+    Charges: CONFIG | {"_capacity"},  # its nodes price running work
+    Reservations: set(),
+    Liveness: CONFIG,
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
     Pool: {"config", "_batch"},  # the scheduler's capacity it borrows from
     Backlogs: {"_planner"},
 }
+
+
+def parts(scheduler: Scheduler) -> list[object]:
+    """The scheduler and the parts that declare its state."""
+    return [
+        scheduler,
+        scheduler._capacity,
+        scheduler._queues,
+        scheduler._running,
+        scheduler._charges,
+        scheduler._reservations,
+        scheduler._liveness,
+        scheduler._serving,
+        scheduler._serving.pool,
+        scheduler._serving._backlogs,
+    ]
 
 
 def undeclared(part: object) -> list[str]:
@@ -55,27 +89,14 @@ def undeclared(part: object) -> list[str]:
     )
 
 
-def parts(scheduler: Scheduler) -> list[object]:
-    """The scheduler and the parts that hold its declared state."""
-    serving = scheduler._serving
-    return [
-        scheduler,
-        scheduler._capacity,
-        scheduler._queues,
-        serving,
-        serving.pool,
-        serving._backlogs,
-    ]
-
-
 def check(scheduler: Scheduler) -> None:
     assert scheduler.digest() == scheduler.recomputed_digest()
-    derived = scheduler.derived()
-    assert {n: v for n, v in derived.items() if n != "_on_node"} == {
-        n: getattr(scheduler, n) for n in derived if n != "_on_node"
-    }
-    on_node = {n: list(jobs) for n, jobs in scheduler._on_node.items() if jobs}
+    running = scheduler._running
+    derived = running.derived()
+    assert derived["free_work_gpus"] == running.free_work_gpus
+    on_node = {n: list(jobs) for n, jobs in running._on_node.items() if jobs}
     assert on_node == {n: list(jobs) for n, jobs in derived["_on_node"].items()}  # type: ignore[attr-defined]
+    assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
     assert queues.derived() == queues.index
@@ -130,7 +151,8 @@ def test_every_attribute_is_declared_state_config_or_a_derived_cache() -> None:
     # Every derived cache is rebuilt (and so compared by ``check``); serving's kept
     # timelines (``Backlogs.DERIVED``) are held to rebuilt ones by
     # compass/test_scheduler.py instead.
-    assert set(scheduler.derived()) == set(Scheduler.DERIVED)
+    assert set(scheduler._running.derived()) == set(RunningWork.DERIVED)
+    assert set(scheduler._charges.derived()) == set(Charges.DERIVED)
     assert set(scheduler._serving.derived()) == set(Serving.DERIVED)
 
 
@@ -249,10 +271,10 @@ def test_writes_that_would_bypass_the_digest_are_refused() -> None:
     "value",
     [
         Waiting("j1", job(2), 7, 1, 30.0),
-        _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))}, 31.0, True, None, (), ""),
+        Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))}, 31.0, True, None, (), ""),
     ],
 )
-def test_a_hand_written_fact_names_every_field(value: Waiting | _Running) -> None:
+def test_a_hand_written_fact_names_every_field(value: Waiting | Running) -> None:
     """The facts written field by field (hot tables) change with any field but the key."""
     other = {str: "x", int: 99, float: 99.5, bool: False, tuple: ("x",), dict: {}}
     for f in dataclasses.fields(value):
@@ -270,7 +292,7 @@ def test_a_hand_written_fact_names_every_field(value: Waiting | _Running) -> Non
 
 
 def test_a_running_job_copied_with_changes_is_what_replace_gives() -> None:
-    run = _Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))})
+    run = Running("j1", job(2), 7, 1, 30.0, {"j1/1": ("n0", (0, 1))})
     changed = run.but(ended=("j1/1",), idle=True)
     assert changed == dataclasses.replace(run, ended=("j1/1",), idle=True) != run
     assert run.ended == () and not run.idle

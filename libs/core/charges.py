@@ -1,0 +1,114 @@
+"""What each allocation is charged, and so how allocations rank by fair share.
+
+An allocation's charge is its usage in the last ``UsageSnapshot`` (folded from
+the log by the projector), plus what its running allocated work used since,
+counted ``running_horizon_s`` ahead so that a pass's own placements weigh at once.
+GPU-seconds are priced by GPU type (``PolicyConfig.price``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from libs.core.budget_tree import BudgetTree
+from libs.core.capacity import Capacity
+from libs.core.config import PolicyConfig
+from libs.core.fairshare import Standing, leaf_order, standings
+from libs.core.running import Running
+from libs.core.state import Cell, State, Table
+
+
+class Snapshot(NamedTuple):
+    at: float
+    usage: dict[str, float]  # charged GPU-seconds per allocation; never changed in place
+
+
+class Charges:
+    DERIVED = ("_entitlements",)
+
+    def __init__(self, config: PolicyConfig, state: State, capacity: Capacity) -> None:
+        self.config = config
+        self._capacity = capacity  # its nodes' GPU types price running work
+        self._tree: Cell[BudgetTree | None] = state.cell("tree", None, _tree_fact)
+        self._snapshot = state.cell("usage", Snapshot(0.0, {}), _snapshot_fact)
+        # Per allocation: allocated running GPUs (priced), and the sum of gpus × max(placed,
+        # snapshot time): usage since the snapshot in O(allocations). Float sums depend
+        # on the order of the terms, so they are state, not a cache.
+        self._tally: Table[str, tuple[float, float]] = state.table("tally")
+        self._entitlements: dict[str, float] = {}  # of the tree (``derived`` rebuilds it)
+
+    def set_tree(self, tree: BudgetTree) -> None:
+        self._tree.value = tree
+        self._entitlements = tree.entitlements()
+
+    def snapshot(self, at: float, usage: dict[str, float], running: Iterable[Running]) -> None:
+        """A new usage snapshot holds what ran before it: count running work from it on."""
+        snapshot = self._snapshot.value = Snapshot(at, usage)
+        weighted_start = dict.fromkeys(self._tally, 0.0)
+        for run in running:
+            if run.spec.allocated:
+                start = max(run.placed_at, snapshot.at)
+                weighted_start[run.spec.allocation] += self._priced_gpus(run) * start
+        for allocation, weighted in weighted_start.items():
+            self._tally[allocation] = (self._tally[allocation][0], weighted)
+
+    def count(self, run: Running, sign: int) -> None:
+        """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
+        if not run.spec.allocated:
+            return
+        gpus = self._priced_gpus(run) * sign
+        allocation = run.spec.allocation
+        running, weighted_start = self._tally.get(allocation) or (0.0, 0.0)
+        start = max(run.placed_at, self._snapshot.value.at)
+        running, weighted_start = running + gpus, weighted_start + gpus * start
+        if abs(running) < 1e-9:  # float sums: nothing left runs
+            self._tally.pop(allocation)
+        else:
+            self._tally[allocation] = (running, weighted_start)
+
+    def rank(self, now: float) -> dict[str, int]:
+        """Each allocation's place in the fair-share order, 0 first."""
+        tree = self._tree.value
+        if tree is None:
+            return {}
+        return {leaf: i for i, leaf in enumerate(leaf_order(tree, self._usage(now)))}
+
+    def standings(self, now: float) -> dict[str, Standing]:
+        tree = self._tree.value
+        if tree is None:
+            return {}
+        return standings(tree, self._usage(now), self._entitlements)
+
+    def derived(self) -> dict[str, object]:
+        tree = self._tree.value
+        return {"_entitlements": {} if tree is None else tree.entitlements()}
+
+    def _usage(self, now: float) -> dict[str, float]:
+        """Charged usage per allocation: the last snapshot plus what ran since,
+        plus running work counted ``running_horizon_s`` ahead."""
+        usage = dict(self._snapshot.value.usage)
+        until = now + self.config.running_horizon_s
+        for allocation, (gpus, weighted_start) in self._tally.items():
+            accrued = gpus * until - weighted_start
+            usage[allocation] = usage.get(allocation, 0.0) + accrued
+        return usage
+
+    def _priced_gpus(self, run: Running) -> float:
+        nodes = self._capacity.nodes
+        return sum(
+            len(g) * self.config.price(nodes[n].gpu_type if n in nodes else "")
+            for n, g in run.tasks.values()
+        )
+
+
+def _snapshot_fact(snapshot: Snapshot) -> str:
+    return f"{snapshot.at}|{sorted(snapshot.usage.items())}"
+
+
+def _tree_fact(tree: BudgetTree | None) -> str:
+    if tree is None:
+        return ""
+    return "|".join(
+        f"{n.name}:{n.parent}:{n.weight}" for n in sorted(tree.nodes, key=lambda n: n.name)
+    )

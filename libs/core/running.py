@@ -1,0 +1,172 @@
+"""Running batch work: each job's tasks, the node and GPUs each holds, and how the
+job is being stopped, with an index of the jobs on each node.
+
+A job runs from its placement until its last task ends; a gang's tasks end one
+by one. ``version`` moves whenever running work changes, so a preemption plan
+that failed is not searched for again until something it looked at changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libs.core.config import PolicyConfig
+from libs.core.contract import RunningJob
+from libs.core.decisions import StopCause
+from libs.core.ids import JobId, NodeId, TaskId
+from libs.core.model import JobSpec
+from libs.core.queues import Waiting
+from libs.core.state import State, Table
+
+Tasks = dict[TaskId, tuple[NodeId, tuple[int, ...]]]  # task id -> (node id, GPU indices)
+
+
+@dataclass(frozen=True)
+class Running:
+    job_id: JobId
+    spec: JobSpec
+    seq: int
+    attempt: int
+    placed_at: float
+    tasks: Tasks  # kept as placed: ``ended`` says which are over
+    started_at: float | None = None
+    idle: bool = False
+    stopping: StopCause | None = None
+    ended: tuple[TaskId, ...] = ()  # sorted
+    lost: str = ""  # why its node was lost, when it was
+
+    def but(self, **changes: object) -> Running:
+        """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
+        on every task start and end), as the class has no ``__post_init__``."""
+        run = object.__new__(Running)
+        run.__dict__.update(self.__dict__, **changes)
+        return run
+
+    def fact(self) -> str:
+        """Every field, for the state digest (the job id is the table's key)."""
+        return (
+            f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
+            f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.spec.fact}"
+        )
+
+    def protect_s(self, config: PolicyConfig) -> float:
+        """How long its contract protects it from its start: its minimum runtime, capped."""
+        return min(self.spec.min_runtime_s, config.max_min_runtime_s)
+
+    def protected_until(self, config: PolicyConfig) -> float | None:
+        if not self.spec.allocated or self.started_at is None:
+            return None
+        return self.started_at + self.protect_s(config)
+
+
+class RunningWork:
+    DERIVED = ("_on_node", "free_work_gpus")
+
+    def __init__(self, config: PolicyConfig, state: State) -> None:
+        self.config = config
+        self.jobs: Table[JobId, Running] = state.table("running", Running.fact)
+        self._version = state.cell("running_version", 0)
+        # Indexes over ``jobs`` (``derived`` rebuilds them):
+        self._on_node: dict[NodeId, dict[JobId, None]] = {}  # node -> its jobs (an ordered set)
+        self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+
+    @property
+    def version(self) -> int:
+        return self._version.value
+
+    def changed(self) -> None:
+        """Running work, or how it ranks, changed: failed preemption plans are stale."""
+        self._version.value += 1
+
+    def on_node(self, node_id: NodeId) -> list[JobId]:
+        """The jobs with a task on the node that has not ended."""
+        return list(self._on_node.get(node_id, {}))
+
+    def held_on(self, node_id: NodeId) -> set[int]:
+        """The node's GPUs that running tasks hold."""
+        return {
+            gpu
+            for job_id in self._on_node.get(node_id, {})
+            for task_node, gpus in self.jobs[job_id].tasks.values()
+            if task_node == node_id
+            for gpu in gpus
+        }
+
+    def place(self, job: Waiting, tasks: Tasks, now: float) -> Running:
+        for node_id, _ in tasks.values():
+            self._on_node.setdefault(node_id, {})[job.job_id] = None
+        run = self.jobs[job.job_id] = Running(
+            job.job_id, job.spec, job.seq, job.attempt, now, tasks
+        )
+        if not job.spec.allocated:
+            self.free_work_gpus += job.spec.gpus
+        self.changed()
+        return run
+
+    def update(self, job_id: JobId, **changes: object) -> None:
+        run = self.jobs.get(job_id)
+        if run is not None:
+            self.jobs[job_id] = run.but(**changes)
+            self.changed()
+
+    def started(self, job_id: JobId, task_id: TaskId, at: float) -> None:
+        """A task started: the job's contract runs from its first task's start."""
+        run = self.jobs.get(job_id)
+        if run is not None and task_id in run.tasks and run.started_at is None:
+            self.update(job_id, started_at=at)
+
+    def idle(self, job_id: JobId, task_id: TaskId, idle: bool) -> None:
+        """A task's GPUs went idle, or busy again (a report that names no task counts
+        for the job; one that names a task not the job's is not believed)."""
+        run = self.jobs.get(job_id)
+        if run is not None and (not task_id or task_id in run.tasks):
+            self.update(job_id, idle=idle)
+
+    def end(self, job_id: JobId, task_id: TaskId, node_id: NodeId) -> Running | None:
+        """A task ended: the job as it is now (gone from here once its last task ended),
+        or None for a report not believed (about no such task, another node than the
+        task's, or a task already over)."""
+        run = self.jobs.get(job_id)
+        if run is None or run.tasks.get(task_id, ("",))[0] != node_id or task_id in run.ended:
+            return None
+        run = self.jobs[job_id] = run.but(ended=tuple(sorted((*run.ended, task_id))))
+        self.changed()
+        self._on_node.get(node_id, {}).pop(job_id, None)
+        if len(run.ended) == len(run.tasks):
+            del self.jobs[job_id]
+            if not run.spec.allocated:
+                self.free_work_gpus -= run.spec.gpus
+        return run
+
+    def preemptible_by_node(self) -> dict[NodeId, list[RunningJob]]:
+        """The single-node jobs not already stopping, by node, as preemption sees them."""
+        by_node: dict[NodeId, list[RunningJob]] = {}
+        for node_id, job_ids in self._on_node.items():
+            for job_id in job_ids:
+                run = self.jobs[job_id]
+                if run.stopping is not None or len(run.tasks) > 1:
+                    continue  # already going, or a gang (never preempted piecemeal)
+                [(task_node, gpus)] = run.tasks.values()
+                by_node.setdefault(node_id, []).append(
+                    RunningJob(
+                        job_id,
+                        run.spec,
+                        task_node,
+                        len(gpus),
+                        run.started_at,
+                        run.idle,
+                        run.seq,
+                        run.protect_s(self.config),
+                    )
+                )
+        return by_node
+
+    def derived(self) -> dict[str, object]:
+        """The indexes (``DERIVED``) rebuilt from ``jobs`` alone."""
+        on_node: dict[NodeId, dict[JobId, None]] = {}
+        for job_id, run in self.jobs.items():
+            for task_id, (node_id, _) in run.tasks.items():
+                if task_id not in run.ended:
+                    on_node.setdefault(node_id, {})[job_id] = None
+        free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
+        return {"_on_node": on_node, "free_work_gpus": free_work}
