@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
 
 
@@ -29,9 +30,9 @@ class Place:
     A workflow task carries ``serving``: it runs on the one GPU in ``gpu_indices``.
     """
 
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
     gpu_indices: tuple[int, ...]
     spec: JobSpec
     serving: ServingTask | None = None
@@ -43,7 +44,7 @@ class Place:
 @dataclass(frozen=True)
 class PlannedTask:
     name: str
-    node_id: str
+    node_id: NodeId
     gpu_index: int
     start_ms: float  # estimated, on the input clock (ms since the epoch)
     finish_ms: float
@@ -54,7 +55,7 @@ class PlannedTask:
 class Planned:
     """A workflow's plan on arrival: every task's GPU and estimated start."""
 
-    job_id: str
+    job_id: JobId
     mode: str
     tasks: tuple[PlannedTask, ...]
 
@@ -63,7 +64,7 @@ class Planned:
 class Wait:
     """The job cannot start now; ``reason`` is for the person who asks why."""
 
-    job_id: str
+    job_id: JobId
     reason: str
 
 
@@ -77,9 +78,9 @@ class StopCause(enum.Enum):
 class Stop:
     """Ask a node agent to stop a running task."""
 
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
     cause: StopCause
     reason: str
 
@@ -88,7 +89,7 @@ class Stop:
 class Cancel:
     """A job that never started is withdrawn."""
 
-    job_id: str
+    job_id: JobId
     reason: str
 
 
@@ -96,7 +97,7 @@ class Cancel:
 class Requeue:
     """A preempted resumable job waits again; it keeps its place by submission order."""
 
-    job_id: str
+    job_id: JobId
     reason: str
 
 
@@ -104,7 +105,7 @@ class Requeue:
 class Preempted:
     """A preempted job that is not resumable ends here."""
 
-    job_id: str
+    job_id: JobId
     reason: str
 
 
@@ -112,7 +113,7 @@ class Preempted:
 class Reject:
     """A job the scheduler cannot act on: it breaks a rule and never runs."""
 
-    job_id: str
+    job_id: JobId
     field: str  # the first field at fault
     reason: str  # every rule broken, for people
 
@@ -138,7 +139,7 @@ class Refused(_AboutNoJob):
 class NodeLost(_AboutNoJob):
     """A node stopped heartbeating: its GPUs leave the pool until it registers again."""
 
-    node_id: str
+    node_id: NodeId
     incarnation: str
     reason: str
 
@@ -147,9 +148,9 @@ class NodeLost(_AboutNoJob):
 class TaskLost:
     """A task ended with its node (lost, or its agent restarted); no agent reports it."""
 
-    job_id: str
-    task_id: str
-    node_id: str
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
     reason: str
 
 
@@ -157,7 +158,7 @@ class TaskLost:
 class JobLost:
     """A job that is not resumable lost a node it ran on: it ends here."""
 
-    job_id: str
+    job_id: JobId
     reason: str
 
 

@@ -83,8 +83,8 @@ class _Lender:
     def total_free(self) -> int:
         return self._capacity.total_free
 
-    def node(self, node_id: str) -> NodeSpec | None:
-        return self._capacity.nodes.get(NodeId(node_id))
+    def node(self, node_id: NodeId) -> NodeSpec | None:
+        return self._capacity.nodes.get(node_id)
 
     def free_gpus(self) -> Iterator[GpuKey]:
         for node_id in self._capacity.nodes:
@@ -93,10 +93,10 @@ class _Lender:
                     yield node_id, index
 
     def take(self, key: GpuKey) -> None:
-        self._capacity.take(NodeId(key[0]), (key[1],))
+        self._capacity.take(key[0], (key[1],))
 
     def give(self, key: GpuKey) -> None:
-        self._capacity.give(NodeId(key[0]), (key[1],))
+        self._capacity.give(key[0], (key[1],))
 
 
 class Scheduler:
@@ -206,7 +206,7 @@ class Scheduler:
     def _addressed(self, decision: Decision) -> Decision:
         """A placement names the agent incarnation it is for (see ``Place``)."""
         if isinstance(decision, Place):
-            incarnation = self._liveness.incarnations.get(NodeId(decision.node_id), "")
+            incarnation = self._liveness.incarnations.get(decision.node_id, "")
             if incarnation:
                 return replace(decision, node_incarnation=incarnation)
         return decision

@@ -72,7 +72,7 @@ def rejection(job_id: JobId, spec: JobSpec) -> Reject | None:
         violations.insert(0, Violation("job_id", f"must be 1 to {L.MAX_NAME_CHARS} characters"))
     if not violations:
         return None
-    return Reject(job_id[: L.MAX_NAME_CHARS], violations[0].field, joined(violations))
+    return Reject(JobId(job_id[: L.MAX_NAME_CHARS]), violations[0].field, joined(violations))
 
 
 def joined(violations: list[Violation]) -> str:

@@ -245,15 +245,16 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
 
 
 def _arrived(at: float, admitted: events_pb2.JobAdmitted) -> JobArrived | Reject:
+    job_id = JobId(admitted.job_id)
     size = admitted.spec.ByteSize()
     if size > MAX_SPEC_BYTES:
-        return Reject(admitted.job_id, "spec", f"is {size} bytes; at most {MAX_SPEC_BYTES}")
+        return Reject(job_id, "spec", f"is {size} bytes; at most {MAX_SPEC_BYTES}")
     spec = spec_from_proto(admitted.spec)
     if admitted.spec.HasField("workflow") and spec.workflow is None:
         given = spec_from_proto(admitted.spec, workflow_as_given=True)
         broken = [v for v in validate_job(given) if v.field.startswith("workflow")]
-        return Reject(admitted.job_id, broken[0].field, "; ".join(str(v) for v in broken))
-    return JobArrived(at, JobId(admitted.job_id), spec)
+        return Reject(job_id, broken[0].field, "; ".join(str(v) for v in broken))
+    return JobArrived(at, job_id, spec)
 
 
 def decision_payload(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from libs.core.baselines._inventory import Inventory, Placement
 from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Cancel, Decision, Place, Preempted, Requeue, Stop, StopCause, Wait
-from libs.core.ids import batch_task_id
+from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
 from libs.core.inputs import (
     BudgetSet,
     CancelRequested,
@@ -30,12 +30,12 @@ from libs.core.validation import rejection
 
 @dataclass
 class Running:
-    job_id: str
+    job_id: JobId
     spec: JobSpec
     seq: int  # submission order
     attempt: int
-    node_id: str  # its (first) node
-    tasks: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    node_id: NodeId  # its (first) node
+    tasks: dict[TaskId, tuple[NodeId, tuple[int, ...]]] = field(default_factory=dict)
     stopping: StopCause | None = None
     preemptible: bool = False
 
@@ -78,19 +78,19 @@ class BaselinePolicy(ABC):
     # --- what a subclass decides ---
 
     @abstractmethod
-    def _enqueue(self, job_id: str, spec: JobSpec) -> None:
+    def _enqueue(self, job_id: JobId, spec: JobSpec) -> None:
         """Add a new or requeued job to the waiting work."""
 
     @abstractmethod
-    def _dequeue(self, job_id: str) -> JobSpec | None:
+    def _dequeue(self, job_id: JobId) -> JobSpec | None:
         """Remove a waiting job; None if it is not waiting."""
 
     @abstractmethod
-    def _is_waiting(self, job_id: str) -> bool:
+    def _is_waiting(self, job_id: JobId) -> bool:
         """Whether the job is queued."""
 
     @abstractmethod
-    def _reason(self, job_id: str) -> str:
+    def _reason(self, job_id: JobId) -> str:
         """Why a queued job waits, for the person who asks."""
 
     @abstractmethod
@@ -111,7 +111,7 @@ class BaselinePolicy(ABC):
 
     # --- shared mechanics ---
 
-    def _start(self, job_id: str, spec: JobSpec, placement: Placement) -> list[Decision]:
+    def _start(self, job_id: JobId, spec: JobSpec, placement: Placement) -> list[Decision]:
         attempt = self._attempts.get(job_id, 0)
         job = Running(job_id, spec, self._seq[job_id], attempt, placement[0][0])
         decisions: list[Decision] = []
@@ -149,7 +149,7 @@ class BaselinePolicy(ABC):
             return [Requeue(job.job_id, "preempted; waits again in its old place")]
         return [Preempted(job.job_id, "preempted; not resumable")]
 
-    def _cancel(self, job_id: str) -> list[Decision]:
+    def _cancel(self, job_id: JobId) -> list[Decision]:
         if self._dequeue(job_id) is not None:
             return [Cancel(job_id, "cancelled before it started")]
         job = self.running.get(job_id)

@@ -7,18 +7,19 @@ free nodes, one placement per node.
 
 from __future__ import annotations
 
+from libs.core.ids import NodeId
 from libs.core.model import NodeSpec
 
-Placement = tuple[tuple[str, tuple[int, ...]], ...]  # (node id, GPU indices) per node
+Placement = tuple[tuple[NodeId, tuple[int, ...]], ...]  # (node id, GPU indices) per node
 
 
 class Inventory:
     def __init__(self) -> None:
-        self._nodes: dict[str, NodeSpec] = {}
-        self._order: list[str] = []  # node ids, sorted
-        self._size: dict[str, int] = {}
-        self._free: dict[str, list[int]] = {}  # sorted indices
-        self._held: dict[str, set[int]] = {}  # membership only, never iterated
+        self._nodes: dict[NodeId, NodeSpec] = {}
+        self._order: list[NodeId] = []  # node ids, sorted
+        self._size: dict[NodeId, int] = {}
+        self._free: dict[NodeId, list[int]] = {}  # sorted indices
+        self._held: dict[NodeId, set[int]] = {}  # membership only, never iterated
         self._largest_free: int | None = None  # cached until GPUs move
         self._largest_node: dict[str, int] = {}  # GPU type ("" any) -> cached until a join
 
@@ -26,14 +27,14 @@ class Inventory:
     def capacity(self) -> int:
         return sum(self._size.values())
 
-    def size(self, node_id: str) -> int:
+    def size(self, node_id: NodeId) -> int:
         return self._size.get(node_id, 0)
 
-    def gpu_type(self, node_id: str) -> str:
+    def gpu_type(self, node_id: NodeId) -> str:
         node = self._nodes.get(node_id)
         return node.gpu_type if node else ""
 
-    def free(self, node_id: str) -> int:
+    def free(self, node_id: NodeId) -> int:
         return len(self._free.get(node_id, ()))
 
     def join(self, node: NodeSpec) -> None:
@@ -47,13 +48,13 @@ class Inventory:
         self._largest_free = None
         self._largest_node = {}
 
-    def take(self, node_id: str, gpus: tuple[int, ...]) -> None:
+    def take(self, node_id: NodeId, gpus: tuple[int, ...]) -> None:
         taken = set(gpus)
         self._free[node_id] = [g for g in self._free[node_id] if g not in taken]
         self._held[node_id].update(gpus)
         self._largest_free = None
 
-    def release(self, node_id: str, gpus: tuple[int, ...]) -> None:
+    def release(self, node_id: NodeId, gpus: tuple[int, ...]) -> None:
         held = self._held.get(node_id, set())
         back = [g for g in gpus if g in held]
         held.difference_update(back)
@@ -84,7 +85,7 @@ class Inventory:
                 if len(free) >= gpus:
                     return ((node_id, tuple(free[:gpus])),)
             return None
-        chosen: list[tuple[str, tuple[int, ...]]] = []
+        chosen: list[tuple[NodeId, tuple[int, ...]]] = []
         remaining = gpus
         for node_id in nodes:
             free = self._free[node_id]
@@ -102,7 +103,7 @@ class Inventory:
             self._largest_node[gpu_type] = largest
         return largest
 
-    def _matching(self, gpu_type: str) -> list[str]:
+    def _matching(self, gpu_type: str) -> list[NodeId]:
         if not gpu_type:
             return self._order
         return [n for n in self._order if self._nodes[n].gpu_type == gpu_type]

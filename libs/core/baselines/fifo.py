@@ -13,6 +13,7 @@ from collections import deque
 
 from libs.core.baselines._baseline import BaselinePolicy
 from libs.core.decisions import Decision
+from libs.core.ids import JobId
 from libs.core.model import JobSpec
 
 POLICY = "fifo"
@@ -21,20 +22,20 @@ POLICY = "fifo"
 class FifoPolicy(BaselinePolicy):
     def __init__(self) -> None:
         super().__init__()
-        self._queue: deque[str] = deque()  # arrival order; cancelled ids are skipped lazily
-        self._waiting: dict[str, JobSpec] = {}
+        self._queue: deque[JobId] = deque()  # arrival order; cancelled ids are skipped lazily
+        self._waiting: dict[JobId, JobSpec] = {}
 
-    def _enqueue(self, job_id: str, spec: JobSpec) -> None:
+    def _enqueue(self, job_id: JobId, spec: JobSpec) -> None:
         self._waiting[job_id] = spec
         self._queue.append(job_id)
 
-    def _dequeue(self, job_id: str) -> JobSpec | None:
+    def _dequeue(self, job_id: JobId) -> JobSpec | None:
         return self._waiting.pop(job_id, None)
 
-    def _is_waiting(self, job_id: str) -> bool:
+    def _is_waiting(self, job_id: JobId) -> bool:
         return job_id in self._waiting
 
-    def _reason(self, job_id: str) -> str:
+    def _reason(self, job_id: JobId) -> str:
         spec = self._waiting[job_id]
         if not self.inventory.could_ever_fit(spec.gpus, spec.gpu_type):
             return f"needs {spec.gpus} GPUs; the registered nodes do not have that many"
@@ -62,7 +63,7 @@ class FifoPolicy(BaselinePolicy):
         # Jobs set aside as too big may fit now: rebuild the line in arrival order.
         self._queue = deque(sorted(self._waiting, key=self._seq.__getitem__))
 
-    def _head(self) -> str | None:
+    def _head(self) -> JobId | None:
         while self._queue and self._queue[0] not in self._waiting:
             self._queue.popleft()
         return self._queue[0] if self._queue else None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from libs.core.baselines._baseline import BaselinePolicy, Running
 from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Decision, StopCause
+from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec
 
 POLICY = "priority"
@@ -46,35 +47,35 @@ class _Waiting:
 class PriorityPolicy(BaselinePolicy):
     def __init__(self) -> None:
         super().__init__()
-        self._waiting: dict[str, _Waiting] = {}
-        self._levels: dict[str, int] = {}  # job -> level, for every job seen
+        self._waiting: dict[JobId, _Waiting] = {}
+        self._levels: dict[JobId, int] = {}  # job -> level, for every job seen
         # One heap per (GPU count, GPU type): only its head can be the next to start,
         # so a pass looks at a handful of heads, not the whole queue.
-        self._heaps: dict[tuple[int, str], list[tuple[int, int, str]]] = {}
+        self._heaps: dict[tuple[int, str], list[tuple[int, int, JobId]]] = {}
         self._shares: dict[str, float] = {}
         self._caps: dict[str, int] = {}
         self._guaranteed: dict[str, int] = {}  # team -> GPUs held by guaranteed work
-        self._victims_for: dict[str, tuple[str, ...]] = {}  # waiting job -> jobs it stops
+        self._victims_for: dict[JobId, tuple[JobId, ...]] = {}  # waiting job -> jobs it stops
         # Single-node backfill that is not stopping yet: the only possible victims.
-        self._backfill: dict[str, dict[str, Running]] = {}  # node -> job -> job
-        self._backfill_gpus: dict[str, list[int]] = {}  # node -> GPUs per level
+        self._backfill: dict[NodeId, dict[JobId, Running]] = {}  # node -> job -> job
+        self._backfill_gpus: dict[NodeId, list[int]] = {}  # node -> GPUs per level
         self._backfill_jobs = [0] * len(Level)  # per level, for a quick "any victim at all?"
 
-    def _enqueue(self, job_id: str, spec: JobSpec) -> None:
+    def _enqueue(self, job_id: JobId, spec: JobSpec) -> None:
         level = self._levels.setdefault(job_id, level_of(spec.priority))
         key = (-level, self._seq[job_id])
         self._waiting[job_id] = _Waiting(spec, key)
         heapq.heappush(self._heaps.setdefault((spec.gpus, spec.gpu_type), []), (*key, job_id))
 
-    def _dequeue(self, job_id: str) -> JobSpec | None:
+    def _dequeue(self, job_id: JobId) -> JobSpec | None:
         waiting = self._waiting.pop(job_id, None)  # its heap entry is dropped lazily
         self._victims_for.pop(job_id, None)
         return waiting.spec if waiting else None
 
-    def _is_waiting(self, job_id: str) -> bool:
+    def _is_waiting(self, job_id: JobId) -> bool:
         return job_id in self._waiting
 
-    def _reason(self, job_id: str) -> str:
+    def _reason(self, job_id: JobId) -> str:
         spec = self._waiting[job_id].spec
         level = Level(self._levels[job_id]).name
         return f"{level}: needs {spec.gpus} GPUs; waits for them behind higher or earlier work"
@@ -139,9 +140,9 @@ class PriorityPolicy(BaselinePolicy):
             decisions += self._preempt()
         return decisions
 
-    def _heads(self) -> list[str]:
+    def _heads(self) -> list[JobId]:
         """The first waiting job of each size, highest level and earliest first."""
-        heads: list[tuple[int, int, str]] = []
+        heads: list[tuple[int, int, JobId]] = []
         for heap in self._heaps.values():
             while heap and heap[0][2] not in self._waiting:
                 heapq.heappop(heap)
@@ -149,7 +150,7 @@ class PriorityPolicy(BaselinePolicy):
                 heads.append(heap[0])
         return [job_id for *_, job_id in sorted(heads)]
 
-    def _pop(self, job_id: str) -> None:
+    def _pop(self, job_id: JobId) -> None:
         spec = self._waiting.pop(job_id).spec
         heapq.heappop(self._heaps[(spec.gpus, spec.gpu_type)])
 
@@ -178,7 +179,7 @@ class PriorityPolicy(BaselinePolicy):
     def _victims(self, spec: JobSpec, level: int) -> list[Running]:
         """Backfill of lower levels on the node with the most free GPUs among those
         where stopping it makes room; lowest level first, then the newest."""
-        best: tuple[int, str] | None = None
+        best: tuple[int, NodeId] | None = None
         for node_id, below in self._backfill_gpus.items():
             if self.inventory.size(node_id) < spec.gpus:
                 continue

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 
 from libs.core.ids import NodeId, TaskId
 
-# (node id, GPU index). The node id stays a plain str here: the batch capacity
-# serving borrows from (``pool.BatchGpus``) names its GPUs with plain strs.
-GpuKey = tuple[str, int]
+# (node id, GPU index)
+GpuKey = tuple[NodeId, int]
 
 
 def node_of(key: GpuKey) -> NodeId:
     """The node the GPU is on."""
-    return NodeId(key[0])
+    return key[0]
 
 
 @dataclass

@@ -50,7 +50,7 @@ from libs.core.decisions import (
     TaskLost,
     Wait,
 )
-from libs.core.ids import JobId, TaskId, workflow_task_id
+from libs.core.ids import JobId, NodeId, TaskId, workflow_task_id
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
 
@@ -111,42 +111,40 @@ class Serving:
             gpu.memory_mb = node.gpu_memory_gib * MB_PER_GIB
             self._touch(gpu)
 
-    def owns(self, task_id: str, node_id: str) -> bool:
+    def owns(self, task_id: TaskId, node_id: NodeId) -> bool:
         """Whether the task is a workflow task sent to (or planned on) ``node_id``; a
         report from any other node is not believed."""
-        known = self._tasks.get(TaskId(task_id))
+        known = self._tasks.get(task_id)
         return known is not None and self._flows[known[0]].gpu[known[1].task_id][0] == node_id
 
-    def loaded(self, node_id: str, gpu_index: int, model: str, size_mb: float) -> None:
+    def loaded(self, node_id: NodeId, gpu_index: int, model: str, size_mb: float) -> None:
         gpu = self._gpus.get((node_id, gpu_index))
         if gpu is not None:
             gpu.resident[model] = size_mb
             self._touch(gpu)
 
-    def evicted(self, node_id: str, gpu_index: int, model: str) -> None:
+    def evicted(self, node_id: NodeId, gpu_index: int, model: str) -> None:
         gpu = self._gpus.get((node_id, gpu_index))
         if gpu is not None and gpu.resident.pop(model, None) is not None:
             self._touch(gpu)
 
-    def started(self, task_id: str, now_ms: float) -> None:
-        sent = TaskId(task_id)
-        job_id, task = self._tasks[sent]
+    def started(self, task_id: TaskId, now_ms: float) -> None:
+        job_id, task = self._tasks[task_id]
         gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
-        if sent in gpu.dispatched:
-            gpu.started[sent] = now_ms
+        if task_id in gpu.dispatched:
+            gpu.started[task_id] = now_ms
             if task.model in gpu.resident:  # most recently used now, as the agent's cache
                 gpu.resident[task.model] = gpu.resident.pop(task.model)
             self._touch(gpu)
 
-    def ended(self, task_id: str, exit_code: int, now_ms: float) -> list[Decision]:
+    def ended(self, task_id: TaskId, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow."""
-        sent = TaskId(task_id)
-        job_id, task = self._tasks.pop(sent)
-        self._backlogs.items.pop(sent)
+        job_id, task = self._tasks.pop(task_id)
+        self._backlogs.items.pop(task_id)
         flow = self._flows[job_id]
         gpu = self._gpus[flow.gpu[task.task_id]]
-        gpu.dispatched.pop(sent, None)
-        gpu.started.pop(sent, None)
+        gpu.dispatched.pop(task_id, None)
+        gpu.started.pop(task_id, None)
         self._touch(gpu, now_ms)
         flow.finish(task.task_id, now_ms)
         decisions: list[Decision] = []
@@ -164,8 +162,8 @@ class Serving:
 
     # -- decisions -----------------------------------------------------------
 
-    def arrive(self, job_id: str, spec: JobSpec, now_ms: float) -> list[Decision]:
-        self.waiting[JobId(job_id)] = spec
+    def arrive(self, job_id: JobId, spec: JobSpec, now_ms: float) -> list[Decision]:
+        self.waiting[job_id] = spec
         decisions = self.retry(now_ms)  # older workflows first
         if job_id in self.waiting:
             decisions.append(Wait(job_id, self.pool.why_waiting(spec)))
@@ -200,7 +198,7 @@ class Serving:
         for key in self.pool.release_idle(now_ms):
             self._touch(self._gpus[key])
 
-    def lose(self, node_id: str, why: str, now_ms: float) -> list[Decision]:
+    def lose(self, node_id: NodeId, why: str, now_ms: float) -> list[Decision]:
         """A node was lost, or its agent restarted: the tasks sent there are lost, and
         with them every workflow that sent or planned a task there (its other tasks
         under way are stopped); the node's GPUs leave the pool, their models gone."""
@@ -220,7 +218,7 @@ class Serving:
             self._touch(gpu)
         return decisions
 
-    def _lose_flow(self, flow: Flow, node_id: str, why: str, now_ms: float) -> list[Decision]:
+    def _lose_flow(self, flow: Flow, node_id: NodeId, why: str, now_ms: float) -> list[Decision]:
         self._abandon(flow, now_ms)
         decisions: list[Decision] = []
         for name in sorted(flow.in_flight):
@@ -243,9 +241,9 @@ class Serving:
             self._forget(flow)
         return decisions
 
-    def cancel(self, job_id: str, now_ms: float) -> list[Decision] | None:
+    def cancel(self, job_id: JobId, now_ms: float) -> list[Decision] | None:
         """Withdraw a workflow; None when the job is not a workflow this knows."""
-        job = JobId(job_id)
+        job = job_id
         if self.waiting.pop(job) is not None:
             return [Cancel(job, "cancelled before it started")]
         flow = self._flows.get(job)
@@ -264,24 +262,22 @@ class Serving:
             self._forget(flow)
         return decisions
 
-    def held_on(self, node_id: str) -> set[int]:
+    def held_on(self, node_id: NodeId) -> set[int]:
         return self.pool.held_on(node_id)
 
-    def allocation_of(self, job_id: str) -> str:
-        job = JobId(job_id)
-        spec = self.waiting.get(job)
+    def allocation_of(self, job_id: JobId) -> str:
+        spec = self.waiting.get(job_id)
         if spec is None:
-            spec = self._flows[job].spec
+            spec = self._flows[job_id].spec
         return spec.allocation
 
-    def describe(self, job_id: str) -> str | None:
+    def describe(self, job_id: JobId) -> str | None:
         """What a workflow is doing, for ``qm why``; None when it is not one."""
-        job = JobId(job_id)
-        spec = self.waiting.get(job)
+        spec = self.waiting.get(job_id)
         if spec is not None:
-            ahead = list(self.waiting).index(job)
+            ahead = list(self.waiting).index(job_id)
             return f"{self.pool.why_waiting(spec)}; {ahead} workflow(s) ahead of it"
-        flow = self._flows.get(job)
+        flow = self._flows.get(job_id)
         return None if flow is None else flow.describe(self.mode.value)
 
     # -- planning ------------------------------------------------------------
