@@ -10,6 +10,7 @@ nodes, as the projector lists them), plus Kafka and auth.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field
@@ -33,7 +34,7 @@ from services.admission.servicer import ClusterServicer, JobServicer
 from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
-from services.runtime import run_service
+from services.runtime import cancel_and_wait, run_service
 
 
 def _types(value: object) -> object:
@@ -84,6 +85,7 @@ async def serve() -> None:
     cluster = ClusterServicer(projector=projector, secret=secret)
     await producer.start()
     await follower.start()
+    sweeping = asyncio.create_task(jobs.sweep())
     try:
         await serve_until_cancelled(
             own.address,
@@ -97,6 +99,7 @@ async def serve() -> None:
             ],
         )
     finally:
+        await cancel_and_wait(sweeping)
         await follower.stop()
         await producer.stop()
         await projector.close()

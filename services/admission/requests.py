@@ -50,6 +50,7 @@ class RequestLog:
     def __init__(self, remember: int = REMEMBER) -> None:
         self._remember = remember
         self._jobs: OrderedDict[str, Claim] = OrderedDict()
+        self._undecided: dict[str, None] = {}  # job ids of claims without a decision, as read
         self._decided = asyncio.Event()
 
     def apply(self, env: events_pb2.Envelope) -> None:
@@ -61,6 +62,7 @@ class RequestLog:
                     self._keep(
                         submitted.job_id, Claim(env.event_id, submitted.spec, time.monotonic())
                     )
+                    self._undecided[submitted.job_id] = None
             case "job_admitted":
                 self._decide(env.job_admitted.job_id, Outcome(admitted=True))
             case "job_rejected":
@@ -71,6 +73,18 @@ class RequestLog:
     def claim(self, job_id: str) -> Claim | None:
         return self._jobs.get(job_id)
 
+    def undecided(self, older_than_s: float) -> list[tuple[str, Claim]]:
+        """The claims read more than ``older_than_s`` ago that nothing has decided yet,
+        oldest first."""
+        oldest = time.monotonic() - older_than_s
+        found = []
+        for job_id in self._undecided:  # in the order they were read
+            claim = self._jobs[job_id]
+            if claim.seen_at > oldest:
+                break
+            found.append((job_id, claim))
+        return found
+
     async def outcome(self, job_id: str) -> Outcome:
         """What the log says was decided for ``job_id``, once it says so."""
         while True:
@@ -80,17 +94,23 @@ class RequestLog:
             decided = self._decided
             await decided.wait()
 
+    def decided_here(self, job_id: str) -> None:
+        """This instance wrote the claim's decision: the log will say which."""
+        self._undecided.pop(job_id, None)
+
     def _decide(self, job_id: str, outcome: Outcome) -> None:
         claim = self._jobs.get(job_id)
         if claim is None:  # a rejection written without a claim (a spec too large to log)
             claim = self._keep(job_id, Claim("", types_pb2.JobSpec(), time.monotonic()))
         if claim.outcome is None:  # the first decision stands
             claim.outcome = outcome
+        self._undecided.pop(job_id, None)
         decided, self._decided = self._decided, asyncio.Event()
         decided.set()
 
     def _keep(self, job_id: str, claim: Claim) -> Claim:
         self._jobs[job_id] = claim
         if len(self._jobs) > self._remember:
-            self._jobs.popitem(last=False)
+            forgotten, _ = self._jobs.popitem(last=False)
+            self._undecided.pop(forgotten, None)
         return claim

@@ -47,6 +47,7 @@ LOG_TIMEOUT_S = 5.0
 # deciders would admit the job twice.
 DECIDE_WITHIN_S = 5.0
 TAKE_OVER_AFTER_S = 60.0
+SWEEP_EVERY_S = 10.0  # how often claims nobody decided are looked for
 # A submission answers within this, whatever it waits for: a client's deadline is 10 s.
 SUBMIT_WITHIN_S = 8.0
 
@@ -160,7 +161,16 @@ class JobServicer(js_grpc.JobServiceServicer):
         *,
         claimed: bool,
     ) -> js.SubmitJobResponse:
-        """Admit or reject the job; ``claimed``: its JobSubmitted is in the log already."""
+        """Admit or reject the job, and answer the caller so."""
+        if refusal := await self._judge(job_id, spec, claimed=claimed):
+            await context.abort(*refusal)
+        return js.SubmitJobResponse(job_id=job_id)
+
+    async def _judge(
+        self, job_id: str, spec: types_pb2.JobSpec, *, claimed: bool
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """Record the job admitted or rejected; the status and message of a rejection.
+        ``claimed``: its JobSubmitted is in the log already."""
         user = spec.user
         tree = await self._budget.tree()
         mine = tree.allocations_of(user)
@@ -169,7 +179,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         if not spec.allocation:
             message = _membership(user, "", mine)
             await self._reject(job_id, spec, "allocation", message)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
+            return grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}"
         # As submitted: a workflow's DAG is checked by validate_job, naming the task.
         submitted = spec_from_proto(spec, workflow_as_given=True)
         limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
@@ -178,11 +188,11 @@ class JobServicer(js_grpc.JobServiceServicer):
             message = _membership(user, spec.allocation, mine)
             denied = grpc.StatusCode.PERMISSION_DENIED
             await self._reject(job_id, spec, "allocation", message, status=denied)
-            await context.abort(denied, message)
+            return denied, message
         if violations:
             message = "; ".join(str(v) for v in violations)
             await self._reject(job_id, spec, violations[0].field, message)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}")
+            return grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}"
         decided: list[Message] = [events_pb2.JobAdmitted(job_id=job_id, spec=spec)]
         if not claimed:
             decided.insert(0, events_pb2.JobSubmitted(job_id=job_id, spec=spec))
@@ -195,7 +205,28 @@ class JobServicer(js_grpc.JobServiceServicer):
                 submitted_at=first.occurred_at,
             )
         )
-        return js.SubmitJobResponse(job_id=job_id)
+        return None
+
+    async def decide_abandoned(self) -> int:
+        """Decide the claims nobody decided within TAKE_OVER_AFTER_S (their request died
+        and its client did not retry): without this such a job would stay SUBMITTED.
+        Returns how many it decided."""
+        abandoned = self._requests.undecided(older_than_s=TAKE_OVER_AFTER_S)
+        for job_id, claim in abandoned:
+            log.warning("%s was claimed but not decided; deciding it here", job_id)
+            await self._judge(job_id, claim.spec, claimed=True)
+            self._requests.decided_here(job_id)  # not again while the log catches up
+        return len(abandoned)
+
+    async def sweep(self, every_s: float = SWEEP_EVERY_S) -> None:
+        """Run ``decide_abandoned`` every ``every_s`` until cancelled; a dependency that
+        is down only delays it (the claims wait for the next round)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.decide_abandoned()
+            except Unavailable as exc:
+                log.warning("abandoned claims wait: %s", exc)
 
     async def CancelJob(
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext

@@ -123,6 +123,35 @@ async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
         assert list(admitted.spec.command) == ["python", "-c", "print(1)"]  # what was claimed
 
 
+async def test_a_claim_nobody_decided_and_nobody_retries_is_decided_by_the_sweep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = memory_log()
+    async with servicer(log) as service:
+        dead, fresh = spec("r-dead"), spec("r-fresh")
+        dead.user = fresh.user = "alice"
+        for request_id, claimed in (("r-dead", dead), ("r-fresh", fresh)):
+            claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", request_id), spec=claimed)
+            await append(log, new_envelope(claim, producer="admission"))
+        async with asyncio.timeout(5):  # the follower reads both
+            while service._requests.claim(job_id_for("alice", "r-fresh")) is None:
+                await asyncio.sleep(0.01)
+        assert await service.decide_abandoned() == 0  # both claimers may still decide
+        monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
+        assert await service.decide_abandoned() == 2
+        admitted = [
+            e.job_admitted.job_id for e in log.envelopes(TOPIC) if e.HasField("job_admitted")
+        ]
+        assert sorted(admitted) == sorted(job_id_for("alice", r) for r in ("r-dead", "r-fresh"))
+        async with asyncio.timeout(5):  # decided once: the log says so, and nothing is left
+            while await service.decide_abandoned():
+                await asyncio.sleep(0.01)
+        admitted = [
+            e.job_admitted.job_id for e in log.envelopes(TOPIC) if e.HasField("job_admitted")
+        ]
+        assert len(admitted) == 2
+
+
 async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
