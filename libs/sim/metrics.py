@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec, WorkClass
+from libs.sim.batch import Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
 
@@ -140,7 +141,7 @@ class _Account:
     demand_s: float = 0.0
 
 
-class Recorder:
+class Recorder(Observer):
     def __init__(
         self,
         capacity: int,

@@ -49,7 +49,7 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, WorkClass
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
-from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, StopEnd
+from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, Observer, StopEnd
 from libs.sim.metrics import CLASSES, Distribution
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
@@ -189,7 +189,7 @@ class _Steps:
         return Held(quantile(0.5), quantile(0.9), float(max(weight)), mean)
 
 
-class _BatchHeld:
+class _BatchHeld(Observer):
     """What the batch agents report here: GPUs batch work holds, by class and over time."""
 
     def __init__(self, run: MixedSimulation) -> None:
@@ -204,15 +204,6 @@ class _BatchHeld:
 
     def preempted(self, spec: JobSpec) -> None:
         self.preemptions += 1
-
-    def waiting(self, spec: JobSpec, delta: int) -> None:
-        pass
-
-    def requeued(self) -> None:
-        pass
-
-    def lost(self, gpu_s: float) -> None:
-        pass
 
 
 class _Cluster(ServingCluster):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from libs.core.model import WorkClass
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import MixedRun, MixedSimulation, compare_fractions, simulate_mixed
-from libs.sim.mixed_report import comparison_rows, markdown, write_plot
+from libs.sim.mixed_report import COMPARISON, markdown, write_plot
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
@@ -20,6 +20,7 @@ from libs.sim.mixed_workload import (
     mixed_policy,
     workflow_arrivals,
 )
+from libs.sim.tables import table
 from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles
 
 pytestmark = pytest.mark.shared_data
@@ -147,7 +148,7 @@ def test_the_report_and_the_plot(
     text = markdown([run, capped], SMALL)
     assert "## GPUs held over time (serving cap 8 of 16" in text
     assert "## serving_max_fraction side by side" in text
-    rows = comparison_rows([run, capped])
+    _, rows = table(COMPARISON, [run, capped])
     assert [r[:2] for r in rows] == [["0.5", "8"], ["0.25", "4"]]
     path = write_plot([run, capped], tmp_path / "mixed.png")
     assert path.read_bytes().startswith(b"\x89PNG")
