@@ -23,6 +23,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from libs.config.document import ConfigError, load
 from libs.config.workflow import ProfilesFile
@@ -147,7 +148,8 @@ class ServingCluster:
         )
         self.decisions = 0
         self.adjusted = 0  # tasks sent elsewhere than planned
-        self.planned_ms: dict[str, float] = {}  # job -> when its plan was made
+        self.arrived: dict[str, tuple[float, Workflow]] = {}  # workflow job -> (ms, workflow)
+        self.planned_ms: dict[str, float] = {}  # workflow job -> when its plan was made
 
     def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
         gib = memory_mb / MB_PER_GIB  # the serving core reads memory in GiB
@@ -169,8 +171,12 @@ class ServingCluster:
                 handle(entry)
             else:  # pragma: no cover - every entry pushed here is handled above
                 raise SimulationError(f"unknown event {entry}")
+        if unfinished := len(self.arrived) - len(world.done):
+            raise SimulationError(f"{unfinished} of {len(self.arrived)} workflows never finished")
 
     def feed(self, event: Input) -> None:
+        if isinstance(event, JobArrived) and event.spec.workflow is not None:
+            self.arrived[event.job_id] = (self.world.now, event.spec.workflow)
         for decision in self.scheduler.handle(event):
             self.decisions += 1
             self._act(decision)
@@ -198,6 +204,13 @@ def hits(served: Sequence[Served]) -> dict[str, list[int]]:
     return counts
 
 
+def hit_rate(counts: Mapping[str, Sequence[int]]) -> float:
+    """Cache hits over the model lookups ``hits`` counted."""
+    hit = sum(h for h, _ in counts.values())
+    looked = sum(h + m for h, m in counts.values())
+    return hit / looked if looked else 0.0
+
+
 def _flow(served: Served) -> str:
     workflow = served.task.spec.workflow
     return workflow.name if workflow else ""
@@ -216,22 +229,25 @@ def _parts(served: Sequence[Served]) -> dict[tuple[str, str], list[float]]:
     return parts
 
 
-def policy(mode: PlanMode, costs: Costs, **overrides: float) -> PolicyConfig:
-    """The serving policy of the sweep: every GPU may serve; the published costs."""
-    settings: dict[str, object] = {
-        "serving_mode": mode.value,
-        "serving_max_fraction": 1.0,
-        "host_to_gpu_mb_per_ms": costs.host_to_gpu_mb_per_ms,
-        "node_to_node_mb_per_ms": costs.node_to_node_mb_per_ms,
-    }
-    settings.update(overrides)
-    return dataclasses.replace(PolicyConfig(), **settings)  # type: ignore[arg-type]
+def serving_policy(costs: Costs, **knobs: Any) -> PolicyConfig:
+    """The default policy with the profiles' transfer rates, and ``knobs``."""
+    return dataclasses.replace(
+        PolicyConfig(),
+        host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
+        node_to_node_mb_per_ms=costs.node_to_node_mb_per_ms,
+        **knobs,
+    )
+
+
+def policy(mode: PlanMode, costs: Costs, **knobs: Any) -> PolicyConfig:
+    """The serving policy of the sweep: every GPU may serve."""
+    return serving_policy(
+        costs, **{"serving_mode": mode.value, "serving_max_fraction": 1.0, **knobs}
+    )
 
 
 def simulate(
-    workflows: Sequence[Workflow],
-    best_case_ms: Mapping[str, float],
-    costs: Costs,
+    profiles: Profiles,
     *,
     mode: PlanMode,
     gpus: int,
@@ -244,58 +260,34 @@ def simulate(
     hold_threshold: float = PolicyConfig.hold_threshold,
 ) -> WorkflowRun:
     rng = random.Random(seed)
-    flows = list(workflows) if share_models else [keyed(w) for w in workflows]
-    config = policy(mode, costs, hold_threshold=hold_threshold)
-    cluster = ServingCluster(Scheduler(config), costs)
+    flows = list(profiles.workflows) if share_models else [keyed(w) for w in profiles.workflows]
+    cluster = ServingCluster(
+        Scheduler(policy(mode, profiles.costs, hold_threshold=hold_threshold)), profiles.costs
+    )
     for i in range(gpus):
-        cluster.add_gpu_node(f"n{i:04d}", (0,), costs.gpu_memory_mb)
-    times = arrivals(jobs, rate_per_s, burst_shape, rng)
-    flow_of: dict[str, Workflow] = {}
-    arrived: dict[str, float] = {}
-    world = cluster.world
-    for n, at in enumerate(times):
-        job_id = f"w{n:06d}"
-        flow = flows[rng.randrange(len(flows))]
-        flow_of[job_id] = flow
-        arrived[job_id] = at
-        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow)
-        world.at(at, JobArrived(at / 1000, job_id, spec))
+        cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)
+    for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
+        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flows[rng.randrange(len(flows))])
+        cluster.world.at(at, JobArrived(at / 1000, f"w{n:06d}", spec))
     cluster.run()
-    finished = world.done
-    if len(finished) != len(times):
-        raise SimulationError(
-            f"{len(times) - len(finished)} of {len(times)} workflows never finished"
-        )
-    return _summary(mode, gpus, flows, best_case_ms, flow_of, arrived, finished, cluster, warmup)
-
-
-def _summary(
-    mode: PlanMode,
-    gpus: int,
-    flows: Sequence[Workflow],
-    best_case_ms: Mapping[str, float],
-    flow_of: Mapping[str, Workflow],
-    arrived: Mapping[str, float],
-    finished: Mapping[str, float],
-    cluster: ServingCluster,
-    warmup: float,
-) -> WorkflowRun:
-    served = cluster.world.served
+    served, arrived, finished = cluster.world.served, cluster.arrived, cluster.world.done
     counts, parts = hits(served), _parts(served)
     done = sorted(finished, key=lambda j: (finished[j], j))
     measured = done[int(len(done) * warmup) :]
-    slowdowns = [(finished[j] - arrived[j]) / best_case_ms[flow_of[j].name] for j in measured]
-    latencies = sorted(finished[j] - arrived[j] for j in measured)
+    slowdowns = [
+        (finished[j] - arrived[j][0]) / profiles.best_case_ms[arrived[j][1].name] for j in measured
+    ]
+    latencies = sorted(finished[j] - arrived[j][0] for j in measured)
     per_workflow = {}
     for flow in flows:
-        mine = [s for j, s in zip(measured, slowdowns, strict=True) if flow_of[j].name == flow.name]
+        mine = [
+            s for j, s in zip(measured, slowdowns, strict=True) if arrived[j][1].name == flow.name
+        ]
         h, m = counts.get(flow.name, [0, 0])
         per_workflow[flow.name] = (
             statistics.median(mine) if mine else 0.0,
             h / (h + m) if h + m else 0.0,
         )
-    hit = sum(h for h, _ in counts.values())
-    looked = sum(h + m for h, m in counts.values())
     counted = sum(p[4] for p in parts.values())
     return WorkflowRun(
         mode=mode,
@@ -305,14 +297,14 @@ def _summary(
         p99_slowdown=_p99(sorted(slowdowns)),
         median_latency_ms=statistics.median(latencies),
         p99_latency_ms=_p99(latencies),
-        cache_hit_rate=hit / looked if looked else 0.0,
+        cache_hit_rate=hit_rate(counts),
         gpus_used=len({(s.task.node_id, s.task.gpus[0]) for s in served}),
         per_workflow=per_workflow,
         breakdown_ms={
             part: sum(p[i] for p in parts.values()) / max(counted, 1)
             for i, part in enumerate(PARTS)
         },
-        held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j] for j in measured),
+        held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j][0] for j in measured),
         task_breakdown_ms={
             key: {part: p[i] / max(p[4], 1) for i, part in enumerate(PARTS)}
             for key, p in sorted(parts.items())
@@ -359,9 +351,7 @@ def sweep(
             for mode in modes:
                 began = time.perf_counter()
                 run = simulate(
-                    profiles.workflows,
-                    profiles.best_case_ms,
-                    profiles.costs,
+                    profiles,
                     mode=mode,
                     gpus=gpus,
                     jobs=jobs,
