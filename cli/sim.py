@@ -327,7 +327,7 @@ def workflows(
         console.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
     console.print(f"sweep: {len(runs)} runs in {total:.1f} s")
     if out is not None:
-        from libs.sim.sweep_plot import write_sweep_plot
+        from libs.sim.plots import write_sweep_plot
 
         (out / "sweep.md").write_text(markdown(runs, total))
         console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
@@ -383,7 +383,7 @@ def mixed(
     import time
 
     from libs.sim.mixed import compare_fractions
-    from libs.sim.mixed_report import COMPARISON, markdown, tables, write_plot
+    from libs.sim.mixed_report import COMPARISON, markdown, tables
     from libs.sim.mixed_workload import MixedSettings
     from libs.sim.workflows import load_profiles
 
@@ -426,5 +426,7 @@ def mixed(
     _print(wide, side_by_side, *table(COMPARISON, runs))
     console.print(f"{len(runs)} runs in {total:.1f} s")
     if out is not None:
+        from libs.sim.plots import write_mixed_plot
+
         (out / "summary.md").write_text(markdown(runs, settings))
-        console.print(f"wrote {out / 'summary.md'}, {write_plot(runs, out / 'mixed.png')}")
+        console.print(f"wrote {out / 'summary.md'}, {write_mixed_plot(runs, out / 'mixed.png')}")

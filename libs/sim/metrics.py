@@ -21,13 +21,15 @@ statistics cover the jobs submitted in the window.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec, WorkClass
-from libs.sim.batch import Observer
+from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
+_SHOWN = {PLACING: RUNNING, STOPPING: STOPPED}  # a job's state as its outcome
 
 
 @dataclass(frozen=True)
@@ -67,19 +69,6 @@ class AllocationMetrics:
     @property
     def delivered_pct(self) -> float | None:
         return 100 * self.delivered_gpu_h / self.owed_gpu_h if self.owed_gpu_h > 0 else None
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """One job, as the driver saw it end (or not) by the end of the window."""
-
-    arrived: float
-    spec: JobSpec
-    runtime_s: float
-    first_start: float | None
-    finished: float | None
-    preemptions: int
-    outcome: str  # finished, running, waiting, stopped, cancelled, lost
 
 
 @dataclass(frozen=True)
@@ -213,14 +202,15 @@ class Recorder(Observer):
         if self._measuring:
             self._lost_gpu_s += gpu_s
 
-    def finish(self, jobs: Iterable[JobOutcome], policy: str, inputs: int) -> Metrics:
+    def finish(self, jobs: Iterable[Job], policy: str, inputs: int) -> Metrics:
+        """The numbers, once the run is over; ``jobs``: every job submitted."""
         self.advance(self.end)
         for name in self._accounts:
             self._account(name)
         span = max(self.end - self.start, 1e-9)
         allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
         enough = [a.delivered_pct for a in allocations if a.enough_demand]
-        outcomes = [job for job in jobs if job.arrived >= self.start]
+        outcomes = [job for job in jobs if job.sim.at >= self.start]
         return Metrics(
             policy=policy,
             start=self.start,
@@ -235,7 +225,7 @@ class Recorder(Observer):
             waits=_by_class(outcomes, lambda j: _wait(j, self.end)),
             jct=_by_class(outcomes, _jct),
             slowdown=_by_class(outcomes, _slowdown),
-            jobs=_count(j.outcome for j in outcomes),
+            jobs=dict(sorted(Counter(_SHOWN.get(j.state, j.state) for j in outcomes).items())),
             preemptions=dict(self._preemptions),
             requeues=self._requeues,
             lost_gpu_h=self._lost_gpu_s / 3600,
@@ -279,38 +269,29 @@ class Recorder(Observer):
         self._next_sample += self._series.step_s
 
 
-def _wait(job: JobOutcome, end: float) -> float | None:
+def _wait(job: Job, end: float) -> float | None:
     if job.first_start is not None:
-        return job.first_start - job.arrived
-    if job.outcome == "waiting":
-        return end - job.arrived  # still waiting: a lower bound
+        return job.first_start - job.sim.at
+    if job.state == WAITING:
+        return end - job.sim.at  # still waiting: a lower bound
     return None  # cancelled or lost before it ever started
 
 
-def _jct(job: JobOutcome) -> float | None:
-    return None if job.finished is None else job.finished - job.arrived
+def _jct(job: Job) -> float | None:
+    return None if job.finished is None else job.finished - job.sim.at
 
 
-def _slowdown(job: JobOutcome) -> float | None:
+def _slowdown(job: Job) -> float | None:
     jct = _jct(job)
-    return None if jct is None else jct / max(job.runtime_s, 10.0)
+    return None if jct is None else jct / max(job.sim.runtime_s, 10.0)
 
 
-def _by_class(
-    jobs: list[JobOutcome], value: Callable[[JobOutcome], float | None]
-) -> dict[str, Distribution]:
+def _by_class(jobs: list[Job], value: Callable[[Job], float | None]) -> dict[str, Distribution]:
     per: dict[str, list[float]] = {c: [] for c in CLASSES}
     every: list[float] = []
     for job in jobs:
         v = value(job)
         if v is not None:
-            per[job.spec.work_class.value].append(v)
+            per[job.sim.spec.work_class.value].append(v)
             every.append(v)
     return {**{c: Distribution.of(vs) for c, vs in per.items()}, "all": Distribution.of(every)}
-
-
-def _count(values: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return dict(sorted(counts.items()))

@@ -1,11 +1,11 @@
-"""How a mixed run is shown: the tables ``qm sim mixed`` prints, summary.md and mixed.png."""
+"""How a mixed run is shown: the tables ``qm sim mixed`` prints and summary.md (its plot is
+``libs.sim.plots.write_mixed_plot``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-from libs.sim.metrics import CLASSES, Distribution
+from libs.sim.metrics import Distribution
 from libs.sim.mixed import PHASES, Charge, Held, MixedRun
 from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
 from libs.sim.tables import Columns, Table, markdown_table, table
@@ -150,50 +150,3 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
-    """GPUs held by batch work (by class) and by serving over time, one panel per run."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 3.4 * len(runs)))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(runs), 1, squeeze=False)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
-        hours = [p.at_s / 3600 for p in run.series]
-        ax.stackplot(
-            hours,
-            [p.serving_held for p in run.series],
-            *([p.batch[i] for p in run.series] for i in range(3)),
-            labels=["serving (held)", *(f"batch {c}" for c in CLASSES)],
-            colors=["tab:orange", "tab:green", "tab:blue", "tab:gray"],
-            alpha=0.8,
-            step="post",
-        )
-        ax.step(
-            hours,
-            [p.serving_active for p in run.series],
-            where="post",
-            color="tab:red",
-            linewidth=0.8,
-            label="serving (with work)",
-        )
-        ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
-        ax.axhline(run.capacity, color="black", linewidth=0.8)
-        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
-            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
-        ax.set_ylim(0, run.capacity * 1.02)
-        ax.set_xlim(0, run.window_s / 3600)
-        ax.set_ylabel("GPUs")
-        ax.set_title(
-            f"serving_max_fraction {run.serving_max_fraction:g} (cap {run.serving_cap}): "
-            f"serving held mean {run.serving_held['all'].mean:.1f}, "
-            f"batch occupancy {run.batch_occupancy_pct:.1f}%"
-        )
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    axes[-1, 0].set_xlabel("hours into the measured window")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    return path

@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 from libs.core.model import WorkClass
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import MixedCluster, MixedRun, compare_fractions, simulate_mixed
-from libs.sim.mixed_report import COMPARISON, markdown, write_plot
+from libs.sim.mixed_report import COMPARISON, markdown
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
     batch_jobs,
     workflow_arrivals,
 )
+from libs.sim.plots import write_mixed_plot
 from libs.sim.tables import table
 from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles, serving_policy
 
@@ -151,7 +152,7 @@ def test_the_report_and_the_plot(
     assert "## serving_max_fraction side by side" in text
     _, rows = table(COMPARISON, [run, capped])
     assert [r[:2] for r in rows] == [["0.5", "8"], ["0.25", "4"]]
-    path = write_plot([run, capped], tmp_path / "mixed.png")
+    path = write_mixed_plot([run, capped], tmp_path / "mixed.png")
     assert path.read_bytes().startswith(b"\x89PNG")
 
 
