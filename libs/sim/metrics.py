@@ -130,36 +130,33 @@ class _Account:
     demand_s: float = 0.0
 
 
+@dataclass(eq=False)
 class Recorder(Observer):
-    def __init__(
-        self,
-        capacity: int,
-        entitlements: Mapping[str, float],
-        start: float,
-        end: float,
-        sample_s: float = 600.0,
-        enough_demand: float = 0.5,
-    ) -> None:
-        self.capacity = capacity
-        self.entitlements = entitlements
-        self.start = start
-        self.end = end
-        self.enough_demand = enough_demand
+    """What the batch agents count over the window [start, end], integrated as time moves."""
+
+    capacity: int
+    entitlements: Mapping[str, float]
+    start: float
+    end: float
+    sample_s: float = 600.0
+    enough_demand: float = 0.5
+
+    def __post_init__(self) -> None:
         self._requeues = 0
         self._lost_gpu_s = 0.0
         self._measuring = False  # counts start with the window, like the integrals
-        self._now = start
+        self._now = self.start
         self._busy = dict.fromkeys(CLASSES, 0)
         self._waiting = 0
         self._busy_area = 0.0
         self._demand_area = 0.0
         self._accounts = {
-            name: _Account(share * capacity, since=start)
-            for name, share in sorted(entitlements.items())
+            name: _Account(share * self.capacity, since=self.start)
+            for name, share in sorted(self.entitlements.items())
         }
         self._preemptions = dict.fromkeys(CLASSES, 0)
-        self._next_sample = start
-        self._series = Series(sample_s, {c: [] for c in CLASSES}, [], [])
+        self._next_sample = self.start
+        self._series = Series(self.sample_s, {c: [] for c in CLASSES}, [], [])
 
     def advance(self, t: float) -> None:
         """Time moves to ``t``; the state held since the last change is integrated."""

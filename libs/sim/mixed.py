@@ -46,7 +46,7 @@ from libs.core.inputs import (
     TaskStarted,
     Tick,
 )
-from libs.core.model import JobSpec, WorkClass
+from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
 from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, Observer, StopEnd
@@ -105,7 +105,7 @@ class Sample:
     at_s: float  # into the window
     serving_held: int  # GPUs the serving core holds from batch work
     serving_active: int  # GPUs with a serving task running or queued
-    batch: tuple[int, int, int]  # GPUs held by batch work: debug, allocated, unallocated
+    batch: tuple[int, ...]  # GPUs held by batch work, by class (debug, allocated, unallocated)
 
 
 @dataclass(frozen=True)
@@ -353,11 +353,7 @@ class MixedCluster(ServingCluster):
                 self.now - self.start,
                 self.scheduler.serving_gpus(),
                 active,
-                (
-                    self.batch_held.by_class[WorkClass.DEBUG.value],
-                    self.batch_held.by_class[WorkClass.ALLOCATED.value],
-                    self.batch_held.by_class[WorkClass.UNALLOCATED.value],
-                ),
+                tuple(self.batch_held.by_class[c] for c in CLASSES),
             )
         )
 

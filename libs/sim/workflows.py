@@ -18,6 +18,7 @@ events at equal times in the order they were made.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -336,34 +337,19 @@ def sweep(
     modes: Sequence[PlanMode],
     arrivals: Mapping[str, float],
     *,
-    jobs: int = 1000,
-    rate_per_s: float = 40.0,
-    seed: int = 7,
-    hold_threshold: float = PolicyConfig.hold_threshold,
     on_run: Callable[[SweepRun], None] | None = None,
+    **knobs: Any,  # for every run: simulate's jobs, rate_per_s, seed, hold_threshold
 ) -> list[SweepRun]:
     """Every mode at every size under every arrival process; deterministic."""
     import time
 
     runs = []
-    for name, shape in arrivals.items():
-        for gpus in sizes:
-            for mode in modes:
-                began = time.perf_counter()
-                run = simulate(
-                    profiles,
-                    mode=mode,
-                    gpus=gpus,
-                    jobs=jobs,
-                    rate_per_s=rate_per_s,
-                    burst_shape=shape,
-                    seed=seed,
-                    hold_threshold=hold_threshold,
-                )
-                done = SweepRun(name, run, time.perf_counter() - began)
-                runs.append(done)
-                if on_run is not None:
-                    on_run(done)
+    for (name, shape), gpus, mode in itertools.product(arrivals.items(), sizes, modes):
+        began = time.perf_counter()
+        run = simulate(profiles, mode=mode, gpus=gpus, burst_shape=shape, **knobs)
+        runs.append(SweepRun(name, run, time.perf_counter() - began))
+        if on_run is not None:
+            on_run(runs[-1])
     return runs
 
 
