@@ -410,7 +410,7 @@ def claims(runs: Sequence[SweepRun]) -> list[Claim]:
 
 def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
-    flows = sorted({f for r in runs for f in r.run.per_workflow}, key=_flow_order(runs))
+    flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
     lines = ["# Workflow serving sweep", ""]
     for name in dict.fromkeys(r.arrivals for r in runs):
         mine = [r for r in runs if r.arrivals == name]
@@ -461,8 +461,3 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     lines += [f"- [{'x' if c.holds else ' '}] {c.text}" for c in claims(runs)]
     lines += ["", f"Sweep runtime: {total_s:.1f} s for {len(runs)} runs.", ""]
     return "\n".join(lines)
-
-
-def _flow_order(runs: Sequence[SweepRun]) -> Callable[[str], int]:
-    order = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))
-    return order.index
