@@ -189,23 +189,6 @@ class _Steps:
         return Held(quantile(0.5), quantile(0.9), float(max(weight)), mean)
 
 
-class _BatchHeld(Observer):
-    """What the batch agents report here: GPUs batch work holds, by class and over time."""
-
-    def __init__(self, run: MixedCluster) -> None:
-        self._run = run
-        self.by_class = dict.fromkeys(CLASSES, 0)
-        self.steps = _Steps()
-        self.preemptions = 0
-
-    def held(self, spec: JobSpec, gpus: int) -> None:
-        self.by_class[spec.work_class.value] += gpus
-        self.steps.set(self._run.now, sum(self.by_class.values()))
-
-    def preempted(self, spec: JobSpec) -> None:
-        self.preemptions += 1
-
-
 @dataclass(frozen=True)
 class _Timer:
     """A usage snapshot, a tick or a sample is due, or the window opens or closes."""
@@ -213,8 +196,9 @@ class _Timer:
     kind: str
 
 
-class MixedCluster(ServingCluster):
-    """The serving cluster with batch jobs on the side, and what a run of it measures."""
+class MixedCluster(ServingCluster, Observer):
+    """The serving cluster with batch jobs on the side, and what a run of it measures (it
+    observes the batch agents: the GPUs batch work holds, by class and over time)."""
 
     def __init__(self, profiles: Profiles, config: PolicyConfig, settings: MixedSettings) -> None:
         super().__init__(Scheduler(config), profiles.costs, self._decided, settings.stop_grace_s)
@@ -231,8 +215,10 @@ class MixedCluster(ServingCluster):
         flows = [keyed(w) for w in profiles.workflows]
         self.batch = batch_jobs(settings, rng)
         self.arrivals = workflow_arrivals(settings, flows, rng)
-        self.batch_held = _BatchHeld(self)
-        self.agents = BatchAgents(self.world, self.batch_held)
+        self.agents = BatchAgents(self.world, self)
+        self.batch_by_class = dict.fromkeys(CLASSES, 0)
+        self.batch_steps = _Steps()
+        self.preemptions = 0
         self.running: dict[str, tuple[str, int, float]] = {}  # task -> allocation, GPUs, start
         self.gpu_s_run: dict[str, float] = {}
         self.serving_run_s = 0.0  # workflow task time inside the window
@@ -332,6 +318,13 @@ class MixedCluster(ServingCluster):
         self.peak_held = max(self.peak_held, held)
         self.serving_steps.set(self.now, held)
 
+    def held(self, spec: JobSpec, gpus: int) -> None:
+        self.batch_by_class[spec.work_class.value] += gpus
+        self.batch_steps.set(self.now, sum(self.batch_by_class.values()))
+
+    def preempted(self, spec: JobSpec) -> None:
+        self.preemptions += 1
+
     def _decided(self, decision: Decision) -> None:
         match decision:
             case Cancel(job_id=job_id):  # pragma: no cover - nothing is cancelled here
@@ -353,7 +346,7 @@ class MixedCluster(ServingCluster):
                 self.now - self.start,
                 self.scheduler.serving_gpus(),
                 active,
-                tuple(self.batch_held.by_class[c] for c in CLASSES),
+                tuple(self.batch_by_class[c] for c in CLASSES),
             )
         )
 
@@ -374,7 +367,7 @@ class MixedCluster(ServingCluster):
         serving_held = {p: self.serving_steps.over(windows[p]) for p in PHASES}
         spans = self.serving_steps.weights(windows["all"])
         at_cap = sum(w for v, w in spans.items() if v >= self.cap)
-        batch_held = {p: self.batch_held.steps.over(windows[p]) for p in PHASES}
+        batch_held = {p: self.batch_steps.over(windows[p]) for p in PHASES}
         window = length("all")
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
@@ -398,7 +391,7 @@ class MixedCluster(ServingCluster):
             charges=charges,
             cache_hit_rate=hit_rate(hits(self.world.served)),
             batch_evictions=self.world.evicted_by_batch,
-            preemptions=self.batch_held.preemptions,
+            preemptions=self.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
             peak_serving_held=self.peak_held,
