@@ -20,8 +20,9 @@ from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
 from libs.sim.metrics import Metrics
-from libs.sim.report import SUMMARY_HEADER, RunInfo, summary_rows, write_report
+from libs.sim.report import SUMMARY, RunInfo, write_report
 from libs.sim.scenario import Trace
+from libs.sim.tables import table
 from libs.sim.traces import TraceError
 from libs.sim.workflows import PROFILES
 
@@ -49,6 +50,13 @@ def _out_dir(path: Path) -> Path:
 def _fail(message: object) -> typer.Exit:
     errors.print(error_line(message), highlight=False)
     return typer.Exit(2)
+
+
+def _print(to: Console, title: str, header: list[str], rows: list[list[str]]) -> None:
+    shown = Table(*header, title=title)
+    for row in rows:
+        shown.add_row(*row)
+    to.print(shown)
 
 
 @sim_app.command()
@@ -165,10 +173,7 @@ def run(
 
         written = write_plots(results, out / "plots")
     write_report(out, RunInfo(sc, config, settings), workload, results, written)
-    table = Table(*SUMMARY_HEADER, title=f"{sc.trace}: {workload.capacity} GPUs")
-    for row in summary_rows(results):
-        table.add_row(*row)
-    console.print(table)
+    _print(console, f"{sc.trace}: {workload.capacity} GPUs", *table(SUMMARY, results))
     console.print(
         f"wrote {out / 'metrics.json'}, {out / 'summary.md'}" + (", plots/" if plots else "")
     )
@@ -322,7 +327,7 @@ def workflows(
         console.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
     console.print(f"sweep: {len(runs)} runs in {total:.1f} s")
     if out is not None:
-        from libs.sim.sweep_plot import write_sweep_plot
+        from libs.sim.plots import write_sweep_plot
 
         (out / "sweep.md").write_text(markdown(runs, total))
         console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
@@ -378,13 +383,7 @@ def mixed(
     import time
 
     from libs.sim.mixed import compare_fractions
-    from libs.sim.mixed_report import (
-        COMPARISON_HEADER,
-        comparison_rows,
-        markdown,
-        tables,
-        write_plot,
-    )
+    from libs.sim.mixed_report import COMPARISON, markdown, tables
     from libs.sim.mixed_workload import MixedSettings
     from libs.sim.workflows import load_profiles
 
@@ -422,15 +421,12 @@ def mixed(
     total = time.perf_counter() - began
     wide = console if console.is_terminal else Console(width=150)
     for title, (header, rows) in tables(runs[0]).items():
-        table = Table(*header, title=title)
-        for row in rows:
-            table.add_row(*row)
-        wide.print(table)
-    table = Table(*COMPARISON_HEADER, title="serving_max_fraction side by side (same workload)")
-    for row in comparison_rows(runs):
-        table.add_row(*row)
-    wide.print(table)
+        _print(wide, title, header, rows)
+    side_by_side = "serving_max_fraction side by side (same workload)"
+    _print(wide, side_by_side, *table(COMPARISON, runs))
     console.print(f"{len(runs)} runs in {total:.1f} s")
     if out is not None:
+        from libs.sim.plots import write_mixed_plot
+
         (out / "summary.md").write_text(markdown(runs, settings))
-        console.print(f"wrote {out / 'summary.md'}, {write_plot(runs, out / 'mixed.png')}")
+        console.print(f"wrote {out / 'summary.md'}, {write_mixed_plot(runs, out / 'mixed.png')}")

@@ -21,8 +21,7 @@ agents' events back at their times. An ``Observer`` counts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from libs.core.decisions import (
     Cancel,
@@ -46,33 +45,21 @@ FINISHED, CANCELLED, LOST, REJECTED = "finished", "cancelled", "lost", "rejected
 OVER = (FINISHED, CANCELLED, LOST, REJECTED)
 
 
+@dataclass(eq=False, slots=True)
 class Job:
-    __slots__ = (
-        "finished",
-        "first_start",
-        "gen",
-        "placed",
-        "preemptions",
-        "progress_s",
-        "run_start",
-        "sim",
-        "state",
-        "stop_cause",
-        "tasks",
-    )
+    """A submitted job and where it stands."""
 
-    def __init__(self, sim: SimJob) -> None:
-        self.sim = sim
-        self.state = WAITING
-        self.gen = 0  # placements so far; events for an older one are stale
-        self.tasks: list[str] = []  # of the current placement
-        self.placed = 0
-        self.progress_s = 0.0  # work done, kept across a resumable preemption
-        self.run_start = 0.0
-        self.stop_cause = StopCause.PREEMPTED
-        self.first_start: float | None = None
-        self.finished: float | None = None
-        self.preemptions = 0
+    sim: SimJob
+    state: str = WAITING
+    gen: int = 0  # placements so far; events for an older one are stale
+    tasks: list[str] = field(default_factory=list)  # of the current placement
+    placed: int = 0
+    progress_s: float = 0.0  # work done, kept across a resumable preemption
+    run_start: float = 0.0
+    stop_cause: StopCause = StopCause.PREEMPTED
+    first_start: float | None = None
+    finished: float | None = None
+    preemptions: int = 0
 
 
 # -- the agents' events, which the world's agenda hands back to ``BatchAgents.handle``
@@ -106,20 +93,23 @@ class EndTask:
 AgentEvent = Completion | StopEnd | EndTask
 
 
-class Observer(Protocol):
-    def waiting(self, spec: JobSpec, delta: int) -> None: ...
+class Observer:
+    """What the agents count (``libs.sim.metrics.Recorder``); it ignores what it is not told."""
+
+    def waiting(self, spec: JobSpec, delta: int) -> None:
+        """``delta`` jobs of ``spec`` (negative: no longer) wait."""
 
     def held(self, spec: JobSpec, gpus: int) -> None:
         """``gpus`` (negative: released) of a task of ``spec``, at the current time."""
-        ...
 
-    def preempted(self, spec: JobSpec) -> None: ...
+    def preempted(self, spec: JobSpec) -> None:
+        """A placement of a job of ``spec`` is stopped to make room."""
 
-    def requeued(self) -> None: ...
+    def requeued(self) -> None:
+        """A stopped job waits again."""
 
     def lost(self, gpu_s: float) -> None:
         """Work thrown away: a non-resumable job preempted after running ``gpu_s``."""
-        ...
 
 
 class BatchAgents:

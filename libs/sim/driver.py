@@ -26,8 +26,8 @@ from libs.core.inputs import (
     Tick,
 )
 from libs.core.usage import WindowedUsage
-from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, BatchAgents, Completion, StopEnd
-from libs.sim.metrics import JobOutcome, Metrics, Recorder
+from libs.sim.batch import BatchAgents, Completion, StopEnd
+from libs.sim.metrics import Metrics, Recorder
 from libs.sim.policy import Policy
 from libs.sim.workload import SimJob, Workload
 from libs.sim.world import SimulationError, World, usage_snapshot
@@ -117,7 +117,7 @@ class Simulation:
                     self._feed(entry)
                 case _:
                     self._step(entry)
-        return recorder.finish(self._outcomes(), self.name, self.inputs)
+        return recorder.finish(agents.jobs.values(), self.name, self.inputs)
 
     def _arrive(self, sim: SimJob) -> None:
         if not self.agents.arrive(sim):
@@ -149,21 +149,6 @@ class Simulation:
                 self.agents.decide(decision)
         else:
             self.agents.handle(entry)  # type: ignore[arg-type]
-
-    def _outcomes(self) -> list[JobOutcome]:
-        shown = {PLACING: RUNNING, STOPPING: STOPPED}
-        return [
-            JobOutcome(
-                arrived=job.sim.at,
-                spec=job.sim.spec,
-                runtime_s=job.sim.runtime_s,
-                first_start=job.first_start,
-                finished=job.finished,
-                preemptions=job.preemptions,
-                outcome=shown.get(job.state, job.state),
-            )
-            for job in self.agents.jobs.values()
-        ]
 
 
 def simulate(

@@ -21,12 +21,15 @@ statistics cover the jobs submitted in the window.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from libs.core.model import JobSpec, WorkClass
+from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
+_SHOWN = {PLACING: RUNNING, STOPPING: STOPPED}  # a job's state as its outcome
 
 
 @dataclass(frozen=True)
@@ -66,19 +69,6 @@ class AllocationMetrics:
     @property
     def delivered_pct(self) -> float | None:
         return 100 * self.delivered_gpu_h / self.owed_gpu_h if self.owed_gpu_h > 0 else None
-
-
-@dataclass(frozen=True)
-class JobOutcome:
-    """One job, as the driver saw it end (or not) by the end of the window."""
-
-    arrived: float
-    spec: JobSpec
-    runtime_s: float
-    first_start: float | None
-    finished: float | None
-    preemptions: int
-    outcome: str  # finished, running, waiting, stopped, cancelled, lost
 
 
 @dataclass(frozen=True)
@@ -140,36 +130,33 @@ class _Account:
     demand_s: float = 0.0
 
 
-class Recorder:
-    def __init__(
-        self,
-        capacity: int,
-        entitlements: Mapping[str, float],
-        start: float,
-        end: float,
-        sample_s: float = 600.0,
-        enough_demand: float = 0.5,
-    ) -> None:
-        self.capacity = capacity
-        self.entitlements = entitlements
-        self.start = start
-        self.end = end
-        self.enough_demand = enough_demand
+@dataclass(eq=False)
+class Recorder(Observer):
+    """What the batch agents count over the window [start, end], integrated as time moves."""
+
+    capacity: int
+    entitlements: Mapping[str, float]
+    start: float
+    end: float
+    sample_s: float = 600.0
+    enough_demand: float = 0.5
+
+    def __post_init__(self) -> None:
         self._requeues = 0
         self._lost_gpu_s = 0.0
         self._measuring = False  # counts start with the window, like the integrals
-        self._now = start
+        self._now = self.start
         self._busy = dict.fromkeys(CLASSES, 0)
         self._waiting = 0
         self._busy_area = 0.0
         self._demand_area = 0.0
         self._accounts = {
-            name: _Account(share * capacity, since=start)
-            for name, share in sorted(entitlements.items())
+            name: _Account(share * self.capacity, since=self.start)
+            for name, share in sorted(self.entitlements.items())
         }
         self._preemptions = dict.fromkeys(CLASSES, 0)
-        self._next_sample = start
-        self._series = Series(sample_s, {c: [] for c in CLASSES}, [], [])
+        self._next_sample = self.start
+        self._series = Series(self.sample_s, {c: [] for c in CLASSES}, [], [])
 
     def advance(self, t: float) -> None:
         """Time moves to ``t``; the state held since the last change is integrated."""
@@ -212,14 +199,15 @@ class Recorder:
         if self._measuring:
             self._lost_gpu_s += gpu_s
 
-    def finish(self, jobs: Iterable[JobOutcome], policy: str, inputs: int) -> Metrics:
+    def finish(self, jobs: Iterable[Job], policy: str, inputs: int) -> Metrics:
+        """The numbers, once the run is over; ``jobs``: every job submitted."""
         self.advance(self.end)
         for name in self._accounts:
             self._account(name)
         span = max(self.end - self.start, 1e-9)
         allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
         enough = [a.delivered_pct for a in allocations if a.enough_demand]
-        outcomes = [job for job in jobs if job.arrived >= self.start]
+        outcomes = [job for job in jobs if job.sim.at >= self.start]
         return Metrics(
             policy=policy,
             start=self.start,
@@ -234,7 +222,7 @@ class Recorder:
             waits=_by_class(outcomes, lambda j: _wait(j, self.end)),
             jct=_by_class(outcomes, _jct),
             slowdown=_by_class(outcomes, _slowdown),
-            jobs=_count(j.outcome for j in outcomes),
+            jobs=dict(sorted(Counter(_SHOWN.get(j.state, j.state) for j in outcomes).items())),
             preemptions=dict(self._preemptions),
             requeues=self._requeues,
             lost_gpu_h=self._lost_gpu_s / 3600,
@@ -278,38 +266,29 @@ class Recorder:
         self._next_sample += self._series.step_s
 
 
-def _wait(job: JobOutcome, end: float) -> float | None:
+def _wait(job: Job, end: float) -> float | None:
     if job.first_start is not None:
-        return job.first_start - job.arrived
-    if job.outcome == "waiting":
-        return end - job.arrived  # still waiting: a lower bound
+        return job.first_start - job.sim.at
+    if job.state == WAITING:
+        return end - job.sim.at  # still waiting: a lower bound
     return None  # cancelled or lost before it ever started
 
 
-def _jct(job: JobOutcome) -> float | None:
-    return None if job.finished is None else job.finished - job.arrived
+def _jct(job: Job) -> float | None:
+    return None if job.finished is None else job.finished - job.sim.at
 
 
-def _slowdown(job: JobOutcome) -> float | None:
+def _slowdown(job: Job) -> float | None:
     jct = _jct(job)
-    return None if jct is None else jct / max(job.runtime_s, 10.0)
+    return None if jct is None else jct / max(job.sim.runtime_s, 10.0)
 
 
-def _by_class(
-    jobs: list[JobOutcome], value: Callable[[JobOutcome], float | None]
-) -> dict[str, Distribution]:
+def _by_class(jobs: list[Job], value: Callable[[Job], float | None]) -> dict[str, Distribution]:
     per: dict[str, list[float]] = {c: [] for c in CLASSES}
     every: list[float] = []
     for job in jobs:
         v = value(job)
         if v is not None:
-            per[job.spec.work_class.value].append(v)
+            per[job.sim.spec.work_class.value].append(v)
             every.append(v)
     return {**{c: Distribution.of(vs) for c, vs in per.items()}, "all": Distribution.of(every)}
-
-
-def _count(values: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return dict(sorted(counts.items()))

@@ -12,7 +12,8 @@ and its serving core) the way the live stack does, over the workload of
 * the tasks run in the simulated cluster (``libs.sim.world``, in ms): batch
   jobs through its batch agents (``libs.sim.batch``: a task ends after its
   runtime, or ``stop_grace_s`` after a ``Stop``), workflow tasks through its
-  GPU workers (``libs.sim.workflows.ServingCluster``); a batch task that lands
+  GPU workers (``MixedCluster`` is a ``libs.sim.workflows.ServingCluster`` with
+  batch work on the side); a batch task that lands
   on a GPU that caches models evicts them first, as the node agent does;
 * ``UsageSnapshot`` every ``snapshot_s`` from ``WindowedUsage`` fed with every
   task's start and end (workflow tasks charged as allocated work, one GPU
@@ -34,7 +35,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from libs.core.compass import Costs, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Cancel, Decision, Planned, Wait
 from libs.core.ids import JobId
@@ -47,20 +47,19 @@ from libs.core.inputs import (
     TaskStarted,
     Tick,
 )
-from libs.core.model import JobSpec, WorkClass
+from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.core.usage import Usage, WindowedUsage
-from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, StopEnd
+from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, Observer, StopEnd
 from libs.sim.metrics import CLASSES, Distribution
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
     batch_jobs,
     budget_tree,
-    mixed_policy,
     workflow_arrivals,
 )
-from libs.sim.workflows import Profiles, ServingCluster, hits, keyed
+from libs.sim.workflows import Profiles, ServingCluster, hit_rate, hits, keyed, serving_policy
 from libs.sim.workload import SimJob
 from libs.sim.world import SimulationError, usage_snapshot
 
@@ -107,7 +106,7 @@ class Sample:
     at_s: float  # into the window
     serving_held: int  # GPUs the serving core holds from batch work
     serving_active: int  # GPUs with a serving task running or queued
-    batch: tuple[int, int, int]  # GPUs held by batch work: debug, allocated, unallocated
+    batch: tuple[int, ...]  # GPUs held by batch work, by class (debug, allocated, unallocated)
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,7 @@ class MixedRun:
 
 
 class _Steps:
-    """A value that changes at times: time-weighted statistics over a window."""
+    """A value that changes at times: time-weighted statistics over windows."""
 
     def __init__(self) -> None:
         self.times: list[float] = [0.0]
@@ -162,18 +161,19 @@ class _Steps:
             self.times.append(at)
             self.values.append(value)
 
-    def weights(self, start: float, end: float) -> dict[int, float]:
-        """Value -> how long it held within [start, end)."""
+    def weights(self, windows: Sequence[tuple[float, float]]) -> dict[int, float]:
+        """Value -> how long it held within the windows, each [start, end)."""
         weight: dict[int, float] = {}
-        for i, value in enumerate(self.values):
-            until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
-            span = min(until, end) - max(self.times[i], start)
-            if span > 0:
-                weight[value] = weight.get(value, 0.0) + span
+        for start, end in windows:
+            for i, value in enumerate(self.values):
+                until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
+                span = min(until, end) - max(self.times[i], start)
+                if span > 0:
+                    weight[value] = weight.get(value, 0.0) + span
         return weight
 
-    def over(self, start: float, end: float) -> Held:
-        weight = self.weights(start, end)
+    def over(self, windows: Sequence[tuple[float, float]]) -> Held:
+        weight = self.weights(windows)
         total = sum(weight.values())
         if not total:
             return Held(0.0, 0.0, 0.0, 0.0)
@@ -190,76 +190,23 @@ class _Steps:
         return Held(quantile(0.5), quantile(0.9), float(max(weight)), mean)
 
 
-class _BatchHeld:
-    """What the batch agents report here: GPUs batch work holds, by class and over time."""
-
-    def __init__(self, run: MixedSimulation) -> None:
-        self._run = run
-        self.by_class = dict.fromkeys(CLASSES, 0)
-        self.steps = _Steps()
-        self.preemptions = 0
-
-    def held(self, spec: JobSpec, gpus: int) -> None:
-        self.by_class[spec.work_class.value] += gpus
-        self.steps.set(self._run.now, sum(self.by_class.values()))
-
-    def preempted(self, spec: JobSpec) -> None:
-        self.preemptions += 1
-
-    def waiting(self, spec: JobSpec, delta: int) -> None:
-        pass
-
-    def requeued(self) -> None:
-        pass
-
-    def lost(self, gpu_s: float) -> None:
-        pass
-
-
-class _Cluster(ServingCluster):
-    """The serving cluster; the mixed run sees every input the scheduler gets."""
-
-    def __init__(self, scheduler: Scheduler, costs: Costs, run: MixedSimulation) -> None:
-        super().__init__(scheduler, costs, run.decided, run.settings.stop_grace_s)
-        self._run = run
-
-    def feed(self, event: Input) -> None:
-        self._run.observe(event)
-        super().feed(event)
-        self._run.held()
-
-
 @dataclass(frozen=True)
-class _Flow:
-    """A workflow job arrives."""
-
-    job_id: str
-    workflow: Workflow
-
-
-@dataclass(frozen=True)
-class _Every:
-    """A periodic event: a usage snapshot, a tick or a sample."""
+class _Timer:
+    """A usage snapshot, a tick or a sample is due, or the window opens or closes."""
 
     kind: str
 
 
-@dataclass(frozen=True)
-class _Mark:
-    """The window opens or closes: usage so far is noted."""
+class MixedCluster(ServingCluster, Observer):
+    """The serving cluster with batch jobs on the side, and what a run of it measures (it
+    observes the batch agents: the GPUs batch work holds, by class and over time)."""
 
-    name: str
-
-
-class MixedSimulation:
     def __init__(self, profiles: Profiles, config: PolicyConfig, settings: MixedSettings) -> None:
+        super().__init__(Scheduler(config), profiles.costs, self._decided, settings.stop_grace_s)
         self.settings = settings
         self.config = config
         self.best_case_ms = profiles.best_case_ms
         self.tree = budget_tree(settings.teams)
-        self.scheduler = Scheduler(config)
-        self.cluster = _Cluster(self.scheduler, profiles.costs, self)
-        self.world = world = self.cluster.world
         self.usage = WindowedUsage(config.lookback_window_s)
         nodes = settings.cluster.node_specs()
         self.capacity = sum(n.gpu_count for n in nodes)
@@ -269,12 +216,13 @@ class MixedSimulation:
         flows = [keyed(w) for w in profiles.workflows]
         self.batch = batch_jobs(settings, rng)
         self.arrivals = workflow_arrivals(settings, flows, rng)
-        self.batch_held = _BatchHeld(self)
-        self.agents = BatchAgents(world, self.batch_held)
+        self.agents = BatchAgents(self.world, self)
+        self.batch_by_class = dict.fromkeys(CLASSES, 0)
+        self.batch_steps = _Steps()
+        self.preemptions = 0
         self.running: dict[str, tuple[str, int, float]] = {}  # task -> allocation, GPUs, start
         self.gpu_s_run: dict[str, float] = {}
         self.serving_run_s = 0.0  # workflow task time inside the window
-        self.flows: dict[str, tuple[float, Workflow]] = {}  # job -> (arrival ms, workflow)
         self.waited: set[str] = set()
         self.serving_steps = _Steps()
         self.peak_held = 0
@@ -285,26 +233,25 @@ class MixedSimulation:
 
     # -- driving ---------------------------------------------------------------------
 
-    def run(self) -> MixedRun:
+    def simulate(self) -> MixedRun:
         began = time.perf_counter()
-        cluster, world = self.cluster, self.world
-        cluster.feed(BudgetSet(0.0, self.tree))
+        world = self.world
+        self.feed(BudgetSet(0.0, self.tree))
         for node in self.settings.cluster.node_specs():
-            cluster.feed(NodeJoined(0.0, node))
+            self.feed(NodeJoined(0.0, node))
             world.join(node)
         for job in self.batch:
             world.at(job.at * 1000, job)
         for n, (at, flow) in enumerate(self.arrivals):
-            world.at((self.start + at) * 1000, _Flow(f"w{n:06d}", flow))
+            ms = (self.start + at) * 1000
+            spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
+            world.at(ms, JobArrived(ms / world.per_s, JobId(f"w{n:06d}"), spec))
         for kind in ("snapshot", "tick"):
-            world.at(0.0, _Every(kind))
-        world.at(self.start * 1000, _Mark("start"))
-        world.at(self.start * 1000, _Every("sample"))
-        world.at(self.end * 1000, _Mark("end"))
-        cluster.run(self._handle)
-        unfinished = len(self.arrivals) - len(world.done)
-        if unfinished:
-            raise SimulationError(f"{unfinished} of {len(self.arrivals)} workflows never finished")
+            world.at(0.0, _Timer(kind))
+        world.at(self.start * 1000, _Timer("start"))
+        world.at(self.start * 1000, _Timer("sample"))
+        world.at(self.end * 1000, _Timer("end"))
+        self.run(self._handle)
         if left := [j for j in self.jobs.values() if j.state not in OVER]:
             raise SimulationError(
                 f"{len(left)} batch jobs never finished, e.g. {left[0].sim.job_id}"
@@ -321,33 +268,29 @@ class MixedSimulation:
         return self.agents.jobs
 
     def _handle(self, entry: object) -> None:
-        now, cluster = self.now, self.cluster
+        now = self.now
         match entry:
             case SimJob():
                 self.agents.arrive(entry)
-                cluster.feed(JobArrived(now, JobId(entry.job_id), entry.spec))
-            case _Flow(job_id=job_id, workflow=flow):
-                self.flows[job_id] = (self.world.now, flow)
-                spec = JobSpec(SERVING_TEAM, "sim", 1, (), workflow=flow)
-                cluster.feed(JobArrived(now, JobId(job_id), spec))
+                self.feed(JobArrived(now, JobId(entry.job_id), entry.spec))
             case Completion() | StopEnd() | EndTask():
                 self.agents.handle(entry)
-            case _Every(kind="snapshot"):
-                cluster.feed(usage_snapshot(self.usage, now, self.config.lookback_window_s))
+            case _Timer(kind="snapshot"):
+                self.feed(usage_snapshot(self.usage, now, self.config.lookback_window_s))
                 self._again(entry, self.settings.snapshot_s)
-            case _Every(kind="tick"):
-                cluster.feed(Tick(now))
+            case _Timer(kind="tick"):
+                self.feed(Tick(now))
                 self._again(entry, self.settings.tick_s)
-            case _Every(kind="sample"):
+            case _Timer(kind="sample"):
                 self._sample()
                 if now + self.settings.sample_s <= self.end + 1e-9:
                     self.world.at((now + self.settings.sample_s) * 1000, entry)
-            case _Mark(name=name):
-                self.marks[name] = self.usage.snapshot(now)
+            case _Timer(kind=mark):  # the window opens or closes
+                self.marks[mark] = self.usage.snapshot(now)
             case _:  # pragma: no cover - every entry pushed here is handled above
                 raise SimulationError(f"unknown event {entry}")
 
-    def _again(self, entry: _Every, period_s: float) -> None:
+    def _again(self, entry: _Timer, period_s: float) -> None:
         """Periodic inputs go on while anything is left to do."""
         busy = self.now < self.end or len(self.world.done) < len(self.arrivals)
         if busy or any(j.state not in OVER for j in self.jobs.values()):
@@ -355,8 +298,9 @@ class MixedSimulation:
 
     # -- what the scheduler hears --------------------------------------------------------
 
-    def observe(self, event: Input) -> None:
-        """Every input, before the scheduler: charge task lifecycles as the projector does."""
+    def feed(self, event: Input) -> None:
+        """Every input, charged as the projector charges the task lifecycle, then the
+        scheduler's; the serving GPUs it holds after."""
         self.inputs += 1
         self.world.charge(self.usage, event)
         if isinstance(event, TaskStarted):
@@ -367,20 +311,26 @@ class MixedSimulation:
             allocation, gpus, began = self.running.pop(event.task_id)
             used = gpus * (event.at - began)
             self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
-            if event.task_id not in self.agents.tasks and event.job_id in self.flows:
+            if event.task_id not in self.agents.tasks and event.job_id in self.arrived:
                 inside = min(event.at, self.end) - max(began, self.start)
                 self.serving_run_s += max(inside, 0.0)
-
-    def held(self) -> None:
+        super().feed(event)
         held = self.scheduler.serving_gpus()
         self.peak_held = max(self.peak_held, held)
         self.serving_steps.set(self.now, held)
 
-    def decided(self, decision: Decision) -> None:
+    def held(self, spec: JobSpec, gpus: int) -> None:
+        self.batch_by_class[spec.work_class.value] += gpus
+        self.batch_steps.set(self.now, sum(self.batch_by_class.values()))
+
+    def preempted(self, spec: JobSpec) -> None:
+        self.preemptions += 1
+
+    def _decided(self, decision: Decision) -> None:
         match decision:
             case Cancel(job_id=job_id):  # pragma: no cover - nothing is cancelled here
                 raise SimulationError(f"{job_id} cancelled: nothing asked for that")
-            case Wait(job_id=job_id) if job_id in self.flows:
+            case Wait(job_id=job_id) if job_id in self.arrived:
                 self.waited.add(job_id)
             case Planned() | Wait():
                 pass
@@ -397,11 +347,7 @@ class MixedSimulation:
                 self.now - self.start,
                 self.scheduler.serving_gpus(),
                 active,
-                (
-                    self.batch_held.by_class[WorkClass.DEBUG.value],
-                    self.batch_held.by_class[WorkClass.ALLOCATED.value],
-                    self.batch_held.by_class[WorkClass.UNALLOCATED.value],
-                ),
+                tuple(self.batch_by_class[c] for c in CLASSES),
             )
         )
 
@@ -416,35 +362,17 @@ class MixedSimulation:
             "calm": [(self.start, min(b0, self.end)), (max(b1, self.start), self.end)],
         }
 
-        def held(steps: _Steps, phase: str) -> Held:
-            parts = [(a, b) for a, b in windows[phase] if b > a]
-            if len(parts) == 1:
-                return steps.over(*parts[0])
-            joined = _Steps()  # the phase's pieces, end to end
-            offset = 0.0
-            for a, b in parts:
-                for i, value in enumerate(steps.values):
-                    until = steps.times[i + 1] if i + 1 < len(steps.times) else math.inf
-                    lo, hi = max(steps.times[i], a), min(until, b)
-                    if hi > lo:
-                        joined.set(offset + lo - a, value)
-                offset += b - a
-            return joined.over(0.0, offset)
-
         def length(phase: str) -> float:
             return sum(max(b - a, 0.0) for a, b in windows[phase])
 
-        serving_held = {p: held(self.serving_steps, p) for p in PHASES}
-        spans = self.serving_steps.weights(self.start, self.end)
+        serving_held = {p: self.serving_steps.over(windows[p]) for p in PHASES}
+        spans = self.serving_steps.weights(windows["all"])
         at_cap = sum(w for v, w in spans.items() if v >= self.cap)
-        batch_held = {p: held(self.batch_held.steps, p) for p in PHASES}
+        batch_held = {p: self.batch_steps.over(windows[p]) for p in PHASES}
         window = length("all")
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
         charges, gpu_s_charged = self._charges()
-        counts = hits(self.world.served)
-        hit = sum(h for h, _ in counts.values())
-        looked = sum(h + m for h, m in counts.values())
         return MixedRun(
             serving_max_fraction=self.config.serving_max_fraction,
             serving_linger_s=self.config.serving_linger_s,
@@ -462,16 +390,16 @@ class MixedSimulation:
             batch_waits=self._waits(),
             workflows=self._slowdowns(),
             charges=charges,
-            cache_hit_rate=hit / looked if looked else 0.0,
+            cache_hit_rate=hit_rate(hits(self.world.served)),
             batch_evictions=self.world.evicted_by_batch,
-            preemptions=self.batch_held.preemptions,
+            preemptions=self.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
             peak_serving_held=self.peak_held,
             peak_serving_active=self.peak_active,
             gpu_s_run=dict(sorted(self.gpu_s_run.items())),
             gpu_s_charged=gpu_s_charged,
-            decisions=self.cluster.decisions,
+            decisions=self.decisions,
             inputs=self.inputs,
             series=tuple(self.samples),
         )
@@ -479,8 +407,7 @@ class MixedSimulation:
     def _serving_busy(self, windows: Mapping[str, list[tuple[float, float]]]) -> dict[str, float]:
         """GPU-seconds running workflow tasks, by phase (each task split at the edges)."""
         busy = dict.fromkeys(PHASES, 0.0)
-        for job_id, (arrived_ms, flow) in self.flows.items():
-            del arrived_ms
+        for job_id, (_, flow) in self.arrived.items():
             for task in flow.tasks:
                 end_ms = self.world.ended.get(f"{job_id}/{task.task_id}")
                 if end_ms is None:  # pragma: no cover - every task ends
@@ -527,7 +454,7 @@ class MixedSimulation:
     def _slowdowns(self) -> dict[str, Slowdowns]:
         by_phase: dict[str, list[tuple[float, float]]] = {p: [] for p in PHASES}
         waited: dict[str, int] = dict.fromkeys(PHASES, 0)
-        for job_id, (arrived_ms, flow) in self.flows.items():
+        for job_id, (arrived_ms, flow) in self.arrived.items():
             latency = self.world.done[job_id] - arrived_ms
             entry = (latency / self.best_case_ms[flow.name], latency)
             phase = self.settings.phase(arrived_ms / 1000 - self.start)
@@ -545,7 +472,7 @@ class MixedSimulation:
 def simulate_mixed(
     profiles: Profiles, config: PolicyConfig, settings: MixedSettings | None = None
 ) -> MixedRun:
-    return MixedSimulation(profiles, config, settings or MixedSettings()).run()
+    return MixedCluster(profiles, config, settings or MixedSettings()).simulate()
 
 
 def compare_fractions(
@@ -559,7 +486,7 @@ def compare_fractions(
     """The same workload (same seed) under each ``serving_max_fraction``, in that order;
     ``parallel`` runs them in separate processes (the results are the same)."""
     configs = [
-        mixed_policy(profiles.costs, serving_max_fraction=f, serving_linger_s=serving_linger_s)
+        serving_policy(profiles.costs, serving_max_fraction=f, serving_linger_s=serving_linger_s)
         for f in fractions
     ]
     if not parallel or len(configs) < 2:

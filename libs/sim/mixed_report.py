@@ -1,162 +1,120 @@
-"""How a mixed run is shown: the tables ``qm sim mixed`` prints, summary.md and mixed.png."""
+"""How a mixed run is shown: the tables ``qm sim mixed`` prints and summary.md (its plot is
+``libs.sim.plots.write_mixed_plot``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-from libs.sim.metrics import CLASSES, Distribution
-from libs.sim.mixed import PHASES, MixedRun
+from libs.sim.metrics import Distribution
+from libs.sim.mixed import PHASES, Charge, Held, MixedRun
 from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
-from libs.sim.report import markdown_table
+from libs.sim.tables import Columns, Table, markdown_table, table
 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
 
-def tables(run: MixedRun) -> dict[str, tuple[list[str], list[list[str]]]]:
+def tables(run: MixedRun) -> dict[str, Table]:
     """Title -> (header, rows): what ``qm sim mixed`` prints and summary.md holds."""
-    out: dict[str, tuple[list[str], list[list[str]]]] = {}
-    rows = []
-    for phase in PHASES:
-        h, b = run.serving_held[phase], run.batch_held[phase]
-        busy = run.serving_busy[phase]
-        rows.append(
-            [
-                phase,
-                f"{h.median:g}",
-                f"{h.p90:g}",
-                f"{h.max:g}",
-                f"{h.mean:.1f}",
-                f"{busy:.1f}",
-                f"{100 * busy / h.mean:.0f}%" if h.mean else "-",
-                f"{b.mean:.1f}",
-                f"{100 * b.mean / run.capacity:.1f}%",
-            ]
-        )
-    out[
-        f"GPUs held over time (serving cap {run.serving_cap} of {run.capacity}, "
-        f"linger {run.serving_linger_s:g} s)"
-    ] = (
-        [
-            "phase",
-            "serving p50",
-            "serving p90",
-            "serving max",
-            "serving mean",
-            "serving busy",
-            "serving use",
-            "batch mean",
-            "batch occupancy",
-        ],
-        rows,
+    held, batch, busy = run.serving_held, run.batch_held, run.serving_busy
+    by_phase: Columns[str] = (
+        ("phase", lambda p: p),
+        ("serving p50", lambda p: f"{held[p].median:g}"),
+        ("serving p90", lambda p: f"{held[p].p90:g}"),
+        ("serving max", lambda p: f"{held[p].max:g}"),
+        ("serving mean", lambda p: f"{held[p].mean:.1f}"),
+        ("serving busy", lambda p: f"{busy[p]:.1f}"),
+        ("serving use", lambda p: f"{100 * busy[p] / held[p].mean:.0f}%" if held[p].mean else "-"),
+        ("batch mean", lambda p: f"{batch[p].mean:.1f}"),
+        ("batch occupancy", lambda p: f"{100 * batch[p].mean / run.capacity:.1f}%"),
     )
-    rows = []
-    for phase in PHASES:
-        w = run.workflows[phase]
-        rows.append(
-            [
-                phase,
-                str(w.count),
-                f"{w.median:.3f}",
-                f"{w.p99:.2f}",
-                f"{w.median_latency_ms:.0f}",
-                str(w.waited),
-            ]
-        )
-    out["Workflows: slowdown (latency ÷ best case), by arrival phase"] = (
-        ["phase", "workflows", "median", "p99", "median latency ms", "waited for a GPU"],
-        rows,
+    flows = run.workflows
+    slowdowns: Columns[str] = (
+        ("phase", lambda p: p),
+        ("workflows", lambda p: str(flows[p].count)),
+        ("median", lambda p: f"{flows[p].median:.3f}"),
+        ("p99", lambda p: f"{flows[p].p99:.2f}"),
+        ("median latency ms", lambda p: f"{flows[p].median_latency_ms:.0f}"),
+        ("waited for a GPU", lambda p: str(flows[p].waited)),
     )
-    rows = []
-    for (team, cls), d in run.batch_waits.items():
-        rows.append([team, cls, str(d.count), _minutes(d.p50), _minutes(d.p90)])
-    out["Batch queue wait (minutes), jobs submitted in the window"] = (
-        ["allocation", "class", "jobs", "p50", "p90"],
-        rows,
+    waits: Columns[tuple[tuple[str, str], Distribution]] = (
+        ("allocation", lambda w: w[0][0]),
+        ("class", lambda w: w[0][1]),
+        ("jobs", lambda w: str(w[1].count)),
+        ("p50", lambda w: _minutes(w[1].p50)),
+        ("p90", lambda w: _minutes(w[1].p90)),
     )
     total = sum(c.allocated_gpu_h + c.free_gpu_h for c in run.charges) or 1.0
     window_h = run.window_s / 3600
-    rows = []
-    for c in run.charges:
-        rows.append(
-            [
-                c.allocation,
-                f"{c.entitlement:.0%}",
-                f"{c.entitlement * run.capacity * window_h:.0f}",
-                f"{c.allocated_gpu_h:.0f}",
-                f"{c.serving_gpu_h:.1f}",
-                f"{c.free_gpu_h:.0f}",
-                f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}",
-            ]
-        )
-    out["GPU-hours in the window per allocation vs entitlement"] = (
-        [
-            "allocation",
-            "entitlement",
-            "entitled GPU-h",
-            "charged GPU-h",
-            "of it workflows",
-            "free GPU-h",
-            "share of use",
-        ],
-        rows,
+    charges: Columns[Charge] = (
+        ("allocation", lambda c: c.allocation),
+        ("entitlement", lambda c: f"{c.entitlement:.0%}"),
+        ("entitled GPU-h", lambda c: f"{c.entitlement * run.capacity * window_h:.0f}"),
+        ("charged GPU-h", lambda c: f"{c.allocated_gpu_h:.0f}"),
+        ("of it workflows", lambda c: f"{c.serving_gpu_h:.1f}"),
+        ("free GPU-h", lambda c: f"{c.free_gpu_h:.0f}"),
+        ("share of use", lambda c: f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}"),
     )
-    out["Cluster"] = (
-        ["measure", "value"],
-        [
-            ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
-            ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
-            ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
-            ["batch occupancy", f"{run.batch_occupancy_pct:.1f}%"],
-            ["workflow cache hit rate", f"{run.cache_hit_rate:.1%}"],
-            ["models evicted by batch placements", str(run.batch_evictions)],
-            ["batch preemptions", str(run.preemptions)],
-            ["batch jobs / workflows in the window", f"{run.jobs} / {run.workflow_jobs}"],
-            ["decisions / inputs", f"{run.decisions} / {run.inputs}"],
-            ["simulation wall-clock", f"{run.wall_s:.1f} s"],
-        ],
-    )
-    return out
-
-
-COMPARISON_HEADER = [
-    "serving_max_fraction",
-    "cap",
-    "at cap",
-    "serving p50/p90/max",
-    "serving mean (burst)",
-    "batch occupancy",
-    "cluster occupancy",
-    "wf median calm/burst",
-    "wf p99 calm/burst",
-    "batch p50/p90 wait min",
-    "wall s",
-]
-
-
-def comparison_rows(runs: Sequence[MixedRun]) -> list[list[str]]:
-    rows = []
-    for r in runs:
-        h, w = r.serving_held["all"], r.workflows
-        d = r.batch_waits.get(("all", "all"), Distribution.of([]))
-        rows.append(
+    cap = f"serving cap {run.serving_cap} of {run.capacity}, linger {run.serving_linger_s:g} s"
+    return {
+        f"GPUs held over time ({cap})": table(by_phase, PHASES),
+        "Workflows: slowdown (latency ÷ best case), by arrival phase": table(slowdowns, PHASES),
+        "Batch queue wait (minutes), jobs submitted in the window": table(
+            waits, run.batch_waits.items()
+        ),
+        "GPU-hours in the window per allocation vs entitlement": table(charges, run.charges),
+        "Cluster": (
+            ["measure", "value"],
             [
-                f"{r.serving_max_fraction:g}",
-                str(r.serving_cap),
-                f"{r.at_cap_pct:.0f}%",
-                f"{h.median:g} / {h.p90:g} / {h.max:g}",
-                f"{h.mean:.1f} ({r.serving_held['burst'].mean:.1f})",
-                f"{r.batch_occupancy_pct:.1f}%",
-                f"{r.cluster_occupancy_pct:.1f}%",
-                f"{w['calm'].median:.2f} / {w['burst'].median:.2f}",
-                f"{w['calm'].p99:.1f} / {w['burst'].p99:.1f}",
-                f"{_minutes(d.p50)} / {_minutes(d.p90)}",
-                f"{r.wall_s:.1f}",
-            ]
-        )
-    return rows
+                ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
+                ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
+                ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
+                ["batch occupancy", f"{run.batch_occupancy_pct:.1f}%"],
+                ["workflow cache hit rate", f"{run.cache_hit_rate:.1%}"],
+                ["models evicted by batch placements", str(run.batch_evictions)],
+                ["batch preemptions", str(run.preemptions)],
+                ["batch jobs / workflows in the window", f"{run.jobs} / {run.workflow_jobs}"],
+                ["decisions / inputs", f"{run.decisions} / {run.inputs}"],
+                ["simulation wall-clock", f"{run.wall_s:.1f} s"],
+            ],
+        ),
+    }
+
+
+def _spread(held: Held) -> str:
+    return f"{held.median:g} / {held.p90:g} / {held.max:g}"
+
+
+def _all_waits(run: MixedRun) -> Distribution:
+    return run.batch_waits.get(("all", "all"), Distribution.of([]))
+
+
+COMPARISON: Columns[MixedRun] = (
+    ("serving_max_fraction", lambda r: f"{r.serving_max_fraction:g}"),
+    ("cap", lambda r: str(r.serving_cap)),
+    ("at cap", lambda r: f"{r.at_cap_pct:.0f}%"),
+    ("serving p50/p90/max", lambda r: _spread(r.serving_held["all"])),
+    (
+        "serving mean (burst)",
+        lambda r: f"{r.serving_held['all'].mean:.1f} ({r.serving_held['burst'].mean:.1f})",
+    ),
+    ("batch occupancy", lambda r: f"{r.batch_occupancy_pct:.1f}%"),
+    ("cluster occupancy", lambda r: f"{r.cluster_occupancy_pct:.1f}%"),
+    (
+        "wf median calm/burst",
+        lambda r: f"{r.workflows['calm'].median:.2f} / {r.workflows['burst'].median:.2f}",
+    ),
+    (
+        "wf p99 calm/burst",
+        lambda r: f"{r.workflows['calm'].p99:.1f} / {r.workflows['burst'].p99:.1f}",
+    ),
+    (
+        "batch p50/p90 wait min",
+        lambda r: f"{_minutes(_all_waits(r).p50)} / {_minutes(_all_waits(r).p90)}",
+    ),
+    ("wall s", lambda r: f"{r.wall_s:.1f}"),
+)
 
 
 def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
@@ -181,7 +139,7 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
     lines += [
         "## serving_max_fraction side by side (same workload)",
         "",
-        *markdown_table(COMPARISON_HEADER, comparison_rows(runs)),
+        *markdown_table(*table(COMPARISON, runs)),
         "",
         "Definitions: *serving* GPUs are those the serving core holds from batch work "
         "(planned or lingering), weighted by time; *busy* counts GPUs running a workflow task "
@@ -192,50 +150,3 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def write_plot(runs: Sequence[MixedRun], path: Path) -> Path:
-    """GPUs held by batch work (by class) and by serving over time, one panel per run."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 3.4 * len(runs)))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(runs), 1, squeeze=False)
-    for ax, run in zip(axes[:, 0], runs, strict=True):
-        hours = [p.at_s / 3600 for p in run.series]
-        ax.stackplot(
-            hours,
-            [p.serving_held for p in run.series],
-            *([p.batch[i] for p in run.series] for i in range(3)),
-            labels=["serving (held)", *(f"batch {c}" for c in CLASSES)],
-            colors=["tab:orange", "tab:green", "tab:blue", "tab:gray"],
-            alpha=0.8,
-            step="post",
-        )
-        ax.step(
-            hours,
-            [p.serving_active for p in run.series],
-            where="post",
-            color="tab:red",
-            linewidth=0.8,
-            label="serving (with work)",
-        )
-        ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
-        ax.axhline(run.capacity, color="black", linewidth=0.8)
-        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
-            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
-        ax.set_ylim(0, run.capacity * 1.02)
-        ax.set_xlim(0, run.window_s / 3600)
-        ax.set_ylabel("GPUs")
-        ax.set_title(
-            f"serving_max_fraction {run.serving_max_fraction:g} (cap {run.serving_cap}): "
-            f"serving held mean {run.serving_held['all'].mean:.1f}, "
-            f"batch occupancy {run.batch_occupancy_pct:.1f}%"
-        )
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    axes[-1, 0].set_xlabel("hours into the measured window")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    return path

@@ -7,15 +7,13 @@ for the serving team, ``burst_factor`` × faster during the burst.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from libs.core.budget_tree import BudgetNode, BudgetTree
-from libs.core.compass import Costs, Workflow
-from libs.core.config import PolicyConfig
+from libs.core.compass import Workflow
 from libs.core.model import JobSpec
 from libs.sim.cluster import ClusterSpec
 from libs.sim.workload import SimJob
@@ -58,19 +56,6 @@ class MixedSettings:
     def phase(self, at_s: float) -> str:
         """calm or burst, for a time in seconds since the window opened."""
         return "burst" if self.burst_s[0] <= at_s < self.burst_s[1] else "calm"
-
-
-def mixed_policy(
-    costs: Costs, *, serving_max_fraction: float = 0.5, serving_linger_s: float = 30.0
-) -> PolicyConfig:
-    """The default policy, with the profiles' transfer rates and the two serving knobs."""
-    return dataclasses.replace(
-        PolicyConfig(),
-        host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
-        node_to_node_mb_per_ms=costs.node_to_node_mb_per_ms,
-        serving_max_fraction=serving_max_fraction,
-        serving_linger_s=serving_linger_s,
-    )
 
 
 def budget_tree(teams: Sequence[tuple[str, float]] = TEAMS) -> BudgetTree:

@@ -1,4 +1,5 @@
-"""PNG plots of a run, one figure per question, every policy side by side."""
+"""PNG plots: of a trace run (one figure per question, every policy side by side), of the
+workflow sweep and of mixed-cluster runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from libs.sim.metrics import CLASSES, Distribution, Metrics
+from libs.sim.mixed import MixedRun
+from libs.sim.workflows import SweepRun
 
 _CLASS_COLOURS = {"debug": "tab:green", "allocated": "tab:blue", "unallocated": "tab:gray"}
 
@@ -22,12 +25,7 @@ def write_plots(results: Sequence[Metrics], out: Path) -> list[Path]:
         "jct": _cdfs(results, "jct", "job completion time by class"),
         "preemptions": _preemptions(results),
     }
-    paths = []
-    for name, figure in figures.items():
-        path = out / f"{name}.png"
-        figure.savefig(path, dpi=110, metadata={"Software": None})
-        paths.append(path)
-    return paths
+    return [_save(figure, out / f"{name}.png") for name, figure in figures.items()]
 
 
 def _occupancy(results: Sequence[Metrics]) -> Figure:
@@ -114,11 +112,85 @@ def _preemptions(results: Sequence[Metrics]) -> Figure:
     return fig
 
 
+_STYLE = {"compass": "o-", "heft": "s--", "hash": "^:", "jit": "d-."}
+
+
+def write_sweep_plot(runs: Sequence[SweepRun], path: Path) -> Path:
+    """GPUs available against median and p99 slowdown, one row per arrival process."""
+    processes = list(dict.fromkeys(r.arrivals for r in runs))
+    fig = _figure(10, 3.6 * len(processes))
+    axes = fig.subplots(len(processes), 2, squeeze=False)
+    for row, name in zip(axes, processes, strict=True):
+        mine = [r.run for r in runs if r.arrivals == name]
+        median_ax, p99_ax = row
+        for mode in sorted({r.mode for r in mine}, key=lambda m: m.value):
+            points = sorted((r for r in mine if r.mode is mode), key=lambda r: r.gpus)
+            gpus = [r.gpus for r in points]
+            style = _STYLE.get(mode.value, "o-")
+            median_ax.plot(gpus, [r.median_slowdown for r in points], style, label=mode.value)
+            p99_ax.plot(gpus, [r.p99_slowdown for r in points], style, label=mode.value)
+        for ax, title in ((median_ax, "median slowdown"), (p99_ax, "p99 slowdown")):
+            ax.set_xlabel("GPUs available")
+            ax.set_yscale("log")
+            ax.set_title(f"{title} ({name} arrivals)")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def write_mixed_plot(runs: Sequence[MixedRun], path: Path) -> Path:
+    """GPUs held by batch work (by class) and by serving over time, one panel per run."""
+    fig = _figure(13, 3.4 * len(runs))
+    axes = fig.subplots(len(runs), 1, squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        hours = [p.at_s / 3600 for p in run.series]
+        ax.stackplot(
+            hours,
+            [p.serving_held for p in run.series],
+            *([p.batch[i] for p in run.series] for i in range(3)),
+            labels=["serving (held)", *(f"batch {c}" for c in CLASSES)],
+            colors=["tab:orange", "tab:green", "tab:blue", "tab:gray"],
+            alpha=0.8,
+            step="post",
+        )
+        ax.step(
+            hours,
+            [p.serving_active for p in run.series],
+            where="post",
+            color="tab:red",
+            linewidth=0.8,
+            label="serving (with work)",
+        )
+        ax.axhline(run.serving_cap, color="tab:orange", linestyle="--", linewidth=0.8)
+        ax.axhline(run.capacity, color="black", linewidth=0.8)
+        for edge, label in zip(run.burst_s, ("burst", None), strict=True):
+            ax.axvline(edge / 3600, color="black", linestyle=":", linewidth=1.2, label=label)
+        ax.set_ylim(0, run.capacity * 1.02)
+        ax.set_xlim(0, run.window_s / 3600)
+        ax.set_ylabel("GPUs")
+        ax.set_title(
+            f"serving_max_fraction {run.serving_max_fraction:g} (cap {run.serving_cap}): "
+            f"serving held mean {run.serving_held['all'].mean:.1f}, "
+            f"batch occupancy {run.batch_occupancy_pct:.1f}%"
+        )
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    axes[-1, 0].set_xlabel("hours into the measured window")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _figure(width: float, height: float) -> Figure:
     """A figure drawn by Agg, outside pyplot: no global state, no display needed."""
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    return path
 
 
 def _short(seconds: float) -> str:

@@ -12,19 +12,11 @@ from typing import Any
 from libs.core.config import PolicyConfig
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S
 from libs.sim.driver import SimSettings
-from libs.sim.metrics import CLASSES, Metrics
+from libs.sim.metrics import CLASSES, AllocationMetrics, Metrics
 from libs.sim.scenario import Scenario
+from libs.sim.tables import Columns, markdown_table, table
 from libs.sim.workload import Workload
 
-SUMMARY_HEADER = (
-    "policy",
-    "owed delivered (min)",
-    "occupancy",
-    "debug p90 wait",
-    "allocated p90 wait",
-    "preemptions",
-    "sim runtime",
-)
 # DESIGN.md section 1: what the reference deployment achieved.
 TARGET_DELIVERED_PCT = 95.0
 TARGET_OCCUPANCY_PCT = 95.0
@@ -56,29 +48,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
-def summary_rows(results: Sequence[Metrics]) -> list[tuple[str, ...]]:
-    return [
-        (
-            m.policy,
-            "n/a" if m.owed_delivered_min_pct is None else f"{m.owed_delivered_min_pct:.1f}%",
-            f"{m.occupancy_pct:.1f}%",
-            duration(m.waits["debug"].p90),
-            duration(m.waits["allocated"].p90),
-            str(m.total_preemptions),
-            f"{m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)",
-        )
-        for m in results
-    ]
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"
+
+
+SUMMARY: Columns[Metrics] = (
+    ("policy", lambda m: m.policy),
+    ("owed delivered (min)", lambda m: _percent(m.owed_delivered_min_pct)),
+    ("occupancy", lambda m: f"{m.occupancy_pct:.1f}%"),
+    ("debug p90 wait", lambda m: duration(m.waits["debug"].p90)),
+    ("allocated p90 wait", lambda m: duration(m.waits["allocated"].p90)),
+    ("preemptions", lambda m: str(m.total_preemptions)),
+    ("sim runtime", lambda m: f"{m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)"),
+)
 
 
 def workload_profile(workload: Workload) -> dict[str, Any]:
     """How the trace's jobs fell into classes and teams."""
     classes = {c: {"jobs": 0, "gpu_h": 0.0} for c in CLASSES}
-    shares = workload.tree.entitlements()
-    teams: dict[str, dict[str, Any]] = {
-        t: {"entitlement": s, "users": set(), "jobs": 0, "charged_gpu_h": 0.0}
-        for t, s in shares.items()
-    }
+    teams = {t: _team(share) for t, share in workload.tree.entitlements().items()}
     cpu_only = {"jobs": 0, "hours": 0.0}
     for job in workload.jobs:
         if job.spec.gpus == 0:  # no work class: every policy rejects them
@@ -89,10 +77,7 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
         entry = classes[job.spec.work_class.value]
         entry["jobs"] += 1
         entry["gpu_h"] += gpu_h
-        team = teams.setdefault(
-            job.spec.allocation,
-            {"entitlement": 0.0, "users": set(), "jobs": 0, "charged_gpu_h": 0.0},
-        )
+        team = teams.setdefault(job.spec.allocation, _team(0.0))
         team["users"].add(job.spec.user)
         team["jobs"] += 1
         if job.spec.allocated:
@@ -100,6 +85,10 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
     for team in teams.values():
         team["users"] = len(team["users"])
     return {"classes": classes, "teams": dict(sorted(teams.items())), "cpu_only": cpu_only}
+
+
+def _team(entitlement: float) -> dict[str, Any]:
+    return {"entitlement": entitlement, "users": set(), "jobs": 0, "charged_gpu_h": 0.0}
 
 
 def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) -> dict[str, Any]:
@@ -111,7 +100,7 @@ def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) 
             raw["delivered_pct"] = alloc.delivered_pct
         policies[m.policy] = entry
     return {
-        "scenario": _jsonable(dataclasses.asdict(info.scenario)),
+        "scenario": dataclasses.asdict(info.scenario),
         "policy_config": dataclasses.asdict(info.config),
         "settings": dataclasses.asdict(info.settings),
         "workload": {
@@ -134,7 +123,8 @@ def write_report(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = metrics_json(info, workload, results)
-    (out / "metrics.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(data, indent=1, sort_keys=True, default=str)  # paths as text
+    (out / "metrics.json").write_text(text + "\n")
     (out / "summary.md").write_text(summary_markdown(info, workload, results, plots, out))
 
 
@@ -164,7 +154,7 @@ def summary_markdown(
         "",
         "## Summary",
         "",
-        *markdown_table(SUMMARY_HEADER, summary_rows(results)),
+        *markdown_table(*table(SUMMARY, results)),
         "",
         f"Targets (DESIGN.md §1): owed delivered ≥ {TARGET_DELIVERED_PCT:.0f}% for every team "
         f"with enough demand, occupancy ≥ {TARGET_OCCUPANCY_PCT:.0f}%, debug p90 wait ≤ "
@@ -240,20 +230,25 @@ def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
         [(c, str(v["jobs"]), f"{v['gpu_h']:,.0f}") for c, v in profile["classes"].items()],
     )
     lines += [""]
-    lines += markdown_table(
-        ("team", "entitlement", "users", "jobs", "charged GPU-hours asked"),
-        [
-            (
-                t,
-                f"{v['entitlement']:.1%}",
-                str(v["users"]),
-                str(v["jobs"]),
-                f"{v['charged_gpu_h']:,.0f}",
-            )
-            for t, v in profile["teams"].items()
-        ],
+    teams: Columns[tuple[str, dict[str, Any]]] = (
+        ("team", lambda t: t[0]),
+        ("entitlement", lambda t: f"{t[1]['entitlement']:.1%}"),
+        ("users", lambda t: str(t[1]["users"])),
+        ("jobs", lambda t: str(t[1]["jobs"])),
+        ("charged GPU-hours asked", lambda t: f"{t[1]['charged_gpu_h']:,.0f}"),
     )
-    return [*lines, ""]
+    return [*lines, *markdown_table(*table(teams, profile["teams"].items())), ""]
+
+
+_ALLOCATION: Columns[AllocationMetrics] = (
+    ("team", lambda a: a.name + (" *" if a.enough_demand else "")),
+    ("entitlement", lambda a: f"{a.entitlement:.1%}"),
+    ("time with enough demand", lambda a: f"{a.demand_fraction:.0%}"),
+    ("owed", lambda a: f"{a.owed_gpu_h:,.0f}"),
+    ("delivered", lambda a: f"{a.delivered_gpu_h:,.0f}"),
+    ("delivered/owed", lambda a: _percent(a.delivered_pct)),
+    ("unallocated run", lambda a: f"{a.free_gpu_h:,.0f}"),
+)
 
 
 def _allocations_section(results: Sequence[Metrics]) -> list[str]:
@@ -264,87 +259,41 @@ def _allocations_section(results: Sequence[Metrics]) -> list[str]:
         "",
     ]
     for m in results:
-        rows = [
-            (
-                a.name + (" *" if a.enough_demand else ""),
-                f"{a.entitlement:.1%}",
-                f"{a.demand_fraction:.0%}",
-                f"{a.owed_gpu_h:,.0f}",
-                f"{a.delivered_gpu_h:,.0f}",
-                "n/a" if a.delivered_pct is None else f"{a.delivered_pct:.1f}%",
-                f"{a.free_gpu_h:,.0f}",
-            )
-            for a in m.allocations
-        ]
-        header = (
-            "team",
-            "entitlement",
-            "time with enough demand",
-            "owed",
-            "delivered",
-            "delivered/owed",
-            "unallocated run",
-        )
-        lines += [f"### {m.policy}", "", *markdown_table(header, rows), ""]
+        lines += [f"### {m.policy}", "", *markdown_table(*table(_ALLOCATION, m.allocations)), ""]
     return lines
 
 
+_WAIT: Columns[tuple[Metrics, str]] = (  # a policy's jobs of a class
+    ("policy", lambda mc: mc[0].policy),
+    ("class", lambda mc: mc[1]),
+    ("jobs", lambda mc: str(mc[0].waits[mc[1]].count)),
+    ("wait p50", lambda mc: duration(mc[0].waits[mc[1]].p50)),
+    ("wait p90", lambda mc: duration(mc[0].waits[mc[1]].p90)),
+    ("wait p99", lambda mc: duration(mc[0].waits[mc[1]].p99)),
+    ("JCT p50", lambda mc: duration(mc[0].jct[mc[1]].p50)),
+    ("JCT p90", lambda mc: duration(mc[0].jct[mc[1]].p90)),
+    ("slowdown p50", lambda mc: f"{mc[0].slowdown[mc[1]].p50:.1f}"),
+    ("slowdown p90", lambda mc: f"{mc[0].slowdown[mc[1]].p90:.1f}"),
+)
+
+
 def _waits_section(results: Sequence[Metrics]) -> list[str]:
-    rows = []
-    for m in results:
-        for c in (*CLASSES, "all"):
-            w, j, s = m.waits[c], m.jct[c], m.slowdown[c]
-            rows.append(
-                (
-                    m.policy,
-                    c,
-                    str(w.count),
-                    duration(w.p50),
-                    duration(w.p90),
-                    duration(w.p99),
-                    duration(j.p50),
-                    duration(j.p90),
-                    f"{s.p50:.1f}",
-                    f"{s.p90:.1f}",
-                )
-            )
-    header = (
-        "policy",
-        "class",
-        "jobs",
-        "wait p50",
-        "wait p90",
-        "wait p99",
-        "JCT p50",
-        "JCT p90",
-        "slowdown p50",
-        "slowdown p90",
-    )
-    return ["## Waits, completion times and slowdown", "", *markdown_table(header, rows), ""]
+    by_class = [(m, c) for m in results for c in (*CLASSES, "all")]
+    waits = markdown_table(*table(_WAIT, by_class))
+    return ["## Waits, completion times and slowdown", "", *waits, ""]
 
 
 def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
     outcomes = sorted({k for m in results for k in m.jobs})
-    rows = [
-        (
-            m.policy,
-            *(str(m.jobs.get(k, 0)) for k in outcomes),
-            ", ".join(f"{c} {n}" for c, n in m.preemptions.items()),
-            str(m.requeues),
-            f"{m.lost_gpu_h:,.0f}",
-            str(m.inputs),
-        )
-        for m in results
-    ]
-    header = (
-        "policy",
-        *outcomes,
-        "preempted (by class)",
-        "requeues",
-        "lost GPU-hours",
-        "policy inputs",
+    columns: Columns[Metrics] = (
+        ("policy", lambda m: m.policy),
+        *((k, lambda m, k=k: str(m.jobs.get(k, 0))) for k in outcomes),
+        ("preempted (by class)", lambda m: ", ".join(f"{c} {n}" for c, n in m.preemptions.items())),
+        ("requeues", lambda m: str(m.requeues)),
+        ("lost GPU-hours", lambda m: f"{m.lost_gpu_h:,.0f}"),
+        ("policy inputs", lambda m: str(m.inputs)),
     )
-    return ["## Jobs at the end of the window", "", *markdown_table(header, rows), ""]
+    return ["## Jobs at the end of the window", "", *markdown_table(*table(columns, results)), ""]
 
 
 def _verdict(m: Metrics) -> str:
@@ -361,14 +310,6 @@ def _verdict(m: Metrics) -> str:
     return f"{verdict} (occupancy of demand {m.occupancy_of_demand_pct:.1f}%)"
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(" --- " for _ in header) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
 def _span(workload: Workload) -> str:
     jobs = workload.jobs
     return duration(jobs[-1].at - jobs[0].at) if jobs else "nothing"
@@ -381,13 +322,3 @@ def _window(sc: Scenario) -> str:
     if sc.end_s is not None:
         parts.append(f"submitted before {sc.end_s:g} s")
     return ", ".join(parts) or "the whole trace"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value

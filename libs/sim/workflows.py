@@ -18,11 +18,13 @@ events at equal times in the order they were made.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from libs.config.document import ConfigError, load
 from libs.config.workflow import ProfilesFile
@@ -148,7 +150,8 @@ class ServingCluster:
         )
         self.decisions = 0
         self.adjusted = 0  # tasks sent elsewhere than planned
-        self.planned_ms: dict[str, float] = {}  # job -> when its plan was made
+        self.arrived: dict[str, tuple[float, Workflow]] = {}  # workflow job -> (ms, workflow)
+        self.planned_ms: dict[str, float] = {}  # workflow job -> when its plan was made
 
     def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
         gib = memory_mb / MB_PER_GIB  # the serving core reads memory in GiB
@@ -170,8 +173,12 @@ class ServingCluster:
                 handle(entry)
             else:  # pragma: no cover - every entry pushed here is handled above
                 raise SimulationError(f"unknown event {entry}")
+        if unfinished := len(self.arrived) - len(world.done):
+            raise SimulationError(f"{unfinished} of {len(self.arrived)} workflows never finished")
 
     def feed(self, event: Input) -> None:
+        if isinstance(event, JobArrived) and event.spec.workflow is not None:
+            self.arrived[event.job_id] = (self.world.now, event.spec.workflow)
         for decision in self.scheduler.handle(event):
             self.decisions += 1
             self._act(decision)
@@ -199,6 +206,13 @@ def hits(served: Sequence[Served]) -> dict[str, list[int]]:
     return counts
 
 
+def hit_rate(counts: Mapping[str, Sequence[int]]) -> float:
+    """Cache hits over the model lookups ``hits`` counted."""
+    hit = sum(h for h, _ in counts.values())
+    looked = sum(h + m for h, m in counts.values())
+    return hit / looked if looked else 0.0
+
+
 def _flow(served: Served) -> str:
     workflow = served.task.spec.workflow
     return workflow.name if workflow else ""
@@ -217,22 +231,25 @@ def _parts(served: Sequence[Served]) -> dict[tuple[str, str], list[float]]:
     return parts
 
 
-def policy(mode: PlanMode, costs: Costs, **overrides: float) -> PolicyConfig:
-    """The serving policy of the sweep: every GPU may serve; the published costs."""
-    settings: dict[str, object] = {
-        "serving_mode": mode.value,
-        "serving_max_fraction": 1.0,
-        "host_to_gpu_mb_per_ms": costs.host_to_gpu_mb_per_ms,
-        "node_to_node_mb_per_ms": costs.node_to_node_mb_per_ms,
-    }
-    settings.update(overrides)
-    return dataclasses.replace(PolicyConfig(), **settings)  # type: ignore[arg-type]
+def serving_policy(costs: Costs, **knobs: Any) -> PolicyConfig:
+    """The default policy with the profiles' transfer rates, and ``knobs``."""
+    return dataclasses.replace(
+        PolicyConfig(),
+        host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
+        node_to_node_mb_per_ms=costs.node_to_node_mb_per_ms,
+        **knobs,
+    )
+
+
+def policy(mode: PlanMode, costs: Costs, **knobs: Any) -> PolicyConfig:
+    """The serving policy of the sweep: every GPU may serve."""
+    return serving_policy(
+        costs, **{"serving_mode": mode.value, "serving_max_fraction": 1.0, **knobs}
+    )
 
 
 def simulate(
-    workflows: Sequence[Workflow],
-    best_case_ms: Mapping[str, float],
-    costs: Costs,
+    profiles: Profiles,
     *,
     mode: PlanMode,
     gpus: int,
@@ -245,58 +262,34 @@ def simulate(
     hold_threshold: float = PolicyConfig.hold_threshold,
 ) -> WorkflowRun:
     rng = random.Random(seed)
-    flows = list(workflows) if share_models else [keyed(w) for w in workflows]
-    config = policy(mode, costs, hold_threshold=hold_threshold)
-    cluster = ServingCluster(Scheduler(config), costs)
+    flows = list(profiles.workflows) if share_models else [keyed(w) for w in profiles.workflows]
+    cluster = ServingCluster(
+        Scheduler(policy(mode, profiles.costs, hold_threshold=hold_threshold)), profiles.costs
+    )
     for i in range(gpus):
-        cluster.add_gpu_node(f"n{i:04d}", (0,), costs.gpu_memory_mb)
-    times = arrivals(jobs, rate_per_s, burst_shape, rng)
-    flow_of: dict[str, Workflow] = {}
-    arrived: dict[str, float] = {}
-    world = cluster.world
-    for n, at in enumerate(times):
-        job_id = f"w{n:06d}"
-        flow = flows[rng.randrange(len(flows))]
-        flow_of[job_id] = flow
-        arrived[job_id] = at
-        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flow)
-        world.at(at, JobArrived(at / 1000, JobId(job_id), spec))
+        cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)
+    for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
+        spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flows[rng.randrange(len(flows))])
+        cluster.world.at(at, JobArrived(at / 1000, JobId(f"w{n:06d}"), spec))
     cluster.run()
-    finished = world.done
-    if len(finished) != len(times):
-        raise SimulationError(
-            f"{len(times) - len(finished)} of {len(times)} workflows never finished"
-        )
-    return _summary(mode, gpus, flows, best_case_ms, flow_of, arrived, finished, cluster, warmup)
-
-
-def _summary(
-    mode: PlanMode,
-    gpus: int,
-    flows: Sequence[Workflow],
-    best_case_ms: Mapping[str, float],
-    flow_of: Mapping[str, Workflow],
-    arrived: Mapping[str, float],
-    finished: Mapping[str, float],
-    cluster: ServingCluster,
-    warmup: float,
-) -> WorkflowRun:
-    served = cluster.world.served
+    served, arrived, finished = cluster.world.served, cluster.arrived, cluster.world.done
     counts, parts = hits(served), _parts(served)
     done = sorted(finished, key=lambda j: (finished[j], j))
     measured = done[int(len(done) * warmup) :]
-    slowdowns = [(finished[j] - arrived[j]) / best_case_ms[flow_of[j].name] for j in measured]
-    latencies = sorted(finished[j] - arrived[j] for j in measured)
+    slowdowns = [
+        (finished[j] - arrived[j][0]) / profiles.best_case_ms[arrived[j][1].name] for j in measured
+    ]
+    latencies = sorted(finished[j] - arrived[j][0] for j in measured)
     per_workflow = {}
     for flow in flows:
-        mine = [s for j, s in zip(measured, slowdowns, strict=True) if flow_of[j].name == flow.name]
+        mine = [
+            s for j, s in zip(measured, slowdowns, strict=True) if arrived[j][1].name == flow.name
+        ]
         h, m = counts.get(flow.name, [0, 0])
         per_workflow[flow.name] = (
             statistics.median(mine) if mine else 0.0,
             h / (h + m) if h + m else 0.0,
         )
-    hit = sum(h for h, _ in counts.values())
-    looked = sum(h + m for h, m in counts.values())
     counted = sum(p[4] for p in parts.values())
     return WorkflowRun(
         mode=mode,
@@ -306,14 +299,14 @@ def _summary(
         p99_slowdown=_p99(sorted(slowdowns)),
         median_latency_ms=statistics.median(latencies),
         p99_latency_ms=_p99(latencies),
-        cache_hit_rate=hit / looked if looked else 0.0,
+        cache_hit_rate=hit_rate(counts),
         gpus_used=len({(s.task.node_id, s.task.gpus[0]) for s in served}),
         per_workflow=per_workflow,
         breakdown_ms={
             part: sum(p[i] for p in parts.values()) / max(counted, 1)
             for i, part in enumerate(PARTS)
         },
-        held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j] for j in measured),
+        held_ms=statistics.fmean(cluster.planned_ms[j] - arrived[j][0] for j in measured),
         task_breakdown_ms={
             key: {part: p[i] / max(p[4], 1) for i, part in enumerate(PARTS)}
             for key, p in sorted(parts.items())
@@ -345,36 +338,19 @@ def sweep(
     modes: Sequence[PlanMode],
     arrivals: Mapping[str, float],
     *,
-    jobs: int = 1000,
-    rate_per_s: float = 40.0,
-    seed: int = 7,
-    hold_threshold: float = PolicyConfig.hold_threshold,
     on_run: Callable[[SweepRun], None] | None = None,
+    **knobs: Any,  # for every run: simulate's jobs, rate_per_s, seed, hold_threshold
 ) -> list[SweepRun]:
     """Every mode at every size under every arrival process; deterministic."""
     import time
 
     runs = []
-    for name, shape in arrivals.items():
-        for gpus in sizes:
-            for mode in modes:
-                began = time.perf_counter()
-                run = simulate(
-                    profiles.workflows,
-                    profiles.best_case_ms,
-                    profiles.costs,
-                    mode=mode,
-                    gpus=gpus,
-                    jobs=jobs,
-                    rate_per_s=rate_per_s,
-                    burst_shape=shape,
-                    seed=seed,
-                    hold_threshold=hold_threshold,
-                )
-                done = SweepRun(name, run, time.perf_counter() - began)
-                runs.append(done)
-                if on_run is not None:
-                    on_run(done)
+    for (name, shape), gpus, mode in itertools.product(arrivals.items(), sizes, modes):
+        began = time.perf_counter()
+        run = simulate(profiles, mode=mode, gpus=gpus, burst_shape=shape, **knobs)
+        runs.append(SweepRun(name, run, time.perf_counter() - began))
+        if on_run is not None:
+            on_run(runs[-1])
     return runs
 
 
@@ -435,7 +411,7 @@ def claims(runs: Sequence[SweepRun]) -> list[Claim]:
 
 def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
-    flows = sorted({f for r in runs for f in r.run.per_workflow}, key=_flow_order(runs))
+    flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
     lines = ["# Workflow serving sweep", ""]
     for name in dict.fromkeys(r.arrivals for r in runs):
         mine = [r for r in runs if r.arrivals == name]
@@ -486,8 +462,3 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     lines += [f"- [{'x' if c.holds else ' '}] {c.text}" for c in claims(runs)]
     lines += ["", f"Sweep runtime: {total_s:.1f} s for {len(runs)} runs.", ""]
     return "\n".join(lines)
-
-
-def _flow_order(runs: Sequence[SweepRun]) -> Callable[[str], int]:
-    order = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))
-    return order.index

@@ -2,9 +2,9 @@
 a clock, an agenda, and what node agents do with the scheduler's decisions.
 
 The trace simulator (``libs.sim.driver``), the workflow sweep (``libs.sim.workflows``),
-the mixed cluster (``libs.sim.mixed``), the property tests and the core benchmarks run
-their tasks here, and the golden recorder (``tests/golden/record.py``) its batch tasks.
-What a node agent does is decided once:
+the mixed cluster (``libs.sim.mixed``), the property tests, the core benchmarks and the
+golden recorder (``tests/golden/record.py``) run their tasks here. What a node agent does
+is decided once:
 
 * A batch ``Place`` claims its GPUs at once; a GPU given twice, or one its node does not
   have, stops the run (``SimulationError``). Models cached on a GPU a batch task takes
@@ -30,6 +30,7 @@ is plain state changed by its methods; it reads no clock and draws no random num
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -313,7 +314,7 @@ class World:
         if place.job_id not in self._left and place.spec.workflow is not None:
             self._left[place.job_id] = len(place.spec.workflow.tasks)
         if ready > now_ms:
-            self.at(self._from_ms(ready), _Wake(key))
+            self._wake_at(ready, key)
         else:
             self._wake(key)
 
@@ -356,7 +357,16 @@ class World:
         if worker.idle and worker.queue:
             wake_at = worker.next_ready_ms(self._ms(self.now))
             if wake_at is not None:
-                self.at(self._from_ms(wake_at), _Wake(key))
+                self._wake_at(wake_at, key)
+
+    def _wake_at(self, ready_ms: float, key: GpuKey) -> None:
+        """The GPU looks for work when a task's inputs are there: no earlier, where agenda
+        times are rounded."""
+        if self._digits is None:
+            self.at(self._from_ms(ready_ms), _Wake(key))
+        else:
+            grid = 10**self._digits
+            self.at(math.ceil(ready_ms * (self.per_s * grid / 1000)) / grid, _Wake(key))
 
 
 def usage_snapshot(usage: WindowedUsage, at: float, window_s: float) -> UsageSnapshot:

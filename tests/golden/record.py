@@ -3,16 +3,15 @@
 A scenario is a small simulated cluster around the scheduler: admission
 submits jobs, node agents start and end the tasks placement places (and stop
 the ones it stops), users cancel, managers change the budget, the ticker and
-the projector report time and usage. The batch tasks run in the simulators'
-cluster (``libs.sim.world``: it holds their GPUs, refuses a GPU given twice,
-starts a task a second after its placement and ends it two seconds after a
-stop); its agenda orders every record, to the millisecond. Workflow tasks
-still queue in the recorder's own ``GpuWorker``s: it writes each GPU's wake as
-a record at whole milliseconds and never evicts models for batch work (the
-node agent and the world do), so moving them onto the world changes the logs:
-that waits for their next re-recording. Every id, timestamp and choice comes from
-the seed, so a scenario is the same log on every run. Each input goes through
-:func:`decide` as placement would, and the decisions are recorded.
+the projector report time and usage. The tasks run in the simulators' cluster
+(``libs.sim.world``): it holds batch tasks' GPUs, refuses a GPU given twice, starts
+a batch task a second after its placement and ends it two seconds after a stop;
+workflow tasks queue on their GPU, which loads and evicts models, and a batch task
+evicts the models cached on the GPUs it takes. What the world reports is written as
+the node agent writes it (``services.node_agent.lifecycle``); its agenda orders every
+record, to the millisecond. Every id, timestamp and choice comes from the seed, so a
+scenario is the same log on every run. Each input goes through :func:`decide` as
+placement would, and the decisions are recorded.
 
 Next to each log, a sidecar JSON names its files and the policy that decided
 it; tampered copies of the decisions name the divergence the audit must find.
@@ -20,11 +19,12 @@ it; tampered copies of the decisions name the divergence the audit must find.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,14 +36,15 @@ from libs.core import (
     POLICY,
     POLICY_VERSION,
     Input,
+    ModelEvicted,
+    ModelLoaded,
     Place,
     PolicyConfig,
     Scheduler,
     TaskEnded,
     TaskStarted,
 )
-from libs.core.compass import GpuWorker
-from libs.core.compass.scheduler import MB_PER_GIB
+from libs.core.compass import Eviction
 from libs.events import event_type, new_envelope
 from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
 from libs.events.driver import decide, policy_configured
@@ -76,7 +77,6 @@ WORKFLOWS = (
         ),
     ),
 )
-GpuKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,6 @@ class _Record:
 
     producer: str
     message: Message
-
-
-@dataclass(frozen=True)
-class _Serve:
-    """A node agent's serving queue on one GPU looks for work."""
-
-    gpu: GpuKey
 
 
 @dataclass(frozen=True)
@@ -188,17 +181,17 @@ class Scenario:
         self._scheduler = Scheduler(config)
         # The chance that an arrival is a burst of workflows rather than a batch job.
         self._workflow_bursts = workflow_bursts
-        self._gpu_workers: dict[GpuKey, GpuWorker] = {}
-        self._bandwidth = config.host_to_gpu_mb_per_ms
         self._window_s = config.lookback_window_s
-        # Records at equal times go in the order they were made; the batch tasks' own
-        # reports (starts, a stop's end) come from the world.
-        self._ended: list[Input] = []
+        # Records at equal times go in the order they were made. What the world reports
+        # at once (a stop's end, a workflow task's end, the models a GPU evicts for the
+        # task it takes) is written next, before anything else.
+        self._reports: list[Input] = []
         self._world = World(
             start_delay_s=1.0,
             stop_grace_s=2.0,
             stopped_exit=STOPPED,
-            deliver=self._ended.append,
+            host_to_gpu_mb_per_ms=config.host_to_gpu_mb_per_ms,
+            deliver=self._reports.append,
             digits=3,
         )
         self._pids: dict[str, int] = {}
@@ -218,10 +211,9 @@ class Scenario:
         while world:
             entry = world.pop()
             at = world.now
-            if isinstance(entry, _Serve):
-                self._serve(entry.gpu, at)
-                continue
-            for record in self._records(entry):
+            records = self._records(entry)
+            while records:
+                record = records.pop(0)
                 payload = record.message
                 if not self._still_happens(at, payload):
                     continue
@@ -238,26 +230,58 @@ class Scenario:
                     self._react(at, decision)
                 yield Step(offset, env, decisions)
                 offset += 1
+                records += self._reported()  # a GPU took a workflow task it was sent
 
     def _records(self, entry: object) -> list[_Record]:
         """The records an agenda entry makes: its own, or the node agent's for what the
-        world did (a batch task started, or ended at a stop's grace)."""
+        world did (a task started, a model loaded, a task ended)."""
         if isinstance(entry, _Record):
             return [entry]
-        if isinstance(entry, TaskStarted):
-            ids = {"job_id": entry.job_id, "task_id": entry.task_id, "node_id": entry.node_id}
-            started = events_pb2.TaskStarted(**ids, pid=self._pids.pop(entry.task_id))
-            return [_Record("node-agent", started)]
+        if isinstance(entry, Input):  # reported at its time
+            return [self._written(entry)]
         if not self._world.handle(entry):
             raise TypeError(f"unknown agenda entry {entry!r}")
-        records = []
-        for ended in self._ended:
-            assert isinstance(ended, TaskEnded) and ended.exit_code == STOPPED
-            ids = {"job_id": ended.job_id, "task_id": ended.task_id, "node_id": ended.node_id}
-            failed = events_pb2.TaskFailed(**ids, exit_code=STOPPED, reason="killed by SIGTERM")
-            records.append(_Record("node-agent", failed))
-        self._ended.clear()
+        return self._reported()
+
+    def _reported(self) -> list[_Record]:
+        """What the world reported at once, as records."""
+        records = [self._written(report) for report in self._reports]
+        self._reports.clear()
         return records
+
+    def _written(self, report: Input) -> _Record:
+        """A report of the world as the node agent writes it."""
+        world = self._world
+        message: Message
+        match report:
+            case TaskStarted(at=at, task_id=task_id):
+                self._started[task_id] = at
+                message = events_pb2.TaskStarted(**_ids(report), pid=self._pids.pop(task_id))
+            case TaskEnded(exit_code=0):  # a workflow task's run is over
+                message = events_pb2.TaskFinished(**_ids(report), exit_code=0)
+            case TaskEnded(exit_code=code):  # a stop's grace is over
+                message = events_pb2.TaskFailed(
+                    **_ids(report), exit_code=code, reason="killed by SIGTERM"
+                )
+            case ModelLoaded(node_id=node_id, gpu_index=index):
+                begun = world.workers[(node_id, index)].running
+                assert begun is not None  # the task it loaded for starts now
+                message = model_loaded(self._live[begun.task_id], index, begun)
+            case ModelEvicted(node_id=node_id, gpu_index=index, model=model):
+                message = model_evicted(node_id, index, self._eviction(node_id, index, model))
+            case _:
+                raise TypeError(f"unexpected report {report!r}")
+        return _Record("node-agent", message)
+
+    def _eviction(self, node_id: str, index: int, model: str) -> Eviction:
+        """Why a model left its GPU: room for the workflow task the GPU took, or the GPU
+        taken by a batch task (its worker then runs nothing)."""
+        begun = self._world.workers[(node_id, index)].running
+        if begun is not None:
+            return next(e for e in begun.evicted if e.model == model)
+        holder = self._world.gpus[(node_id, index)]
+        assert holder is not None
+        return Eviction(model, 0.0, f"GPU taken by batch job {self._world.tasks[holder].job_id}")
 
     def _at(self, at: float, producer: str, payload: Message) -> None:
         self._world.at(at, _Record(producer, payload))
@@ -310,8 +334,7 @@ class Scenario:
             for task_id, placed in list(self._live.items()):
                 if placed.node_id == "a100-0":
                     del self._live[task_id]
-                    if task_id in self._world.tasks:
-                        self._world.release(task_id)
+                    self._release(task_id)
             inventory = self._inventory(next(n for n in NODES if n[0] == "a100-0"))
             self._at(at, "node-agent", self._registered(inventory))
 
@@ -371,16 +394,9 @@ class Scenario:
                 task_id = payload.task_id
                 if task_id in self._world.stopping or task_id not in self._live:
                     return False
-                if task_id in self._world.tasks:  # its own end: its GPUs are free
-                    self._world.release(task_id)
+                self._release(task_id)  # a batch task's own end: its GPUs are free
                 placed = self._live.pop(task_id)
                 started = self._started.pop(payload.task_id, at)
-                if placed.HasField("serving"):
-                    key = (placed.node_id, placed.gpu_indices[0])
-                    worker = self._gpu_workers[key]
-                    if not worker.finish(payload.task_id):
-                        worker.remove(payload.task_id)
-                    self._world.at(at, _Serve(key))
                 if placed.spec.min_runtime_s or placed.HasField("serving"):
                     used = len(placed.gpu_indices) * (at - started)
                     self._charged[placed.spec.allocation] += used
@@ -390,30 +406,12 @@ class Scenario:
         if number + 1 < self._jobs:
             self._arrive(at + self._rng.expovariate(1 / self._arrival_s), number + 1)
 
-    def _serve(self, key: GpuKey, at: float) -> None:
-        """A node agent's serving queue on one GPU: start what is ready, as the agent would."""
-        worker = self._gpu_workers[key]
-        start = worker.start(at * 1000)
-        if start is None:
-            ready = worker.next_ready_ms(at * 1000)
-            if worker.idle and ready is not None:
-                # Times are kept to the ms: wake no earlier than the inputs arrive.
-                self._world.at(math.ceil(ready) / 1000, _Serve(key))
-            return
-        placed = self._live[start.task_id]
-        ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
-        # The node agent's own event builders, in its order.
-        for eviction in start.evicted:
-            self._at(at, "node-agent", model_evicted(*key, eviction))
-        if start.loaded:
-            self._at(start.start_ms / 1000, "node-agent", model_loaded(placed, key[1], start))
-        self._started[placed.task_id] = start.start_ms / 1000
-        started = events_pb2.TaskStarted(**ids, pid=4000 + self._world.made)
-        self._at(start.start_ms / 1000, "node-agent", started)
-        finished = events_pb2.TaskFinished(
-            job_id=placed.job_id, task_id=placed.task_id, node_id=placed.node_id
-        )
-        self._at(start.finish_ms / 1000, "node-agent", finished)
+    def _release(self, task_id: str) -> None:
+        """A batch task is gone (ended, or lost with its node): its GPUs are free. A
+        workflow task keeps its place in its GPU's queue, as an agent's queue does."""
+        task = self._world.tasks.get(task_id)
+        if task is not None and not task.serving:
+            self._world.release(task_id)
 
     def _busy(self) -> bool:
         periodic = events_pb2.ClockTick | events_pb2.UsageSnapshot | events_pb2.NodeHeartbeat
@@ -425,25 +423,20 @@ class Scenario:
     def _react(self, at: float, decision: events_pb2.Envelope) -> None:
         """What the node agents do with placement's decisions."""
         kind = event_type(decision)
-        if kind == "task_placed" and decision.task_placed.HasField("serving"):
+        if kind == "task_placed":
             placed = decision.task_placed
             self._live[placed.task_id] = placed
-            key = (placed.node_id, placed.gpu_indices[0])
-            memory = next(m for n, _, _, m in NODES if n == placed.node_id) * MB_PER_GIB
-            worker = self._gpu_workers.setdefault(key, GpuWorker(memory, self._bandwidth))
-            serving = serving_from_proto(placed.serving)
-            worker.enqueue(placed.task_id, serving, at * 1000 + serving.input_delay_ms)
-            self._world.at(at, _Serve(key))
-        elif kind == "task_placed":
-            placed = decision.task_placed
-            self._live[placed.task_id] = placed
-            ids = {"job_id": placed.job_id, "task_id": placed.task_id, "node_id": placed.node_id}
-            start = at + 1.0
-            self._started[placed.task_id] = start
             self._pids[placed.task_id] = 4000 + self._world.made
             gpus = tuple(placed.gpu_indices)
             spec = spec_from_proto(placed.spec)
-            self._world.start(Place(placed.job_id, placed.task_id, placed.node_id, gpus, spec))
+            place = Place(placed.job_id, placed.task_id, placed.node_id, gpus, spec)
+            if placed.HasField("serving"):
+                serving = serving_from_proto(placed.serving)
+                self._world.send(dataclasses.replace(place, serving=serving))
+                return
+            self._world.start(place)
+            ids = _ids(placed)
+            start = at + 1.0
             if placed.spec.simulated_utilization < 0.1:
                 self._at(
                     start + 120,
@@ -459,12 +452,14 @@ class Scenario:
             )
             self._at(end, "node-agent", outcome)
         elif kind == "task_lost":
-            task_id = decision.task_lost.task_id
-            self._live.pop(task_id, None)
-            if task_id in self._world.tasks:
-                self._world.release(task_id)
+            self._live.pop(decision.task_lost.task_id, None)
+            self._release(decision.task_lost.task_id)
         elif kind == "task_stop_requested" and decision.task_stop_requested.task_id in self._live:
             self._world.stop(decision.task_stop_requested.task_id)
+
+
+def _ids(task: TaskStarted | TaskEnded | events_pb2.TaskPlaced) -> dict[str, str]:
+    return {"job_id": task.job_id, "task_id": task.task_id, "node_id": task.node_id}
 
 
 # name: (seed, jobs, mean seconds between arrivals, chance an arrival is a workflow burst)
@@ -499,24 +494,11 @@ def record(
 
 def tamper(name: str, steps: list[Step]) -> None:
     """Two recordings of the same input that the audit must reject, at a known place."""
-    decisions = [(step.offset, i, d) for step in steps for i, d in enumerate(step.decisions)]
-    middle = len(decisions) // 2
-    offset, index, placed = next(
-        entry for entry in decisions[middle:] if event_type(entry[2]) == "task_placed"
-    )
-    changed = events_pb2.Envelope()
-    changed.CopyFrom(placed)
-    changed.task_placed.gpu_indices[0] ^= 1
-    _write(
-        f"{name}-gpu-changed",
-        name,
-        [changed if d is placed else d for _, _, d in decisions],
-        expect={"input_offset": offset, "index": index, "difference": "PAYLOAD"},
-        fields=["task_placed.gpu_indices"],
-    )
+    decisions = _numbered(steps)
+    _changed(name, "gpu-changed", decisions, "task_placed", _other_gpu, "task_placed.gpu_indices")
     # One followed by another of the same input: the audit must tell a gap from a change.
     offset, index, dropped = next(
-        e for e, after in itertools.pairwise(decisions[middle:]) if e[0] == after[0]
+        e for e, after in itertools.pairwise(decisions[len(decisions) // 2 :]) if e[0] == after[0]
     )
     _write(
         f"{name}-decision-dropped",
@@ -528,22 +510,46 @@ def tamper(name: str, steps: list[Step]) -> None:
 
 def tamper_plan(name: str, steps: list[Step]) -> None:
     """A workflow plan moved to another GPU: replaying plans must catch it too."""
-    decisions = [(step.offset, i, d) for step in steps for i, d in enumerate(step.decisions)]
-    offset, index, planned = next(
-        entry
-        for entry in decisions[len(decisions) // 2 :]
-        if event_type(entry[2]) == "workflow_planned"
+    decisions = _numbered(steps)
+    kind = "workflow_planned"
+    _changed(name, "plan-changed", decisions, kind, _other_plan_gpu, "workflow_planned.tasks")
+
+
+def _numbered(steps: list[Step]) -> list[tuple[int, int, events_pb2.Envelope]]:
+    """Every decision with its input's offset and its place among that input's decisions."""
+    return [(step.offset, i, d) for step in steps for i, d in enumerate(step.decisions)]
+
+
+def _changed(
+    name: str,
+    suffix: str,
+    decisions: list[tuple[int, int, events_pb2.Envelope]],
+    kind: str,
+    change: Callable[[events_pb2.Envelope], None],
+    field: str,
+) -> None:
+    """The decisions with the first of ``kind`` in their second half changed in ``field``."""
+    offset, index, original = next(
+        entry for entry in decisions[len(decisions) // 2 :] if event_type(entry[2]) == kind
     )
     changed = events_pb2.Envelope()
-    changed.CopyFrom(planned)
-    changed.workflow_planned.tasks[0].gpu_index ^= 1
+    changed.CopyFrom(original)
+    change(changed)
     _write(
-        f"{name}-plan-changed",
+        f"{name}-{suffix}",
         name,
-        [changed if d is planned else d for _, _, d in decisions],
+        [changed if d is original else d for _, _, d in decisions],
         expect={"input_offset": offset, "index": index, "difference": "PAYLOAD"},
-        fields=["workflow_planned.tasks"],
+        fields=[field],
     )
+
+
+def _other_gpu(placed: events_pb2.Envelope) -> None:
+    placed.task_placed.gpu_indices[0] ^= 1
+
+
+def _other_plan_gpu(planned: events_pb2.Envelope) -> None:
+    planned.workflow_planned.tasks[0].gpu_index ^= 1
 
 
 def _write(

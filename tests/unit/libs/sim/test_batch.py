@@ -7,12 +7,21 @@ import pytest
 from libs.core import JobSpec, NodeSpec
 from libs.core.decisions import Place, Preempted, Requeue, Stop, StopCause
 from libs.core.inputs import Input, TaskEnded
-from libs.sim.batch import FINISHED, LOST, PLACING, RUNNING, STOPPED, WAITING, BatchAgents
+from libs.sim.batch import (
+    FINISHED,
+    LOST,
+    PLACING,
+    RUNNING,
+    STOPPED,
+    WAITING,
+    BatchAgents,
+    Observer,
+)
 from libs.sim.workload import SimJob
 from libs.sim.world import SIGTERM_EXIT, SimulationError, World
 
 
-class Counts:
+class Counts(Observer):
     """The observer: what the agents counted, in order."""
 
     def __init__(self) -> None:

@@ -11,16 +11,17 @@ from typer.testing import CliRunner
 
 from libs.core.model import WorkClass
 from libs.sim.cluster import ClusterSpec
-from libs.sim.mixed import MixedRun, MixedSimulation, compare_fractions, simulate_mixed
-from libs.sim.mixed_report import comparison_rows, markdown, write_plot
+from libs.sim.mixed import MixedCluster, MixedRun, compare_fractions, simulate_mixed
+from libs.sim.mixed_report import COMPARISON, markdown
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
     batch_jobs,
-    mixed_policy,
     workflow_arrivals,
 )
-from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles
+from libs.sim.plots import write_mixed_plot
+from libs.sim.tables import table
+from libs.sim.workflows import PROFILES, Profiles, keyed, load_profiles, serving_policy
 
 pytestmark = pytest.mark.shared_data
 
@@ -44,14 +45,16 @@ def profiles() -> Profiles:
 
 
 @pytest.fixture(scope="module")
-def sim(profiles: Profiles) -> tuple[MixedSimulation, MixedRun]:
-    simulation = MixedSimulation(profiles, mixed_policy(profiles.costs), SMALL)
-    return simulation, simulation.run()
+def sim(profiles: Profiles) -> tuple[MixedCluster, MixedRun]:
+    simulation = MixedCluster(profiles, serving_policy(profiles.costs), SMALL)
+    return simulation, simulation.simulate()
 
 
 @pytest.fixture(scope="module")
 def capped(profiles: Profiles) -> MixedRun:
-    return simulate_mixed(profiles, mixed_policy(profiles.costs, serving_max_fraction=0.25), SMALL)
+    return simulate_mixed(
+        profiles, serving_policy(profiles.costs, serving_max_fraction=0.25), SMALL
+    )
 
 
 def test_serving_never_holds_more_than_its_cap(capped: MixedRun) -> None:
@@ -63,7 +66,7 @@ def test_serving_never_holds_more_than_its_cap(capped: MixedRun) -> None:
 
 
 def test_every_workflow_finishes_no_faster_than_its_best_case(
-    sim: tuple[MixedSimulation, MixedRun],
+    sim: tuple[MixedCluster, MixedRun],
 ) -> None:
     simulation, run = sim
     assert run.workflow_jobs == len(simulation.arrivals) > 200
@@ -74,7 +77,7 @@ def test_every_workflow_finishes_no_faster_than_its_best_case(
     assert run.cache_hit_rate > 0.5
 
 
-def test_batch_work_still_gets_gpus(sim: tuple[MixedSimulation, MixedRun]) -> None:
+def test_batch_work_still_gets_gpus(sim: tuple[MixedCluster, MixedRun]) -> None:
     simulation, run = sim
     for phase in ("calm", "burst"):
         held = run.batch_held[phase].mean + run.serving_held[phase].mean
@@ -87,7 +90,7 @@ def test_batch_work_still_gets_gpus(sim: tuple[MixedSimulation, MixedRun]) -> No
 
 
 def test_charges_per_allocation_add_up_to_the_gpu_time_run(
-    sim: tuple[MixedSimulation, MixedRun],
+    sim: tuple[MixedCluster, MixedRun],
 ) -> None:
     simulation, run = sim
     assert run.gpu_s_charged.keys() == run.gpu_s_run.keys()
@@ -109,12 +112,12 @@ def test_charges_per_allocation_add_up_to_the_gpu_time_run(
 
 
 def test_the_same_seed_gives_the_same_metrics(
-    profiles: Profiles, sim: tuple[MixedSimulation, MixedRun]
+    profiles: Profiles, sim: tuple[MixedCluster, MixedRun]
 ) -> None:
     _, run = sim
-    assert simulate_mixed(profiles, mixed_policy(profiles.costs), SMALL) == run
+    assert simulate_mixed(profiles, serving_policy(profiles.costs), SMALL) == run
     other = simulate_mixed(
-        profiles, mixed_policy(profiles.costs), dataclasses.replace(SMALL, seed=8)
+        profiles, serving_policy(profiles.costs), dataclasses.replace(SMALL, seed=8)
     )
     assert other != run
 
@@ -141,15 +144,15 @@ def test_batch_jobs_offer_the_load_asked_for() -> None:
 
 
 def test_the_report_and_the_plot(
-    tmp_path: Path, sim: tuple[MixedSimulation, MixedRun], capped: MixedRun
+    tmp_path: Path, sim: tuple[MixedCluster, MixedRun], capped: MixedRun
 ) -> None:
     _, run = sim
     text = markdown([run, capped], SMALL)
     assert "## GPUs held over time (serving cap 8 of 16" in text
     assert "## serving_max_fraction side by side" in text
-    rows = comparison_rows([run, capped])
+    _, rows = table(COMPARISON, [run, capped])
     assert [r[:2] for r in rows] == [["0.5", "8"], ["0.25", "4"]]
-    path = write_plot([run, capped], tmp_path / "mixed.png")
+    path = write_mixed_plot([run, capped], tmp_path / "mixed.png")
     assert path.read_bytes().startswith(b"\x89PNG")
 
 

@@ -13,7 +13,8 @@ from cli.sim import sim_app
 from libs.config.scenario import load_scenario
 from libs.core import PolicyConfig
 from libs.sim import build_workload
-from libs.sim.report import duration, summary_rows
+from libs.sim.report import SUMMARY, duration
+from libs.sim.tables import table
 
 REPO = Path(__file__).resolve().parents[4]
 HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
@@ -81,7 +82,7 @@ def test_durations_read_and_print_like_people_write_them() -> None:
     assert Duration()("7d") == 7 * 86400
     assert Duration()("90") == Duration()("1.5m") == 90
     assert [duration(s) for s in (45, 600, 7200, 3 * 86400)] == ["45 s", "10 min", "2.0 h", "3.0 d"]
-    assert summary_rows([]) == []
+    assert table(SUMMARY, [])[1] == []
 
 
 @pytest.mark.shared_data

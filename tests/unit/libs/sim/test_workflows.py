@@ -42,15 +42,7 @@ def profiles() -> Profiles:
 def run(
     profiles: Profiles, mode: PlanMode, gpus: int, jobs: int = 200, share_models: bool = False
 ) -> WorkflowRun:
-    return simulate(
-        profiles.workflows,
-        profiles.best_case_ms,
-        profiles.costs,
-        mode=mode,
-        gpus=gpus,
-        jobs=jobs,
-        share_models=share_models,
-    )
+    return simulate(profiles, mode=mode, gpus=gpus, jobs=jobs, share_models=share_models)
 
 
 def test_a_run_is_deterministic_and_every_job_finishes(profiles: Profiles) -> None:
