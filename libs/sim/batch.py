@@ -8,7 +8,10 @@ act on them, and keeps each job's lifecycle:
   needs.
 * ``Stop``: SIGTERM to the whole placement (a gang lives and dies together);
   its tasks end ``stop_grace_s`` later, unless the job finishes first.
-  Resumable work checkpoints at SIGTERM; other work loses its progress.
+  Resumable work keeps its progress up to its last checkpoint: every
+  ``checkpoint_s`` of a run, or at SIGTERM when ``checkpoint_s`` is 0 (the
+  default, so it loses nothing); other work loses all its progress. What is
+  lost counts when the job waits again or is given up.
 * ``Requeue``: the job waits again. ``Preempted`` and ``Cancel``: it is over.
 * ``Reject``: the policy refused the job (a CPU-only job of a trace, say): it
   never runs.
@@ -55,6 +58,7 @@ class Job:
     tasks: list[str] = field(default_factory=list)  # of the current placement
     placed: int = 0
     progress_s: float = 0.0  # work done, kept across a resumable preemption
+    saved_s: float = 0.0  # progress at the last checkpoint
     run_start: float = 0.0
     stop_cause: StopCause = StopCause.PREEMPTED
     first_start: float | None = None
@@ -109,15 +113,16 @@ class Observer:
         """A stopped job waits again."""
 
     def lost(self, gpu_s: float) -> None:
-        """Work thrown away: a non-resumable job preempted after running ``gpu_s``."""
+        """Work thrown away by a preemption: ``gpu_s`` since the job's last checkpoint."""
 
 
 class BatchAgents:
     """The batch jobs of a run and their running tasks, in ``world``."""
 
-    def __init__(self, world: World, observer: Observer) -> None:
+    def __init__(self, world: World, observer: Observer, checkpoint_s: float = 0.0) -> None:
         self.world = world
         self.observer = observer
+        self.checkpoint_s = checkpoint_s
         self.jobs: dict[str, Job] = {}
         self.tasks: dict[str, Job] = {}  # running task -> its job
         self.waiting = 0  # jobs
@@ -150,15 +155,14 @@ class BatchAgents:
                 job = self.job(job_id)
                 if job.state in (STOPPING, STOPPED):
                     self.observer.requeued()
-                    if not job.sim.spec.resumable:
-                        self._lose_progress(job)
+                    self._lose_progress(job, job.saved_s if job.sim.spec.resumable else 0.0)
                     job.state = WAITING
                     self.waiting += 1
                     self.observer.waiting(job.sim.spec, 1)
             case Preempted(job_id=job_id):
                 job = self.job(job_id)
                 if job.state not in OVER:
-                    self._lose_progress(job)
+                    self._lose_progress(job, 0.0)
                     self._leave_waiting(job, LOST)
             case Cancel(job_id=job_id):
                 job = self.job(job_id)
@@ -213,7 +217,10 @@ class BatchAgents:
         at = now + world.stop_grace_s
         finishes = False
         if job.state == RUNNING:
-            job.progress_s += now - job.run_start  # checkpointed at SIGTERM if resumable
+            ran = now - job.run_start
+            every = self.checkpoint_s
+            job.saved_s = job.progress_s + (ran // every * every if every else ran)
+            job.progress_s += ran
             done_at = now + job.sim.runtime_s - job.progress_s
             finishes = done_at <= at
             at = min(at, done_at)
@@ -271,6 +278,8 @@ class BatchAgents:
             self.observer.waiting(job.sim.spec, -1)
         job.state = state
 
-    def _lose_progress(self, job: Job) -> None:
-        self.observer.lost(job.progress_s * job.sim.spec.gpus)
-        job.progress_s = 0.0
+    def _lose_progress(self, job: Job, kept_s: float) -> None:
+        """The job goes back to ``kept_s`` of progress."""
+        if job.progress_s > kept_s:
+            self.observer.lost((job.progress_s - kept_s) * job.sim.spec.gpus)
+        job.progress_s = job.saved_s = kept_s

@@ -27,7 +27,7 @@ from libs.core.inputs import (
 )
 from libs.core.usage import WindowedUsage
 from libs.sim.batch import BatchAgents, Completion, StopEnd
-from libs.sim.metrics import Metrics, Recorder
+from libs.sim.metrics import Metrics, Recorder, gpus_of_type
 from libs.sim.policy import Policy
 from libs.sim.workload import SimJob, Workload
 from libs.sim.world import SimulationError, World, usage_snapshot
@@ -58,6 +58,7 @@ class SimSettings:
     warmup_s: float = 0.0
     sample_s: float = 600.0  # time-series resolution for plots
     enough_demand: float = 0.5  # see libs.sim.metrics
+    checkpoint_s: float = 0.0  # how often resumable work checkpoints; see libs.sim.batch
 
 
 class Simulation:
@@ -78,12 +79,13 @@ class Simulation:
             self.end,
             settings.sample_s,
             settings.enough_demand,
+            gpus_of_type=gpus_of_type(workload.nodes),
         )
         self.usage = WindowedUsage(settings.lookback_window_s)
         self.inputs = 0
         self.world = World(stop_grace_s=settings.stop_grace_s, ranks=_RANKS)
         self.world.now = self.start
-        self.agents = BatchAgents(self.world, self.recorder)
+        self.agents = BatchAgents(self.world, self.recorder, settings.checkpoint_s)
         self._last_snapshot = -float("inf")
 
     def run(self) -> Metrics:

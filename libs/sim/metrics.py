@@ -10,10 +10,17 @@ statistics cover the jobs submitted in the window.
   entitlement e (its share of the cluster) and capacity C: its *demand* at a
   moment is the GPUs its charged work (minimum runtime > 0) holds plus the
   GPUs its charged waiting work asks for. It is *owed* min(e·C, demand) at
-  every moment, and *delivered* the GPUs its charged work holds. An
-  allocation has *enough demand* when its demand is at least e·C for at least
-  ``enough_demand`` (default half) of the window. Free (unallocated) work is
-  neither owed nor delivered; it is reported apart.
+  every moment, and *delivered* the GPUs its charged work holds. Free
+  (unallocated) work is neither owed nor delivered; it is reported apart.
+  The headline is the worst delivered ÷ owed over every allocation owed
+  anything, over the window and per day of it. An allocation has *enough
+  demand* when its demand is at least e·C for at least ``enough_demand``
+  (default half) of the window; the minimum over those alone is kept too, as
+  a figure that can hide a team with little demand.
+* Lost work: GPU-seconds a preemption threw away, counted when the job
+  restarts or is given up (``libs.sim.batch`` models the checkpoints).
+* Sizes: jobs by GPU count (``SIZES``), counting only those the cluster could
+  ever run (enough GPUs of their type).
 * Queue wait: from submission to the first start. A job still waiting at the
   end counts with its wait so far, so a policy cannot look good by starving.
 """
@@ -23,13 +30,26 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from libs.core.model import JobSpec, WorkClass
+from libs.core.config import DAY
+from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
 _SHOWN = {PLACING: RUNNING, STOPPING: STOPPED}  # a job's state as its outcome
+SIZES = ("1", "2-8", "9-64", ">64")  # GPUs a job asks for
+
+
+def gpus_of_type(nodes: Iterable[NodeSpec]) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for node in nodes:
+        totals[node.gpu_type] += node.gpu_count
+    return dict(totals)
+
+
+def size_class(gpus: int) -> str:
+    return "1" if gpus <= 1 else "2-8" if gpus <= 8 else "9-64" if gpus <= 64 else ">64"
 
 
 @dataclass(frozen=True)
@@ -65,10 +85,20 @@ class AllocationMetrics:
     free_gpu_h: float  # unallocated work it ran, uncharged
     demand_fraction: float  # of the window with demand >= entitlement
     enough_demand: bool
+    owed_gpu_h_by_day: tuple[float, ...]  # per day of the window, the last one maybe short
+    delivered_gpu_h_by_day: tuple[float, ...]
 
     @property
     def delivered_pct(self) -> float | None:
-        return 100 * self.delivered_gpu_h / self.owed_gpu_h if self.owed_gpu_h > 0 else None
+        return _pct(self.delivered_gpu_h, self.owed_gpu_h)
+
+    @property
+    def delivered_pct_by_day(self) -> tuple[float | None, ...]:
+        return tuple(map(_pct, self.delivered_gpu_h_by_day, self.owed_gpu_h_by_day))
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return 100 * part / whole if whole > 0 else None
 
 
 @dataclass(frozen=True)
@@ -90,7 +120,9 @@ class Metrics:
     occupancy_pct: float
     # Occupancy against what could be held: min(capacity, held + asked for).
     occupancy_of_demand_pct: float
-    owed_delivered_min_pct: float | None  # over allocations with enough demand
+    owed_delivered_min_pct: float | None  # over every allocation owed anything
+    owed_delivered_min_pct_by_day: tuple[float | None, ...]
+    owed_delivered_min_enough_demand_pct: float | None  # over those with enough demand
     allocations: tuple[AllocationMetrics, ...]
     waits: dict[str, Distribution]  # by work class, and "all"
     jct: dict[str, Distribution]
@@ -98,7 +130,10 @@ class Metrics:
     jobs: dict[str, int]  # outcome -> count
     preemptions: dict[str, int]  # work class of the stopped job -> count
     requeues: int
-    lost_gpu_h: float  # work thrown away by preempting non-resumable jobs
+    lost_gpu_h: float  # work thrown away by preemptions
+    lost_gpu_h_pct: float  # of capacity × window
+    started_pct_by_size: dict[str, float | None]  # of the jobs that fit the cluster
+    waits_by_size: dict[str, Distribution]  # the same jobs
     inputs: int  # fed to the policy
     series: Series
     sim_wall_s: float = 0.0  # set by whoever timed the run
@@ -120,6 +155,8 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 @dataclass
 class _Account:
     entitled_gpus: float
+    owed_days: list[float]  # GPU-seconds per day of the window
+    delivered_days: list[float]
     held: int = 0  # charged GPUs held
     asked: int = 0  # charged GPUs waiting
     held_free: int = 0
@@ -140,8 +177,12 @@ class Recorder(Observer):
     end: float
     sample_s: float = 600.0
     enough_demand: float = 0.5
+    # GPUs of each type, for which jobs the cluster could ever run; a job of no type
+    # fits in ``capacity``.
+    gpus_of_type: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._days = max(1, math.ceil((self.end - self.start) / DAY))
         self._requeues = 0
         self._lost_gpu_s = 0.0
         self._measuring = False  # counts start with the window, like the integrals
@@ -151,7 +192,7 @@ class Recorder(Observer):
         self._busy_area = 0.0
         self._demand_area = 0.0
         self._accounts = {
-            name: _Account(share * self.capacity, since=self.start)
+            name: self._new_account(share * self.capacity)
             for name, share in sorted(self.entitlements.items())
         }
         self._preemptions = dict.fromkeys(CLASSES, 0)
@@ -195,7 +236,7 @@ class Recorder(Observer):
             self._requeues += 1
 
     def lost(self, gpu_s: float) -> None:
-        """Work thrown away: a non-resumable job preempted after running ``gpu_s``."""
+        """Work thrown away by a preemption: ``gpu_s`` since the job's last checkpoint."""
         if self._measuring:
             self._lost_gpu_s += gpu_s
 
@@ -208,6 +249,10 @@ class Recorder(Observer):
         allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
         enough = [a.delivered_pct for a in allocations if a.enough_demand]
         outcomes = [job for job in jobs if job.sim.at >= self.start]
+        sized: dict[str, list[Job]] = {size: [] for size in SIZES}
+        for job in outcomes:
+            if self._fits(job.sim.spec):
+                sized[size_class(job.sim.spec.gpus)].append(job)
         return Metrics(
             policy=policy,
             start=self.start,
@@ -217,7 +262,12 @@ class Recorder(Observer):
             occupancy_of_demand_pct=100 * self._busy_area / self._demand_area
             if self._demand_area
             else 100.0,
-            owed_delivered_min_pct=min((p for p in enough if p is not None), default=None),
+            owed_delivered_min_pct=_least(a.delivered_pct for a in allocations),
+            owed_delivered_min_pct_by_day=tuple(
+                _least(day)
+                for day in zip(*(a.delivered_pct_by_day for a in allocations), strict=True)
+            ),
+            owed_delivered_min_enough_demand_pct=_least(enough),
             allocations=allocations,
             waits=_by_class(outcomes, lambda j: _wait(j, self.end)),
             jct=_by_class(outcomes, _jct),
@@ -226,25 +276,56 @@ class Recorder(Observer):
             preemptions=dict(self._preemptions),
             requeues=self._requeues,
             lost_gpu_h=self._lost_gpu_s / 3600,
+            lost_gpu_h_pct=100 * self._lost_gpu_s / (self.capacity * span) if self.capacity else 0,
+            started_pct_by_size={
+                size: _pct(sum(j.first_start is not None for j in js), len(js))
+                for size, js in sized.items()
+            },
+            waits_by_size={
+                size: Distribution.of([w for j in js if (w := _wait(j, self.end)) is not None])
+                for size, js in sized.items()
+            },
             inputs=inputs,
             series=self._series,
         )
+
+    def _new_account(self, entitled_gpus: float) -> _Account:
+        return _Account(entitled_gpus, [0.0] * self._days, [0.0] * self._days, since=self._now)
 
     def _account(self, name: str) -> _Account:
         """The allocation's account, integrated up to now (unknown names are owed nothing)."""
         account = self._accounts.get(name)
         if account is None:
-            account = self._accounts[name] = _Account(0.0, since=self._now)
+            account = self._accounts[name] = self._new_account(0.0)
         dt = self._now - account.since
         if dt > 0:
             demand = account.held + account.asked
-            account.owed += min(account.entitled_gpus, demand) * dt
+            owed = min(account.entitled_gpus, demand)
+            account.owed += owed * dt
             account.delivered += account.held * dt
             account.free += account.held_free * dt
             if account.entitled_gpus > 0 and demand >= account.entitled_gpus:
                 account.demand_s += dt
+            if owed or account.held:
+                self._by_day(account, owed)
             account.since = self._now
         return account
+
+    def _by_day(self, account: _Account, owed: float) -> None:
+        """The same integrals split by day of the window (kept apart from the whole-window
+        sums, which stay exactly as they were)."""
+        since = account.since
+        while since < self._now:
+            day = int((since - self.start) // DAY)
+            until = min(self._now, self.start + (day + 1) * DAY)
+            account.owed_days[day] += owed * (until - since)
+            account.delivered_days[day] += account.held * (until - since)
+            since = until
+
+    def _fits(self, spec: JobSpec) -> bool:
+        """Whether the cluster could ever run a job of ``spec``."""
+        room = self.gpus_of_type.get(spec.gpu_type, 0) if spec.gpu_type else self.capacity
+        return 1 <= spec.gpus <= room
 
     def _allocation(self, name: str, account: _Account, span: float) -> AllocationMetrics:
         fraction = account.demand_s / span
@@ -256,6 +337,8 @@ class Recorder(Observer):
             free_gpu_h=account.free / 3600,
             demand_fraction=fraction,
             enough_demand=fraction >= self.enough_demand,
+            owed_gpu_h_by_day=tuple(s / 3600 for s in account.owed_days),
+            delivered_gpu_h_by_day=tuple(s / 3600 for s in account.delivered_days),
         )
 
     def _sample(self) -> None:
@@ -264,6 +347,10 @@ class Recorder(Observer):
         self._series.waiting_gpus.append(self._waiting)
         self._series.preemptions.append(sum(self._preemptions.values()))
         self._next_sample += self._series.step_s
+
+
+def _least(values: Iterable[float | None]) -> float | None:
+    return min((v for v in values if v is not None), default=None)
 
 
 def _wait(job: Job, end: float) -> float | None:

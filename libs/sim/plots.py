@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from libs.sim.metrics import CLASSES, Distribution, Metrics
 from libs.sim.mixed import MixedRun
+from libs.sim.report import TARGET_DELIVERED_PCT
 from libs.sim.workflows import SweepRun
 
 _CLASS_COLOURS = {"debug": "tab:green", "allocated": "tab:blue", "unallocated": "tab:gray"}
@@ -21,6 +22,7 @@ def write_plots(results: Sequence[Metrics], out: Path) -> list[Path]:
     figures = {
         "occupancy": _occupancy(results),
         "owed_delivered": _owed_delivered(results),
+        "owed_by_day": _owed_by_day(results),
         "waits": _cdfs(results, "waits", "queue wait by class"),
         "jct": _cdfs(results, "jct", "job completion time by class"),
         "preemptions": _preemptions(results),
@@ -68,6 +70,25 @@ def _owed_delivered(results: Sequence[Metrics]) -> Figure:
         ax.set_ylabel("GPU-hours")
         ax.set_title(f"{m.policy} (* enough demand)")
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _owed_by_day(results: Sequence[Metrics]) -> Figure:
+    """Each team's delivered ÷ owed per day of the window, against the target."""
+    fig = _figure(11, 2.8 * len(results))
+    axes = fig.subplots(len(results), 1, squeeze=False)
+    for ax, m in zip(axes[:, 0], results, strict=True):
+        for a in m.allocations:
+            days = [(d + 1, p) for d, p in enumerate(a.delivered_pct_by_day) if p is not None]
+            if days:
+                ax.plot(*zip(*days, strict=True), "o-", markersize=3, label=a.name)
+        ax.axhline(TARGET_DELIVERED_PCT, color="black", linestyle="--", linewidth=0.8)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("delivered ÷ owed, %")
+        ax.set_title(f"{m.policy}: owed delivered per day (target {TARGET_DELIVERED_PCT:.0f}%)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    axes[-1, 0].set_xlabel("day of the measured window")
     fig.tight_layout()
     return fig
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from libs.core import Decision, Input, PolicyConfig, Scheduler
-from libs.core.baselines import FifoPolicy, PriorityPolicy
+from libs.core.baselines import EasyPolicy, FifoPolicy, PriorityPolicy
 
 
 class Policy(Protocol):
     def handle(self, event: Input) -> list[Decision]: ...
 
 
-POLICIES = ("budget", "priority", "fifo")
+POLICIES = ("budget", "priority", "fifo", "easy")
 
 
 def make_policy(name: str, config: PolicyConfig) -> Policy:
@@ -23,4 +23,6 @@ def make_policy(name: str, config: PolicyConfig) -> Policy:
         return PriorityPolicy()
     if name == "fifo":
         return FifoPolicy()
+    if name == "easy":
+        return EasyPolicy()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

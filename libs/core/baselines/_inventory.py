@@ -7,6 +7,8 @@ free nodes, one placement per node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from libs.core.ids import NodeId
 from libs.core.model import NodeSpec
 
@@ -95,6 +97,18 @@ class Inventory:
                 if remaining == 0:
                     return tuple(chosen)
         return None
+
+    def nodes(self, gpu_type: str) -> list[NodeId]:
+        """The nodes a job of ``gpu_type`` ("" any) may run on, by id."""
+        return self._matching(gpu_type)
+
+    def would_fit(self, gpus: int, gpu_type: str, free: Mapping[NodeId, int]) -> bool:
+        """Whether ``fit`` would place the job were ``free`` the free GPUs of each of
+        ``nodes(gpu_type)``: one node with room, or else enough whole free nodes."""
+        nodes = self._matching(gpu_type)
+        if self._largest(gpu_type) >= gpus:
+            return any(free[n] >= gpus for n in nodes)
+        return sum(self._size[n] for n in nodes if free[n] == self._size[n]) >= gpus
 
     def _largest(self, gpu_type: str) -> int:
         largest = self._largest_node.get(gpu_type)

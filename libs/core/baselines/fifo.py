@@ -2,9 +2,9 @@
 
 A job starts only once every job submitted before it has started, so one big
 job at the head holds back everything behind it: the textbook baseline that
-shows what head-of-line blocking costs. (The priority baseline backfills.) A
-job larger than all registered nodes together is set aside rather than
-freezing the queue for good.
+shows what head-of-line blocking costs. (EASY and the priority baseline
+backfill.) A job larger than all registered nodes together is set aside
+rather than freezing the queue for good.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from libs.core import (
     UsageSnapshot,
 )
 from libs.core.baselines import FifoPolicy
-from libs.sim import SimSettings, SimulationError, make_policy, simulate
+from libs.sim import POLICIES, SimSettings, SimulationError, make_policy, simulate
 from tests.unit.libs.sim.sim_builders import Recording, Scripted, spec, workload
 
 SETTINGS = SimSettings(drain_s=1000.0, stop_grace_s=30.0)
@@ -84,6 +84,16 @@ def test_requeued_work_that_is_not_resumable_starts_over() -> None:
     assert metrics.lost_gpu_h == pytest.approx(60 / 3600)
 
 
+def test_resumable_work_resumes_from_its_last_checkpoint() -> None:
+    policy = preempt_then(resume=True)
+    w = workload((0.0, "j1", spec(1), 100.0), (60.0, "j2", spec(1), 10.0))
+    metrics = simulate(w, policy, dataclasses.replace(SETTINGS, checkpoint_s=25.0))
+    # Stopped at 60 with a checkpoint at 50: 10 s lost, 50 s of work left after 90.
+    assert ended(policy) == [(90.0, "j1/0", 143), (140.0, "j1/1", 0)]
+    assert metrics.lost_gpu_h == pytest.approx(10 / 3600)
+    assert metrics.lost_gpu_h_pct == pytest.approx(100 * 10 / (4 * 1060))
+
+
 def test_a_job_whose_work_runs_out_within_the_grace_finishes() -> None:
     policy = preempt_then(resume=True)
     w = workload((0.0, "j1", spec(1), 70.0), (60.0, "j2", spec(1), 10.0))
@@ -124,7 +134,7 @@ def test_a_job_still_waiting_counts_its_wait_so_far() -> None:
     assert metrics.waits["allocated"].p90 == pytest.approx(0.0 + 0.9 * 500.0)
 
 
-@pytest.mark.parametrize("name", ["budget", "priority", "fifo"])
+@pytest.mark.parametrize("name", POLICIES)
 def test_runs_are_deterministic(name: str) -> None:
     jobs = [
         (float(i * 7 % 50), f"j{i:02d}", spec(1 + i % 4, allocation="ab"[i % 2]), 30.0 + i)
@@ -145,7 +155,7 @@ def test_the_warmup_is_simulated_but_not_measured() -> None:
     assert metrics.occupancy_pct == pytest.approx(100 * 100 / (4 * 900))
 
 
-@pytest.mark.parametrize("policy", ["budget", "priority", "fifo"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_cpu_only_jobs_are_rejected_and_counted_apart(policy: str) -> None:
     load = workload((0.0, "cpu", spec(0), 100.0), (1.0, "gpu", spec(1), 100.0))
     metrics = simulate(load, make_policy(policy, PolicyConfig()), SETTINGS)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from libs.sim.metrics import Distribution, Recorder, percentile
+from libs.core.model import JobSpec
+from libs.sim.batch import Job
+from libs.sim.metrics import Distribution, Recorder, percentile, size_class
+from libs.sim.workload import SimJob
 from tests.unit.libs.sim.sim_builders import spec
 
 
@@ -30,6 +33,7 @@ def test_owed_delivered_and_occupancy_integrate_the_state_between_changes() -> N
     assert by_name["b"].demand_fraction == pytest.approx(0.5)
     assert by_name["b"].enough_demand
     assert m.owed_delivered_min_pct == pytest.approx(100 * 100 / 350)
+    assert m.owed_delivered_min_enough_demand_pct == m.owed_delivered_min_pct
     assert m.occupancy_pct == pytest.approx(100 * (5 * 100 + 2 * 50) / 1000)
     # Against what could be held: min(10, 5 + 8) for 50 s, then 7.
     assert m.occupancy_of_demand_pct == pytest.approx(100 * 600 / (10 * 50 + 7 * 50))
@@ -43,7 +47,48 @@ def test_free_work_is_neither_owed_nor_delivered() -> None:
     assert (a.owed_gpu_h, a.delivered_gpu_h, a.free_gpu_h * 3600) == (0.0, 0.0, 40.0)
     assert not a.enough_demand
     assert m.owed_delivered_min_pct is None
+    assert m.owed_delivered_min_pct_by_day == (None,)
     assert m.occupancy_pct == 100.0
+
+
+def test_the_headline_counts_every_team_owed_anything_and_each_day() -> None:
+    day = 86_400.0
+    rec = Recorder(capacity=10, entitlements={"a": 0.5, "b": 0.5}, start=0.0, end=2.5 * day)
+    rec.held(spec(5, allocation="a"), 5)  # a has what it is owed throughout
+    rec.waiting(spec(2, allocation="b"), 1)  # b asks for little and gets nothing...
+    rec.advance(1.5 * day)
+    rec.waiting(spec(2, allocation="b"), -1)
+    rec.held(spec(2, allocation="b"), 2)  # ...until half-way through the second day
+    m = rec.finish([], "test", inputs=0)
+    b = {x.name: x for x in m.allocations}["b"]
+    assert not b.enough_demand
+    assert m.owed_delivered_min_enough_demand_pct == pytest.approx(100.0)
+    assert m.owed_delivered_min_pct == pytest.approx(100 * 1.0 / 2.5)
+    assert b.owed_gpu_h_by_day == pytest.approx((48.0, 48.0, 24.0))
+    assert m.owed_delivered_min_pct_by_day == pytest.approx((0.0, 50.0, 100.0))
+
+
+def test_start_rates_and_waits_by_size_count_the_jobs_that_fit() -> None:
+    rec = Recorder(
+        capacity=16, entitlements={"a": 1.0}, start=0.0, end=100.0, gpus_of_type={"H100": 16}
+    )
+    jobs = [
+        started(spec(1), at=0.0, first_start=10.0),
+        started(spec(1), at=0.0, first_start=None),
+        started(spec(12), at=50.0, first_start=None),
+        started(spec(32), at=0.0, first_start=None),  # larger than the cluster
+        started(spec(4, gpu_type="A100"), at=0.0, first_start=None),  # no such GPUs
+    ]
+    m = rec.finish(jobs, "test", inputs=0)
+    assert m.started_pct_by_size == {"1": 50.0, "2-8": None, "9-64": 0.0, ">64": None}
+    assert m.waits_by_size["1"].count == 2
+    assert m.waits_by_size["9-64"].p50 == 50.0
+    assert size_class(0) == size_class(1) == "1"
+    assert [size_class(n) for n in (2, 8, 9, 64, 65)] == ["2-8", "2-8", "9-64", "9-64", ">64"]
+
+
+def started(s: JobSpec, at: float, first_start: float | None) -> Job:
+    return Job(SimJob(at, "j", s, 10.0), first_start=first_start)
 
 
 def test_samples_hold_the_state_at_each_step() -> None:

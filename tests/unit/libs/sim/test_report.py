@@ -45,17 +45,22 @@ def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "metrics.json").read_text())
-    assert sorted(data["policies"]) == ["budget", "fifo", "priority"]
+    assert sorted(data["policies"]) == ["budget", "easy", "fifo", "priority"]
     assert data["workload"]["jobs"] == 120
     assert all(p["jobs"]["rejected"] == 24 for p in data["policies"].values())
     summary = (out / "summary.md").read_text()
     assert "- CPU-only jobs: **24** of 120 (20%" in summary
-    assert "| policy | owed delivered (min) |" in summary
-    assert all(f"| {name} |" in summary for name in ("budget", "priority", "fifo"))
+    assert "| policy | owed delivered, worst team | worst day |" in summary
+    assert all(f"| {name} |" in summary for name in ("budget", "priority", "fifo", "easy"))
+    assert "## Start rate and wait by job size" in summary
+    headline = data["policies"]["easy"]
+    assert list(headline["started_pct_by_size"]) == ["1", "2-8", "9-64", ">64"]
+    assert {"owed_delivered_min_pct_by_day", "lost_gpu_h_pct", "sim_cpu_s"} <= set(headline)
     plots = sorted(p.name for p in (out / "plots").iterdir())
     assert plots == [
         "jct.png",
         "occupancy.png",
+        "owed_by_day.png",
         "owed_delivered.png",
         "preemptions.png",
         "waits.png",
