@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from cli.params import DAY_S, SEED_MAX, duration, input_file
@@ -34,6 +44,7 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "deploy" / "sim"
 # Trace times: seconds from the trace's start (or epoch seconds in a recorded log).
 TRACE_TIME_MAX = 1e12
 MANY = 1_000_000_000
+BAR_AFTER_S = 2.0  # a run this long gets a progress bar
 
 
 def _out_dir(path: Path) -> Path:
@@ -57,6 +68,40 @@ def _print(to: Console, title: str, header: list[str], rows: list[list[str]]) ->
     for row in rows:
         shown.add_row(*row)
     to.print(shown)
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[str, float], None] | None]:
+    """A bar per policy on stderr once the runs have taken ``BAR_AFTER_S``; none unless
+    stderr is a terminal. It goes when the runs end, leaving what was printed meanwhile."""
+    if not errors.is_terminal:
+        yield None
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+        redirect_stdout=console.is_terminal,  # a piped stdout stays in its pipe
+    )
+    tasks: dict[str, TaskID] = {}
+    began = time.monotonic()
+
+    def show(policy: str, done: float) -> None:
+        if not bar.live.is_started:
+            if time.monotonic() - began < BAR_AFTER_S:
+                return
+            bar.start()
+        if policy not in tasks:
+            tasks[policy] = bar.add_task(policy, total=1.0)
+        bar.update(tasks[policy], completed=done)
+
+    try:
+        yield show
+    finally:
+        bar.stop()
 
 
 @sim_app.command()
@@ -129,6 +174,7 @@ def run(
     sc = dataclasses.replace(
         sc,
         path=trace_path or sc.path,
+        label="" if trace_path else sc.label,  # the scenario's label names its own file
         tree_path=tree or sc.tree_path,
         cluster=resized if sc.cluster or sized_here else None,
         skip_head=skip_head if skip_head is not None else sc.skip_head,
@@ -166,7 +212,10 @@ def run(
     def done(m: Metrics) -> None:
         console.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)")
 
-    results = run_policies(workload, names, config, settings, on_done=done)
+    with _progress_bar() as progress:
+        results = run_policies(
+            workload, names, config, settings, on_done=done, on_progress=progress
+        )
     written = []
     if plots:
         from libs.sim.plots import write_plots  # matplotlib is slow to import

@@ -43,6 +43,7 @@ class ContractsEntry(FileModel):
 class ScenarioFile(FileModel):
     trace: Trace
     path: Text
+    label: Text | None = None  # what the report calls the trace, with its citation
     tree: Text | None = None
     cluster: ClusterEntry | None = None
     contracts: ContractsEntry = ContractsEntry()
@@ -66,6 +67,7 @@ def load_scenario(path: Path) -> Scenario:
     return Scenario(
         trace=file.trace,
         path=(base / file.path).resolve(),
+        label=file.label or "",
         tree_path=(base / file.tree).resolve() if file.tree else None,
         cluster=ClusterSpec(**cluster.model_dump()) if cluster else None,
         rules=ContractRules(

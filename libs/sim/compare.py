@@ -6,6 +6,7 @@ The wall clock is read here, around whole runs, and never inside one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,11 +23,16 @@ def run_policies(
     config: PolicyConfig,
     settings: SimSettings,
     on_done: Callable[[Metrics], None] | None = None,
+    on_progress: Callable[[str, float], None] | None = None,
 ) -> list[Metrics]:
+    """``on_progress(policy, share done)`` as each run advances (see ``simulate``)."""
     results = []
     for name in names:
         wall, cpu = time.perf_counter(), time.process_time()
-        metrics = simulate(workload, make_policy(name, config), settings, name=name)
+        heard = functools.partial(on_progress, name) if on_progress else None
+        metrics = simulate(
+            workload, make_policy(name, config), settings, name=name, on_progress=heard
+        )
         metrics = dataclasses.replace(
             metrics,
             sim_wall_s=time.perf_counter() - wall,

@@ -13,6 +13,7 @@ after such a lull gets a fresh snapshot first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from libs.core.config import DAY
@@ -35,6 +36,9 @@ from libs.sim.world import SimulationError, World, usage_snapshot
 # Ranks at equal times, after what is due now (0).
 _RANKS = {Completion: 1, StopEnd: 2}
 _CANCEL, _ARRIVE, _SNAPSHOT, _TICK = 3, 4, 5, 6
+PROGRESS_STEPS = 200  # calls of a progress callback per run, at most
+
+Progress = Callable[[float], None]  # the share of the simulated span done, 0 to 1
 
 __all__ = ["SimSettings", "SimulationError", "simulate"]
 
@@ -63,9 +67,15 @@ class SimSettings:
 
 class Simulation:
     def __init__(
-        self, workload: Workload, policy: Policy, settings: SimSettings, name: str = ""
+        self,
+        workload: Workload,
+        policy: Policy,
+        settings: SimSettings,
+        name: str = "",
+        on_progress: Progress | None = None,
     ) -> None:
         self.workload = workload
+        self.on_progress = on_progress
         self.policy = policy
         self.settings = settings
         self.name = name or type(policy).__name__
@@ -101,9 +111,14 @@ class Simulation:
             world.at(at, CancelRequested(at, JobId(job_id)), _CANCEL)
         world.at(self.start, _Snapshot(), _SNAPSHOT)
         world.at(self.start, Tick(self.start), _TICK)
+        span = self.end - self.start
+        report = self.start if self.on_progress and span > 0 else float("inf")
         while (next_at := world.next_at()) is not None and next_at[0] <= self.end:
             entry = world.pop()
             recorder.advance(world.now)
+            if world.now >= report and self.on_progress:
+                self.on_progress((world.now - self.start) / span)
+                report = world.now + span / PROGRESS_STEPS
             match entry:
                 case SimJob():
                     self._arrive(entry)
@@ -154,6 +169,12 @@ class Simulation:
 
 
 def simulate(
-    workload: Workload, policy: Policy, settings: SimSettings | None = None, *, name: str = ""
+    workload: Workload,
+    policy: Policy,
+    settings: SimSettings | None = None,
+    *,
+    name: str = "",
+    on_progress: Progress | None = None,
 ) -> Metrics:
-    return Simulation(workload, policy, settings or SimSettings(), name).run()
+    """``on_progress`` hears how far the run is, as simulated time advances."""
+    return Simulation(workload, policy, settings or SimSettings(), name, on_progress).run()

@@ -1,7 +1,9 @@
-"""Teams and contracts for traces that record neither, chosen reproducibly.
+"""Teams and contracts for trace jobs, chosen reproducibly.
 
-Every choice is a stable hash (SHA-256 of a seed and an id, never Python's
-salted ``hash``), so a job keeps its team and contract across runs, machines
+A job's team is the one its trace names (a CSV row's ``team``), else the budget-tree leaf
+whose ``members`` list its user, else a hash of the user onto the leaves: the fallback,
+which the report counts. Every hash is a stable one (SHA-256 of a seed and an id, never
+Python's salted ``hash``), so a job keeps its team and contract across runs, machines
 and Python versions, and each rule draws its own hash: changing the share of
 one rule does not reshuffle the others.
 """
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from libs.core.budget_tree import BudgetTree
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S, JobSpec
-from libs.sim.traces.raw import RawJob
+from libs.sim.traces.raw import RawJob, TraceError
 from libs.sim.workload import SimJob
 
 
@@ -49,6 +52,32 @@ def team_of(user: str, teams: Sequence[str], seed: str) -> str:
     return teams[int(stable_fraction(seed, "team", user) * len(teams))]
 
 
+@dataclass(frozen=True)
+class Teams:
+    leaves: tuple[str, ...]  # the budget tree's, sorted
+    members: Mapping[str, str] = field(default_factory=dict)  # user -> the first leaf listing them
+
+    @classmethod
+    def of(cls, tree: BudgetTree) -> Teams:
+        members: dict[str, str] = {}
+        for leaf in tree.leaves():
+            node = tree.node(leaf)
+            for user in node.members if node else ():
+                members.setdefault(user, leaf)
+        return cls(tuple(tree.leaves()), members)
+
+    def named(self, job: RawJob) -> str | None:
+        """The team the trace or the tree names; None where only the hash can place the job."""
+        if job.team is None:
+            return self.members.get(job.user)
+        if job.team not in self.leaves:
+            raise TraceError(f"job {job.job_id}: team {job.team!r} is not a budget-tree leaf")
+        return job.team
+
+    def of_job(self, job: RawJob, seed: str) -> str:
+        return self.named(job) or team_of(job.user, self.leaves, seed)
+
+
 def contract_of(job: RawJob, rules: ContractRules, max_min_runtime_s: float) -> Contract:
     runtime = max(1, math.ceil(job.runtime_s))
     draw = stable_fraction(rules.seed, "unallocated", job.job_id)
@@ -69,20 +98,19 @@ def contract_of(job: RawJob, rules: ContractRules, max_min_runtime_s: float) -> 
 
 def to_sim_jobs(
     jobs: Iterable[RawJob],
-    teams: Sequence[str],
+    teams: Teams,
     rules: ContractRules,
     max_min_runtime_s: float,
-    gpu_type: str = "",
 ) -> list[SimJob]:
     out = []
     for job in jobs:
         terms = contract_of(job, rules, max_min_runtime_s)
         spec = JobSpec(
-            allocation=team_of(job.user, teams, rules.seed),
+            allocation=teams.of_job(job, rules.seed),
             user=job.user,
             gpus=job.gpus,
             command=("trace-job", job.job_id),
-            gpu_type=gpu_type,
+            gpu_type=job.gpu_type or "",  # "": any
             min_runtime_s=terms.min_runtime_s,
             resumable=terms.resumable,
             priority=terms.priority,

@@ -26,14 +26,6 @@ TARGET_DEBUG_P90_S = 60.0
 TARGET_LOST_PCT = 2.0
 TARGET_SIZE_RATE = 0.9
 
-CITATIONS = {
-    "philly": "Microsoft Philly, latest 15,000 jobs (DIR-LAB Gen-Parallel-Workloads; Jeon et al., "
-    "ATC '19; Soundar Raj et al., JSSPP '24). Research use, with citation.",
-    "alibaba": "Alibaba GPU trace v2023 openb (Weng et al., ATC '23). Research/study use, "
-    "with citation.",
-    "eventlog": "A recorded Quartermaster event log.",
-}
-
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -99,7 +91,14 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
             team["charged_gpu_h"] += gpu_h
     for team in teams.values():
         team["users"] = len(team["users"])
-    return {"classes": classes, "teams": dict(sorted(teams.items())), "cpu_only": cpu_only}
+    hashed = [job for job in workload.jobs if job.job_id in workload.hashed]
+    by_hash = {"jobs": len(hashed), "users": len({job.spec.user for job in hashed})}
+    return {
+        "classes": classes,
+        "teams": dict(sorted(teams.items())),
+        "cpu_only": cpu_only,
+        "placed_by_hash": by_hash,
+    }
 
 
 def _team(entitlement: float) -> dict[str, Any]:
@@ -154,7 +153,7 @@ def summary_markdown(
     first = results[0] if results else None
     lines = [f"# Simulation: {sc.trace}", ""]
     lines += [
-        f"- Trace: `{sc.path}`. {CITATIONS.get(sc.trace, '')}",
+        f"- Trace: `{sc.path}`. {sc.label or f'Read as the {sc.trace} format.'}",
         f"- Window: {_window(sc)}; {len(workload.jobs)} jobs submitted over "
         f"{_span(workload)}, simulated until {duration(st.drain_s)} after the last; "
         f"measured from {duration(st.warmup_s)} after the first"
@@ -235,13 +234,16 @@ def _cpu_only_line(workload: Workload) -> str:
 
 def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
     profile = workload_profile(workload)
-    r = info.scenario.rules
+    r, by_hash = info.scenario.rules, profile["placed_by_hash"]
     lines = ["## From trace jobs to Quartermaster jobs", ""]
     if info.scenario.trace != "eventlog":
         lines += [
-            f"- **Team**: the budget tree's leaves, sorted; a user's team is leaf number "
-            f"⌊SHA-256(`{r.seed}`, `team`, user) ÷ 2⁶⁴ × leaves⌋, the same for every job of "
-            "that user on every run (Alibaba has no users: each pod draws alone).",
+            "- **Team**: the one the trace names (a CSV row's `team`), else the budget-tree "
+            "leaf whose `members` list the user, else, as a fallback, leaf number "
+            f"⌊SHA-256(`{r.seed}`, `team`, user) ÷ 2⁶⁴ × leaves⌋ of the sorted leaves, the same "
+            "for every job of that user on every run (Alibaba has no users: each pod draws "
+            f"alone). **Placed by hash: {by_hash['jobs']} of {len(workload.jobs)} jobs, "
+            f"{by_hash['users']} of {len({j.spec.user for j in workload.jobs})} users.**",
             f"- **Contract**, in order: best effort in the trace (Alibaba QoS BE) → unallocated "
             f"(minimum runtime 0); ≤ {DEBUG_MAX_GPUS} GPUs and runtime ≤ "
             f"{duration(r.debug_max_runtime_s)} → debug, minimum runtime = "

@@ -8,25 +8,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal, TypeVar, get_args
 
 from libs.config.budget import load_budget_tree
 from libs.sim.cluster import ClusterSpec
-from libs.sim.mapping import ContractRules, to_sim_jobs
-from libs.sim.traces import load_alibaba, load_event_log, load_philly, select
-from libs.sim.traces.raw import J, TraceError
+from libs.sim.mapping import ContractRules, Teams, to_sim_jobs
+from libs.sim.traces import load_alibaba, load_csv_trace, load_dirlab, load_event_log, select
+from libs.sim.traces.raw import J, RawJob, TraceError
 from libs.sim.workload import Workload
 
-Trace = Literal["philly", "alibaba", "eventlog"]
+Trace = Literal["philly", "alibaba", "bluewaters", "theta", "csv", "eventlog"]
 TRACES: tuple[Trace, ...] = get_args(Trace)
 T = TypeVar("T")
+
+# Every trace but a recorded log, by its reader.
+LOADERS: dict[Trace, Callable[[Path], list[RawJob]]] = {
+    "philly": partial(load_dirlab, prefix="philly"),
+    "alibaba": load_alibaba,
+    "bluewaters": partial(load_dirlab, prefix="bluewaters"),
+    # Theta's KNL nodes have no GPUs: one node stands for one GPU (deploy/sim/theta.yaml).
+    "theta": partial(load_dirlab, prefix="theta", gpus_column="node_num"),
+    "csv": load_csv_trace,
+}
 
 
 @dataclass(frozen=True)
 class Scenario:
     trace: Trace
     path: Path
+    label: str = ""  # what the report calls the trace; the trace's name when empty
     # None for a recorded log: its own budget tree and nodes, unless set.
     tree_path: Path | None = None
     cluster: ClusterSpec | None = None
@@ -51,11 +63,12 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
         return Workload(tuple(jobs), tuple(nodes), tree, cancels)
     if scenario.tree_path is None or scenario.cluster is None:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
-    loader = load_philly if scenario.trace == "philly" else load_alibaba
     tree = load_budget_tree(scenario.tree_path)
-    raw_jobs = _window(_read(scenario.path, loader), scenario)
-    jobs = to_sim_jobs(raw_jobs, tree.leaves(), scenario.rules, max_min_runtime_s)
-    return Workload(tuple(jobs), scenario.cluster.node_specs(), tree)
+    raw_jobs = _window(_read(scenario.path, LOADERS[scenario.trace]), scenario)
+    teams = Teams.of(tree)
+    jobs = to_sim_jobs(raw_jobs, teams, scenario.rules, max_min_runtime_s)
+    hashed = frozenset(job.job_id for job in raw_jobs if teams.named(job) is None)
+    return Workload(tuple(jobs), scenario.cluster.node_specs(), tree, hashed=hashed)
 
 
 def _read(path: Path, loader: Callable[[Path], T]) -> T:

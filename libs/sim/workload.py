@@ -22,6 +22,7 @@ class Workload:
     nodes: tuple[NodeSpec, ...]  # all join when the simulation starts
     tree: BudgetTree
     cancels: tuple[tuple[float, str], ...] = ()  # (time, job id) from a recorded log
+    hashed: frozenset[str] = frozenset()  # jobs whose team only a hash of the user chose
 
     @property
     def capacity(self) -> int:

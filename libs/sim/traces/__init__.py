@@ -1,8 +1,9 @@
-"""Trace loaders: public cluster traces and recorded Quartermaster logs."""
+"""Trace loaders: public cluster traces, the generic CSV format and recorded Quartermaster logs."""
 
 from libs.sim.traces.alibaba import load_alibaba, parse_alibaba
+from libs.sim.traces.csv_trace import load_csv_trace, parse_csv_trace
+from libs.sim.traces.dirlab import load_dirlab, parse_dirlab
 from libs.sim.traces.eventlog import RecordedLog, load_event_log, read_envelopes
-from libs.sim.traces.philly import load_philly, parse_philly
 from libs.sim.traces.raw import RawJob, TraceError, select
 
 __all__ = [
@@ -10,10 +11,12 @@ __all__ = [
     "RecordedLog",
     "TraceError",
     "load_alibaba",
+    "load_csv_trace",
+    "load_dirlab",
     "load_event_log",
-    "load_philly",
     "parse_alibaba",
-    "parse_philly",
+    "parse_csv_trace",
+    "parse_dirlab",
     "read_envelopes",
     "select",
 ]

@@ -55,6 +55,7 @@ def parse_alibaba(lines: Iterable[str]) -> list[RawJob]:
                     runtime_s=max(1.0, float(row["deletion_time"]) - began),
                     best_effort=qos == "BE",
                     priority=QOS_PRIORITY.get(qos, 0),
+                    status=row.get("pod_phase") or None,
                 )
             )
         except (TypeError, ValueError) as exc:

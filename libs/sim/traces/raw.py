@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -21,6 +22,11 @@ class RawJob:
     nodes: int = 1  # as recorded; the scheduler chooses its own spread
     best_effort: bool | None = None  # None: the trace does not say
     priority: int | None = None  # None: the trace does not say
+    # The runtime limit the user asked for: for planning only, never for charging.
+    requested_s: float | None = None
+    status: str | None = None  # how the job ended in the trace (Pass, Failed, Killed, ...)
+    team: str | None = None  # a budget-tree leaf, where the trace names it
+    gpu_type: str | None = None  # None: any type
 
 
 class _Submitted(Protocol):
@@ -29,6 +35,39 @@ class _Submitted(Protocol):
 
 
 J = TypeVar("J", bound=_Submitted)
+V = TypeVar("V")
+
+
+def cell(row: Mapping[str, str | None], column: str, kind: Callable[[str], V], line: int) -> V:
+    """``row[column]`` as ``kind``; a bad or missing value is a ``TraceError`` naming both."""
+    text = (row.get(column) or "").strip()
+    try:
+        return kind(text)
+    except ValueError:
+        raise TraceError(
+            f"row {line}, column {column}: expected {_KINDS.get(kind, 'text')}, got {text!r}"
+        ) from None
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
+
+
+_KINDS: dict[object, str] = {
+    float: "a number",
+    count: "a whole number >= 0",
+    seconds: "seconds >= 0",
+}
 
 
 def select(

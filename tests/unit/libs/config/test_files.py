@@ -20,6 +20,7 @@ from libs.config.policy import policy_from_mapping
 from libs.config.scenario import ScenarioFile, load_scenario
 from libs.config.topics import TopicsFile
 from libs.config.workflow import ProfilesFile, WorkflowFile
+from libs.sim.scenario import TRACES
 from libs.sim.workflows import PROFILES
 
 REPO = Path(__file__).resolve().parents[4]
@@ -30,7 +31,7 @@ FILES: dict[type[BaseModel], list[Path]] = {
         DEPLOY / "k8s" / "config" / "budget.yaml",
         DEPLOY / "sim" / "budget-tree.yaml",
     ],
-    ScenarioFile: [DEPLOY / "sim" / f"{name}.yaml" for name in ("philly", "alibaba", "eventlog")],
+    ScenarioFile: [DEPLOY / "sim" / f"{name}.yaml" for name in TRACES],
     TopicsFile: [DEPLOY / "topics.yaml", DEPLOY / "k8s" / "config" / "topics.yaml"],
     InventoryFile: [DEPLOY / "local" / "nodes.yaml"],
     WorkflowFile: [DEPLOY / "examples" / "workflow-translation.yaml"],
@@ -105,8 +106,10 @@ def test_a_bad_budget_tree_names_the_key(raw: object, message: str) -> None:
         ),
         (
             {"trace": "helios", "path": "t.csv"},
-            "trace: expected one of 'philly', 'alibaba' or 'eventlog', got \"helios\"",
+            "trace: expected one of 'philly', 'alibaba', 'bluewaters', 'theta', 'csv' or "
+            "'eventlog', got \"helios\"",
         ),
+        ({"trace": "csv", "path": "t.csv", "label": ""}, "label: expected at least 1 character"),
         ({"trace": "philly"}, "path: required"),
         (
             {"trace": "philly", "path": "t", "cluster": {"nodes": "48"}},

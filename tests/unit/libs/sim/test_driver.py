@@ -147,6 +147,16 @@ def test_runs_are_deterministic(name: str) -> None:
     assert first.jobs == {"finished": 40}
 
 
+def test_progress_is_heard_as_simulated_time_advances() -> None:
+    w = workload((0.0, "a", spec(1), 100.0), (400.0, "b", spec(1), 100.0))
+    heard: list[float] = []
+    simulate(
+        w, FifoPolicy(), dataclasses.replace(SETTINGS, drain_s=600.0), on_progress=heard.append
+    )
+    assert heard[0] == 0.0 and heard == sorted(heard) and heard[-1] <= 1.0
+    assert len(heard) > 2  # more than start and end: the ticks report too
+
+
 def test_the_warmup_is_simulated_but_not_measured() -> None:
     w = workload((0.0, "early", spec(4), 100.0), (200.0, "late", spec(1), 100.0))
     metrics = simulate(w, FifoPolicy(), SimSettings(drain_s=800.0, warmup_s=100.0))

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.core.model import WorkClass
-from libs.sim.mapping import ContractRules, contract_of, stable_fraction, team_of, to_sim_jobs
-from libs.sim.traces import RawJob
+from libs.sim.mapping import (
+    ContractRules,
+    Teams,
+    contract_of,
+    stable_fraction,
+    team_of,
+    to_sim_jobs,
+)
+from libs.sim.traces import RawJob, TraceError
 
 TEAMS = ["ads", "infra", "language", "ranking", "reliability", "speech", "vision"]
+BY_HASH = Teams(tuple(TEAMS))
 CAP = 8 * 3600.0
 
 
@@ -25,8 +34,8 @@ def test_the_hash_is_pinned_so_that_reports_stay_comparable() -> None:
 
 def test_every_job_of_a_user_lands_in_one_team_whatever_the_order() -> None:
     jobs = [RawJob(f"j{i}", float(i), f"user-{i % 5}", 1, 7200.0) for i in range(50)]
-    forward = to_sim_jobs(jobs, TEAMS, ContractRules(), CAP)
-    backward = to_sim_jobs(list(reversed(jobs)), TEAMS, ContractRules(), CAP)
+    forward = to_sim_jobs(jobs, BY_HASH, ContractRules(), CAP)
+    backward = to_sim_jobs(list(reversed(jobs)), BY_HASH, ContractRules(), CAP)
     teams = {j.spec.user: j.spec.allocation for j in forward}
     assert all(teams[j.spec.user] == j.spec.allocation for j in forward + backward)
     assert {j.job_id: j.spec for j in forward} == {j.job_id: j.spec for j in backward}
@@ -50,7 +59,7 @@ def test_a_different_seed_reshuffles_teams() -> None:
     ],
 )
 def test_contract_rules(job: RawJob, min_runtime: int, work_class: WorkClass) -> None:
-    (sim,) = to_sim_jobs([job], TEAMS, ContractRules(), CAP)
+    (sim,) = to_sim_jobs([job], BY_HASH, ContractRules(), CAP)
     assert sim.spec.min_runtime_s == min_runtime
     assert sim.spec.work_class is work_class
     assert sim.runtime_s == job.runtime_s
@@ -69,3 +78,26 @@ def test_hash_drawn_shares_come_out_near_the_configured_shares() -> None:
 def test_a_trace_that_states_priority_keeps_it() -> None:
     job = RawJob("p", 0.0, "u", 1, 60.0, best_effort=False, priority=2)
     assert contract_of(job, ContractRules(), CAP).priority == 2
+
+
+def test_a_named_team_wins_then_the_trees_members_then_the_hash() -> None:
+    tree = BudgetTree(
+        (
+            BudgetNode("org"),
+            BudgetNode("vision", "org", members=("alice", "bob")),
+            BudgetNode("speech", "org", members=("bob",)),  # bob's first leaf by name wins
+            BudgetNode("ads", "org"),
+        )
+    )
+    teams = Teams.of(tree)
+    jobs = [
+        RawJob("1", 0.0, "alice", 1, 60.0, team="ads"),  # the trace's word wins
+        RawJob("2", 0.0, "alice", 1, 60.0),
+        RawJob("3", 0.0, "bob", 1, 60.0),
+        RawJob("4", 0.0, "carol", 1, 60.0),  # in no leaf's members: hashed
+    ]
+    assert [teams.named(j) for j in jobs] == ["ads", "vision", "speech", None]
+    sims = to_sim_jobs(jobs, teams, ContractRules(), CAP)
+    assert sims[3].spec.allocation == team_of("carol", ["ads", "speech", "vision"], "qm-sim")
+    with pytest.raises(TraceError, match="job 5: team 'nobody' is not a budget-tree leaf"):
+        teams.named(RawJob("5", 0.0, "alice", 1, 60.0, team="nobody"))

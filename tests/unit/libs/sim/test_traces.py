@@ -15,36 +15,104 @@ from libs.events.logfile import write_log
 from libs.sim.traces import (
     RawJob,
     TraceError,
+    load_dirlab,
     load_event_log,
-    load_philly,
     parse_alibaba,
-    parse_philly,
+    parse_csv_trace,
+    parse_dirlab,
     select,
 )
 
 DATA = Path(__file__).resolve().parents[5] / "shared" / "data"
-PHILLY_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
+DIRLAB_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
+
+
+def _dirlab(rows: str, prefix: str, gpus_column: str = "gpu_num") -> list[RawJob]:
+    return parse_dirlab(io.StringIO(DIRLAB_HEADER + rows, newline=""), prefix, gpus_column)
 
 
 def test_philly_times_are_running_sums_of_the_gap_in_file_order() -> None:
-    text = PHILLY_HEADER + (
+    jobs = _dirlab(
         "0,1,1,0,1,0,100,0,Pass\r\n"
         "2,2,16,0,2,30,50,0,Killed\r\n"  # u_id out of file order, as in the real file
-        "1,1,8,0,1,0,7,0,Failed\r\n"
+        "1,1,8,0,1,0,7,0,Failed\r\n",
+        "philly",
     )
-    jobs = parse_philly(io.StringIO(text, newline=""))
-    assert jobs == [
-        RawJob("philly-0", 0.0, "user-1", 1, 100.0, 1),
-        RawJob("philly-2", 30.0, "user-2", 16, 50.0, 2),
-        RawJob("philly-1", 30.0, "user-1", 8, 7.0, 1),
+    assert jobs == [  # wall_time 0: no requested limit
+        RawJob("philly-0", 0.0, "user-1", 1, 100.0, 1, status="Pass"),
+        RawJob("philly-2", 30.0, "user-2", 16, 50.0, 2, status="Killed"),
+        RawJob("philly-1", 30.0, "user-1", 8, 7.0, 1, status="Failed"),
     ]
+
+
+def test_bluewaters_keeps_the_requested_limit_and_its_cpu_jobs_with_no_gpus() -> None:
+    jobs = _dirlab(
+        "7,u17,100,0,100,0,5000,21600,Pass\r\n"  # user ids are text
+        "8,3,0,32,1,10,60,3600,Killed\r\n",  # CPU only: the scheduler rejects it
+        "bluewaters",
+    )
+    assert [(j.job_id, j.user, j.gpus, j.nodes, j.requested_s, j.status) for j in jobs] == [
+        ("bluewaters-7", "user-u17", 100, 100, 21600.0, "Pass"),
+        ("bluewaters-8", "user-3", 0, 1, 3600.0, "Killed"),
+    ]
+
+
+def test_theta_counts_one_gpu_per_knl_node() -> None:
+    (job,) = _dirlab("0,4,0,8192,128,0,1400,3600,Failed\r\n", "theta", gpus_column="node_num")
+    assert (job.job_id, job.gpus, job.nodes, job.requested_s) == ("theta-0", 128, 128, 3600.0)
 
 
 def test_a_file_in_another_format_is_refused_with_the_missing_columns() -> None:
     with pytest.raises(TraceError, match="missing columns"):
-        parse_philly(io.StringIO("a,b\n1,2\n"))
-    with pytest.raises(TraceError, match="row 2"):
-        parse_philly(io.StringIO(PHILLY_HEADER + "0,1,one,0,1,0,5,0,Pass\r\n", newline=""))
+        parse_dirlab(io.StringIO("a,b\n1,2\n"), "philly")
+    with pytest.raises(TraceError, match="row 2, column gpu_num: expected a whole number"):
+        _dirlab("0,1,one,0,1,0,5,0,Pass\r\n", "philly")
+
+
+CSV_HEADER = "job_id,submit_s,user,team,gpus,nodes,gpu_type,runtime_s,requested_s,status\n"
+
+
+def test_a_csv_trace_keeps_what_it_states_and_leaves_the_rest_unknown() -> None:
+    text = CSV_HEADER + (
+        "train-9,120,alice,vision,16,2,H100,7200,10800,Pass\n"
+        ",60,007,,1,,,30,,\n"  # ids stay text: 007 is not 7; no id: the row names it
+    )
+    assert parse_csv_trace(io.StringIO(text)) == [  # replayed in submission order
+        RawJob("row-3", 60.0, "007", 1, 30.0),
+        RawJob(
+            "train-9",
+            120.0,
+            "alice",
+            16,
+            7200.0,
+            nodes=2,
+            requested_s=10800.0,
+            status="Pass",
+            team="vision",
+            gpu_type="H100",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("j,0,u,,two,,,5,,", "row 2, column gpus: expected a whole number >= 0, got 'two'"),
+        ("j,0,u,,-1,,,5,,", "row 2, column gpus: expected a whole number >= 0, got '-1'"),
+        ("j,0,,,1,,,5,,", "row 2, column user: required, found an empty cell"),
+        ("j,soon,u,,1,,,5,,", "row 2, column submit_s: expected a number, got 'soon'"),
+        ("j,0,u,,1,,,5,inf,", "row 2, column requested_s: expected seconds >= 0, got 'inf'"),
+    ],
+)
+def test_a_bad_csv_row_names_its_row_and_column(row: str, message: str) -> None:
+    with pytest.raises(TraceError) as caught:
+        parse_csv_trace(io.StringIO(CSV_HEADER + row + "\n"))
+    assert str(caught.value) == message
+
+
+def test_a_csv_trace_without_a_documented_column_is_refused() -> None:
+    with pytest.raises(TraceError, match=r"missing columns \['requested_s'\]"):
+        parse_csv_trace(io.StringIO(CSV_HEADER.replace("requested_s", "requsted_s")))
 
 
 ALIBABA_HEADER = (
@@ -118,10 +186,21 @@ def test_a_truncated_log_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.shared_data
 def test_the_real_philly_file_parses_whole() -> None:
-    jobs = load_philly(DATA / "philly-15k" / "philly_data_training.csv")
+    jobs = load_dirlab(DATA / "philly-15k" / "philly_data_training.csv", "philly")
     assert len(jobs) == 15_000
     assert jobs[-1].at == 4_977_039  # the sum of all intervals (data README)
     assert sum(j.gpus * j.runtime_s for j in jobs) == 2_756_749_794
+
+
+@pytest.mark.shared_data
+def test_the_real_gang_traces_parse_whole() -> None:
+    blue = load_dirlab(DATA / "bluewaters-15k" / "blue_waters_data_training.csv", "bluewaters")
+    gpu_jobs = [j for j in blue if j.gpus]
+    assert (len(blue), len(gpu_jobs)) == (15_000, 3_403)  # data README section 3
+    assert all(j.gpus == j.nodes for j in gpu_jobs)
+    theta = load_dirlab(DATA / "theta-15k" / "theta_data_training.csv", "theta", "node_num")
+    assert sum(j.gpus == 128 for j in theta) == 4_451  # data README section 3
+    assert all(j.requested_s for j in theta)
 
 
 def test_an_openb_pod_list_without_times_is_refused_saying_why() -> None:
