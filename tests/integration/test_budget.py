@@ -6,6 +6,7 @@ import grpc
 import pytest
 from qm.v1 import budget_service_pb2 as bs
 from qm.v1 import budget_service_pb2_grpc as bs_grpc
+from qm.v1 import events_pb2
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
@@ -33,12 +34,18 @@ def test_only_managers_change_the_tree_and_every_change_is_an_event(
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "nlp: weight must be > 0" in invalid.value.details()
     tree = budget.SetAllocation(bs.SetAllocationRequest(node=node), metadata=stack.auth("carol"))
-    changes = [
-        env.budget_changed
-        for env in (decode(r.value) for r in read_topic(stack, "events"))
-        if event_type(env) == "budget_changed"
-    ]
-    assert changes[-1].tree.version == tree.version and changes[-1].changed_by == "carol"
+
+    def logged() -> events_pb2.BudgetChanged | None:
+        """The change, once the log shows it (a commit can be acknowledged before a
+        reader sees it)."""
+        changes = [
+            env.budget_changed
+            for env in (decode(r.value) for r in read_topic(stack, "events"))
+            if event_type(env) == "budget_changed"
+        ]
+        return changes[-1] if changes and changes[-1].tree.version == tree.version else None
+
+    assert eventually(logged, what="the change on the log").changed_by == "carol"
 
 
 def test_allocated_work_is_charged(
