@@ -6,9 +6,8 @@ import grpc
 import pytest
 from qm.v1 import budget_service_pb2 as bs
 from qm.v1 import budget_service_pb2_grpc as bs_grpc
-from qm.v1 import events_pb2
+from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2_grpc as js_grpc
-from qm.v1 import types_pb2
 
 from libs.events import decode, event_type
 from tests.integration.conftest import eventually, read_topic, wait_for_end
