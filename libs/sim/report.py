@@ -343,11 +343,16 @@ def _easy_note(workload: Workload, results: Sequence[Metrics]) -> list[str]:
     if not any(m.policy == "easy" for m in results):
         return []
     requested = sum(job.spec.runtime_estimate_s > 0 for job in workload.jobs)
+    rest = len(workload.jobs) - requested
     return [
         "- easy: EASY backfill (FIFO; the head reserves the earliest GPUs its runtime"
         f" estimates free) estimated {requested:,} of {len(workload.jobs):,} jobs by the limit"
-        " the trace requests; the rest by their true runtime (known only to a simulator:"
-        " for them, its best case)."
+        " the trace requests"
+        + (
+            f", {rest:,} by their true runtime (known only to a simulator: its best case)."
+            if rest
+            else "."
+        )
     ]
 
 
