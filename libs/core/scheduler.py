@@ -260,8 +260,15 @@ class Scheduler:
                 protected_until=run.protected_until(self.config),
                 now=self.now,
                 stopping=run.stopping,
+                estimated_end=self._estimated_end(run),
             )
         return None
+
+    def _estimated_end(self, run: Running) -> float | None:
+        estimate = self.estimate_s(run.spec)
+        if run.started_at is None or estimate is None:
+            return None
+        return run.started_at + estimate
 
     # -- folding inputs ------------------------------------------------------
 
