@@ -75,6 +75,9 @@ def submit(
     min_runtime: Annotated[
         float, duration("0", "Contract: protected runtime, e.g. 30m; 0 = free, preemptible")
     ] = 0.0,
+    estimate: Annotated[
+        float, duration("0", "Expected run time, e.g. 2h, for planning only; 0 = not given")
+    ] = 0.0,
     resumable: Annotated[
         bool, typer.Option(help="Requeue instead of failing on preemption")
     ] = False,
@@ -115,6 +118,7 @@ def submit(
         gpus=gpus,
         gpu_type=gpu_type,
         min_runtime_s=int(min_runtime),
+        runtime_estimate_s=estimate,
         resumable=resumable,
         priority=priority,
         command=command or [],

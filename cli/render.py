@@ -102,6 +102,7 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
             f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}" + (" per task" if workflow else ""),
         ),
         ("contract", f"min runtime {job.spec.min_runtime_s} s, resumable {job.spec.resumable}"),
+        ("estimate", f"{job.spec.runtime_estimate_s:g} s" if job.spec.runtime_estimate_s else "-"),
         ("command", " ".join(job.spec.command) or "-"),
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")

@@ -57,6 +57,7 @@ def explain_running(
     protected_until: float | None,
     now: float,
     stopping: StopCause | None,
+    estimated_end: float | None = None,
 ) -> Explanation:
     parts = [f"running on {', '.join(nodes)}"]
     if stopping is not None:
@@ -65,6 +66,8 @@ def explain_running(
         parts.append(f"protected by its contract for {protected_until - now:.0f} s more")
     else:
         parts.append("past its minimum runtime: preemptible when higher-ranked work waits")
+    if stopping is None and estimated_end is not None and estimated_end > now:
+        parts.append(f"estimated to end in {estimated_end - now:.0f} s")
     parts.append(_standing_text(allocation, standing))
     return Explanation(job_id, False, allocation, standing, 0, "; ".join(parts))
 

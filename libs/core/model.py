@@ -39,6 +39,9 @@ class JobSpec:
     simulated_exit_code: int = 0
     min_gpu_memory_gib: float = 0.0
     simulated_utilization: float = 0.0
+    # How long the job is expected to run, in seconds (0: none given): the user's or
+    # the trace's requested limit, for planning only, never for charging.
+    runtime_estimate_s: float = 0.0
     # Set: a DAG of model-serving tasks, each on one GPU, planned by the
     # serving planner (libs.core.compass) instead of the batch tiers.
     workflow: Workflow | None = None

@@ -9,8 +9,8 @@ hash order; time comes only from the inputs.
 What it remembers is kept by parts, a module each: free GPUs (``capacity.py``),
 the queues (``queues.py``), running work (``running.py``), what allocations are
 charged (``charges.py``), preemption under way (``reservations.py``), node leases
-(``liveness.py``) and workflows (``compass``); this class folds each input
-through them and runs the pass.
+(``liveness.py``), each user's completed runtimes (``estimates.py``) and workflows
+(``compass``); this class folds each input through them and runs the pass.
 
 A scheduling pass, in order:
   1. rank allocations by fair share (usage ÷ entitlement, level by level);
@@ -48,10 +48,11 @@ from libs.core.decisions import (
     TaskLost,
     Wait,
 )
+from libs.core.estimates import LearnedRuntimes
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
 from libs.core.liveness import Liveness
-from libs.core.model import NodeSpec, WorkClass
+from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork, Tasks
@@ -63,7 +64,9 @@ POLICY = "budget"
 # under (``config_digest``), so the same input yields other bytes than under 8.
 # 10: the digest covers every declared table (libs/core/state.py): reasons, seen jobs,
 # the no-plan cache, the preemption round and more; the decisions are unchanged.
-POLICY_VERSION = 10
+# 11: a job's spec carries its runtime estimate, and the digest covers each user's
+# learned runtimes (libs/core/estimates.py); the decisions are unchanged.
+POLICY_VERSION = 11
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 
 
@@ -113,6 +116,7 @@ class Scheduler:
         self._running = RunningWork(self.config, state)
         self._charges = Charges(self.config, state, self._capacity)
         self._reservations = Reservations(state)
+        self._learned = LearnedRuntimes(state)
         self._liveness = Liveness(self.config, state)
         self._reasons: Table[JobId, str] = state.table("reasons")  # the last Wait each job heard
         self._seen: Table[JobId, None] = state.table("seen")  # every job id decided on
@@ -215,6 +219,11 @@ class Scheduler:
         """GPUs held for workflows now (taken from batch work)."""
         return len(self._serving.pool)
 
+    def estimate_s(self, spec: JobSpec) -> float | None:
+        """How long a job is expected to run, for planning (never for charging): its
+        requested limit, else its user's learned figure, else None."""
+        return self._learned.estimate_s(spec)
+
     def digest(self) -> bytes:
         """A fingerprint of the whole declared state, recorded with every decision."""
         return self._state.digest()
@@ -251,8 +260,15 @@ class Scheduler:
                 protected_until=run.protected_until(self.config),
                 now=self.now,
                 stopping=run.stopping,
+                estimated_end=self._estimated_end(run),
             )
         return None
+
+    def _estimated_end(self, run: Running) -> float | None:
+        estimate = self.estimate_s(run.spec)
+        if run.started_at is None or estimate is None:
+            return None
+        return run.started_at + estimate
 
     # -- folding inputs ------------------------------------------------------
 
@@ -277,6 +293,8 @@ class Scheduler:
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
             return []
         self._charges.count(run, -1)
+        if run.stopping is None and run.started_at is not None:  # it ran to its end
+            self._learned.completed(run.spec.user, at - run.started_at)
         if run.stopping is StopCause.PREEMPTED:
             what = "preempted"
         elif run.stopping is StopCause.NODE_LOST:

@@ -198,6 +198,10 @@ def _numbers(spec: JobSpec) -> list[Violation]:
                 "simulated_duration_s", f"must be between 0 and {L.MAX_SIMULATED_DURATION_S} s"
             )
         )
+    if not 0 <= spec.runtime_estimate_s <= L.MAX_RUNTIME_ESTIMATE_S:
+        found.append(
+            Violation("runtime_estimate_s", f"must be between 0 and {L.MAX_RUNTIME_ESTIMATE_S} s")
+        )
     if not 0.0 <= spec.simulated_utilization <= 1.0:
         found.append(Violation("simulated_utilization", "must be between 0 and 1"))
     if not 0 <= spec.min_gpu_memory_gib <= L.MAX_GPU_MEMORY_GIB:

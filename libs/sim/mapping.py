@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libs.core.budget_tree import BudgetTree
+from libs.core.limits import MAX_RUNTIME_ESTIMATE_S
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S, JobSpec
 from libs.sim.traces.raw import RawJob, TraceError
 from libs.sim.workload import SimJob
@@ -115,6 +116,8 @@ def to_sim_jobs(
             resumable=terms.resumable,
             priority=terms.priority,
             simulated_duration_s=job.runtime_s,
+            # Capped so that an absurd limit in a trace cannot get the job rejected.
+            runtime_estimate_s=min(job.requested_s or 0.0, MAX_RUNTIME_ESTIMATE_S),
         )
         out.append(SimJob(job.at, job.job_id, spec, job.runtime_s))
     return out

@@ -177,7 +177,7 @@ def summary_markdown(
         "as single-GPU jobs. *Worst day*: the lowest owed delivered of any team on any day.",
         "",
         *[f"- {m.policy}: {_verdict(m)}" for m in results],
-        *_easy_note(results),
+        *_easy_note(workload, results),
         "",
         "## Definitions",
         "",
@@ -339,12 +339,20 @@ def _sizes_section(results: Sequence[Metrics]) -> list[str]:
     ]
 
 
-def _easy_note(results: Sequence[Metrics]) -> list[str]:
+def _easy_note(workload: Workload, results: Sequence[Metrics]) -> list[str]:
     if not any(m.policy == "easy" for m in results):
         return []
+    requested = sum(job.spec.runtime_estimate_s > 0 for job in workload.jobs)
+    rest = len(workload.jobs) - requested
     return [
         "- easy: EASY backfill (FIFO; the head reserves the earliest GPUs its runtime"
-        " estimates free) ran with exact estimates, each job's true runtime: its best case."
+        f" estimates free) estimated {requested:,} of {len(workload.jobs):,} jobs by the limit"
+        " the trace requests"
+        + (
+            f", {rest:,} by their true runtime (known only to a simulator: its best case)."
+            if rest
+            else "."
+        )
     ]
 
 

@@ -10,9 +10,10 @@ shadow time with it running (it uses only GPUs the head will not need).
 "Fits" means what it means for FIFO: one node with room, or whole free nodes
 for a gang. No preemption.
 
-A job's runtime estimate is ``spec.simulated_duration_s``: in the simulator the
-job's true runtime, so the baseline plans with exact estimates (its best
-case). A job without one counts as running forever.
+A job's runtime estimate is the limit its spec requests (``runtime_estimate_s``,
+as Slurm's EASY uses the requested wall time). Without one, in the simulator, it is
+the job's true runtime (``simulated_duration_s``): an exact estimate, the baseline's
+best case, which the report names. A job with neither counts as running forever.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ POLICY = "easy"
 
 
 def estimate_s(spec: JobSpec) -> float:
-    return spec.simulated_duration_s or math.inf
+    return spec.runtime_estimate_s or spec.simulated_duration_s or math.inf
 
 
 class EasyPolicy(FifoPolicy):

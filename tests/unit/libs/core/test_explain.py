@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from libs.core import BudgetSet, JobArrived, NodeJoined, Scheduler, StopCause, TaskStarted, Tick
+from libs.core import (
+    BudgetSet,
+    JobArrived,
+    NodeJoined,
+    Scheduler,
+    StopCause,
+    TaskEnded,
+    TaskStarted,
+    Tick,
+)
 from libs.core.explain import explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing
 from libs.core.queues import Waiting
@@ -144,6 +153,23 @@ def test_the_scheduler_explains_running_work_under_its_contract() -> None:
         "running on n0; protected by its contract for 3590 s more; "
         "team-b ranks 2 of 2 by fair share (usage/entitlement 4.00)"
     )
+
+
+def test_running_work_with_an_estimate_says_when_it_should_end() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("n0", 8)))
+    s.handle(JobArrived(0, "once", job(1)))
+    s.handle(TaskStarted(0, "once", "once/0", "n0"))
+    s.handle(TaskEnded(300, "once", "once/0", "n0"))  # alice's jobs run 300 s
+    for job_id, estimate in (("asked", 7200.0), ("learned", 0.0)):
+        s.handle(JobArrived(400, job_id, job(1, runtime_estimate_s=estimate)))
+        s.handle(TaskStarted(400, job_id, f"{job_id}/0", "n0"))
+    s.handle(Tick(500))
+    texts = {job_id: getattr(s.explain(job_id), "text", "") for job_id in ("asked", "learned")}
+    assert "; estimated to end in 7100 s; " in texts["asked"]  # its requested limit
+    assert "; estimated to end in 200 s; " in texts["learned"]
+    s.handle(Tick(800))  # overdue: nothing said
+    assert "estimated" not in getattr(s.explain("learned"), "text", "")
 
 
 def test_once_the_contract_is_met_the_explanations_follow_the_preemption() -> None:

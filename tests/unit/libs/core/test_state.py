@@ -21,6 +21,7 @@ from libs.core.charges import Charges
 from libs.core.compass.backlog import Backlogs
 from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
+from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
 from libs.core.queues import Queues, Waiting
 from libs.core.reservations import Reservations
@@ -48,6 +49,7 @@ NOT_STATE: dict[type, set[str]] = {
         "_charges",
         "_reservations",
         "_liveness",
+        "_learned",
         "_serving",
     },
     Capacity: set(),
@@ -56,6 +58,7 @@ NOT_STATE: dict[type, set[str]] = {
     Charges: CONFIG | {"_capacity"},  # its nodes price running work
     Reservations: set(),
     Liveness: CONFIG,
+    LearnedRuntimes: set(),
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
     Pool: {"config", "_batch"},  # the scheduler's capacity it borrows from
     Backlogs: {"_planner"},
@@ -72,6 +75,7 @@ def parts(scheduler: Scheduler) -> list[object]:
         scheduler._charges,
         scheduler._reservations,
         scheduler._liveness,
+        scheduler._learned,
         scheduler._serving,
         scheduler._serving.pool,
         scheduler._serving._backlogs,

@@ -14,6 +14,7 @@ LEAVES = ["team-a", "team-b"]
 
 def test_a_valid_job_has_no_violations() -> None:
     assert validate_job(job(2, min_runtime_s=3600), Limits(), LEAVES) == []
+    assert validate_job(job(2, runtime_estimate_s=7200.0), Limits(), LEAVES) == []
 
 
 @pytest.mark.parametrize(
@@ -43,6 +44,14 @@ def test_a_valid_job_has_no_violations() -> None:
             job(1, simulated_duration_s=-1.0),
             "simulated_duration_s",
             "must be between 0 and 31622400 s",
+        ),
+        *(
+            (
+                job(1, runtime_estimate_s=bad),
+                "runtime_estimate_s",
+                "must be between 0 and 31622400 s",
+            )
+            for bad in (-1.0, math.nan, math.inf, 31622401.0)
         ),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libs.core.budget_tree import BudgetNode, BudgetTree
+from libs.core.limits import MAX_RUNTIME_ESTIMATE_S
 from libs.core.model import WorkClass
 from libs.sim.mapping import (
     ContractRules,
@@ -78,6 +79,15 @@ def test_hash_drawn_shares_come_out_near_the_configured_shares() -> None:
 def test_a_trace_that_states_priority_keeps_it() -> None:
     job = RawJob("p", 0.0, "u", 1, 60.0, best_effort=False, priority=2)
     assert contract_of(job, ContractRules(), CAP).priority == 2
+
+
+def test_the_requested_limit_is_the_jobs_runtime_estimate() -> None:
+    asked = RawJob("a", 0.0, "u", 1, 60.0, requested_s=3600.0)
+    absurd = RawJob("b", 0.0, "u", 1, 60.0, requested_s=1e12)
+    sims = to_sim_jobs(
+        [asked, absurd, RawJob("c", 0.0, "u", 1, 60.0)], BY_HASH, ContractRules(), CAP
+    )
+    assert [s.spec.runtime_estimate_s for s in sims] == [3600.0, MAX_RUNTIME_ESTIMATE_S, 0.0]
 
 
 def test_a_named_team_wins_then_the_trees_members_then_the_hash() -> None:

@@ -59,6 +59,18 @@ def test_a_job_without_an_estimate_never_counts_as_ending_before_the_reservation
     assert placed(inputs) == ["a"]
 
 
+def test_the_requested_limit_is_the_estimate_not_the_true_runtime() -> None:
+    """ "short" truly ends at 54, but asked for 200 s: past the reservation at 101."""
+    inputs: list[Input] = [
+        NodeJoined(0, node("n1")),
+        JobArrived(1, "a", run(100, 6)),
+        JobArrived(2, "head", run(10, 8)),
+        JobArrived(4, "short", job(2, simulated_duration_s=50, runtime_estimate_s=200)),
+        JobArrived(5, "asked", job(2, simulated_duration_s=500, runtime_estimate_s=90)),
+    ]
+    assert placed(inputs) == ["a", "asked"]
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_backfilled_job_delays_the_heads_reservation(seed: int) -> None:
     """With exact estimates, every head starts by the first shadow time it was given."""
