@@ -7,8 +7,10 @@ is never protected.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
@@ -28,11 +30,17 @@ class RunningJob:
     protect_s: float  # its minimum runtime, within the policy's cap
 
     def protected(self, now: float) -> bool:
+        return now < self.protected_until
+
+    @cached_property
+    def protected_until(self) -> float:
+        """When its contract stops protecting it (cached: planning asks it of every
+        running job)."""
         if not self.spec.allocated:
-            return False
+            return -math.inf
         if self.started_at is None:
-            return True  # the contract's clock has not started yet
-        return now < self.started_at + self.protect_s
+            return math.inf  # the contract's clock has not started yet
+        return self.started_at + self.protect_s
 
 
 def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now: float) -> bool:
@@ -56,7 +64,7 @@ def victims_of(waiting: JobSpec, rank: dict[str, int], now: float) -> Callable[[
     own = rank.get(waiting.allocation, unknown)
 
     def may_take(victim: RunningJob) -> bool:
-        if victim.protected(now):
+        if now < victim.protected_until:
             return False
         spec = victim.spec
         if not spec.allocated:
