@@ -43,10 +43,10 @@ def plan_preemption(
     for node_id, size, free in nodes:
         if size < waiting.gpus or free >= waiting.gpus:
             continue
-        allowed = sorted(
-            filter(may_take, running_on.get(node_id, ())),
-            key=lambda v: victim_order(v, rank),
-        )
+        allowed = list(filter(may_take, running_on.get(node_id, ())))
+        if free + sum(v.gpus for v in allowed) < waiting.gpus:
+            continue  # too little room even with every victim allowed (most nodes, mostly)
+        allowed.sort(key=lambda v: victim_order(v, rank))
         chosen: list[RunningJob] = []
         room = free
         for victim in allowed:
