@@ -70,7 +70,7 @@ def _whole_nodes(
     may_take: Callable[[RunningJob], bool],
 ) -> Plan | None:
     needed = -(-waiting.gpus // node_size)
-    options: list[tuple[_Cost, NodeId, tuple[RunningJob, ...]]] = []
+    freeable: list[tuple[NodeId, tuple[RunningJob, ...]]] = []
     for node_id, size, free in nodes:
         if size != node_size:
             continue
@@ -78,10 +78,10 @@ def _whole_nodes(
         if sum(v.gpus for v in victims) + free < size:
             continue  # something else holds GPUs there (a gang, or a stopping job)
         if all(map(may_take, victims)):
-            options.append((_cost(victims), node_id, victims))
-    if len(options) < needed:
-        return None
-    chosen = sorted(options)[:needed]
+            freeable.append((node_id, victims))
+    if len(freeable) < needed:
+        return None  # most plans: priced only when there are enough nodes
+    chosen = sorted((_cost(victims), node_id, victims) for node_id, victims in freeable)[:needed]
     victims = tuple(v for _, _, vs in chosen for v in vs)
     if not victims:
         return None  # whole nodes are free already: no preemption needed
