@@ -172,7 +172,7 @@ class Capacity:
 
         def unblocked(nodes: dict[NodeId, None]) -> int:
             # Counted through the few blocked nodes, not the many free ones: every pass asks.
-            return len(nodes) - sum(1 for n in blocked if n in nodes)
+            return len(nodes) - sum(1 for n in blocked if n in nodes) if blocked else len(nodes)
 
         largest = max(
             (
