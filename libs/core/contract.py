@@ -7,7 +7,10 @@ is never protected.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
@@ -27,11 +30,17 @@ class RunningJob:
     protect_s: float  # its minimum runtime, within the policy's cap
 
     def protected(self, now: float) -> bool:
+        return now < self.protected_until
+
+    @cached_property
+    def protected_until(self) -> float:
+        """When its contract stops protecting it (cached: planning asks it of every
+        running job)."""
         if not self.spec.allocated:
-            return False
+            return -math.inf
         if self.started_at is None:
-            return True  # the contract's clock has not started yet
-        return now < self.started_at + self.protect_s
+            return math.inf  # the contract's clock has not started yet
+        return self.started_at + self.protect_s
 
 
 def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now: float) -> bool:
@@ -42,14 +51,29 @@ def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now:
     (the fast path) preempts any past-contract work but other debug work:
     it is small and short, and the reason people stop squatting on GPUs.
     """
-    if not waiting.allocated or victim.protected(now):
-        return False
-    if not victim.spec.allocated:
-        return True
-    if waiting.work_class is WorkClass.DEBUG:
-        return victim.spec.work_class is not WorkClass.DEBUG
+    return victims_of(waiting, rank, now)(victim)
+
+
+def victims_of(waiting: JobSpec, rank: dict[str, int], now: float) -> Callable[[RunningJob], bool]:
+    """``may_preempt`` for one waiting job, its side decided once: planning asks it of
+    every running job."""
+    if not waiting.allocated:
+        return lambda victim: False
+    debug = waiting.work_class is WorkClass.DEBUG
     unknown = len(rank)
-    return rank.get(victim.spec.allocation, unknown) > rank.get(waiting.allocation, unknown)
+    own = rank.get(waiting.allocation, unknown)
+
+    def may_take(victim: RunningJob) -> bool:
+        if now < victim.protected_until:
+            return False
+        spec = victim.spec
+        if not spec.allocated:
+            return True
+        if debug:
+            return spec.work_class is not WorkClass.DEBUG
+        return rank.get(spec.allocation, unknown) > own
+
+    return may_take
 
 
 def victim_order(victim: RunningJob, rank: dict[str, int]) -> tuple[int, int, int, int, int]:

@@ -28,24 +28,26 @@ class Standing:
 def leaf_order(tree: BudgetTree, usage: Mapping[str, float]) -> list[str]:
     """Leaves, most under-served first. Unknown allocations in ``usage`` are ignored."""
     totals: dict[str, float] = {}
+    children, weight = tree.children, tree.weight  # every pass ranks: names bound once
 
     def subtree_usage(name: str) -> float:
-        total = usage.get(name, 0.0) + sum(subtree_usage(k) for k in tree.children(name))
-        totals[name] = total
+        total = totals[name] = usage.get(name, 0.0) + sum(map(subtree_usage, children(name)))
         return total
 
-    subtree_usage(tree.root)
+    def key(name: str) -> tuple[float, str]:
+        return totals[name] / weight(name), name
+
+    root = tree.root
+    subtree_usage(root)
     order: list[str] = []
-    stack = [tree.root]
+    stack = [root]
     while stack:
         name = stack.pop()
-        kids = tree.children(name)
-        if not kids:
+        kids = children(name)
+        if kids:
+            stack.extend(reversed(sorted(kids, key=key)))
+        else:
             order.append(name)
-            continue
-        weights = {k: tree.weight(k) for k in kids}
-        ranked = sorted(kids, key=lambda k: (totals[k] / weights[k], k))
-        stack.extend(reversed(ranked))
     return order
 
 

@@ -46,7 +46,8 @@ class JobSpec:
     # serving planner (libs.core.compass) instead of the batch tiers.
     workflow: Workflow | None = None
 
-    @property
+    # Cached (the fields are frozen): planning asks these of every running job.
+    @cached_property
     def allocated(self) -> bool:
         return self.min_runtime_s > 0 or self.workflow is not None
 
@@ -56,7 +57,7 @@ class JobSpec:
         (a waiting or running job's fact is written out many times)."""
         return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
 
-    @property
+    @cached_property
     def work_class(self) -> WorkClass:
         if not self.allocated:
             return WorkClass.UNALLOCATED

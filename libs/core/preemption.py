@@ -8,10 +8,10 @@ A job that fits one node frees room on one node; a gang frees whole nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from libs.core.contract import RunningJob, may_preempt, victim_order
+from libs.core.contract import RunningJob, victim_order, victims_of
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec
 
@@ -36,16 +36,17 @@ def plan_preemption(
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
         return None
+    may_take = victims_of(waiting, rank, now)
     if waiting.gpus > node_size:
-        return _whole_nodes(waiting, nodes, node_size, running_on, rank, now)
+        return _whole_nodes(waiting, nodes, node_size, running_on, may_take)
     best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
     for node_id, size, free in nodes:
         if size < waiting.gpus or free >= waiting.gpus:
             continue
-        allowed = sorted(
-            (v for v in running_on.get(node_id, ()) if may_preempt(waiting, v, rank, now)),
-            key=lambda v: victim_order(v, rank),
-        )
+        allowed = list(filter(may_take, running_on.get(node_id, ())))
+        if free + sum(v.gpus for v in allowed) < waiting.gpus:
+            continue  # too little room even with every victim allowed (most nodes, mostly)
+        allowed.sort(key=lambda v: victim_order(v, rank))
         chosen: list[RunningJob] = []
         room = free
         for victim in allowed:
@@ -66,22 +67,21 @@ def _whole_nodes(
     nodes: list[tuple[NodeId, int, int]],
     node_size: int,
     running_on: Mapping[NodeId, Iterable[RunningJob]],
-    rank: dict[str, int],
-    now: float,
+    may_take: Callable[[RunningJob], bool],
 ) -> Plan | None:
     needed = -(-waiting.gpus // node_size)
-    options: list[tuple[_Cost, NodeId, tuple[RunningJob, ...]]] = []
+    freeable: list[tuple[NodeId, tuple[RunningJob, ...]]] = []
     for node_id, size, free in nodes:
         if size != node_size:
             continue
         victims = tuple(running_on.get(node_id, ()))
         if sum(v.gpus for v in victims) + free < size:
             continue  # something else holds GPUs there (a gang, or a stopping job)
-        if all(may_preempt(waiting, v, rank, now) for v in victims):
-            options.append((_cost(victims), node_id, victims))
-    if len(options) < needed:
-        return None
-    chosen = sorted(options)[:needed]
+        if all(map(may_take, victims)):
+            freeable.append((node_id, victims))
+    if len(freeable) < needed:
+        return None  # most plans: priced only when there are enough nodes
+    chosen = sorted((_cost(victims), node_id, victims) for node_id, victims in freeable)[:needed]
     victims = tuple(v for _, _, vs in chosen for v in vs)
     if not victims:
         return None  # whole nodes are free already: no preemption needed

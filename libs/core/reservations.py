@@ -60,11 +60,11 @@ class Reservations:
         no_plan = self._no_plan.value
         if no_plan is not None and no_plan[0] == attempt and now < no_plan[1] + NO_PLAN_RETRY_S:
             return ()
-        spec = job.spec
+        spec, free, reserved = job.spec, capacity.free, self.reserved  # bound: a hot loop
         candidates = [
-            (node_id, node.gpu_count, len(capacity.free(node_id)))
+            (node_id, node.gpu_count, len(free(node_id)))
             for node_id, node in sorted(capacity.nodes.items())
-            if node_id not in self.reserved
+            if node_id not in reserved
             and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
             and node.gpu_memory_gib >= spec.min_gpu_memory_gib
         ]

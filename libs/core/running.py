@@ -8,6 +8,7 @@ that failed is not searched for again until something it looked at changed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from libs.core.config import PolicyConfig
@@ -60,7 +61,7 @@ class Running:
 
 
 class RunningWork:
-    DERIVED = ("_on_node", "free_work_gpus")
+    DERIVED = ("_on_node", "_preemptible", "free_work_gpus")
 
     def __init__(self, config: PolicyConfig, state: State) -> None:
         self.config = config
@@ -68,6 +69,9 @@ class RunningWork:
         self._version = state.cell("running_version", 0)
         # Indexes over ``jobs`` (``derived`` rebuilds them):
         self._on_node: dict[NodeId, dict[JobId, None]] = {}  # node -> its jobs (an ordered set)
+        # node -> its jobs that preemption may consider, in ``_on_node``'s order: planning
+        # reads them for every blocked job, far more often than running work changes.
+        self._preemptible: dict[NodeId, dict[JobId, RunningJob]] = {}
         self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
 
     @property
@@ -95,9 +99,8 @@ class RunningWork:
     def place(self, job: Waiting, tasks: Tasks, now: float) -> Running:
         for node_id, _ in tasks.values():
             self._on_node.setdefault(node_id, {})[job.job_id] = None
-        run = self.jobs[job.job_id] = Running(
-            job.job_id, job.spec, job.seq, job.attempt, now, tasks
-        )
+        run = Running(job.job_id, job.spec, job.seq, job.attempt, now, tasks)
+        self._put(run)
         if not job.spec.allocated:
             self.free_work_gpus += job.spec.gpus
         self.changed()
@@ -106,7 +109,7 @@ class RunningWork:
     def update(self, job_id: JobId, **changes: object) -> None:
         run = self.jobs.get(job_id)
         if run is not None:
-            self.jobs[job_id] = run.but(**changes)
+            self._put(run.but(**changes))
             self.changed()
 
     def started(self, job_id: JobId, task_id: TaskId, at: float) -> None:
@@ -129,7 +132,8 @@ class RunningWork:
         run = self.jobs.get(job_id)
         if run is None or run.tasks.get(task_id, ("",))[0] != node_id or task_id in run.ended:
             return None
-        run = self.jobs[job_id] = run.but(ended=tuple(sorted((*run.ended, task_id))))
+        run = run.but(ended=tuple(sorted((*run.ended, task_id))))
+        self._put(run)
         self.changed()
         self._on_node.get(node_id, {}).pop(job_id, None)
         if len(run.ended) == len(run.tasks):
@@ -138,28 +142,39 @@ class RunningWork:
                 self.free_work_gpus -= run.spec.gpus
         return run
 
-    def preemptible_by_node(self) -> dict[NodeId, list[RunningJob]]:
-        """The single-node jobs not already stopping, by node, as preemption sees them."""
-        by_node: dict[NodeId, list[RunningJob]] = {}
-        for node_id, job_ids in self._on_node.items():
-            for job_id in job_ids:
-                run = self.jobs[job_id]
-                if run.stopping is not None or len(run.tasks) > 1:
-                    continue  # already going, or a gang (never preempted piecemeal)
-                [(task_node, gpus)] = run.tasks.values()
-                by_node.setdefault(node_id, []).append(
-                    RunningJob(
-                        job_id,
-                        run.spec,
-                        task_node,
-                        len(gpus),
-                        run.started_at,
-                        run.idle,
-                        run.seq,
-                        run.protect_s(self.config),
-                    )
-                )
-        return by_node
+    def preemptible_by_node(self) -> dict[NodeId, Iterable[RunningJob]]:
+        """The single-node jobs not already stopping, by node, as preemption sees them
+        (views: read them before running work changes)."""
+        return {node_id: jobs.values() for node_id, jobs in self._preemptible.items()}
+
+    def _put(self, run: Running) -> None:
+        """Write the job, and keep its place among the preemptible ones (a job only
+        ever leaves it: by stopping, or by its task ending)."""
+        self.jobs[run.job_id] = run
+        if len(run.tasks) != 1:
+            return  # a gang is never preempted piecemeal
+        [(node_id, _)] = run.tasks.values()
+        victim = self._as_victim(run)
+        if victim is not None:
+            self._preemptible.setdefault(node_id, {})[run.job_id] = victim
+        else:
+            self._preemptible.get(node_id, {}).pop(run.job_id, None)
+
+    def _as_victim(self, run: Running) -> RunningJob | None:
+        """The job as preemption sees it, or None when it is not a candidate."""
+        if run.stopping is not None or len(run.tasks) > 1 or run.ended:
+            return None  # already going, a gang (never preempted piecemeal), or over
+        [(node_id, gpus)] = run.tasks.values()
+        return RunningJob(
+            run.job_id,
+            run.spec,
+            node_id,
+            len(gpus),
+            run.started_at,
+            run.idle,
+            run.seq,
+            run.protect_s(self.config),
+        )
 
     def derived(self) -> dict[str, object]:
         """The indexes (``DERIVED``) rebuilt from ``jobs`` alone."""
@@ -168,5 +183,11 @@ class RunningWork:
             for task_id, (node_id, _) in run.tasks.items():
                 if task_id not in run.ended:
                     on_node.setdefault(node_id, {})[job_id] = None
+        preemptible: dict[NodeId, dict[JobId, RunningJob]] = {}
+        for node_id, job_ids in on_node.items():
+            for job_id in job_ids:
+                victim = self._as_victim(self.jobs[job_id])
+                if victim is not None:
+                    preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
-        return {"_on_node": on_node, "free_work_gpus": free_work}
+        return {"_on_node": on_node, "_preemptible": preemptible, "free_work_gpus": free_work}

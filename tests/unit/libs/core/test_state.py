@@ -100,6 +100,8 @@ def check(scheduler: Scheduler) -> None:
     assert derived["free_work_gpus"] == running.free_work_gpus
     on_node = {n: list(jobs) for n, jobs in running._on_node.items() if jobs}
     assert on_node == {n: list(jobs) for n, jobs in derived["_on_node"].items()}  # type: ignore[attr-defined]
+    preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
+    assert preemptible == {n: list(jobs.items()) for n, jobs in derived["_preemptible"].items()}  # type: ignore[attr-defined]
     assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
