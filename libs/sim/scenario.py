@@ -6,7 +6,7 @@ A scenario file (``deploy/sim/*.yaml``) names a trace and its defaults; it is re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -15,7 +15,14 @@ from typing import Literal, TypeVar, get_args
 from libs.config.budget import load_budget_tree
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mapping import ContractRules, Teams, to_sim_jobs
-from libs.sim.traces import load_alibaba, load_csv_trace, load_dirlab, load_event_log, select
+from libs.sim.traces import (
+    load_csv,
+    load_event_log,
+    parse_alibaba,
+    parse_csv_trace,
+    parse_dirlab,
+    select,
+)
 from libs.sim.traces.raw import J, RawJob, TraceError
 from libs.sim.workload import Workload
 
@@ -23,14 +30,14 @@ Trace = Literal["philly", "alibaba", "bluewaters", "theta", "csv", "eventlog"]
 TRACES: tuple[Trace, ...] = get_args(Trace)
 T = TypeVar("T")
 
-# Every trace but a recorded log, by its reader.
-LOADERS: dict[Trace, Callable[[Path], list[RawJob]]] = {
-    "philly": partial(load_dirlab, prefix="philly"),
-    "alibaba": load_alibaba,
-    "bluewaters": partial(load_dirlab, prefix="bluewaters"),
+# Every trace but a recorded log, by its parser.
+PARSERS: dict[Trace, Callable[[Iterable[str]], list[RawJob]]] = {
+    "philly": partial(parse_dirlab, prefix="philly"),
+    "alibaba": parse_alibaba,
+    "bluewaters": partial(parse_dirlab, prefix="bluewaters"),
     # Theta's KNL nodes have no GPUs: one node stands for one GPU (deploy/sim/theta.yaml).
-    "theta": partial(load_dirlab, prefix="theta", gpus_column="node_num"),
-    "csv": load_csv_trace,
+    "theta": partial(parse_dirlab, prefix="theta", gpus_column="node_num"),
+    "csv": parse_csv_trace,
 }
 
 
@@ -64,7 +71,9 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
     if scenario.tree_path is None or scenario.cluster is None:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
     tree = load_budget_tree(scenario.tree_path)
-    raw_jobs = _window(_read(scenario.path, LOADERS[scenario.trace]), scenario)
+    raw_jobs = _window(
+        _read(scenario.path, partial(load_csv, parse=PARSERS[scenario.trace])), scenario
+    )
     teams = Teams.of(tree)
     jobs = to_sim_jobs(raw_jobs, teams, scenario.rules, max_min_runtime_s)
     hashed = frozenset(job.job_id for job in raw_jobs if teams.named(job) is None)

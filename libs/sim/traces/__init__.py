@@ -1,18 +1,16 @@
 """Trace loaders: public cluster traces, the generic CSV format and recorded Quartermaster logs."""
 
-from libs.sim.traces.alibaba import load_alibaba, parse_alibaba
-from libs.sim.traces.csv_trace import load_csv_trace, parse_csv_trace
-from libs.sim.traces.dirlab import load_dirlab, parse_dirlab
+from libs.sim.traces.alibaba import parse_alibaba
+from libs.sim.traces.csv_trace import parse_csv_trace
+from libs.sim.traces.dirlab import parse_dirlab
 from libs.sim.traces.eventlog import RecordedLog, load_event_log, read_envelopes
-from libs.sim.traces.raw import RawJob, TraceError, select
+from libs.sim.traces.raw import RawJob, TraceError, load_csv, select
 
 __all__ = [
     "RawJob",
     "RecordedLog",
     "TraceError",
-    "load_alibaba",
-    "load_csv_trace",
-    "load_dirlab",
+    "load_csv",
     "load_event_log",
     "parse_alibaba",
     "parse_csv_trace",

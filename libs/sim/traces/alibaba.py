@@ -9,26 +9,18 @@ for the scheduler to refuse and the report to count.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable
-from pathlib import Path
 
-from libs.sim.traces.raw import RawJob, TraceError
+from libs.sim.traces.raw import RawJob, TraceError, csv_rows
 
 COLUMNS = ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time")
 # Kubernetes QoS as the old-style priority the trace implies.
 QOS_PRIORITY = {"Guaranteed": 2, "LS": 1, "Burstable": 0, "BE": -1}
 
 
-def load_alibaba(path: Path) -> list[RawJob]:
-    with path.open(newline="") as f:
-        return parse_alibaba(f)
-
-
 def parse_alibaba(lines: Iterable[str]) -> list[RawJob]:
-    reader = csv.DictReader(lines)
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    reader, missing = csv_rows(lines, COLUMNS)
     if missing:
         if set(reader.fieldnames or ()) >= {"name", "num_gpu", "gpu_milli"}:
             # openb_pod_list_multigpu50 and the gpuspec lists: sizes only, sampled for

@@ -11,12 +11,10 @@ replayed by submission time, ties in file order. deploy/sim/README.md documents 
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TypeVar
 
-from libs.sim.traces.raw import RawJob, TraceError, cell, count, seconds
+from libs.sim.traces.raw import RawJob, TraceError, cell, count, csv_rows, seconds
 
 COLUMNS = (
     "job_id",
@@ -34,14 +32,8 @@ V = TypeVar("V")
 Row = Mapping[str, str | None]
 
 
-def load_csv_trace(path: Path) -> list[RawJob]:
-    with path.open(newline="") as f:
-        return parse_csv_trace(f)
-
-
 def parse_csv_trace(lines: Iterable[str]) -> list[RawJob]:
-    reader = csv.DictReader(lines)
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    reader, missing = csv_rows(lines, COLUMNS)
     if missing:
         raise TraceError(f"not a Quartermaster CSV trace: missing columns {missing}")
     jobs: list[RawJob] = []

@@ -10,25 +10,17 @@ refuse and the report to count.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable
-from pathlib import Path
 
-from libs.sim.traces.raw import RawJob, TraceError, cell, count, seconds
+from libs.sim.traces.raw import RawJob, TraceError, cell, count, csv_rows, seconds
 
 COLUMNS = ("u_id", "user", "gpu_num", "node_num", "interval", "run_time", "wall_time")
-
-
-def load_dirlab(path: Path, prefix: str, gpus_column: str = "gpu_num") -> list[RawJob]:
-    with path.open(newline="") as f:  # the files have CRLF line endings
-        return parse_dirlab(f, prefix, gpus_column)
 
 
 def parse_dirlab(lines: Iterable[str], prefix: str, gpus_column: str = "gpu_num") -> list[RawJob]:
     """Job ids are ``prefix-u_id``, users ``user-ID``; ``gpus_column`` counts a job's GPUs
     (``node_num`` where a trace has none and one node stands for one GPU)."""
-    reader = csv.DictReader(lines)
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    reader, missing = csv_rows(lines, COLUMNS)
     if missing:
         raise TraceError(f"not a DIR-LAB trace: missing columns {missing}")
     jobs: list[RawJob] = []

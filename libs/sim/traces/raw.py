@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 
@@ -36,6 +38,18 @@ class _Submitted(Protocol):
 
 J = TypeVar("J", bound=_Submitted)
 V = TypeVar("V")
+
+
+def load_csv(path: Path, parse: Callable[[Iterable[str]], list[RawJob]]) -> list[RawJob]:
+    """A CSV trace file through its parser (any line endings: the DIR-LAB files are CRLF)."""
+    with path.open(newline="") as f:
+        return parse(f)
+
+
+def csv_rows(lines: Iterable[str], columns: Sequence[str]) -> tuple[csv.DictReader[str], list[str]]:
+    """A CSV reader over ``lines`` and the ``columns`` its header lacks."""
+    reader = csv.DictReader(lines)
+    return reader, [c for c in columns if c not in (reader.fieldnames or ())]
 
 
 def cell(row: Mapping[str, str | None], column: str, kind: Callable[[str], V], line: int) -> V:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from libs.events.logfile import write_log
 from libs.sim.traces import (
     RawJob,
     TraceError,
-    load_dirlab,
+    load_csv,
     load_event_log,
     parse_alibaba,
     parse_csv_trace,
@@ -186,7 +187,9 @@ def test_a_truncated_log_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.shared_data
 def test_the_real_philly_file_parses_whole() -> None:
-    jobs = load_dirlab(DATA / "philly-15k" / "philly_data_training.csv", "philly")
+    jobs = load_csv(
+        DATA / "philly-15k" / "philly_data_training.csv", partial(parse_dirlab, prefix="philly")
+    )
     assert len(jobs) == 15_000
     assert jobs[-1].at == 4_977_039  # the sum of all intervals (data README)
     assert sum(j.gpus * j.runtime_s for j in jobs) == 2_756_749_794
@@ -194,11 +197,17 @@ def test_the_real_philly_file_parses_whole() -> None:
 
 @pytest.mark.shared_data
 def test_the_real_gang_traces_parse_whole() -> None:
-    blue = load_dirlab(DATA / "bluewaters-15k" / "blue_waters_data_training.csv", "bluewaters")
+    blue = load_csv(
+        DATA / "bluewaters-15k" / "blue_waters_data_training.csv",
+        partial(parse_dirlab, prefix="bluewaters"),
+    )
     gpu_jobs = [j for j in blue if j.gpus]
     assert (len(blue), len(gpu_jobs)) == (15_000, 3_403)  # data README section 3
     assert all(j.gpus == j.nodes for j in gpu_jobs)
-    theta = load_dirlab(DATA / "theta-15k" / "theta_data_training.csv", "theta", "node_num")
+    theta = load_csv(
+        DATA / "theta-15k" / "theta_data_training.csv",
+        partial(parse_dirlab, prefix="theta", gpus_column="node_num"),
+    )
     assert sum(j.gpus == 128 for j in theta) == 4_451  # data README section 3
     assert all(j.requested_s for j in theta)
 
