@@ -9,7 +9,8 @@ statistics cover the jobs submitted in the window.
 * Owed and delivered, per allocation (a leaf of the budget tree) with
   entitlement e (its share of the cluster) and capacity C: its *demand* at a
   moment is the GPUs its charged work (minimum runtime > 0) holds plus the
-  GPUs its charged waiting work asks for. It is *owed* min(e·C, demand) at
+  GPUs its charged waiting work asks for (a job larger than the cluster could
+  ever run is not counted: no scheduler could have served it). It is *owed* min(e·C, demand) at
   every moment, and *delivered* the GPUs its charged work holds. Free
   (unallocated) work is neither owed nor delivered; it is reported apart.
   The headline is the worst delivered ÷ owed over every allocation owed
@@ -214,6 +215,8 @@ class Recorder(Observer):
         self._now = t
 
     def waiting(self, spec: JobSpec, delta: int) -> None:
+        if not self._fits(spec):  # no placement on this cluster could serve it: not demand
+            return
         self._waiting += delta * spec.gpus
         if spec.allocated:
             self._account(spec.allocation).asked += delta * spec.gpus

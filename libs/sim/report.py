@@ -184,7 +184,7 @@ def summary_markdown(
         "- **Occupancy**: GPU-seconds held by tasks (stopping ones included) ÷ (GPUs × window)."
         " *Of demand*: ÷ ∫ min(GPUs, held + asked for by waiting jobs) dt instead.",
         "- **Demand** of an allocation at a moment: GPUs its charged work (minimum runtime > 0)"
-        " holds plus GPUs its waiting charged work asks for.",
+        " holds plus GPUs its waiting charged work asks for, if the cluster could ever run it.",
         "- **Owed** = ∫ min(entitlement × GPUs, demand) dt; **delivered** = ∫ GPUs its charged"
         " work holds dt, over the window. Owed delivered % = delivered ÷ owed (above 100% when"
         " a team used what others left idle). The summary shows the minimum over every team"

@@ -39,6 +39,17 @@ def test_owed_delivered_and_occupancy_integrate_the_state_between_changes() -> N
     assert m.occupancy_of_demand_pct == pytest.approx(100 * 600 / (10 * 50 + 7 * 50))
 
 
+def test_a_job_no_placement_could_serve_is_not_owed() -> None:
+    rec = Recorder(capacity=8, entitlements={"a": 1.0}, start=0.0, end=10.0)
+    rec.waiting(spec(9, allocation="a"), 1)  # larger than the cluster
+    rec.waiting(spec(2, allocation="a"), 1)
+    rec.advance(10.0)
+    m = rec.finish([], "test", inputs=0)
+    (a,) = m.allocations
+    assert a.owed_gpu_h * 3600 == pytest.approx(2 * 10)
+    assert m.occupancy_of_demand_pct == 0.0
+
+
 def test_free_work_is_neither_owed_nor_delivered() -> None:
     rec = Recorder(capacity=4, entitlements={"a": 1.0}, start=0.0, end=10.0)
     rec.held(spec(4, min_runtime_s=0), 4)
