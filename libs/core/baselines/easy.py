@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from libs.core import estimates
 from libs.core.baselines._baseline import Running
 from libs.core.baselines._inventory import Placement
 from libs.core.baselines.fifo import FifoPolicy
@@ -32,7 +33,9 @@ POLICY = "easy"
 
 
 def estimate_s(spec: JobSpec) -> float:
-    return spec.runtime_estimate_s or spec.simulated_duration_s or math.inf
+    """The core's estimate without learning (the baseline keeps no history), then the
+    simulator's true runtime, then forever."""
+    return estimates.estimate_s(spec, {}) or spec.simulated_duration_s or math.inf
 
 
 class EasyPolicy(FifoPolicy):
