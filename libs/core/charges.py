@@ -72,7 +72,8 @@ class Charges:
         tree = self._tree.value
         if tree is None:
             return {}
-        return {leaf: i for i, leaf in enumerate(leaf_order(tree, self._usage(now)))}
+        order = leaf_order(tree, self._usage(now), self._entitlements)
+        return {leaf: i for i, leaf in enumerate(order)}
 
     def standings(self, now: float) -> dict[str, Standing]:
         tree = self._tree.value

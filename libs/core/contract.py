@@ -18,7 +18,9 @@ from libs.core.model import JobSpec, WorkClass
 
 @dataclass(frozen=True)
 class RunningJob:
-    """What preemption needs to know about one running single-node job."""
+    """What preemption needs to know about one running job on one node: a gang is
+    seen once per node it spans (``gpus`` are those on ``node_id``; stopping any
+    part stops it all)."""
 
     job_id: JobId
     spec: JobSpec
@@ -28,6 +30,7 @@ class RunningJob:
     idle: bool
     seq: int  # submission order
     protect_s: float  # its minimum runtime, within the policy's cap
+    estimate_s: float | None = None  # how long it is expected to run (planning only)
 
     def protected(self, now: float) -> bool:
         return now < self.protected_until
@@ -41,6 +44,29 @@ class RunningJob:
         if self.started_at is None:
             return math.inf  # the contract's clock has not started yet
         return self.started_at + self.protect_s
+
+    @cached_property
+    def likely_end(self) -> float:
+        """When it likely ends by its estimate; infinite when unknown."""
+        if self.estimate_s is None or self.started_at is None:
+            return math.inf
+        return self.started_at + self.estimate_s
+
+    def remaining_s(self, now: float) -> float:
+        """How much longer it likely runs: by its estimate, or, without one or once it
+        has outrun it, as long again as it has run (run times are heavy-tailed: the
+        longer a job has run, the longer it likely runs on)."""
+        left = self.likely_end - now
+        if left > 0 and left != math.inf:
+            return left
+        return max(now - self.started_at, 0.0) if self.started_at is not None else math.inf
+
+    def lost_gpu_s(self, now: float) -> float:
+        """The work stopping it would throw away: none for resumable work (it saves at
+        the stop signal, within the stop grace), all it did for the rest."""
+        if self.spec.resumable or self.started_at is None:
+            return 0.0
+        return self.spec.gpus * max(now - self.started_at, 0.0)
 
 
 def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now: float) -> bool:
@@ -76,14 +102,17 @@ def victims_of(waiting: JobSpec, rank: dict[str, int], now: float) -> Callable[[
     return may_take
 
 
-def victim_order(victim: RunningJob, rank: dict[str, int]) -> tuple[int, int, int, int, int]:
-    """Sort key, first victim first: free work, then the most over-served allocation,
-    jobs whose GPUs sit idle, the fewest GPUs, the newest."""
+def victim_order(
+    victim: RunningJob, rank: dict[str, int], now: float
+) -> tuple[float, int, int, int, int, int]:
+    """Sort key, first victim first: the least work lost, then free work, the most
+    over-served allocation, jobs whose GPUs sit idle, the fewest GPUs, the newest."""
     over_served = -rank.get(victim.spec.allocation, len(rank))
     return (
+        victim.lost_gpu_s(now),
         1 if victim.spec.allocated else 0,
         over_served if victim.spec.allocated else 0,
         0 if victim.idle else 1,
-        victim.gpus,
+        victim.spec.gpus,
         -victim.seq,
     )

@@ -27,12 +27,22 @@ def explain_waiting(
     reason: str,
     ahead: int,
     reserved: tuple[NodeId, ...] | None,
+    starts_at: float | None = None,
+    now: float = 0.0,
 ) -> Explanation:
+    """``starts_at`` is set while ``reserved`` nodes are held for the job (not yet
+    being freed): when they will likely have room for it."""
     spec = job.spec
     parts = [reason]
     if reserved:
         verb = "is" if len(reserved) == 1 else "are"
-        parts.append(f"{', '.join(reserved)} {verb} reserved for it while preempted work stops")
+        if starts_at is None:
+            parts.append(f"{', '.join(reserved)} {verb} reserved for it while preempted work stops")
+        else:
+            parts.append(
+                f"{', '.join(reserved)} {verb} held for it: only work that cannot delay it "
+                f"runs there meanwhile; estimated start in {max(starts_at - now, 0):.0f} s"
+            )
     parts.append(_standing_text(spec.allocation, standing))
     parts.append(f"{ahead} job{'s' if ahead != 1 else ''} ahead of it")
     if not spec.allocated:

@@ -1,10 +1,14 @@
 """Fair-share order: which allocation's work goes next.
 
-Siblings are compared level by level (as in Slurm's Fair Tree): at each node
-of the budget tree, children are ordered by usage ÷ share (lower first), where
-a child's usage is the sum over its subtree. The order of leaves is the
-depth-first walk in that order, so a team below its entitlement goes before
-its siblings, and a program below its entitlement goes before other programs.
+An allocation's entitlement (its share of the cluster: the product of the
+weights down the tree) is a guarantee: allocations whose share of the usage is
+below it go first, the furthest below first. The rest share what is left over
+level by level (as in Slurm's Fair Tree): at each node of the budget tree,
+children are ordered by usage ÷ share (lower first), where a child's usage is
+the sum over its subtree, and the leaves follow the depth-first walk in that
+order, so a program below its share (an idle team's siblings) goes before other
+programs. Fair Tree alone would let a team's siblings catch up on its idle share
+while another program's team waits below its own entitlement.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ class Standing:
     ratio: float  # its share of usage ÷ its entitlement: 1.0 = exactly what it is owed
 
 
-def leaf_order(tree: BudgetTree, usage: Mapping[str, float]) -> list[str]:
-    """Leaves, most under-served first. Unknown allocations in ``usage`` are ignored."""
+def leaf_order(
+    tree: BudgetTree,
+    usage: Mapping[str, float],
+    entitlements: Mapping[str, float] | None = None,
+) -> list[str]:
+    """Leaves, most under-served first. Unknown allocations in ``usage`` are ignored.
+    ``entitlements`` are the tree's (``BudgetTree.entitlements``), if already known."""
+    if entitlements is None:
+        entitlements = tree.entitlements()
     totals: dict[str, float] = {}
     children, weight = tree.children, tree.weight  # every pass ranks: names bound once
 
@@ -48,13 +59,24 @@ def leaf_order(tree: BudgetTree, usage: Mapping[str, float]) -> list[str]:
             stack.extend(reversed(sorted(kids, key=key)))
         else:
             order.append(name)
-    return order
+    # Below their entitlement first, the furthest below first (ties in walk order); then
+    # the rest in walk order.
+    total = sum(usage.get(leaf, 0.0) for leaf in order)
+    below = sorted(
+        (ratio, i)
+        for i, leaf in enumerate(order)
+        if entitlements.get(leaf, 0.0) > 0
+        and (ratio := _ratio(usage.get(leaf, 0.0), total, entitlements[leaf])) < 1
+    )
+    first = [order[i] for _, i in below]
+    rest = set(order) - set(first)
+    return first + [leaf for leaf in order if leaf in rest]
 
 
 def standings(
     tree: BudgetTree, usage: Mapping[str, float], entitlements: Mapping[str, float]
 ) -> dict[str, Standing]:
-    order = leaf_order(tree, usage)
+    order = leaf_order(tree, usage, entitlements)
     total = sum(usage.get(leaf, 0.0) for leaf in order)
     return {
         leaf: Standing(

@@ -1,9 +1,16 @@
 """Preemption planning: the cheapest set of victims that frees room for one job.
 
 Pure: it looks at a snapshot of running jobs and returns a plan, or None.
-Plans are compared by the GPUs of allocated (charged) work they disturb, then
-the busy ones among those, then all GPUs and jobs disturbed, then node ids.
-A job that fits one node frees room on one node; a gang frees whole nodes.
+Plans are compared by the work they throw away (GPU-seconds since the last
+checkpoint), then the GPUs of allocated (charged) work they disturb, the busy
+ones among those, all GPUs and jobs disturbed, then node ids. A job that fits
+one node frees room on one node; a gang frees whole nodes, the fewest, in one step.
+A running gang is a victim as a whole: stopping it frees every node it spans.
+
+A *lossless* plan stops only work worth stopping (``worth_stopping``): work that
+resumes, or work that cannot but whose loss is smaller than what the waiting job
+gains. The scheduler tries one first, waits a while for one (a hold) and only then
+throws work away, and even then never a whole gang's that is not worth stopping.
 """
 
 from __future__ import annotations
@@ -12,10 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from libs.core.contract import RunningJob, victim_order, victims_of
-from libs.core.ids import NodeId
+from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec
 
-_Cost = tuple[int, int, int, int]
+_Cost = tuple[float, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -24,21 +31,39 @@ class Plan:
     victims: tuple[RunningJob, ...]
 
 
+def worth_stopping(victim: RunningJob, gpus: int, at: float) -> bool:
+    """Whether stopping ``victim`` at ``at`` for a job of ``gpus`` GPUs loses less than
+    it wins: the work it throws away against the GPU time the job gains by not waiting
+    for its likely end (of the victim's GPUs, those the job can use)."""
+    lost = victim.lost_gpu_s(at)
+    return lost == 0 or lost < min(gpus, victim.spec.gpus) * victim.remaining_s(at)
+
+
 def plan_preemption(
     waiting: JobSpec,
     candidate_nodes: Iterable[tuple[NodeId, int, int]],
     running_on: Mapping[NodeId, Iterable[RunningJob]],
     rank: dict[str, int],
     now: float,
+    *,
+    lossless: bool = False,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
         return None
-    may_take = victims_of(waiting, rank, now)
+    by_contract = victims_of(waiting, rank, now)
+
+    def may_take(victim: RunningJob) -> bool:
+        # A lossy plan may still not throw away a whole gang's work.
+        spans_nodes = victim.gpus < victim.spec.gpus
+        return by_contract(victim) and (
+            (not lossless and not spans_nodes) or worth_stopping(victim, waiting.gpus, now)
+        )
+
     if waiting.gpus > node_size:
-        return _whole_nodes(waiting, nodes, node_size, running_on, may_take)
+        return _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)
     best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
     for node_id, size, free in nodes:
         if size < waiting.gpus or free >= waiting.gpus:
@@ -46,7 +71,7 @@ def plan_preemption(
         allowed = list(filter(may_take, running_on.get(node_id, ())))
         if free + sum(v.gpus for v in allowed) < waiting.gpus:
             continue  # too little room even with every victim allowed (most nodes, mostly)
-        allowed.sort(key=lambda v: victim_order(v, rank))
+        allowed.sort(key=lambda v: victim_order(v, rank, now))
         chosen: list[RunningJob] = []
         room = free
         for victim in allowed:
@@ -56,7 +81,7 @@ def plan_preemption(
             room += victim.gpus
         if room < waiting.gpus:
             continue
-        option = (_cost(chosen), node_id, tuple(chosen))
+        option = (_cost(chosen, now), node_id, tuple(chosen))
         if best is None or option[:2] < best[:2]:
             best = option
     return Plan((best[1],), best[2]) if best else None
@@ -68,32 +93,48 @@ def _whole_nodes(
     node_size: int,
     running_on: Mapping[NodeId, Iterable[RunningJob]],
     may_take: Callable[[RunningJob], bool],
+    now: float,
 ) -> Plan | None:
     needed = -(-waiting.gpus // node_size)
-    freeable: list[tuple[NodeId, tuple[RunningJob, ...]]] = []
+    freeable: dict[NodeId, tuple[RunningJob, ...]] = {}
     for node_id, size, free in nodes:
         if size != node_size:
             continue
         victims = tuple(running_on.get(node_id, ()))
         if sum(v.gpus for v in victims) + free < size:
-            continue  # something else holds GPUs there (a gang, or a stopping job)
+            continue  # something else holds GPUs there (a job being stopped)
         if all(map(may_take, victims)):
-            freeable.append((node_id, victims))
+            freeable[node_id] = victims
     if len(freeable) < needed:
         return None  # most plans: priced only when there are enough nodes
-    chosen = sorted((_cost(victims), node_id, victims) for node_id, victims in freeable)[:needed]
-    victims = tuple(v for _, _, vs in chosen for v in vs)
-    if not victims:
+    chosen: list[NodeId] = []
+    stopped: dict[JobId, RunningJob] = {}
+    if not any(v.gpus < v.spec.gpus for victims in freeable.values() for v in victims):
+        # No gang among the victims: each node's cost stands alone.
+        ranked = sorted((_cost(victims, now), node_id) for node_id, victims in freeable.items())
+        freeable = {node_id: freeable[node_id] for _, node_id in ranked[:needed]}
+    # Greedy by the cost each node adds: a gang stopped for one node frees its others
+    # for nothing more.
+    while len(chosen) < needed:
+        _, node_id = min(
+            (_cost([v for v in victims if v.job_id not in stopped], now), node_id)
+            for node_id, victims in freeable.items()
+        )
+        chosen.append(node_id)
+        for victim in freeable.pop(node_id):
+            stopped.setdefault(victim.job_id, victim)
+    if not stopped:
         return None  # whole nodes are free already: no preemption needed
-    return Plan(tuple(sorted(node for _, node, _ in chosen)), victims)
+    return Plan(tuple(sorted(chosen)), tuple(stopped.values()))
 
 
-def _cost(victims: Iterable[RunningJob]) -> _Cost:
-    victims = list(victims)
-    paid = [v for v in victims if v.spec.allocated]
+def _cost(victims: Iterable[RunningJob], now: float) -> _Cost:
+    jobs = {v.job_id: v for v in victims}.values()  # a gang counts once
+    paid = [v for v in jobs if v.spec.allocated]
     return (
-        sum(v.gpus for v in paid),
-        sum(v.gpus for v in paid if not v.idle),
-        sum(v.gpus for v in victims),
-        len(victims),
+        sum(v.lost_gpu_s(now) for v in jobs),
+        sum(v.spec.gpus for v in paid),
+        sum(v.spec.gpus for v in paid if not v.idle),
+        sum(v.spec.gpus for v in jobs),
+        len(jobs),
     )

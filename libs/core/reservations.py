@@ -7,14 +7,26 @@ changes, and when debug work arrives (the fast path). A plan (``preemption.py``)
 stops its victims and reserves the nodes it frees for its job until the job is
 placed there; a plan that failed is not searched for again until the running
 work changes or a while passes.
+
+When no plan frees room now, a charged (non-debug) job gets a *hold* instead
+(``holds.py``): the nodes that will have room for it soonest, with its estimated
+start. Several blocked jobs may hold nodes, one per allocation in rank order; a
+hold's nodes are chosen afresh every ``HOLD_REFRESH_S`` (as work ends, the soonest
+nodes move), and a round that plans for other jobs releases it. Holds are kept
+until then, not timed out like nodes being freed.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 from libs.core.capacity import Capacity
-from libs.core.contract import RunningJob
+from libs.core.contract import RunningJob, victims_of
+from libs.core.holds import Hold, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
-from libs.core.preemption import plan_preemption
+from libs.core.model import JobSpec, WorkClass
+from libs.core.preemption import Plan, plan_preemption
 from libs.core.queues import Waiting
 from libs.core.running import RunningWork
 from libs.core.state import Cell, State, Table
@@ -25,6 +37,12 @@ NO_PLAN_RETRY_S = 60
 # Victims normally end within their stop grace; a node that never reports back
 # must not stay reserved forever.
 RESERVATION_TIMEOUT_S = 600
+# A hold's nodes are chosen afresh this often (the soonest nodes move as work ends);
+# in between, a round only checks whether they can be freed, a much cheaper question.
+HOLD_REFRESH_S = 900
+# How long a job waits for room that costs no work (a hold) before work that cannot
+# resume is thrown away for it.
+HOLD_PATIENCE_S = 3600
 
 
 class Reservations:
@@ -34,6 +52,8 @@ class Reservations:
         self.nominated: Table[JobId, tuple[NodeId, ...]] = state.table("nominated")
         # The last plan that failed: ((job id, running work's version), when).
         self._no_plan: Cell[tuple[tuple[JobId, int], float] | None] = state.cell("no_plan", None)
+        # Jobs whose nodes are held (not yet being freed) -> their estimated start.
+        self.holds: Table[JobId, float] = state.table("holds")
         self._next_round_at = state.cell("next_preemption_at", 0.0)
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
@@ -53,29 +73,74 @@ class Reservations:
         now: float,
     ) -> tuple[RunningJob, ...]:
         """Plan to free room for a blocked job: reserve the nodes and return the victims
-        to stop (none when no plan frees room)."""
+        to stop; or, when none can give it room now, hold the nodes that free soonest."""
         if not job.spec.allocated:
             return ()
+        spec, free, reserved = job.spec, capacity.free, self.reserved  # bound: a hot loop
+        running_on = running.preemptible_by_node()
+        held = self.nominated.get(job.job_id) if job.job_id in self.holds else None
+        if held and now < reserved[held[0]][1] + HOLD_REFRESH_S:
+            # Between refreshes a hold only checks whether its own nodes can be freed.
+            candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in held]
+            plan = plan_preemption(spec, candidates, running_on, rank, now, lossless=True)
+            return self._stop_for(job.job_id, plan, now)
         attempt = (job.job_id, running.version)
         no_plan = self._no_plan.value
         if no_plan is not None and no_plan[0] == attempt and now < no_plan[1] + NO_PLAN_RETRY_S:
             return ()
-        spec, free, reserved = job.spec, capacity.free, self.reserved  # bound: a hot loop
-        candidates = [
-            (node_id, node.gpu_count, len(free(node_id)))
+        self.release(job.job_id)  # a hold is planned afresh
+        nodes = [
+            (node_id, node.gpu_count)
             for node_id, node in sorted(capacity.nodes.items())
             if node_id not in reserved
             and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
             and node.gpu_memory_gib >= spec.min_gpu_memory_gib
         ]
-        plan = plan_preemption(spec, candidates, running.preemptible_by_node(), rank, now)
+        candidates = [(node_id, size, len(free(node_id))) for node_id, size in nodes]
+        # Room without throwing work away; else the soonest such room, held; else, when
+        # that is too far off, room at the cost of work that cannot resume.
+        plan = plan_preemption(spec, candidates, running_on, rank, now, lossless=True)
+        if plan is not None:
+            return self._stop_for(job.job_id, plan, now)
+        hold = None
+        if spec.work_class is WorkClass.ALLOCATED:
+            hold = _hold(spec, nodes, running_on, rank, now)
+        # Debug work is small and short: it never throws work away, it waits.
+        lossy = spec.work_class is WorkClass.ALLOCATED
+        if lossy and (hold is None or hold.starts_at > now + HOLD_PATIENCE_S):
+            plan = plan_preemption(spec, candidates, running_on, rank, now)
+            if plan is not None:
+                return self._stop_for(job.job_id, plan, now)
+        self._no_plan.value = (attempt, now)
+        if hold is not None:
+            self._reserve(job.job_id, hold.node_ids, now)
+            self.holds[job.job_id] = max(hold.starts_at, now)
+        return ()
+
+    def _stop_for(self, job_id: JobId, plan: Plan | None, now: float) -> tuple[RunningJob, ...]:
+        """Reserve a plan's nodes for the job: its victims are to be stopped."""
         if plan is None:
-            self._no_plan.value = (attempt, now)
             return ()
-        for node_id in plan.node_ids:
-            self.reserved[node_id] = (job.job_id, now)
-        self.nominated[job.job_id] = plan.node_ids
+        self.release(job_id)
+        self._reserve(job_id, plan.node_ids, now)
         return plan.victims
+
+    def keep_holds(self, planned: set[JobId]) -> None:
+        """A round planned for ``planned``: holds for any other job are released (it
+        was placed elsewhere, or others now rank before it)."""
+        for job_id in sorted(self.holds):
+            if job_id not in planned:
+                self.release(job_id)
+
+    def _reserve(self, job_id: JobId, node_ids: tuple[NodeId, ...], now: float) -> None:
+        for node_id in node_ids:
+            self.reserved[node_id] = (job_id, now)
+        self.nominated[job_id] = node_ids
+
+    def held(self) -> set[NodeId]:
+        """The nodes held for a job, not being freed: work that cannot delay it may run
+        there meanwhile."""
+        return {node for node, (holder, _) in self.reserved.items() if holder in self.holds}
 
     def blocked_for(self, job_id: JobId) -> set[NodeId]:
         """The nodes reserved for other jobs."""
@@ -85,6 +150,7 @@ class Reservations:
         """The job no longer waits for its nodes (placed, cancelled, or given up on)."""
         for node in self.nominated.pop(job_id) or ():
             del self.reserved[node]
+        self.holds.pop(job_id)
 
     def release_node(self, node_id: NodeId) -> None:
         """The node is gone: the job it was reserved for plans again."""
@@ -95,5 +161,27 @@ class Reservations:
     def expire(self, now: float) -> None:
         limit = now - RESERVATION_TIMEOUT_S
         for _node, (job_id, since) in sorted(self.reserved.items()):
-            if since < limit:
+            if since < limit and job_id not in self.holds:
                 self.release(job_id)
+
+
+def _hold(
+    spec: JobSpec,
+    nodes: list[tuple[NodeId, int]],
+    running_on: dict[NodeId, Iterable[RunningJob]],
+    rank: dict[str, int],
+    now: float,
+) -> Hold | None:
+    """The nodes to hold for ``spec``, as ``holds.soonest_nodes`` picks them: GPUs not
+    held by running work (free, or being freed) count as free now."""
+    may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
+    may_take_later = victims_of(spec, rank, math.inf)
+    candidates: list[tuple[NodeId, int, int]] = []
+    releases: dict[NodeId, list[tuple[float, int]]] = {}
+    for node_id, size in nodes:
+        views = list(running_on.get(node_id, ()))
+        candidates.append((node_id, size, size - sum(v.gpus for v in views)))
+        releases[node_id] = [
+            (release_time(v, spec.gpus, may_take_now, may_take_later, now), v.gpus) for v in views
+        ]
+    return soonest_nodes(spec, candidates, releases)

@@ -35,6 +35,7 @@ class Running:
     stopping: StopCause | None = None
     ended: tuple[TaskId, ...] = ()  # sorted
     lost: str = ""  # why its node was lost, when it was
+    estimate_s: float | None = None  # how long it was expected to run when placed
 
     def but(self, **changes: object) -> Running:
         """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
@@ -47,7 +48,8 @@ class Running:
         """Every field, for the state digest (the job id is the table's key)."""
         return (
             f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
-            f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.spec.fact}"
+            f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
+            f"|{self.spec.fact}"
         )
 
     def protect_s(self, config: PolicyConfig) -> float:
@@ -96,10 +98,10 @@ class RunningWork:
             for gpu in gpus
         }
 
-    def place(self, job: Waiting, tasks: Tasks, now: float) -> Running:
+    def place(self, job: Waiting, tasks: Tasks, now: float, estimate_s: float | None) -> Running:
         for node_id, _ in tasks.values():
             self._on_node.setdefault(node_id, {})[job.job_id] = None
-        run = Running(job.job_id, job.spec, job.seq, job.attempt, now, tasks)
+        run = Running(job.job_id, job.spec, job.seq, job.attempt, now, tasks, estimate_s=estimate_s)
         self._put(run)
         if not job.spec.allocated:
             self.free_work_gpus += job.spec.gpus
@@ -143,38 +145,40 @@ class RunningWork:
         return run
 
     def preemptible_by_node(self) -> dict[NodeId, Iterable[RunningJob]]:
-        """The single-node jobs not already stopping, by node, as preemption sees them
-        (views: read them before running work changes)."""
+        """The jobs not already stopping, by node, as preemption sees them: a gang once
+        on each node it spans (views: read them before running work changes)."""
         return {node_id: jobs.values() for node_id, jobs in self._preemptible.items()}
 
     def _put(self, run: Running) -> None:
-        """Write the job, and keep its place among the preemptible ones (a job only
-        ever leaves it: by stopping, or by its task ending)."""
+        """Write the job, and keep its places among the preemptible ones (a job only
+        ever leaves them: by stopping, or by a task ending)."""
         self.jobs[run.job_id] = run
-        if len(run.tasks) != 1:
-            return  # a gang is never preempted piecemeal
-        [(node_id, _)] = run.tasks.values()
-        victim = self._as_victim(run)
-        if victim is not None:
-            self._preemptible.setdefault(node_id, {})[run.job_id] = victim
-        else:
-            self._preemptible.get(node_id, {}).pop(run.job_id, None)
+        for node_id, victim in self._as_victims(run, run.tasks).items():
+            if victim is not None:
+                self._preemptible.setdefault(node_id, {})[run.job_id] = victim
+            else:
+                self._preemptible.get(node_id, {}).pop(run.job_id, None)
 
-    def _as_victim(self, run: Running) -> RunningJob | None:
-        """The job as preemption sees it, or None when it is not a candidate."""
-        if run.stopping is not None or len(run.tasks) > 1 or run.ended:
-            return None  # already going, a gang (never preempted piecemeal), or over
-        [(node_id, gpus)] = run.tasks.values()
-        return RunningJob(
-            run.job_id,
-            run.spec,
-            node_id,
-            len(gpus),
-            run.started_at,
-            run.idle,
-            run.seq,
-            run.protect_s(self.config),
-        )
+    def _as_victims(self, run: Running, tasks: Tasks) -> dict[NodeId, RunningJob | None]:
+        """The job as preemption sees it on each node of ``tasks``; None where it is not
+        a candidate: already going, or partly over (a gang lives and dies whole)."""
+        candidate = run.stopping is None and not run.ended
+        return {
+            node_id: RunningJob(
+                run.job_id,
+                run.spec,
+                node_id,
+                len(gpus),
+                run.started_at,
+                run.idle,
+                run.seq,
+                run.protect_s(self.config),
+                run.estimate_s,
+            )
+            if candidate
+            else None
+            for node_id, gpus in tasks.values()
+        }
 
     def derived(self) -> dict[str, object]:
         """The indexes (``DERIVED``) rebuilt from ``jobs`` alone."""
@@ -186,7 +190,9 @@ class RunningWork:
         preemptible: dict[NodeId, dict[JobId, RunningJob]] = {}
         for node_id, job_ids in on_node.items():
             for job_id in job_ids:
-                victim = self._as_victim(self.jobs[job_id])
+                run = self.jobs[job_id]
+                live = {t: task for t, task in run.tasks.items() if task[0] == node_id}
+                victim = self._as_victims(run, live)[node_id]
                 if victim is not None:
                     preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)

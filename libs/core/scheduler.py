@@ -18,15 +18,18 @@ A scheduling pass, in order:
   3. in each tier, walk allocations in rank order and their jobs in queue
      order, placing every job that fits (best fit, gangs all or nothing);
   4. the first job of a tier that does not fit may preempt: free work first,
-     then past-contract work of allocations ranked below its own; the node it
-     frees is reserved for it;
+     then past-contract work of allocations ranked below its own; the nodes it
+     frees are reserved for it (a gang's all in one step). When nothing can be
+     freed now, the best-ranked blocked charged job holds the nodes that free
+     soonest (``holds.py``): until it starts only work that cannot delay it runs
+     there (free work, debug work, and charged work that will be gone in time);
   5. jobs that still wait get a reason when their reason changes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 
 from libs.core import inputs
@@ -66,8 +69,11 @@ POLICY = "budget"
 # the no-plan cache, the preemption round and more; the decisions are unchanged.
 # 11: a job's spec carries its runtime estimate, and the digest covers each user's
 # learned runtimes (libs/core/estimates.py); the decisions are unchanged.
-POLICY_VERSION = 11
+# 12: gangs get their turn (holds, ``holds.py``); running gangs may be preempted as a
+# whole; victims are chosen to lose the least work.
+POLICY_VERSION = 12
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
+ALLOCATED_PLANS = 1  # allocations whose blocked head a pass may preempt or hold for
 
 
 class _Lender:
@@ -249,6 +255,8 @@ class Scheduler:
                 reason=fit.reason if not isinstance(fit, Fit) else "fits now: next in line",
                 ahead=self._queues.ahead_of(job, self._charges.rank(self.now)),
                 reserved=self._reservations.nominated.get(job_id),
+                starts_at=self._reservations.holds.get(job_id),
+                now=self.now,
             )
         run = self._running.jobs.get(job_id)
         if run is not None:
@@ -380,26 +388,25 @@ class Scheduler:
         self._reservations.expire(self.now)
         rank = self._charges.rank(self.now)
         decisions: list[Decision] = []
-        # Jobs that preempted for room go first, on the node freed for them.
-        for job_id in sorted(self._reservations.nominated):
-            job = self._queues.jobs[job_id]
-            fit = self._capacity.fit(job.spec, self._reservations.blocked_for(job_id))
-            if isinstance(fit, Fit):
-                decisions += self._place(job, fit)
-        # Shapes (type, memory, GPUs) that did not fit: capacity only shrinks
-        # during a pass, so jobs of the same shape need not be tried again.
-        failed: set[tuple[str, float, int]] = set()
+        # Jobs that preempted for room go first, on the nodes freed for them.
+        decisions += self._place_nominated(held=False)
+        # Shapes (type, memory, GPUs, may use held nodes) that did not fit: capacity
+        # only shrinks during a pass, so jobs of the same shape need not be tried again.
+        failed: set[tuple[str, float, int, bool]] = set()
         for tier in TIERS:
+            if tier is WorkClass.ALLOCATED:  # after the fast path, a hold's turn
+                decisions += self._place_nominated(held=True)
             # Planning scans the running work, so a pass plans for few jobs: the
-            # best-ranked blocked allocated job, and a handful of debug jobs (small,
-            # short, and meant to start within seconds).
+            # heads of the best-ranked allocations with blocked work, and a handful of
+            # debug jobs (small, short, and meant to start within seconds).
             tries = 0
             if preempt and tier is not WorkClass.UNALLOCATED:
-                tries = DEBUG_PLANS if tier is WorkClass.DEBUG else 1
+                tries = DEBUG_PLANS if tier is WorkClass.DEBUG else ALLOCATED_PLANS
+            planned: set[JobId] = set()
             for allocation in sorted(
                 self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
             ):
-                decisions += self._place_allocation(tier, allocation, failed)
+                decisions += self._place_allocation(tier, allocation, failed, rank)
                 head = self._queues.head(tier, allocation)
                 if head is None:
                     continue
@@ -409,11 +416,15 @@ class Scheduler:
                     else [head]
                 )
                 for job in blocked:
-                    if tries and job.job_id not in self._reservations.nominated:
+                    freeing = job.job_id in self._reservations.nominated
+                    if tries and (not freeing or job.job_id in self._reservations.holds):
                         tries -= 1
+                        planned.add(job.job_id)
                         decisions += self._preempt_for(job, rank)
                 if head.job_id not in self._reasons or head.job_id in self._reservations.nominated:
                     decisions += self._wait(head)
+            if preempt and tier is WorkClass.ALLOCATED:
+                self._reservations.keep_holds(planned)
         if self._capacity.total_free and not self._queues.allocations(WorkClass.UNALLOCATED):
             # The debug headroom is kept free for free work to fill; with none
             # waiting, idle GPUs would help nobody, so allocated work may take them.
@@ -422,15 +433,29 @@ class Scheduler:
                 key=lambda a: (rank.get(a, len(rank)), a),
             ):
                 decisions += self._place_allocation(
-                    WorkClass.ALLOCATED, allocation, failed, headroom=False
+                    WorkClass.ALLOCATED, allocation, failed, rank, headroom=False
                 )
+        return decisions
+
+    def _place_nominated(self, *, held: bool) -> list[Decision]:
+        """Place the jobs with nodes reserved for them that fit now: those whose nodes
+        are held, or those whose nodes are being freed."""
+        decisions: list[Decision] = []
+        for job_id in sorted(self._reservations.nominated):
+            if (job_id in self._reservations.holds) != held:
+                continue
+            job = self._queues.jobs[job_id]
+            fit = self._capacity.fit(job.spec, self._reservations.blocked_for(job_id))
+            if isinstance(fit, Fit):
+                decisions += self._place(job, fit)
         return decisions
 
     def _place_allocation(
         self,
         tier: WorkClass,
         allocation: str,
-        failed: set[tuple[str, float, int]],
+        failed: set[tuple[str, float, int, bool]],
+        rank: dict[str, int],
         *,
         headroom: bool = True,
     ) -> list[Decision]:
@@ -438,8 +463,16 @@ class Scheduler:
         capacity = self._capacity
         if capacity.total_free == 0:
             return decisions
-        reserved = self._reservations.reserved.keys()  # nominated jobs were placed before this
-        largest, node_size, whole = capacity.shape(reserved)
+        # Nominated jobs were placed before this. Held nodes take only work that cannot
+        # delay their holder: free work (always preemptible), debug work (small and
+        # short), and charged work that will be gone in time (``_backfills``).
+        all_reserved = self._reservations.reserved.keys()
+        held = self._reservations.held()
+        open_nodes = all_reserved - held if held else all_reserved
+        reserved: Collection[NodeId] = all_reserved
+        if tier is not WorkClass.ALLOCATED:
+            reserved = open_nodes
+        largest, node_size, whole = capacity.shape(open_nodes)
 
         def could_fit(gpus: int) -> bool:
             # A gang spans whole free nodes; anything else needs one free block.
@@ -452,19 +485,36 @@ class Scheduler:
                 and not self._leaves_headroom(job.spec.gpus)
             ):
                 break
-            shape = (job.spec.gpu_type, job.spec.min_gpu_memory_gib, job.spec.gpus)
+            backfills = bool(held) and tier is WorkClass.ALLOCATED and self._backfills(job, rank)
+            shape = (job.spec.gpu_type, job.spec.min_gpu_memory_gib, job.spec.gpus, backfills)
             if shape in failed:
                 continue
-            fit = capacity.fit(job.spec, reserved)
+            fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)
                 if capacity.total_free == 0:
                     break
-                largest, node_size, whole = capacity.shape(reserved)
+                largest, node_size, whole = capacity.shape(open_nodes)
             else:
                 failed.add(shape)
                 decisions += self._wait(job, fit)
         return decisions
+
+    def _backfills(self, job: Waiting, rank: dict[str, int]) -> bool:
+        """Whether charged work may run on held nodes: it will be gone when the holder
+        likely starts, by its runtime estimate, or because its contract ends by then
+        and the holder ranks above it (and so may preempt it)."""
+        unknown = len(rank)
+        mine = rank.get(job.spec.allocation, unknown)
+        estimate = self.estimate_s(job.spec)
+        protect = min(job.spec.min_runtime_s, self.config.max_min_runtime_s)
+        for holder, start in self._reservations.holds.items():
+            if estimate is not None and self.now + estimate <= start:
+                continue
+            holder_rank = rank.get(self._queues.jobs[holder].spec.allocation, unknown)
+            if not (mine > holder_rank and self.now + protect <= start):
+                return False
+        return True
 
     def _leaves_headroom(self, gpus: int) -> bool:
         headroom = int(self.config.debug_headroom * self._capacity.total_gpus)
@@ -480,7 +530,8 @@ class Scheduler:
             tasks[task_id] = (node_id, gpus)
             self._capacity.take(node_id, gpus)
             decisions.append(Place(job.job_id, task_id, node_id, gpus, job.spec))
-        self._charges.count(self._running.place(job, tasks, self.now), +1)
+        run = self._running.place(job, tasks, self.now, self.estimate_s(job.spec))
+        self._charges.count(run, +1)
         return decisions
 
     def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
@@ -488,7 +539,10 @@ class Scheduler:
         nominated = self._reservations.nominated.get(job.job_id)
         if nominated is not None:
             nodes = ", ".join(nominated)
-            reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {nodes}"
+            if job.job_id in self._reservations.holds:
+                reason = f"needs {describe(job.spec)}; {nodes} are held for it as they free up"
+            else:
+                reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {nodes}"
         else:
             fit = fit or self._capacity.fit(job.spec, self._reservations.blocked_for(job.job_id))
             if isinstance(fit, Fit):

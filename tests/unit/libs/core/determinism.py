@@ -221,14 +221,18 @@ def _serve(plant: str) -> None:
 
 # -- plants: deliberate nondeterminism, to show the checker catches it -------------
 
-LeafOrder = Callable[[BudgetTree, Mapping[str, float]], list[str]]
+LeafOrder = Callable[[BudgetTree, Mapping[str, float], Mapping[str, float] | None], list[str]]
 
 
 def _tie_broken_by(tie_break: Callable[[list[str]], Mapping[str, float]]) -> LeafOrder:
     """Fair-share order of a flat tree whose ties go by ``tie_break`` instead of by name."""
 
-    def leaf_order(tree: BudgetTree, usage: Mapping[str, float]) -> list[str]:
-        leaves = fairshare_module.leaf_order(tree, usage)
+    def leaf_order(
+        tree: BudgetTree,
+        usage: Mapping[str, float],
+        entitlements: Mapping[str, float] | None = None,
+    ) -> list[str]:
+        leaves = fairshare_module.leaf_order(tree, usage, entitlements)
         position = tie_break(leaves)
         return sorted(leaves, key=lambda k: (usage.get(k, 0.0) / tree.weight(k), position[k]))
 

@@ -122,14 +122,28 @@ def test_debug_work_preempts_past_contract_work_of_any_rank_but_not_other_debug_
 
 
 def test_victims_go_free_work_first_then_the_most_over_served_allocation() -> None:
-    victims = [
-        running(job(4, allocation="second", min_runtime_s=60), job_id="second"),
-        running(job(4, allocation="first", min_runtime_s=60), job_id="first"),
-        running(job(8, allocation="first"), job_id="free"),
-        running(job(4, allocation="third", min_runtime_s=60), job_id="third"),
+    victims = [  # all resumable: none loses work
+        running(job(4, allocation="second", min_runtime_s=60, resumable=True), job_id="second"),
+        running(job(4, allocation="first", min_runtime_s=60, resumable=True), job_id="first"),
+        running(job(8, allocation="first", resumable=True), job_id="free"),
+        running(job(4, allocation="third", min_runtime_s=60, resumable=True), job_id="third"),
     ]
-    order = sorted(victims, key=lambda v: victim_order(v, RANK))
+    order = sorted(victims, key=lambda v: victim_order(v, RANK, HOUR))
     assert [v.job_id for v in order] == ["free", "third", "second", "first"]
+
+
+def test_victims_that_lose_the_least_work_go_first() -> None:
+    # Resumable work saves at the stop signal: it loses nothing. Work that cannot
+    # resume loses all it did: the youngest, and the smallest, loses least.
+    victims = [
+        running(job(1, allocation="third"), started_at=0.0, job_id="free-old"),
+        running(job(4, allocation="first", min_runtime_s=60), started_at=0.0, job_id="old"),
+        running(job(4, allocation="first", min_runtime_s=60), started_at=HOUR, job_id="young"),
+        running(job(8, allocation="first", min_runtime_s=60, resumable=True), job_id="resumes"),
+    ]
+    order = sorted(victims, key=lambda v: victim_order(v, RANK, 2 * HOUR))
+    assert [v.job_id for v in order] == ["resumes", "free-old", "young", "old"]
+    assert [v.lost_gpu_s(2 * HOUR) for v in order] == [0.0, 2 * HOUR, 4 * HOUR, 8 * HOUR]
 
 
 def test_among_equals_idle_gpus_go_first_then_the_fewest_gpus_then_the_newest() -> None:
@@ -140,7 +154,7 @@ def test_among_equals_idle_gpus_go_first_then_the_fewest_gpus_then_the_newest() 
         running(spec, gpus=2, seq=3, job_id="busy-2-new"),
         running(spec, gpus=8, seq=4, idle=True, job_id="idle-8"),
     ]
-    order = sorted(victims, key=lambda v: victim_order(v, RANK))
+    order = sorted(victims, key=lambda v: victim_order(v, RANK, HOUR))
     assert [v.job_id for v in order] == ["idle-8", "busy-2-new", "busy-2-old", "busy-4-old"]
 
 

@@ -48,13 +48,36 @@ def test_equal_shares_are_broken_by_name_whatever_the_tree_order() -> None:
     assert leaf_order(tree(c=2, a=2, b=2), dict.fromkeys("abc", 7.0)) == ["a", "b", "c"]
 
 
-def test_a_subtree_is_ranked_by_its_total_usage_before_its_leaves_are() -> None:
-    # det has used nothing, but vision as a whole (100) used more than nlp (60):
-    # nlp goes first, then vision's leaves in their own order (Slurm's Fair Tree).
+def test_below_their_entitlement_first_then_the_rest_level_by_level() -> None:
+    # Entitlements: det 25 %, gen 25 %, nlp 50 %. det (0 %) and nlp (37.5 %) are below
+    # theirs and go first, furthest below first; gen (62.5 %) is over.
     order = leaf_order(LAB, {"det": 0.0, "gen": 100.0, "nlp": 60.0})
-    assert order == ["nlp", "det", "gen"]
-    # Below nlp's usage, vision's leaves all go first.
-    assert leaf_order(LAB, {"det": 0.0, "gen": 50.0, "nlp": 60.0}) == ["det", "gen", "nlp"]
+    assert order == ["det", "nlp", "gen"]
+    # Only det is below: of the rest, vision as a whole (50) used less than nlp (110),
+    # so gen goes before nlp (Slurm's Fair Tree): an idle team's share goes first to
+    # its siblings, though gen (31 %) is further over its 25 % than nlp (69 %) over 50 %.
+    assert leaf_order(LAB, {"det": 0.0, "gen": 50.0, "nlp": 110.0}) == ["det", "gen", "nlp"]
+
+
+def test_a_team_below_its_entitlement_goes_before_another_programs_catch_up() -> None:
+    # research (50 %) is below its share as a whole (40 %), but language (30 %) is
+    # above its own 25 %; ads (5 %) is below its 10 %: under Fair Tree alone language
+    # would go first, and ads would wait while language catches up on speech's idle share.
+    lab = BudgetTree(
+        (
+            BudgetNode("root"),
+            BudgetNode("research", "root"),
+            BudgetNode("product", "root"),
+            BudgetNode("language", "research"),
+            BudgetNode("speech", "research"),
+            BudgetNode("ranking", "product", weight=4),
+            BudgetNode("ads", "product"),
+        )
+    )
+    usage = {"language": 30.0, "speech": 10.0, "ranking": 55.0, "ads": 5.0}
+    order = leaf_order(lab, usage)
+    assert order.index("ads") < order.index("language")
+    assert order[:2] == ["speech", "ads"]  # at 0.4 and 0.5 of theirs: furthest below first
 
 
 def test_usage_of_allocations_outside_the_tree_is_ignored() -> None:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from libs.core.contract import RunningJob
 from libs.core.model import JobSpec
-from libs.core.preemption import Plan, plan_preemption
+from libs.core.preemption import Plan, plan_preemption, worth_stopping
 from tests.builders import job
 
 HOUR = 3600.0
@@ -167,6 +167,71 @@ def test_a_gang_never_takes_a_node_with_any_protected_job() -> None:
         "n1": [run("free-1", "n1", 4), run("young", "n1", 4, min_runtime_s=600, started_at=NOW)],
     }
     assert plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], on, RANK, NOW) is None
+
+
+def gang_on(nodes: tuple[str, ...], *, resumable: bool, started_at: float = 0.0) -> RunningJob:
+    """A running gang of 8 GPUs per node, as preemption sees it on the first node."""
+    spec = job(8 * len(nodes), allocation="third", min_runtime_s=60, resumable=resumable)
+    return RunningJob("gang", spec, nodes[0], 8, started_at, False, 1, 60.0)
+
+
+def test_a_running_gang_is_stopped_whole_and_frees_every_node_it_spans() -> None:
+    gang = gang_on(("n0", "n1"), resumable=True)
+    on = {
+        "n0": [gang],
+        "n1": [RunningJob("gang", gang.spec, "n1", 8, 0.0, False, 1, 60.0)],
+        "n2": [run("a", "n2", 4, allocation="second"), run("b", "n2", 4, allocation="second")],
+    }
+    nodes = [("n0", 8, 0), ("n1", 8, 0), ("n2", 8, 0)]
+    # One job stopped (not three) and no work lost: the gang's two nodes.
+    assert ids(plan_preemption(GANG, nodes, on, RANK, NOW)) == (("n0", "n1"), ["gang"])
+
+
+def test_a_lossless_plan_leaves_work_that_cannot_resume_a_lossy_one_takes_it() -> None:
+    on = {"n0": [run("old", "n0", 8)]}  # free work, 10 hours in, cannot resume
+    assert plan_preemption(WAITING, [("n0", 8, 0)], on, RANK, NOW, lossless=True) is None
+    assert ids(plan_preemption(WAITING, [("n0", 8, 0)], on, RANK, NOW)) == (("n0",), ["old"])
+
+
+def test_plans_throw_away_the_least_work() -> None:
+    resumes = job(4, allocation="second", min_runtime_s=60, resumable=True)
+    on = {
+        "n0": [run("old", "n0", 4)],  # free work that cannot resume: the cheaper, once
+        "n1": [RunningJob("paid-resumes", resumes, "n1", 4, 0.0, False, 2, 60.0)],
+    }
+    nodes = [("n0", 4, 0), ("n1", 4, 0)]
+    assert ids(plan_preemption(WAITING, nodes, on, RANK, NOW)) == (("n1",), ["paid-resumes"])
+
+
+def test_a_lossy_plan_still_never_throws_away_a_gang_not_worth_stopping() -> None:
+    gang = gang_on(("n0", "n1"), resumable=False)
+    on = {"n0": [gang], "n1": [RunningJob("gang", gang.spec, "n1", 8, 0.0, False, 1, 60.0)]}
+    assert plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], on, RANK, NOW) is None
+    young = gang_on(("n0", "n1"), resumable=False, started_at=NOW - HOUR)
+    young_on = {
+        "n0": [young],
+        "n1": [RunningJob("gang", young.spec, "n1", 8, NOW - HOUR, False, 1, 60.0, 10 * HOUR)],
+    }
+    young_on["n0"] = [
+        RunningJob("gang", young.spec, "n0", 8, NOW - HOUR, False, 1, 60.0, 10 * HOUR)
+    ]
+    plan = plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], young_on, RANK, NOW)
+    assert ids(plan) == (("n0", "n1"), ["gang"])
+
+
+def test_work_that_cannot_resume_is_worth_stopping_only_while_it_loses_less_than_it_wins() -> None:
+    spec = job(8, allocation="third", min_runtime_s=60)
+    victim = RunningJob("v", spec, "n0", 8, 0.0, False, 1, 60.0, 10 * HOUR)
+    # 2 h in: loses 16 GPU-hours; an 8-GPU job gains 8 GPUs for the 8 h left.
+    assert worth_stopping(victim, 8, 2 * HOUR)
+    assert not worth_stopping(victim, 8, 6 * HOUR)  # loses 48, gains 32
+    assert not worth_stopping(victim, 1, 2 * HOUR)  # a 1-GPU job gains only 8
+    # Without an estimate, or past it, it likely runs as long again as it has run: it
+    # would lose what it would win, so it is never worth stopping.
+    unknown = RunningJob("v", spec, "n0", 8, 0.0, False, 1, 60.0)
+    assert not worth_stopping(unknown, 16, 2 * HOUR)
+    resumes = RunningJob("v", job(8, resumable=True), "n0", 8, 0.0, False, 1, 60.0)
+    assert worth_stopping(resumes, 1, 100 * HOUR)
 
 
 # -- properties ----------------------------------------------------------------

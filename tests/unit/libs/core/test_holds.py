@@ -1,0 +1,80 @@
+"""Holds (``libs/core/holds.py``): when a blocked job likely gets room, and where."""
+
+from __future__ import annotations
+
+import math
+
+from libs.core.contract import RunningJob, victims_of
+from libs.core.holds import Hold, release_time, soonest_nodes
+from tests.builders import job
+
+HOUR = 3600.0
+NOW = 10 * HOUR
+RANK = {"first": 0, "second": 1}
+WAITING = job(16, allocation="first", min_runtime_s=60)
+NOW_RULE = victims_of(WAITING, RANK, NOW)
+LATER_RULE = victims_of(WAITING, RANK, math.inf)
+
+
+def running(
+    allocation: str,
+    *,
+    started_at: float = 0.0,
+    protect_s: float = 0.0,
+    estimate_s: float | None = None,
+    resumable: bool = True,
+    gpus: int = 8,
+) -> RunningJob:
+    spec = job(gpus, allocation=allocation, min_runtime_s=60, resumable=resumable)
+    return RunningJob("v", spec, "n0", gpus, started_at, False, 1, protect_s, estimate_s)
+
+
+def when(victim: RunningJob) -> float:
+    return release_time(victim, WAITING.gpus, NOW_RULE, LATER_RULE, NOW)
+
+
+def test_work_it_may_preempt_now_lets_go_now() -> None:
+    assert when(running("second")) == NOW
+
+
+def test_protected_work_it_may_preempt_later_lets_go_when_its_contract_ends() -> None:
+    assert when(running("second", started_at=NOW - HOUR, protect_s=3 * HOUR)) == NOW + 2 * HOUR
+    # ... unless it likely ends sooner by itself.
+    ends_first = running("second", started_at=NOW - HOUR, protect_s=3 * HOUR, estimate_s=HOUR)
+    assert when(ends_first) == NOW + 2 * HOUR  # its estimate is already outrun: unknown
+    ends_soon = running("second", started_at=NOW - HOUR, protect_s=3 * HOUR, estimate_s=2 * HOUR)
+    assert when(ends_soon) == NOW + HOUR
+
+
+def test_work_it_may_not_preempt_lets_go_at_its_likely_end_or_never_that_anyone_knows() -> None:
+    assert when(running("first", estimate_s=12 * HOUR)) == NOW + 2 * HOUR
+    assert when(running("first")) == math.inf
+    assert when(running("first", estimate_s=9 * HOUR)) == math.inf  # outrun: no telling
+
+
+def test_work_that_cannot_resume_lets_go_only_when_worth_stopping_or_at_its_end() -> None:
+    # 10 hours of 8 GPUs would be thrown away; it likely ends in an hour: wait for it.
+    old = running("second", resumable=False, estimate_s=11 * HOUR)
+    assert when(old) == NOW + HOUR
+    young = running("second", resumable=False, started_at=NOW - HOUR, estimate_s=10 * HOUR)
+    assert when(young) == NOW
+
+
+def test_a_gang_gets_the_fewest_whole_nodes_that_free_soonest() -> None:
+    candidates = [("n0", 8, 0), ("n1", 8, 0), ("n2", 8, 8), ("n3", 4, 4)]
+    releases = {"n0": [(NOW + 3 * HOUR, 8)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
+    assert soonest_nodes(WAITING, candidates, releases) == Hold(("n1", "n2"), NOW + 2 * HOUR)
+
+
+def test_a_single_node_job_gets_the_node_with_room_soonest() -> None:
+    small = job(6, allocation="first", min_runtime_s=60)
+    candidates = [("n0", 8, 2), ("n1", 8, 0)]
+    releases = {"n0": [(NOW + 3 * HOUR, 4)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
+    assert soonest_nodes(small, candidates, releases) == Hold(("n1",), NOW + 2 * HOUR)
+
+
+def test_no_hold_where_nobody_knows_when_room_comes() -> None:
+    candidates = [("n0", 8, 0), ("n1", 8, 0)]
+    releases = {"n0": [(NOW, 8)], "n1": [(math.inf, 8)]}
+    assert soonest_nodes(WAITING, candidates, releases) is None
+    assert soonest_nodes(WAITING, [], {}) is None
