@@ -46,6 +46,8 @@ HOLD_PATIENCE_S = 3600
 
 
 class Reservations:
+    DERIVED = ("_held",)
+
     def __init__(self, state: State) -> None:
         # Node -> (the job it is being freed for, since); job -> the nodes freed for it.
         self.reserved: Table[NodeId, tuple[JobId, float]] = state.table("reserved")
@@ -54,6 +56,7 @@ class Reservations:
         self._no_plan: Cell[tuple[tuple[JobId, int], float] | None] = state.cell("no_plan", None)
         # Jobs whose nodes are held (not yet being freed) -> their estimated start.
         self.holds: Table[JobId, float] = state.table("holds")
+        self._held: set[NodeId] = set()  # the nodes of holds (``derived`` rebuilds it)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
@@ -115,6 +118,7 @@ class Reservations:
         if hold is not None:
             self._reserve(job.job_id, hold.node_ids, now)
             self.holds[job.job_id] = max(hold.starts_at, now)
+            self._held.update(hold.node_ids)
         return ()
 
     def _stop_for(self, job_id: JobId, plan: Plan | None, now: float) -> tuple[RunningJob, ...]:
@@ -139,8 +143,13 @@ class Reservations:
 
     def held(self) -> set[NodeId]:
         """The nodes held for a job, not being freed: work that cannot delay it may run
-        there meanwhile."""
-        return {node for node, (holder, _) in self.reserved.items() if holder in self.holds}
+        there meanwhile (read it before reservations change)."""
+        return self._held
+
+    def derived(self) -> dict[str, object]:
+        """The index (``DERIVED``) rebuilt from the tables alone."""
+        held = {node for node, (holder, _) in self.reserved.items() if holder in self.holds}
+        return {"_held": held}
 
     def blocked_for(self, job_id: JobId) -> set[NodeId]:
         """The nodes reserved for other jobs."""
@@ -148,9 +157,11 @@ class Reservations:
 
     def release(self, job_id: JobId) -> None:
         """The job no longer waits for its nodes (placed, cancelled, or given up on)."""
+        held = self.holds.pop(job_id) is not None
         for node in self.nominated.pop(job_id) or ():
             del self.reserved[node]
-        self.holds.pop(job_id)
+            if held:
+                self._held.discard(node)
 
     def release_node(self, node_id: NodeId) -> None:
         """The node is gone: the job it was reserved for plans again."""

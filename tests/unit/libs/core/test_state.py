@@ -103,6 +103,7 @@ def check(scheduler: Scheduler) -> None:
     preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
     assert preemptible == {n: list(jobs.items()) for n, jobs in derived["_preemptible"].items()}  # type: ignore[attr-defined]
     assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
+    assert scheduler._reservations.derived() == {"_held": scheduler._reservations.held()}
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
     assert queues.derived() == queues.index
