@@ -13,16 +13,18 @@ charged (``charges.py``), preemption under way (``reservations.py``), node lease
 (``compass``); this class folds each input through them and runs the pass.
 
 A scheduling pass, in order:
-  1. rank allocations by fair share (usage ÷ entitlement, level by level);
+  1. rank allocations by fair share: below their entitlement first, then the rest
+     level by level (usage ÷ weight);
   2. walk the tiers: debug work (the fast path), allocated work, free work;
   3. in each tier, walk allocations in rank order and their jobs in queue
      order, placing every job that fits (best fit, gangs all or nothing);
-  4. the first job of a tier that does not fit may preempt: free work first,
-     then past-contract work of allocations ranked below its own; the nodes it
-     frees are reserved for it (a gang's all in one step). When nothing can be
-     freed now, the best-ranked blocked charged job holds the nodes that free
-     soonest (``holds.py``): until it starts only work that cannot delay it runs
-     there (free work, debug work, and charged work that will be gone in time);
+  4. the first job of a tier that does not fit may preempt free work, and
+     past-contract work of allocations ranked below its own, losing the least
+     work; the nodes it frees are reserved for it (a gang's all in one step).
+     When no room comes without throwing work away, the best-ranked blocked
+     charged job holds the nodes that free soonest (``holds.py``): until it
+     starts only work that cannot delay it runs there (free work, debug work,
+     and charged work that will be gone in time);
   5. jobs that still wait get a reason when their reason changes.
 """
 
