@@ -10,11 +10,13 @@ A running gang is a victim as a whole: stopping it frees every node it spans.
 A *lossless* plan stops only work worth stopping (``worth_stopping``): work that
 resumes, or work that cannot but whose loss is smaller than what the waiting job
 gains. The scheduler tries one first, waits a while for one (a hold) and only then
-throws work away, and even then never a whole gang's that is not worth stopping.
+throws work away: single-node work, at most the contract cap's worth of the waiting
+job's GPUs each, never a whole gang's that is not worth stopping.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -47,8 +49,11 @@ def plan_preemption(
     now: float,
     *,
     lossless: bool = False,
+    loss_cap_s: float = math.inf,
 ) -> Plan | None:
-    """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use."""
+    """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
+    A lossy plan (not ``lossless``) may also stop single-node work not worth stopping
+    that did at most ``loss_cap_s`` × the job's GPUs of work."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
@@ -56,11 +61,12 @@ def plan_preemption(
     by_contract = victims_of(waiting, rank, now)
 
     def may_take(victim: RunningJob) -> bool:
-        # A lossy plan may still not throw away a whole gang's work.
-        spans_nodes = victim.gpus < victim.spec.gpus
-        return by_contract(victim) and (
-            (not lossless and not spans_nodes) or worth_stopping(victim, waiting.gpus, now)
+        lossy = (
+            not lossless
+            and victim.gpus == victim.spec.gpus  # never a gang
+            and victim.lost_gpu_s(now) <= loss_cap_s * waiting.gpus
         )
+        return by_contract(victim) and (lossy or worth_stopping(victim, waiting.gpus, now))
 
     if waiting.gpus > node_size:
         return _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)

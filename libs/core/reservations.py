@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 
 from libs.core.capacity import Capacity
+from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob, victims_of
 from libs.core.holds import Hold, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
@@ -48,7 +49,8 @@ HOLD_PATIENCE_S = 3600
 class Reservations:
     DERIVED = ("_held",)
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, config: PolicyConfig, state: State) -> None:
+        self.config = config
         # Node -> (the job it is being freed for, since); job -> the nodes freed for it.
         self.reserved: Table[NodeId, tuple[JobId, float]] = state.table("reserved")
         self.nominated: Table[JobId, tuple[NodeId, ...]] = state.table("nominated")
@@ -111,7 +113,10 @@ class Reservations:
         # Debug work is small and short: it never throws work away, it waits.
         lossy = spec.work_class is WorkClass.ALLOCATED
         if lossy and (hold is None or hold.starts_at > now + HOLD_PATIENCE_S):
-            plan = plan_preemption(spec, candidates, running_on, rank, now)
+            # At most the contract cap's worth of work per GPU of the job is thrown away:
+            # as long as a job is ever asked to wait for protected work.
+            loss_cap_s = self.config.max_min_runtime_s
+            plan = plan_preemption(spec, candidates, running_on, rank, now, loss_cap_s=loss_cap_s)
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)
         self._no_plan.value = (attempt, now)

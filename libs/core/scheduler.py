@@ -123,7 +123,7 @@ class Scheduler:
         self._queues = Queues(state)
         self._running = RunningWork(self.config, state)
         self._charges = Charges(self.config, state, self._capacity)
-        self._reservations = Reservations(state)
+        self._reservations = Reservations(self.config, state)
         self._learned = LearnedRuntimes(state)
         self._liveness = Liveness(self.config, state)
         self._reasons: Table[JobId, str] = state.table("reasons")  # the last Wait each job heard

@@ -101,10 +101,16 @@ def test_debug_work_never_throws_work_away() -> None:
     assert stopped(s2.handle(JobArrived(10 * HOUR, "debug", debug))) == ["resumes"]
 
 
-def test_charged_work_throws_work_away_only_when_no_room_comes_soon() -> None:
-    s = cluster(4, a=1, b=1)
-    charged(s, a=1e9, b=0.0)
-    run_job(s, 0, "cannot-resume", job(4, allocation="a", min_runtime_s=60))
-    # Nobody knows when it ends: b's job does not wait for it.
-    d = s.handle(JobArrived(10 * HOUR, "b-job", job(4, allocation="b", min_runtime_s=HOUR)))
-    assert stopped(d) == ["cannot-resume"]
+def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much() -> None:
+    def blocked_after(hours: float) -> list[str]:
+        s = cluster(4, a=1, b=1)
+        charged(s, a=1e9, b=0.0)
+        run_job(s, 0, "cannot-resume", job(4, allocation="a", min_runtime_s=60))
+        b_job = job(4, allocation="b", min_runtime_s=int(HOUR))
+        return stopped(s.handle(JobArrived(hours * HOUR, "b-job", b_job)))
+
+    # Nobody knows when it ends, so b's job does not wait for it: 6 hours of 4 GPUs are
+    # thrown away, within the contract cap's worth (8 hours) of b's job's 4 GPUs ...
+    assert blocked_after(6) == ["cannot-resume"]
+    # ... but not 10 hours of them: b's job waits for it to end.
+    assert blocked_after(10) == []

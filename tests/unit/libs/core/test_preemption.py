@@ -193,6 +193,13 @@ def test_a_lossless_plan_leaves_work_that_cannot_resume_a_lossy_one_takes_it() -
     assert ids(plan_preemption(WAITING, [("n0", 8, 0)], on, RANK, NOW)) == (("n0",), ["old"])
 
 
+def test_a_lossy_plan_throws_away_at_most_the_cap_per_gpu_of_the_waiting_job() -> None:
+    on = {"n0": [run("old", "n0", 8)]}  # 10 hours of 8 GPUs: 80 GPU-hours
+    nodes = [("n0", 8, 0)]
+    assert plan_preemption(WAITING, nodes, on, RANK, NOW, loss_cap_s=20 * HOUR) is not None
+    assert plan_preemption(WAITING, nodes, on, RANK, NOW, loss_cap_s=19 * HOUR) is None
+
+
 def test_plans_throw_away_the_least_work() -> None:
     resumes = job(4, allocation="second", min_runtime_s=60, resumable=True)
     on = {

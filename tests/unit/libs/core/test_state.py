@@ -56,7 +56,7 @@ NOT_STATE: dict[type, set[str]] = {
     Queues: set(),
     RunningWork: CONFIG,
     Charges: CONFIG | {"_capacity"},  # its nodes price running work
-    Reservations: set(),
+    Reservations: CONFIG,
     Liveness: CONFIG,
     LearnedRuntimes: set(),
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
