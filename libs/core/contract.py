@@ -52,15 +52,6 @@ class RunningJob:
             return math.inf
         return self.started_at + self.estimate_s
 
-    def remaining_s(self, now: float) -> float:
-        """How much longer it likely runs: by its estimate, or, without one or once it
-        has outrun it, as long again as it has run (run times are heavy-tailed: the
-        longer a job has run, the longer it likely runs on)."""
-        left = self.likely_end - now
-        if left > 0 and left != math.inf:
-            return left
-        return max(now - self.started_at, 0.0) if self.started_at is not None else math.inf
-
     def lost_gpu_s(self, now: float) -> float:
         """The work stopping it would throw away: none for resumable work (it saves at
         the stop signal, within the stop grace), all it did for the rest."""

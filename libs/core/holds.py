@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from libs.core.contract import RunningJob
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec
-from libs.core.preemption import worth_stopping
 
 
 @dataclass(frozen=True)
@@ -33,21 +32,20 @@ class Hold:
 
 def release_time(
     victim: RunningJob,
-    gpus: int,
     may_take_now: Callable[[RunningJob], bool],
     may_take_later: Callable[[RunningJob], bool],
     now: float,
 ) -> float:
-    """When a job of ``gpus`` GPUs likely gets ``victim``'s GPUs without throwing work
-    away: now if it may take them and it is worth it, at the end of its contract if it
-    may take them then (and it is still worth it), else at its likely end: infinite
-    when unknown, or once it has outrun its estimate (it may run on for any time)."""
-    if may_take_now(victim) and worth_stopping(victim, gpus, now):
+    """When the holder likely gets ``victim``'s GPUs without throwing work away: now if
+    it may take them and the victim resumes, at the end of its contract if it may take
+    them then, else at its likely end: infinite when unknown, or once it has outrun its
+    estimate (it may run on for any time)."""
+    resumes = victim.lost_gpu_s(now) == 0
+    if resumes and may_take_now(victim):
         return now
     end = victim.likely_end if victim.likely_end > now else math.inf
-    later = max(victim.protected_until, now)
-    if may_take_later(victim) and worth_stopping(victim, gpus, later):
-        return min(later, end)
+    if resumes and may_take_later(victim):
+        return min(max(victim.protected_until, now), end)
     return end
 
 

@@ -7,11 +7,13 @@ ones among those, all GPUs and jobs disturbed, then node ids. A job that fits
 one node frees room on one node; a gang frees whole nodes, the fewest, in one step.
 A running gang is a victim as a whole: stopping it frees every node it spans.
 
-A *lossless* plan stops only work worth stopping (``worth_stopping``): work that
-resumes, or work that cannot but whose loss is smaller than what the waiting job
-gains. The scheduler tries one first, waits a while for one (a hold) and only then
-throws work away: single-node work, at most the contract cap's worth of the waiting
-job's GPUs each, never a whole gang's that is not worth stopping.
+A *lossless* plan stops only work that loses nothing: work that resumes (it saves
+at the stop signal). Work that cannot resume loses all it did, and likely runs on
+as long again as it has run (run times are heavy-tailed), so stopping it would
+throw away about what the waiting job wins by not waiting. The scheduler tries a
+lossless plan first, waits a while for one (a hold) and only then throws work
+away: single-node work, at most the contract cap's worth of the waiting job's GPUs
+each, never a whole gang's.
 """
 
 from __future__ import annotations
@@ -33,14 +35,6 @@ class Plan:
     victims: tuple[RunningJob, ...]
 
 
-def worth_stopping(victim: RunningJob, gpus: int, at: float) -> bool:
-    """Whether stopping ``victim`` at ``at`` for a job of ``gpus`` GPUs loses less than
-    it wins: the work it throws away against the GPU time the job gains by not waiting
-    for its likely end (of the victim's GPUs, those the job can use)."""
-    lost = victim.lost_gpu_s(at)
-    return lost == 0 or lost < min(gpus, victim.spec.gpus) * victim.remaining_s(at)
-
-
 def plan_preemption(
     waiting: JobSpec,
     candidate_nodes: Iterable[tuple[NodeId, int, int]],
@@ -52,8 +46,8 @@ def plan_preemption(
     loss_cap_s: float = math.inf,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
-    A lossy plan (not ``lossless``) may also stop single-node work not worth stopping
-    that did at most ``loss_cap_s`` × the job's GPUs of work."""
+    A lossy plan (not ``lossless``) may also stop single-node work that cannot resume
+    and did at most ``loss_cap_s`` × the job's GPUs of work."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
@@ -66,7 +60,7 @@ def plan_preemption(
             and victim.gpus == victim.spec.gpus  # never a gang
             and victim.lost_gpu_s(now) <= loss_cap_s * waiting.gpus
         )
-        return by_contract(victim) and (lossy or worth_stopping(victim, waiting.gpus, now))
+        return by_contract(victim) and (lossy or victim.lost_gpu_s(now) == 0)
 
     if waiting.gpus > node_size:
         return _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)

@@ -198,6 +198,6 @@ def _hold(
         views = list(running_on.get(node_id, ()))
         candidates.append((node_id, size, size - sum(v.gpus for v in views)))
         releases[node_id] = [
-            (release_time(v, spec.gpus, may_take_now, may_take_later, now), v.gpus) for v in views
+            (release_time(v, may_take_now, may_take_later, now), v.gpus) for v in views
         ]
     return soonest_nodes(spec, candidates, releases)

@@ -30,7 +30,7 @@ def running(
 
 
 def when(victim: RunningJob) -> float:
-    return release_time(victim, WAITING.gpus, NOW_RULE, LATER_RULE, NOW)
+    return release_time(victim, NOW_RULE, LATER_RULE, NOW)
 
 
 def test_work_it_may_preempt_now_lets_go_now() -> None:
@@ -52,12 +52,13 @@ def test_work_it_may_not_preempt_lets_go_at_its_likely_end_or_never_that_anyone_
     assert when(running("first", estimate_s=9 * HOUR)) == math.inf  # outrun: no telling
 
 
-def test_work_that_cannot_resume_lets_go_only_when_worth_stopping_or_at_its_end() -> None:
-    # 10 hours of 8 GPUs would be thrown away; it likely ends in an hour: wait for it.
+def test_work_that_cannot_resume_lets_go_only_at_its_likely_end() -> None:
+    # Stopping it would throw its work away: wait for it.
     old = running("second", resumable=False, estimate_s=11 * HOUR)
     assert when(old) == NOW + HOUR
     young = running("second", resumable=False, started_at=NOW - HOUR, estimate_s=10 * HOUR)
-    assert when(young) == NOW
+    assert when(young) == NOW + 9 * HOUR
+    assert when(running("second", resumable=False)) == math.inf
 
 
 def test_a_gang_gets_the_fewest_whole_nodes_that_free_soonest() -> None:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from libs.core.contract import RunningJob
 from libs.core.model import JobSpec
-from libs.core.preemption import Plan, plan_preemption, worth_stopping
+from libs.core.preemption import Plan, plan_preemption
 from tests.builders import job
 
 HOUR = 3600.0
@@ -210,35 +210,14 @@ def test_plans_throw_away_the_least_work() -> None:
     assert ids(plan_preemption(WAITING, nodes, on, RANK, NOW)) == (("n1",), ["paid-resumes"])
 
 
-def test_a_lossy_plan_still_never_throws_away_a_gang_not_worth_stopping() -> None:
-    gang = gang_on(("n0", "n1"), resumable=False)
-    on = {"n0": [gang], "n1": [RunningJob("gang", gang.spec, "n1", 8, 0.0, False, 1, 60.0)]}
-    assert plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], on, RANK, NOW) is None
-    young = gang_on(("n0", "n1"), resumable=False, started_at=NOW - HOUR)
-    young_on = {
-        "n0": [young],
-        "n1": [RunningJob("gang", young.spec, "n1", 8, NOW - HOUR, False, 1, 60.0, 10 * HOUR)],
-    }
-    young_on["n0"] = [
-        RunningJob("gang", young.spec, "n0", 8, NOW - HOUR, False, 1, 60.0, 10 * HOUR)
-    ]
-    plan = plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], young_on, RANK, NOW)
-    assert ids(plan) == (("n0", "n1"), ["gang"])
-
-
-def test_work_that_cannot_resume_is_worth_stopping_only_while_it_loses_less_than_it_wins() -> None:
-    spec = job(8, allocation="third", min_runtime_s=60)
-    victim = RunningJob("v", spec, "n0", 8, 0.0, False, 1, 60.0, 10 * HOUR)
-    # 2 h in: loses 16 GPU-hours; an 8-GPU job gains 8 GPUs for the 8 h left.
-    assert worth_stopping(victim, 8, 2 * HOUR)
-    assert not worth_stopping(victim, 8, 6 * HOUR)  # loses 48, gains 32
-    assert not worth_stopping(victim, 1, 2 * HOUR)  # a 1-GPU job gains only 8
-    # Without an estimate, or past it, it likely runs as long again as it has run: it
-    # would lose what it would win, so it is never worth stopping.
-    unknown = RunningJob("v", spec, "n0", 8, 0.0, False, 1, 60.0)
-    assert not worth_stopping(unknown, 16, 2 * HOUR)
-    resumes = RunningJob("v", job(8, resumable=True), "n0", 8, 0.0, False, 1, 60.0)
-    assert worth_stopping(resumes, 1, 100 * HOUR)
+def test_no_plan_throws_away_a_gangs_work() -> None:
+    for started_at in (0.0, NOW - 60):  # ten hours in, or a minute
+        gang = gang_on(("n0", "n1"), resumable=False, started_at=started_at)
+        on = {
+            node: [RunningJob("gang", gang.spec, node, 8, started_at, False, 1, 60.0)]
+            for node in ("n0", "n1")
+        }
+        assert plan_preemption(GANG, [("n0", 8, 0), ("n1", 8, 0)], on, RANK, NOW) is None
 
 
 # -- properties ----------------------------------------------------------------
