@@ -75,7 +75,7 @@ POLICY = "budget"
 # whole; victims are chosen to lose the least work.
 POLICY_VERSION = 12
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
-ALLOCATED_PLANS = 1  # allocations whose blocked head a pass may preempt or hold for
+ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
 
 class _Lender:
