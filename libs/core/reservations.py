@@ -110,9 +110,8 @@ class Reservations:
         hold = None
         if spec.work_class is WorkClass.ALLOCATED:
             hold = _hold(spec, nodes, running_on, rank, now)
-        # Debug work is small and short: it never throws work away, it waits.
-        lossy = spec.work_class is WorkClass.ALLOCATED
-        if lossy and (hold is None or hold.starts_at > now + HOLD_PATIENCE_S):
+        # Debug work gets no hold (it is meant to start within seconds).
+        if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
             # At most the contract cap's worth of work per GPU of the job is thrown away:
             # as long as a job is ever asked to wait for protected work.
             loss_cap_s = self.config.max_min_runtime_s

@@ -88,7 +88,8 @@ def test_a_running_gang_is_preempted_whole_for_a_higher_ranked_gang() -> None:
     assert len([x for x in d if isinstance(x, Stop)]) == 2  # both its tasks, in one step
 
 
-def test_debug_work_never_throws_work_away() -> None:
+def test_debug_work_throws_away_little_work() -> None:
+    # 10 hours of 4 GPUs is more than the contract cap's worth (8 h) of a 1-GPU job.
     s = cluster(4, a=1, b=1)
     charged(s, a=1e9, b=0.0)
     run_job(s, 0, "cannot-resume", job(4, allocation="a", min_runtime_s=60))
