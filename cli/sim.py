@@ -139,6 +139,14 @@ def run(
         Path | None,
         input_file("Budget tree YAML"),
     ] = None,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            help="Seed of the hashed draws (teams of users the tree does not name, "
+            "contracts): another seed is another team structure on the same trace, "
+            "a held-out check [default: the scenario's]"
+        ),
+    ] = None,
     lookback: Annotated[float, duration("7d", "Fair-share lookback", positive=True)] = 7 * DAY_S,
     max_min_runtime: Annotated[float, duration("8h", "Cap on minimum runtimes")] = 8 * 3600.0,
     tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
@@ -182,6 +190,10 @@ def run(
         end_s=end if end is not None else sc.end_s,
         warmup_s=warmup if warmup is not None else sc.warmup_s,
     )
+    if seed is not None:
+        if not seed.strip():
+            raise typer.BadParameter("give a non-empty seed", param_hint="--seed")
+        sc = dataclasses.replace(sc, rules=dataclasses.replace(sc.rules, seed=seed))
     if sc.start_s is not None and sc.end_s is not None and sc.end_s <= sc.start_s:
         raise typer.BadParameter(
             f"the window ends ({sc.end_s:g} s) before it starts ({sc.start_s:g} s)",

@@ -96,6 +96,23 @@ def test_the_csv_example_runs_and_the_report_counts_teams_placed_by_hash(tmp_pat
     assert data["workload"]["placed_by_hash"] == {"jobs": 6, "users": 5}
 
 
+def test_another_seed_draws_another_team_structure(tmp_path: Path) -> None:
+    def summary(*seed: str) -> str:
+        out = tmp_path / (seed[-1] if seed else "default")
+        args = ["run", "--trace", "csv", "--policy", "budget", "--no-plots", "--out", str(out)]
+        result = CliRunner().invoke(sim_app, [*args, *seed])
+        assert result.exit_code == 0, result.output
+        return (out / "summary.md").read_text()
+
+    # The report names the seed its users were hashed onto teams with.
+    assert "`qm-sim`" in summary()
+    other = summary("--seed", "held-out")
+    assert "`held-out`" in other and "`qm-sim`" not in other
+    refused = CliRunner().invoke(sim_app, ["run", "--trace", "csv", "--seed", " "])
+    assert refused.exit_code == 2
+    assert "give a non-empty seed" in refused.output
+
+
 @pytest.mark.shared_data
 @pytest.mark.parametrize(("trace", "jobs"), [("philly", 14_000), ("bluewaters", 13_861)])
 def test_the_shipped_scenarios_are_overloaded_two_to_three_times(trace: str, jobs: int) -> None:
