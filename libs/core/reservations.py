@@ -108,9 +108,8 @@ class Reservations:
         if plan is not None:
             return self._stop_for(job.job_id, plan, now)
         hold = None
-        if spec.work_class is WorkClass.ALLOCATED:
+        if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
             hold = _hold(spec, nodes, running_on, rank, now)
-        # Debug work gets no hold (it is meant to start within seconds).
         if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
             # At most the contract cap's worth of work per GPU of the job is thrown away:
             # as long as a job is ever asked to wait for protected work.
