@@ -2,9 +2,10 @@
 
 A gang needs whole nodes, and a cluster full of small jobs rarely frees one: as
 GPUs free, smaller jobs of other teams would take them and the gang would wait
-forever. So when the best-ranked blocked job cannot be given room now, it *holds*
-the nodes that will have room for it soonest, and only work that cannot delay it
-runs there meanwhile (``Scheduler`` decides which).
+forever. So when a blocked job near the head of the fair-share order cannot be
+given room without throwing work away, it *holds* the nodes that will have room
+for it soonest, and only work that cannot delay it runs there meanwhile
+(``Scheduler`` decides which).
 
 When a node's work lets go, as the holder sees it (``release_time``): now for work
 being stopped or that it may preempt; at the end of a contract for protected work

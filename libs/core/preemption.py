@@ -54,13 +54,13 @@ def plan_preemption(
         return None
     by_contract = victims_of(waiting, rank, now)
 
+    cap = loss_cap_s * waiting.gpus
+
     def may_take(victim: RunningJob) -> bool:
-        lossy = (
-            not lossless
-            and victim.gpus == victim.spec.gpus  # never a gang
-            and victim.lost_gpu_s(now) <= loss_cap_s * waiting.gpus
-        )
-        return by_contract(victim) and (lossy or victim.lost_gpu_s(now) == 0)
+        lost = victim.lost_gpu_s(now)
+        if lost and (lossless or victim.gpus < victim.spec.gpus or lost > cap):
+            return False  # a lossless plan, a gang's work, or more than the cap
+        return by_contract(victim)
 
     if waiting.gpus > node_size:
         return _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)

@@ -274,11 +274,12 @@ class Scheduler:
             )
         return None
 
-    def _estimated_end(self, run: Running) -> float | None:
-        estimate = self.estimate_s(run.spec)
-        if run.started_at is None or estimate is None:
+    @staticmethod
+    def _estimated_end(run: Running) -> float | None:
+        """By the estimate it was placed with: the one holds plan with."""
+        if run.started_at is None or run.estimate_s is None:
             return None
-        return run.started_at + estimate
+        return run.started_at + run.estimate_s
 
     # -- folding inputs ------------------------------------------------------
 
