@@ -37,6 +37,9 @@ class Charges:
         # on the order of the terms, so they are state, not a cache.
         self._tally: Table[str, tuple[float, float]] = state.table("tally")
         self._entitlements: dict[str, float] = {}  # of the tree (``derived`` rebuilds it)
+        # The last rank, with all it was computed from (every pass ranks; several
+        # inputs often share a clock and a tally).
+        self._ranked: tuple[tuple[object, ...], dict[str, int]] = ((), {})
 
     def set_tree(self, tree: BudgetTree) -> None:
         self._tree.value = tree
@@ -72,8 +75,11 @@ class Charges:
         tree = self._tree.value
         if tree is None:
             return {}
-        order = leaf_order(tree, self._usage(now), self._entitlements)
-        return {leaf: i for i, leaf in enumerate(order)}
+        key = (now, tree, self._snapshot.value, *self._tally.items())
+        if self._ranked[0] != key:
+            order = leaf_order(tree, self._usage(now), self._entitlements)
+            self._ranked = key, {leaf: i for i, leaf in enumerate(order)}
+        return self._ranked[1]
 
     def standings(self, now: float) -> dict[str, Standing]:
         tree = self._tree.value

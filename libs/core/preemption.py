@@ -57,9 +57,10 @@ def plan_preemption(
     cap = loss_cap_s * waiting.gpus
 
     def may_take(victim: RunningJob) -> bool:
-        lost = victim.lost_gpu_s(now)
-        if lost and (lossless or victim.gpus < victim.spec.gpus or lost > cap):
-            return False  # a lossless plan, a gang's work, or more than the cap
+        if not victim.spec.resumable and victim.started_at is not None:  # most are resumable
+            lost = victim.lost_gpu_s(now)
+            if lost and (lossless or victim.gpus < victim.spec.gpus or lost > cap):
+                return False  # a lossless plan, a gang's work, or more than the cap
         return by_contract(victim)
 
     if waiting.gpus > node_size:

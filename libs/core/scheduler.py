@@ -146,8 +146,10 @@ class Scheduler:
 
     def _handle(self, event: inputs.Input) -> list[Decision]:
         self._liveness.excuse_silence(event.at - self.now)
+        clock_moved = event.at > self.now
         self.now = max(self.now, event.at)
         decisions: list[Decision] = []
+        reported = False  # it only reported on running batch work
         match event:
             case inputs.JobArrived():
                 if event.job_id in self._seen:  # a duplicate submission: already decided
@@ -178,6 +180,7 @@ class Scheduler:
                 self._serving.started(event.task_id, self._now_ms)
             case inputs.TaskStarted():
                 self._running.started(event.job_id, event.task_id, event.at)
+                reported = True
             case inputs.TaskEnded() if self._serving.owns(event.task_id, event.node_id):
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case inputs.TaskEnded():
@@ -188,6 +191,7 @@ class Scheduler:
                 self._serving.evicted(event.node_id, event.gpu_index, event.model)
             case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
+                reported = True
             case inputs.CancelRequested():
                 served = self._serving.cancel(event.job_id, self._now_ms)
                 decisions += self._cancel(event.job_id) if served is None else served
@@ -202,6 +206,10 @@ class Scheduler:
         fast = isinstance(event, inputs.JobArrived) and event.spec.work_class is WorkClass.DEBUG
         budget_changed = isinstance(event, inputs.BudgetSet)
         preempt = self._reservations.round_due(self.now, fast=fast, budget_changed=budget_changed)
+        if reported and not (preempt or clock_moved):
+            # It changed only what preemption reads (a contract's clock, idleness), and
+            # no time passed: a pass could decide otherwise only in a preemption round.
+            return decisions
         self._serving.release_idle(self._now_ms)
         # Workflows take freed GPUs before any batch tier: the fast path.
         self._serving.grow(self._now_ms)
@@ -444,6 +452,8 @@ class Scheduler:
         """Place the jobs with nodes reserved for them that fit now: those whose nodes
         are held, or those whose nodes are being freed."""
         decisions: list[Decision] = []
+        if not self._capacity.total_free:
+            return decisions
         for job_id in sorted(self._reservations.nominated):
             if (job_id in self._reservations.holds) != held:
                 continue

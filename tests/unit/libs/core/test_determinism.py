@@ -58,9 +58,11 @@ def test_the_checker_reports_a_tie_broken_at_random(monkeypatch: pytest.MonkeyPa
     # The arrivals only wait; the first node that joins places a different job.
     assert divergence.step == 1 + len(TEAMS)
     assert divergence.input.startswith("NodeJoined(")
-    assert (divergence.expected[0], divergence.actual[0]) == ("first run", "second run")
+    # Which run draws other ties first depends on how often the order is asked for.
+    assert divergence.expected[0] == "first run"
+    assert divergence.actual[0] in ("second run", "replay")
     assert divergence.expected[1] != divergence.actual[1]
-    assert "first run and second run differ" in str(divergence)
+    assert f"first run and {divergence.actual[0]} differ" in str(divergence)
 
 
 def test_the_checker_reports_a_tie_broken_by_hash_order_only_across_processes(

@@ -3,7 +3,7 @@ throws away as little work as it can: the scheduler, scenario by scenario."""
 
 from __future__ import annotations
 
-from libs.core import JobArrived, Place, Scheduler, Stop, TaskEnded, Wait
+from libs.core import JobArrived, Place, Scheduler, Stop, TaskEnded, TaskStarted, Tick, Wait
 from tests.builders import job
 from tests.unit.libs.core.test_budget_policy import HOUR, charged, cluster, placed, run_job
 
@@ -115,3 +115,19 @@ def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much
     assert blocked_after(6) == ["cannot-resume"]
     # ... but not 10 hours of them: b's job waits for it to end.
     assert blocked_after(10) == []
+
+
+def test_a_start_report_decides_nothing_until_a_round_which_counts_the_contract_from_it() -> None:
+    """A start changes only what preemption reads (the contract's clock): at the same
+    clock, a pass could decide otherwise only in a preemption round (a gang reports
+    once per task)."""
+    s = cluster(1, a=1, b=1)
+    charged(s, a=1e6, b=0.0)
+    a_job = job(1, allocation="a", min_runtime_s=int(HOUR), resumable=True)
+    [place] = s.handle(JobArrived(1, "a-job", a_job))
+    assert isinstance(place, Place)
+    # b ranks first, but a's work has not started: its contract protects it until then.
+    b_job = job(1, allocation="b", min_runtime_s=int(HOUR))
+    assert placed(s.handle(JobArrived(1, "b-job", b_job))) == []
+    assert s.handle(TaskStarted(1, "a-job", place.task_id, "n0")) == []
+    assert stopped(s.handle(Tick(HOUR + 1))) == ["a-job"]  # its contract ran from the report

@@ -55,7 +55,8 @@ NOT_STATE: dict[type, set[str]] = {
     Capacity: set(),
     Queues: set(),
     RunningWork: CONFIG,
-    Charges: CONFIG | {"_capacity"},  # its nodes price running work
+    # Its nodes price running work; the last rank is a memo keyed by all it read.
+    Charges: CONFIG | {"_capacity", "_ranked"},
     Reservations: CONFIG,
     Liveness: CONFIG,
     LearnedRuntimes: set(),
