@@ -25,6 +25,7 @@ class PolicyFile(FileModel):
     lookback_window_s: float = Field(_D.lookback_window_s, gt=0)
     max_min_runtime_s: float = Field(_D.max_min_runtime_s, ge=0)
     running_horizon_s: float = Field(_D.running_horizon_s, ge=0)
+    protect_borrowed: bool = _D.protect_borrowed
     debug_headroom: float = Field(_D.debug_headroom, ge=0, le=1)
     # GPU type -> what one of its GPU-seconds costs (types not listed cost 1).
     gpu_prices: dict[GpuType, Price] = Field(default_factory=dict, max_length=L.MAX_GPU_TYPES)

@@ -14,8 +14,10 @@ from typing import NamedTuple
 from libs.core.budget_tree import BudgetTree
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
+from libs.core.contract import borrows
 from libs.core.fairshare import Standing, leaf_order, standings
-from libs.core.running import Running
+from libs.core.model import JobSpec, WorkClass
+from libs.core.running import Running, Tasks
 from libs.core.state import Cell, State, Table
 
 
@@ -101,11 +103,26 @@ class Charges:
             usage[allocation] = usage.get(allocation, 0.0) + accrued
         return usage
 
+    def borrows(self, spec: JobSpec, tasks: Tasks) -> bool:
+        """Whether work placed on ``tasks`` would run beyond its allocation's share of
+        the cluster (``contract.borrows``), in priced GPUs."""
+        if spec.work_class is not WorkClass.ALLOCATED:
+            return False
+        holding = (self._tally.get(spec.allocation) or (0.0, 0.0))[0] + self._priced(tasks)
+        total: float = self._capacity.total_gpus
+        if self.config.gpu_prices:
+            price = self.config.price
+            total = sum(n.gpu_count * price(n.gpu_type) for n in self._capacity.nodes.values())
+        return borrows(spec, holding, self._entitlements.get(spec.allocation, 0.0) * total)
+
     def _priced_gpus(self, run: Running) -> float:
+        return self._priced(run.tasks)
+
+    def _priced(self, tasks: Tasks) -> float:
         nodes = self._capacity.nodes
         return sum(
             len(g) * self.config.price(nodes[n].gpu_type if n in nodes else "")
-            for n, g in run.tasks.values()
+            for n, g in tasks.values()
         )
 
 

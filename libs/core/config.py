@@ -27,6 +27,11 @@ class PolicyConfig:
     # Running work counts toward its allocation's usage this far ahead, so that
     # a pass that just placed work for an allocation ranks it accordingly.
     running_horizon_s: float = HOUR
+    # Whether a minimum runtime also protects charged work started beyond its
+    # allocation's entitlement (on borrowed GPUs: libs/core/contract.py). Off, a team
+    # below its share reclaims borrowed GPUs at once, as a quota's borrowed capacity is
+    # reclaimed; on, it waits for the contract to end (up to max_min_runtime_s).
+    protect_borrowed: bool = False
     # Debug work starts fast because this share of GPUs is kept free or under
     # free work (which debug work preempts at once): other allocated work may
     # not eat into it.

@@ -3,6 +3,12 @@
 Work with minimum runtime > 0 is protected until it has run that long (from
 its real start, as its node agent reported it). Work with minimum runtime 0
 is never protected.
+
+An allocation's entitlement is its guarantee; beyond it, charged work runs on
+*borrowed* GPUs (``borrows``, decided when it is placed), and its minimum runtime
+does not protect it there (unless ``PolicyConfig.protect_borrowed``): a team below
+its share takes them back at once, as borrowed quota is reclaimed, instead of
+waiting up to the contract cap behind work that others' idle share let start.
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ class RunningJob:
         if self.spec.resumable or self.started_at is None:
             return 0.0
         return self.spec.gpus * max(now - self.started_at, 0.0)
+
+
+def borrows(spec: JobSpec, holding: float, entitled: float) -> bool:
+    """Whether charged work placed now runs on borrowed GPUs: with it, its allocation
+    would hold ``holding`` GPUs, more than the ``entitled`` share of the cluster (both
+    priced). Debug work never borrows: its contract is short, it is the fast path."""
+    return spec.work_class is WorkClass.ALLOCATED and holding > entitled * (1 + 1e-9)
 
 
 def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now: float) -> bool:

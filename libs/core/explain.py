@@ -68,10 +68,16 @@ def explain_running(
     now: float,
     stopping: StopCause | None,
     estimated_end: float | None = None,
+    borrowed: bool = False,
 ) -> Explanation:
     parts = [f"running on {', '.join(nodes)}"]
     if stopping is not None:
         parts.append(f"being stopped ({stopping.value})")
+    elif borrowed:
+        parts.append(
+            f"on GPUs borrowed beyond {allocation}'s share: its minimum runtime does not "
+            "protect it there, and a team below its share may take them back"
+        )
     elif protected_until is not None and protected_until > now:
         parts.append(f"protected by its contract for {protected_until - now:.0f} s more")
     else:

@@ -36,6 +36,7 @@ class Running:
     ended: tuple[TaskId, ...] = ()  # sorted
     lost: str = ""  # why its node was lost, when it was
     estimate_s: float | None = None  # how long it was expected to run when placed
+    borrowed: bool = False  # placed beyond its allocation's share (``contract.borrows``)
 
     def but(self, **changes: object) -> Running:
         """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
@@ -49,11 +50,15 @@ class Running:
         return (
             f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
             f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
+            f"|{self.borrowed}"
             f"|{self.spec.fact}"
         )
 
     def protect_s(self, config: PolicyConfig) -> float:
-        """How long its contract protects it from its start: its minimum runtime, capped."""
+        """How long its contract protects it from its start: its minimum runtime, capped;
+        none on borrowed GPUs unless the policy protects those too."""
+        if self.borrowed and not config.protect_borrowed:
+            return 0.0
         return min(self.spec.min_runtime_s, config.max_min_runtime_s)
 
     def protected_until(self, config: PolicyConfig) -> float | None:
@@ -98,10 +103,21 @@ class RunningWork:
             for gpu in gpus
         }
 
-    def place(self, job: Waiting, tasks: Tasks, now: float, estimate_s: float | None) -> Running:
+    def place(
+        self, job: Waiting, tasks: Tasks, now: float, estimate_s: float | None, borrowed: bool
+    ) -> Running:
         for node_id, _ in tasks.values():
             self._on_node.setdefault(node_id, {})[job.job_id] = None
-        run = Running(job.job_id, job.spec, job.seq, job.attempt, now, tasks, estimate_s=estimate_s)
+        run = Running(
+            job.job_id,
+            job.spec,
+            job.seq,
+            job.attempt,
+            now,
+            tasks,
+            estimate_s=estimate_s,
+            borrowed=borrowed,
+        )
         self._put(run)
         if not job.spec.allocated:
             self.free_work_gpus += job.spec.gpus

@@ -73,7 +73,10 @@ POLICY = "budget"
 # learned runtimes (libs/core/estimates.py); the decisions are unchanged.
 # 12: gangs get their turn (holds, ``holds.py``); running gangs may be preempted as a
 # whole; victims are chosen to lose the least work.
-POLICY_VERSION = 12
+# 13: charged work placed beyond its allocation's share runs on borrowed GPUs, which its
+# minimum runtime does not protect (``contract.borrows``); a report of a task's start
+# or idleness at an unmoved clock decides nothing outside a preemption round.
+POLICY_VERSION = 13
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -276,6 +279,7 @@ class Scheduler:
                 standing(run.spec.allocation),
                 nodes=sorted({node for node, _ in run.tasks.values()}),
                 protected_until=run.protected_until(self.config),
+                borrowed=run.borrowed and not self.config.protect_borrowed,
                 now=self.now,
                 stopping=run.stopping,
                 estimated_end=self._estimated_end(run),
@@ -543,7 +547,8 @@ class Scheduler:
             tasks[task_id] = (node_id, gpus)
             self._capacity.take(node_id, gpus)
             decisions.append(Place(job.job_id, task_id, node_id, gpus, job.spec))
-        run = self._running.place(job, tasks, self.now, self.estimate_s(job.spec))
+        borrowed = self._charges.borrows(job.spec, tasks)
+        run = self._running.place(job, tasks, self.now, self.estimate_s(job.spec), borrowed)
         self._charges.count(run, +1)
         return decisions
 

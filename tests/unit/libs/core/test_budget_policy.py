@@ -21,6 +21,7 @@ from libs.core import (
     UsageSnapshot,
     Wait,
 )
+from libs.core.config import PolicyConfig
 from libs.core.fairshare import leaf_order
 from libs.core.reservations import PREEMPTION_ROUND_S
 from tests.builders import job, node, tree
@@ -51,6 +52,10 @@ def cluster(*nodes: int, **weights: float) -> Scheduler:
 
 def placed(decisions: list[Decision]) -> list[str]:
     return [d.job_id for d in decisions if isinstance(d, Place)]
+
+
+def stopped(decisions: list[Decision]) -> list[str]:
+    return sorted({d.job_id for d in decisions if isinstance(d, Stop)})
 
 
 def test_siblings_are_ordered_by_usage_over_share() -> None:
@@ -117,9 +122,10 @@ def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
 
 
 def test_protected_work_is_never_preempted() -> None:
-    s = cluster(1, a=1, b=1)
+    s = cluster(2, a=1, b=1)
     charged(s, a=0.0, b=1e9)
-    run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=HOUR))
+    run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=HOUR))  # b's share: 1 GPU
+    run_job(s, 0, "a-first", job(1, allocation="a", min_runtime_s=HOUR))
     d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
     assert not any(isinstance(x, Stop) for x in d)
     # Past its contract, the over-served allocation's job yields.
@@ -129,6 +135,35 @@ def test_protected_work_is_never_preempted() -> None:
     ]
     d = s.handle(TaskEnded(HOUR + 70, "b-job", "b-job/0", "n0"))
     assert isinstance(d[0], Preempted) and placed(d) == ["a-job"]
+
+
+def over_share() -> Scheduler:
+    """b's work fills the node, twice its share; a (below its share) waits for it."""
+    s = cluster(2, a=1, b=1)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-mine", job(1, allocation="b", min_runtime_s=HOUR, resumable=True))
+    run_job(s, 0, "b-borrowed", job(1, allocation="b", min_runtime_s=HOUR, resumable=True))
+    return s
+
+
+def test_work_placed_beyond_its_share_is_taken_back_inside_its_minimum_runtime() -> None:
+    s = over_share()
+    d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
+    assert stopped(d) == ["b-borrowed"]  # not b-mine: within b's share, it is protected
+    assert placed(s.handle(TaskEnded(20, "b-borrowed", "b-borrowed/0", "n0"))) == ["a-job"]
+
+
+def test_the_policy_may_protect_borrowed_work_too() -> None:
+    s = Scheduler(PolicyConfig(protect_borrowed=True))
+    s.handle(BudgetSet(0, tree(a=1, b=1)))
+    s.handle(NodeJoined(0, node("n0", 2)))
+    charged(s, a=0.0, b=1e9)
+    for job_id in ("b-mine", "b-borrowed"):
+        run_job(s, 0, job_id, job(1, allocation="b", min_runtime_s=HOUR, resumable=True))
+    assert (
+        stopped(s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))) == []
+    )
+    assert stopped(s.handle(Tick(HOUR + 1))) == ["b-borrowed"]  # past its contract
 
 
 def test_past_contract_work_keeps_running_while_its_allocation_ranks_above() -> None:
@@ -173,8 +208,8 @@ def test_explanations_name_rank_ratio_and_queue_position() -> None:
     assert why is not None and why.waiting and why.jobs_ahead == 1
     assert "a ranks 2 of 2 by fair share" in why.text
     assert "needs 2×GPU on one node; the largest free block is 0" in why.text
-    running = s.explain("fill")
-    assert running is not None and "protected by its contract" in running.text
+    running = s.explain("fill")  # 2 GPUs, b's share is 1
+    assert running is not None and "on GPUs borrowed beyond b's share" in running.text
 
 
 def _none() -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.contract import RunningJob, may_preempt, victim_order
+from libs.core.contract import RunningJob, borrows, may_preempt, victim_order
 from libs.core.model import JobSpec, WorkClass
 from tests.builders import job
 
@@ -190,3 +190,12 @@ def test_work_placed_but_not_started_is_preempted_only_if_free(
 ) -> None:
     allowed = may_preempt(waiting, running(victim, started_at=None), RANK, now=1e9)
     assert allowed == (waiting.allocated and not victim.allocated)
+
+
+def test_charged_work_beyond_its_allocations_share_borrows() -> None:
+    paid = job(2, min_runtime_s=3600)
+    assert not borrows(paid, holding=4.0, entitled=4.0)  # exactly its share
+    assert borrows(paid, holding=4.5, entitled=4.0)
+    assert borrows(paid, holding=1.0, entitled=0.0)  # an allocation outside the tree
+    assert not borrows(DEBUG, holding=100.0, entitled=1.0)  # the fast path never does
+    assert not borrows(FREE, holding=100.0, entitled=1.0)  # free work is never protected

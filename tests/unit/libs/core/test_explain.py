@@ -12,6 +12,7 @@ from libs.core import (
     TaskStarted,
     Tick,
 )
+from libs.core.config import PolicyConfig
 from libs.core.explain import explain_running, explain_serving, explain_waiting
 from libs.core.fairshare import Standing
 from libs.core.queues import Waiting
@@ -119,8 +120,9 @@ def test_a_workflow_is_explained_by_what_it_does() -> None:
 
 
 def busy_cluster() -> Scheduler:
-    """team-b's 8-GPU job fills the only node; team-a's jobs wait behind it."""
-    s = Scheduler()
+    """team-b's 8-GPU job fills the only node; team-a's jobs wait behind it. Its minimum
+    runtime protects it beyond team-b's share too (``protect_borrowed``)."""
+    s = Scheduler(PolicyConfig(protect_borrowed=True))
     s.handle(BudgetSet(0, tree(**{"team-a": 3, "team-b": 1})))
     s.handle(NodeJoined(0, node("n0", 8)))
     s.handle(JobArrived(0, "big", job(8, allocation="team-b", min_runtime_s=3600)))
@@ -152,6 +154,22 @@ def test_the_scheduler_explains_running_work_under_its_contract() -> None:
     assert why.text == (
         "running on n0; protected by its contract for 3590 s more; "
         "team-b ranks 2 of 2 by fair share (usage/entitlement 4.00)"
+    )
+
+
+def test_work_beyond_its_share_is_explained_as_borrowed() -> None:
+    s = Scheduler()
+    s.handle(BudgetSet(0, tree(**{"team-a": 3, "team-b": 1})))
+    s.handle(NodeJoined(0, node("n0", 8)))
+    s.handle(JobArrived(0, "mine", job(2, allocation="team-b", min_runtime_s=3600)))
+    s.handle(JobArrived(0, "more", job(2, allocation="team-b", min_runtime_s=3600)))
+    for job_id in ("mine", "more"):
+        s.handle(TaskStarted(0, job_id, f"{job_id}/0", "n0"))
+    texts = {job_id: getattr(s.explain(job_id), "text", "") for job_id in ("mine", "more")}
+    assert "protected by its contract" in texts["mine"]  # 2 of the 8 GPUs: its share
+    assert texts["more"].startswith(
+        "running on n0; on GPUs borrowed beyond team-b's share: its minimum runtime does "
+        "not protect it there, and a team below its share may take them back; "
     )
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from libs.core import JobArrived, Place, Scheduler, Stop, TaskEnded, TaskStarted, Tick, Wait
 from tests.builders import job
-from tests.unit.libs.core.test_budget_policy import HOUR, charged, cluster, placed, run_job
-
-
-def stopped(decisions: list[object]) -> list[str]:
-    return sorted({d.job_id for d in decisions if isinstance(d, Stop)})
+from tests.unit.libs.core.test_budget_policy import (
+    HOUR,
+    charged,
+    cluster,
+    placed,
+    run_job,
+    stopped,
+)
 
 
 def gang_behind_small_jobs() -> Scheduler:

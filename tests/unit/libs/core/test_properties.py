@@ -128,8 +128,13 @@ class Cluster:
             if isinstance(d, Stop) and d.cause is StopCause.PREEMPTED:
                 spec = self.tasks[d.task_id].spec
                 began = self.started.get(d.job_id)
-                protected = spec.allocated and (
-                    began is None or self.now < began + spec.min_runtime_s
+                # Work placed beyond its allocation's share is not protected (the rule
+                # itself: test_contract.py and test_budget_policy.py).
+                borrowed = self.scheduler._running.jobs[d.job_id].borrowed
+                protected = (
+                    spec.allocated
+                    and not borrowed
+                    and (began is None or self.now < began + spec.min_runtime_s)
                 )
                 assert not protected, f"{d.job_id} preempted inside its contract"
         for d in decisions:

@@ -284,7 +284,7 @@ def test_writes_that_would_bypass_the_digest_are_refused() -> None:
 )
 def test_a_hand_written_fact_names_every_field(value: Waiting | Running) -> None:
     """The facts written field by field (hot tables) change with any field but the key."""
-    other = {str: "x", int: 99, float: 99.5, bool: False, tuple: ("x",), dict: {}}
+    other = {str: "x", int: 99, float: 99.5, tuple: ("x",), dict: {}}
     for f in dataclasses.fields(value):
         if f.name == "job_id":
             continue
@@ -294,6 +294,8 @@ def test_a_hand_written_fact_names_every_field(value: Waiting | Running) -> None
             if f.name == "spec"
             else StopCause.CANCELLED
             if current is None
+            else not current
+            if isinstance(current, bool)
             else other[type(current)]
         )
         assert dataclasses.replace(value, **{f.name: changed}).fact() != value.fact(), f.name
