@@ -13,7 +13,7 @@ as long again as it has run (run times are heavy-tailed), so stopping it would
 throw away about what the waiting job wins by not waiting. The scheduler tries a
 lossless plan first, waits a while for one (a hold) and only then throws work
 away: single-node work, at most the contract cap's worth of the waiting job's GPUs
-each, never a whole gang's.
+each (debug work: its own minimum runtime's worth), never a whole gang's.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ POLICY = "budget"
 # whole; victims are chosen to lose the least work.
 # 13: charged work placed beyond its allocation's share runs on borrowed GPUs, which its
 # minimum runtime does not protect (``contract.borrows``); a report of a task's start
-# or idleness at an unmoved clock decides nothing outside a preemption round.
+# or idleness at an unmoved clock decides nothing outside a preemption round; debug work
+# throws away at most its own minimum runtime's worth of work per victim.
 POLICY_VERSION = 13
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for

@@ -94,9 +94,20 @@ class RequestLog:
             decided = self._decided
             await decided.wait()
 
-    def decided_here(self, job_id: str) -> None:
-        """This instance wrote the claim's decision: the log will say which."""
-        self._undecided.pop(job_id, None)
+    def take(self, job_id: str) -> bool:
+        """This instance is to decide an undecided claim whose request died: False when
+        the log has its decision, or something here (the sweep, another retry of the
+        request) took it already. Taken before the first await, so only one decides."""
+        if job_id not in self._undecided:
+            return False
+        del self._undecided[job_id]
+        return True
+
+    def give_back(self, job_id: str) -> None:
+        """A take that wrote no decision (a dependency was down): the next sweep tries."""
+        claim = self._jobs.get(job_id)
+        if claim is not None and claim.outcome is None:
+            self._undecided[job_id] = None
 
     def _decide(self, job_id: str, outcome: Outcome) -> None:
         claim = self._jobs.get(job_id)

@@ -132,9 +132,12 @@ class JobServicer(js_grpc.JobServiceServicer):
                     f"job {job_id} is still being decided by the request that claimed it "
                     f"{age:.0f} s ago"
                 ) from None
-            # The request that claimed it died before deciding: decide its spec for it.
+            # The request that claimed it died before deciding: decide its spec for it,
+            # unless the sweep or another retry is doing so.
+            if not self._requests.take(job_id):
+                raise Unavailable(f"job {job_id} is being decided; ask again") from None
             log.warning("%s was claimed %.0f s ago but not decided; deciding it here", job_id, age)
-            return await self._decide(job_id, claim.spec, context, claimed=True)
+            return await self._decide(job_id, claim.spec, context, claimed=True, taken=True)
         if not outcome.admitted:
             code = getattr(grpc.StatusCode, outcome.status, grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, _rejection_text(code, outcome.reason))
@@ -160,11 +163,28 @@ class JobServicer(js_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext,
         *,
         claimed: bool,
+        taken: bool = False,
     ) -> js.SubmitJobResponse:
-        """Admit or reject the job, and answer the caller so."""
-        if refusal := await self._judge(job_id, spec, claimed=claimed):
+        """Admit or reject the job, and answer the caller so; ``taken``: a claim taken
+        over from a request that died (``RequestLog.take``)."""
+        if taken:
+            refusal = await self._judge_taken(job_id, spec)
+        else:
+            refusal = await self._judge(job_id, spec, claimed=claimed)
+        if refusal:
             await context.abort(*refusal)
         return js.SubmitJobResponse(job_id=job_id)
+
+    async def _judge_taken(
+        self, job_id: str, spec: types_pb2.JobSpec
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """``_judge`` a claim taken from the request log (``RequestLog.take``), giving it
+        back when no decision could be written."""
+        try:
+            return await self._judge(job_id, spec, claimed=True)
+        except BaseException:
+            self._requests.give_back(job_id)
+            raise
 
     async def _judge(
         self, job_id: str, spec: types_pb2.JobSpec, *, claimed: bool
@@ -211,12 +231,14 @@ class JobServicer(js_grpc.JobServiceServicer):
         """Decide the claims nobody decided within TAKE_OVER_AFTER_S (their request died
         and its client did not retry): without this such a job would stay SUBMITTED.
         Returns how many it decided."""
-        abandoned = self._requests.undecided(older_than_s=TAKE_OVER_AFTER_S)
-        for job_id, claim in abandoned:
+        decided = 0
+        for job_id, claim in self._requests.undecided(older_than_s=TAKE_OVER_AFTER_S):
+            if not self._requests.take(job_id):  # a retry of its request took it meanwhile
+                continue
             log.warning("%s was claimed but not decided; deciding it here", job_id)
-            await self._judge(job_id, claim.spec, claimed=True)
-            self._requests.decided_here(job_id)  # not again while the log catches up
-        return len(abandoned)
+            await self._judge_taken(job_id, claim.spec)
+            decided += 1
+        return decided
 
     async def sweep(self, every_s: float = SWEEP_EVERY_S) -> None:
         """Run ``decide_abandoned`` every ``every_s`` until cancelled; a dependency that

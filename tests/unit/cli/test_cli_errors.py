@@ -202,9 +202,20 @@ def test_every_command_is_found() -> None:
     assert not OFFLINE - set(COMMANDS), "OFFLINE names a command qm no longer has"
 
 
+# Commands whose default --profiles is the public Compass profiles file, checked first.
+READS_PROFILES = {("sim", "workflows"), ("sim", "mixed")}
+
+
 def parametrized(cases: Iterator[Case]) -> typing.Any:
-    listed = list(cases)
-    return pytest.mark.parametrize("case", listed, ids=[case.id for case in listed])
+    params = [
+        pytest.param(
+            case,
+            id=case.id,
+            marks=[pytest.mark.shared_data] if case.path in READS_PROFILES else [],
+        )
+        for case in cases
+    ]
+    return pytest.mark.parametrize("case", params)
 
 
 @parametrized(flag_cases())

@@ -103,6 +103,13 @@ def test_debug_work_throws_away_little_work() -> None:
     charged(s2, a=1e9, b=0.0)
     run_job(s2, 0, "resumes", job(4, allocation="a", min_runtime_s=60, resumable=True))
     assert stopped(s2.handle(JobArrived(10 * HOUR, "debug", debug))) == ["resumes"]
+    # At most what the debug job itself will do: its minimum runtime on its GPUs (the
+    # victim, on borrowed GPUs beyond a's share, is not protected).
+    for ran_s, stops in ((600, ["short"]), (601, [])):
+        s3 = cluster(1, a=1, b=1)
+        charged(s3, a=1e9, b=0.0)
+        run_job(s3, 0, "short", job(1, allocation="a", min_runtime_s=int(HOUR)))
+        assert stopped(s3.handle(JobArrived(ran_s, "debug", debug))) == stops
 
 
 def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much() -> None:

@@ -152,6 +152,33 @@ async def test_a_claim_nobody_decided_and_nobody_retries_is_decided_by_the_sweep
         assert len(admitted) == 2
 
 
+async def test_a_retry_and_the_sweep_racing_for_an_abandoned_claim_decide_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.0)  # at once
+    monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
+    log = memory_log()
+    async with servicer(log) as service:
+        job_id = job_id_for("alice", "r-1")
+        claimed = spec()
+        claimed.user = "alice"
+        dead = new_envelope(
+            events_pb2.JobSubmitted(job_id=job_id, spec=claimed), producer="admission"
+        )
+        await append(log, dead)
+        async with asyncio.timeout(5):  # the follower reads it
+            while service._requests.claim(job_id) is None:
+                await asyncio.sleep(0.01)
+        retried, swept = await asyncio.gather(
+            submit(service, spec()), service.decide_abandoned(), return_exceptions=True
+        )
+        # Whichever took it decided it; the other was told to ask again, or saw the answer.
+        assert swept == 1 or isinstance(retried, js.SubmitJobResponse)
+        assert isinstance(retried, js.SubmitJobResponse | Unavailable)
+        admitted = [e for e in log.envelopes(TOPIC) if e.HasField("job_admitted")]
+        assert len(admitted) == 1
+
+
 async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
