@@ -16,7 +16,7 @@ from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import borrows
 from libs.core.fairshare import Standing, leaf_order, standings
-from libs.core.model import JobSpec, WorkClass
+from libs.core.model import JobSpec
 from libs.core.running import Running, Tasks
 from libs.core.state import Cell, State, Table
 
@@ -54,7 +54,7 @@ class Charges:
         for run in running:
             if run.spec.allocated:
                 start = max(run.placed_at, snapshot.at)
-                weighted_start[run.spec.allocation] += self._priced_gpus(run) * start
+                weighted_start[run.spec.allocation] += self._priced(run.tasks) * start
         for allocation, weighted in weighted_start.items():
             self._tally[allocation] = (self._tally[allocation][0], weighted)
 
@@ -62,7 +62,7 @@ class Charges:
         """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
         if not run.spec.allocated:
             return
-        gpus = self._priced_gpus(run) * sign
+        gpus = self._priced(run.tasks) * sign
         allocation = run.spec.allocation
         running, weighted_start = self._tally.get(allocation) or (0.0, 0.0)
         start = max(run.placed_at, self._snapshot.value.at)
@@ -106,17 +106,12 @@ class Charges:
     def borrows(self, spec: JobSpec, tasks: Tasks) -> bool:
         """Whether work placed on ``tasks`` would run beyond its allocation's share of
         the cluster (``contract.borrows``), in priced GPUs."""
-        if spec.work_class is not WorkClass.ALLOCATED:
-            return False
         holding = (self._tally.get(spec.allocation) or (0.0, 0.0))[0] + self._priced(tasks)
         total: float = self._capacity.total_gpus
         if self.config.gpu_prices:
             price = self.config.price
             total = sum(n.gpu_count * price(n.gpu_type) for n in self._capacity.nodes.values())
         return borrows(spec, holding, self._entitlements.get(spec.allocation, 0.0) * total)
-
-    def _priced_gpus(self, run: Running) -> float:
-        return self._priced(run.tasks)
 
     def _priced(self, tasks: Tasks) -> float:
         nodes = self._capacity.nodes
