@@ -12,8 +12,8 @@ at the stop signal). Work that cannot resume loses all it did, and likely runs o
 as long again as it has run (run times are heavy-tailed), so stopping it would
 throw away about what the waiting job wins by not waiting. The scheduler tries a
 lossless plan first, waits a while for one (a hold) and only then throws work
-away: single-node work, at most the contract cap's worth of the waiting job's GPUs
-each (debug work: its own minimum runtime's worth), never a whole gang's.
+away: single-node work, never a whole gang's, and in all at most what the waiting
+job is sure to do itself (``loss_cap_s``, its minimum runtime, × its GPUs).
 """
 
 from __future__ import annotations
@@ -46,25 +46,28 @@ def plan_preemption(
     loss_cap_s: float = math.inf,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
-    A lossy plan (not ``lossless``) may also stop single-node work that cannot resume
-    and did at most ``loss_cap_s`` × the job's GPUs of work."""
+    A lossy plan (not ``lossless``) may also stop single-node work that cannot resume,
+    throwing away at most ``loss_cap_s`` × the job's GPUs of work in all."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
         return None
     by_contract = victims_of(waiting, rank, now)
 
-    cap = loss_cap_s * waiting.gpus
+    cap = 0.0 if lossless else loss_cap_s * waiting.gpus
 
     def may_take(victim: RunningJob) -> bool:
         if not victim.spec.resumable and victim.started_at is not None:  # most are resumable
             lost = victim.lost_gpu_s(now)
-            if lost and (lossless or victim.gpus < victim.spec.gpus or lost > cap):
-                return False  # a lossless plan, a gang's work, or more than the cap
+            if lost and (victim.gpus < victim.spec.gpus or lost > cap):
+                return False  # a gang's work, or more than the plan may lose in all
         return by_contract(victim)
 
     if waiting.gpus > node_size:
-        return _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)
+        plan = _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)
+        if plan is None or _cost(plan.victims, now)[0] > cap:
+            return None
+        return plan
     best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
     for node_id, size, free in nodes:
         if size < waiting.gpus or free >= waiting.gpus:
@@ -82,7 +85,10 @@ def plan_preemption(
             room += victim.gpus
         if room < waiting.gpus:
             continue
-        option = (_cost(chosen, now), node_id, tuple(chosen))
+        cost = _cost(chosen, now)
+        if cost[0] > cap:
+            continue
+        option = (cost, node_id, tuple(chosen))
         if best is None or option[:2] < best[:2]:
             best = option
     return Plan((best[1],), best[2]) if best else None

@@ -111,12 +111,9 @@ class Reservations:
         if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
             hold = _hold(spec, nodes, running_on, rank, now)
         if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
-            # At most the contract cap's worth of work per GPU of the job is thrown away:
-            # as long as a job is ever asked to wait for protected work; debug work
-            # throws away at most what it will itself do (its minimum runtime).
-            loss_cap_s = self.config.max_min_runtime_s
-            if spec.work_class is WorkClass.DEBUG:
-                loss_cap_s = min(spec.min_runtime_s, loss_cap_s)
+            # A job throws away, in all, at most what it is sure to do itself: its
+            # minimum runtime (as far as the contract counts it) on its GPUs.
+            loss_cap_s = min(spec.min_runtime_s, self.config.max_min_runtime_s)
             plan = plan_preemption(spec, candidates, running_on, rank, now, loss_cap_s=loss_cap_s)
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)

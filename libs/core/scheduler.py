@@ -77,7 +77,9 @@ POLICY = "budget"
 # minimum runtime does not protect (``contract.borrows``); a report of a task's start
 # or idleness at an unmoved clock decides nothing outside a preemption round; debug work
 # throws away at most its own minimum runtime's worth of work per victim.
-POLICY_VERSION = 13
+# 14: every job (charged work too) throws away at most its own minimum runtime × its
+# GPUs of work that cannot resume, in all (a gang's plan over all its nodes).
+POLICY_VERSION = 14
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 

@@ -126,7 +126,8 @@ def test_protected_work_is_never_preempted() -> None:
     charged(s, a=0.0, b=1e9)
     run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=HOUR))  # b's share: 1 GPU
     run_job(s, 0, "a-first", job(1, allocation="a", min_runtime_s=HOUR))
-    d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
+    # a's job is sure to do 2 hours: it may throw away b's hour of work that cannot resume.
+    d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=2 * HOUR)))
     assert not any(isinstance(x, Stop) for x in d)
     # Past its contract, the over-served allocation's job yields.
     d = s.handle(Tick(HOUR + 61))
@@ -185,7 +186,8 @@ def test_victims_are_free_work_then_idle_then_fewest_gpus() -> None:
     ]:
         run_job(s, 0, name, job(gpus, allocation="b", min_runtime_s=minimum))
     s.handle(TaskIdle(10, "b-idle", "b-idle/0", True))
-    d = s.handle(JobArrived(HOUR, "a-job", job(4, allocation="a", min_runtime_s=60)))
+    # Sure to do 8 hours on 4 GPUs, a's job may throw away an hour of 4 GPUs' work.
+    d = s.handle(JobArrived(HOUR, "a-job", job(4, allocation="a", min_runtime_s=8 * HOUR)))
     assert sorted(x.job_id for x in d if isinstance(x, Stop)) == ["b-idle", "free"]
 
 

@@ -121,14 +121,15 @@ def test_a_workflow_is_explained_by_what_it_does() -> None:
 
 def busy_cluster() -> Scheduler:
     """team-b's 8-GPU job fills the only node; team-a's jobs wait behind it. Its minimum
-    runtime protects it beyond team-b's share too (``protect_borrowed``)."""
+    runtime protects it beyond team-b's share too (``protect_borrowed``); past it, a job
+    of team-a, sure to do 3 hours on 4 GPUs, may throw away an hour of its work."""
     s = Scheduler(PolicyConfig(protect_borrowed=True))
     s.handle(BudgetSet(0, tree(**{"team-a": 3, "team-b": 1})))
     s.handle(NodeJoined(0, node("n0", 8)))
     s.handle(JobArrived(0, "big", job(8, allocation="team-b", min_runtime_s=3600)))
     s.handle(TaskStarted(0, "big", "big/0", "n0"))
-    s.handle(JobArrived(10, "a1", job(4, allocation="team-a", min_runtime_s=3600)))
-    s.handle(JobArrived(10, "a2", job(4, allocation="team-a", min_runtime_s=3600)))
+    s.handle(JobArrived(10, "a1", job(4, allocation="team-a", min_runtime_s=3 * 3600)))
+    s.handle(JobArrived(10, "a2", job(4, allocation="team-a", min_runtime_s=3 * 3600)))
     s.handle(JobArrived(10, "free", job(4, allocation="team-a")))
     return s
 

@@ -113,18 +113,19 @@ def test_debug_work_throws_away_little_work() -> None:
 
 
 def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much() -> None:
-    def blocked_after(hours: float) -> list[str]:
+    def blocked_after(hours: float, *, min_runtime_h: float) -> list[str]:
         s = cluster(4, a=1, b=1)
         charged(s, a=1e9, b=0.0)
         run_job(s, 0, "cannot-resume", job(4, allocation="a", min_runtime_s=60))
-        b_job = job(4, allocation="b", min_runtime_s=int(HOUR))
+        b_job = job(4, allocation="b", min_runtime_s=int(min_runtime_h * HOUR))
         return stopped(s.handle(JobArrived(hours * HOUR, "b-job", b_job)))
 
     # Nobody knows when it ends, so b's job does not wait for it: 6 hours of 4 GPUs are
-    # thrown away, within the contract cap's worth (8 hours) of b's job's 4 GPUs ...
-    assert blocked_after(6) == ["cannot-resume"]
-    # ... but not 10 hours of them: b's job waits for it to end.
-    assert blocked_after(10) == []
+    # thrown away, within what b's job is sure to do (its 8-hour minimum runtime on 4 GPUs) ...
+    assert blocked_after(6, min_runtime_h=8) == ["cannot-resume"]
+    # ... but not 10 hours of them, nor 6 for a job sure to do only 2: b's job waits.
+    assert blocked_after(10, min_runtime_h=8) == []
+    assert blocked_after(6, min_runtime_h=2) == []
 
 
 def test_a_start_report_decides_nothing_until_a_round_which_counts_the_contract_from_it() -> None:

@@ -200,6 +200,28 @@ def test_a_lossy_plan_throws_away_at_most_the_cap_per_gpu_of_the_waiting_job() -
     assert plan_preemption(WAITING, nodes, on, RANK, NOW, loss_cap_s=19 * HOUR) is None
 
 
+def test_the_cap_bounds_the_work_a_plan_throws_away_in_all_not_per_victim() -> None:
+    # Two jobs that cannot resume, 8 hours of 2 GPUs each: 16 GPU-hours apiece, 32 in all.
+    on = {"n0": [run(v, "n0", 2, started_at=NOW - 8 * HOUR) for v in ("a", "b")]}
+    nodes = [("n0", 4, 0)]
+    # 6 hours of the waiting job's 4 GPUs (24 GPU-hours) covers either victim, not both.
+    assert plan_preemption(WAITING, nodes, on, RANK, NOW, loss_cap_s=6 * HOUR) is None
+    assert ids(plan_preemption(WAITING, nodes, on, RANK, NOW, loss_cap_s=8 * HOUR)) == (
+        ("n0",),
+        ["a", "b"],
+    )
+
+
+def test_a_gangs_plan_throws_away_at_most_the_cap_over_all_its_nodes() -> None:
+    gang = job(16, allocation="first", min_runtime_s=3600)
+    # One job that cannot resume per node, an hour of 8 GPUs each: 16 GPU-hours in all.
+    on = {n: [run(f"on-{n}", n, 8, started_at=NOW - HOUR)] for n in ("n0", "n1")}
+    nodes = [("n0", 8, 0), ("n1", 8, 0)]
+    assert plan_preemption(gang, nodes, on, RANK, NOW, loss_cap_s=HOUR / 2) is None
+    plan = plan_preemption(gang, nodes, on, RANK, NOW, loss_cap_s=HOUR)
+    assert ids(plan) == (("n0", "n1"), ["on-n0", "on-n1"])
+
+
 def test_plans_throw_away_the_least_work() -> None:
     resumes = job(4, allocation="second", min_runtime_s=60, resumable=True)
     on = {
@@ -277,3 +299,15 @@ def test_a_plan_frees_enough_room_and_never_touches_protected_work(
     freed = sum(free[n] for n in plan.node_ids) + sum(v.gpus for v in plan.victims)
     assert freed >= waiting.gpus
     assert list(plan.node_ids) == sorted(set(plan.node_ids))
+
+
+@given(clusters(), st.sampled_from([0.0, 600.0, 3600.0]))
+def test_a_plan_never_throws_away_more_than_its_cap_in_all(
+    case: tuple[JobSpec, list[tuple[str, int, int]], dict[str, list[RunningJob]], float],
+    loss_cap_s: float,
+) -> None:
+    waiting, nodes, on, now = case
+    plan = plan_preemption(waiting, nodes, on, RANK, now, loss_cap_s=loss_cap_s)
+    if plan is not None:
+        lost = sum({v.job_id: v.lost_gpu_s(now) for v in plan.victims}.values())
+        assert lost <= loss_cap_s * waiting.gpus
