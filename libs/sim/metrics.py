@@ -21,7 +21,7 @@ statistics cover the jobs submitted in the window.
 * Lost work: GPU-seconds a preemption threw away, counted when the job
   restarts or is given up (``libs.sim.batch`` models the checkpoints).
 * Sizes: jobs by GPU count (``SIZES``), counting only those the cluster could
-  ever run (enough GPUs of their type).
+  ever run (enough GPUs of their type); start rates also by work class.
 * Queue wait: from submission to the first start. A job still waiting at the
   end counts with its wait so far, so a policy cannot look good by starving.
 """
@@ -102,6 +102,10 @@ def _pct(part: float, whole: float) -> float | None:
     return 100 * part / whole if whole > 0 else None
 
 
+def _started_pct(jobs: Sequence[Job]) -> float | None:
+    return _pct(sum(j.first_start is not None for j in jobs), len(jobs))
+
+
 @dataclass(frozen=True)
 class Series:
     """Sampled every ``step_s`` from the window's start, for plots."""
@@ -134,6 +138,9 @@ class Metrics:
     lost_gpu_h: float  # work thrown away by preemptions
     lost_gpu_h_pct: float  # of capacity × window
     started_pct_by_size: dict[str, float | None]  # of the jobs that fit the cluster
+    # The same by work class: the classes mix differently at each size (debug work, which
+    # starts first, is at most two GPUs), so the size figures alone can mislead.
+    started_pct_by_size_and_class: dict[str, dict[str, float | None]]
     waits_by_size: dict[str, Distribution]  # the same jobs
     inputs: int  # fed to the policy
     series: Series
@@ -280,9 +287,13 @@ class Recorder(Observer):
             requeues=self._requeues,
             lost_gpu_h=self._lost_gpu_s / 3600,
             lost_gpu_h_pct=100 * self._lost_gpu_s / (self.capacity * span) if self.capacity else 0,
-            started_pct_by_size={
-                size: _pct(sum(j.first_start is not None for j in js), len(js))
-                for size, js in sized.items()
+            started_pct_by_size={size: _started_pct(js) for size, js in sized.items()},
+            started_pct_by_size_and_class={
+                c: {
+                    size: _started_pct([j for j in js if j.sim.spec.work_class.value == c])
+                    for size, js in sized.items()
+                }
+                for c in CLASSES
             },
             waits_by_size={
                 size: Distribution.of([w for j in js if (w := _wait(j, self.end)) is not None])

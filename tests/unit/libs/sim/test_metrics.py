@@ -84,14 +84,18 @@ def test_start_rates_and_waits_by_size_count_the_jobs_that_fit() -> None:
         capacity=16, entitlements={"a": 1.0}, start=0.0, end=100.0, gpus_of_type={"H100": 16}
     )
     jobs = [
-        started(spec(1), at=0.0, first_start=10.0),
-        started(spec(1), at=0.0, first_start=None),
+        started(spec(1), at=0.0, first_start=10.0),  # debug work
+        started(spec(1, min_runtime_s=3600), at=0.0, first_start=None),
         started(spec(12), at=50.0, first_start=None),
         started(spec(32), at=0.0, first_start=None),  # larger than the cluster
         started(spec(4, gpu_type="A100"), at=0.0, first_start=None),  # no such GPUs
     ]
     m = rec.finish(jobs, "test", inputs=0)
     assert m.started_pct_by_size == {"1": 50.0, "2-8": None, "9-64": 0.0, ">64": None}
+    debug = {"1": 100.0, "2-8": None, "9-64": None, ">64": None}
+    assert m.started_pct_by_size_and_class["debug"] == debug
+    allocated = m.started_pct_by_size_and_class["allocated"]
+    assert allocated == {"1": 0.0, "2-8": None, "9-64": 0.0, ">64": None}
     assert m.waits_by_size["1"].count == 2
     assert m.waits_by_size["9-64"].p50 == 50.0
     assert size_class(0) == size_class(1) == "1"
