@@ -27,6 +27,7 @@ class PolicyFile(FileModel):
     running_horizon_s: float = Field(_D.running_horizon_s, ge=0)
     protect_borrowed: bool = _D.protect_borrowed
     debug_headroom: float = Field(_D.debug_headroom, ge=0, le=1)
+    free_stop_grace_s: float = Field(_D.free_stop_grace_s, gt=0)
     # GPU type -> what one of its GPU-seconds costs (types not listed cost 1).
     gpu_prices: dict[GpuType, Price] = Field(default_factory=dict, max_length=L.MAX_GPU_TYPES)
     serving_mode: Annotated[PlanMode, Strict(False)] = PlanMode(_D.serving_mode)

@@ -36,6 +36,10 @@ class PolicyConfig:
     # free work (which debug work preempts at once): other allocated work may
     # not eat into it.
     debug_headroom: float = 0.05
+    # Free work is preemptible at any moment: stopped for someone else, it gets this
+    # long between SIGTERM and SIGKILL (at most the node agent's own grace), so that
+    # debug work taking the headroom above starts in seconds, not a full grace.
+    free_stop_grace_s: float = 5.0
     # What one GPU-second costs, by GPU type (types not listed cost 1.0): usage
     # and so fair share are counted in these units.
     gpu_prices: tuple[tuple[str, float], ...] = ()

@@ -76,13 +76,15 @@ class StopCause(enum.Enum):
 
 @dataclass(frozen=True)
 class Stop:
-    """Ask a node agent to stop a running task."""
+    """Ask a node agent to stop a running task: SIGTERM, then SIGKILL after at most
+    ``grace_s`` (0: the agent's own grace)."""
 
     job_id: JobId
     task_id: TaskId
     node_id: NodeId
     cause: StopCause
     reason: str
+    grace_s: float = 0.0
 
 
 @dataclass(frozen=True)

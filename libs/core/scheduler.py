@@ -79,7 +79,9 @@ POLICY = "budget"
 # throws away at most its own minimum runtime's worth of work per victim.
 # 14: every job (charged work too) throws away at most its own minimum runtime × its
 # GPUs of work that cannot resume, in all (a gang's plan over all its nodes).
-POLICY_VERSION = 14
+# 15: free work stopped for other work gets ``free_stop_grace_s`` (5 s) before SIGKILL
+# (``Stop.grace_s``); the decisions are otherwise unchanged.
+POLICY_VERSION = 15
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -344,8 +346,10 @@ class Scheduler:
 
     def _stop(self, run: Running, cause: StopCause, reason: str) -> list[Decision]:
         self._running.update(run.job_id, stopping=cause)
+        preempted_free = cause is StopCause.PREEMPTED and not run.spec.allocated
+        grace_s = self.config.free_stop_grace_s if preempted_free else 0.0
         return [
-            Stop(run.job_id, task_id, node_id, cause, reason)
+            Stop(run.job_id, task_id, node_id, cause, reason, grace_s)
             for task_id, (node_id, _) in sorted(run.tasks.items())
             if task_id not in run.ended
         ]

@@ -7,7 +7,8 @@ act on them, and keeps each job's lifecycle:
   the GPUs of its gang are placed; it finishes after the GPU time it still
   needs.
 * ``Stop``: SIGTERM to the whole placement (a gang lives and dies together);
-  its tasks end ``stop_grace_s`` later, unless the job finishes first.
+  its tasks end its grace later (``World.grace``: free work preempted for
+  other work gets a short one), unless the job finishes first.
   Resumable work keeps its progress up to its last checkpoint: every
   ``checkpoint_s`` of a run, or at SIGTERM when ``checkpoint_s`` is 0 (the
   default, so it loses nothing); other work loses all its progress. What is
@@ -214,7 +215,7 @@ class BatchAgents:
             self.observer.preempted(job.sim.spec)
         world = self.world
         now = world.now_s
-        at = now + world.stop_grace_s
+        at = now + world.grace(stop.grace_s)
         finishes = False
         if job.state == RUNNING:
             ran = now - job.run_start

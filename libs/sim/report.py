@@ -166,7 +166,8 @@ def summary_markdown(
         _cpu_only_line(workload),
         f"- Knobs: lookback {duration(cfg.lookback_window_s)}, minimum-runtime cap "
         f"{duration(cfg.max_min_runtime_s)}, tick {duration(st.tick_s)}, usage snapshot every "
-        f"{duration(st.snapshot_s)}, stop grace {duration(st.stop_grace_s)}.",
+        f"{duration(st.snapshot_s)}, stop grace {duration(st.stop_grace_s)} (free work "
+        f"preempted for other work: {duration(cfg.free_stop_grace_s)}).",
         "",
         "## Summary",
         "",

@@ -11,8 +11,9 @@ is decided once:
   are evicted first (``ModelEvicted``, reported at once). The task reports
   ``TaskStarted`` ``start_delay_s`` later.
 * A batch task ends (``TaskEnded``, its GPUs free) when its driver says so, or
-  ``stop_grace_s`` after a ``Stop`` with exit ``stopped_exit`` (``stop``); trace jobs
-  end when their work runs out (``libs.sim.batch``).
+  ``stop_grace_s`` after a ``Stop`` (or the stop's shorter ``grace_s``) with exit
+  ``stopped_exit`` (``stop``); trace jobs end when their work runs out
+  (``libs.sim.batch``).
 * A serving ``Place`` enters its GPU's queue (a ``GpuWorker``) when its inputs have
   arrived, ``input_delay_ms`` later. When the GPU takes it: ``ModelEvicted`` at once for
   each model it makes room with, ``ModelLoaded`` when the load is done, ``TaskStarted``
@@ -270,15 +271,20 @@ class World:
                 self.gpus[(task.node_id, index)] = None
         return task
 
-    def stop(self, task_id: str) -> bool:
-        """SIGTERM: the batch task ends ``stop_grace_s`` from now; False when it is not a
-        running batch task, or is stopping already."""
+    def stop(self, task_id: str, grace_s: float = 0.0) -> bool:
+        """SIGTERM: the batch task ends its grace from now (``grace``); False when it is
+        not a running batch task, or is stopping already."""
         task = self.tasks.get(task_id)
         if task is None or task.serving or task_id in self.stopping:
             return False
         self.stopping.add(task_id)
-        self.at(self.units(self.now_s + self.stop_grace_s), _End(task, self.stopped_exit))
+        self.at(self.units(self.now_s + self.grace(grace_s)), _End(task, self.stopped_exit))
         return True
+
+    def grace(self, asked_s: float) -> float:
+        """How long a stopped task takes to end: the agents' ``stop_grace_s``, or the
+        stop's shorter grace (0: none asked), as a node agent does."""
+        return min(asked_s, self.stop_grace_s) if asked_s > 0 else self.stop_grace_s
 
     def charge(self, usage: WindowedUsage, event: Input) -> None:
         """What the projector folds from a task's start and end (serving tasks count as

@@ -47,8 +47,9 @@ class Execution(Protocol):
         """Wait for the task to end; return its exit code."""
         ...
 
-    async def stop(self) -> None:
-        """Ask the task to end, and make sure it does; ``wait`` then returns its exit code."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Ask the task to end, and make sure it does, after at most ``grace_s`` (None:
+        the executor's grace); ``wait`` then returns its exit code."""
         ...
 
 
@@ -184,13 +185,15 @@ class ProcessExecution:
             self.ledger.forget(self.process.pid)
         return code
 
-    async def stop(self) -> None:
-        """SIGTERM to the task's process group; SIGKILL if it outlives the grace period."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM to the task's process group; SIGKILL if it outlives the grace period
+        (``grace_s`` may shorten it, never lengthen it)."""
         if self.process.returncode is not None:
             return
         self._signal(signal.SIGTERM)
+        grace = self.grace_s if grace_s is None else min(grace_s, self.grace_s)
         try:
-            await asyncio.wait_for(self.process.wait(), self.grace_s)
+            await asyncio.wait_for(self.process.wait(), grace)
         except TimeoutError:
             self._signal(signal.SIGKILL)
             await self.process.wait()
@@ -236,5 +239,5 @@ class SimulatedExecution:
             return self._exit_code
         return -signal.SIGTERM.value
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
         self._stopped.set()

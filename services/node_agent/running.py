@@ -121,10 +121,13 @@ class RunningTasks:
             del self._runs[run.task.task_id]
             self.forget_later(run.task.task_id)
 
-    def request_stop(self, run: Run, reason: str, event_id: str) -> None:
+    def request_stop(
+        self, run: Run, reason: str, event_id: str, grace_s: float | None = None
+    ) -> None:
+        """``grace_s``: SIGKILL after at most this long (None: the executor's grace)."""
         if run.stopper is not None:
             return  # already stopping; the first reason stands
         run.stopped_because, run.stop_event_id = reason, event_id
         log.info("stopping task %s: %s", run.task.task_id, reason)
         # In the background: one task's grace period must not hold up other decisions.
-        run.stopper = asyncio.create_task(run.execution.stop())
+        run.stopper = asyncio.create_task(run.execution.stop(grace_s))

@@ -455,7 +455,8 @@ class Scenario:
             self._live.pop(decision.task_lost.task_id, None)
             self._release(decision.task_lost.task_id)
         elif kind == "task_stop_requested" and decision.task_stop_requested.task_id in self._live:
-            self._world.stop(decision.task_stop_requested.task_id)
+            stop = decision.task_stop_requested
+            self._world.stop(stop.task_id, stop.grace_s)
 
 
 def _ids(task: TaskStarted | TaskEnded | events_pb2.TaskPlaced) -> dict[str, str]:

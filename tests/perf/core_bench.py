@@ -195,7 +195,7 @@ class Driver:
                 world.start(decision)
                 self.running_ids.append(decision.task_id)
             elif isinstance(decision, Stop):
-                world.stop(decision.task_id)
+                world.stop(decision.task_id, decision.grace_s)
         return Call(type(event).__name__, elapsed, places, len(decisions), len(self.waiting))
 
     def followup(self) -> Input | None:

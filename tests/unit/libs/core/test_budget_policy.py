@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from libs.core import (
     BudgetSet,
+    CancelRequested,
     Decision,
     JobArrived,
     JobSpec,
@@ -116,9 +117,24 @@ def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
     d = s.handle(Tick(PREEMPTION_ROUND_S))  # preemption runs in rounds
     [stop] = [x for x in d if isinstance(x, Stop)]
     assert (stop.job_id, stop.cause) == ("free", StopCause.PREEMPTED)
+    assert stop.grace_s == PolicyConfig().free_stop_grace_s == 5.0  # preemptible at any moment
     d = s.handle(TaskEnded(2, "free", stop.task_id, "n0", exit_code=-15))
     assert [type(x) for x in d] == [Requeue, Place, Wait]
     assert placed(d) == ["paid"]
+
+
+def test_charged_work_and_cancelled_free_work_keep_the_agents_grace() -> None:
+    s = cluster(2, a=1, b=1)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-job", job(2, allocation="b", min_runtime_s=60, resumable=True))
+    d = s.handle(JobArrived(HOUR, "a-job", job(2, allocation="a", min_runtime_s=HOUR)))
+    assert [(x.job_id, x.grace_s) for x in d if isinstance(x, Stop)] == [("b-job", 0.0)]
+    s2 = cluster(2, a=1)
+    run_job(s2, 0, "free", job(2, allocation="a", min_runtime_s=0))
+    d = s2.handle(CancelRequested(1, "free"))
+    assert [(x.job_id, x.cause, x.grace_s) for x in d if isinstance(x, Stop)] == [
+        ("free", StopCause.CANCELLED, 0.0)
+    ]
 
 
 def test_protected_work_is_never_preempted() -> None:

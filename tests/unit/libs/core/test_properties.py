@@ -139,7 +139,7 @@ class Cluster:
                 assert not protected, f"{d.job_id} preempted inside its contract"
         for d in decisions:
             if isinstance(d, Stop):
-                self.world.stop(d.task_id)
+                self.world.stop(d.task_id, d.grace_s)
         return decisions
 
     def recording(self) -> Recording:

@@ -67,6 +67,16 @@ def test_a_stopped_task_ends_after_the_grace_with_sigterm_and_only_once() -> Non
     assert not w.stop("j/0")  # gone
 
 
+def test_a_stop_may_shorten_the_grace_never_lengthen_it() -> None:
+    w, heard = world(stop_grace_s=30.0)
+    for task_id, asked_s in (("j/0", 5.0), ("j/1", 60.0)):
+        w.start(place(task_id, gpus=(int(task_id[-1]),)))
+        assert w.stop(task_id, asked_s)
+    run(w, heard)
+    ends = [(e.task_id, e.at) for e in heard if isinstance(e, TaskEnded)]
+    assert ends == [("j/0", 5.0), ("j/1", 30.0)]
+
+
 def test_a_task_that_ends_within_its_grace_is_not_ended_again() -> None:
     w, heard = world(stop_grace_s=30.0)
     w.start(place("j/0"))

@@ -17,6 +17,7 @@ from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.agent import NodeAgent
+from services.node_agent.executors import ProcessExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import parse_inventory
 from services.node_agent.utilization import DeclaredSampler, Sample, SamplingError
@@ -148,6 +149,23 @@ async def test_a_stop_request_ends_the_task_as_failed(agent: NodeAgent, emitted:
         "stop requested: preempted by job-2",
     )
     assert failed.causation_id == stop.envelope.event_id
+
+
+async def test_a_stop_requests_grace_reaches_the_process(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer
+) -> None:
+    slow = {types_pb2.EXECUTOR_PROCESS: ProcessExecutor(tmp_path, grace_s=60)}
+    agent = NodeAgent(NODES, executors=slow, emit=emitted, tracer=tracer)
+    ignores_sigterm = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code = ignores_sigterm + "print('ready', flush=True); time.sleep(60)"
+    await agent.handle(delivery(placement("proc-0", sys.executable, "-c", code)))
+    while "ready" not in (tmp_path / "job-1.log").read_text().splitlines():
+        await asyncio.sleep(0.02)
+    stop = stop_request()
+    stop.node_id, stop.grace_s = "proc-0", 0.2  # free work preempted: a short grace
+    await agent.handle(delivery(stop, offset=1))
+    await emitted.until(2)  # killed after 0.2 s, not the executor's 60
+    assert emitted.events[1].task_failed.exit_code == -9
 
 
 async def test_a_stop_for_a_task_not_running_here_changes_nothing(

@@ -10,6 +10,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.executors import (
     LaunchError,
+    ProcessExecution,
     ProcessExecutor,
     SimulatedExecutor,
     log_file_name,
@@ -93,18 +94,36 @@ async def test_stop_terminates_a_sleeping_process(tmp_path: Path) -> None:
     assert time.monotonic() - began < 5
 
 
-async def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
+async def ignoring_sigterm(tmp_path: Path, grace_s: float) -> ProcessExecution:
     code = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "print('ready', flush=True); time.sleep(60)"
     )
-    execution = await ProcessExecutor(tmp_path, grace_s=0.3).start(placed(*python(code)))
+    execution = await ProcessExecutor(tmp_path, grace_s=grace_s).start(placed(*python(code)))
     log = tmp_path / "job-1.log"
     # A SIGTERM sent before the handler is in place would end it at once.
     while "ready" not in log.read_text().splitlines():
         await asyncio.sleep(0.02)
+    return execution
+
+
+async def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
+    execution = await ignoring_sigterm(tmp_path, grace_s=0.3)
     await execution.stop()
     assert await execution.wait() == -9
+
+
+async def test_a_stops_grace_shortens_the_executors_never_lengthens_it(tmp_path: Path) -> None:
+    execution = await ignoring_sigterm(tmp_path / "short", grace_s=30)
+    began = time.monotonic()
+    await execution.stop(grace_s=0.2)  # free work preempted: a short grace
+    assert await execution.wait() == -9
+    assert time.monotonic() - began < 10
+    execution = await ignoring_sigterm(tmp_path / "long", grace_s=0.2)
+    began = time.monotonic()
+    await execution.stop(grace_s=60)
+    assert await execution.wait() == -9
+    assert time.monotonic() - began < 10
 
 
 async def test_stop_after_exit_is_harmless(tmp_path: Path) -> None:
