@@ -152,6 +152,10 @@ def run(
     tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
     snapshot: Annotated[float, duration("300s", "Usage snapshot period", positive=True)] = 300.0,
     grace: Annotated[float, duration("30s", "Stop grace before a task ends")] = 30.0,
+    checkpoint: Annotated[
+        float,
+        duration("0", "How often resumable work checkpoints (0: it saves when told to stop)"),
+    ] = 0.0,
     drain: Annotated[float, duration("0", "Simulate on after the last submission")] = 0.0,
     warmup: Annotated[
         float | None,
@@ -204,6 +208,7 @@ def run(
         tick_s=tick,
         snapshot_s=snapshot,
         stop_grace_s=grace,
+        checkpoint_s=checkpoint,
         lookback_window_s=config.lookback_window_s,
         gpu_prices=config.gpu_prices,
         drain_s=drain,

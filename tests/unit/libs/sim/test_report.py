@@ -96,6 +96,16 @@ def test_the_csv_example_runs_and_the_report_counts_teams_placed_by_hash(tmp_pat
     assert data["workload"]["placed_by_hash"] == {"jobs": 6, "users": 5}
 
 
+def test_resumable_work_may_checkpoint_periodically(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["run", "--trace", "csv", "--policy", "budget", "--no-plots", "--checkpoint", "30m"]
+    result = CliRunner().invoke(sim_app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Resumable jobs checkpoint every 30 min." in (out / "summary.md").read_text()
+    refused = CliRunner().invoke(sim_app, [*args[:-1], "-5s"])
+    assert refused.exit_code == 2
+
+
 def test_another_seed_draws_another_team_structure(tmp_path: Path) -> None:
     def summary(*seed: str) -> str:
         out = tmp_path / (seed[-1] if seed else "default")
