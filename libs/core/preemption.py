@@ -12,8 +12,8 @@ at the stop signal). Work that cannot resume loses all it did, and likely runs o
 as long again as it has run (run times are heavy-tailed), so stopping it would
 throw away about what the waiting job wins by not waiting. The scheduler tries a
 lossless plan first, waits a while for one (a hold) and only then throws work
-away: single-node work, never a whole gang's, and in all at most what the waiting
-job is sure to do itself (``loss_cap_s``, its minimum runtime, × its GPUs).
+away: single-node work, never a whole gang's, and in all at most ``loss_cap_s`` × the
+waiting job's GPUs (its minimum runtime or the time it has waited, whichever is more).
 """
 
 from __future__ import annotations

@@ -111,9 +111,13 @@ class Reservations:
         if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
             hold = _hold(spec, nodes, running_on, rank, now)
         if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
-            # A job throws away, in all, at most what it is sure to do itself: its
-            # minimum runtime (as far as the contract counts it) on its GPUs.
-            loss_cap_s = min(spec.min_runtime_s, self.config.max_min_runtime_s)
+            # A job throws away, in all, at most what it is sure to do itself (its
+            # minimum runtime) or what it has waited, whichever is more, on its GPUs
+            # (never past the contract cap): a short wide job is not stuck for good
+            # behind work that started while it waited and that cannot resume.
+            loss_cap_s = min(
+                max(spec.min_runtime_s, now - job.since), self.config.max_min_runtime_s
+            )
             plan = plan_preemption(spec, candidates, running_on, rank, now, loss_cap_s=loss_cap_s)
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)

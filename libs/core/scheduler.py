@@ -81,7 +81,9 @@ POLICY = "budget"
 # GPUs of work that cannot resume, in all (a gang's plan over all its nodes).
 # 15: free work stopped for other work gets ``free_stop_grace_s`` (5 s) before SIGKILL
 # (``Stop.grace_s``); the decisions are otherwise unchanged.
-POLICY_VERSION = 15
+# 16: a job may throw away as much work as it has waited, if that is more than its
+# minimum runtime (a short wide job is not stuck for good).
+POLICY_VERSION = 16
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 

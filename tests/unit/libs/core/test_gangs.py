@@ -128,6 +128,20 @@ def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much
     assert blocked_after(6, min_runtime_h=2) == []
 
 
+def test_a_job_may_throw_away_work_that_started_while_it_waited() -> None:
+    s = cluster(4, a=1, b=1)
+    charged(s, a=1e9, b=0.0)
+    # u cannot resume and nobody knows when it ends: b's job gets no hold, and u's hour
+    # of 2 GPUs is more than b's job is sure to do (10 minutes of 4 GPUs).
+    run_job(s, 0, "u", job(2, allocation="a", min_runtime_s=60))
+    b_job = job(4, allocation="b", min_runtime_s=600)
+    assert stopped(s.handle(JobArrived(HOUR, "b-job", b_job))) == []
+    run_job(s, HOUR + 1, "x", job(2, allocation="a", min_runtime_s=60))  # the 2 GPUs left
+    # u ends at 3 h; x, which started after b's job began to wait, has done less than
+    # that wait (2 hours of 4 GPUs): b's job throws it away rather than wait for good.
+    assert stopped(s.handle(TaskEnded(3 * HOUR, "u", "u/0", "n0"))) == ["x"]
+
+
 def test_a_start_report_decides_nothing_until_a_round_which_counts_the_contract_from_it() -> None:
     """A start changes only what preemption reads (the contract's clock): at the same
     clock, a pass could decide otherwise only in a preemption round (a gang reports
