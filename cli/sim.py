@@ -21,9 +21,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cli.params import DAY_S, SEED_MAX, duration, input_file
+from cli.params import SEED_MAX, duration, input_file
 from cli.render import error_line
 from libs.config.document import ConfigError
+from libs.config.policy import load_policy
 from libs.config.scenario import load_scenario
 from libs.core.config import PolicyConfig
 from libs.sim import POLICIES, SimSettings, build_workload
@@ -147,8 +148,16 @@ def run(
             "a held-out check [default: the scenario's]"
         ),
     ] = None,
-    lookback: Annotated[float, duration("7d", "Fair-share lookback", positive=True)] = 7 * DAY_S,
-    max_min_runtime: Annotated[float, duration("8h", "Cap on minimum runtimes")] = 8 * 3600.0,
+    policy_file: Annotated[
+        Path | None,
+        input_file("The policy's knobs (YAML, as placement reads QM_POLICY_FILE)"),
+    ] = None,
+    lookback: Annotated[
+        float | None, duration("7d", "Fair-share lookback (over the policy file's)", positive=True)
+    ] = None,
+    max_min_runtime: Annotated[
+        float | None, duration("8h", "Cap on minimum runtimes (over the policy file's)")
+    ] = None,
     tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
     snapshot: Annotated[float, duration("300s", "Usage snapshot period", positive=True)] = 300.0,
     grace: Annotated[float, duration("30s", "Stop grace before a task ends")] = 30.0,
@@ -203,7 +212,14 @@ def run(
             f"the window ends ({sc.end_s:g} s) before it starts ({sc.start_s:g} s)",
             param_hint="--start/--end",
         )
-    config = PolicyConfig(lookback_window_s=lookback, max_min_runtime_s=max_min_runtime)
+    try:
+        config = load_policy(policy_file) if policy_file else PolicyConfig()
+    except ConfigError as exc:
+        raise _fail(exc) from exc
+    if lookback is not None:
+        config = dataclasses.replace(config, lookback_window_s=lookback)
+    if max_min_runtime is not None:
+        config = dataclasses.replace(config, max_min_runtime_s=max_min_runtime)
     settings = SimSettings(
         tick_s=tick,
         snapshot_s=snapshot,

@@ -106,6 +106,22 @@ def test_resumable_work_may_checkpoint_periodically(tmp_path: Path) -> None:
     assert refused.exit_code == 2
 
 
+def test_a_policy_file_sets_the_knobs_and_flags_override_it(tmp_path: Path) -> None:
+    knobs = tmp_path / "policy.yaml"
+    knobs.write_text("lookback_window_s: 86400\nmax_min_runtime_s: 3600\nfree_stop_grace_s: 2\n")
+    out = tmp_path / "out"
+    args = ["run", "--trace", "csv", "--policy", "budget", "--no-plots", "--out", str(out)]
+    result = CliRunner().invoke(sim_app, [*args, "--policy-file", str(knobs), "--lookback", "2d"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "metrics.json").read_text())["policy_config"]
+    assert (config["lookback_window_s"], config["max_min_runtime_s"]) == (2 * 86400.0, 3600.0)
+    assert "(free work preempted for other work: 2 s)" in (out / "summary.md").read_text()
+    knobs.write_text("lookback: 1\n")
+    refused = CliRunner().invoke(sim_app, [*args, "--policy-file", str(knobs)])
+    assert refused.exit_code == 2
+    assert "lookback: unknown key" in refused.output
+
+
 def test_another_seed_draws_another_team_structure(tmp_path: Path) -> None:
     def summary(*seed: str) -> str:
         out = tmp_path / (seed[-1] if seed else "default")
