@@ -153,10 +153,10 @@ def run(
         input_file("The policy's knobs (YAML, as placement reads QM_POLICY_FILE)"),
     ] = None,
     lookback: Annotated[
-        float | None, duration("7d", "Fair-share lookback (over the policy file's)", positive=True)
+        float | None, duration("the policy file's, else 7d", "Fair-share lookback", positive=True)
     ] = None,
     max_min_runtime: Annotated[
-        float | None, duration("8h", "Cap on minimum runtimes (over the policy file's)")
+        float | None, duration("the policy file's, else 8h", "Cap on minimum runtimes")
     ] = None,
     tick: Annotated[float, duration("60s", "Clock tick period", positive=True)] = 60.0,
     snapshot: Annotated[float, duration("300s", "Usage snapshot period", positive=True)] = 300.0,
