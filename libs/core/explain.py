@@ -69,10 +69,17 @@ def explain_running(
     stopping: StopCause | None,
     estimated_end: float | None = None,
     borrowed: bool = False,
+    free_stop_grace_s: float | None = None,
 ) -> Explanation:
+    """``free_stop_grace_s``: set for free work, the time it gets to save when stopped."""
     parts = [f"running on {', '.join(nodes)}"]
     if stopping is not None:
         parts.append(f"being stopped ({stopping.value})")
+    elif free_stop_grace_s is not None:
+        parts.append(
+            "free work: other work may take its GPUs at any moment, "
+            f"{free_stop_grace_s:g} s after asking it to stop (SIGTERM)"
+        )
     elif borrowed:
         parts.append(
             f"on GPUs borrowed beyond {allocation}'s share: its minimum runtime does not "

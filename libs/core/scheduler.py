@@ -287,6 +287,7 @@ class Scheduler:
                 nodes=sorted({node for node, _ in run.tasks.values()}),
                 protected_until=run.protected_until(self.config),
                 borrowed=run.borrowed and not self.config.protect_borrowed,
+                free_stop_grace_s=None if run.spec.allocated else self.config.free_stop_grace_s,
                 now=self.now,
                 stopping=run.stopping,
                 estimated_end=self._estimated_end(run),

@@ -79,7 +79,7 @@ def test_running_work_says_how_long_its_contract_still_protects_it() -> None:
 
 
 def test_running_work_past_its_contract_is_preemptible() -> None:
-    for protected_until in (None, 1000.0):  # free work, or a contract already met
+    for protected_until in (None, 1000.0):  # no contract clock, or a contract already met
         why = explain_running(
             "j1",
             "a",
@@ -155,6 +155,19 @@ def test_the_scheduler_explains_running_work_under_its_contract() -> None:
     assert why.text == (
         "running on n0; protected by its contract for 3590 s more; "
         "team-b ranks 2 of 2 by fair share (usage/entitlement 4.00)"
+    )
+
+
+def test_running_free_work_is_told_how_long_it_has_to_save() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("n0", 8)))
+    s.handle(JobArrived(0, "free", job(1)))  # minimum runtime 0: free work
+    s.handle(TaskStarted(0, "free", "free/0", "n0"))
+    why = s.explain("free")
+    assert why is not None
+    assert why.text.startswith(
+        "running on n0; free work: other work may take its GPUs at any moment, "
+        "5 s after asking it to stop (SIGTERM); "
     )
 
 
