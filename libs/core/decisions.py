@@ -77,7 +77,7 @@ class StopCause(enum.Enum):
 @dataclass(frozen=True)
 class Stop:
     """Ask a node agent to stop a running task: SIGTERM, then SIGKILL after at most
-    ``grace_s`` (0: the agent's own grace)."""
+    ``grace_s`` (0: the agent's own grace; ``stop_grace``)."""
 
     job_id: JobId
     task_id: TaskId
@@ -85,6 +85,12 @@ class Stop:
     cause: StopCause
     reason: str
     grace_s: float = 0.0
+
+
+def stop_grace(asked_s: float, own_s: float) -> float:
+    """How long a stopped task gets before SIGKILL: the stop's ``grace_s`` may shorten the
+    agent's ``own_s``, never lengthen it; 0 (or anything not a positive number) leaves it."""
+    return min(asked_s, own_s) if asked_s > 0 else own_s
 
 
 @dataclass(frozen=True)

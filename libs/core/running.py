@@ -54,10 +54,14 @@ class Running:
             f"|{self.spec.fact}"
         )
 
+    def unprotected_borrower(self, config: PolicyConfig) -> bool:
+        """On borrowed GPUs, which the policy does not protect (``protect_borrowed``)."""
+        return self.borrowed and not config.protect_borrowed
+
     def protect_s(self, config: PolicyConfig) -> float:
         """How long its contract protects it from its start: its minimum runtime, capped;
         none on borrowed GPUs unless the policy protects those too."""
-        if self.borrowed and not config.protect_borrowed:
+        if self.unprotected_borrower(config):
             return 0.0
         return min(self.spec.min_runtime_s, config.max_min_runtime_s)
 

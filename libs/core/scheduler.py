@@ -286,7 +286,7 @@ class Scheduler:
                 standing(run.spec.allocation),
                 nodes=sorted({node for node, _ in run.tasks.values()}),
                 protected_until=run.protected_until(self.config),
-                borrowed=run.borrowed and not self.config.protect_borrowed,
+                borrowed=run.unprotected_borrower(self.config),
                 free_stop_grace_s=None if run.spec.allocated else self.config.free_stop_grace_s,
                 now=self.now,
                 stopping=run.stopping,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from libs.core.compass import GpuWorker
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.compass.worker import Start
-from libs.core.decisions import Place
+from libs.core.decisions import Place, stop_grace
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.inputs import (
     Input,
@@ -282,9 +282,9 @@ class World:
         return True
 
     def grace(self, asked_s: float) -> float:
-        """How long a stopped task takes to end: the agents' ``stop_grace_s``, or the
-        stop's shorter grace (0: none asked), as a node agent does."""
-        return min(asked_s, self.stop_grace_s) if asked_s > 0 else self.stop_grace_s
+        """How long a stopped task takes to end, as a node agent decides it
+        (``stop_grace``) with the agents' ``stop_grace_s``."""
+        return stop_grace(asked_s, self.stop_grace_s)
 
     def charge(self, usage: WindowedUsage, event: Input) -> None:
         """What the projector folds from a task's start and end (serving tasks count as

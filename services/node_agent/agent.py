@@ -150,9 +150,8 @@ class NodeAgent:
     async def _stop(self, request: events_pb2.TaskStopRequested, event_id: str) -> None:
         run = self._runs.get(request.task_id)
         if run is not None:
-            # A grace the decision shortens (free work); 0 leaves the agent's own.
-            grace_s = request.grace_s if request.grace_s > 0 else None
-            self._runs.request_stop(run, stop_reason(request), event_id, grace_s)
+            # A decision may shorten the grace (free work); 0 leaves the agent's own.
+            self._runs.request_stop(run, stop_reason(request), event_id, request.grace_s)
         elif not await self._serving.stop(request.task_id, stop_reason(request), event_id):
             log.info("stop for task %s, which is not running here: nothing to do", request.task_id)
 

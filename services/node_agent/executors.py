@@ -25,6 +25,7 @@ from typing import Protocol
 
 from qm.v1 import events_pb2
 
+from libs.core.decisions import stop_grace
 from services.node_agent.orphans import ProcessLedger
 
 
@@ -47,9 +48,9 @@ class Execution(Protocol):
         """Wait for the task to end; return its exit code."""
         ...
 
-    async def stop(self, grace_s: float | None = None) -> None:
-        """Ask the task to end, and make sure it does, after at most ``grace_s`` (None:
-        the executor's grace); ``wait`` then returns its exit code."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Ask the task to end, and make sure it does, after at most ``grace_s`` (0: the
+        executor's grace; ``stop_grace``); ``wait`` then returns its exit code."""
         ...
 
 
@@ -185,15 +186,14 @@ class ProcessExecution:
             self.ledger.forget(self.process.pid)
         return code
 
-    async def stop(self, grace_s: float | None = None) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
         """SIGTERM to the task's process group; SIGKILL if it outlives the grace period
         (``grace_s`` may shorten it, never lengthen it)."""
         if self.process.returncode is not None:
             return
         self._signal(signal.SIGTERM)
-        grace = self.grace_s if grace_s is None else min(grace_s, self.grace_s)
         try:
-            await asyncio.wait_for(self.process.wait(), grace)
+            await asyncio.wait_for(self.process.wait(), stop_grace(grace_s, self.grace_s))
         except TimeoutError:
             self._signal(signal.SIGKILL)
             await self.process.wait()
@@ -239,5 +239,5 @@ class SimulatedExecution:
             return self._exit_code
         return -signal.SIGTERM.value
 
-    async def stop(self, grace_s: float | None = None) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
         self._stopped.set()

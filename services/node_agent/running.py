@@ -121,10 +121,8 @@ class RunningTasks:
             del self._runs[run.task.task_id]
             self.forget_later(run.task.task_id)
 
-    def request_stop(
-        self, run: Run, reason: str, event_id: str, grace_s: float | None = None
-    ) -> None:
-        """``grace_s``: SIGKILL after at most this long (None: the executor's grace)."""
+    def request_stop(self, run: Run, reason: str, event_id: str, grace_s: float = 0.0) -> None:
+        """``grace_s``: SIGKILL after at most this long (0: the executor's grace)."""
         if run.stopper is not None:
             return  # already stopping; the first reason stands
         run.stopped_because, run.stop_event_id = reason, event_id

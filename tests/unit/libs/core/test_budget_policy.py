@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from libs.core import (
     BudgetSet,
     CancelRequested,
@@ -23,6 +27,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.config import PolicyConfig
+from libs.core.decisions import stop_grace
 from libs.core.fairshare import leaf_order
 from libs.core.reservations import PREEMPTION_ROUND_S
 from tests.builders import job, node, tree
@@ -121,6 +126,16 @@ def test_free_work_fills_idle_gpus_and_yields_to_allocated_work() -> None:
     d = s.handle(TaskEnded(2, "free", stop.task_id, "n0", exit_code=-15))
     assert [type(x) for x in d] == [Requeue, Place, Wait]
     assert placed(d) == ["paid"]
+
+
+@pytest.mark.parametrize(
+    ("asked_s", "granted_s"),
+    [(5.0, 5.0), (60.0, 30.0), (0.0, 30.0), (-1.0, 30.0), (math.nan, 30.0), (math.inf, 30.0)],
+)
+def test_a_stop_may_shorten_the_agents_grace_never_lengthen_it(
+    asked_s: float, granted_s: float
+) -> None:
+    assert stop_grace(asked_s, 30.0) == granted_s  # what a node agent and the simulator do
 
 
 def test_charged_work_and_cancelled_free_work_keep_the_agents_grace() -> None:
