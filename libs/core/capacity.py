@@ -63,6 +63,9 @@ class Capacity:
         self._class_total: dict[_NodeClass, int] = {}
         self.total_gpus = 0
         self.total_free = 0
+        # The last ``shape`` asked and its answer, until the indexes change: every
+        # allocation of a pass asks it, mostly of the same nodes.
+        self._shape: tuple[frozenset[NodeId], tuple[int, int, int]] | None = None
 
     def add(self, node: NodeSpec, held: Collection[int]) -> None:
         """Register or re-register a node; ``held`` GPUs stay taken by running tasks."""
@@ -169,10 +172,16 @@ class Capacity:
     def shape(self, blocked: Set[NodeId] = frozenset()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
         leaving out ``blocked`` nodes."""
+        if self._shape is not None and self._shape[0] == blocked:
+            return self._shape[1]
 
         def unblocked(nodes: dict[NodeId, None]) -> int:
-            # Counted through the few blocked nodes, not the many free ones: every pass asks.
-            return len(nodes) - sum(1 for n in blocked if n in nodes) if blocked else len(nodes)
+            # Counted through the smaller side: every pass asks, and either may be large.
+            if not blocked:
+                return len(nodes)
+            if len(blocked) < len(nodes):
+                return len(nodes) - sum(1 for n in blocked if n in nodes)
+            return sum(1 for n in nodes if n not in blocked)
 
         largest = max(
             (
@@ -191,6 +200,7 @@ class Capacity:
             for count, nodes in buckets.items()
             if count == node_size
         )
+        self._shape = frozenset(blocked), (largest, node_size, whole)
         return largest, node_size, whole
 
     def _fit_gang(
@@ -247,6 +257,7 @@ class Capacity:
         node = self.nodes[node_id]
         buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
         buckets.setdefault(len(free), {})[node_id] = None
+        self._shape = None
         self._moves.value += 1
         self._free[node_id] = Free(free, self._moves.value)
 
@@ -254,6 +265,7 @@ class Capacity:
         node = self.nodes[node_id]
         buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
         count = len(self.free(node_id))
+        self._shape = None
         del buckets[count][node_id]
         if not buckets[count]:
             del buckets[count]

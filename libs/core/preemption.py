@@ -120,16 +120,28 @@ def _whole_nodes(
         # No gang among the victims: each node's cost stands alone.
         ranked = sorted((_cost(victims, now), node_id) for node_id, victims in freeable.items())
         freeable = {node_id: freeable[node_id] for _, node_id in ranked[:needed]}
+
     # Greedy by the cost each node adds: a gang stopped for one node frees its others
-    # for nothing more.
+    # for nothing more. A node's cost changes only when a job on it is stopped.
+    def adds(node_id: NodeId) -> _Cost:
+        return _cost([v for v in freeable[node_id] if v.job_id not in stopped], now)
+
+    costs = {node_id: adds(node_id) for node_id in freeable}
+    nodes_of: dict[JobId, list[NodeId]] = {}
+    for node_id, victims in freeable.items():
+        for victim in victims:
+            nodes_of.setdefault(victim.job_id, []).append(node_id)
     while len(chosen) < needed:
-        _, node_id = min(
-            (_cost([v for v in victims if v.job_id not in stopped], now), node_id)
-            for node_id, victims in freeable.items()
-        )
+        _, node_id = min((cost, node_id) for node_id, cost in costs.items())
         chosen.append(node_id)
+        del costs[node_id]
+        touched: set[NodeId] = set()
         for victim in freeable.pop(node_id):
-            stopped.setdefault(victim.job_id, victim)
+            if victim.job_id not in stopped:
+                stopped[victim.job_id] = victim
+                touched.update(nodes_of[victim.job_id])
+        for other in touched & costs.keys():
+            costs[other] = adds(other)
     if not stopped:
         return None  # whole nodes are free already: no preemption needed
     return Plan(tuple(sorted(chosen)), tuple(stopped.values()))

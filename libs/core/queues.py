@@ -47,6 +47,9 @@ class Queues:
         self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]] = {
             tier: {} for tier in TIERS
         }
+        # A memo, not state: (tier, allocation) -> its first job's key, for those asked
+        # since their queue changed (every pass asks for every allocation's head).
+        self._heads: dict[tuple[WorkClass, str], tuple[int, int, JobId]] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -55,6 +58,7 @@ class Queues:
         self.jobs[job.job_id] = job
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
         bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
+        self._heads.pop((job.spec.work_class, job.spec.allocation), None)
 
     def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
         """The index rebuilt from ``jobs`` alone (tests compare it with the one kept)."""
@@ -80,6 +84,7 @@ class Queues:
             return None
         allocations = self._lists[job.spec.work_class]
         sizes = allocations[job.spec.allocation]
+        self._heads.pop((job.spec.work_class, job.spec.allocation), None)
         keys = sizes[job.spec.gpus]
         del keys[bisect.bisect_left(keys, job.key)]
         if not keys:
@@ -111,10 +116,13 @@ class Queues:
         return [self.jobs[key[2]] for key in keys]
 
     def head(self, tier: WorkClass, allocation: str) -> Waiting | None:
-        sizes = self._lists[tier].get(allocation)
-        if not sizes:
-            return None
-        return self.jobs[min(keys[0] for keys in sizes.values())[2]]
+        key = self._heads.get((tier, allocation))
+        if key is None:
+            sizes = self._lists[tier].get(allocation)
+            if not sizes:
+                return None
+            key = self._heads[tier, allocation] = min(keys[0] for keys in sizes.values())
+        return self.jobs[key[2]]
 
     def ahead_of(self, job: Waiting, rank: dict[str, int]) -> int:
         """How many waiting jobs go before ``job`` in the current order."""

@@ -13,13 +13,16 @@ When no plan frees room now, a charged (non-debug) job gets a *hold* instead
 start. Several blocked jobs may hold nodes, one per allocation in rank order; a
 hold's nodes are chosen afresh every ``HOLD_REFRESH_S`` (as work ends, the soonest
 nodes move), and a round that plans for other jobs releases it. Holds are kept
-until then, not timed out like nodes being freed.
+until then, not timed out like nodes being freed. In between, a round checks
+whether a hold's nodes can be freed without loss, unless nothing that check read
+has changed since it last failed and no contract there has ended.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
@@ -44,6 +47,25 @@ HOLD_REFRESH_S = 900
 # How long a job waits for room that costs no work (a hold) before work that cannot
 # resume is thrown away for it.
 HOLD_PATIENCE_S = 3600
+# Holds' checks that failed, remembered (the oldest forgotten first) to skip the search
+# while nothing it read changed: every round checks every hold again.
+FAILED_MEMO = 64
+
+Candidates = list[tuple[NodeId, int, int]]  # (node id, GPU count, free GPUs)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A lossless plan that failed, with everything it read. A lossless plan stops only
+    work that loses nothing, so it can only succeed later if what it read changes or a
+    contract ends (``until``, the first end among its candidates' work after the plan):
+    as time passes, work that cannot resume only loses more, so may only drop out."""
+
+    spec: JobSpec
+    candidates: Candidates
+    victims: list[tuple[RunningJob, ...]]
+    rank: dict[str, int]
+    until: float
 
 
 class Reservations:
@@ -60,6 +82,7 @@ class Reservations:
         self.holds: Table[JobId, float] = state.table("holds")
         self._held: set[NodeId] = set()  # the nodes of holds (``derived`` rebuilds it)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
+        self._failed: dict[JobId, _Failed] = {}  # a memo keyed by all it read, not state
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
         """Whether this input's pass may plan preemption; the fast path (debug work
@@ -87,7 +110,7 @@ class Reservations:
         if held and now < reserved[held[0]][1] + HOLD_REFRESH_S:
             # Between refreshes a hold only checks whether its own nodes can be freed.
             candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in held]
-            plan = plan_preemption(spec, candidates, running_on, rank, now, lossless=True)
+            plan = self._lossless(job, candidates, running_on, rank, now)
             return self._stop_for(job.job_id, plan, now)
         attempt = (job.job_id, running.version)
         no_plan = self._no_plan.value
@@ -127,6 +150,38 @@ class Reservations:
             self.holds[job.job_id] = max(hold.starts_at, now)
             self._held.update(hold.node_ids)
         return ()
+
+    def _lossless(
+        self,
+        job: Waiting,
+        candidates: Candidates,
+        running_on: Mapping[NodeId, Iterable[RunningJob]],
+        rank: dict[str, int],
+        now: float,
+    ) -> Plan | None:
+        """``plan_preemption`` losing nothing, skipped while it is sure to fail again."""
+        victims = [tuple(running_on.get(node_id, ())) for node_id, _, _ in candidates]
+        failed = self._failed.get(job.job_id)
+        if (
+            failed is not None
+            and now < failed.until
+            and failed.spec is job.spec
+            and failed.candidates == candidates
+            and failed.victims == victims  # the same objects: compared by identity first
+            and failed.rank == rank
+        ):
+            return None
+        plan = plan_preemption(job.spec, candidates, running_on, rank, now, lossless=True)
+        self._failed.pop(job.job_id, None)
+        if plan is None:
+            until = min(
+                (v.protected_until for on in victims for v in on if v.protected_until > now),
+                default=math.inf,
+            )
+            self._failed[job.job_id] = _Failed(job.spec, candidates, victims, dict(rank), until)
+            if len(self._failed) > FAILED_MEMO:
+                del self._failed[next(iter(self._failed))]
+        return plan
 
     def _stop_for(self, job_id: JobId, plan: Plan | None, now: float) -> tuple[RunningJob, ...]:
         """Reserve a plan's nodes for the job: its victims are to be stopped."""
@@ -178,15 +233,19 @@ class Reservations:
 
     def expire(self, now: float) -> None:
         limit = now - RESERVATION_TIMEOUT_S
-        for _node, (job_id, since) in sorted(self.reserved.items()):
-            if since < limit and job_id not in self.holds:
-                self.release(job_id)
+        expired = [
+            (node, job_id)
+            for node, (job_id, since) in self.reserved.items()
+            if since < limit and job_id not in self.holds
+        ]  # sorted only when any is: every pass asks, and gangs reserve many nodes
+        for _node, job_id in sorted(expired):
+            self.release(job_id)
 
 
 def _hold(
     spec: JobSpec,
     nodes: list[tuple[NodeId, int]],
-    running_on: dict[NodeId, Iterable[RunningJob]],
+    running_on: Mapping[NodeId, Iterable[RunningJob]],
     rank: dict[str, int],
     now: float,
 ) -> Hold | None:

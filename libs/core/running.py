@@ -8,8 +8,9 @@ that failed is not searched for again until something it looked at changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
@@ -43,12 +44,20 @@ class Running:
         on every task start and end), as the class has no ``__post_init__``."""
         run = object.__new__(Running)
         run.__dict__.update(self.__dict__, **changes)
+        if "tasks" in changes:
+            run.__dict__.pop("_tasks_text", None)
         return run
+
+    @cached_property
+    def _tasks_text(self) -> str:
+        """The tasks as the digest hashes them: a gang's are many, and the job is
+        rewritten (and hashed) as each of its tasks starts and ends."""
+        return str(self.tasks)
 
     def fact(self) -> str:
         """Every field, for the state digest (the job id is the table's key)."""
         return (
-            f"{self.seq}|{self.attempt}|{self.placed_at}|{self.tasks}|{self.started_at}"
+            f"{self.seq}|{self.attempt}|{self.placed_at}|{self._tasks_text}|{self.started_at}"
             f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
             f"|{self.borrowed}"
             f"|{self.spec.fact}"
@@ -164,10 +173,10 @@ class RunningWork:
                 self.free_work_gpus -= run.spec.gpus
         return run
 
-    def preemptible_by_node(self) -> dict[NodeId, Iterable[RunningJob]]:
+    def preemptible_by_node(self) -> Mapping[NodeId, Iterable[RunningJob]]:
         """The jobs not already stopping, by node, as preemption sees them: a gang once
-        on each node it spans (views: read them before running work changes)."""
-        return {node_id: jobs.values() for node_id, jobs in self._preemptible.items()}
+        on each node it spans (a view: read it before running work changes)."""
+        return _ByNode(self._preemptible)
 
     def _put(self, run: Running) -> None:
         """Write the job, and keep its places among the preemptible ones (a job only
@@ -217,3 +226,25 @@ class RunningWork:
                     preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
         return {"_on_node": on_node, "_preemptible": preemptible, "free_work_gpus": free_work}
+
+
+class _ByNode(Mapping[NodeId, Iterable[RunningJob]]):
+    """Node -> its preemptible jobs, read through (every plan reads a few nodes of many)."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self, jobs: dict[NodeId, dict[JobId, RunningJob]]) -> None:
+        self._jobs = jobs
+
+    def __getitem__(self, node_id: NodeId) -> Iterable[RunningJob]:
+        return self._jobs[node_id].values()
+
+    def get(self, node_id: NodeId, default: Iterable[RunningJob] = ()) -> Iterable[RunningJob]:  # type: ignore[override]  # one signature is all planning uses
+        jobs = self._jobs.get(node_id)
+        return default if jobs is None else jobs.values()
+
+    def __iter__(self) -> Iterator[NodeId]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)

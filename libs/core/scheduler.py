@@ -472,6 +472,8 @@ class Scheduler:
             if (job_id in self._reservations.holds) != held:
                 continue
             job = self._queues.jobs[job_id]
+            if job.spec.gpus > self._capacity.total_free:
+                continue  # surely no fit: skip building the nodes it may not use
             fit = self._capacity.fit(job.spec, self._reservations.blocked_for(job_id))
             if isinstance(fit, Fit):
                 decisions += self._place(job, fit)

@@ -81,12 +81,17 @@ class WindowedUsage:
     def snapshot(self, at: float) -> dict[str, Usage]:
         """Usage per allocation over the window ending at ``at`` (sorted by name)."""
         self._expire(at)
-        usage = dict(self._totals)
+        # Summed as floats, in the order ``Usage.__add__`` would: a snapshot counts every
+        # running task, and readers of the log must get the same bits.
+        sums = {name: [u.allocated_gpu_s, u.unallocated_gpu_s] for name, u in self._totals.items()}
         since = at - self.window_s
         for run in self._running.values():
             seconds = max(0.0, at - max(run.started_at, since))
-            usage[run.allocation] = usage.get(run.allocation, Usage()) + _usage(run, seconds)
-        return dict(sorted(usage.items()))
+            acc = sums.get(run.allocation)
+            if acc is None:
+                acc = sums[run.allocation] = [0.0, 0.0]
+            acc[0 if run.allocated else 1] += run.gpus * seconds * run.price
+        return {name: Usage(*acc) for name, acc in sorted(sums.items())}
 
     def _charge(self, index: int, run: _Running, gpu_s: float) -> None:
         if index < self._horizon:

@@ -156,3 +156,21 @@ def test_a_start_report_decides_nothing_until_a_round_which_counts_the_contract_
     assert placed(s.handle(JobArrived(1, "b-job", b_job))) == []
     assert s.handle(TaskStarted(1, "a-job", place.task_id, "n0")) == []
     assert stopped(s.handle(Tick(HOUR + 1))) == ["a-job"]  # its contract ran from the report
+
+
+def test_a_hold_frees_its_node_in_the_first_round_after_the_contract_there_ends() -> None:
+    # Rounds between a hold's refreshes skip a search that failed while nothing it read
+    # changed; a contract ending on a held node is such a change.
+    s = cluster(4, 4, a=1, b=1)
+    charged(s, a=0.0, b=1e9)  # b ranks below a
+    b_job = job(4, allocation="b", min_runtime_s=int(2 * HOUR), resumable=True)
+    run_job(s, 0, "b-job", b_job)  # on n0, protected until 2 h
+    run_job(s, 0, "a-job", job(4, allocation="a", min_runtime_s=60))  # on n1: a's own
+    at = 1.6 * HOUR  # the hold is chosen afresh at 1.85 h and 2.1 h: neither is 2 h
+    d = s.handle(JobArrived(at, "waiter", job(4, allocation="a", min_runtime_s=60)))
+    assert [w.reason for w in d if isinstance(w, Wait)] == [
+        "needs 4×GPU; n0 are held for it as they free up"
+    ]
+    while at < 2 * HOUR:
+        at += 60
+        assert stopped(s.handle(Tick(at))) == ([] if at < 2 * HOUR else ["b-job"])

@@ -52,12 +52,12 @@ NOT_STATE: dict[type, set[str]] = {
         "_learned",
         "_serving",
     },
-    Capacity: set(),
-    Queues: set(),
+    Capacity: {"_shape"},  # a memo of the last answer, dropped as the indexes change
+    Queues: {"_heads"},  # the heads asked since each queue changed (checked below)
     RunningWork: CONFIG,
     # Its nodes price running work; the last rank is a memo keyed by all it read.
     Charges: CONFIG | {"_capacity", "_ranked"},
-    Reservations: CONFIG,
+    Reservations: CONFIG | {"_failed"},  # a memo keyed by all it read
     Liveness: CONFIG,
     LearnedRuntimes: set(),
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
@@ -108,7 +108,12 @@ def check(scheduler: Scheduler) -> None:
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
     assert queues.derived() == queues.index
+    for (tier, allocation), key in queues._heads.items():  # a remembered head is the first
+        assert key == min(keys[0] for keys in queues.index[tier][allocation].values())
     kept, rebuilt = scheduler._capacity.indexes(), scheduler._capacity.derived()
+    if (memo := scheduler._capacity._shape) is not None:  # the remembered shape holds
+        scheduler._capacity._shape = None
+        assert scheduler._capacity.shape(memo[0]) == memo[1]
     assert _in_order(kept[0]) == _in_order(rebuilt[0])  # type: ignore[arg-type]
     assert kept[1:] == rebuilt[1:]
 
