@@ -150,11 +150,6 @@ class Scheduler:
     def handle(self, event: inputs.Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
-        decisions = self._handle(event)
-        self._state.settle()  # hashes what the input changed, once per fact
-        return decisions
-
-    def _handle(self, event: inputs.Input) -> list[Decision]:
         self._liveness.excuse_silence(event.at - self.now)
         clock_moved = event.at > self.now
         self.now = max(self.now, event.at)

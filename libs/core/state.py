@@ -6,9 +6,9 @@ facts) or a ``Cell`` (one value), in its ``State``. Every write goes through
 them, so the digest covers the state by construction: there is no second,
 hand-kept list of facts to forget a field in. A write only marks its key, so a
 hot path pays a dict write and a key written many times is hashed once: the
-marked facts are hashed when the driver ``settle``s the state after an input,
-and a ``large`` table's (a workflow's progress, a GPU's queue) only when the
-digest is read, so inputs that decide nothing do not pay for them.
+marked facts are hashed when the digest is read (placement reads it for inputs
+that decide something, the audit likewise), so inputs that decide nothing, and
+the simulator, which never reads it, do not pay for them.
 
 A table's order is state too (the oldest lease expires first, a workflow GPU
 is chosen in node order): each entry's fact holds its place, the count of
@@ -37,14 +37,10 @@ class State:
     def __init__(self) -> None:
         self._fingerprint = Fingerprint()
         self._parts: dict[str, Table[object, object] | Cell[object]] = {}
-        # Parts with marked facts: hashed on settle, and large ones on digest.
-        self._marked: list[Table[object, object] | Cell[object]] = []
-        self._marked_large: list[Table[object, object]] = []
+        self._marked: list[Table[object, object] | Cell[object]] = []  # hashed on digest
 
-    def table(
-        self, name: str, fact: Callable[[V], str] = repr, *, large: bool = False
-    ) -> Table[K, V]:
-        table: Table[K, V] = Table(self, name, fact, large)
+    def table(self, name: str, fact: Callable[[V], str] = repr) -> Table[K, V]:
+        table: Table[K, V] = Table(self, name, fact)
         self._declare(name, table)
         return table
 
@@ -57,16 +53,10 @@ class State:
     def names(self) -> tuple[str, ...]:
         return tuple(self._parts)
 
-    def settle(self) -> None:
-        """Hash the facts written since, but for those of large tables."""
-        while self._marked:
-            self._marked.pop()._flush(self._fingerprint)
-
     def digest(self) -> bytes:
         """The digest of every declared fact, hashing only those written since."""
-        self.settle()
-        while self._marked_large:
-            self._marked_large.pop()._flush(self._fingerprint)
+        while self._marked:
+            self._marked.pop()._flush(self._fingerprint)
         return self._fingerprint.digest()
 
     def recomputed(self) -> bytes:
@@ -82,8 +72,8 @@ class State:
             raise ValueError(f"state {name!r} is declared twice")
         self._parts[name] = part  # type: ignore[assignment]
 
-    def _mark(self, part: object, large: bool = False) -> None:
-        (self._marked_large if large else self._marked).append(part)  # type: ignore[arg-type]
+    def _mark(self, part: object) -> None:
+        self._marked.append(part)  # type: ignore[arg-type]
 
 
 class Table(dict[K, V]):
@@ -97,19 +87,17 @@ class Table(dict[K, V]):
         "_fact",
         "_hashes",
         "_inserted",
-        "_large",
         "_marked",
         "_places",
         "_state",
         "name",
     )
 
-    def __init__(self, state: State, name: str, fact: Callable[[V], str], large: bool) -> None:
+    def __init__(self, state: State, name: str, fact: Callable[[V], str]) -> None:
         super().__init__()
         self.name = name
         self._state = state
         self._fact = fact
-        self._large = large
         self._places: dict[K, int] = {}  # key -> its place in the order (see the module)
         self._inserted = 0
         self._marked: set[K] = set()
@@ -128,7 +116,7 @@ class Table(dict[K, V]):
         dict.__setitem__(self, key, value)
         marked = self._marked  # touch(key), inline: the hot paths write here
         if not marked:
-            self._state._mark(self, self._large)
+            self._state._mark(self)
         marked.add(key)
 
     def __delitem__(self, key: K) -> None:
@@ -151,7 +139,7 @@ class Table(dict[K, V]):
     def touch(self, key: K) -> None:
         """The entry under ``key`` changed (in place, or was written): rehash it."""
         if not self._marked:
-            self._state._mark(self, self._large)
+            self._state._mark(self)
         self._marked.add(key)
 
     def _refused(self, *args: object, **kwargs: object) -> None:

@@ -80,10 +80,9 @@ class Serving:
         self.mode = PlanMode(config.serving_mode)
         self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
         self._planner = Planner(self._costs, self.mode)
-        # A GPU's queue and a workflow's progress are large: hashed when the digest is read.
-        self._gpus: Table[GpuKey, Gpu] = state.table("serving.gpus", Gpu.fact, large=True)
+        self._gpus: Table[GpuKey, Gpu] = state.table("serving.gpus", Gpu.fact)
         self.pool = Pool(config, state, gpus, self._gpus)  # the GPUs held from batch work
-        self._flows: Table[JobId, Flow] = state.table("serving.flows", Flow.fact, large=True)
+        self._flows: Table[JobId, Flow] = state.table("serving.flows", Flow.fact)
         self._backlogs = Backlogs(self._planner, state)
         # Workflows no GPU could take, in order.
         self.waiting: Table[JobId, JobSpec] = state.table("serving.waiting")
