@@ -253,7 +253,7 @@ def _hold(
     held by running work (free, or being freed) count as free now."""
     may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
     may_take_later = victims_of(spec, rank, math.inf)
-    candidates: list[tuple[NodeId, int, int]] = []
+    candidates: Candidates = []
     releases: dict[NodeId, list[tuple[float, int]]] = {}
     for node_id, size in nodes:
         views = list(running_on.get(node_id, ()))
