@@ -57,7 +57,7 @@ async def serve() -> None:
             await publish_tree(
                 producer, topics.events.name, clusters, tree, 1, changed_by="budget", node=tree.root
             )
-            book.tree, book.version = tree, 1
+            book.adopt(tree, 1)
             log.info("seeded the budget tree from %s", own.tree)
         servicer = BudgetServicer(
             book, producer, topic=topics.events.name, clusters=clusters, secret=load_secret()

@@ -30,7 +30,14 @@ class BudgetBook:
         if event_type(env) == "budget_changed":
             # Only this service writes trees, valid ones; one that reached the log around
             # it is ignored here, as placement refuses it.
+            changed = env.budget_changed.tree
             with contextlib.suppress(InvalidTree):
-                self.tree = tree_from_proto(env.budget_changed.tree)
-                self.version = env.budget_changed.tree.version
+                self.adopt(tree_from_proto(changed), changed.version)
         self.ledger.apply(env)
+
+    def adopt(self, tree: BudgetTree, version: int) -> None:
+        """Take a tree unless the book already has a newer one: the service adopts its
+        own change as soon as it is written, before its follower reads it back, so a
+        change read late must not undo the one after it."""
+        if version > self.version:
+            self.tree, self.version = tree, version

@@ -63,7 +63,10 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 changed = tree.with_node(node)
             except InvalidTree as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget tree: {exc}")
-            size = tree_to_proto(changed, self._book.version + 1).ByteSize()
+            # Read once: the book's follower may fold this very change while it is
+            # acknowledged.
+            version = self._book.version + 1
+            size = tree_to_proto(changed, version).ByteSize()
             if size > MAX_TREE_BYTES:  # every cluster's input would have to carry it
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -74,12 +77,12 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 self._topic,
                 self._clusters,
                 changed,
-                self._book.version + 1,
+                version,
                 changed_by=user,
                 node=node.name,
             )
-            self._book.tree, self._book.version = changed, self._book.version + 1
-            return tree_to_proto(changed, self._book.version)
+            self._book.adopt(changed, version)
+            return tree_to_proto(changed, version)
 
     async def GetBalances(
         self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext

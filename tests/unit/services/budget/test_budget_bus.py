@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
-from qm.v1 import budget_service_pb2, types_pb2
+from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
 from libs.bus import EventProducer, load_topic_config
 from libs.bus.memory import MemoryBus
@@ -60,3 +60,34 @@ async def test_a_bus_that_does_not_answer_makes_the_change_unavailable(
         await servicer(bus).SetAllocation(change(3.0), Context("boss"))
     assert status_of(raised.value)[0] == grpc.StatusCode.UNAVAILABLE
     assert bus.records(EVENTS) == []
+
+
+class FoldingProducer(EventProducer):
+    """A producer whose records the book's follower folds before the write is
+    acknowledged, as a loaded machine schedules it."""
+
+    def __init__(self, bus: MemoryBus, book: BudgetBook) -> None:
+        super().__init__(bus, client_id="budget")
+        self.book = book
+        self.written: list[events_pb2.Envelope] = []
+
+    async def send(self, topic: str, env: events_pb2.Envelope, *, key: str | None = None) -> None:
+        await super().send(topic, env, key=key)
+        self.written.append(env)
+        self.book.apply(env)
+
+
+async def test_a_change_folded_back_before_its_ack_keeps_its_version() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    book = BudgetBook.for_policy(PolicyConfig())
+    book.adopt(TREE, 1)
+    producer = FoldingProducer(bus, book)
+    budget = BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, secret=SECRET)
+    first = await budget.SetAllocation(change(3.0), Context("boss"))
+    second = await budget.SetAllocation(change(5.0), Context("boss"))
+    assert (first.version, second.version) == (2, 3)
+    assert sorted(env.budget_changed.tree.version for env in bus.envelopes(EVENTS)) == [2, 2, 3, 3]
+    # A follower that reads the first change only now does not undo the second.
+    book.apply(producer.written[0])
+    assert book.version == 3
+    assert book.tree is not None and book.tree.node("team-b").weight == 5.0
