@@ -172,8 +172,11 @@ class Capacity:
     def shape(self, blocked: Set[NodeId] = frozenset()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
         leaving out ``blocked`` nodes."""
-        if self._shape is not None and self._shape[0] == blocked:
-            return self._shape[1]
+        memo = self._shape
+        # The same frozen set (reservations keep theirs until they change) is the
+        # common case, and comparing a large set with itself walks all of it.
+        if memo is not None and (memo[0] is blocked or memo[0] == blocked):
+            return memo[1]
 
         def unblocked(nodes: dict[NodeId, None]) -> int:
             # Counted through the smaller side: every pass asks, and either may be large.
@@ -200,7 +203,8 @@ class Capacity:
             for count, nodes in buckets.items()
             if count == node_size
         )
-        self._shape = frozenset(blocked), (largest, node_size, whole)
+        frozen = blocked if isinstance(blocked, frozenset) else frozenset(blocked)
+        self._shape = frozen, (largest, node_size, whole)
         return largest, node_size, whole
 
     def _fit_gang(

@@ -83,6 +83,9 @@ class Reservations:
         self._held: set[NodeId] = set()  # the nodes of holds (``derived`` rebuilds it)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
         self._failed: dict[JobId, _Failed] = {}  # a memo keyed by all it read, not state
+        # A memo, not state: the reserved nodes not held, dropped as reservations change
+        # (every pass asks, once per allocation, and a gang's hold spans many nodes).
+        self._open: frozenset[NodeId] | None = None
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
         """Whether this input's pass may plan preemption; the fast path (debug work
@@ -146,9 +149,9 @@ class Reservations:
                 return self._stop_for(job.job_id, plan, now)
         self._no_plan.value = (attempt, now)
         if hold is not None:
-            self._reserve(job.job_id, hold.node_ids, now)
             self.holds[job.job_id] = max(hold.starts_at, now)
             self._held.update(hold.node_ids)
+            self._reserve(job.job_id, hold.node_ids, now)
         return ()
 
     def _lossless(
@@ -202,11 +205,19 @@ class Reservations:
         for node_id in node_ids:
             self.reserved[node_id] = (job_id, now)
         self.nominated[job_id] = node_ids
+        self._open = None
 
     def held(self) -> set[NodeId]:
         """The nodes held for a job, not being freed: work that cannot delay it may run
         there meanwhile (read it before reservations change)."""
         return self._held
+
+    def open_nodes(self) -> frozenset[NodeId]:
+        """The reserved nodes not held: those being freed for a job, where nothing else
+        may start; a snapshot, which a change to reservations replaces."""
+        if self._open is None:
+            self._open = frozenset(self.reserved.keys() - self._held)
+        return self._open
 
     def derived(self) -> dict[str, object]:
         """The index (``DERIVED``) rebuilt from the tables alone."""
@@ -222,6 +233,7 @@ class Reservations:
         held = self.holds.pop(job_id) is not None
         for node in self.nominated.pop(job_id) or ():
             del self.reserved[node]
+            self._open = None
             if held:
                 self._held.discard(node)
 

@@ -492,7 +492,7 @@ class Scheduler:
         # short), and charged work that will be gone in time (``_backfills``).
         all_reserved = self._reservations.reserved.keys()
         held = self._reservations.held()
-        open_nodes = all_reserved - held if held else all_reserved
+        open_nodes = self._reservations.open_nodes() if held else all_reserved
         reserved: Collection[NodeId] = all_reserved
         if tier is not WorkClass.ALLOCATED:
             reserved = open_nodes

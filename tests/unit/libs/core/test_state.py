@@ -57,7 +57,8 @@ NOT_STATE: dict[type, set[str]] = {
     RunningWork: CONFIG,
     # Its nodes price running work; the last rank is a memo keyed by all it read.
     Charges: CONFIG | {"_capacity", "_ranked"},
-    Reservations: CONFIG | {"_failed"},  # a memo keyed by all it read
+    # Memos: one keyed by all it read; the open nodes, dropped as reservations change.
+    Reservations: CONFIG | {"_failed", "_open"},
     Liveness: CONFIG,
     LearnedRuntimes: set(),
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
@@ -104,7 +105,10 @@ def check(scheduler: Scheduler) -> None:
     preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
     assert preemptible == {n: list(jobs.items()) for n, jobs in derived["_preemptible"].items()}  # type: ignore[attr-defined]
     assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
-    assert scheduler._reservations.derived() == {"_held": scheduler._reservations.held()}
+    reservations = scheduler._reservations
+    assert reservations.derived() == {"_held": reservations.held()}
+    if (open_nodes := reservations._open) is not None:  # the remembered open nodes hold
+        assert open_nodes == reservations.reserved.keys() - reservations.held()
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
     assert queues.derived() == queues.index
