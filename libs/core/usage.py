@@ -90,7 +90,7 @@ class WindowedUsage:
             acc = sums.get(run.allocation)
             if acc is None:
                 acc = sums[run.allocation] = [0.0, 0.0]
-            acc[0 if run.allocated else 1] += run.gpus * seconds * run.price
+            acc[0 if run.allocated else 1] += _gpu_s(run, seconds)
         return {name: Usage(*acc) for name, acc in sorted(sums.items())}
 
     def _charge(self, index: int, run: _Running, gpu_s: float) -> None:
@@ -115,6 +115,10 @@ class WindowedUsage:
                 )
 
 
+def _gpu_s(run: _Running, seconds: float) -> float:
+    return run.gpus * seconds * run.price
+
+
 def _usage(run: _Running, seconds: float) -> Usage:
-    gpu_s = run.gpus * seconds * run.price
+    gpu_s = _gpu_s(run, seconds)
     return Usage(allocated_gpu_s=gpu_s) if run.allocated else Usage(unallocated_gpu_s=gpu_s)
