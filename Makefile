@@ -8,7 +8,13 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/qm/v1/*.proto)
 GEN_STAMP := gen/.generated
 TEST_KAFKA_PORT ?= 19092
-TEST_KAFKA := QM_KAFKA_DIR=$(CURDIR)/.local/kafka-test QM_KAFKA_PORT=$(TEST_KAFKA_PORT)
+TEST_KAFKA_DIR := $(CURDIR)/.local/kafka-test
+TEST_KAFKA := QM_KAFKA_DIR=$(TEST_KAFKA_DIR) QM_KAFKA_PORT=$(TEST_KAFKA_PORT)
+# The tests log in as the broker's admin; each service they start, as its own principal.
+TEST_KAFKA_LOGIN := QM_KAFKA_BOOTSTRAP=127.0.0.1:$(TEST_KAFKA_PORT) \
+  QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT QM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512 \
+  QM_KAFKA_SASL_USERNAME=admin QM_KAFKA_SASL_PASSWORD_FILE=$(TEST_KAFKA_DIR)/users/admin \
+  QM_KAFKA_USERS_DIR=$(TEST_KAFKA_DIR)/users
 CHAOS_BUDGET ?= 600
 CHAOS_PORT_BASE ?= 29400
 CHAOS_ARGS ?=
@@ -52,7 +58,7 @@ kafka-stop:
 # and stops the broker whatever the outcome.
 test: install
 	$(TEST_KAFKA) deploy/local/kafka.sh start
-	QM_KAFKA_BOOTSTRAP=127.0.0.1:$(TEST_KAFKA_PORT) $(PY) -m pytest -q; status=$$?; \
+	$(TEST_KAFKA_LOGIN) $(PY) -m pytest -q; status=$$?; \
 	$(TEST_KAFKA) deploy/local/kafka.sh stop; exit $$status
 
 # The chaos and fuzz suite (tests/chaos): a stack of its own (broker on

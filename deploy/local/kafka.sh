@@ -4,6 +4,12 @@
 #   deploy/local/kafka.sh start|stop|status
 # Settings (environment): QM_KAFKA_DIR (data, logs and jars; default .local/kafka),
 # QM_KAFKA_PORT (client port, default 9092; the controller uses the next one).
+#
+# Nobody talks to it unauthenticated: clients log in with SASL SCRAM-SHA-512, the
+# controller listener with SASL PLAIN, and the StandardAuthorizer refuses whatever no
+# ACL allows. The first start creates the superuser `admin` (password in
+# $QM_KAFKA_DIR/users/admin, readable only by its owner); `python -m libs.bus`, run
+# as admin, then creates one principal per service and their ACLs (libs/bus/access.py).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,6 +19,7 @@ port="${QM_KAFKA_PORT:-9092}"
 controller_port=$((port + 1))
 libs="$root/.local/kafka-libs"        # jars are shared by every data folder
 pidfile="$dir/kafka.pid"
+users="$dir/users"
 
 fetch_jars() {
   [ -f "$libs/.complete" ] && return
@@ -32,17 +39,44 @@ java_args=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
   -Dkafka.logs.dir="$dir/logs" -Dlog4j2.configurationFile="$here/kafka/log4j2.properties"
   -cp "$libs/*")
 
+# The superuser's password: random, made once, kept beside the data it protects.
+admin_password() {
+  if [ ! -s "$users/admin" ]; then
+    if [ -f "$dir/data/meta.properties" ]; then
+      echo "kafka: $dir/data was made by a broker without authentication; remove $dir" \
+        "(make down && rm -rf $dir) and start again" >&2
+      exit 1
+    fi
+    (umask 077 && mkdir -p "$users" && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$users/admin")
+  fi
+  cat "$users/admin"
+}
+
 write_config() {
   mkdir -p "$dir/data" "$dir/logs"
-  cat > "$dir/server.properties" <<PROPS
+  local password; password="$(admin_password)"
+  local plain="org.apache.kafka.common.security.plain.PlainLoginModule required"
+  local scram="org.apache.kafka.common.security.scram.ScramLoginModule required"
+  (umask 077 && cat > "$dir/server.properties") <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller_port
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=CLIENT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=CLIENT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
+inter.broker.listener.name=CLIENT
+# Clients (and the broker to itself) log in with SCRAM; the users live in the metadata log.
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.client.scram-sha-512.sasl.jaas.config=$scram username="admin" password="$password";
+# The controller cannot read SCRAM users before the metadata log is up: PLAIN, one user.
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=$plain username="admin" password="$password" user_admin="$password";
+# Whatever no ACL allows is refused; admin is the operator.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin
 log.dirs=$dir/data
 # One broker: internal topics cannot be replicated.
 offsets.topic.replication.factor=1
@@ -67,7 +101,8 @@ start() {
   if [ ! -f "$dir/data/meta.properties" ]; then
     local cluster_id
     cluster_id="$(java "${java_args[@]}" kafka.tools.StorageTool random-uuid)"
-    java "${java_args[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >/dev/null
+    java "${java_args[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      --add-scram "SCRAM-SHA-512=[name=admin,password=$(admin_password)]" >/dev/null
     echo "kafka: formatted KRaft storage in $dir/data (cluster $cluster_id)"
   fi
   : > "$dir/logs/server.log"

@@ -15,6 +15,10 @@ logs="$root/.local/logs"
 services=(budget projector placement ticker node_agent admission)
 
 export QM_KAFKA_BOOTSTRAP="${QM_KAFKA_BOOTSTRAP:-127.0.0.1:${QM_KAFKA_PORT:-9092}}"
+# The broker authenticates (deploy/local/kafka.sh): each service logs in as its own
+# principal, with a password file only this user reads (.local/kafka/users/).
+export QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT QM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+users="${QM_KAFKA_DIR:-$root/.local/kafka}/users"
 export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
 export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
 export PYTHONUNBUFFERED=1
@@ -24,7 +28,9 @@ start_service() {
   if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
     echo "$name: already running"; return
   fi
-  nohup "$py" deploy/local/supervise.py --name "$name" --child-pidfile "$run/$name.child.pid" \
+  local principal="${name//_/-}"
+  QM_KAFKA_SASL_USERNAME="$principal" QM_KAFKA_SASL_PASSWORD_FILE="$users/$principal" \
+    nohup "$py" deploy/local/supervise.py --name "$name" --child-pidfile "$run/$name.child.pid" \
     -- "$py" -m "services.$name" "$@" </dev/null >>"$logs/$name.log" 2>&1 &
   echo $! > "$run/$name.pid"
 }
@@ -41,7 +47,10 @@ wait_for() {
 up() {
   mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
   deploy/local/kafka.sh start
-  "$py" -m libs.bus
+  # As the broker's admin: topics, then one principal per service and its ACLs.
+  QM_KAFKA_SASL_USERNAME=admin QM_KAFKA_SASL_PASSWORD_FILE="$users/admin" \
+    QM_KAFKA_USERS_DIR="$users" "$py" -m libs.bus
+  auditor_env
   if [ ! -s "$QM_AUTH_SECRET_FILE" ]; then
     head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$QM_AUTH_SECRET_FILE"
     chmod 600 "$QM_AUTH_SECRET_FILE"
@@ -63,6 +72,15 @@ Quartermaster is up: 4 simulated nodes of 8 GPUs (deploy/local/nodes.yaml).
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
 MSG
+}
+
+# `qm audit verify` reads the log as the auditor: `source .local/auditor.env` first.
+auditor_env() {
+  (umask 077 && cat > "$root/.local/auditor.env") <<ENV
+export QM_KAFKA_BOOTSTRAP=$QM_KAFKA_BOOTSTRAP QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT
+export QM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512 QM_KAFKA_SASL_USERNAME=auditor
+export QM_KAFKA_SASL_PASSWORD_FILE=$users/auditor
+ENV
 }
 
 # The local user is alice (deploy/local/budget.yaml); qm reads ~/.config/qm/token.

@@ -101,7 +101,7 @@ class Run:
 async def drive(run: Run) -> None:
     """Every phase; the stack is up. Fills ``run.report``."""
     stack, settings, report = run.stack, run.settings, run.report
-    kafka = KafkaSettings.model_validate({"bootstrap": stack.bootstrap})
+    kafka = stack.kafka_settings()
     topics = load_topic_config(stack.topics_file)
     clients = Clients.connect(stack)
     observer = Observer(kafka, topics)
@@ -435,7 +435,7 @@ async def _audit(run: Run) -> None:
             subprocess.run,
             [sys.executable, "-m", "cli", "audit", "verify"],
             cwd=ROOT,
-            env={**run.stack.env, "COLUMNS": "200"},
+            env={**run.stack.env, **run.stack.principal_env("auditor"), "COLUMNS": "200"},
             capture_output=True,
             text=True,
             timeout=max(30.0, min(180.0, run.left())),

@@ -79,6 +79,7 @@ class ChaosStack(Stack):
 
     def __post_init__(self) -> None:
         self.bootstrap = f"127.0.0.1:{self.port_base}"
+        self.users_dir = self.workdir / "kafka" / "users"
         super().__post_init__()
         self.admission_port = self.port_base + 2
         self.budget_port = self.port_base + 3
@@ -146,7 +147,7 @@ class ChaosStack(Stack):
              "--child-pidfile", str(self.child_pidfile(name)),
              "--", sys.executable, "-m", f"services.{module}", *args],
             cwd=ROOT,
-            env=self.env,
+            env=self.service_env(module),
             stdin=subprocess.DEVNULL,
             stdout=(self.logs / f"{name}.log").open("ab"),
             stderr=subprocess.STDOUT,

@@ -79,7 +79,7 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
     through that command too): every decision reproduces, and there are enough."""
     result = asyncio.run(
         audit_topics(
-            KafkaSettings(bootstrap=stack.bootstrap),
+            stack.kafka_settings("auditor"),
             load_topic_config(Path(stack.topics_file)),
             stack.policy,
             group=stack.env["QM_PLACEMENT_GROUP"],
@@ -87,7 +87,9 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
     )
     assert result.ok, (result.config, result.divergence)
     assert result.checked == result.reproduced >= at_least
-    verdict = CliRunner().invoke(app, ["audit", "verify"], env=stack.env)
+    verdict = CliRunner().invoke(
+        app, ["audit", "verify"], env={**stack.env, **stack.principal_env("auditor")}
+    )
     assert verdict.exit_code == 0, verdict.output
     assert f"{result.checked} decisions, {result.checked} reproduced" in verdict.output
 
@@ -95,7 +97,7 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
 def read_topic(stack: Stack, key: str) -> list[ConsumerRecord[bytes, bytes]]:
     """Every record currently in one of the session's topics (by config key)."""
     topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
-    return asyncio.run(committed_records(KafkaSettings(bootstrap=stack.bootstrap), topic))
+    return asyncio.run(committed_records(stack.kafka_settings(), topic))
 
 
 async def committed_records(

@@ -20,6 +20,8 @@ import grpc
 import yaml
 
 from libs.auth import issue_token
+from libs.bus import KafkaSettings
+from libs.bus.access import ADMIN
 from libs.config.policy import load_policy
 from libs.core import PolicyConfig
 from services.grpc_server import bearer
@@ -86,6 +88,12 @@ class Stack:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Every principal's password (deploy/local/kafka.sh and `python -m libs.bus` make them).
+    users_dir: Path = field(
+        default_factory=lambda: Path(
+            os.environ.get("QM_KAFKA_USERS_DIR", ROOT / ".local" / "kafka-test" / "users")
+        )
+    )
 
     def __post_init__(self) -> None:
         self.admission_port = free_port()
@@ -96,7 +104,8 @@ class Stack:
         self.task_logs = self.logs / "tasks"
         self.task_logs.mkdir(parents=True, exist_ok=True)
         prefix = f"t{self.run_id}"
-        self.app_id = f"{prefix}-projector"
+        # Groups start as the bus's grants expect (libs/bus/access.py).
+        self.app_id = f"qm-projector-{prefix}"
         config = yaml.safe_load((ROOT / "deploy" / "topics.yaml").read_text())
         for key, topic in config["topics"].items():
             # Faust names changelogs <app id>-<table>-changelog.
@@ -112,9 +121,16 @@ class Stack:
 
     @property
     def env(self) -> dict[str, str]:
+        """The operator's environment (the broker's admin); services get their own account
+        (``service_env``)."""
         return {
             **os.environ,
             "QM_KAFKA_BOOTSTRAP": self.bootstrap,
+            "QM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "QM_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "QM_KAFKA_SASL_USERNAME": ADMIN,
+            "QM_KAFKA_SASL_PASSWORD_FILE": str(self.users_dir / ADMIN),
+            "QM_KAFKA_USERS_DIR": str(self.users_dir),
             "QM_TOPICS": str(self.topics_file),
             "QM_AUTH_SECRET": self.secret.decode(),
             "QM_ADMISSION_ADDR": f"127.0.0.1:{self.admission_port}",
@@ -128,18 +144,34 @@ class Stack:
             "QM_TASK_LOG_DIR": str(self.task_logs),
             "QM_NODE_STATE_DIR": str(self.workdir / "node-state"),
             "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
-            "QM_PLACEMENT_GROUP": f"t{self.run_id}-placement",
+            "QM_PLACEMENT_GROUP": f"qm-placement-t{self.run_id}",
             "QM_POLICY_FILE": str(self.workdir / "policy.yaml"),
             "OTEL_TRACES_EXPORTER": "console",
             "PYTHONUNBUFFERED": "1",
         }
+
+    def service_env(self, module: str) -> dict[str, str]:
+        """The environment of ``services.<module>``: logged in to the bus as its principal."""
+        env = {**self.env, **self.principal_env(module.replace("_", "-"))}
+        del env["QM_KAFKA_USERS_DIR"]
+        return env
+
+    def principal_env(self, principal: str) -> dict[str, str]:
+        return {
+            "QM_KAFKA_SASL_USERNAME": principal,
+            "QM_KAFKA_SASL_PASSWORD_FILE": str(self.users_dir / principal),
+        }
+
+    def kafka_settings(self, principal: str = ADMIN) -> KafkaSettings:
+        """Settings to reach this stack's broker as ``principal``."""
+        return KafkaSettings.from_env({**self.env, **self.principal_env(principal)})
 
     def start(self, name: str, *args: str) -> None:
         log = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
             cwd=ROOT,
-            env=self.env,
+            env=self.service_env(name),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -10,7 +10,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
-from libs.bus import KafkaBus, KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_TOPIC
 from tests.integration.conftest import eventually, read_topic, until_running, wait_for_end
 from tests.integration.stack import Stack
@@ -21,7 +21,7 @@ def produce_raw(stack: Stack, key: str, value: bytes) -> None:
     topic = getattr(load_topic_config(Path(stack.topics_file)), key).name
 
     async def send() -> None:
-        producer = KafkaBus(KafkaSettings(bootstrap=stack.bootstrap)).producer()
+        producer = KafkaBus(stack.kafka_settings()).producer()
         await producer.start()
         try:
             await (await producer.send(topic, value=value, key=b"default"))

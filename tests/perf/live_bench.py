@@ -49,7 +49,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
-from libs.bus import KafkaBus, KafkaSettings, load_topic_config
+from libs.bus import KafkaBus, load_topic_config
 from libs.events import DecodeError, decode, event_type, occurred_at
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
@@ -129,7 +129,7 @@ class PerfStack(Stack):
             command[1:1] = ["-m", "cProfile", "-o", str(self.profile_path)]
         log = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
-            command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            command, cwd=ROOT, env=self.service_env(name), stdout=log, stderr=subprocess.STDOUT
         )
 
 
@@ -249,9 +249,7 @@ class Collector:
 
     def __init__(self, stack: Stack) -> None:
         self.topic = load_topic_config(stack.topics_file).decisions.name
-        self.consumer = KafkaBus(
-            KafkaSettings.from_env({"QM_KAFKA_BOOTSTRAP": stack.bootstrap})
-        ).consumer(fetch_max_wait_ms=50)
+        self.consumer = KafkaBus(stack.kafka_settings()).consumer(fetch_max_wait_ms=50)
         self.consumer.subscribe([self.topic])
         self.placed: dict[str, Seen] = {}
         self.decided: dict[str, Seen] = {}
@@ -281,7 +279,7 @@ class Collector:
 
 async def _wait_nodes(stack: Stack, nodes: int, timeout: float) -> None:
     """Until every simulated node's NodeRegistered is in the event log."""
-    consumer = KafkaBus(KafkaSettings.from_env({"QM_KAFKA_BOOTSTRAP": stack.bootstrap})).consumer()
+    consumer = KafkaBus(stack.kafka_settings()).consumer()
     consumer.subscribe([load_topic_config(stack.topics_file).events.name])
     await consumer.start()
     seen: set[str] = set()

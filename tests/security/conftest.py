@@ -1,0 +1,13 @@
+"""The security suite: attacks on every trust boundary, each refused (see README's
+"Security" section for the table). Tests here talk to the real broker, like the
+integration tests, so they run where it runs (``make test``)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "security" in str(item.path) and "test_bus" in str(item.path):
+            item.add_marker(pytest.mark.kafka)
