@@ -21,6 +21,7 @@ export QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT QM_KAFKA_SASL_MECHANISM=SCRAM-S
 users="${QM_KAFKA_DIR:-$root/.local/kafka}/users"
 export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
 export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
+export QM_SANDBOX="${QM_SANDBOX:-$root/deploy/local/sandbox.yaml}"
 export PYTHONUNBUFFERED=1
 
 start_service() {
@@ -68,7 +69,7 @@ up() {
 
 Quartermaster is up: 4 simulated nodes of 8 GPUs (deploy/local/nodes.yaml).
   source .venv/bin/activate
-  qm submit --gpus 2 -- python -c 'print(42)'
+  qm submit --gpus 2 -- python3 -c 'print(42)'
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
 MSG

@@ -6,8 +6,9 @@ Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, defa
 ``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads),
 ``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
 ``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
-agent to kill; default ``.local/run/node-agent-NAME``), plus the ``QM_KAFKA_*``,
-``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
+agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose account
+runs each user's tasks and what environment they see: ``libs.config.sandbox``), plus
+the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from services.node_agent.inventory import (
 )
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S
+from services.node_agent.sandbox import Sandbox
 from services.node_agent.serving import DEFAULT_HOST_TO_GPU_MB_PER_MS
 from services.node_agent.utilization import nvml_session, sampler_for
 
@@ -181,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
+        sandbox = Sandbox.from_env()
         tracing = setup_tracing("node-agent")
     except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
@@ -188,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes, settings, topics))
+            asyncio.run(_run(args, nodes, settings, topics, sandbox))
     finally:
         tracing.shutdown()
     return 0
@@ -206,6 +209,7 @@ async def _run(
     nodes: list[types_pb2.NodeInventory],
     settings: KafkaSettings,
     topics: Topics,
+    sandbox: Sandbox,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -228,7 +232,7 @@ async def _run(
             nodes,
             executors={
                 types_pb2.EXECUTOR_PROCESS: ProcessExecutor(
-                    log_dir, grace_s=args.grace_seconds, ledger=ledger
+                    log_dir, grace_s=args.grace_seconds, sandbox=sandbox, ledger=ledger
                 ),
                 types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
             },

@@ -21,12 +21,13 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from qm.v1 import events_pb2
 
 from libs.core.decisions import stop_grace
 from services.node_agent.orphans import ProcessLedger
+from services.node_agent.sandbox import Account, Refused, Sandbox
 
 
 class LaunchError(Exception):
@@ -72,7 +73,8 @@ class Executor(Protocol):
 def task_environment(
     base: Mapping[str, str], task: events_pb2.TaskPlaced, *, model_resident: bool = False
 ) -> dict[str, str]:
-    """The agent's environment, then the job's extras, then what the agent decides.
+    """The sandbox's ``base`` (a few of the agent's variables), then the job's extras,
+    then what the agent decides.
 
     The agent's own variables come last so that a job cannot widen its GPU set. CUDA
     numbers GPUs fastest first unless told otherwise; NVML, whose indices the inventory
@@ -106,8 +108,11 @@ def log_file_name(job_id: str) -> str:
 class ProcessExecutor:
     """Runs ``spec.command`` without a shell, output appended to ``<log_dir>/<job_id>.log``.
 
-    ``ledger`` records each running task's process group, for the next agent to kill
-    if this one dies with its tasks still running.
+    ``sandbox`` says whose account runs the task and what environment it starts from
+    (default: the agent's own account, a clean environment). A task that runs as its
+    user's account gets a log only that account reads, a private umask and its home as
+    working directory. ``ledger`` records each running task's process group, for the
+    next agent to kill if this one dies with its tasks still running.
     """
 
     def __init__(
@@ -115,12 +120,12 @@ class ProcessExecutor:
         log_dir: Path,
         *,
         grace_s: float = 10.0,
-        base_env: Mapping[str, str] | None = None,
+        sandbox: Sandbox | None = None,
         ledger: ProcessLedger | None = None,
     ) -> None:
         self._log_dir = log_dir
         self._grace_s = grace_s
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._sandbox = sandbox or Sandbox.as_agent()
         self._ledger = ledger
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
@@ -132,10 +137,13 @@ class ProcessExecutor:
         argv = list(task.spec.command)
         if not argv:
             raise LaunchError("the job has no command to run", 127)
+        try:
+            runs_as = self._sandbox.account_for(task.spec.user)
+        except Refused as exc:
+            raise LaunchError(str(exc), 126) from None
         log_path = self._log_dir / log_file_name(task.job_id)
         try:
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            log = log_path.open("ab")
+            log = _open_log(self._log_dir, log_path, runs_as)
         except OSError as exc:
             raise LaunchError(f"cannot open the task log {log_path}: {exc.strerror}", 126) from exc
         with log:
@@ -149,10 +157,13 @@ class ProcessExecutor:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=task_environment(self._base_env, task, model_resident=model_resident),
+                    env=task_environment(
+                        self._sandbox.environment(runs_as), task, model_resident=model_resident
+                    ),
                     # Its own process group: stop() reaches the task's children too, and a
                     # Ctrl-C meant for the agent does not hit tasks before their grace period.
                     start_new_session=True,
+                    **_identity(runs_as),
                 )
             except FileNotFoundError:
                 raise LaunchError(f"command not found: {argv[0]}", 127) from None
@@ -165,6 +176,36 @@ class ProcessExecutor:
         if self._ledger is not None:
             self._ledger.record(process.pid)
         return ProcessExecution(process, grace_s=self._grace_s, ledger=self._ledger)
+
+
+def _open_log(log_dir: Path, path: Path, runs_as: Account | None) -> Any:
+    """The task's log, appended to; readable by its own account only (and the agent).
+    Never through a link: the folder is the agent's, but a link is not followed."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if runs_as is not None:
+            os.fchown(fd, runs_as.uid, runs_as.gid)
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
+def _identity(runs_as: Account | None) -> dict[str, Any]:
+    """The subprocess options that make the task its account's: no groups of the agent's,
+    files it creates private to it, and its home (if it has one) as working directory."""
+    if runs_as is None:
+        return {}
+    home = runs_as.home if os.path.isdir(runs_as.home) else "/"
+    return {
+        "user": runs_as.uid,
+        "group": runs_as.gid,
+        "extra_groups": [],
+        "umask": 0o077,
+        "cwd": home,
+    }
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from libs.config.policy import policy_from_mapping
+from libs.config.sandbox import DEFAULT_ENVIRONMENT
 from libs.core import PolicyConfig
 from tests.chaos.workload import CANARY_TYPE, LOST_NODE_TYPE
 from tests.integration.stack import ROOT, Stack
@@ -91,6 +92,10 @@ class ChaosStack(Stack):
         tree["children"].append(FUZZ_ALLOCATION)
         (self.workdir / "budget.yaml").write_text(yaml.safe_dump(tree))
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+        # Tasks see only what the sandbox passes on: the run's mark too, so that the
+        # teardown finds every process the run started (tests/chaos/processes.py).
+        sandbox = {"environment": [*DEFAULT_ENVIRONMENT, MARK]}
+        (self.workdir / "sandbox.yaml").write_text(yaml.safe_dump(sandbox))
         for agent, nodes in AGENTS.items():
             (self.workdir / f"nodes-{agent}.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
 
@@ -99,6 +104,7 @@ class ChaosStack(Stack):
         return {
             **super().env,
             MARK: self.run_id,
+            "QM_SANDBOX": str(self.workdir / "sandbox.yaml"),
             "OTEL_TRACES_EXPORTER": "none",
             "QM_KAFKA_DIR": str(self.kafka_dir),
             "QM_KAFKA_PORT": str(self.port_base),

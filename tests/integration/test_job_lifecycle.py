@@ -26,7 +26,7 @@ def submit(stack: Stack, jobs: js_grpc.JobServiceStub, user: str = "alice", **sp
 
 
 def test_a_job_runs_and_finishes(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
-    job_id = submit(stack, jobs, gpus=2, command=["python", "-c", "print(42)"])
+    job_id = submit(stack, jobs, gpus=2, command=["python3", "-c", "print(42)"])
     job = wait_for_end(stack, jobs, job_id)
     assert types_pb2.JobState.Name(job.state) == "JOB_STATE_FINISHED", job
     assert job.exit_code == 0 and len(job.gpu_indices) == 2 and job.node_id.startswith("proc-")
@@ -37,7 +37,7 @@ def test_a_job_runs_and_finishes(stack: Stack, jobs: js_grpc.JobServiceStub) -> 
 
 def test_the_task_sees_its_gpus(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
     script = "import os; print('gpus=' + os.environ['CUDA_VISIBLE_DEVICES'])"
-    job_id = submit(stack, jobs, gpus=3, command=["python", "-c", script])
+    job_id = submit(stack, jobs, gpus=3, command=["python3", "-c", script])
     job = wait_for_end(stack, jobs, job_id)
     expected = ",".join(str(g) for g in job.gpu_indices)
     assert f"gpus={expected}" in (stack.task_logs / f"{job_id}.log").read_text()
@@ -46,7 +46,7 @@ def test_the_task_sees_its_gpus(stack: Stack, jobs: js_grpc.JobServiceStub) -> N
 def test_a_failing_command_ends_failed_with_its_exit_code(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    job_id = submit(stack, jobs, gpus=1, command=["python", "-c", "import sys; sys.exit(3)"])
+    job_id = submit(stack, jobs, gpus=1, command=["python3", "-c", "import sys; sys.exit(3)"])
     job = wait_for_end(stack, jobs, job_id)
     assert job.state == types_pb2.JOB_STATE_FAILED and job.exit_code == 3
 
@@ -115,7 +115,7 @@ def test_callers_must_authenticate_and_belong(stack: Stack, jobs: js_grpc.JobSer
 
 
 def test_cancelling_a_running_job(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
-    job_id = submit(stack, jobs, command=["python", "-c", "import time; time.sleep(120)"])
+    job_id = submit(stack, jobs, command=["python3", "-c", "import time; time.sleep(120)"])
     eventually(
         lambda: (
             jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).state

@@ -51,8 +51,8 @@ def forged_placement() -> bytes:
 
 async def produce(settings: KafkaSettings, topic: str, value: bytes) -> None:
     producer: AIOKafkaProducer = KafkaBus(settings).producer(request_timeout_ms=10_000)
-    await asyncio.wait_for(producer.start(), 30)
     try:
+        await asyncio.wait_for(producer.start(), 30)
         await asyncio.wait_for(producer.send_and_wait(topic, value, key=b"default"), 30)
     finally:
         await producer.stop()

@@ -14,9 +14,10 @@ from pydantic import BaseModel
 
 from libs.bus import load_topic_config
 from libs.config.budget import BudgetNodeEntry, load_budget_tree, tree_from_mapping
-from libs.config.document import ConfigError, read_document, validate
+from libs.config.document import ConfigError, load, read_document, validate
 from libs.config.inventory import InventoryFile
 from libs.config.policy import policy_from_mapping
+from libs.config.sandbox import SandboxFile
 from libs.config.scenario import ScenarioFile, load_scenario
 from libs.config.topics import TopicsFile
 from libs.config.workflow import ProfilesFile, WorkflowFile
@@ -34,6 +35,7 @@ FILES: dict[type[BaseModel], list[Path]] = {
     ScenarioFile: [DEPLOY / "sim" / f"{name}.yaml" for name in TRACES],
     TopicsFile: [DEPLOY / "topics.yaml", DEPLOY / "k8s" / "config" / "topics.yaml"],
     InventoryFile: [DEPLOY / "local" / "nodes.yaml"],
+    SandboxFile: [DEPLOY / "local" / "sandbox.yaml"],
     WorkflowFile: [DEPLOY / "examples" / "workflow-translation.yaml"],
 }
 
@@ -55,6 +57,7 @@ def test_the_shipped_files_give_what_they_say() -> None:
     philly = load_scenario(DEPLOY / "sim" / "philly.yaml")
     assert (philly.skip_head, philly.cluster and philly.cluster.nodes) == (1000, 48)
     assert philly.tree_path == DEPLOY / "sim" / "budget-tree.yaml"
+    assert load(SandboxFile, DEPLOY / "local" / "sandbox.yaml") == SandboxFile()
 
 
 @pytest.mark.shared_data

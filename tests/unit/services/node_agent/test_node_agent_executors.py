@@ -71,7 +71,8 @@ async def test_process_exit_code_is_reported(tmp_path: Path) -> None:
 async def test_process_sees_its_gpus_and_ids_and_logs_to_the_job_file(tmp_path: Path) -> None:
     code = (
         "import os, sys; e = os.environ; "
-        "print(e['CUDA_VISIBLE_DEVICES'], e['QM_JOB_ID'], e['QM_TASK_ID'], e['EXTRA']); "
+        "print(e['CUDA_VISIBLE_DEVICES'], e['QM_JOB_ID'], e['QM_TASK_ID'], e['EXTRA'], "
+        "flush=True); "
         "print('oops', file=sys.stderr)"
     )
     executor = ProcessExecutor(tmp_path / "logs")

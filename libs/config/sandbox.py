@@ -1,0 +1,47 @@
+"""How a node agent runs tasks (``QM_SANDBOX``; the defaults when unset).
+
+``users`` maps a Quartermaster user to the local account (a name or a uid) that runs
+their tasks; ``default`` runs everyone else's (``nobody`` unless set; ``null`` refuses
+their tasks). Tasks never run as root. ``environment`` names the only variables of the
+agent's environment a task sees; everything else (the agent's credentials included)
+stays with the agent.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, field_validator
+
+from libs.config.document import FileModel
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Account = Annotated[int, Field(ge=1)] | Name
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+DEFAULT_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+class SandboxFile(FileModel):
+    users: dict[Name, Account] = Field(default_factory=dict)
+    default: Account | None = "nobody"
+    environment: list[EnvName] = Field(default_factory=lambda: list(DEFAULT_ENVIRONMENT))
+
+    @field_validator("users", mode="after")
+    @classmethod
+    def _not_root(cls, users: dict[str, int | str]) -> dict[str, int | str]:
+        for account in users.values():
+            _refuse_root(account)
+        return users
+
+    @field_validator("default", mode="after")
+    @classmethod
+    def _default_not_root(cls, account: int | str | None) -> int | str | None:
+        if account is not None:
+            _refuse_root(account)
+        return account
+
+
+def _refuse_root(account: int | str) -> None:
+    if account == "root":
+        raise ValueError("tasks never run as root; name an unprivileged account")

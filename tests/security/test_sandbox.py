@@ -1,0 +1,130 @@
+"""Attacks from inside a task: it runs as its user's unprivileged account, with a clean
+environment, so the agent's credentials, its environment and other users' task logs are
+out of reach. Each refusal is paired with what the same task may do, so that a refusal is
+the sandbox's, not a broken command. Switching accounts needs a root agent (as in CI);
+elsewhere those tests say so and skip."""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from qm.v1 import events_pb2, types_pb2
+
+from libs.config.document import ConfigError, validate
+from libs.config.sandbox import SandboxFile
+from services.node_agent.executors import LaunchError, ProcessExecutor
+from services.node_agent.sandbox import Sandbox
+
+NOBODY = 65534
+OTHER = 65533  # a second unprivileged uid, without a passwd entry
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="switching a task's account needs a root node agent"
+)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder every account may enter (unlike pytest's tmp_path, private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="qm-sandbox-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def task(job_id: str, user: str, *command: str) -> events_pb2.TaskPlaced:
+    return events_pb2.TaskPlaced(
+        job_id=job_id, task_id=f"{job_id}/0", node_id="n", gpu_indices=[0],
+        spec=types_pb2.JobSpec(user=user, command=command),
+    )  # fmt: skip
+
+
+def executor(logs: Path, *, switch: bool) -> ProcessExecutor:
+    config = SandboxFile(users={"alice": NOBODY, "bob": OTHER}, default=None)
+    return ProcessExecutor(logs, sandbox=Sandbox(config, os.environ, switch=switch))
+
+
+async def run(runner: ProcessExecutor, logs: Path, job: events_pb2.TaskPlaced) -> tuple[int, str]:
+    code = await (await runner.start(job)).wait()
+    return code, (logs / f"{job.job_id}.log").read_text().split("\n", 1)[1]
+
+
+async def test_a_task_sees_none_of_the_agents_environment(tmp_path: Path) -> None:
+    agent_env = {
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "QM_AUTH_SECRET": "signing-key",
+        "QM_KAFKA_SASL_PASSWORD": "bus-password", "AWS_SECRET_ACCESS_KEY": "cloud",
+    }  # fmt: skip
+    runner = ProcessExecutor(tmp_path, sandbox=Sandbox(SandboxFile(), agent_env, switch=False))
+    code, output = await run(runner, tmp_path, task("env", "alice", "env"))
+    seen = dict(line.split("=", 1) for line in output.splitlines())
+    assert code == 0
+    assert set(seen) == {
+        "PATH", "LANG", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "QM_JOB_ID", "QM_TASK_ID",
+    }  # fmt: skip
+
+
+@as_root
+async def test_a_task_runs_as_its_users_account_in_its_own_process_group(shared: Path) -> None:
+    code, output = await run(
+        executor(shared, switch=True), shared,
+        task("who", "alice", "sh", "-c", "id -u; id -G; ps -o pgid= -p $$; echo $$"),
+    )  # fmt: skip
+    uid, groups, pgid, pid = output.split()
+    assert (code, uid, groups) == (0, str(NOBODY), str(grp.getgrnam("nogroup").gr_gid))
+    assert pgid == pid
+
+
+@as_root
+async def test_a_task_cannot_read_the_agents_secret_files(shared: Path) -> None:
+    secret, public = shared / "auth-secret", shared / "public"
+    secret.write_text("signing-key")
+    secret.chmod(0o600)  # as the local stack keeps its secrets
+    public.write_text("hello")
+    public.chmod(0o644)
+    code, output = await run(
+        executor(shared, switch=True), shared, task("steal", "alice", "cat", str(secret))
+    )
+    assert code != 0 and "Permission denied" in output and "signing-key" not in output
+    code, output = await run(
+        executor(shared, switch=True), shared, task("read", "alice", "cat", str(public))
+    )
+    assert (code, output.strip()) == (0, "hello")
+
+
+@as_root
+async def test_a_task_cannot_read_the_agents_environment_in_proc(shared: Path) -> None:
+    steal = task("proc", "alice", "cat", f"/proc/{os.getpid()}/environ")
+    code, output = await run(executor(shared, switch=True), shared, steal)
+    assert code != 0 and "Permission denied" in output
+    own = task("own", "alice", "sh", "-c", "cat /proc/self/environ | tr '\\0' '\\n' | grep QM_JOB")
+    assert await run(executor(shared, switch=True), shared, own) == (0, "QM_JOB_ID=own\n")
+
+
+@as_root
+async def test_one_users_task_cannot_read_anothers_task_log(shared: Path) -> None:
+    runner = executor(shared, switch=True)
+    code, _ = await run(runner, shared, task("alice-job", "alice", "echo", "alice's results"))
+    assert code == 0
+    log = shared / "alice-job.log"
+    assert (log.stat().st_uid, log.stat().st_mode & 0o777) == (NOBODY, 0o600)
+    code, output = await run(runner, shared, task("bob-job", "bob", "cat", str(log)))
+    assert code != 0 and "Permission denied" in output and "results" not in output
+    code, output = await run(runner, shared, task("alice-2", "alice", "cat", str(log)))
+    assert code == 0 and "alice's results" in output
+
+
+@as_root
+async def test_a_user_without_an_account_here_is_refused(shared: Path) -> None:
+    with pytest.raises(LaunchError, match="user 'mallory' has no local account on this node"):
+        await executor(shared, switch=True).start(task("m", "mallory", "true"))
+
+
+@pytest.mark.parametrize("raw", [{"default": "root"}, {"users": {"eve": "root"}}, {"default": 0}])
+def test_no_sandbox_file_runs_tasks_as_root(raw: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match=r"never run as root|expected a number >= 1"):
+        validate(SandboxFile, raw, "sandbox.yaml")
