@@ -27,14 +27,15 @@ from cli.audit import audit_app
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.params import INT32, UINT32_MAX, duration, input_file, key_value
 from cli.sim import sim_app
+from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
-token_app = typer.Typer(no_args_is_help=True, help="Operator tools for tokens.")
 app.add_typer(budget_app, name="budget")
 app.add_typer(token_app, name="token")
+app.command()(login)
 app.add_typer(audit_app, name="audit")
 app.add_typer(sim_app, name="sim")
 console = Console()
@@ -268,18 +269,6 @@ def budget_set(
         request = budget_service_pb2.SetAllocationRequest(node=node)
         tree = conn.call(conn.budget, _budget(conn).SetAllocation, request)
         console.print(f"budget tree is now version {tree.version}")
-
-
-@token_app.command("issue")
-def token_issue(user: str) -> None:
-    """Print a token for USER, signed with this installation's secret."""
-    from libs.auth import issue_token, load_secret
-
-    try:
-        print(issue_token(user, load_secret()))
-    except ValueError as exc:  # a bad user name, or ConfigError: no secret
-        errors.print(render.error_line(exc), highlight=False)
-        raise typer.Exit(2) from exc
 
 
 def main() -> None:

@@ -88,11 +88,16 @@ class Endpoint:
         return f"{code.name}: {details}"
 
 
-class _Settings(EnvSettings):
-    address: Address = Field("127.0.0.1:50051", alias="QM_ADDR")
-    budget_address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
+class TokenSettings(EnvSettings):
+    """Where qm keeps the caller's token."""
+
     token: str | None = Field(None, alias="QM_TOKEN")
     token_file: Path = Field(DEFAULT_TOKEN_FILE, alias="QM_TOKEN_FILE")
+
+
+class _Settings(TokenSettings):
+    address: Address = Field("127.0.0.1:50051", alias="QM_ADDR")
+    budget_address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,7 @@ def _token(path: Path) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         raise NotSignedIn(
-            f"no token: set QM_TOKEN or write one to {path} "
-            "(`make up` does this for the local stack)"
+            f"no token: sign in with `qm login` (it writes {path}), or set QM_TOKEN"
         ) from None
     except OSError as exc:
         raise NotSignedIn(f"cannot read the token file {path}: {exc.strerror}") from None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from libs.auth import AuthError, verify_token
+from libs.auth import AuthError, Keys, verify_token
 
 
-async def caller(context: grpc.aio.ServicerContext, secret: bytes) -> str:
+async def caller(context: grpc.aio.ServicerContext, keys: Keys) -> str:
     """The authenticated user, or abort the call with UNAUTHENTICATED."""
     metadata = dict(context.invocation_metadata() or ())
     header = str(metadata.get("authorization", ""))
@@ -18,7 +18,7 @@ async def caller(context: grpc.aio.ServicerContext, secret: bytes) -> str:
             "or ~/.config/qm/token)",
         )
     try:
-        return verify_token(header.removeprefix("Bearer ").strip(), secret)
+        return verify_token(header.removeprefix("Bearer ").strip(), keys)
     except AuthError as exc:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
     raise AssertionError("unreachable: abort raises")

@@ -86,11 +86,7 @@ ENV
 
 # The local user is alice (deploy/local/budget.yaml); qm reads ~/.config/qm/token.
 sign_in() {
-  local file="${QM_TOKEN_FILE:-$HOME/.config/qm/token}"
-  mkdir -p "$(dirname "$file")"
-  "$py" -m cli token issue "${QM_LOCAL_USER:-alice}" > "$file"
-  chmod 600 "$file"
-  echo "signed in as ${QM_LOCAL_USER:-alice} (token in $file)"
+  "$py" -m cli login "${QM_LOCAL_USER:-alice}"
 }
 
 stop_pid() {

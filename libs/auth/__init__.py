@@ -1,5 +1,5 @@
-"""Caller identity: signed bearer tokens, checked by every gRPC service."""
+"""Caller identity: JWT bearer tokens, checked by every gRPC service."""
 
-from libs.auth.tokens import AuthError, issue_token, load_secret, verify_token
+from libs.auth.tokens import AuthError, Keys, ServiceToken, issue_token, load_keys, verify_token
 
-__all__ = ["AuthError", "issue_token", "load_secret", "verify_token"]
+__all__ = ["AuthError", "Keys", "ServiceToken", "issue_token", "load_keys", "verify_token"]

@@ -21,7 +21,7 @@ from qm.v1 import (
     job_service_pb2_grpc,
 )
 
-from libs.auth import issue_token, load_secret
+from libs.auth import ServiceToken, load_keys
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import Address, EnvSettings
 from libs.core import Limits
@@ -62,12 +62,12 @@ class AdmissionSettings(EnvSettings):
 
 
 async def serve() -> None:
-    settings, topics, secret = KafkaSettings.from_env(), load_topic_config(), load_secret()
+    settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
     own = AdmissionSettings.from_env()
     bus = KafkaBus(settings)
     producer = EventProducer(bus, client_id="admission")
     projector = ProjectorClient(own.projector_url)
-    budget = BudgetView(own.budget_target, issue_token("svc-admission", secret))
+    budget = BudgetView(own.budget_target, ServiceToken("svc-admission", keys))
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])
@@ -77,12 +77,12 @@ async def serve() -> None:
         budget=budget,
         projector=projector,
         limits=own.limits,
-        secret=secret,
+        keys=keys,
         explainer=explainer,
         requests=requests,
         follower=follower,
     )
-    cluster = ClusterServicer(projector=projector, secret=secret)
+    cluster = ClusterServicer(projector=projector, keys=keys)
     await producer.start()
     await follower.start()
     sweeping = asyncio.create_task(jobs.sweep())

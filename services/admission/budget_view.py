@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
@@ -18,10 +19,13 @@ class BudgetUnavailable(Unavailable):
 
 
 class BudgetView:
-    def __init__(self, target: str, token: str, ttl_s: float = 2.0) -> None:
+    """``token`` gives admission's current token (a ``ServiceToken``: renewed before it
+    expires)."""
+
+    def __init__(self, target: str, token: Callable[[], str], ttl_s: float = 2.0) -> None:
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = budget_service_pb2_grpc.BudgetServiceStub(self._channel)
-        self._metadata = bearer(token)
+        self._token = token
         self._ttl_s = ttl_s
         self._tree: BudgetTree | None = None
         self._fetched = 0.0
@@ -30,7 +34,7 @@ class BudgetView:
         if self._tree is None or time.monotonic() - self._fetched > self._ttl_s:
             try:
                 reply = await self._stub.GetTree(
-                    budget_service_pb2.GetTreeRequest(), metadata=self._metadata, timeout=5
+                    budget_service_pb2.GetTreeRequest(), metadata=bearer(self._token()), timeout=5
                 )
             except grpc.aio.AioRpcError as exc:
                 if self._tree is not None:  # stale beats unavailable

@@ -19,6 +19,7 @@ from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, typ
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
+from libs.auth import Keys
 from libs.bus import EventProducer
 from libs.core import Limits, Violation, validate_job
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
@@ -68,7 +69,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         budget: BudgetView,
         projector: ProjectorClient,
         limits: Limits,
-        secret: bytes,
+        keys: Keys,
         explainer: Explainer,
         requests: RequestLog,
         follower: Follower,
@@ -82,7 +83,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self._budget = budget
         self._projector = projector
         self._limits = limits
-        self._secret = secret
+        self._keys = keys
         self._watch_interval_s = watch_interval_s
         # Jobs this instance recorded, for read-your-writes until the projector has them.
         self._recent: OrderedDict[str, types_pb2.Job] = OrderedDict()
@@ -90,7 +91,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def SubmitJob(
         self, request: js.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> js.SubmitJobResponse:
-        user = await caller(context, self._secret)
+        user = await caller(context, self._keys)
         spec = types_pb2.JobSpec()
         spec.CopyFrom(request.spec)
         if spec.user and spec.user != user:
@@ -253,7 +254,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def CancelJob(
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> js.CancelJobResponse:
-        user = await caller(context, self._secret)
+        user = await caller(context, self._keys)
         job = await self._job_or_abort(request.job_id, context)
         tree = await self._budget.tree()
         if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
@@ -276,13 +277,13 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def GetJob(
         self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> types_pb2.Job:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         return await self._job_or_abort(request.job_id, context)
 
     async def ListJobs(
         self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> js.ListJobsResponse:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         await bounded(context, "allocation", request.allocation, MAX_TEXT_CHARS)
         jobs = await self._projector.list_jobs(request.allocation, request.limit or 100)
         return js.ListJobsResponse(jobs=jobs)
@@ -290,7 +291,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def WatchJob(
         self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[types_pb2.Job]:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         last: types_pb2.Job | None = None
         while True:
@@ -307,7 +308,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
     ) -> js.Explanation:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         job = await self._job_or_abort(request.job_id, context)
         answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
         why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
@@ -400,14 +401,14 @@ class JobServicer(js_grpc.JobServiceServicer):
 
 
 class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
-    def __init__(self, *, projector: ProjectorClient, secret: bytes) -> None:
+    def __init__(self, *, projector: ProjectorClient, keys: Keys) -> None:
         self._projector = projector
-        self._secret = secret
+        self._keys = keys
 
     async def ListNodes(
         self, request: cluster_service_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> cluster_service_pb2.ListNodesResponse:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         await bounded(context, "cluster", request.cluster, MAX_TEXT_CHARS)
         return cluster_service_pb2.ListNodesResponse(
             nodes=await self._projector.list_nodes(request.cluster)

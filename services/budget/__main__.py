@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import Field
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
-from libs.auth import load_secret
+from libs.auth import load_keys
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, LogReader, load_topic_config
 from libs.config.budget import load_budget_tree
 from libs.config.env import Address, EnvSettings, Names
@@ -37,7 +37,7 @@ class BudgetSettings(EnvSettings):
 
 async def serve() -> None:
     own = BudgetSettings.from_env()
-    settings, topics = KafkaSettings.from_env(), load_topic_config()
+    settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
     clusters = list(own.clusters)
     book = BudgetBook.for_policy(policy_from_env())
     bus = KafkaBus(settings)
@@ -60,7 +60,7 @@ async def serve() -> None:
             book.adopt(tree, 1)
             log.info("seeded the budget tree from %s", own.tree)
         servicer = BudgetServicer(
-            book, producer, topic=topics.events.name, clusters=clusters, secret=load_secret()
+            book, producer, topic=topics.events.name, clusters=clusters, keys=keys
         )
         followers = asyncio.gather(reader.follow(book.apply), decisions.follow(book.ledger.decided))
         try:

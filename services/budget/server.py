@@ -7,6 +7,7 @@ import asyncio
 import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types_pb2
 
+from libs.auth import Keys
 from libs.bus import EventProducer
 from libs.core.budget_tree import BudgetTree, InvalidTree
 from libs.core.limits import MAX_TREE_BYTES
@@ -26,25 +27,25 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         *,
         topic: str,
         clusters: list[str],
-        secret: bytes,
+        keys: Keys,
     ) -> None:
         self._book = book
         self._producer = producer
         self._topic = topic
         self._clusters = clusters
-        self._secret = secret
+        self._keys = keys
         self._lock = asyncio.Lock()  # one change at a time: no lost updates
 
     async def GetTree(
         self, request: budget_service_pb2.GetTreeRequest, context: grpc.aio.ServicerContext
     ) -> types_pb2.BudgetTree:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         return tree_to_proto(self._tree(), self._book.version)
 
     async def SetAllocation(
         self, request: budget_service_pb2.SetAllocationRequest, context: grpc.aio.ServicerContext
     ) -> types_pb2.BudgetTree:
-        user = await caller(context, self._secret)
+        user = await caller(context, self._keys)
         node = budget_node_from_proto(request.node)
         async with self._lock:
             tree = self._tree()
@@ -87,7 +88,7 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
     async def GetBalances(
         self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext
     ) -> budget_service_pb2.Balances:
-        await caller(context, self._secret)
+        await caller(context, self._keys)
         # Usage over the lookback window ending at the cluster's latest event.
         cluster = self._book.ledger.cluster(self._clusters[0])
         if cluster is not None:

@@ -8,8 +8,8 @@ Three sources of requests, all from one ``random.Random(seed)``:
   correct service must refuse it;
 - random protobuf messages of each method's request type, every field drawn from
   boundary values (the descriptor is walked, so new fields are fuzzed too);
-- bad credentials: no token, malformed, signed with another secret, an unknown
-  user, junk. (Tokens carry no expiry, so there is no expired token to send.)
+- bad credentials: no token, malformed, signed with another installation's key, an
+  unknown user, junk, expired, for another audience, unsigned (``alg: none``).
 
 Every answer must be a status a client can act on; UNKNOWN, INTERNAL, DATA_LOSS and
 UNIMPLEMENTED are not. A call that gets no answer within its deadline counts apart.
@@ -22,12 +22,14 @@ import itertools
 import math
 import random
 import string
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
+import jwt
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from qm.v1 import budget_service_pb2 as bs
@@ -35,7 +37,8 @@ from qm.v1 import cluster_service_pb2 as cs
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import types_pb2
 
-from libs.auth import issue_token
+from libs.auth import Keys, issue_token
+from services.grpc_server import bearer
 from tests.chaos.clients import Clients
 from tests.chaos.workload import make_spec, workflows
 
@@ -300,18 +303,22 @@ HEAVY = frozenset(
 )
 
 
+# Another installation's key: its tokens are well formed and must still be refused.
+OTHER = Keys((b"another-installation-" * 2,))
+
+
 class Fuzzer:
     def __init__(
         self,
         clients: Clients,
-        secret: bytes,
+        keys: Keys,
         *,
         seed: int,
         run_id: str,
         known_jobs: Callable[[], list[tuple[str, str]]],
     ) -> None:
         self._clients = clients
-        self._secret = secret
+        self._keys = keys
         self._rng = random.Random(seed)
         self._run_id = run_id
         self._known_jobs = known_jobs
@@ -320,25 +327,26 @@ class Fuzzer:
     # --- cases ------------------------------------------------------------------------
 
     def _token(self, user: str) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {issue_token(user, self._secret)}"),)
+        return bearer(issue_token(user, self._keys))
 
     def _bad_token(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         rng = self._rng
         choices: list[tuple[str, tuple[tuple[str, str], ...]]] = [
             ("no token", ()),
             ("empty bearer", (("authorization", "Bearer "),)),
-            ("malformed token", (("authorization", "Bearer qm1.x"),)),
+            ("malformed token", bearer("qm1.x")),
             ("basic auth", (("authorization", "Basic YWxpY2U6cGFzcw=="),)),
-            (
-                "token of another installation",
-                (("authorization", f"Bearer {issue_token('alice', b'not-this-secret')}"),),
-            ),
-            ("junk token of 8 kB", (("authorization", "Bearer " + "z" * 8192),)),
-            (
-                "token with a signed non-UTF-8 user",
-                (("authorization", f"Bearer qm1.__8.{issue_token('alice', self._secret)[-64:]}"),),
-            ),
-        ]
+            ("token of another installation", bearer(issue_token("alice", OTHER))),
+            ("junk token of 8 kB", bearer("z" * 8192)),
+            ("expired token", bearer(issue_token("alice", self._keys, ttl_s=60, now=0))),
+            ("token for another audience", bearer(issue_token("alice", replace(
+                self._keys, audience="elsewhere"
+            )))),
+            ("unsigned token (alg none)", bearer(jwt.encode(
+                {"sub": "alice", "aud": "quartermaster", "iss": "quartermaster",
+                 "iat": int(time.time()), "exp": int(time.time()) + 600}, "", algorithm="none"
+            ))),
+        ]  # fmt: skip
         return rng.choice(choices)
 
     def case(self) -> Case:

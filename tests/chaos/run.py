@@ -127,7 +127,7 @@ async def drive(run: Run) -> None:
             if "fuzz" in settings.phases:
                 fuzzer = Fuzzer(
                     clients,
-                    stack.secret,
+                    stack.keys,
                     seed=settings.seed,
                     run_id=stack.run_id,
                     known_jobs=lambda: [

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import yaml
 
-from libs.auth import issue_token
+from libs.auth import Keys, issue_token
 from libs.bus import KafkaSettings
 from libs.bus.access import ADMIN
 from libs.config.policy import load_policy
@@ -150,6 +150,11 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
         }
 
+    @property
+    def keys(self) -> Keys:
+        """The stack's signing key (``QM_AUTH_SECRET``)."""
+        return Keys((self.secret,))
+
     def service_env(self, module: str) -> dict[str, str]:
         """The environment of ``services.<module>``: logged in to the bus as its principal."""
         env = {**self.env, **self.principal_env(module.replace("_", "-"))}
@@ -255,4 +260,4 @@ class Stack:
         return grpc.insecure_channel(f"127.0.0.1:{self.budget_port}")
 
     def auth(self, user: str) -> tuple[tuple[str, str], ...]:
-        return bearer(issue_token(user, self.secret))
+        return bearer(issue_token(user, self.keys))

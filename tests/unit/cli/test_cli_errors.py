@@ -41,7 +41,7 @@ def commands(command: typing.Any = None, path: Path_ = ()) -> Iterator[tuple[Pat
 COMMANDS = dict(commands())
 # Commands that need no service: their flags and files are checked below, and their
 # own environment in test_offline_commands_name_what_is_missing.
-OFFLINE = {("sim", "run"), ("sim", "workflows"), ("sim", "mixed"), ("token", "issue")}
+OFFLINE = {("sim", "run"), ("sim", "workflows"), ("sim", "mixed"), ("token", "issue"), ("login",)}
 OFFLINE |= {("audit", "verify")}  # reads Kafka directly
 # Flags naming data rather than a config file: only the path must be in the error.
 DATA_FILES = {"--trace-path"}
@@ -235,7 +235,16 @@ def test_service_commands_fail_clearly_without_token_or_service(case: Case) -> N
 
 def test_offline_commands_name_what_is_missing() -> None:
     run(Case(("token", "issue"), ("alice",), ("QM_AUTH_SECRET",)))
-    run(Case(("token", "issue"), ("a.b",), ("invalid user name",), (("QM_AUTH_SECRET", "s"),)))
+    key = (("QM_AUTH_SECRET", "k" * 32),)
+    run(Case(("token", "issue"), ("a b",), ("invalid user name",), key))
+    run(Case(("token", "issue"), ("alice", "--ttl", "0"), ("--ttl", "> 0"), key))
+    run(
+        Case(
+            ("token", "issue"), ("alice",), ("fewer than 32", "openssl"), (("QM_AUTH_SECRET", "s"),)
+        )
+    )
+    run(Case(("login",), (), ("name a USER",), key))
+    run(Case(("login",), ("--token", "junk"), ("not a token",), key))
     run(Case(("audit", "verify"), (), (DEAD,)))
     bad_kafka = (("QM_KAFKA_SECURITY_PROTOCOL", "carrier-pigeon"),)
     run(Case(("audit", "verify"), (), ("QM_KAFKA_SECURITY_PROTOCOL",), bad_kafka))

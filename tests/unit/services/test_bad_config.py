@@ -21,7 +21,7 @@ def start(service: str, tmp_path: Path, *args: str, **env: str) -> subprocess.Co
         env={
             **clean,
             "QM_KAFKA_BOOTSTRAP": "127.0.0.1:9",  # never reached: the config fails first
-            "QM_AUTH_SECRET": "test",
+            "QM_AUTH_SECRET": "t" * 32,
             "QM_PROJECTOR_DATA_DIR": str(tmp_path / "projector"),
             **env,
         },
@@ -70,3 +70,23 @@ def test_a_bad_inventory_is_one_line(tmp_path: Path) -> None:
     nodes.write_text("nodes:\n  - {node_id: a, gpu_type: H100, gpu_count: 8}\n")
     line = one_line(start("node_agent", tmp_path, "--nodes", str(nodes)))
     assert line == f"node-agent: {nodes}: nodes[0].gpu_memory_gib: required"
+
+
+@pytest.mark.parametrize("service", ["admission", "budget"])
+def test_the_shipped_placeholder_signing_secret_stops_a_service(
+    service: str, tmp_path: Path
+) -> None:
+    kustomization = (REPO / "deploy" / "k8s" / "kustomization.yaml").read_text()
+    placeholder = kustomization.split("- secret=", 1)[1].split()[0]
+    line = one_line(start(service, tmp_path, QM_AUTH_SECRET=placeholder))
+    assert line.startswith(f"{service}: environment: signing secret 1 looks like a placeholder")
+
+
+def test_a_bad_sandbox_is_one_line(tmp_path: Path) -> None:
+    sandbox = tmp_path / "sandbox.yaml"
+    sandbox.write_text("default: root\n")
+    line = one_line(start("node_agent", tmp_path, QM_SANDBOX=str(sandbox)))
+    assert (
+        line
+        == f"node-agent: {sandbox}: default: tasks never run as root; name an unprivileged account"
+    )

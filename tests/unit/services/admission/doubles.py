@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from qm.v1 import types_pb2
 
-from libs.auth import issue_token
+from libs.auth import Keys, issue_token
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.config.budget import tree_from_mapping
@@ -21,7 +21,7 @@ from services.admission.requests import RequestLog
 from services.admission.servicer import JobServicer
 from services.projector.client import ProjectorUnavailable
 
-SECRET = b"test-secret"
+KEYS = Keys((b"test-secret-" * 3,))
 TOPIC = "qm.events"
 TREE = tree_from_mapping(
     {
@@ -42,7 +42,7 @@ class Context:
         self.user = user
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {issue_token(self.user, SECRET)}")]
+        return [("authorization", f"Bearer {issue_token(self.user, KEYS)}")]
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)
@@ -91,7 +91,7 @@ async def servicer(
             budget=Budget(),  # type: ignore[arg-type]
             projector=projector or Projector(),  # type: ignore[arg-type]
             limits=limits or Limits(),
-            secret=SECRET,
+            keys=KEYS,
             explainer=explainer,
             requests=requests,
             follower=follower,

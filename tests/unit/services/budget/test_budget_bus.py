@@ -15,7 +15,7 @@ from libs.core import PolicyConfig
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer
 from services.status import status_of
-from tests.unit.services.admission.doubles import SECRET, Context
+from tests.unit.services.admission.doubles import KEYS, Context
 
 TOPICS = load_topic_config()
 EVENTS = TOPICS.events.name
@@ -29,7 +29,7 @@ def servicer(bus: MemoryBus) -> BudgetServicer:
     book = BudgetBook.for_policy(PolicyConfig())
     book.tree, book.version = TREE, 1
     producer = EventProducer(bus, client_id="budget")
-    return BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, secret=SECRET)
+    return BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, keys=KEYS)
 
 
 def change(weight: float) -> budget_service_pb2.SetAllocationRequest:
@@ -82,7 +82,7 @@ async def test_a_change_folded_back_before_its_ack_keeps_its_version() -> None:
     book = BudgetBook.for_policy(PolicyConfig())
     book.adopt(TREE, 1)
     producer = FoldingProducer(bus, book)
-    budget = BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, secret=SECRET)
+    budget = BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, keys=KEYS)
     first = await budget.SetAllocation(change(3.0), Context("boss"))
     second = await budget.SetAllocation(change(5.0), Context("boss"))
     assert (first.version, second.version) == (2, 3)

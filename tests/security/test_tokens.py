@@ -1,0 +1,91 @@
+"""Attacks on the front door, against the real admission and budget servers: tokens
+that are expired, for another audience or issuer, unsigned, signed by another
+installation, or re-signed for another user are all refused (UNAUTHENTICATED), while a
+good token of the same user is answered."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import grpc
+import jwt
+import pytest
+from qm.v1 import budget_service_pb2 as bs
+from qm.v1 import budget_service_pb2_grpc as bs_grpc
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
+
+from libs.auth import Keys, issue_token
+from services.grpc_server import bearer
+from tests.integration.stack import Stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The services that check tokens (budget first: admission reads its tree)."""
+    stack = Stack(tmp_path_factory.mktemp("tokens"))
+    try:
+        stack.create_topics()
+        stack.start("budget")
+        stack.start("projector")
+        stack.wait_ready(f"grpc:127.0.0.1:{stack.budget_port}")
+        stack.start("admission")
+        stack.wait_ready(f"grpc:127.0.0.1:{stack.admission_port}")
+        yield stack
+    finally:
+        stack.down()
+
+
+def bad_tokens(keys: Keys) -> dict[str, str]:
+    now = int(time.time())
+    claims = {"sub": "carol", "iss": keys.issuer, "aud": keys.audience, "iat": now,
+              "exp": now + 600}  # fmt: skip
+    header, _, signature = issue_token("alice", keys).split(".")
+    carol = jwt.encode(claims, b"x" * 32).split(".")[1]
+    return {
+        "expired": issue_token("carol", keys, ttl_s=60, now=now - 3600),
+        "another audience": issue_token("carol", replace(keys, audience="billing")),
+        "another issuer": issue_token("carol", replace(keys, issuer="mallory")),
+        "unsigned (alg none)": jwt.encode(claims, "", algorithm="none"),
+        "another installation": issue_token("carol", Keys((b"other-installation-key-" * 2,))),
+        "alice's signature on carol's claims": f"{header}.{carol}.{signature}",
+        "no expiry": jwt.encode(
+            {k: v for k, v in claims.items() if k != "exp"}, keys.secrets[0], algorithm="HS256",
+            headers={"kid": jwt.get_unverified_header(issue_token("x", keys))["kid"]},
+        ),
+    }  # fmt: skip
+
+
+CASES = list(bad_tokens(Keys((b"k" * 32,))))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_token_cannot_change_the_budget_tree(stack: Stack, case: str) -> None:
+    """carol manages the root: with a good token this change would be accepted."""
+    budget = bs_grpc.BudgetServiceStub(stack.budget_channel())
+    node = types_pb2.BudgetNode(name="heist", parent="lab", weight=99, members=["mallory"])
+    with pytest.raises(grpc.RpcError) as refused:
+        budget.SetAllocation(
+            bs.SetAllocationRequest(node=node), metadata=bearer(bad_tokens(stack.keys)[case])
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
+    tree = budget.GetTree(bs.GetTreeRequest(), metadata=stack.auth("carol"))
+    assert "heist" not in {n.name for n in tree.nodes}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_token_cannot_submit_or_list(stack: Stack, case: str) -> None:
+    jobs = js_grpc.JobServiceStub(stack.channel())
+    token = bearer(bad_tokens(stack.keys)[case])
+    spec = types_pb2.JobSpec(gpus=1, allocation="nlp", command=["true"])
+    for call, request in (
+        (jobs.SubmitJob, js.SubmitJobRequest(spec=spec)),
+        (jobs.ListJobs, js.ListJobsRequest()),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            call(request, metadata=token, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    jobs.ListJobs(js.ListJobsRequest(), metadata=stack.auth("alice"), timeout=10)  # answered
