@@ -86,6 +86,23 @@ class BudgetTree:
             current = self._by_name.get(current.parent)
         return False
 
+    def can_see(self, user: str, owner: str, allocation: str) -> bool:
+        """Whether ``user`` may see a job of ``owner`` in ``allocation`` (its command and
+        environment included): their own, their allocations' (members), their subtree's
+        (managers); the root's managers see every job, unallocated ones included."""
+        return user == owner or allocation in self.visible_to(user) or self.sees_all(user)
+
+    def sees_all(self, user: str) -> bool:
+        return user in self._by_name[self.root].managers
+
+    def visible_to(self, user: str) -> frozenset[str]:
+        """The allocations whose jobs ``user`` sees: those they belong to or manage."""
+        return frozenset(
+            leaf
+            for leaf in self.leaves()
+            if user in self._by_name[leaf].members or self.can_manage(user, leaf)
+        )
+
     def entitlements(self) -> dict[str, float]:
         """Each leaf's share of the whole cluster."""
         shares: dict[str, float] = {}

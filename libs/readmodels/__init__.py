@@ -7,6 +7,7 @@ from libs.readmodels.job_state import has_ended, task_is_over
 from libs.readmodels.jobs import (
     DEFAULT_LIST_LIMIT,
     JobRecords,
+    Scope,
     apply_job_event,
     job_key,
     newest_jobs,
@@ -20,6 +21,7 @@ __all__ = [
     "ClusterUsage",
     "JobRecords",
     "PlacementKnobs",
+    "Scope",
     "UsageLedger",
     "apply_job_event",
     "apply_node_event",

@@ -139,9 +139,15 @@ class JobRecords:
             settle_workflow(job, ())
         return job
 
-    def jobs(self, *, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT) -> list[types_pb2.Job]:
-        """Jobs of one allocation (all when empty), newest submission first; see
-        ``newest_jobs``. Only the jobs listed are put together with their tasks."""
+    def jobs(
+        self,
+        *,
+        allocation: str = "",
+        limit: int = DEFAULT_LIST_LIMIT,
+        scope: Scope | None = None,
+    ) -> list[types_pb2.Job]:
+        """Jobs of one allocation (all when empty) within ``scope``, newest submission
+        first; see ``newest_jobs``. Only the jobs listed are put together with their tasks."""
         listed = []
         for job_id in list(self.heads):
             head = self._head(job_id)
@@ -151,7 +157,7 @@ class JobRecords:
             if spec is not None:
                 head.spec.CopyFrom(spec)
             listed.append(head)
-        chosen = newest_jobs(listed, allocation=allocation, limit=limit)
+        chosen = newest_jobs(listed, allocation=allocation, limit=limit, scope=scope)
         return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
 
     # -- folding ---------------------------------------------------------------
@@ -407,14 +413,35 @@ def _keep_inline(
     return head.tasks[at]
 
 
+@dataclass(frozen=True)
+class Scope:
+    """The jobs one caller may see: their own, and those of ``allocations``."""
+
+    user: str
+    allocations: frozenset[str] = frozenset()
+
+    def admits(self, job: types_pb2.Job) -> bool:
+        return job.spec.user == self.user or job.spec.allocation in self.allocations
+
+
 def newest_jobs(
-    jobs: Iterable[types_pb2.Job], *, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT
+    jobs: Iterable[types_pb2.Job],
+    *,
+    allocation: str = "",
+    limit: int = DEFAULT_LIST_LIMIT,
+    scope: Scope | None = None,
 ) -> list[types_pb2.Job]:
-    """Jobs of one allocation (all when empty), newest submission first.
+    """Jobs of one allocation (all when empty) that ``scope`` admits (all when None),
+    newest submission first.
 
     At most ``limit`` of them; 0 means the default, as in ``ListJobsRequest``.
     """
-    chosen = (job for job in jobs if not allocation or job.spec.allocation == allocation)
+    chosen = (
+        job
+        for job in jobs
+        if (not allocation or job.spec.allocation == allocation)
+        and (scope is None or scope.admits(job))
+    )
     return heapq.nlargest(
         limit or DEFAULT_LIST_LIMIT,
         chosen,

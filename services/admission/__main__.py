@@ -5,7 +5,8 @@ Settings: ``QM_ADMISSION_ADDR`` (listen, default 127.0.0.1:50051),
 http://127.0.0.1:6066), ``QM_MAX_GPUS``, ``QM_MAX_MIN_RUNTIME_S``,
 ``QM_GPU_TYPES`` (comma-separated; empty accepts any), ``QM_GPU_MEMORY_MB`` (the
 largest GPU a workflow's model may need; unset: the largest GPU of the registered
-nodes, as the projector lists them), plus Kafka and auth.
+nodes, as the projector lists them), ``QM_OPERATORS`` (comma-separated users who see
+every job), plus Kafka and auth.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class AdmissionSettings(EnvSettings):
         frozenset(), alias="QM_GPU_TYPES"
     )
     gpu_memory_mb: float | None = Field(None, gt=0, alias="QM_GPU_MEMORY_MB")
+    # Users who see every job without managing the budget (the root's managers see them too).
+    operators: Annotated[frozenset[str], BeforeValidator(_types)] = Field(
+        frozenset(), alias="QM_OPERATORS"
+    )
 
     @property
     def limits(self) -> Limits:
@@ -66,8 +71,9 @@ async def serve() -> None:
     own = AdmissionSettings.from_env()
     bus = KafkaBus(settings)
     producer = EventProducer(bus, client_id="admission")
-    projector = ProjectorClient(own.projector_url)
-    budget = BudgetView(own.budget_target, ServiceToken("svc-admission", keys))
+    token = ServiceToken("svc-admission", keys)
+    projector = ProjectorClient(own.projector_url, token=token)
+    budget = BudgetView(own.budget_target, token)
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])
@@ -81,6 +87,7 @@ async def serve() -> None:
         explainer=explainer,
         requests=requests,
         follower=follower,
+        operators=own.operators,
     )
     cluster = ClusterServicer(projector=projector, keys=keys)
     await producer.start()

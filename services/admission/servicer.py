@@ -25,7 +25,7 @@ from libs.core import Limits, Violation, validate_job
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
-from libs.readmodels import has_ended
+from libs.readmodels import Scope, has_ended
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
@@ -73,8 +73,11 @@ class JobServicer(js_grpc.JobServiceServicer):
         explainer: Explainer,
         requests: RequestLog,
         follower: Follower,
+        operators: frozenset[str] = frozenset(),
         watch_interval_s: float = 0.2,
     ) -> None:
+        """``operators`` see every job (as the root's managers do) and change nothing more."""
+        self._operators = operators
         self._explainer = explainer
         self._requests = requests
         self._follower = follower
@@ -255,7 +258,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> js.CancelJobResponse:
         user = await caller(context, self._keys)
-        job = await self._job_or_abort(request.job_id, context)
+        job = await self._visible_job_or_abort(user, request.job_id, context)
         tree = await self._budget.tree()
         if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
             await context.abort(
@@ -277,26 +280,29 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def GetJob(
         self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> types_pb2.Job:
-        await caller(context, self._keys)
-        return await self._job_or_abort(request.job_id, context)
+        user = await caller(context, self._keys)
+        return await self._visible_job_or_abort(user, request.job_id, context)
 
     async def ListJobs(
         self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> js.ListJobsResponse:
-        await caller(context, self._keys)
+        user = await caller(context, self._keys)
         await bounded(context, "allocation", request.allocation, MAX_TEXT_CHARS)
-        jobs = await self._projector.list_jobs(request.allocation, request.limit or 100)
+        tree = await self._budget.tree()
+        everything = user in self._operators or tree.sees_all(user)
+        scope = None if everything else Scope(user, tree.visible_to(user))
+        jobs = await self._projector.list_jobs(request.allocation, request.limit or 100, scope)
         return js.ListJobsResponse(jobs=jobs)
 
     async def WatchJob(
         self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[types_pb2.Job]:
-        await caller(context, self._keys)
+        user = await caller(context, self._keys)
         await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         last: types_pb2.Job | None = None
         while True:
             job = await self._lookup(request.job_id)
-            if job is None and last is None:
+            if last is None and (job is None or not await self._may_see(user, job)):
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
             if job is not None and job != last:
                 yield job
@@ -308,8 +314,8 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
     ) -> js.Explanation:
-        await caller(context, self._keys)
-        job = await self._job_or_abort(request.job_id, context)
+        user = await caller(context, self._keys)
+        job = await self._visible_job_or_abort(user, request.job_id, context)
         answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
         why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
         if why is None or has_ended(job):
@@ -344,6 +350,21 @@ class JobServicer(js_grpc.JobServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
         assert job is not None
         return job
+
+    async def _visible_job_or_abort(
+        self, user: str, job_id: str, context: grpc.aio.ServicerContext
+    ) -> types_pb2.Job:
+        """The job, if ``user`` may see it; a job they may not see is answered as one that
+        does not exist, so that its existence is not told either."""
+        job = await self._job_or_abort(job_id, context)
+        if not await self._may_see(user, job):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        return job
+
+    async def _may_see(self, user: str, job: types_pb2.Job) -> bool:
+        if user in self._operators:
+            return True
+        return (await self._budget.tree()).can_see(user, job.spec.user, job.spec.allocation)
 
     async def _lookup(self, job_id: str) -> types_pb2.Job | None:
         return await self._projector.get_job(job_id) or self._recent.get(job_id)

@@ -4,7 +4,8 @@ Configured from the environment (``ProjectorSettings``): ``QM_PROJECTOR_APP_ID``
 the consumer group and the prefix of the table changelogs), ``QM_PROJECTOR_HOST`` and
 ``QM_PROJECTOR_PORT`` for the web server, ``QM_PROJECTOR_DATA_DIR`` for faust's
 data folder (default: in the temp dir), the usage ledger's ``QM_LOOKBACK_WINDOW_S`` and
-``QM_SNAPSHOT_SECONDS``, the Kafka settings of ``libs.bus``, the topic config of
+``QM_SNAPSHOT_SECONDS``, ``QM_PROJECTOR_CLIENTS`` (the services whose tokens may read
+the views; ``services.projector.access``), the Kafka settings of ``libs.bus``, the topic config of
 ``QM_TOPICS`` and the policy file of ``QM_POLICY_FILE``; all read when this module is
 imported, so that a bad one stops the worker before it starts.
 
@@ -30,8 +31,9 @@ from pydantic import BeforeValidator, Field
 
 from libs.bus import KafkaSettings, load_topic_config
 from libs.bus.topics import TopicSpec
-from libs.config.env import EnvSettings, Port
+from libs.config.env import EnvSettings, Names, Port
 from services.policy_file import policy_from_env
+from services.projector.access import require_client
 
 
 class ProjectorSettings(EnvSettings):
@@ -43,6 +45,8 @@ class ProjectorSettings(EnvSettings):
     # changed snapshots are published.
     lookback_window_s: float | None = Field(None, gt=0, alias="QM_LOOKBACK_WINDOW_S")
     snapshot_seconds: float = Field(10.0, gt=0, alias="QM_SNAPSHOT_SECONDS")
+    # Who may read the views (tokens' users); see services.projector.access.
+    clients: Names = Field(("svc-admission",), alias="QM_PROJECTOR_CLIENTS")
     log_level: Annotated[
         Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(str.lower)
     ] = Field("warning", alias="QM_PROJECTOR_LOGLEVEL")
@@ -75,6 +79,7 @@ app = faust.App(
     web_bind=SETTINGS.host,
     web_host=SETTINGS.host,
     web_port=SETTINGS.port,
+    web_application_options={"middlewares": [require_client]},
     # Static group membership: a worker restarted after a crash takes its
     # partitions back at once instead of waiting out the dead member's session
     # (about a minute). It also means one worker per app id, as said above.

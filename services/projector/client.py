@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -9,9 +10,11 @@ import aiohttp
 from google.protobuf.message import DecodeError, Message
 from qm.v1 import budget_service_pb2, cluster_service_pb2, job_service_pb2, types_pb2
 
-from libs.readmodels import DEFAULT_LIST_LIMIT
+from libs.readmodels import DEFAULT_LIST_LIMIT, Scope
 from services.projector.contract import PROTOBUF, READY, USAGE
 
+# Query parameters; a name may repeat (allocations=a&allocations=b).
+Params = Mapping[str, str] | Sequence[tuple[str, str]]
 _M = TypeVar("_M", bound=Message)
 
 
@@ -26,8 +29,13 @@ class ProjectorUnavailable(ProjectorError):
 class ProjectorClient:
     """One HTTP session to one projector; call ``close()`` (or use ``async with``)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, *, token: Callable[[], str] | None = None, timeout_s: float = 10.0
+    ) -> None:
+        """``token`` gives the caller's current token (the projector wants one of a
+        service it knows: ``services.projector.access``)."""
         self.base_url = base_url.rstrip("/")
+        self._token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         # Made on first use: a session belongs to the event loop it was made in.
         self._session: aiohttp.ClientSession | None = None
@@ -38,10 +46,15 @@ class ProjectorClient:
         return await self._get(path, {}, types_pb2.Job)
 
     async def list_jobs(
-        self, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT
+        self, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT, scope: Scope | None = None
     ) -> list[types_pb2.Job]:
-        """Jobs of an allocation (all when empty), newest first."""
-        params = {"limit": str(limit), **({"allocation": allocation} if allocation else {})}
+        """Jobs of an allocation (all when empty) that ``scope`` admits, newest first."""
+        params = [("limit", str(limit)), *([("allocation", allocation)] if allocation else [])]
+        if scope is not None:
+            params += [
+                ("user", scope.user),
+                *(("allocations", a) for a in sorted(scope.allocations)),
+            ]
         reply = await self._get_found("/jobs", params, job_service_pb2.ListJobsResponse)
         return list(reply.jobs)
 
@@ -83,17 +96,18 @@ class ProjectorClient:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
 
-    async def _get_found(self, path: str, params: dict[str, str], reply_type: type[_M]) -> _M:
+    async def _get_found(self, path: str, params: Params, reply_type: type[_M]) -> _M:
         reply = await self._get(path, params, reply_type)
         if reply is None:
             raise ProjectorError(f"{self.base_url}{path} not found: is this a projector?")
         return reply
 
-    async def _get(self, path: str, params: dict[str, str], reply_type: type[_M]) -> _M | None:
+    async def _get(self, path: str, params: Params, reply_type: type[_M]) -> _M | None:
         """GET one protobuf message; None on 404."""
         url = self.base_url + path
         try:
-            async with self._http().get(url, params=params) as response:
+            headers = {"Authorization": f"Bearer {self._token()}"} if self._token else {}
+            async with self._http().get(url, params=params, headers=headers) as response:
                 body = await response.read()
                 content_type = response.content_type
                 status = response.status

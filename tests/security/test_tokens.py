@@ -6,7 +6,6 @@ good token of the same user is answered."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
@@ -21,22 +20,6 @@ from qm.v1 import types_pb2
 from libs.auth import Keys, issue_token
 from services.grpc_server import bearer
 from tests.integration.stack import Stack
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The services that check tokens (budget first: admission reads its tree)."""
-    stack = Stack(tmp_path_factory.mktemp("tokens"))
-    try:
-        stack.create_topics()
-        stack.start("budget")
-        stack.start("projector")
-        stack.wait_ready(f"grpc:127.0.0.1:{stack.budget_port}")
-        stack.start("admission")
-        stack.wait_ready(f"grpc:127.0.0.1:{stack.admission_port}")
-        yield stack
-    finally:
-        stack.down()
 
 
 def bad_tokens(keys: Keys) -> dict[str, str]:
@@ -63,8 +46,9 @@ CASES = list(bad_tokens(Keys((b"k" * 32,))))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_bad_token_cannot_change_the_budget_tree(stack: Stack, case: str) -> None:
+def test_a_bad_token_cannot_change_the_budget_tree(front_door: Stack, case: str) -> None:
     """carol manages the root: with a good token this change would be accepted."""
+    stack = front_door
     budget = bs_grpc.BudgetServiceStub(stack.budget_channel())
     node = types_pb2.BudgetNode(name="heist", parent="lab", weight=99, members=["mallory"])
     with pytest.raises(grpc.RpcError) as refused:
@@ -77,7 +61,8 @@ def test_a_bad_token_cannot_change_the_budget_tree(stack: Stack, case: str) -> N
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_bad_token_cannot_submit_or_list(stack: Stack, case: str) -> None:
+def test_a_bad_token_cannot_submit_or_list(front_door: Stack, case: str) -> None:
+    stack = front_door
     jobs = js_grpc.JobServiceStub(stack.channel())
     token = bearer(bad_tokens(stack.keys)[case])
     spec = types_pb2.JobSpec(gpus=1, allocation="nlp", command=["true"])

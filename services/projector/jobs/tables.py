@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.readmodels import DEFAULT_LIST_LIMIT, JobRecords
+from libs.readmodels import DEFAULT_LIST_LIMIT, JobRecords, Scope
 from services.projector.app import TOPICS, protobuf_table
 
 jobs = protobuf_table("jobs", TOPICS.jobs_view)
@@ -24,5 +24,7 @@ def get_job(job_id: str) -> types_pb2.Job | None:
     return records.job(job_id)
 
 
-def list_jobs(allocation: str = "", limit: int = DEFAULT_LIST_LIMIT) -> list[types_pb2.Job]:
-    return records.jobs(allocation=allocation, limit=limit)
+def list_jobs(
+    allocation: str = "", limit: int = DEFAULT_LIST_LIMIT, scope: Scope | None = None
+) -> list[types_pb2.Job]:
+    return records.jobs(allocation=allocation, limit=limit, scope=scope)

@@ -12,13 +12,17 @@ import pytest
 from aiohttp.test_utils import TestServer
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
+from libs.auth import Keys, ServiceToken
 from libs.readmodels import PlacementKnobs, UsageLedger
+from services.projector import access
 from services.projector.app import app
 from services.projector.client import ProjectorClient
 from services.projector.inputs import deadletters
 from services.projector.jobs.tables import job_specs, job_tasks, jobs, records
 from services.projector.nodes.tables import nodes
 from services.projector.usage import state as usage
+
+KEYS = Keys((b"projector-test-key-" * 2,))
 
 
 @pytest.fixture
@@ -39,9 +43,11 @@ def projector() -> Iterator[faust.App]:
 @pytest.fixture
 async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
     """A client of the app's views, served over HTTP."""
+    access.allow(KEYS, frozenset({"svc-admission"}))
     server = TestServer(cast(AiohttpWeb, projector.web).web_app)
     await server.start_server()
-    async with ProjectorClient(str(server.make_url(""))) as client:
+    token = ServiceToken("svc-admission", KEYS)
+    async with ProjectorClient(str(server.make_url("")), token=token) as client:
         yield client
     await server.close()
 

@@ -7,6 +7,7 @@ import faust
 import pytest
 from qm.v1 import events_pb2, job_service_pb2, types_pb2
 
+from libs.auth import issue_token
 from libs.events import encode
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import PROTOBUF
@@ -20,6 +21,7 @@ from tests.unit.libs.readmodels.readmodel_builders import (
     spec,
     submitted,
 )
+from tests.unit.services.projector.conftest import KEYS
 
 
 async def feed(agent: faust.types.AgentT[bytes], *envs: events_pb2.Envelope) -> None:
@@ -77,7 +79,10 @@ async def test_list_nodes_sorted_by_cluster_without_ended_tasks(client: Projecto
 async def test_answers_are_protobuf(client: ProjectorClient) -> None:
     await feed_jobs(submitted("j1"))
     url = f"{client.base_url}/jobs"
-    async with aiohttp.ClientSession() as http, http.get(url, params={"limit": "5"}) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, params={"limit": "5"}, headers=auth()) as response,
+    ):
         assert response.content_type == PROTOBUF
         reply = job_service_pb2.ListJobsResponse.FromString(await response.read())
     assert [j.job_id for j in reply.jobs] == ["j1"]
@@ -86,7 +91,10 @@ async def test_answers_are_protobuf(client: ProjectorClient) -> None:
 @pytest.mark.parametrize("limit", ["-1", "x", "²", ""])
 async def test_bad_limit_is_a_clear_error(client: ProjectorClient, limit: str) -> None:
     url = f"{client.base_url}/jobs"
-    async with aiohttp.ClientSession() as http, http.get(url, params={"limit": limit}) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, params={"limit": limit}, headers=auth()) as response,
+    ):
         assert response.status == 400
         assert "limit must be a non-negative integer" in await response.text()
 
@@ -98,3 +106,29 @@ async def test_client_reports_answers_it_cannot_use(client: ProjectorClient) -> 
 
 async def test_not_ready_before_tables_are_recovered(client: ProjectorClient) -> None:
     assert await client.ready() is False
+
+
+def auth(user: str = "svc-admission") -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(user, KEYS)}"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "says"),
+    [
+        ({}, 401, "missing 'Authorization: Bearer <token>'"),
+        ({"Authorization": "Bearer junk"}, 401, "malformed token"),
+        (auth("alice"), 403, "alice may not read the projector's views"),
+    ],
+)
+async def test_only_known_services_read_the_views(
+    client: ProjectorClient, headers: dict[str, str], status: int, says: str
+) -> None:
+    """A user asking the projector directly would skip admission's checks of who sees
+    which job; probes still get /ready without a token."""
+    await feed_jobs(submitted("j1"))
+    async with aiohttp.ClientSession() as http:
+        for path in ("/jobs", "/jobs/j1", "/nodes", "/usage"):
+            async with http.get(f"{client.base_url}{path}", headers=headers) as response:
+                assert response.status == status and says in await response.text(), path
+        async with http.get(f"{client.base_url}/ready") as response:
+            assert response.status in (200, 503)
