@@ -26,6 +26,7 @@ from cli import render
 from cli.audit import audit_app
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.params import INT32, UINT32_MAX, duration, input_file, key_value
+from cli.secrets import secret_app
 from cli.sim import sim_app
 from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
@@ -35,6 +36,7 @@ app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU sc
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
 app.add_typer(budget_app, name="budget")
 app.add_typer(token_app, name="token")
+app.add_typer(secret_app, name="secret")
 app.command()(login)
 app.add_typer(audit_app, name="audit")
 app.add_typer(sim_app, name="sim")
@@ -91,6 +93,13 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(parser=key_value, help="KEY=VALUE for the task (repeat)")
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME of your secret for the task, set as variable NAME from the node's "
+            "secret store, never sent with the job (repeat)"
+        ),
+    ] = None,
     sim_duration: Annotated[float, duration("0", "Simulated nodes: run time")] = 0.0,
     sim_exit_code: Annotated[
         int, typer.Option(min=INT32[0], max=INT32[1], help="Simulated nodes: exit code")
@@ -126,6 +135,7 @@ def submit(
         # gRPC resends this very request on a retry: the id makes the retries one job.
         client_request_id=request_id or uuid.uuid4().hex,
         env=dict(item.split("=", 1) for item in env or []),
+        secrets=secret or [],
         simulated_duration_s=sim_duration,
         simulated_exit_code=sim_exit_code,
         simulated_utilization=sim_utilization,

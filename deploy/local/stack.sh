@@ -22,6 +22,8 @@ users="${QM_KAFKA_DIR:-$root/.local/kafka}/users"
 export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
 export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
 export QM_SANDBOX="${QM_SANDBOX:-$root/deploy/local/sandbox.yaml}"
+# The node agents' secret store (qm secret set USER NAME; qm submit --secret NAME).
+export QM_SECRETS_DIR="${QM_SECRETS_DIR:-$root/.local/secrets}"
 export PYTHONUNBUFFERED=1
 
 start_service() {

@@ -45,6 +45,10 @@ class JobSpec:
     # Set: a DAG of model-serving tasks, each on one GPU, planned by the
     # serving planner (libs.core.compass) instead of the batch tiers.
     workflow: Workflow | None = None
+    # Names of the submitter's secrets, resolved by the node agent (values never here).
+    # Not a scheduling fact: left out of ``fact`` (the repr), so that logs recorded before
+    # the field existed replay to the same state digests.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     # Cached (the fields are frozen): planning asks these of every running job.
     @cached_property

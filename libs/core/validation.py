@@ -7,6 +7,7 @@ on everything it reads, and a site's narrower ``Limits``, which admission adds.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ def validate_job(
         found += _site(spec, limits)
     found += _command(spec, required=limits is not None)
     found += _env(spec.env)
+    found += _secrets(spec)
     found += _numbers(spec)
     if spec.workflow is not None:
         memory_mb = limits.gpu_memory_mb if limits is not None else math.inf
@@ -186,6 +188,23 @@ def _env(env: tuple[tuple[str, str], ...]) -> list[Violation]:
             return [
                 Violation(f"env[{key[: L.MAX_NAME_CHARS]}]", "names a variable without = or NUL")
             ]
+    return []
+
+
+# A secret becomes the variable of its name in the task's environment.
+_SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _secrets(spec: JobSpec) -> list[Violation]:
+    if len(spec.secrets) > L.MAX_SECRETS:
+        return [Violation("secrets", f"at most {L.MAX_SECRETS} names, got {len(spec.secrets)}")]
+    set_in_env = {key for key, _ in spec.env}
+    for name in spec.secrets:
+        where = f"secrets[{name[: L.MAX_NAME_CHARS]}]"
+        if not _SECRET_NAME.fullmatch(name):
+            return [Violation(where, "a name of letters, digits and _ (not first a digit)")]
+        if name in set_in_env:
+            return [Violation(where, "is also in env: a secret's value comes from the store")]
     return []
 
 

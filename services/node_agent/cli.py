@@ -7,7 +7,8 @@ Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, defa
 ``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
 ``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
 agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose account
-runs each user's tasks and what environment they see: ``libs.config.sandbox``), plus
+runs each user's tasks and what environment they see: ``libs.config.sandbox``),
+``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``), plus
 the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
@@ -51,6 +52,7 @@ from services.node_agent.inventory import (
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S
 from services.node_agent.sandbox import Sandbox
+from services.node_agent.secrets import SecretStore
 from services.node_agent.serving import DEFAULT_HOST_TO_GPU_MB_PER_MS
 from services.node_agent.utilization import nvml_session, sampler_for
 
@@ -232,7 +234,11 @@ async def _run(
             nodes,
             executors={
                 types_pb2.EXECUTOR_PROCESS: ProcessExecutor(
-                    log_dir, grace_s=args.grace_seconds, sandbox=sandbox, ledger=ledger
+                    log_dir,
+                    grace_s=args.grace_seconds,
+                    sandbox=sandbox,
+                    secrets=SecretStore.from_env(),
+                    ledger=ledger,
                 ),
                 types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
             },

@@ -28,6 +28,7 @@ from qm.v1 import events_pb2
 from libs.core.decisions import stop_grace
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
+from services.node_agent.secrets import MissingSecret, SecretStore
 
 
 class LaunchError(Exception):
@@ -71,10 +72,14 @@ class Executor(Protocol):
 
 
 def task_environment(
-    base: Mapping[str, str], task: events_pb2.TaskPlaced, *, model_resident: bool = False
+    base: Mapping[str, str],
+    task: events_pb2.TaskPlaced,
+    *,
+    model_resident: bool = False,
+    secrets: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The sandbox's ``base`` (a few of the agent's variables), then the job's extras,
-    then what the agent decides.
+    """The sandbox's ``base`` (a few of the agent's variables), then the job's extras and
+    its ``secrets`` (from the node's store), then what the agent decides.
 
     The agent's own variables come last so that a job cannot widen its GPU set. CUDA
     numbers GPUs fastest first unless told otherwise; NVML, whose indices the inventory
@@ -85,6 +90,7 @@ def task_environment(
     env = {
         **base,
         **task.spec.env,
+        **(secrets or {}),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in task.gpu_indices),
         "QM_JOB_ID": task.job_id,
@@ -121,11 +127,13 @@ class ProcessExecutor:
         *,
         grace_s: float = 10.0,
         sandbox: Sandbox | None = None,
+        secrets: SecretStore | None = None,
         ledger: ProcessLedger | None = None,
     ) -> None:
         self._log_dir = log_dir
         self._grace_s = grace_s
         self._sandbox = sandbox or Sandbox.as_agent()
+        self._secrets = secrets or SecretStore(None)
         self._ledger = ledger
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
@@ -139,7 +147,8 @@ class ProcessExecutor:
             raise LaunchError("the job has no command to run", 127)
         try:
             runs_as = self._sandbox.account_for(task.spec.user)
-        except Refused as exc:
+            secrets = self._secrets.values(task.spec.user, task.spec.secrets)
+        except (Refused, MissingSecret) as exc:
             raise LaunchError(str(exc), 126) from None
         log_path = self._log_dir / log_file_name(task.job_id)
         try:
@@ -158,7 +167,10 @@ class ProcessExecutor:
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     env=task_environment(
-                        self._sandbox.environment(runs_as), task, model_resident=model_resident
+                        self._sandbox.environment(runs_as),
+                        task,
+                        model_resident=model_resident,
+                        secrets=secrets,
                     ),
                     # Its own process group: stop() reaches the task's children too, and a
                     # Ctrl-C meant for the agent does not hit tasks before their grace period.

@@ -79,3 +79,13 @@ def test_the_projector_answers_no_one_but_admission(front_door: Stack, alices_jo
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == (403 if token else 401)
+
+
+def test_a_secrets_value_never_travels_with_its_job(front_door: Stack) -> None:
+    """`qm submit --secret NAME` sends the name; the job on the log and in every view
+    carries the name only (the node agent reads the value from its store)."""
+    jobs = js_grpc.JobServiceStub(front_door.channel())
+    spec = types_pb2.JobSpec(gpus=1, allocation="nlp", command=["train"], secrets=["HF_TOKEN"])
+    reply = jobs.SubmitJob(js.SubmitJobRequest(spec=spec), metadata=front_door.auth("bob"))
+    job = jobs.GetJob(js.GetJobRequest(job_id=reply.job_id), metadata=front_door.auth("bob"))
+    assert list(job.spec.secrets) == ["HF_TOKEN"] and "HF_TOKEN" not in job.spec.env

@@ -1,8 +1,9 @@
 """Attacks from inside a task: it runs as its user's unprivileged account, with a clean
-environment, so the agent's credentials, its environment and other users' task logs are
-out of reach. Each refusal is paired with what the same task may do, so that a refusal is
-the sandbox's, not a broken command. Switching accounts needs a root agent (as in CI);
-elsewhere those tests say so and skip."""
+environment, so the agent's credentials, its environment, the secret store and other
+users' task logs are out of reach; a task gets its own user's secrets only. Each refusal
+is paired with what the same task may do, so that a refusal is the sandbox's, not a
+broken command. Switching accounts needs a root agent (as in CI); elsewhere those tests
+say so and skip."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from libs.config.document import ConfigError, validate
 from libs.config.sandbox import SandboxFile
 from services.node_agent.executors import LaunchError, ProcessExecutor
 from services.node_agent.sandbox import Sandbox
+from services.node_agent.secrets import SecretStore
 
 NOBODY = 65534
 OTHER = 65533  # a second unprivileged uid, without a passwd entry
@@ -128,3 +130,45 @@ async def test_a_user_without_an_account_here_is_refused(shared: Path) -> None:
 def test_no_sandbox_file_runs_tasks_as_root(raw: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match=r"never run as root|expected a number >= 1"):
         validate(SandboxFile, raw, "sandbox.yaml")
+
+
+@pytest.fixture
+def store(shared: Path) -> SecretStore:
+    """The node's store as the agent keeps it: a folder only root enters."""
+    root = shared / "secrets"
+    for user, value in (("alice", "alice-wandb-key"), ("bob", "bob-wandb-key")):
+        (root / user).mkdir(parents=True)
+        (root / user / "WANDB_API_KEY").write_text(value + "\n")
+    root.chmod(0o700)
+    return SecretStore(root)
+
+
+def secret_task(job_id: str, user: str, *command: str) -> events_pb2.TaskPlaced:
+    placed = task(job_id, user, *command)
+    placed.spec.secrets.append("WANDB_API_KEY")
+    return placed
+
+
+async def test_a_task_gets_its_users_secret_and_no_one_elses(
+    shared: Path, store: SecretStore
+) -> None:
+    """The job names the secret; the agent reads the value for the job's own user."""
+    runner = ProcessExecutor(shared, secrets=store)
+    show = ("sh", "-c", "echo $WANDB_API_KEY")
+    assert await run(runner, shared, secret_task("a", "alice", *show)) == (0, "alice-wandb-key\n")
+    assert await run(runner, shared, secret_task("b", "bob", *show)) == (0, "bob-wandb-key\n")
+    with pytest.raises(LaunchError, match="secret WANDB_API_KEY of carol is not in"):
+        await runner.start(secret_task("c", "carol", *show))
+    with pytest.raises(LaunchError, match=r"no secrets for user '\.\./alice'"):
+        await runner.start(secret_task("d", "../alice", *show))
+
+
+@as_root
+async def test_a_task_cannot_read_the_secret_store(shared: Path, store: SecretStore) -> None:
+    config = SandboxFile(users={"bob": OTHER}, default=None)
+    runner = ProcessExecutor(
+        shared, sandbox=Sandbox(config, os.environ, switch=True), secrets=store
+    )
+    steal = task("steal", "bob", "cat", str(shared / "secrets" / "alice" / "WANDB_API_KEY"))
+    code, output = await run(runner, shared, steal)
+    assert code != 0 and "Permission denied" in output and "alice-wandb-key" not in output

@@ -42,6 +42,7 @@ COMMANDS = dict(commands())
 # Commands that need no service: their flags and files are checked below, and their
 # own environment in test_offline_commands_name_what_is_missing.
 OFFLINE = {("sim", "run"), ("sim", "workflows"), ("sim", "mixed"), ("token", "issue"), ("login",)}
+OFFLINE |= {("secret", "set")}  # writes a local folder
 OFFLINE |= {("audit", "verify")}  # reads Kafka directly
 # Flags naming data rather than a config file: only the path must be in the error.
 DATA_FILES = {"--trace-path"}
