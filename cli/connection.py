@@ -4,6 +4,11 @@
 ``QM_BUDGET_ADDR`` (BudgetService, default 127.0.0.1:50052), and the token:
 ``QM_TOKEN``, else the file ``$QM_TOKEN_FILE`` (default ~/.config/qm/token).
 
+Calls go over TLS, verifying the services against the CA of ``QM_TLS_CA`` (unset: the
+local stack's ``.local/tls/ca.crt`` when run from the repository's root; set empty: none).
+Without a CA, qm talks plain text to this machine only: a token sent in plain text to
+another host could be read on the way (``QM_PLAINTEXT=1`` allows it on a trusted network).
+
 Every call has a deadline, and gRPC itself retries a call that fails UNAVAILABLE
 (the service is down or restarting), with exponential backoff: every qm call is
 idempotent (a submission carries its client request id, the same on every attempt).
@@ -11,7 +16,9 @@ idempotent (a submission carries its client request id, the same on every attemp
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,10 +28,13 @@ from typing import Any, TypeVar
 import grpc
 from pydantic import Field
 
+from libs.config.document import ConfigError
 from libs.config.env import Address, EnvSettings
 from services.grpc_server import bearer
+from services.tls import TlsSettings, channel
 
 DEFAULT_TOKEN_FILE = Path.home() / ".config" / "qm" / "token"
+LOCAL_CA = Path(".local") / "tls" / "ca.crt"
 # The longest any call may take, its retries included.
 DEADLINE_S = 30.0
 SERVICES = ("qm.v1.JobService", "qm.v1.ClusterService", "qm.v1.BudgetService")
@@ -70,10 +80,11 @@ class Endpoint:
     name: str
     address: str
     retry: Retry
+    tls: TlsSettings
 
     def channel(self) -> grpc.Channel:
         options = [("grpc.enable_retries", 1), ("grpc.service_config", self.retry.service_config())]
-        return grpc.insecure_channel(self.address, options=options)
+        return channel(self.address, self.tls, options)
 
     def failure(self, error: grpc.RpcError, elapsed_s: float) -> str:
         """What went wrong, in one line that says what to do."""
@@ -96,6 +107,7 @@ class TokenSettings(EnvSettings):
 
 
 class _Settings(TokenSettings):
+    plaintext: bool = Field(False, alias="QM_PLAINTEXT")
     address: Address = Field("127.0.0.1:50051", alias="QM_ADDR")
     budget_address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
 
@@ -110,10 +122,17 @@ class Connection:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Connection:
         """The services and the token the environment names; a ``ConfigError`` for a bad
         address, ``NotSignedIn`` without a token."""
-        settings = _Settings.from_env(environ)
+        env = dict(os.environ if environ is None else environ)
+        settings = _Settings.from_env(env)
+        if "QM_TLS_CA" not in env and LOCAL_CA.is_file():
+            env["QM_TLS_CA"] = str(LOCAL_CA)
+        tls = TlsSettings.from_env(env)
+        if tls.ca is None and not settings.plaintext:
+            for address in (settings.address, settings.budget_address):
+                _refuse_plain_text_to_another_host(address)
         return cls(
-            admission=Endpoint("admission", settings.address, RETRY),
-            budget=Endpoint("budget", settings.budget_address, RETRY),
+            admission=Endpoint("admission", settings.address, RETRY, tls),
+            budget=Endpoint("budget", settings.budget_address, RETRY, tls),
             token=settings.token.strip() if settings.token else _token(settings.token_file),
         )
 
@@ -128,6 +147,21 @@ class Connection:
             return method(request, metadata=self.metadata, timeout=DEADLINE_S)
         except grpc.RpcError as exc:
             raise CallFailed(endpoint.failure(exc, time.monotonic() - started)) from exc
+
+
+def _refuse_plain_text_to_another_host(address: str) -> None:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"environment: {address} is another host and no CA is set: set QM_TLS_CA to the "
+        "services' CA certificate (or QM_PLAINTEXT=1 on a network you trust)"
+    )
 
 
 def _token(path: Path) -> str:

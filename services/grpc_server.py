@@ -1,4 +1,5 @@
-"""A gRPC server with the standard health service and server reflection."""
+"""A gRPC server with the standard health service and server reflection, over TLS when
+``QM_TLS_CERT``/``QM_TLS_KEY`` are set (``services.tls``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from services.status import StatusInterceptor
+from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +23,14 @@ STOP_GRACE_S = 2.0
 
 
 async def start_server(
-    address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
+    address: str,
+    registrars: Sequence[Registrar],
+    service_names: Sequence[str],
+    tls: TlsSettings | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """Start serving; returns the server and the bound port (0 in ``address`` picks one)."""
+    """Start serving, with TLS if ``tls`` (default: the environment's) has a certificate;
+    returns the server and the bound port (0 in ``address`` picks one)."""
+    credentials = (tls or TlsSettings.from_env()).server_credentials()
     # The instrumentation is untyped; it opens a server span per RPC.
     server = grpc.aio.server(
         interceptors=[aio_server_interceptor(), StatusInterceptor()]  # type: ignore[no-untyped-call]
@@ -40,7 +47,10 @@ async def start_server(
         ],
         server,
     )
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise RuntimeError(f"cannot listen on {address}")
     await server.start()
@@ -54,9 +64,11 @@ async def serve_until_cancelled(
 ) -> None:
     """Serve until cancelled (the process is told to stop), then stop: the calls under way
     get ``STOP_GRACE_S`` to finish."""
-    server, port = await start_server(address, registrars, service_names)
+    tls = TlsSettings.from_env()
+    server, port = await start_server(address, registrars, service_names, tls)
     names = " and ".join(name.rsplit(".", 1)[-1] for name in service_names)
-    log.info("serving %s on port %d", names, port)
+    how = "mutual TLS" if tls.client_auth else "TLS" if tls.enabled else "plain text"
+    log.info("serving %s on port %d (%s)", names, port, how)
     try:
         await server.wait_for_termination()
     finally:

@@ -24,6 +24,10 @@ export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
 export QM_SANDBOX="${QM_SANDBOX:-$root/deploy/local/sandbox.yaml}"
 # The node agents' secret store (qm secret set USER NAME; qm submit --secret NAME).
 export QM_SECRETS_DIR="${QM_SECRETS_DIR:-$root/.local/secrets}"
+# gRPC over TLS: a local CA and a certificate for 127.0.0.1 (deploy/local/certs.py);
+# qm verifies the services against the CA (.local/tls/ca.crt).
+tls="$root/.local/tls"
+export QM_TLS_CERT="$tls/server.crt" QM_TLS_KEY="$tls/server.key" QM_TLS_CA="$tls/ca.crt"
 export PYTHONUNBUFFERED=1
 
 start_service() {
@@ -50,6 +54,7 @@ wait_for() {
 up() {
   mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
   deploy/local/kafka.sh start
+  "$py" deploy/local/certs.py "$tls"
   # As the broker's admin: topics, then one principal per service and its ACLs.
   QM_KAFKA_SASL_USERNAME=admin QM_KAFKA_SASL_PASSWORD_FILE="$users/admin" \
     QM_KAFKA_USERS_DIR="$users" "$py" -m libs.bus
@@ -73,6 +78,7 @@ Quartermaster is up: 4 simulated nodes of 8 GPUs (deploy/local/nodes.yaml).
   source .venv/bin/activate
   qm submit --gpus 2 -- python3 -c 'print(42)'
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
+gRPC is TLS (CA: .local/tls/ca.crt, which qm uses when run from here).
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
 MSG
 }

@@ -1,6 +1,7 @@
 """Wait until the local stack's services answer: gRPC health checks and HTTP.
 
 Usage: python deploy/local/wait_ready.py [--timeout S] grpc:HOST:PORT http://URL ...
+A gRPC service is asked over TLS when ``QM_TLS_CA`` is set (``services.tls``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.tls import TlsSettings, channel
+
 
 def answers(target: str) -> bool:
     if target.startswith("grpc:"):
-        with grpc.insecure_channel(target.removeprefix("grpc:")) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
+        with channel(target.removeprefix("grpc:"), TlsSettings.from_env()) as health:
+            stub = health_pb2_grpc.HealthStub(health)
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
             except grpc.RpcError:

@@ -36,6 +36,7 @@ from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import cancel_and_wait, run_service
+from services.tls import TlsSettings
 
 
 def _types(value: object) -> object:
@@ -73,7 +74,7 @@ async def serve() -> None:
     producer = EventProducer(bus, client_id="admission")
     token = ServiceToken("svc-admission", keys)
     projector = ProjectorClient(own.projector_url, token=token)
-    budget = BudgetView(own.budget_target, token)
+    budget = BudgetView(own.budget_target, token, TlsSettings.from_env())
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])

@@ -12,6 +12,7 @@ from libs.core.budget_tree import BudgetTree
 from libs.events.convert import tree_from_proto
 from services.grpc_server import bearer
 from services.status import Unavailable
+from services.tls import TlsSettings, aio_channel
 
 
 class BudgetUnavailable(Unavailable):
@@ -20,10 +21,12 @@ class BudgetUnavailable(Unavailable):
 
 class BudgetView:
     """``token`` gives admission's current token (a ``ServiceToken``: renewed before it
-    expires)."""
+    expires); ``tls``: how to reach the budget service (verifying it against a CA)."""
 
-    def __init__(self, target: str, token: Callable[[], str], ttl_s: float = 2.0) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+    def __init__(
+        self, target: str, token: Callable[[], str], tls: TlsSettings, ttl_s: float = 2.0
+    ) -> None:
+        self._channel = aio_channel(target, tls)
         self._stub = budget_service_pb2_grpc.BudgetServiceStub(self._channel)
         self._token = token
         self._ttl_s = ttl_s

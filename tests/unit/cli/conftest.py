@@ -39,7 +39,7 @@ class Admission:
     @property
     def env(self) -> dict[str, str]:
         """What qm needs to call this server."""
-        return {"QM_ADDR": self.address, "QM_TOKEN": "qm1.test.token"}
+        return {"QM_ADDR": self.address, "QM_TOKEN": "qm1.test.token", "QM_TLS_CA": ""}
 
 
 @pytest.fixture

@@ -174,6 +174,7 @@ def run(case: Case) -> None:
         "QM_KAFKA_BOOTSTRAP": DEAD,
         "QM_AUTH_SECRET": "",
         "QM_AUTH_SECRET_FILE": "",
+        "QM_TLS_CA": "",
         "QM_POLICY_FILE": "",
         "COLUMNS": "1000",  # typer's error box: one line per message
         **dict(case.env),
