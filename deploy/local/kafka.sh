@@ -3,7 +3,10 @@
 # on loopback, assembled from Maven Central artifacts. Usage:
 #   deploy/local/kafka.sh start|stop|status
 # Settings (environment): QM_KAFKA_DIR (data, logs and jars; default .local/kafka),
-# QM_KAFKA_PORT (client port, default 9092; the controller uses the next one).
+# QM_KAFKA_PORT (client port, default 9092; the controller uses the next one),
+# QM_KAFKA_TLS_PORT (unset: none) a second client listener with TLS (SASL_SSL), its
+# certificate from QM_KAFKA_TLS_DIR (default $QM_KAFKA_DIR/tls; made by
+# deploy/local/certs.py when missing: clients trust its ca.crt).
 #
 # Nobody talks to it unauthenticated: clients log in with SASL SCRAM-SHA-512, the
 # controller listener with SASL PLAIN, and the StandardAuthorizer refuses whatever no
@@ -20,6 +23,8 @@ controller_port=$((port + 1))
 libs="$root/.local/kafka-libs"        # jars are shared by every data folder
 pidfile="$dir/kafka.pid"
 users="$dir/users"
+tls_port="${QM_KAFKA_TLS_PORT:-}"
+tls_dir="${QM_KAFKA_TLS_DIR:-$dir/tls}"
 
 fetch_jars() {
   [ -f "$libs/.complete" ] && return
@@ -52,19 +57,39 @@ admin_password() {
   cat "$users/admin"
 }
 
+# The TLS listener's lines, if one is asked for: a PEM keystore (key, then certificate).
+# Called by write_config, whose $scram it uses.
+tls_config() {
+  [ -n "$tls_port" ] || return 0
+  if [ ! -f "$tls_dir/server.crt" ]; then
+    "${QM_PYTHON:-$root/.venv/bin/python}" "$here/certs.py" "$tls_dir" >&2
+  fi
+  (umask 077 && cat "$tls_dir/server.key" "$tls_dir/server.crt" > "$dir/tls-keystore.pem")
+  cat <<PROPS
+listener.name.tls.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.tls.scram-sha-512.sasl.jaas.config=$scram;
+listener.name.tls.ssl.keystore.type=PEM
+listener.name.tls.ssl.keystore.location=$dir/tls-keystore.pem
+PROPS
+}
+
 write_config() {
   mkdir -p "$dir/data" "$dir/logs"
   local password; password="$(admin_password)"
+  local listeners="CLIENT://127.0.0.1:$port" protocols="CLIENT:SASL_PLAINTEXT"
+  if [ -n "$tls_port" ]; then
+    listeners="$listeners,TLS://127.0.0.1:$tls_port" protocols="$protocols,TLS:SASL_SSL"
+  fi
   local plain="org.apache.kafka.common.security.plain.PlainLoginModule required"
   local scram="org.apache.kafka.common.security.scram.ScramLoginModule required"
   (umask 077 && cat > "$dir/server.properties") <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller_port
-listeners=CLIENT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=CLIENT://127.0.0.1:$port
+listeners=$listeners,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=$listeners
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
+listener.security.protocol.map=$protocols,CONTROLLER:SASL_PLAINTEXT
 inter.broker.listener.name=CLIENT
 # Clients (and the broker to itself) log in with SCRAM; the users live in the metadata log.
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
@@ -89,6 +114,7 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 num.partitions=1
 PROPS
+  tls_config >> "$dir/server.properties"
 }
 
 running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }

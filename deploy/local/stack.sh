@@ -53,8 +53,9 @@ wait_for() {
 
 up() {
   mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
-  deploy/local/kafka.sh start
   "$py" deploy/local/certs.py "$tls"
+  # Its TLS listener (9094) uses the same CA; the services here use the loopback one.
+  QM_KAFKA_TLS_PORT="${QM_KAFKA_TLS_PORT:-9094}" QM_KAFKA_TLS_DIR="$tls" deploy/local/kafka.sh start
   # As the broker's admin: topics, then one principal per service and its ACLs.
   QM_KAFKA_SASL_USERNAME=admin QM_KAFKA_SASL_PASSWORD_FILE="$users/admin" \
     QM_KAFKA_USERS_DIR="$users" "$py" -m libs.bus

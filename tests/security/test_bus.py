@@ -5,6 +5,7 @@ same client doing what it may, so a refusal is the broker's rule, not a broken c
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,28 @@ def test_a_node_agent_cannot_join_placements_group(stack: Stack, topics: Topics)
 
     with pytest.raises(GroupAuthorizationFailedError):
         asyncio.run(join())
+
+
+def test_the_tls_listener_wants_tls_and_the_brokers_ca(stack: Stack) -> None:
+    """`make test` starts the broker with a second, TLS listener (QM_KAFKA_TLS_PORT)."""
+    port = os.environ.get("QM_KAFKA_TLS_PORT")
+    if not port:
+        pytest.skip("the broker was started without QM_KAFKA_TLS_PORT (make test sets it)")
+    ca = stack.users_dir.parent / "tls" / "ca.crt"
+    tls = {"QM_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}", "QM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}
+
+    async def topics(settings: KafkaSettings) -> list[str]:
+        admin = KafkaBus(settings).admin()
+        try:
+            await asyncio.wait_for(admin.start(), 30)
+            return list(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    auditor = {**stack.env, **stack.principal_env("auditor"), **tls}
+    assert asyncio.run(topics(KafkaSettings.from_env({**auditor, "QM_KAFKA_SSL_CAFILE": str(ca)})))
+    plain = {**auditor, "QM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}
+    with pytest.raises(KafkaConnectionError):  # plain text on the TLS port
+        asyncio.run(topics(KafkaSettings.from_env(plain)))
+    with pytest.raises(KafkaConnectionError):  # a CA that did not sign the broker's certificate
+        asyncio.run(topics(KafkaSettings.from_env(auditor)))  # the system's CAs
