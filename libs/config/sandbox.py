@@ -5,6 +5,12 @@ their tasks; ``default`` runs everyone else's (``nobody`` unless set; ``null`` r
 their tasks). Tasks never run as root. ``environment`` names the only variables of the
 agent's environment a task sees; everything else (the agent's credentials included)
 stays with the agent.
+
+``cgroups`` (where the host lets the agent make them): ``parents`` are folders the agent
+may make cgroups in, a cgroup v2 folder delegated to it or, on cgroup v1, one per
+controller (``.../memory/qm``, ``.../devices/qm``); each task gets its own cgroup in
+each, limited to ``memory_per_gpu_gib`` times its GPUs (v1 and v2) and, on v1's devices
+controller, to the GPU devices it was given.
 """
 
 from __future__ import annotations
@@ -22,10 +28,16 @@ EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 DEFAULT_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
+class CgroupsEntry(FileModel):
+    parents: Annotated[list[Name], Field(min_length=1)]  # folders (absolute paths)
+    memory_per_gpu_gib: Annotated[float, Field(gt=0)] | None = None
+
+
 class SandboxFile(FileModel):
     users: dict[Name, Account] = Field(default_factory=dict)
     default: Account | None = "nobody"
     environment: list[EnvName] = Field(default_factory=lambda: list(DEFAULT_ENVIRONMENT))
+    cgroups: CgroupsEntry | None = None
 
     @field_validator("users", mode="after")
     @classmethod

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from qm.v1 import events_pb2
 
 from libs.core.decisions import stop_grace
+from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
 from services.node_agent.secrets import MissingSecret, SecretStore
@@ -155,39 +156,66 @@ class ProcessExecutor:
             log = _open_log(self._log_dir, log_path, runs_as)
         except OSError as exc:
             raise LaunchError(f"cannot open the task log {log_path}: {exc.strerror}", 126) from exc
+        confinement = None
+        spawned = argv
+        if runs_as is not None and self._sandbox.cgroups is not None:
+            try:
+                confinement = self._sandbox.cgroups.confine(task.task_id, task.gpu_indices)
+            except OSError as exc:
+                log.close()
+                raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
+            spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
         with log:
             # A header per attempt: a job that is preempted and requeued appends again.
             gpus = ",".join(str(index) for index in task.gpu_indices)
             log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {shlex.join(argv)}\n".encode())
             log.flush()
+            env = task_environment(
+                self._sandbox.environment(runs_as),
+                task,
+                model_resident=model_resident,
+                secrets=secrets,
+            )
             try:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=task_environment(
-                        self._sandbox.environment(runs_as),
-                        task,
-                        model_resident=model_resident,
-                        secrets=secrets,
-                    ),
-                    # Its own process group: stop() reaches the task's children too, and a
-                    # Ctrl-C meant for the agent does not hit tasks before their grace period.
-                    start_new_session=True,
-                    **_identity(runs_as),
+                process = await _spawn(
+                    spawned, argv[0], log, env, _identity(runs_as, switch=confinement is None)
                 )
-            except FileNotFoundError:
-                raise LaunchError(f"command not found: {argv[0]}", 127) from None
-            except PermissionError:
-                raise LaunchError(f"permission denied: {argv[0]}", 126) from None
-            except OSError as exc:
-                raise LaunchError(f"cannot run {argv[0]}: {exc.strerror}", 126) from None
-            except ValueError as exc:  # a NUL in an argument or the environment
-                raise LaunchError(f"cannot run {argv[0]}: {exc}", 126) from None
+            except LaunchError:
+                if confinement is not None:
+                    confinement.release()
+                raise
         if self._ledger is not None:
             self._ledger.record(process.pid)
-        return ProcessExecution(process, grace_s=self._grace_s, ledger=self._ledger)
+        return ProcessExecution(
+            process, grace_s=self._grace_s, ledger=self._ledger, confinement=confinement
+        )
+
+
+async def _spawn(
+    argv: list[str], command: str, log: Any, env: dict[str, str], identity: dict[str, Any]
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` with its output in ``log``; ``LaunchError`` naming ``command`` (the
+    task's own, whatever runs before it) when it cannot start."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            # Its own process group: stop() reaches the task's children too, and a
+            # Ctrl-C meant for the agent does not hit tasks before their grace period.
+            start_new_session=True,
+            **identity,
+        )
+    except FileNotFoundError:
+        raise LaunchError(f"command not found: {command}", 127) from None
+    except PermissionError:
+        raise LaunchError(f"permission denied: {command}", 126) from None
+    except OSError as exc:
+        raise LaunchError(f"cannot run {command}: {exc.strerror}", 126) from None
+    except ValueError as exc:  # a NUL in an argument or the environment
+        raise LaunchError(f"cannot run {command}: {exc}", 126) from None
 
 
 def _open_log(log_dir: Path, path: Path, runs_as: Account | None) -> Any:
@@ -205,19 +233,18 @@ def _open_log(log_dir: Path, path: Path, runs_as: Account | None) -> Any:
     return os.fdopen(fd, "ab")
 
 
-def _identity(runs_as: Account | None) -> dict[str, Any]:
-    """The subprocess options that make the task its account's: no groups of the agent's,
-    files it creates private to it, and its home (if it has one) as working directory."""
+def _identity(runs_as: Account | None, *, switch: bool) -> dict[str, Any]:
+    """The subprocess options that make the task its account's: files it creates private
+    to it, its home (if it has one) as working directory and, with ``switch``, its
+    account with no groups of the agent's (else ``spawn_prefix`` switches, after joining
+    the task's cgroups)."""
     if runs_as is None:
         return {}
     home = runs_as.home if os.path.isdir(runs_as.home) else "/"
-    return {
-        "user": runs_as.uid,
-        "group": runs_as.gid,
-        "extra_groups": [],
-        "umask": 0o077,
-        "cwd": home,
-    }
+    options: dict[str, Any] = {"umask": 0o077, "cwd": home}
+    if switch:
+        options |= {"user": runs_as.uid, "group": runs_as.gid, "extra_groups": []}
+    return options
 
 
 @dataclass(frozen=True)
@@ -228,6 +255,7 @@ class ProcessExecution:
     process: asyncio.subprocess.Process
     grace_s: float
     ledger: ProcessLedger | None = None
+    confinement: Confinement | None = None
 
     @property
     def pid(self) -> int:
@@ -235,6 +263,8 @@ class ProcessExecution:
 
     async def wait(self) -> int:
         code = await self.process.wait()
+        if self.confinement is not None:  # what it left behind goes with its cgroups
+            self.confinement.release()
         if self.ledger is not None:
             self.ledger.forget(self.process.pid)
         return code

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from libs.config.document import ConfigError, load
 from libs.config.sandbox import SandboxFile
+from services.node_agent.cgroups import TaskCgroups
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,23 @@ def account(spec: int | str) -> Account:
 class Sandbox:
     """Resolves accounts once, at start: a name unknown on this node stops the agent."""
 
-    def __init__(self, config: SandboxFile, agent_env: Mapping[str, str], *, switch: bool) -> None:
+    def __init__(
+        self,
+        config: SandboxFile,
+        agent_env: Mapping[str, str],
+        *,
+        switch: bool,
+        cgroups: TaskCgroups | None = None,
+    ) -> None:
+        """``cgroups``: instead of the ones ``config`` names (tests give their own)."""
         self._env = {name: agent_env[name] for name in config.environment if name in agent_env}
         self._switch = switch
         self._users = {user: account(spec) for user, spec in config.users.items()}
         self._default = account(config.default) if config.default is not None else None
+        # Only a root agent makes cgroups (and then switches accounts inside them).
+        if cgroups is None and config.cgroups and switch:
+            cgroups = TaskCgroups(config.cgroups)
+        self.cgroups = cgroups
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Sandbox:
