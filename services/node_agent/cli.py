@@ -40,6 +40,7 @@ from libs.bus import (
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
+from services.node_agent import privileges
 from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
@@ -224,6 +225,10 @@ async def _run(
     )
     # Before registering: the new incarnation tells placement those tasks are gone.
     ledger.kill_leftovers()
+    if os.geteuid() == 0:
+        kept = privileges.needed(cgroups=sandbox.cgroups is not None)
+        privileges.keep_only(kept)
+        logging.getLogger(__name__).info("root: kept only capabilities %s", sorted(kept))
     bus = KafkaBus(settings)
     async with EventProducer(bus, client_id=client) as producer:
 

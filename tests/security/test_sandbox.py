@@ -10,6 +10,8 @@ from __future__ import annotations
 import grp
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.config.document import ConfigError, validate
 from libs.config.sandbox import SandboxFile
+from services.node_agent import privileges
 from services.node_agent.executors import LaunchError, ProcessExecutor
 from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
@@ -172,3 +175,45 @@ async def test_a_task_cannot_read_the_secret_store(shared: Path, store: SecretSt
     steal = task("steal", "bob", "cat", str(shared / "secrets" / "alice" / "WANDB_API_KEY"))
     code, output = await run(runner, shared, steal)
     assert code != 0 and "Permission denied" in output and "alice-wandb-key" not in output
+
+
+_AGENT_AFTER_DROPPING = """
+import asyncio, os, socket, sys
+from qm.v1 import events_pb2, types_pb2
+from libs.config.sandbox import SandboxFile
+from services.node_agent import privileges
+from services.node_agent.executors import ProcessExecutor
+from services.node_agent.sandbox import Sandbox
+
+privileges.keep_only(privileges.needed(cgroups=False))
+print("effective", privileges.capabilities("CapEff"), "bounding", privileges.capabilities("CapBnd"))
+try:
+    socket.socket().bind(("127.0.0.1", 80))  # a privileged port: no longer this agent's
+    print("bound port 80")
+except PermissionError:
+    print("port 80 refused")
+logs = sys.argv[1]
+run = ProcessExecutor(__import__("pathlib").Path(logs),
+                      sandbox=Sandbox(SandboxFile(), os.environ, switch=True))
+placed = events_pb2.TaskPlaced(job_id="j", task_id="j/0", gpu_indices=[0],
+                               spec=types_pb2.JobSpec(user="alice", command=["id", "-u"]))
+async def main():
+    print("task exit", await (await run.start(placed)).wait())
+asyncio.run(main())
+"""
+
+
+@as_root
+def test_a_root_agent_keeps_only_the_capabilities_tasks_need(shared: Path) -> None:
+    """Switching accounts still works; anything else root could do (here: bind a
+    privileged port) is gone, for the agent and whatever it runs."""
+    done = subprocess.run(
+        [sys.executable, "-c", _AGENT_AFTER_DROPPING, str(shared)],
+        capture_output=True, text=True, timeout=60, check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    kept = sum(1 << cap for cap in privileges.needed(cgroups=False))
+    assert lines[0] == f"effective {kept} bounding {kept}"
+    assert lines[1:] == ["port 80 refused", "task exit 0"]
+    assert (shared / "j.log").read_text().split()[-1] == str(NOBODY)
