@@ -4,7 +4,10 @@ where it runs (``make test``), like the integration tests."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "security" in str(item.path) and item.path.name in _ON_THE_BROKER:
             item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder every account may enter (unlike pytest's tmp_path, private to root): for
+    tasks that run as unprivileged accounts."""
+    folder = Path(tempfile.mkdtemp(prefix="qm-security-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from libs.config.sandbox import CgroupsEntry, SandboxFile
 from services.node_agent.cgroups import TaskCgroups, char_major, device_rules
 from services.node_agent.executors import ProcessExecutor
 from services.node_agent.sandbox import Sandbox
+from tests.integration.test_node_liveness import alive
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -75,14 +74,6 @@ def devices_parent() -> Iterator[Path]:
     yield from parent_for("devices", "devices.deny")  # cgroup v1 only
 
 
-@pytest.fixture
-def logs() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="qm-cgroups-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def runner(logs: Path, cgroups: TaskCgroups) -> ProcessExecutor:
     config = SandboxFile(default="nobody")
     return ProcessExecutor(logs, sandbox=Sandbox(config, os.environ, switch=True, cgroups=cgroups))
@@ -99,54 +90,46 @@ async def outcome(executor: ProcessExecutor, logs: Path, placed: events_pb2.Task
     return await (await executor.start(placed)).wait()
 
 
-async def test_a_task_gets_the_memory_its_gpus_come_with(memory_parent: Path, logs: Path) -> None:
+async def test_a_task_gets_the_memory_its_gpus_come_with(memory_parent: Path, shared: Path) -> None:
     cgroups = TaskCgroups(CgroupsEntry(parents=[str(memory_parent)], memory_per_gpu_gib=0.0625))
-    executor = runner(logs, cgroups)
+    executor = runner(shared, cgroups)
     # dd holds one block of bs bytes: 32 MB fits in 64 MB (1 GPU), 200 MB does not
     fits = task("fits", "dd if=/dev/zero of=/dev/null bs=32M count=1 2>&1; id -u")
-    assert await outcome(executor, logs, fits) == 0
-    assert "65534" in (logs / "fits.log").read_text()
+    assert await outcome(executor, shared, fits) == 0
+    assert "65534" in (shared / "fits.log").read_text()
     greedy = task("greedy", "dd if=/dev/zero of=/dev/null bs=200M count=1")
-    assert await outcome(executor, logs, greedy) in (-9, 137)  # the kernel's OOM kill
+    assert await outcome(executor, shared, greedy) in (-9, 137)  # the kernel's OOM kill
     block = "dd if=/dev/zero of=/dev/null bs=100M count=1"
-    assert await outcome(executor, logs, task("one", block)) in (-9, 137)  # > 64 MB
-    assert await outcome(executor, logs, task("two", block, gpus=(0, 1))) == 0  # < 128 MB
+    assert await outcome(executor, shared, task("one", block)) in (-9, 137)  # > 64 MB
+    assert await outcome(executor, shared, task("two", block, gpus=(0, 1))) == 0  # < 128 MB
     assert cgroups_in(memory_parent) == [], "each task's cgroup is removed"
 
 
 async def test_a_task_opens_only_the_gpu_devices_it_was_given(
-    devices_parent: Path, logs: Path
+    devices_parent: Path, shared: Path
 ) -> None:
     cgroups = TaskCgroups(CgroupsEntry(parents=[str(devices_parent)]), gpu_major=1)
-    executor = runner(logs, cgroups)
+    executor = runner(shared, cgroups)
     given = task("given", "head -c 3 /dev/zero | wc -c", gpus=(5,))  # 1:5 is /dev/zero
-    assert await outcome(executor, logs, given) == 0
-    assert (logs / "given.log").read_text().split()[-1] == "3"
+    assert await outcome(executor, shared, given) == 0
+    assert (shared / "given.log").read_text().split()[-1] == "3"
     other = task("other", "echo x > /dev/null", gpus=(5,))  # 1:3, not given
-    assert await outcome(executor, logs, other) != 0
-    assert "Operation not permitted" in (logs / "other.log").read_text()
+    assert await outcome(executor, shared, other) != 0
+    assert "Operation not permitted" in (shared / "other.log").read_text()
 
 
-async def test_nothing_a_task_started_outlives_it(memory_parent: Path, logs: Path) -> None:
+async def test_nothing_a_task_started_outlives_it(memory_parent: Path, shared: Path) -> None:
     cgroups = TaskCgroups(CgroupsEntry(parents=[str(memory_parent)], memory_per_gpu_gib=1))
     left = task("left", "sleep 300 & echo $! > /dev/stderr; exec sleep 0.5")
-    execution = await runner(logs, cgroups).start(left)
+    execution = await runner(shared, cgroups).start(left)
     assert await execution.wait() == 0
-    child = int((logs / "left.log").read_text().split()[-1])  # what it left running
+    child = int((shared / "left.log").read_text().split()[-1])  # what it left running
     for _ in range(100):
-        if not _alive(child):
+        if not alive(child):
             break
         await asyncio.sleep(0.05)
-    assert not _alive(child), "the task's child outlived it"
+    assert not alive(child), "the task's child outlived it"
     assert cgroups_in(memory_parent) == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def cgroups_in(parent: Path) -> list[Path]:

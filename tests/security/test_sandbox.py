@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import grp
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +28,6 @@ OTHER = 65533  # a second unprivileged uid, without a passwd entry
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="switching a task's account needs a root node agent"
 )
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A folder every account may enter (unlike pytest's tmp_path, private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="qm-sandbox-"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def task(job_id: str, user: str, *command: str) -> events_pb2.TaskPlaced:
