@@ -24,6 +24,7 @@ from rich.console import Console
 
 from cli import render
 from cli.audit import audit_app
+from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.params import INT32, UINT32_MAX, duration, input_file, key_value
 from cli.secrets import secret_app
@@ -264,20 +265,45 @@ def budget_tree() -> None:
 @budget_app.command("set")
 def budget_set(
     name: str,
-    parent: Annotated[str, typer.Option(help="Parent node (required unless root)")] = "",
+    parent: Annotated[
+        str | None, typer.Option(help="Parent node (a new node needs one, unless root)")
+    ] = None,
     weight: Annotated[
-        float, typer.Option(min=1e-6, max=1e9, help="Share among siblings, > 0")
-    ] = 1.0,
-    member: Annotated[list[str] | None, typer.Option(help="May submit (repeat)")] = None,
-    manager: Annotated[list[str] | None, typer.Option(help="May change the subtree")] = None,
+        float | None, typer.Option(min=1e-6, max=1e9, help="Share among siblings (new: 1)")
+    ] = None,
+    member: Annotated[
+        list[str] | None, typer.Option(help="The members, all of them (repeat)")
+    ] = None,
+    manager: Annotated[
+        list[str] | None, typer.Option(help="The managers, all of them (repeat)")
+    ] = None,
+    add_member: Annotated[list[str] | None, typer.Option(help="Add a member (repeat)")] = None,
+    remove_member: Annotated[
+        list[str] | None, typer.Option(help="Remove a member (repeat)")
+    ] = None,
+    add_manager: Annotated[list[str] | None, typer.Option(help="Add a manager (repeat)")] = None,
+    remove_manager: Annotated[
+        list[str] | None, typer.Option(help="Remove a manager (repeat)")
+    ] = None,
 ) -> None:
-    """Add or replace a node of the budget tree (managers only)."""
-    node = types_pb2.BudgetNode(
-        name=name, parent=parent, weight=weight, members=member or [], managers=manager or []
+    """Add a node to the budget tree, or change what you name of one (managers only)."""
+    edit = NodeEdit(
+        parent=parent,
+        weight=weight,
+        members=member,
+        managers=manager,
+        add_members=add_member or (),
+        remove_members=remove_member or (),
+        add_managers=add_manager or (),
+        remove_managers=remove_manager or (),
     )
     with _rpc() as conn:
-        request = budget_service_pb2.SetAllocationRequest(node=node)
-        tree = conn.call(conn.budget, _budget(conn).SetAllocation, request)
+        stub = _budget(conn)
+        current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
+        request = budget_service_pb2.SetAllocationRequest(
+            node=edited_node(current, name, edit), expected_version=current.version
+        )
+        tree = conn.call(conn.budget, stub.SetAllocation, request)
         console.print(f"budget tree is now version {tree.version}")
 
 

@@ -75,9 +75,10 @@ up() {
   sign_in
   cat <<MSG
 
-Quartermaster is up: 4 simulated nodes of 8 GPUs (deploy/local/nodes.yaml).
+Quartermaster is up (deploy/local/nodes.yaml): 4 nodes of 8 H100 that run tasks as
+processes, and 2 simulated serving nodes of 4 T4 for workflows.
   source .venv/bin/activate
-  qm submit --gpus 2 -- python3 -c 'print(42)'
+  qm submit --gpus 2 --gpu-type H100 -- python3 -c 'print(42)'
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
 gRPC is TLS (CA: .local/tls/ca.crt, which qm uses when run from here).
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down

@@ -49,6 +49,12 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         node = budget_node_from_proto(request.node)
         async with self._lock:
             tree = self._tree()
+            if 0 < request.expected_version != self._book.version:
+                await context.abort(
+                    grpc.StatusCode.ABORTED,
+                    f"the budget tree changed meanwhile (version {self._book.version}, not "
+                    f"{request.expected_version}): read it again and redo the change",
+                )
             existing = tree.node(node.name)
             # Weights are claims against siblings, so changing a node takes a
             # manager of its parent (of the root itself for the root).

@@ -15,7 +15,7 @@ from libs.core import PolicyConfig
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer
 from services.status import status_of
-from tests.unit.services.admission.doubles import KEYS, Context
+from tests.unit.services.admission.doubles import KEYS, Aborted, Context
 
 TOPICS = load_topic_config()
 EVENTS = TOPICS.events.name
@@ -91,3 +91,19 @@ async def test_a_change_folded_back_before_its_ack_keeps_its_version() -> None:
     book.apply(producer.written[0])
     assert book.version == 3
     assert book.tree is not None and book.tree.node("team-b").weight == 5.0
+
+
+async def test_a_change_read_from_an_older_tree_is_refused_not_merged() -> None:
+    """Two managers edit from version 1; the second would undo the first's change."""
+    bus = MemoryBus.for_topics(TOPICS)
+    budget = servicer(bus)
+    first = change(3.0)
+    first.expected_version = 1
+    assert (await budget.SetAllocation(first, Context("boss"))).version == 2
+    stale = change(5.0)
+    stale.expected_version = 1
+    with pytest.raises(Aborted) as refused:
+        await budget.SetAllocation(stale, Context("boss"))
+    assert refused.value.code == grpc.StatusCode.ABORTED
+    assert "changed meanwhile (version 2, not 1)" in refused.value.details
+    assert [e.budget_changed.tree.version for e in bus.envelopes(EVENTS)] == [2, 2]  # 2 clusters
