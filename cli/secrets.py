@@ -36,9 +36,10 @@ def secret_set(
         if not user or user.startswith(".") or "/" in user:
             raise ValueError(f"{user!r} cannot name a folder of the store")
         value = sys.stdin.read().rstrip("\n")
+        # A store made here is the owner's alone; an existing one is left as it is.
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = root / user
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        root.chmod(0o700)
+        folder.mkdir(mode=0o700, exist_ok=True)
         path = folder / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as file:
