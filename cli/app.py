@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +42,8 @@ app.add_typer(secret_app, name="secret")
 app.command()(login)
 app.add_typer(audit_app, name="audit")
 app.add_typer(sim_app, name="sim")
-console = Console()
+# In a pipe or a file, every column whole: rich would cut lines to 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=1 << 16)
 # Errors are one line whatever the terminal's width: people copy them.
 errors = Console(stderr=True, soft_wrap=True)
 

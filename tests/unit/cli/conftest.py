@@ -12,6 +12,7 @@ import grpc
 import pytest
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
 from rich.console import Console
 
 
@@ -21,6 +22,7 @@ class RecordingJobs(js_grpc.JobServiceServicer):
         self.failures = 0  # calls to fail, from the first
         self.fail_with = grpc.StatusCode.UNAVAILABLE
         self.delay_s = 0.0  # before answering
+        self.listed: list[types_pb2.Job] = []  # what ListJobs answers
 
     def SubmitJob(
         self, request: js.SubmitJobRequest, context: grpc.ServicerContext
@@ -30,6 +32,11 @@ class RecordingJobs(js_grpc.JobServiceServicer):
         if len(self.requests) <= self.failures:
             context.abort(self.fail_with, "projector unreachable")
         return js.SubmitJobResponse(job_id="j-1")
+
+    def ListJobs(
+        self, request: js.ListJobsRequest, context: grpc.ServicerContext
+    ) -> js.ListJobsResponse:
+        return js.ListJobsResponse(jobs=self.listed)
 
 
 class Admission:
