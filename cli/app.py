@@ -44,8 +44,6 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(sim_app, name="sim")
 # In a pipe or a file, every column whole: rich would cut lines to 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=1 << 16)
-# Errors are one line whatever the terminal's width: people copy them.
-errors = Console(stderr=True, soft_wrap=True)
 
 
 @contextmanager
@@ -54,11 +52,9 @@ def _rpc() -> Iterator[Connection]:
     try:
         yield Connection.from_env()
     except (NotSignedIn, ConfigError) as exc:
-        errors.print(render.error_line(exc), highlight=False)
-        raise typer.Exit(2) from exc
+        raise render.fail(exc) from exc
     except CallFailed as exc:
-        errors.print(render.error_line(exc), highlight=False)
-        raise typer.Exit(1) from exc
+        raise render.fail(exc, 1) from exc
 
 
 def _jobs(conn: Connection) -> js_grpc.JobServiceStub:

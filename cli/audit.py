@@ -22,7 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from cli.params import input_file
-from cli.render import error_line
+from cli.render import errors, fail
 from libs.audit import AuditResult, Divergence, audit_topics
 from libs.bus import KafkaSettings, load_topic_config
 from libs.config.document import ConfigError
@@ -31,7 +31,6 @@ from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 
 audit_app = typer.Typer(no_args_is_help=True, help="Replay the log and check the decisions.")
 console = Console()
-errors = Console(stderr=True, soft_wrap=True)
 
 
 @audit_app.command()
@@ -60,8 +59,7 @@ def verify(
         topics = load_topic_config()
         kafka = KafkaSettings.from_env()
     except ConfigError as exc:
-        errors.print(error_line(exc), highlight=False)
-        raise typer.Exit(2) from exc
+        raise fail(exc) from exc
     started = time.monotonic()
     try:
         with Progress(console=errors, transient=True) as progress:
@@ -76,8 +74,7 @@ def verify(
                 )
             )
     except (KafkaError, RuntimeError) as exc:
-        errors.print(error_line(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)"))
-        raise typer.Exit(2) from exc
+        raise fail(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)") from exc
     elapsed = time.monotonic() - started
     errors.print(f"{result.inputs} events replayed in {elapsed:.1f} s")
     if result.ok:

@@ -1,12 +1,13 @@
-"""How jobs, nodes and budgets look in a terminal."""
+"""How jobs, nodes, budgets and errors look in a terminal."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import typer
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, types_pb2
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
@@ -24,10 +25,20 @@ _STYLE = {
 }
 
 
-def error_line(message: object) -> str:
+def _error_line(message: object) -> str:
     """``error: ...`` for the error console; the message is shown as written (key paths
     such as ``children[0]`` are not markup)."""
     return f"[red]error:[/] {escape(str(message))}"
+
+
+# Errors are one line whatever the terminal's width: people copy them.
+errors = Console(stderr=True, soft_wrap=True)
+
+
+def fail(message: object, code: int = 2) -> typer.Exit:
+    """Print ``message`` as the error line; the exit to raise (2: a bad flag or setting)."""
+    errors.print(_error_line(message), highlight=False)
+    return typer.Exit(code)
 
 
 def state_name(state: types_pb2.JobState.ValueType) -> str:

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from cli import render
+from cli.render import fail
 
 secret_app = typer.Typer(no_args_is_help=True, help="Operator tools for the secret store.")
-errors = Console(stderr=True, soft_wrap=True)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -45,6 +43,5 @@ def secret_set(
         with os.fdopen(fd, "w") as file:
             file.write(value)
     except (ValueError, OSError) as exc:
-        errors.print(render.error_line(exc), highlight=False)
-        raise typer.Exit(2) from exc
+        raise fail(exc) from exc
     print(f"stored {user}'s secret {name} in {path}")

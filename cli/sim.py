@@ -22,7 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cli.params import SEED_MAX, duration, input_file
-from cli.render import error_line
+from cli.render import errors, fail
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
 from libs.config.scenario import load_scenario
@@ -39,7 +39,6 @@ from libs.sim.workflows import PROFILES
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
 console = Console()
-errors = Console(stderr=True, soft_wrap=True)
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "deploy" / "sim"
 # Trace times: seconds from the trace's start (or epoch seconds in a recorded log).
@@ -57,11 +56,6 @@ def _out_dir(path: Path) -> Path:
             f"cannot create {path}: {exc.strerror}", param_hint="--out"
         ) from None
     return path
-
-
-def _fail(message: object) -> typer.Exit:
-    errors.print(error_line(message), highlight=False)
-    return typer.Exit(2)
 
 
 def _print(to: Console, title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -182,7 +176,7 @@ def run(
     try:
         sc = load_scenario(scenario or SCENARIOS / f"{trace}.yaml")
     except ConfigError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     cluster = sc.cluster or ClusterSpec()
     resized = dataclasses.replace(
         cluster,
@@ -215,7 +209,7 @@ def run(
     try:
         config = load_policy(policy_file) if policy_file else PolicyConfig()
     except ConfigError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if lookback is not None:
         config = dataclasses.replace(config, lookback_window_s=lookback)
     if max_min_runtime is not None:
@@ -234,9 +228,9 @@ def run(
     try:
         workload = build_workload(sc, config.max_min_runtime_s)
     except (TraceError, ConfigError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if not workload.jobs:
-        raise _fail(f"{sc.path}: no jobs in the chosen window (--skip-head, --start, --end)")
+        raise fail(f"{sc.path}: no jobs in the chosen window (--skip-head, --start, --end)")
     console.print(
         f"{len(workload.jobs)} jobs, {workload.capacity} GPUs on {len(workload.nodes)} nodes, "
         f"offered load {workload.offered_load():.2f}× capacity"
@@ -345,7 +339,7 @@ def workflows(
     try:
         loaded = load_profiles(profiles)
     except ConfigError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
 
     def progress(done: SweepRun) -> None:
         r = done.run
@@ -476,7 +470,7 @@ def mixed(
     try:
         loaded = load_profiles(profiles)
     except ConfigError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     fractions = [serving_max_fraction, *extra]
     settings = MixedSettings(
         cluster=ClusterSpec(nodes, gpus_per_node, "H100", 80.0),

@@ -16,18 +16,16 @@ from typing import Annotated
 
 import jwt
 import typer
-from rich.console import Console
 
-from cli import render
 from cli.connection import TokenSettings
 from cli.params import duration
+from cli.render import fail
 from libs.auth import Keys, issue_token, load_keys
 from libs.auth.tokens import DEFAULT_TTL_S
 from libs.config.document import ConfigError
 
 token_app = typer.Typer(no_args_is_help=True, help="Operator tools for tokens.")
 LOCAL_SECRET = Path(".local") / "auth-secret"
-errors = Console(stderr=True, soft_wrap=True)
 TTL = Annotated[
     float, duration("12h", "How long the token is valid (e.g. 30m, 12h, 7d)", positive=True)
 ]
@@ -45,18 +43,13 @@ def _keys() -> Keys:
     return load_keys(env)
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    errors.print(render.error_line(exc), highlight=False)
-    return typer.Exit(2)
-
-
 @token_app.command("issue")
 def token_issue(user: str, ttl: TTL = DEFAULT_TTL_S) -> None:
     """Print a token for USER, signed with this installation's key."""
     try:
         print(issue_token(user, _keys(), ttl_s=ttl))
     except ValueError as exc:  # a bad user name, or ConfigError: no usable key
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
 
 
 def login(
@@ -85,7 +78,7 @@ def login(
             file.write(text + "\n")
         os.chmod(path, 0o600)  # an older file may have been readable by others
     except (ValueError, OSError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     until = datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"signed in as {who} until {until} (token in {path})")
 

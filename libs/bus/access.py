@@ -92,14 +92,6 @@ class Grant:
     operation: Operation
 
 
-def principal(name: str) -> Principal:
-    for candidate in PRINCIPALS:
-        if candidate.name == name:
-            return candidate
-    known = ", ".join(p.name for p in PRINCIPALS)
-    raise KeyError(f"no bus principal {name!r}; the principals are {known}")
-
-
 def grants(topics: Topics) -> list[Grant]:
     """Every allow rule of every principal, for topics named as ``topics`` names them."""
     rules: set[Grant] = set()

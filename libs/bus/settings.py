@@ -74,12 +74,6 @@ class KafkaSettings(EnvSettings):
             )
         return self
 
-    def as_user(self, username: str, password_file: Path) -> KafkaSettings:
-        """The same cluster and mechanism, logged in as another principal."""
-        fields = self.model_dump(exclude={"sasl_password"})
-        fields.update(sasl_username=username, sasl_password_file=password_file)
-        return KafkaSettings.model_validate(fields)
-
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments shared by every aiokafka client."""
         kwargs: dict[str, Any] = {

@@ -86,13 +86,9 @@ class BudgetTree:
             current = self._by_name.get(current.parent)
         return False
 
-    def can_see(self, user: str, owner: str, allocation: str) -> bool:
-        """Whether ``user`` may see a job of ``owner`` in ``allocation`` (its command and
-        environment included): their own, their allocations' (members), their subtree's
-        (managers); the root's managers see every job, unallocated ones included."""
-        return user == owner or allocation in self.visible_to(user) or self.sees_all(user)
-
     def sees_all(self, user: str) -> bool:
+        """The root's managers see every job (its command and environment included),
+        unallocated ones too; anyone else, their own and those of ``visible_to``."""
         return user in self._by_name[self.root].managers
 
     def visible_to(self, user: str) -> frozenset[str]:

@@ -288,9 +288,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     ) -> js.ListJobsResponse:
         user = await caller(context, self._keys)
         await bounded(context, "allocation", request.allocation, MAX_TEXT_CHARS)
-        tree = await self._budget.tree()
-        everything = user in self._operators or tree.sees_all(user)
-        scope = None if everything else Scope(user, tree.visible_to(user))
+        scope = await self._scope(user)
         jobs = await self._projector.list_jobs(request.allocation, request.limit or 100, scope)
         return js.ListJobsResponse(jobs=jobs)
 
@@ -362,9 +360,15 @@ class JobServicer(js_grpc.JobServiceServicer):
         return job
 
     async def _may_see(self, user: str, job: types_pb2.Job) -> bool:
-        if user in self._operators:
-            return True
-        return (await self._budget.tree()).can_see(user, job.spec.user, job.spec.allocation)
+        scope = await self._scope(user)
+        return scope is None or scope.admits(job)
+
+    async def _scope(self, user: str) -> Scope | None:
+        """The jobs ``user`` may see; None: every job (operators, the root's managers)."""
+        tree = await self._budget.tree()
+        if user in self._operators or tree.sees_all(user):
+            return None
+        return Scope(user, tree.visible_to(user))
 
     async def _lookup(self, job_id: str) -> types_pb2.Job | None:
         return await self._projector.get_job(job_id) or self._recent.get(job_id)

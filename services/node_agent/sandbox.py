@@ -86,9 +86,9 @@ class Sandbox:
         return cls(config, env, switch=switch)
 
     @classmethod
-    def as_agent(cls, agent_env: Mapping[str, str] | None = None) -> Sandbox:
+    def as_agent(cls) -> Sandbox:
         """Tasks run as the agent itself, with the default clean environment."""
-        return cls(SandboxFile(), os.environ if agent_env is None else agent_env, switch=False)
+        return cls(SandboxFile(), os.environ, switch=False)
 
     def account_for(self, user: str) -> Account | None:
         """The account ``user``'s tasks run as; ``None``: as the agent (it cannot switch)."""

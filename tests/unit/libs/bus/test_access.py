@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 import yaml
 
-from libs.bus.access import PRINCIPALS, Grant, grants, principal
+from libs.bus.access import PRINCIPALS, Grant, grants
 from libs.bus.strimzi import render
 from libs.bus.topics import load_topic_config
 
@@ -28,7 +27,7 @@ def test_only_placement_writes_decisions() -> None:
 
 
 def test_node_agents_read_decisions_and_nothing_else() -> None:
-    agent = principal("node-agent")
+    [agent] = [p for p in PRINCIPALS if p.name == "node-agent"]
     assert agent.reads == ("decisions",)
     assert not allowed("node-agent", "Read", TOPICS.events.name)
     assert not allowed("node-agent", "Write", TOPICS.decisions.name)
@@ -53,11 +52,6 @@ def test_grants_follow_the_topic_names_of_the_file(tmp_path: Path) -> None:
     renamed = load_topic_config(tmp_path / "topics.yaml")
     assert Grant("placement", "topic", "east.decisions", "literal", "Write") in grants(renamed)
     assert not [g for g in grants(renamed) if g.name == TOPICS.decisions.name]
-
-
-def test_an_unknown_principal_is_named_with_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="no bus principal 'root'; the principals are admission"):
-        principal("root")
 
 
 def test_the_kubernetes_users_are_the_generated_ones() -> None:

@@ -41,9 +41,6 @@ def test_the_password_is_read_from_its_file_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert settings.client_kwargs()["sasl_plain_password"] == "s3cret"
     assert "s3cret" not in repr(settings)
-    (tmp_path / "auditor").write_text("other")
-    auditor = settings.as_user("auditor", tmp_path / "auditor").client_kwargs()
-    assert (auditor["sasl_plain_username"], auditor["sasl_plain_password"]) == ("auditor", "other")
 
 
 @pytest.mark.parametrize(
