@@ -221,6 +221,27 @@ def _follow(conn: Connection, job_id: str) -> None:
 
 
 @app.command()
+def logs(
+    job_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Wait for it to start; stream until it ends")
+    ] = False,
+) -> None:
+    """Print a job's output (stdout and stderr, as its tasks wrote them)."""
+    with _rpc() as conn:
+        started = time.monotonic()
+        request = js.StreamLogsRequest(job_id=job_id, follow=follow)
+        stream = _jobs(conn).StreamLogs(request, metadata=conn.metadata)
+        out = sys.stdout.buffer
+        try:
+            for chunk in stream:
+                out.write(chunk.data)
+                out.flush()
+        except grpc.RpcError as exc:
+            raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
+
+
+@app.command()
 def cancel(job_id: str) -> None:
     """Cancel a job (yours, or one in an allocation you manage)."""
     with _rpc() as conn:

@@ -23,6 +23,14 @@ class Unavailable(Exception):
     """A service this one depends on cannot answer now; the message says which."""
 
 
+async def bounded(context: grpc.aio.ServicerContext, field: str, value: str, most: int) -> None:
+    """A request's id or name no longer than any the system keeps, or INVALID_ARGUMENT."""
+    if len(value) > most:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be at most {most} characters"
+        )
+
+
 def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     # Imported here: the projector client pulls in aiohttp, which not every service loads.
     from services.projector.client import ProjectorError

@@ -74,6 +74,7 @@ def apply_node_event(
             new.inventory.CopyFrom(registered.inventory)
             new.registered_at.CopyFrom(env.occurred_at)
             new.incarnation = registered.incarnation
+            new.log_endpoint = registered.log_endpoint
             new.lost, new.lost_reason = False, ""
         case "node_lost" if env.node_lost.incarnation == new.incarnation:
             # Its tasks end with it (placement says so, task by task, as TaskLost).

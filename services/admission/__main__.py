@@ -32,6 +32,7 @@ from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
 from services.admission.servicer import ClusterServicer, JobServicer
+from services.admission.tasklogs import READER, TaskLogReader
 from services.grpc_server import serve_until_cancelled
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
@@ -74,7 +75,9 @@ async def serve() -> None:
     producer = EventProducer(bus, client_id="admission")
     token = ServiceToken("svc-admission", keys)
     projector = ProjectorClient(own.projector_url, token=token)
-    budget = BudgetView(own.budget_target, token, TlsSettings.from_env())
+    tls = TlsSettings.from_env()
+    budget = BudgetView(own.budget_target, token, tls)
+    logs = TaskLogReader(ServiceToken(READER, keys), tls)
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])
@@ -88,6 +91,7 @@ async def serve() -> None:
         explainer=explainer,
         requests=requests,
         follower=follower,
+        logs=logs,
         operators=own.operators,
     )
     cluster = ClusterServicer(projector=projector, keys=keys)
@@ -112,6 +116,7 @@ async def serve() -> None:
         await producer.stop()
         await projector.close()
         await budget.close()
+        await logs.close()
 
 
 def main() -> None:

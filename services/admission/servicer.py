@@ -15,7 +15,7 @@ import grpc
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from google.protobuf.message import Message
-from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, types_pb2
+from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, logs_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
@@ -30,9 +30,10 @@ from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
+from services.admission.tasklogs import TaskLogReader, job_nodes, log_sources
 from services.authn import caller
 from services.projector.client import ProjectorClient, ProjectorError
-from services.status import Unavailable
+from services.status import Unavailable, bounded
 
 log = logging.getLogger("admission")
 
@@ -73,11 +74,14 @@ class JobServicer(js_grpc.JobServiceServicer):
         explainer: Explainer,
         requests: RequestLog,
         follower: Follower,
+        logs: TaskLogReader,
         operators: frozenset[str] = frozenset(),
         watch_interval_s: float = 0.2,
     ) -> None:
-        """``operators`` see every job (as the root's managers do) and change nothing more."""
+        """``operators`` see every job (as the root's managers do) and change nothing more;
+        ``logs`` reads jobs' output from the agents that ran them."""
         self._operators = operators
+        self._logs = logs
         self._explainer = explainer
         self._requests = requests
         self._follower = follower
@@ -309,6 +313,35 @@ class JobServicer(js_grpc.JobServiceServicer):
                     return
             await asyncio.sleep(self._watch_interval_s)
 
+    async def StreamLogs(
+        self, request: js.StreamLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[logs_pb2.LogChunk]:
+        user = await caller(context, self._keys)
+        job = await self._visible_job_or_abort(user, request.job_id, context)
+        while request.follow and not _has_output_to_follow(job):
+            await asyncio.sleep(self._watch_interval_s)
+            job = await self._lookup(job.job_id) or job
+        nodes = job_nodes(job)
+        if not nodes:
+            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+            never = "never ran" if has_ended(job) else "has not started yet"
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job.job_id} {never} ({state}: {job.reason or 'no reason given'})"
+                + ("" if has_ended(job) else "; qm logs -f waits for it"),
+            )
+        sources = log_sources(nodes, await self._projector.list_nodes(job.spec.cluster))
+        if not sources:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no output of job {job.job_id} is kept: its nodes ({', '.join(nodes)}) "
+                "serve no task logs (simulated nodes run nothing)",
+            )
+        # One agent after another: a gang's output under several agents reads agent by agent.
+        for source in sources:
+            async for data in self._logs.read(source, job.job_id, follow=request.follow):
+                yield logs_pb2.LogChunk(data=data, source=source)
+
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
     ) -> js.Explanation:
@@ -452,12 +485,14 @@ def _membership(user: str, allocation: str, mine: list[str]) -> str:
     )
 
 
-async def bounded(context: grpc.aio.ServicerContext, field: str, value: str, most: int) -> None:
-    """A request's id or name no longer than any the system keeps, or INVALID_ARGUMENT."""
-    if len(value) > most:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be at most {most} characters"
-        )
+def _has_output_to_follow(job: types_pb2.Job) -> bool:
+    """Whether following the job's output can start: its task runs (so its agent knows
+    it is still writing) or it is over."""
+    return (
+        job.state == types_pb2.JOB_STATE_RUNNING
+        or has_ended(job)
+        or any(task.state == types_pb2.JOB_STATE_RUNNING for task in job.tasks)
+    )
 
 
 def _unloggable(spec: types_pb2.JobSpec) -> Violation | None:

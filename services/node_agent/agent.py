@@ -44,7 +44,8 @@ class NodeAgent:
     or busy again, sampling every ``sample_s`` seconds once ``watch_utilization`` runs
     (batch tasks only: a serving task is over long before a window is).
     ``host_to_gpu_mb_per_ms`` sets how long a model load takes. Every ``heartbeat_s``
-    seconds (0: never) ``heartbeat`` says each node is alive.
+    seconds (0: never) ``heartbeat`` says each node is alive. ``log_endpoint``: where
+    the agent serves its tasks' logs, told with each registration.
     """
 
     def __init__(
@@ -60,11 +61,12 @@ class NodeAgent:
         remember_ended: int = REMEMBER_ENDED,
         host_to_gpu_mb_per_ms: float = DEFAULT_HOST_TO_GPU_MB_PER_MS,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        log_endpoint: str = "",
     ) -> None:
         self._report = Reporter(emit)
         self._runs = RunningTasks(executors, self._report, remember_ended)
         self._serving = ServingQueues(self._runs, executors, self._report, host_to_gpu_mb_per_ms)
-        self._registrations = Registrations(nodes, self._report, heartbeat_s)
+        self._registrations = Registrations(nodes, self._report, heartbeat_s, log_endpoint)
         self._tracer = tracer or trace.get_tracer(__name__)
         self._samplers = dict(samplers or {})
         thresholds = idle or IdleThresholds()
@@ -72,6 +74,10 @@ class NodeAgent:
         self._sample_s = sample_s
         # Work the agent started in the background: shutdown waits for each to end.
         self._waiters: set[asyncio.Task[None]] = set()
+
+    def runs_job(self, job_id: str) -> bool:
+        """Whether a task of ``job_id`` runs here."""
+        return self._runs.runs_job(job_id)
 
     async def register(self) -> None:
         await self._registrations.register_all()

@@ -8,7 +8,9 @@ Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, defa
 ``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
 agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose account
 runs each user's tasks and what environment they see: ``libs.config.sandbox``),
-``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``), plus
+``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``),
+``QM_NODE_LOG_*`` and ``QM_TASK_LOG_MAX_BYTES`` (serving task logs to admission:
+``services.node_agent.logserver``; needs ``QM_AUTH_SECRET_FILE``), plus
 the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
+from libs.auth import Keys, load_keys
 from libs.bus import (
     EventConsumer,
     EventProducer,
@@ -40,6 +43,7 @@ from libs.bus import (
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
+from services.grpc_server import STOP_GRACE_S
 from services.node_agent import privileges
 from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
@@ -50,6 +54,7 @@ from services.node_agent.inventory import (
     nvml_inventory,
     select_nodes,
 )
+from services.node_agent.logserver import LogSettings, serve_logs
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S
 from services.node_agent.sandbox import Sandbox
@@ -187,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         sandbox = Sandbox.from_env()
+        logs = LogSettings.from_env()
+        keys = load_keys() if logs.address is not None else None
         tracing = setup_tracing("node-agent")
     except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
@@ -194,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes, settings, topics, sandbox))
+            asyncio.run(_run(args, nodes, settings, topics, sandbox, logs, keys))
     finally:
         tracing.shutdown()
     return 0
@@ -213,6 +220,8 @@ async def _run(
     settings: KafkaSettings,
     topics: Topics,
     sandbox: Sandbox,
+    logs: LogSettings,
+    keys: Keys | None,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -229,8 +238,21 @@ async def _run(
         kept = privileges.needed(cgroups=sandbox.cgroups is not None)
         privileges.keep_only(kept)
         logging.getLogger(__name__).info("root: kept only capabilities %s", sorted(kept))
+    agent: NodeAgent | None = None
+    serving_logs = (
+        await serve_logs(
+            logs, log_dir, lambda job_id: agent is not None and agent.runs_job(job_id), keys
+        )
+        if keys is not None
+        else None
+    )
     bus = KafkaBus(settings)
-    async with EventProducer(bus, client_id=client) as producer:
+    async with (
+        contextlib.AsyncExitStack() as cleanup,
+        EventProducer(bus, client_id=client) as producer,
+    ):
+        if serving_logs is not None:
+            cleanup.push_async_callback(serving_logs[0].stop, STOP_GRACE_S)
 
         async def emit(env: events_pb2.Envelope) -> None:
             await producer.send(topics.events.name, env, key=env.cluster)
@@ -241,6 +263,7 @@ async def _run(
                 types_pb2.EXECUTOR_PROCESS: ProcessExecutor(
                     log_dir,
                     grace_s=args.grace_seconds,
+                    log_max_bytes=logs.max_bytes,
                     sandbox=sandbox,
                     secrets=SecretStore.from_env(),
                     ledger=ledger,
@@ -253,6 +276,7 @@ async def _run(
             sample_s=args.sample_seconds,
             host_to_gpu_mb_per_ms=args.host_to_gpu_mb_per_ms,
             heartbeat_s=args.heartbeat_seconds,
+            log_endpoint=serving_logs[1] if serving_logs is not None else "",
         )
         consumer = EventConsumer(
             bus,

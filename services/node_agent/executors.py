@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shlex
 import signal
 from collections.abc import Mapping
@@ -30,6 +29,11 @@ from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
 from services.node_agent.secrets import MissingSecret, SecretStore
+from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, TaskLog, copy_output, log_file_name
+from services.runtime import cancel_and_wait
+
+# How long a task's output may take to reach its log after the task ended.
+OUTPUT_DRAIN_S = 2.0
 
 
 class LaunchError(Exception):
@@ -107,13 +111,9 @@ def task_environment(
     return env
 
 
-def log_file_name(job_id: str) -> str:
-    """``<job_id>.log``, with anything that could leave the log folder replaced."""
-    return re.sub(r"[^A-Za-z0-9_.-]|^\.+", "_", job_id) + ".log"
-
-
 class ProcessExecutor:
-    """Runs ``spec.command`` without a shell, output appended to ``<log_dir>/<job_id>.log``.
+    """Runs ``spec.command`` without a shell, its output appended to its job's log
+    (``tasklogs``: ``<log_dir>/<job_id>.log``, at most twice ``log_max_bytes``).
 
     ``sandbox`` says whose account runs the task and what environment it starts from
     (default: the agent's own account, a clean environment). A task that runs as its
@@ -127,12 +127,14 @@ class ProcessExecutor:
         log_dir: Path,
         *,
         grace_s: float = 10.0,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
         sandbox: Sandbox | None = None,
         secrets: SecretStore | None = None,
         ledger: ProcessLedger | None = None,
     ) -> None:
         self._log_dir = log_dir
         self._grace_s = grace_s
+        self._log_max_bytes = log_max_bytes
         self._sandbox = sandbox or Sandbox.as_agent()
         self._secrets = secrets or SecretStore(None)
         self._ledger = ledger
@@ -153,7 +155,7 @@ class ProcessExecutor:
             raise LaunchError(str(exc), 126) from None
         log_path = self._log_dir / log_file_name(task.job_id)
         try:
-            log = _open_log(self._log_dir, log_path, runs_as)
+            log = TaskLog(log_path, max_bytes=self._log_max_bytes, owner=runs_as)
         except OSError as exc:
             raise LaunchError(f"cannot open the task log {log_path}: {exc.strerror}", 126) from exc
         confinement = None
@@ -165,42 +167,48 @@ class ProcessExecutor:
                 log.close()
                 raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
             spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
-        with log:
-            # A header per attempt: a job that is preempted and requeued appends again.
-            gpus = ",".join(str(index) for index in task.gpu_indices)
-            log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {shlex.join(argv)}\n".encode())
-            log.flush()
-            env = task_environment(
-                self._sandbox.environment(runs_as),
-                task,
-                model_resident=model_resident,
-                secrets=secrets,
+        # A header per attempt: a job that is preempted and requeued appends again.
+        gpus = ",".join(str(index) for index in task.gpu_indices)
+        command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
+        log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {command}\n".encode())
+        env = task_environment(
+            self._sandbox.environment(runs_as),
+            task,
+            model_resident=model_resident,
+            secrets=secrets,
+        )
+        try:
+            process = await _spawn(
+                spawned, argv[0], env, _identity(runs_as, switch=confinement is None)
             )
-            try:
-                process = await _spawn(
-                    spawned, argv[0], log, env, _identity(runs_as, switch=confinement is None)
-                )
-            except LaunchError:
-                if confinement is not None:
-                    confinement.release()
-                raise
+        except LaunchError as exc:
+            log.write(f"--- not started: {exc.reason}\n".encode())
+            log.close()
+            if confinement is not None:
+                confinement.release()
+            raise
         if self._ledger is not None:
             self._ledger.record(process.pid)
+        assert process.stdout is not None  # a pipe: asked for below
         return ProcessExecution(
-            process, grace_s=self._grace_s, ledger=self._ledger, confinement=confinement
+            process,
+            copying=asyncio.create_task(copy_output(process.stdout, log)),
+            grace_s=self._grace_s,
+            ledger=self._ledger,
+            confinement=confinement,
         )
 
 
 async def _spawn(
-    argv: list[str], command: str, log: Any, env: dict[str, str], identity: dict[str, Any]
+    argv: list[str], command: str, env: dict[str, str], identity: dict[str, Any]
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` with its output in ``log``; ``LaunchError`` naming ``command`` (the
-    task's own, whatever runs before it) when it cannot start."""
+    """Start ``argv`` with its output (stdout and stderr) in one pipe; ``LaunchError``
+    naming ``command`` (the task's own, whatever runs before it) when it cannot start."""
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             # Its own process group: stop() reaches the task's children too, and a
@@ -216,21 +224,6 @@ async def _spawn(
         raise LaunchError(f"cannot run {command}: {exc.strerror}", 126) from None
     except ValueError as exc:  # a NUL in an argument or the environment
         raise LaunchError(f"cannot run {command}: {exc}", 126) from None
-
-
-def _open_log(log_dir: Path, path: Path, runs_as: Account | None) -> Any:
-    """The task's log, appended to; readable by its own account only (and the agent).
-    Never through a link: the folder is the agent's, but a link is not followed."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        if runs_as is not None:
-            os.fchown(fd, runs_as.uid, runs_as.gid)
-        os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab")
 
 
 def _identity(runs_as: Account | None, *, switch: bool) -> dict[str, Any]:
@@ -249,10 +242,11 @@ def _identity(runs_as: Account | None, *, switch: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ProcessExecution:
-    """A task's process, the leader of its own process group; ``ledger`` (if any) has it
-    on record until it is reaped."""
+    """A task's process, the leader of its own process group; ``copying`` its output into
+    its log; ``ledger`` (if any) has it on record until it is reaped."""
 
     process: asyncio.subprocess.Process
+    copying: asyncio.Task[None]
     grace_s: float
     ledger: ProcessLedger | None = None
     confinement: Confinement | None = None
@@ -263,6 +257,12 @@ class ProcessExecution:
 
     async def wait(self) -> int:
         code = await self.process.wait()
+        # What it wrote before it ended is in the pipe still. A process it left behind
+        # may hold the pipe open: its output after the task ended is not kept.
+        try:
+            await asyncio.wait_for(asyncio.shield(self.copying), OUTPUT_DRAIN_S)
+        except TimeoutError:
+            await cancel_and_wait(self.copying)
         if self.confinement is not None:  # what it left behind goes with its cgroups
             self.confinement.release()
         if self.ledger is not None:

@@ -24,13 +24,14 @@ DEFAULT_HEARTBEAT_S = 5.0
 
 class Registrations:
     """``nodes`` with their current incarnations; a heartbeat every ``heartbeat_s``
-    seconds (0: never)."""
+    seconds (0: never); ``log_endpoint``: where the agent serves its task logs."""
 
     def __init__(
         self,
         nodes: Sequence[types_pb2.NodeInventory],
         report: Reporter,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        log_endpoint: str = "",
     ) -> None:
         if heartbeat_s < 0:
             raise ValueError("heartbeat_s must be >= 0")
@@ -38,6 +39,7 @@ class Registrations:
         self._incarnations = {node_id: new_incarnation() for node_id in self.nodes}
         self._report = report
         self._heartbeat_s = heartbeat_s
+        self._log_endpoint = log_endpoint
 
     @property
     def incarnations(self) -> Mapping[str, str]:
@@ -56,7 +58,10 @@ class Registrations:
     async def _register(self, node: types_pb2.NodeInventory) -> None:
         incarnation = self._incarnations[node.node_id]
         registered = events_pb2.NodeRegistered(
-            inventory=node, incarnation=incarnation, heartbeat_s=self._heartbeat_s
+            inventory=node,
+            incarnation=incarnation,
+            heartbeat_s=self._heartbeat_s,
+            log_endpoint=self._log_endpoint,
         )
         await self._report(node, registered)
         log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))

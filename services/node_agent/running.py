@@ -77,6 +77,10 @@ class RunningTasks:
     def all(self) -> list[Run]:
         return list(self._runs.values())
 
+    def runs_job(self, job_id: str) -> bool:
+        """Whether a task of ``job_id`` runs here (its output may still grow)."""
+        return any(run.task.job_id == job_id for run in self._runs.values())
+
     async def launch(
         self,
         node: types_pb2.NodeInventory,

@@ -19,7 +19,9 @@ from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
 from services.admission.servicer import JobServicer
+from services.admission.tasklogs import TaskLogReader
 from services.projector.client import ProjectorUnavailable
+from services.tls import TlsSettings
 
 KEYS = Keys((b"test-secret-" * 3,))
 TOPIC = "qm.events"
@@ -95,6 +97,7 @@ async def servicer(
             explainer=explainer,
             requests=requests,
             follower=follower,
+            logs=TaskLogReader(lambda: "no agents here", TlsSettings()),
         )
     finally:
         await follower.stop()

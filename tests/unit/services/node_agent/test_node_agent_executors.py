@@ -13,9 +13,9 @@ from services.node_agent.executors import (
     ProcessExecution,
     ProcessExecutor,
     SimulatedExecutor,
-    log_file_name,
     task_environment,
 )
+from services.node_agent.tasklogs import log_file_name
 
 
 def placed(

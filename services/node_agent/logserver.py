@@ -1,0 +1,95 @@
+"""The agent's task logs, served to admission (``qm.v1.NodeLogService``), which checks
+who may read a job's output; users never call an agent themselves."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+from pydantic import Field
+from qm.v1 import logs_pb2, logs_pb2_grpc
+
+from libs.auth import Keys
+from libs.config.env import Address, EnvSettings, Names
+from libs.core.limits import MAX_NAME_CHARS
+from services.authn import caller
+from services.grpc_server import start_server
+from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, log_file_name, read_log
+from services.status import bounded
+
+
+class LogSettings(EnvSettings):
+    """``QM_NODE_LOG_ADDR``: where the agent serves its task logs (port 0 picks one;
+    empty: serve none); ``QM_NODE_LOG_ENDPOINT``: the address admission reaches it at
+    (default: this host and the bound port; in Kubernetes, the pod's IP);
+    ``QM_NODE_LOG_CLIENTS``: the services that may read them; ``QM_TASK_LOG_MAX_BYTES``:
+    a job's log rotates past this size (it keeps at most twice as much)."""
+
+    address: Address | None = Field("127.0.0.1:0", alias="QM_NODE_LOG_ADDR")
+    endpoint: Address | None = Field(None, alias="QM_NODE_LOG_ENDPOINT")
+    clients: Names = Field(("svc-log-reader",), alias="QM_NODE_LOG_CLIENTS")
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=4096, alias="QM_TASK_LOG_MAX_BYTES")
+
+
+async def serve_logs(
+    settings: LogSettings, log_dir: Path, active: Callable[[str], bool], keys: Keys
+) -> tuple[grpc.aio.Server, str] | None:
+    """Serve the task logs in ``log_dir`` (TLS as every service's gRPC); the server and
+    the endpoint admission should use, or None when ``settings`` say to serve none."""
+    if settings.address is None:
+        return None
+    servicer = NodeLogServicer(log_dir, active, keys=keys, clients=frozenset(settings.clients))
+    name = logs_pb2.DESCRIPTOR.services_by_name["NodeLogService"].full_name
+    server, port = await start_server(
+        settings.address,
+        [lambda server: logs_pb2_grpc.add_NodeLogServiceServicer_to_server(servicer, server)],
+        [name],
+    )
+    host = settings.address.rpartition(":")[0]
+    servicer.source = settings.endpoint or f"{_reachable(host)}:{port}"
+    return server, servicer.source
+
+
+def _reachable(host: str) -> str:
+    """A host others can reach for one this server listens on (every interface: this
+    machine's name)."""
+    return socket.gethostname() if host in ("", "0.0.0.0", "[::]") else host
+
+
+class NodeLogServicer(logs_pb2_grpc.NodeLogServiceServicer):
+    """Serves ``<log_dir>/<job_id>.log`` to the ``clients`` (service identities);
+    ``active(job_id)`` says whether the job still has a task running under this agent,
+    for ``follow``; ``source`` (its endpoint) names this agent in each chunk."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        active: Callable[[str], bool],
+        *,
+        keys: Keys,
+        clients: frozenset[str],
+    ) -> None:
+        self._log_dir = log_dir
+        self._active = active
+        self._keys = keys
+        self._clients = clients
+        self.source = ""
+
+    async def ReadTaskLog(
+        self, request: logs_pb2.ReadTaskLogRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[logs_pb2.LogChunk]:
+        user = await caller(context, self._keys)
+        if user not in self._clients:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{user} may not read task logs here: ask admission (qm logs JOB)",
+            )
+        await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
+        job_id = request.job_id
+        path = self._log_dir / log_file_name(job_id)
+        async for data in read_log(
+            path, follow=request.follow, active=lambda: self._active(job_id)
+        ):
+            yield logs_pb2.LogChunk(data=data, source=self.source)
