@@ -59,7 +59,10 @@ async def test_following_sees_what_is_written_across_rotations_until_the_task_en
 
 async def test_the_output_of_a_process_reaches_its_log(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
-        "sh", "-c", "echo out; echo err >&2", stdout=asyncio.subprocess.PIPE,
+        "sh",
+        "-c",
+        "echo out; echo err >&2",
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     assert process.stdout is not None
