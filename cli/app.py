@@ -22,6 +22,7 @@ from qm.v1 import (
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from rich.console import Console
+from rich.progress import Progress
 
 from cli import render
 from cli.audit import audit_app
@@ -37,6 +38,8 @@ from libs.config.workflow import WorkflowFile
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
 app.add_typer(budget_app, name="budget")
+node_app = typer.Typer(no_args_is_help=True, help="Steer nodes (operators only).")
+app.add_typer(node_app, name="node")
 app.add_typer(token_app, name="token")
 app.add_typer(secret_app, name="secret")
 app.command()(login)
@@ -250,6 +253,22 @@ def cancel(job_id: str) -> None:
 
 
 @app.command()
+def hold(job_id: str) -> None:
+    """Hold a waiting job back: it does not start until released."""
+    with _rpc() as conn:
+        conn.call(conn.admission, _jobs(conn).HoldJob, js.HoldJobRequest(job_id=job_id))
+        console.print(f"{job_id} held: it starts once released (qm release {job_id})")
+
+
+@app.command()
+def release(job_id: str) -> None:
+    """Release a held job into its old place in line."""
+    with _rpc() as conn:
+        conn.call(conn.admission, _jobs(conn).ReleaseJob, js.ReleaseJobRequest(job_id=job_id))
+        console.print(f"{job_id} released")
+
+
+@app.command()
 def why(job_id: str) -> None:
     """Why a job is waiting (or what it is doing)."""
     with _rpc() as conn:
@@ -260,11 +279,70 @@ def why(job_id: str) -> None:
             console.print(f"  • {part}")
 
 
+def _cluster(conn: Connection) -> cluster_service_pb2_grpc.ClusterServiceStub:
+    return cluster_service_pb2_grpc.ClusterServiceStub(conn.admission.channel())
+
+
+@node_app.command("cordon")
+def node_cordon(node_id: str) -> None:
+    """Place nothing new on a node; what runs there runs on."""
+    with _rpc() as conn:
+        request = cluster_service_pb2.CordonNodeRequest(node_id=node_id)
+        conn.call(conn.admission, _cluster(conn).CordonNode, request)
+        console.print(
+            f"{node_id} cordoned: nothing new is placed there (qm node uncordon {node_id})"
+        )
+
+
+@node_app.command("drain")
+def node_drain(
+    node_id: str,
+    wait: Annotated[
+        bool, typer.Option(help="Wait until nothing runs there (Ctrl-C stops waiting only)")
+    ] = True,
+) -> None:
+    """Cordon a node and stop what runs there; stopped jobs are requeued to run elsewhere
+    (a job that cannot resume starts over)."""
+    with _rpc() as conn:
+        request = cluster_service_pb2.CordonNodeRequest(node_id=node_id, drain=True)
+        node = conn.call(conn.admission, _cluster(conn).CordonNode, request).node
+        console.print(f"{node_id} draining: {len(node.running)} task(s) asked to stop")
+        if wait:
+            _until_empty(conn, node_id, len(node.running))
+            console.print(f"{node_id} drained: nothing runs there")
+
+
+def _until_empty(conn: Connection, node_id: str, tasks: int) -> None:
+    """Poll the node until it runs nothing, with a progress bar on a terminal."""
+    listing = cluster_service_pb2.ListNodesRequest()
+    with Progress(
+        console=render.errors, transient=True, disable=not render.errors.is_terminal
+    ) as bar:
+        left = bar.add_task(f"stopping the tasks on {node_id}", total=max(tasks, 1))
+        while True:
+            nodes = conn.call(conn.admission, _cluster(conn).ListNodes, listing).nodes
+            node = next((n for n in nodes if n.inventory.node_id == node_id), None)
+            running = len(node.running) if node is not None else 0
+            bar.update(left, completed=max(tasks, 1) - running)
+            if not running:
+                return
+            time.sleep(1)
+
+
+@node_app.command("uncordon")
+def node_uncordon(node_id: str) -> None:
+    """Give a cordoned node back to scheduling."""
+    with _rpc() as conn:
+        request = cluster_service_pb2.UncordonNodeRequest(node_id=node_id)
+        conn.call(conn.admission, _cluster(conn).UncordonNode, request)
+        console.print(f"{node_id} uncordoned")
+
+
 @app.command()
 def nodes(cluster: Annotated[str, typer.Option(help="Only this cluster")] = "") -> None:
     """List nodes with their free GPUs and running jobs."""
     with _rpc() as conn:
-        stub = cluster_service_pb2_grpc.ClusterServiceStub(conn.admission.channel())
+        stub = _cluster(conn)
         request = cluster_service_pb2.ListNodesRequest(cluster=cluster)
         console.print(
             render.nodes_table(list(conn.call(conn.admission, stub.ListNodes, request).nodes))

@@ -50,6 +50,11 @@ def styled_state(state: types_pb2.JobState.ValueType) -> str:
     return f"[{_STYLE.get(name, 'white')}]{name}[/]"
 
 
+def job_state(job: types_pb2.Job) -> str:
+    """Its state, styled; a held job says so."""
+    return styled_state(job.state) + (" [yellow](held)[/]" if job.held else "")
+
+
 def when(ts: Timestamp) -> str:
     if not ts.seconds:
         return "-"
@@ -81,7 +86,7 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
             node = nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes" if nodes else "-"
         table.add_row(
             job.job_id,
-            styled_state(job.state),
+            job_state(job),
             job.spec.allocation,
             job.spec.user,
             str(job.spec.gpus),
@@ -105,7 +110,7 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     workflow = job.spec.HasField("workflow")
     rows = [
         ("job", job.job_id),
-        ("state", styled_state(job.state)),
+        ("state", job_state(job)),
         ("allocation", job.spec.allocation),
         ("user", job.spec.user),
         (
@@ -178,7 +183,7 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
         table.add_row(
             inv.node_id,
             inv.cluster,
-            "[red]lost[/]" if node.lost else "up",
+            "[red]lost[/]" if node.lost else "[yellow]cordoned[/]" if node.cordoned else "up",
             f"{len(inv.gpus)}×{'/'.join(types) or '?'}",
             "0" if node.lost else str(len(free)),
             types_pb2.Executor.Name(inv.executor).removeprefix("EXECUTOR_").lower(),

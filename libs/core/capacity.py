@@ -56,6 +56,10 @@ class Capacity:
         self.nodes: Table[NodeId, NodeSpec] = state.table("capacity.nodes")
         self._free: Table[NodeId, Free] = state.table("capacity.free")
         self._moves = state.cell("capacity.moves", 0)  # stamps Free.since
+        # Nodes an operator took out of scheduling: their free GPUs are kept (in
+        # ``_free``) but in no index, so nothing is placed or planned there. A cordon
+        # outlives the node's loss and re-registration: it is the operator's to lift.
+        self._cordoned: Table[NodeId, None] = state.table("capacity.cordoned")
         # class -> free count -> nodes, in the order they got that count: taking
         # the first is O(1) and deterministic (the order follows the input).
         self._by_class: dict[_NodeClass, dict[int, dict[NodeId, None]]] = {}
@@ -75,7 +79,7 @@ class Capacity:
         self.nodes[node.node_id] = node  # a re-registered node keeps its place
         free = tuple(g for g in sorted(node.gpu_indices) if g not in held)
         self.total_gpus += node.gpu_count
-        self.total_free += len(free)
+        self.total_free += self._usable(node.node_id, len(free))
         self._index(node.node_id, free)
         cls = (node.gpu_type, node.gpu_memory_gib)
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
@@ -92,10 +96,10 @@ class Capacity:
         """Take a node out of the indexes and totals (its class too, if it was the last)."""
         self._unindex(node.node_id)
         cls = (node.gpu_type, node.gpu_memory_gib)
-        if not self._by_class[cls]:
-            del self._by_class[cls]
+        if not self._by_class.get(cls):
+            self._by_class.pop(cls, None)
         self.total_gpus -= node.gpu_count
-        self.total_free -= len(self.free(node.node_id))
+        self.total_free -= self._usable(node.node_id, len(self.free(node.node_id)))
         self._class_total[cls] -= node.gpu_count
         sizes = [
             n.gpu_count
@@ -107,6 +111,30 @@ class Capacity:
         else:
             del self._class_size[cls], self._class_total[cls]
 
+    def cordon(self, node_id: NodeId, cordoned: bool) -> None:
+        """Take a node out of scheduling (``cordoned``) or give it back; what runs there
+        runs on, and the GPUs it frees stay out of use until the node is uncordoned."""
+        if (node_id in self._cordoned) == cordoned:
+            return
+        known = node_id in self.nodes
+        if cordoned:
+            if known:
+                self._unindex(node_id)
+                self.total_free -= len(self.free(node_id))
+            self._cordoned[node_id] = None
+        else:
+            del self._cordoned[node_id]
+            if known:
+                self.total_free += len(self.free(node_id))
+                self._index(node_id, self.free(node_id))
+
+    def is_cordoned(self, node_id: NodeId) -> bool:
+        return node_id in self._cordoned
+
+    def _usable(self, node_id: NodeId, gpus: int) -> int:
+        """Of ``gpus`` free GPUs on the node, how many count as free (none if cordoned)."""
+        return 0 if node_id in self._cordoned else gpus
+
     def free(self, node_id: NodeId) -> tuple[int, ...]:
         free = self._free.get(node_id)
         return () if free is None else free.gpus
@@ -115,7 +143,7 @@ class Capacity:
         self._unindex(node_id)
         before = self.free(node_id)
         after = tuple(g for g in before if g not in gpus)
-        self.total_free -= len(before) - len(after)
+        self.total_free -= self._usable(node_id, len(before) - len(after))
         self._index(node_id, after)
 
     def give(self, node_id: NodeId, gpus: Collection[int]) -> None:
@@ -125,7 +153,7 @@ class Capacity:
         self._unindex(node_id)
         before = self.free(node_id)
         back = [g for g in gpus if g in node.gpu_indices and g not in before]
-        self.total_free += len(back)
+        self.total_free += self._usable(node_id, len(back))
         self._index(node_id, tuple(sorted((*before, *back))))
 
     def matching(self, spec: JobSpec) -> list[_NodeClass]:
@@ -245,10 +273,13 @@ class Capacity:
         for node_id, free in sorted(self._free.items(), key=lambda item: item[1].since):
             node = self.nodes[node_id]
             cls = (node.gpu_type, node.gpu_memory_gib)
-            by_class.setdefault(cls, {}).setdefault(len(free.gpus), {})[node_id] = None
+            if node_id not in self._cordoned:
+                by_class.setdefault(cls, {}).setdefault(len(free.gpus), {})[node_id] = None
             sizes[cls] = max(sizes.get(cls, 0), node.gpu_count)
             totals[cls] = totals.get(cls, 0) + node.gpu_count
-        free_gpus = sum(len(free.gpus) for free in self._free.values())
+        free_gpus = sum(
+            len(free.gpus) for node_id, free in self._free.items() if node_id not in self._cordoned
+        )
         total = sum(node.gpu_count for node in self.nodes.values())
         return by_class, sizes, totals, total, free_gpus
 
@@ -259,17 +290,20 @@ class Capacity:
 
     def _index(self, node_id: NodeId, free: tuple[int, ...]) -> None:
         node = self.nodes[node_id]
-        buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
-        buckets.setdefault(len(free), {})[node_id] = None
+        if node_id not in self._cordoned:
+            buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
+            buckets.setdefault(len(free), {})[node_id] = None
         self._shape = None
         self._moves.value += 1
         self._free[node_id] = Free(free, self._moves.value)
 
     def _unindex(self, node_id: NodeId) -> None:
+        self._shape = None
+        if node_id in self._cordoned:
+            return  # in no index
         node = self.nodes[node_id]
         buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
         count = len(self.free(node_id))
-        self._shape = None
         del buckets[count][node_id]
         if not buckets[count]:
             del buckets[count]

@@ -72,6 +72,7 @@ class StopCause(enum.Enum):
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
     NODE_LOST = "node lost"  # a node of its gang was lost: the gang cannot go on
+    DRAINED = "drained"  # an operator drained a node it runs on: it is requeued
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,28 @@ class CancelRequested:
 
 
 @dataclass(frozen=True)
+class NodeCordoned:
+    """An operator took a node out of scheduling (``cordoned``) or gave it back. With
+    ``drain`` the work running there is stopped too, and requeued."""
+
+    at: float
+    node_id: NodeId
+    cordoned: bool
+    drain: bool = False
+    requested_by: str = ""
+
+
+@dataclass(frozen=True)
+class JobHeld:
+    """A waiting job is held (it is not started until released) or released."""
+
+    at: float
+    job_id: JobId
+    held: bool
+    requested_by: str = ""
+
+
+@dataclass(frozen=True)
 class BudgetSet:
     at: float
     tree: BudgetTree
@@ -126,6 +148,8 @@ Input = (
     | ModelLoaded
     | ModelEvicted
     | CancelRequested
+    | NodeCordoned
+    | JobHeld
     | BudgetSet
     | UsageSnapshot
     | Tick

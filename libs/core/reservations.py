@@ -124,6 +124,7 @@ class Reservations:
             (node_id, node.gpu_count)
             for node_id, node in sorted(capacity.nodes.items())
             if node_id not in reserved
+            and not capacity.is_cordoned(node_id)
             and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
             and node.gpu_memory_gib >= spec.min_gpu_memory_gib
         ]

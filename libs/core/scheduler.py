@@ -109,7 +109,7 @@ class _Lender:
 
     def free_gpus(self) -> Iterator[GpuKey]:
         for node_id in self._capacity.nodes:
-            if node_id not in self._reserved:
+            if node_id not in self._reserved and not self._capacity.is_cordoned(node_id):
                 for index in self._capacity.free(node_id):
                     yield node_id, index
 
@@ -140,6 +140,9 @@ class Scheduler:
         self._seen: Table[JobId, None] = state.table("seen")  # every job id decided on
         self._seq = state.cell("seq", 0)  # submission order
         self._impossible: Table[JobId, None] = state.table("impossible")  # no node can ever hold
+        # Waiting jobs their users hold back: out of the queues, each keeping its place
+        # in line (its sequence number) for when it is released.
+        self._held: Table[JobId, Waiting] = state.table("held", Waiting.fact)
         # Workflows (DAGs of model-serving tasks) are planned by the serving core, in
         # tables of its own, on GPUs it borrows from this scheduler's capacity.
         lender = _Lender(self._capacity, self._reservations.reserved)
@@ -200,6 +203,10 @@ class Scheduler:
             case inputs.CancelRequested():
                 served = self._serving.cancel(event.job_id, self._now_ms)
                 decisions += self._cancel(event.job_id) if served is None else served
+            case inputs.JobHeld():
+                decisions += self._hold(event)
+            case inputs.NodeCordoned():
+                decisions += self._cordon(event)
             case inputs.BudgetSet():
                 self._charges.set_tree(event.tree)
                 self._running.changed()  # ranks changed
@@ -221,8 +228,10 @@ class Scheduler:
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
-        if isinstance(event, inputs.JobArrived) and event.job_id not in self._reasons:
-            # Every new job hears why it waits, even when the pass stopped early.
+        if isinstance(event, inputs.JobArrived | inputs.JobHeld) and (
+            event.job_id not in self._reasons
+        ):
+            # Every new (or released) job hears why it waits, even when the pass stopped early.
             waiting = self._queues.jobs.get(event.job_id)
             if waiting is not None:
                 decisions += self._wait(waiting)
@@ -261,6 +270,17 @@ class Scheduler:
             allocation = self._serving.allocation_of(job_id)
             waiting = job_id in self._serving.waiting
             return explain_serving(job_id, allocation, standing(allocation), serving, waiting)
+        held = self._held.get(job_id)
+        if held is not None:
+            return explain_waiting(
+                held,
+                standing(held.spec.allocation),
+                reason=self._reasons.get(job_id, "held"),
+                ahead=0,
+                reserved=None,
+                starts_at=None,
+                now=self.now,
+            )
         job = self._queues.jobs.get(job_id)
         if job is not None:
             fit = self._capacity.fit(job.spec, self._reservations.blocked_for(job_id))
@@ -325,11 +345,15 @@ class Scheduler:
             what = "preempted"
         elif run.stopping is StopCause.NODE_LOST:
             what = run.lost
+        elif run.stopping is StopCause.DRAINED:
+            what = "its node was drained"
         else:
             return []
-        if run.spec.resumable:
+        if run.spec.resumable or run.stopping is StopCause.DRAINED:
+            # A drain moves work elsewhere; what cannot resume starts over there.
+            how = "resumable" if run.spec.resumable else "it starts over: not resumable"
             self._queues.push(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, at))
-            return [Requeue(run.job_id, f"{what}; requeued (resumable)")]
+            return [Requeue(run.job_id, f"{what}; requeued ({how})")]
         if run.stopping is StopCause.PREEMPTED:
             return [Preempted(run.job_id, f"{what}; not resumable")]
         return [JobLost(run.job_id, f"{what}; not resumable")]
@@ -337,6 +361,9 @@ class Scheduler:
     def _cancel(self, job_id: JobId) -> list[Decision]:
         if self._dequeue(job_id) is not None:
             return [Cancel(job_id, "cancelled before it started")]
+        if self._held.pop(job_id, None) is not None:
+            self._reasons.pop(job_id, None)
+            return [Cancel(job_id, "cancelled while held")]
         run = self._running.jobs.get(job_id)
         if run is not None and run.stopping is None:
             return self._stop(run, StopCause.CANCELLED, "cancelled by user")
@@ -351,6 +378,46 @@ class Scheduler:
             for task_id, (node_id, _) in sorted(run.tasks.items())
             if task_id not in run.ended
         ]
+
+    def _hold(self, event: inputs.JobHeld) -> list[Decision]:
+        """Hold a waiting job back, or release it into its old place in line."""
+        job_id = event.job_id
+        if event.held:
+            if job_id in self._held:
+                return []
+            job = self._dequeue(job_id)
+            if job is None:
+                return [Refused(job_id, "only a batch job that waits can be held")]
+            self._held[job_id] = job
+            who = event.requested_by or "its user"
+            reason = self._reasons[job_id] = f"held by {who}: starts once released (qm release)"
+            return [Wait(job_id, reason)]
+        released = self._held.pop(job_id, None)
+        if released is None:
+            return [] if job_id in self._queues.jobs else [Refused(job_id, "is not held")]
+        self._reasons.pop(job_id, None)
+        self._queues.push(released)
+        return []
+
+    def _cordon(self, event: inputs.NodeCordoned) -> list[Decision]:
+        """Take a node out of scheduling or give it back; a drain also stops the work
+        that runs there (``_ended`` requeues it)."""
+        node_id = event.node_id
+        if node_id not in self._capacity.nodes and not self._capacity.is_cordoned(node_id):
+            return [Refused(node_id, "no node of that name has registered")]
+        self._capacity.cordon(node_id, event.cordoned)
+        if not event.cordoned:
+            return []
+        self._reservations.release_node(node_id)
+        if not event.drain:
+            return []
+        why = f"node {node_id} drained by {event.requested_by or 'an operator'}"
+        decisions: list[Decision] = []
+        for job_id in self._running.on_node(node_id):
+            run = self._running.jobs[job_id]
+            if run.stopping is None:
+                decisions += self._stop(run, StopCause.DRAINED, why)
+        return decisions
 
     # -- liveness --------------------------------------------------------------
 

@@ -26,10 +26,12 @@ from libs.core import (
     Decision,
     Input,
     JobArrived,
+    JobHeld,
     JobLost,
     JobSpec,
     ModelEvicted,
     ModelLoaded,
+    NodeCordoned,
     NodeHeartbeat,
     NodeJoined,
     NodeLost,
@@ -75,6 +77,7 @@ _STOP_CAUSES = {
     StopCause.CANCELLED: types_pb2.STOP_CAUSE_CANCELLED,
     StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
     StopCause.NODE_LOST: types_pb2.STOP_CAUSE_NODE_LOST,
+    StopCause.DRAINED: types_pb2.STOP_CAUSE_DRAINED,
 }
 
 # The inputs whose every field but ``at`` is the event's field of the same name.
@@ -87,6 +90,8 @@ _PLAIN_INPUTS: dict[str, type[Input]] = {
     "model_loaded": ModelLoaded,
     "model_evicted": ModelEvicted,
     "job_cancel_requested": CancelRequested,
+    "job_held": JobHeld,
+    "node_cordoned": NodeCordoned,
     "clock_tick": Tick,
 }
 

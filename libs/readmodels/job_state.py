@@ -80,7 +80,11 @@ _FINAL = frozenset(
     {_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED, _S.JOB_STATE_LOST}
 )
 # A task that ended on one of these waits for placement's word: requeued or over.
-_AWAITING = (types_pb2.STOP_CAUSE_PREEMPTED, types_pb2.STOP_CAUSE_NODE_LOST)
+_AWAITING = (
+    types_pb2.STOP_CAUSE_PREEMPTED,
+    types_pb2.STOP_CAUSE_NODE_LOST,
+    types_pb2.STOP_CAUSE_DRAINED,
+)
 
 TASK_EVENTS = frozenset(
     {
@@ -95,6 +99,7 @@ TASK_EVENTS = frozenset(
 )
 JOB_EVENTS = TASK_EVENTS | {
     "job_submitted",
+    "job_held",
     "job_admitted",
     "job_rejected",
     "job_pending",
@@ -170,8 +175,11 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             advance(new, _S.JOB_STATE_PENDING)
             if new.state == _S.JOB_STATE_PENDING:
                 new.reason = env.job_pending.reason
+        case "job_held" if new.state in (_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING):
+            new.held = env.job_held.held  # placement refuses to hold a job that has started
         case "task_placed":
             advance(new, _S.JOB_STATE_PLACED)
+            new.held = False
             _place(new, env.task_placed)
         case "task_started":
             _fill_node(new, env.task_started.node_id)

@@ -1,6 +1,7 @@
 """The node read model: envelopes folded into ``qm.v1.Node``.
 
-A node's inventory comes from its agent's registrations; its running tasks from
+A node's inventory comes from its agent's registrations (an operator's cordon, from
+admission's ``node_cordoned``); its running tasks from
 placement's ``task_placed`` and ``task_lost`` and the agent's task ends. Placement's
 ``node_lost`` marks it lost until its agent registers again; a loss declared for an
 earlier incarnation (one read after the new registration) changes nothing. Running tasks are kept
@@ -40,6 +41,8 @@ def node_key(env: events_pb2.Envelope) -> str | None:
             node_id = env.task_lost.node_id
         case "node_lost":
             node_id = env.node_lost.node_id
+        case "node_cordoned":
+            node_id = env.node_cordoned.node_id
         case _:
             return None
     return node_id or None
@@ -63,7 +66,13 @@ def apply_node_event(
             f"envelope for node {node_id!r} applied to node {node.inventory.node_id!r}"
         )
     kind = event_type(env)
-    if node is None and kind in ("task_finished", "task_failed", "task_lost", "node_lost"):
+    if node is None and kind in (
+        "task_finished",
+        "task_failed",
+        "task_lost",
+        "node_lost",
+        "node_cordoned",
+    ):
         return None
     new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
     if node is not None:
@@ -76,6 +85,8 @@ def apply_node_event(
             new.incarnation = registered.incarnation
             new.log_endpoint = registered.log_endpoint
             new.lost, new.lost_reason = False, ""
+        case "node_cordoned":
+            new.cordoned = env.node_cordoned.cordoned
         case "node_lost" if env.node_lost.incarnation == new.incarnation:
             # Its tasks end with it (placement says so, task by task, as TaskLost).
             new.lost, new.lost_reason = True, env.node_lost.reason

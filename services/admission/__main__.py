@@ -94,7 +94,7 @@ async def serve() -> None:
         logs=logs,
         operators=own.operators,
     )
-    cluster = ClusterServicer(projector=projector, keys=keys)
+    cluster = ClusterServicer(projector=projector, keys=keys, jobs=jobs)
     await producer.start()
     await follower.start()
     sweeping = asyncio.create_task(jobs.sweep())

@@ -153,7 +153,7 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def _claim(self, job_id: str, spec: types_pb2.JobSpec) -> str:
         """Append the job's claim and read the log up to it; returns its event id."""
-        [(claim, written)] = await self._record(
+        [(claim, written)] = await self.record(
             [events_pb2.JobSubmitted(job_id=job_id, spec=spec)], job_id, spec.cluster
         )
         try:
@@ -224,7 +224,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         decided: list[Message] = [events_pb2.JobAdmitted(job_id=job_id, spec=spec)]
         if not claimed:
             decided.insert(0, events_pb2.JobSubmitted(job_id=job_id, spec=spec))
-        [(first, _), *_] = await self._record(decided, job_id, spec.cluster)
+        [(first, _), *_] = await self.record(decided, job_id, spec.cluster)
         self._remember(
             types_pb2.Job(
                 job_id=job_id,
@@ -261,25 +261,62 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def CancelJob(
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> js.CancelJobResponse:
-        user = await caller(context, self._keys)
-        job = await self._visible_job_or_abort(user, request.job_id, context)
-        tree = await self._budget.tree()
-        if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{user} may cancel only their own jobs or jobs of allocations they manage",
-            )
+        user, job = await self._steerable_job_or_abort(request.job_id, "cancel", context)
         if has_ended(job):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job.job_id} already ended ({types_pb2.JobState.Name(job.state)})",
             )
-        await self._record(
+        await self.record(
             [events_pb2.JobCancelRequested(job_id=job.job_id, requested_by=user)],
             job.job_id,
             job.spec.cluster or "default",
         )
         return js.CancelJobResponse(job_id=job.job_id)
+
+    async def HoldJob(
+        self, request: js.HoldJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.HoldJobResponse:
+        user, job = await self._steerable_job_or_abort(request.job_id, "hold", context)
+        waiting = job.state in (types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING)
+        if not waiting or job.spec.HasField("workflow"):
+            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"only a batch job that waits can be held; job {job.job_id} is {state}",
+            )
+        await self._record_hold(job, user, held=True)
+        return js.HoldJobResponse(job_id=job.job_id)
+
+    async def ReleaseJob(
+        self, request: js.ReleaseJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.ReleaseJobResponse:
+        user, job = await self._steerable_job_or_abort(request.job_id, "release", context)
+        if not job.held:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"job {job.job_id} is not held"
+            )
+        await self._record_hold(job, user, held=False)
+        return js.ReleaseJobResponse(job_id=job.job_id)
+
+    async def _record_hold(self, job: types_pb2.Job, user: str, *, held: bool) -> None:
+        event = events_pb2.JobHeld(job_id=job.job_id, held=held, requested_by=user)
+        await self.record([event], job.job_id, job.spec.cluster or "default")
+
+    async def _steerable_job_or_abort(
+        self, job_id: str, verb: str, context: grpc.aio.ServicerContext
+    ) -> tuple[str, types_pb2.Job]:
+        """The caller and the job, if they may steer it: their own, or one of an
+        allocation they manage."""
+        user = await caller(context, self._keys)
+        job = await self._visible_job_or_abort(user, job_id, context)
+        tree = await self._budget.tree()
+        if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{user} may {verb} only their own jobs or jobs of allocations they manage",
+            )
+        return user, job
 
     async def GetJob(
         self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
@@ -396,6 +433,10 @@ class JobServicer(js_grpc.JobServiceServicer):
         scope = await self._scope(user)
         return scope is None or scope.admits(job)
 
+    async def is_operator(self, user: str) -> bool:
+        """Whether ``user`` sees every job and may steer the cluster's nodes."""
+        return await self._scope(user) is None
+
     async def _scope(self, user: str) -> Scope | None:
         """The jobs ``user`` may see; None: every job (operators, the root's managers)."""
         tree = await self._budget.tree()
@@ -429,9 +470,9 @@ class JobServicer(js_grpc.JobServiceServicer):
         )
         if record_spec:
             rejected.spec.CopyFrom(spec)
-        await self._record([rejected], job_id, spec.cluster or "default")
+        await self.record([rejected], job_id, spec.cluster or "default")
 
-    async def _record(
+    async def record(
         self, payloads: list[Message], job_id: str, cluster: str
     ) -> list[tuple[events_pb2.Envelope, RecordMetadata]]:
         """Append events in order; return each with where the broker wrote it, once it
@@ -459,9 +500,47 @@ class JobServicer(js_grpc.JobServiceServicer):
 
 
 class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
-    def __init__(self, *, projector: ProjectorClient, keys: Keys) -> None:
+    """Nodes for everyone to see; cordons for operators, recorded in the event log
+    through ``jobs`` (which holds admission's producer)."""
+
+    def __init__(self, *, projector: ProjectorClient, keys: Keys, jobs: JobServicer) -> None:
         self._projector = projector
         self._keys = keys
+        self._jobs = jobs
+
+    async def CordonNode(
+        self, request: cluster_service_pb2.CordonNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_service_pb2.CordonNodeResponse:
+        node = await self._cordon(request.node_id, True, request.drain, context)
+        return cluster_service_pb2.CordonNodeResponse(node=node)
+
+    async def UncordonNode(
+        self, request: cluster_service_pb2.UncordonNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_service_pb2.UncordonNodeResponse:
+        node = await self._cordon(request.node_id, False, False, context)
+        return cluster_service_pb2.UncordonNodeResponse(node=node)
+
+    async def _cordon(
+        self, node_id: str, cordoned: bool, drain: bool, context: grpc.aio.ServicerContext
+    ) -> types_pb2.Node:
+        user = await caller(context, self._keys)
+        if not await self._jobs.is_operator(user):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{user} may not cordon or drain nodes: operators only "
+                "(QM_OPERATORS, or a manager of the budget tree's root)",
+            )
+        await bounded(context, "node_id", node_id, MAX_NAME_CHARS)
+        nodes = {n.inventory.node_id: n for n in await self._projector.list_nodes()}
+        node = nodes.get(node_id)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no node {node_id!r}")
+        assert node is not None
+        event = events_pb2.NodeCordoned(
+            node_id=node_id, cordoned=cordoned, drain=drain, requested_by=user
+        )
+        await self._jobs.record([event], node_id, node.inventory.cluster or "default")
+        return node
 
     async def ListNodes(
         self, request: cluster_service_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
