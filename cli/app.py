@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from cli import render
+from cli.arrays import array_indexes, element_request_id
 from cli.audit import audit_app
 from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
@@ -120,11 +121,24 @@ def submit(
     workflow_name: Annotated[
         str, typer.Option(help="Which workflow of a file that holds several (workflows: {...})")
     ] = "",
+    array: Annotated[
+        str | None,
+        typer.Option(
+            metavar="INDEXES",
+            help="A job per index, e.g. 0-9, 1,3,5 or 0-15:4; each sees QM_ARRAY_INDEX",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
 ) -> None:
     """Submit a job: qm submit --gpus 2 -- python train.py, or qm submit --workflow FILE"""
     if not command and workflow is None:
         raise typer.BadParameter("give the command after --, or a --workflow FILE")
+    if array is not None and (wait or workflow is not None):
+        raise typer.BadParameter("an array is of batch jobs, and is not followed")
+    try:
+        indexes = array_indexes(array) if array is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--array") from None
     spec = types_pb2.JobSpec(
         allocation=allocation,
         gpus=gpus,
@@ -148,6 +162,9 @@ def submit(
         except ConfigError as exc:
             raise typer.BadParameter(str(exc), param_hint="--workflow") from exc
     with _rpc() as conn:
+        if indexes is not None:
+            _submit_array(conn, spec, indexes)
+            return
         reply = conn.call(conn.admission, _jobs(conn).SubmitJob, js.SubmitJobRequest(spec=spec))
         note = " (already submitted with this request id)" if reply.duplicate else ""
         console.print(f"submitted [bold]{reply.job_id}[/]{note}")
@@ -155,6 +172,24 @@ def submit(
             _follow(conn, reply.job_id)
         else:
             console.print(f"follow it with: qm status {reply.job_id}")
+
+
+def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...]) -> None:
+    """A job per index, each with its own request id (a retry makes the same jobs)."""
+    submitted = []
+    with Progress(
+        console=render.errors, transient=True, disable=not render.errors.is_terminal
+    ) as bar:
+        task = bar.add_task("submitting", total=len(indexes))
+        for index in indexes:
+            element = types_pb2.JobSpec()
+            element.CopyFrom(spec)
+            element.env["QM_ARRAY_INDEX"] = str(index)
+            element.client_request_id = element_request_id(spec.client_request_id, index)
+            request = js.SubmitJobRequest(spec=element)
+            submitted.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request).job_id)
+            bar.advance(task)
+    console.print(f"submitted {len(submitted)} jobs: {' '.join(submitted)}")
 
 
 def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
@@ -258,6 +293,48 @@ def hold(job_id: str) -> None:
     with _rpc() as conn:
         conn.call(conn.admission, _jobs(conn).HoldJob, js.HoldJobRequest(job_id=job_id))
         console.print(f"{job_id} held: it starts once released (qm release {job_id})")
+
+
+@app.command()
+def update(
+    job_id: str,
+    gpus: Annotated[int | None, typer.Option(min=1, max=UINT32_MAX, help="GPUs")] = None,
+    gpu_type: Annotated[str | None, typer.Option(help="e.g. H100; empty for any")] = None,
+    allocation: Annotated[str | None, typer.Option(help="Budget leaf to charge")] = None,
+    min_runtime: Annotated[
+        float | None, duration("unchanged", "Contract: protected runtime, e.g. 30m")
+    ] = None,
+    estimate: Annotated[
+        float | None, duration("unchanged", "Expected run time, e.g. 2h, for planning only")
+    ] = None,
+    resumable: Annotated[
+        bool | None, typer.Option(help="Requeue instead of failing on preemption")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(min=INT32[0], max=INT32[1], help="Order within your allocation")
+    ] = None,
+) -> None:
+    """Change a waiting job: only the flags given; it keeps its place in line."""
+    given = {
+        "gpus": gpus,
+        "gpu_type": gpu_type,
+        "allocation": allocation,
+        "min_runtime_s": None if min_runtime is None else int(min_runtime),
+        "runtime_estimate_s": estimate,
+        "resumable": resumable,
+        "priority": priority,
+    }
+    changes = {field: value for field, value in given.items() if value is not None}
+    if not changes:
+        raise typer.BadParameter("name at least one thing to change (see qm update --help)")
+    request = js.UpdateJobRequest(job_id=job_id)
+    for field, value in changes.items():
+        setattr(request.spec, field, value)
+    request.update_mask.paths.extend(sorted(changes))
+    with _rpc() as conn:
+        job = conn.call(conn.admission, _jobs(conn).UpdateJob, request).job
+        console.print(f"{job_id} updated: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+        console.print(render.job_detail(job))
 
 
 @app.command()

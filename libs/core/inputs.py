@@ -119,6 +119,17 @@ class JobHeld:
 
 
 @dataclass(frozen=True)
+class JobUpdated:
+    """A waiting job's spec changed (its GPUs, allocation, contract ...); it keeps its
+    place in line."""
+
+    at: float
+    job_id: JobId
+    spec: JobSpec
+    requested_by: str = ""
+
+
+@dataclass(frozen=True)
 class BudgetSet:
     at: float
     tree: BudgetTree
@@ -150,6 +161,7 @@ Input = (
     | CancelRequested
     | NodeCordoned
     | JobHeld
+    | JobUpdated
     | BudgetSet
     | UsageSnapshot
     | Tick

@@ -205,6 +205,8 @@ class Scheduler:
                 decisions += self._cancel(event.job_id) if served is None else served
             case inputs.JobHeld():
                 decisions += self._hold(event)
+            case inputs.JobUpdated():
+                decisions += self._update(event)
             case inputs.NodeCordoned():
                 decisions += self._cordon(event)
             case inputs.BudgetSet():
@@ -228,7 +230,7 @@ class Scheduler:
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
-        if isinstance(event, inputs.JobArrived | inputs.JobHeld) and (
+        if isinstance(event, inputs.JobArrived | inputs.JobHeld | inputs.JobUpdated) and (
             event.job_id not in self._reasons
         ):
             # Every new (or released) job hears why it waits, even when the pass stopped early.
@@ -397,6 +399,22 @@ class Scheduler:
             return [] if job_id in self._queues.jobs else [Refused(job_id, "is not held")]
         self._reasons.pop(job_id, None)
         self._queues.push(released)
+        return []
+
+    def _update(self, event: inputs.JobUpdated) -> list[Decision]:
+        """Give a waiting (or held) job its new spec; it keeps its place in line."""
+        job_id, spec = event.job_id, event.spec
+        old = self._queues.jobs.get(job_id) or self._held.get(job_id)
+        if old is None or spec.workflow is not None:
+            return [Refused(job_id, "only a batch job that waits can be updated")]
+        if (rejected := rejection(job_id, spec)) is not None:
+            return [Refused(job_id, rejected.reason)]  # the job stays as it was
+        updated = replace(old, spec=spec)
+        if job_id in self._held:
+            self._held[job_id] = updated
+        else:
+            self._dequeue(job_id)
+            self._queues.push(updated)
         return []
 
     def _cordon(self, event: inputs.NodeCordoned) -> list[Decision]:

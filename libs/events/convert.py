@@ -29,6 +29,7 @@ from libs.core import (
     JobHeld,
     JobLost,
     JobSpec,
+    JobUpdated,
     ModelEvicted,
     ModelLoaded,
     NodeCordoned,
@@ -237,6 +238,10 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
         case "node_registered":
             r = env.node_registered
             return _from_message(NodeJoined, r, at=at, node=node_from_proto(r.inventory))
+        case "job_updated":
+            updated = env.job_updated
+            spec = spec_from_proto(updated.spec)
+            return _from_message(JobUpdated, updated, at=at, spec=spec)
         case "budget_changed":
             try:
                 return BudgetSet(at, tree_from_proto(env.budget_changed.tree))

@@ -100,6 +100,7 @@ TASK_EVENTS = frozenset(
 JOB_EVENTS = TASK_EVENTS | {
     "job_submitted",
     "job_held",
+    "job_updated",
     "job_admitted",
     "job_rejected",
     "job_pending",

@@ -235,13 +235,19 @@ class JobRecords:
     def _take_spec(
         self, job_id: str, head: types_pb2.Job, kind: str, env: events_pb2.Envelope
     ) -> None:
-        """The earliest submission is the authority on the spec; other copies only fill
-        gaps. A later one is a duplicate request's claim, which lost (admission's
-        requests.py): it changes nothing."""
+        """The earliest submission is the authority on the spec, until an update of the
+        waiting job replaces it; other copies only fill gaps. A later submission is a
+        duplicate request's claim, which lost (admission's requests.py): it changes
+        nothing."""
         if kind == "job_submitted":
             if not env.job_submitted.HasField("spec") or not earliest(head, env):
                 return
             spec = env.job_submitted.spec
+        elif kind == "job_updated":
+            # Placement takes an update only while the job waits (else it refuses it).
+            if head.state not in (_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING):
+                return
+            spec = env.job_updated.spec
         elif kind in ("job_admitted", "job_rejected", "task_placed"):
             if self._shape(job_id, head).known:
                 return

@@ -22,6 +22,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from libs.auth import Keys
 from libs.bus import EventProducer
 from libs.core import Limits, Violation, validate_job
+from libs.core.budget_tree import BudgetTree
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
@@ -204,23 +205,11 @@ class JobServicer(js_grpc.JobServiceServicer):
         mine = tree.allocations_of(user)
         if not spec.allocation and len(mine) == 1:
             spec.allocation = mine[0]
-        if not spec.allocation:
-            message = _membership(user, "", mine)
-            await self._reject(job_id, spec, "allocation", message)
-            return grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}"
-        # As submitted: a workflow's DAG is checked by validate_job, naming the task.
-        submitted = spec_from_proto(spec, workflow_as_given=True)
-        limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
-        violations = validate_job(submitted, limits, tree.leaves())
-        if not violations and spec.allocation not in mine:
-            message = _membership(user, spec.allocation, mine)
-            denied = grpc.StatusCode.PERMISSION_DENIED
-            await self._reject(job_id, spec, "allocation", message, status=denied)
-            return denied, message
-        if violations:
-            message = "; ".join(str(v) for v in violations)
-            await self._reject(job_id, spec, violations[0].field, message)
-            return grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {message}"
+        refusal = await self._refusal(spec, tree)
+        if refusal is not None:
+            code, field, message = refusal
+            await self._reject(job_id, spec, field, message, status=code)
+            return code, _rejection_text(code, message)
         decided: list[Message] = [events_pb2.JobAdmitted(job_id=job_id, spec=spec)]
         if not claimed:
             decided.insert(0, events_pb2.JobSubmitted(job_id=job_id, spec=spec))
@@ -233,6 +222,26 @@ class JobServicer(js_grpc.JobServiceServicer):
                 submitted_at=first.occurred_at,
             )
         )
+        return None
+
+    async def _refusal(
+        self, spec: types_pb2.JobSpec, tree: BudgetTree
+    ) -> tuple[grpc.StatusCode, str, str] | None:
+        """Why ``spec`` may not run (status, first field at fault, every rule broken), or
+        None: the site's limits and the budget tree, and its user's membership."""
+        mine = tree.allocations_of(spec.user)
+        if not spec.allocation:
+            return grpc.StatusCode.INVALID_ARGUMENT, "allocation", _membership(spec.user, "", mine)
+        # As submitted: a workflow's DAG is checked by validate_job, naming the task.
+        submitted = spec_from_proto(spec, workflow_as_given=True)
+        limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
+        violations = validate_job(submitted, limits, tree.leaves())
+        if violations:
+            message = "; ".join(str(v) for v in violations)
+            return grpc.StatusCode.INVALID_ARGUMENT, violations[0].field, message
+        if spec.allocation not in mine:
+            message = _membership(spec.user, spec.allocation, mine)
+            return grpc.StatusCode.PERMISSION_DENIED, "allocation", message
         return None
 
     async def decide_abandoned(self) -> int:
@@ -298,6 +307,39 @@ class JobServicer(js_grpc.JobServiceServicer):
             )
         await self._record_hold(job, user, held=False)
         return js.ReleaseJobResponse(job_id=job.job_id)
+
+    async def UpdateJob(
+        self, request: js.UpdateJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.UpdateJobResponse:
+        user, job = await self._steerable_job_or_abort(request.job_id, "update", context)
+        paths = list(request.update_mask.paths)
+        if not paths or not set(paths) <= UPDATABLE:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"update_mask: name one or more of {', '.join(sorted(UPDATABLE))}",
+            )
+        if job.state not in (
+            types_pb2.JOB_STATE_SUBMITTED,
+            types_pb2.JOB_STATE_PENDING,
+        ) or job.spec.HasField("workflow"):
+            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"only a batch job that waits can be updated; job {job.job_id} is {state}",
+            )
+        spec = types_pb2.JobSpec()
+        spec.CopyFrom(job.spec)
+        request.update_mask.MergeMessage(request.spec, spec)
+        refusal = await self._refusal(spec, await self._budget.tree())
+        if refusal is not None:
+            code, _, message = refusal
+            await context.abort(code, _rejection_text(code, message))
+        event = events_pb2.JobUpdated(job_id=job.job_id, spec=spec, requested_by=user)
+        await self.record([event], job.job_id, spec.cluster or "default")
+        updated = types_pb2.Job()
+        updated.CopyFrom(job)
+        updated.spec.CopyFrom(spec)
+        return js.UpdateJobResponse(job=updated)
 
     async def _record_hold(self, job: types_pb2.Job, user: str, *, held: bool) -> None:
         event = events_pb2.JobHeld(job_id=job.job_id, held=held, requested_by=user)
@@ -562,6 +604,14 @@ def _membership(user: str, allocation: str, mine: list[str]) -> str:
         f"allocation: is required; {user} belongs to {len(mine)} allocations "
         f"({', '.join(mine) or 'none'}): choose one with --allocation"
     )
+
+
+# What ``qm update`` may change: how much and what kind of room, who pays, the contract;
+# never what runs (its command, environment, secrets) or whose it is.
+UPDATABLE = frozenset(
+    {"gpus", "gpu_type", "min_gpu_memory_gib", "allocation", "min_runtime_s", "resumable",
+     "priority", "runtime_estimate_s"}
+)  # fmt: skip
 
 
 def _has_output_to_follow(job: types_pb2.Job) -> bool:

@@ -10,6 +10,7 @@ from libs.core import (
     CancelRequested,
     JobArrived,
     JobHeld,
+    JobUpdated,
     NodeCordoned,
     NodeJoined,
     Place,
@@ -160,3 +161,22 @@ def test_capacity_indexes_match_its_state_through_cordons(
             assert isinstance(fit, Fit) and fit.tasks[0][0] in usable
         else:
             assert isinstance(fit, NoFit)
+
+
+def test_an_update_changes_a_waiting_job_and_keeps_its_place() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("n1", 4)))
+    s.handle(JobArrived(1, "j1", job(8)))  # too big: waits
+    s.handle(JobArrived(2, "j2", job(8)))
+    assert placed_on(s.handle(JobUpdated(3, JobId("j1"), job(4)))) == {"j1": "n1"}
+
+
+def test_an_update_is_refused_for_a_running_job_or_a_bad_spec_and_changes_nothing() -> None:
+    s = Scheduler()
+    s.handle(NodeJoined(0, node("n1", 4)))
+    s.handle(JobArrived(1, "j1", job(1)))  # placed
+    s.handle(JobArrived(2, "j2", job(8)))  # waits
+    before = s.digest()
+    for update in (JobUpdated(3, JobId("j1"), job(2)), JobUpdated(3, JobId("j2"), job(0))):
+        assert [type(d) for d in s.handle(update)] == [Refused]
+    assert s.digest() == before
