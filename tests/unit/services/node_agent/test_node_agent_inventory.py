@@ -61,7 +61,7 @@ def test_declared_gpu_uuids_are_unique_and_stable() -> None:
 def test_local_stack_declares_four_h100_nodes_and_two_serving_nodes() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
     batch, serving = nodes[:4], nodes[4:]
-    assert [node.node_id for node in batch] == ["sim-0", "sim-1", "sim-2", "sim-3"]
+    assert [node.node_id for node in batch] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     for node in batch:
         assert node.executor == types_pb2.EXECUTOR_PROCESS
         assert [g.index for g in node.gpus] == list(range(8))
@@ -142,13 +142,13 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
 
 def test_select_nodes_keeps_file_order_and_names_unknown_ids() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
-    assert [n.node_id for n in select_nodes(nodes, [])][:4] == ["sim-0", "sim-1", "sim-2", "sim-3"]
-    assert [n.node_id for n in select_nodes(nodes, ["sim-2", "sim-0"])] == ["sim-0", "sim-2"]
+    assert [n.node_id for n in select_nodes(nodes, [])][:4] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert [n.node_id for n in select_nodes(nodes, ["gpu-2", "gpu-0"])] == ["gpu-0", "gpu-2"]
     with pytest.raises(
         InventoryError,
-        match=r"node\(s\) gpu-9 not in the inventory; known: serve-0, serve-1, sim-0",
+        match=r"node\(s\) gpu-9 not in the inventory; known: gpu-0, gpu-1, gpu-2",
     ):
-        select_nodes(nodes, ["sim-1", "gpu-9"])
+        select_nodes(nodes, ["gpu-1", "gpu-9"])
 
 
 class FakeNvmlError(Exception):
