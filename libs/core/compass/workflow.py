@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from graphlib import CycleError, TopologicalSorter
 
 BYTES_PER_MB = 1_000_000  # model sizes and GPU caches are counted in MB of 10^6 bytes
 
@@ -121,24 +122,15 @@ def build_workflow(name: str, raw: Sequence[Task], gpu_memory_mb: float) -> Work
 
 def _topological(name: str, tasks: dict[str, Task]) -> tuple[Task, ...]:
     """Tasks in rounds: each round, by id, the tasks whose parents all came in earlier
-    rounds (Kahn's algorithm, one level at a time: O(n log n + edges))."""
-    left = {task_id: len(set(task.parents)) for task_id, task in tasks.items()}
-    children: dict[str, list[str]] = {}
-    for task_id, task in tasks.items():
-        for parent in set(task.parents):
-            children.setdefault(parent, []).append(task_id)
+    rounds (the standard library's topological sorter, one round at a time)."""
+    graph = TopologicalSorter({task_id: task.parents for task_id, task in tasks.items()})
+    try:
+        graph.prepare()
+    except CycleError as cycle:
+        raise WorkflowError(f"{name}/{min(cycle.args[1])}: part of a cycle") from None
     ordered: list[Task] = []
-    ready = sorted(task_id for task_id, count in left.items() if count == 0)
-    while ready:
-        following: list[str] = []
-        for task_id in ready:
-            ordered.append(tasks[task_id])
-            for child in children.get(task_id, ()):
-                left[child] -= 1
-                if left[child] == 0:
-                    following.append(child)
-        ready = sorted(following)
-    if len(ordered) < len(tasks):
-        placed = {task.task_id for task in ordered}
-        raise WorkflowError(f"{name}/{min(set(tasks) - placed)}: part of a cycle")
+    while graph.is_active():
+        ready = sorted(graph.get_ready())
+        ordered += (tasks[task_id] for task_id in ready)
+        graph.done(*ready)
     return tuple(ordered)
