@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
@@ -64,16 +66,17 @@ class Distribution:
 
     @staticmethod
     def of(values: Sequence[float]) -> Distribution:
-        ordered = sorted(values)
-        if not ordered:
+        if not values:
             return Distribution(0, 0.0, 0.0, 0.0, 0.0, ())
+        # numpy's default: linear interpolation between the closest ranks.
+        every = tuple(float(p) for p in np.percentile(values, range(101)))
         return Distribution(
-            count=len(ordered),
-            p50=percentile(ordered, 50),
-            p90=percentile(ordered, 90),
-            p99=percentile(ordered, 99),
-            mean=sum(ordered) / len(ordered),
-            percentiles=tuple(percentile(ordered, q) for q in range(101)),
+            count=len(values),
+            p50=every[50],
+            p90=every[90],
+            p99=every[99],
+            mean=float(np.mean(values)),
+            percentiles=every,
         )
 
 
@@ -150,14 +153,6 @@ class Metrics:
     @property
     def total_preemptions(self) -> int:
         return sum(self.preemptions.values())
-
-
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -12,12 +13,9 @@ console = Console(highlight=False, width=160)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
+    """numpy's percentile (q in 0..100; linear between the closest ranks, as the
+    simulator's reports); NaN for no values."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 def summary(values: Sequence[float]) -> tuple[float, float, float]:

@@ -6,7 +6,7 @@ import pytest
 
 from libs.core.model import JobSpec
 from libs.sim.batch import Job
-from libs.sim.metrics import Distribution, Recorder, percentile, size_class
+from libs.sim.metrics import Distribution, Recorder, size_class
 from libs.sim.workload import SimJob
 from tests.unit.libs.sim.sim_builders import spec
 
@@ -117,8 +117,8 @@ def test_samples_hold_the_state_at_each_step() -> None:
 
 
 def test_percentiles_interpolate_between_ranks() -> None:
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([5.0], 90) == 5.0
+    assert Distribution.of([1.0, 2.0, 3.0, 4.0]).p50 == 2.5
+    assert Distribution.of([5.0]).p90 == 5.0
     d = Distribution.of([float(v) for v in range(101)])
     assert (d.p50, d.p90, d.p99, d.count) == (50.0, 90.0, 99.0, 101)
     assert Distribution.of([]).count == 0
