@@ -29,7 +29,7 @@ from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
 from services.node_agent.secrets import MissingSecret, SecretStore
-from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, TaskLog, copy_output, log_file_name
+from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, OutputPipe, TaskLog, log_file_name
 from services.runtime import cancel_and_wait
 
 # How long a task's output may take to reach its log after the task ended.
@@ -177,22 +177,27 @@ class ProcessExecutor:
             model_resident=model_resident,
             secrets=secrets,
         )
+        output = await OutputPipe.into(log, runs_as)
         try:
             process = await _spawn(
-                spawned, argv[0], env, _identity(runs_as, switch=confinement is None)
+                spawned,
+                argv[0],
+                output.write_fd,
+                env,
+                _identity(runs_as, switch=confinement is None),
             )
         except LaunchError as exc:
             log.write(f"--- not started: {exc.reason}\n".encode())
-            log.close()
             if confinement is not None:
                 confinement.release()
             raise
+        finally:
+            os.close(output.write_fd)  # the task has its copy: EOF once it (and its own) end
         if self._ledger is not None:
             self._ledger.record(process.pid)
-        assert process.stdout is not None  # a pipe: asked for below
         return ProcessExecution(
             process,
-            copying=asyncio.create_task(copy_output(process.stdout, log)),
+            copying=output.copying,
             grace_s=self._grace_s,
             ledger=self._ledger,
             confinement=confinement,
@@ -200,15 +205,16 @@ class ProcessExecutor:
 
 
 async def _spawn(
-    argv: list[str], command: str, env: dict[str, str], identity: dict[str, Any]
+    argv: list[str], command: str, output: int, env: dict[str, str], identity: dict[str, Any]
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` with its output (stdout and stderr) in one pipe; ``LaunchError``
-    naming ``command`` (the task's own, whatever runs before it) when it cannot start."""
+    """Start ``argv`` with its stdout and stderr on the ``output`` descriptor;
+    ``LaunchError`` naming ``command`` (the task's own, whatever runs before it) when it
+    cannot start."""
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
+            stdout=output,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             # Its own process group: stop() reaches the task's children too, and a

@@ -92,13 +92,41 @@ def _open_private(path: Path, owner: Account | None) -> BinaryIO:
     return os.fdopen(fd, "ab")
 
 
-async def copy_output(output: asyncio.StreamReader, sink: TaskLog) -> None:
-    """Copy a task's output into its log until the task (and whatever it started that
-    shares its output) closes it; the log is closed then, or when cancelled."""
+class OutputPipe:
+    """The pipe a task writes its output into, its read end copied into the task's log.
+
+    The pipe is the agent's own, not asyncio's subprocess pipe: asyncio waits for its
+    pipes to close before it reports the process ended, and whatever the task left
+    running may hold them open (the cgroup that kills those is released only once
+    the task has ended)."""
+
+    def __init__(self, write_fd: int, copying: asyncio.Task[None]) -> None:
+        self.write_fd = write_fd  # the child's stdout and stderr; close it once spawned
+        self.copying = copying
+
+    @classmethod
+    async def into(cls, sink: TaskLog, owner: Account | None) -> OutputPipe:
+        """A pipe into ``sink``; ``owner`` (the task's account) may reopen it, as
+        programs do through /dev/stdout and /dev/stderr."""
+        read_fd, write_fd = os.pipe()
+        if owner is not None:
+            os.fchown(write_fd, owner.uid, owner.gid)
+        reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
+        )
+        return cls(write_fd, asyncio.create_task(_copy(reader, transport, sink)))
+
+
+async def _copy(output: asyncio.StreamReader, pipe: asyncio.BaseTransport, sink: TaskLog) -> None:
+    """Copy a task's output into its log until every writer closed the pipe (the task
+    and whatever it started); the log and the pipe are closed then, or when cancelled."""
     try:
         while chunk := await output.read(CHUNK_BYTES):
             sink.write(chunk)
     finally:
+        pipe.close()
         sink.close()
 
 

@@ -73,6 +73,16 @@ async def test_a_task_runs_as_its_users_account_in_its_own_process_group(shared:
 
 
 @as_root
+async def test_a_task_as_its_account_may_reopen_its_own_output(shared: Path) -> None:
+    """Programs log to /dev/stdout and /dev/stderr by name: the pipe is the task's."""
+    script = "echo to-stdout > /dev/stdout; echo to-stderr > /dev/stderr"
+    code, output = await run(
+        executor(shared, switch=True), shared, task("reopen", "alice", "sh", "-c", script)
+    )
+    assert (code, output.split()) == (0, ["to-stdout", "to-stderr"])
+
+
+@as_root
 async def test_a_task_cannot_read_the_agents_secret_files(shared: Path) -> None:
     secret, public = shared / "auth-secret", shared / "public"
     secret.write_text("signing-key")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
-from services.node_agent.tasklogs import TaskLog, copy_output, read_log, rotated
+from services.node_agent.tasklogs import OutputPipe, TaskLog, read_log, rotated
 
 
 async def read_all(path: Path, *, follow: bool = False, active: bool = False) -> bytes:
@@ -57,15 +59,17 @@ async def test_following_sees_what_is_written_across_rotations_until_the_task_en
     assert b"".join(read) == b"".join(f"{n:02d}\n".encode() for n in range(20))
 
 
-async def test_the_output_of_a_process_reaches_its_log(tmp_path: Path) -> None:
+async def test_the_output_of_a_process_reaches_its_log_even_if_what_it_left_holds_the_pipe(
+    tmp_path: Path,
+) -> None:
+    output = await OutputPipe.into(TaskLog(tmp_path / "j.log", max_bytes=100, owner=None), None)
+    script = "echo out; echo err >&2; sleep 30 &"
     process = await asyncio.create_subprocess_exec(
-        "sh",
-        "-c",
-        "echo out; echo err >&2",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert process.stdout is not None
-    await copy_output(process.stdout, TaskLog(tmp_path / "j.log", max_bytes=100, owner=None))
-    await process.wait()
+        "sh", "-c", script, stdout=output.write_fd, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(output.write_fd)
+    assert await asyncio.wait_for(process.wait(), 5) == 0  # the sleep holds the pipe open
+    os.killpg(process.pid, signal.SIGKILL)
+    await asyncio.wait_for(output.copying, 5)
     assert await read_all(tmp_path / "j.log") == b"out\nerr\n"
