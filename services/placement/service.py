@@ -112,7 +112,8 @@ class PlacementService:
             raise Rebalanced
 
     async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
-        """Decide one record and queue its outputs inside its span, so they carry its trace."""
+        """Decide one record under its consumer span, and queue its outputs inside: each
+        decision's produce span is a child of the record's, in the trace that sent it."""
         env = delivery.envelope
         with tracer.start_as_current_span(
             f"placement {event_type(env)}",
