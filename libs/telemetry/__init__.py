@@ -1,7 +1,7 @@
 """OpenTelemetry setup: the tracer provider and its sampler, and Kafka's instrumentation."""
 
 from libs.telemetry.kafka import instrument_kafka, processing_context
-from libs.telemetry.sampling import ROUTINE_EVENTS, RoutineTrafficSampler, sending
+from libs.telemetry.sampling import ROUTINE_EVENTS, RoutineTrafficSampler, replaying, sending
 from libs.telemetry.tracing import setup_tracing
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "RoutineTrafficSampler",
     "instrument_kafka",
     "processing_context",
+    "replaying",
     "sending",
     "setup_tracing",
 ]

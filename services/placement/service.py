@@ -33,6 +33,7 @@ from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
 from libs.events.driver import PartitionSchedulers, step
+from libs.telemetry import replaying
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -162,7 +163,8 @@ class PlacementService:
             await reader.seek_to_beginning(tp)
             position = 0
             while position < upto:
-                polled = await reader.getmany(tp, timeout_ms=1000, max_records=5000)
+                with replaying():
+                    polled = await reader.getmany(tp, timeout_ms=1000, max_records=5000)
                 for record in polled.get(tp, []):
                     if record.offset >= upto:
                         break

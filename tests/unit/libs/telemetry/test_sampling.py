@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
-from libs.telemetry import ROUTINE_EVENTS, RoutineTrafficSampler, sending
+from libs.telemetry import ROUTINE_EVENTS, RoutineTrafficSampler, replaying, sending
 
 
 @pytest.fixture
@@ -92,3 +92,12 @@ def test_a_poll_without_a_producer_starts_no_trace(
     with tracer.start_as_current_span("tick loop") as internal:
         assert internal.is_recording(), "a new trace of anything else is kept"
     assert [span.name for span in spans.get_finished_spans()] == ["tick loop"]
+
+
+def test_records_read_back_to_rebuild_state_get_no_consumer_spans(
+    tracer: Tracer, spans: InMemorySpanExporter
+) -> None:
+    headers = send(tracer, "job_admitted")
+    with replaying():
+        consume(tracer, headers)
+    assert [span.name for span in spans.get_finished_spans()] == ["events send"]
