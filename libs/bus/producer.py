@@ -77,7 +77,8 @@ class EventProducer:
         key: bytes | None,
         headers: Sequence[tuple[str, bytes]],
     ) -> None:
-        await (await self._producer.send(topic, value=value, key=key, headers=headers))
+        # A copy, as a list: the instrumentation appends the trace context to it.
+        await (await self._producer.send(topic, value=value, key=key, headers=list(headers)))
 
     @property
     def client(self) -> Producer:
