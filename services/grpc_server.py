@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc.filters import health_check, negate
 
 from services.status import StatusInterceptor
 from services.tls import TlsSettings
@@ -27,17 +28,21 @@ async def start_server(
     registrars: Sequence[Registrar],
     service_names: Sequence[str],
     tls: TlsSettings | None = None,
+    health_servicer: health.aio.HealthServicer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start serving, with TLS if ``tls`` (default: the environment's) has a certificate;
-    returns the server and the bound port (0 in ``address`` picks one)."""
+    returns the server and the bound port (0 in ``address`` picks one). Every service is
+    marked SERVING on ``health_servicer`` (default: a new one)."""
     credentials = (tls or TlsSettings.from_env()).server_credentials()
-    # The instrumentation is untyped; it opens a server span per RPC.
-    server = grpc.aio.server(
-        interceptors=[aio_server_interceptor(), StatusInterceptor()]  # type: ignore[no-untyped-call]
-    )
+    # A server span per RPC (the instrumentation is untyped), but none for the health
+    # service: the aio interceptor iterates a server-streaming handler with ``async for``
+    # (opentelemetry-python-contrib#3066), and Health/Watch writes with ``context.write``
+    # instead, so traced it fails at once; probes are no trace's business either.
+    tracing = aio_server_interceptor(filter_=negate(health_check()))  # type: ignore[no-untyped-call]
+    server = grpc.aio.server(interceptors=[tracing, StatusInterceptor()])
     for register in registrars:
         register(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_servicer or health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [
@@ -62,16 +67,18 @@ async def start_server(
 async def serve_until_cancelled(
     address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
 ) -> None:
-    """Serve until cancelled (the process is told to stop), then stop: the calls under way
-    get ``STOP_GRACE_S`` to finish."""
+    """Serve until cancelled (the process is told to stop), then stop: health watchers hear
+    NOT_SERVING, and the calls under way get ``STOP_GRACE_S`` to finish."""
     tls = TlsSettings.from_env()
-    server, port = await start_server(address, registrars, service_names, tls)
+    health_servicer = health.aio.HealthServicer()
+    server, port = await start_server(address, registrars, service_names, tls, health_servicer)
     names = " and ".join(name.rsplit(".", 1)[-1] for name in service_names)
     how = "mutual TLS" if tls.client_auth else "TLS" if tls.enabled else "plain text"
     log.info("serving %s on port %d (%s)", names, port, how)
     try:
         await server.wait_for_termination()
     finally:
+        await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=STOP_GRACE_S)
 
 

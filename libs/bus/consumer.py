@@ -13,22 +13,19 @@ from libs.bus.deadletter import dead_letter
 from libs.bus.ports import Bus, Consumer, OffsetReset, RebalanceListener, Record
 from libs.bus.producer import EventProducer
 from libs.events import DecodeError, decode
-from libs.telemetry import extract_context
+from libs.telemetry import processing_context
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """One decoded record and where it sits in the log."""
+    """One decoded record, where it sits in the log, and the trace context to act on it
+    in (under its consumer span, ``libs.telemetry.processing_context``)."""
 
     envelope: events_pb2.Envelope
     topic: str
     partition: int
     offset: int
-    headers: tuple[tuple[str, bytes], ...]
-
-    @property
-    def context(self) -> Context:
-        return extract_context(self.headers)
+    context: Context
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -98,5 +95,5 @@ class EventConsumer:
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            headers=tuple(record.headers or ()),
+            context=processing_context(record),
         )

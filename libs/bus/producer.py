@@ -1,4 +1,5 @@
-"""Send envelopes: encoded, keyed by cluster, typed and traced in their headers."""
+"""Send envelopes: encoded, keyed by cluster, typed in their headers (the aiokafka
+instrumentation adds the trace context, ``libs.telemetry.kafka``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from qm.v1 import events_pb2
 
 from libs.bus.ports import Bus, Producer
 from libs.events import encode, event_type
-from libs.telemetry import inject_context
+from libs.telemetry import sending
 
 TYPE_HEADER = "qm-type"
 
@@ -58,13 +59,15 @@ class EventProducer:
         self, topic: str, env: events_pb2.Envelope, *, key: str | None = None
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one envelope; the returned future resolves on acknowledgement."""
-        headers = inject_context([(TYPE_HEADER, event_type(env).encode())])
-        return await self._producer.send(
-            topic,
-            value=encode(env),
-            key=(key if key is not None else env.cluster).encode(),
-            headers=headers,
-        )
+        kind = event_type(env)
+        with sending(kind):
+            return await self._producer.send(
+                topic,
+                value=encode(env),
+                key=(key if key is not None else env.cluster).encode(),
+                # A list: the instrumentation appends the trace context to it.
+                headers=[(TYPE_HEADER, kind.encode())],
+            )
 
     async def send_raw(
         self,
@@ -74,7 +77,8 @@ class EventProducer:
         key: bytes | None,
         headers: Sequence[tuple[str, bytes]],
     ) -> None:
-        await (await self._producer.send(topic, value=value, key=key, headers=headers))
+        # A copy, as a list: the instrumentation appends the trace context to it.
+        await (await self._producer.send(topic, value=value, key=key, headers=list(headers)))
 
     @property
     def client(self) -> Producer:

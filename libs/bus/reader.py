@@ -14,6 +14,7 @@ from qm.v1 import events_pb2
 
 from libs.bus.ports import Bus
 from libs.events import DecodeError, decode
+from libs.telemetry import replaying
 
 Apply = Callable[[events_pb2.Envelope], None]
 
@@ -68,7 +69,8 @@ class LogReader:
             await progress.wait()
 
     async def _poll(self, apply: Apply) -> int:
-        polled = await self._consumer.getmany(timeout_ms=500, max_records=10_000)
+        with replaying():
+            polled = await self._consumer.getmany(timeout_ms=500, max_records=10_000)
         count = 0
         for tp, records in polled.items():
             for record in records:

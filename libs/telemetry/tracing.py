@@ -1,4 +1,6 @@
-"""One tracer provider per service; the exporter is chosen by environment.
+"""One tracer provider per service, sampling out routine traffic
+(``RoutineTrafficSampler``), with Kafka traced (``instrument_kafka``); the exporter is
+chosen by environment.
 
 ``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp`` (which
 honours the standard ``OTEL_EXPORTER_OTLP_*`` variables).
@@ -19,10 +21,14 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from libs.config.document import ConfigError
+from libs.telemetry.kafka import instrument_kafka
+from libs.telemetry.sampling import RoutineTrafficSampler
 
 
 def setup_tracing(service: str) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}), sampler=RoutineTrafficSampler()
+    )
     exporter = _exporter(os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower())
     if isinstance(exporter, ConsoleSpanExporter):
         # Synchronous, so that the last spans are in the log when a service stops.
@@ -30,6 +36,7 @@ def setup_tracing(service: str) -> TracerProvider:
     elif exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    instrument_kafka(provider)
     return provider
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, EventConsumer
@@ -131,11 +131,11 @@ class NodeAgent:
             return
         node = self._registrations.nodes[task.node_id]
         placed_event_id = delivery.envelope.event_id
-        # One span for the whole run, child of placement's: ended once the task has.
+        # One span for the whole run, child of the decision's consumer span: ended once
+        # the task has.
         span = self._tracer.start_span(
             "run task",
             context=delivery.context,
-            kind=SpanKind.CONSUMER,
             attributes={
                 "qm.job_id": task.job_id,
                 "qm.task_id": task.task_id,

@@ -33,6 +33,7 @@ from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
 from libs.events.driver import PartitionSchedulers, step
+from libs.telemetry import replaying
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -112,7 +113,8 @@ class PlacementService:
             raise Rebalanced
 
     async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
-        """Decide one record and queue its outputs inside its span, so they carry its trace."""
+        """Decide one record under its consumer span, and queue its outputs inside: each
+        decision's produce span is a child of the record's, in the trace that sent it."""
         env = delivery.envelope
         with tracer.start_as_current_span(
             f"placement {event_type(env)}",
@@ -161,7 +163,8 @@ class PlacementService:
             await reader.seek_to_beginning(tp)
             position = 0
             while position < upto:
-                polled = await reader.getmany(tp, timeout_ms=1000, max_records=5000)
+                with replaying():
+                    polled = await reader.getmany(tp, timeout_ms=1000, max_records=5000)
                 for record in polled.get(tp, []):
                     if record.offset >= upto:
                         break

@@ -17,7 +17,6 @@ from qm.v1 import events_pb2
 from libs.bus import Bus, KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
 from libs.events import encode
-from libs.telemetry import inject_context
 from services.projector.app import KAFKA, TOPICS, app
 from services.projector.usage import state
 
@@ -71,10 +70,11 @@ async def publish_snapshots() -> int:
         return 0
     sent = 0
     for env in state.ledger.snapshots_due(PRODUCER):
-        headers = inject_context([(TYPE_HEADER, b"usage_snapshot")])
         try:
             delivery = await events_out.send(
-                key=env.cluster.encode(), value=encode(env), headers=headers
+                key=env.cluster.encode(),
+                value=encode(env),
+                headers=[(TYPE_HEADER, b"usage_snapshot")],
             )
             await delivery
         except KafkaError as exc:

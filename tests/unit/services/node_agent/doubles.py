@@ -8,7 +8,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
@@ -16,9 +16,9 @@ from libs.events import event_type, new_envelope
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.running import Executors
 
-# The trace and span of the placement that made each decision.
+# The trace of each decision, and the span that consumed it (the agent's Kafka consumer).
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
-PLACEMENT_SPAN_ID = "b7ad6b7169203331"
+CONSUMER_SPAN_ID = "b7ad6b7169203331"
 
 
 class Recorder:
@@ -60,14 +60,16 @@ class Recorder:
 
 
 def delivery(payload: Message, offset: int = 0) -> Delivery:
-    """A decision as the agent reads it, in placement's trace."""
-    traceparent = f"00-{TRACE_ID}-{PLACEMENT_SPAN_ID}-01".encode()
+    """A decision as the agent reads it, under its consumer span in placement's trace."""
+    consumed = SpanContext(
+        int(TRACE_ID, 16), int(CONSUMER_SPAN_ID, 16), is_remote=False, trace_flags=TraceFlags(1)
+    )
     return Delivery(
         envelope=new_envelope(payload, producer="placement", cluster="west"),
         topic="decisions",
         partition=0,
         offset=offset,
-        headers=(("traceparent", traceparent),),
+        context=trace.set_span_in_context(NonRecordingSpan(consumed)),
     )
 
 

@@ -22,7 +22,7 @@ from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import parse_inventory
 from services.node_agent.utilization import DeclaredSampler, Sample, SamplingError
 from tests.unit.services.node_agent.doubles import (
-    PLACEMENT_SPAN_ID,
+    CONSUMER_SPAN_ID,
     TRACE_ID,
     Recorder,
     delivery,
@@ -89,7 +89,7 @@ async def test_registers_every_node_under_its_own_name(agent: NodeAgent, emitted
     assert all(env.HasField("occurred_at") for env in emitted.events)
 
 
-async def test_a_placed_task_starts_and_finishes_inside_placements_trace(
+async def test_a_placed_task_starts_and_finishes_under_its_decisions_consumer_span(
     agent: NodeAgent, emitted: Recorder, spans: InMemorySpanExporter
 ) -> None:
     placed = delivery(placement())
@@ -106,7 +106,7 @@ async def test_a_placed_task_starts_and_finishes_inside_placements_trace(
     assert run.parent is not None
     assert (run.context.trace_id, run.parent.span_id) == (
         int(TRACE_ID, 16),
-        int(PLACEMENT_SPAN_ID, 16),
+        int(CONSUMER_SPAN_ID, 16),
     )
     assert [span.span_id for span in emitted.spans] == [run.context.span_id] * 2
 
