@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from services.grpc_metrics import CountingInterceptor
 from services.status import StatusInterceptor
 from services.tls import TlsSettings
 
@@ -33,7 +35,11 @@ async def start_server(
     credentials = (tls or TlsSettings.from_env()).server_credentials()
     # The instrumentation is untyped; it opens a server span per RPC.
     server = grpc.aio.server(
-        interceptors=[aio_server_interceptor(), StatusInterceptor()]  # type: ignore[no-untyped-call]
+        interceptors=[
+            aio_server_interceptor(),  # type: ignore[no-untyped-call]
+            CountingInterceptor(),
+            StatusInterceptor(),
+        ]
     )
     for register in registrars:
         register(server)
@@ -60,12 +66,17 @@ async def start_server(
 
 
 async def serve_until_cancelled(
-    address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
+    address: str,
+    registrars: Sequence[Registrar],
+    service_names: Sequence[str],
+    serving: asyncio.Event | None = None,
 ) -> None:
     """Serve until cancelled (the process is told to stop), then stop: the calls under way
-    get ``STOP_GRACE_S`` to finish."""
+    get ``STOP_GRACE_S`` to finish. ``serving`` is set once calls are answered."""
     tls = TlsSettings.from_env()
     server, port = await start_server(address, registrars, service_names, tls)
+    if serving is not None:
+        serving.set()
     names = " and ".join(name.rsplit(".", 1)[-1] for name in service_names)
     how = "mutual TLS" if tls.client_auth else "TLS" if tls.enabled else "plain text"
     log.info("serving %s on port %d (%s)", names, port, how)

@@ -8,8 +8,9 @@ Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, defa
 ``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
 agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose account
 runs each user's tasks and what environment they see: ``libs.config.sandbox``),
-``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``), plus
-the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
+``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``), the
+metrics settings of ``services.metrics_http`` and the auth keys that check who reads
+them, plus the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
+from libs.auth import Keys, load_keys
 from libs.bus import (
     EventConsumer,
     EventProducer,
@@ -40,6 +42,7 @@ from libs.bus import (
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
+from services.metrics_http import MetricsSettings, metrics_server
 from services.node_agent import privileges
 from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
@@ -187,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         sandbox = Sandbox.from_env()
+        # Who may read its metrics, and where they are served.
+        keys, metrics = load_keys(), MetricsSettings.from_env()
         tracing = setup_tracing("node-agent")
     except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
@@ -194,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes, settings, topics, sandbox))
+            asyncio.run(_run(args, nodes, settings, topics, sandbox, keys, metrics))
     finally:
         tracing.shutdown()
     return 0
@@ -213,6 +218,8 @@ async def _run(
     settings: KafkaSettings,
     topics: Topics,
     sandbox: Sandbox,
+    keys: Keys,
+    metrics: MetricsSettings,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -264,4 +271,6 @@ async def _run(
             # A new agent acts on decisions made from now on, not on the whole history.
             auto_offset_reset="latest",
         )
-        await serve(agent, consumer, stop)
+        ready = lambda: bool(consumer.client.assignment())  # noqa: E731
+        async with metrics_server("node_agent", keys, ready, metrics):
+            await serve(agent, consumer, stop)
