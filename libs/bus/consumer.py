@@ -81,7 +81,7 @@ class EventConsumer:
                     delivery = await self.decode(record)
                     if delivery is not None:
                         batch.append(delivery)
-            await self._lag.measure()
+            await self._lag.polled()
             yield batch
 
     async def decode(self, record: Record) -> Delivery | None:

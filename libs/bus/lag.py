@@ -1,5 +1,7 @@
-"""How far a consumer is behind, as ``qm_consumer_lag_records``: measured after a poll, at
-most every ``every_s`` seconds (it asks the broker for the end offsets)."""
+"""How far a consumer is behind, and whether it still polls: ``qm_consumer_lag_records``
+(measured after a poll, at most every ``every_s`` seconds: it asks the broker for the
+end offsets) and ``qm_consumer_last_poll_timestamp_seconds`` (after every poll). A loop
+stuck between polls stops both; the second says so."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 from aiokafka.structs import TopicPartition
 
 from libs.bus.ports import Consumer
-from libs.telemetry.metrics import CONSUMER_LAG, consumer_lag
+from libs.telemetry.metrics import CONSUMER_LAG, CONSUMER_LAST_POLL, consumer_lag
 
 
 class LagMeter:
@@ -17,8 +19,9 @@ class LagMeter:
         self._due = 0.0
         self._shown: set[TopicPartition] = set()
 
-    async def measure(self) -> None:
-        """Update the gauge of every assigned partition, if one is due."""
+    async def polled(self) -> None:
+        """The consumer has just polled: note when, and update its lag if due."""
+        CONSUMER_LAST_POLL.labels(self._name).set_to_current_time()
         now = time.monotonic()
         if now < self._due:
             return

@@ -86,5 +86,5 @@ class LogReader:
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
         if self._lag is not None:
-            await self._lag.measure()
+            await self._lag.polled()
         return count

@@ -23,6 +23,11 @@ CONSUMER_LAG = Gauge(
     "Committed records of a partition this consumer has not read yet (end offset - position)",
     ["consumer", "topic", "partition"],
 )
+CONSUMER_LAST_POLL = Gauge(
+    "qm_consumer_last_poll_timestamp_seconds",
+    "When this consumer last polled (it polls at least every second while its loop runs)",
+    ["consumer"],
+)
 DECISIONS = Counter(
     "qm_decisions",
     "Decisions placement committed to the decisions topic, by kind (rate(): decisions/s)",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -30,12 +32,17 @@ async def test_lag_is_what_is_left_to_read_and_goes_with_the_partition() -> None
     await consumer.start()
     consumer.assign([P0, P1])
     meter = LagMeter(consumer, "lag-test", every_s=0)
-    await meter.measure()
+    before = time.time()
+    await meter.polled()
     assert (shown("lag-test", P0), shown("lag-test", P1)) == (5, 2)
+    last_poll = REGISTRY.get_sample_value(
+        "qm_consumer_last_poll_timestamp_seconds", {"consumer": "lag-test"}
+    )
+    assert last_poll is not None and before <= last_poll <= time.time()
     await consumer.getmany(P0, max_records=3)
-    await meter.measure()
+    await meter.polled()
     assert (shown("lag-test", P0), shown("lag-test", P1)) == (2, 2)
     consumer.assign([P1])  # P0 is another consumer's now: its lag is no longer ours to show
     await consumer.getmany(P1)
-    await meter.measure()
+    await meter.polled()
     assert (shown("lag-test", P0), shown("lag-test", P1)) == (None, 0)
