@@ -13,10 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from qm.v1 import types_pb2
 
 from libs.readmodels.job_state import ended_tasks
+
+# No ``*_created`` series beside each counter and histogram: Prometheus has no use for them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONSUMER_LAG = Gauge(
     "qm_consumer_lag_records",
