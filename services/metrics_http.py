@@ -9,6 +9,9 @@ installation's keys that names a client in ``QM_METRICS_CLIENTS`` (default
 
 Settings: ``QM_METRICS_HOST`` (default 127.0.0.1), ``QM_METRICS_PORT`` (each service
 has its own default, ``DEFAULT_PORTS``; 0 picks a free one), ``QM_METRICS_CLIENTS``.
+Placement, the ticker and node agents check no other tokens: without a signing secret
+(``metrics_keys``) their ``/metrics`` answers 503 and their probes still work, so that a
+node need not hold the installation's key to run tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import Field
 
-from libs.auth import AuthError, Keys, verify_token
+from libs.auth import AuthError, Keys, load_keys, verify_token
+from libs.auth.tokens import AuthSettings
 from libs.config.env import EnvSettings, Names
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,19 @@ def metrics_response() -> web.Response:
     return web.Response(body=body, content_type=content_type, charset=charset or None)
 
 
-def metrics_app(ready: Callable[[], bool], keys: Keys, clients: frozenset[str]) -> web.Application:
+def metrics_keys() -> Keys | None:
+    """The installation's keys for a service that needs them only for ``/metrics``: None
+    when no secret is set (a set but weak or unreadable one is still a ``ConfigError``)."""
+    settings = AuthSettings.from_env()
+    if settings.secret or settings.secret_file or settings.oidc_jwks_url:
+        return load_keys()
+    log.warning("no signing secret (QM_AUTH_SECRET_FILE): /metrics answers 503 until one is set")
+    return None
+
+
+def metrics_app(
+    ready: Callable[[], bool], keys: Keys | None, clients: frozenset[str]
+) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="alive")
 
@@ -74,6 +90,8 @@ def metrics_app(ready: Callable[[], bool], keys: Keys, clients: frozenset[str]) 
         return web.Response(text="ready") if ready() else web.Response(status=503, text="starting")
 
     async def metrics(request: web.Request) -> web.Response:
+        if keys is None:
+            return web.Response(status=503, text="no signing secret to check tokens with")
         refused = denial(request.headers.get("Authorization", ""), keys, clients, METRICS_READERS)
         return refused or metrics_response()
 
@@ -86,7 +104,10 @@ def metrics_app(ready: Callable[[], bool], keys: Keys, clients: frozenset[str]) 
 
 @asynccontextmanager
 async def metrics_server(
-    service: str, keys: Keys, ready: Callable[[], bool], settings: MetricsSettings | None = None
+    service: str,
+    keys: Keys | None,
+    ready: Callable[[], bool],
+    settings: MetricsSettings | None = None,
 ) -> AsyncIterator[int]:
     """Serve ``/healthz``, ``/readyz`` (``ready()``) and ``/metrics`` while inside; yields
     the bound port."""

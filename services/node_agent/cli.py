@@ -30,7 +30,7 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
-from libs.auth import Keys, load_keys
+from libs.auth import Keys
 from libs.bus import (
     EventConsumer,
     EventProducer,
@@ -42,7 +42,7 @@ from libs.bus import (
 from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
-from services.metrics_http import MetricsSettings, metrics_server
+from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.node_agent import privileges
 from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         sandbox = Sandbox.from_env()
         # Who may read its metrics, and where they are served.
-        keys, metrics = load_keys(), MetricsSettings.from_env()
+        keys, metrics = metrics_keys(), MetricsSettings.from_env()
         tracing = setup_tracing("node-agent")
     except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
@@ -218,7 +218,7 @@ async def _run(
     settings: KafkaSettings,
     topics: Topics,
     sandbox: Sandbox,
-    keys: Keys,
+    keys: Keys | None,
     metrics: MetricsSettings,
 ) -> None:
     stop = asyncio.Event()

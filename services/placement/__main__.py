@@ -2,12 +2,11 @@
 
 Settings: ``QM_PLACEMENT_GROUP`` (consumer group and transactional id, default
 ``qm-placement``), ``QM_POLICY_FILE`` (YAML of PolicyConfig knobs; auditors
-replay with the same file), the metrics settings of ``services.metrics_http``, plus the
-Kafka and auth settings.
+replay with the same file), the metrics settings of ``services.metrics_http`` (and the
+auth keys that check who reads them), plus the Kafka settings.
 """
 
-from libs.auth import load_keys
-from services.metrics_http import metrics_server
+from services.metrics_http import metrics_keys, metrics_server
 from services.placement.environment import from_env
 from services.placement.service import PlacementService
 from services.runtime import run_service
@@ -15,7 +14,7 @@ from services.runtime import run_service
 
 async def serve() -> None:
     service = from_env(PlacementService)
-    async with metrics_server("placement", load_keys(), lambda: service.ready):
+    async with metrics_server("placement", metrics_keys(), lambda: service.ready):
         await service.run()
 
 

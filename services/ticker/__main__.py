@@ -1,8 +1,8 @@
 """``python -m services.ticker``: append clock ticks to the events topic.
 
 Settings: ``QM_CLUSTERS`` (comma-separated, default ``default``),
-``QM_TICK_SECONDS`` (default 1.0), the metrics settings of ``services.metrics_http``,
-plus the Kafka, topic and auth settings.
+``QM_TICK_SECONDS`` (default 1.0), the metrics settings of ``services.metrics_http``
+(and the auth keys that check who reads them), plus the Kafka and topic settings.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import logging
 
 from pydantic import Field
 
-from libs.auth import Keys, load_keys
+from libs.auth import Keys
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import EnvSettings, Names
-from services.metrics_http import MetricsSettings, metrics_server
+from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.runtime import configure_logging, run_until_signalled
 from services.ticker.service import PRODUCER, run
 
@@ -28,7 +28,11 @@ class TickerSettings(EnvSettings):
 
 
 async def serve(
-    settings: TickerSettings, kafka: KafkaSettings, topic: str, keys: Keys, metrics: MetricsSettings
+    settings: TickerSettings,
+    kafka: KafkaSettings,
+    topic: str,
+    keys: Keys | None,
+    metrics: MetricsSettings,
 ) -> None:
     producer = EventProducer(KafkaBus(kafka), client_id=PRODUCER)
     started = asyncio.Event()
@@ -50,7 +54,7 @@ def main() -> None:
         KafkaSettings.from_env(),
         load_topic_config(),
     )
-    keys, metrics = load_keys(), MetricsSettings.from_env()
+    keys, metrics = metrics_keys(), MetricsSettings.from_env()
     asyncio.run(run_until_signalled(serve(settings, kafka, topics.events.name, keys, metrics)))
 
 

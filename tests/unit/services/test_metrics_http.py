@@ -8,8 +8,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.auth import Keys, issue_token
+from libs.config.document import ConfigError
 from libs.telemetry.metrics import DECISIONS
-from services.metrics_http import DEFAULT_PORTS, MetricsSettings, metrics_server
+from services.metrics_http import DEFAULT_PORTS, MetricsSettings, metrics_keys, metrics_server
 
 KEYS = Keys((b"metrics-test-key-" * 2,))
 OTHER = Keys((b"another-installation-" * 2,))
@@ -76,3 +77,29 @@ async def test_metrics_are_prometheus_text_for_the_metrics_client() -> None:
 def test_each_service_has_its_own_default_port() -> None:
     assert len(set(DEFAULT_PORTS.values())) == len(DEFAULT_PORTS)
     assert MetricsSettings.from_env({}).port is None
+
+
+async def test_without_a_signing_secret_metrics_are_closed_and_probes_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Placement, the ticker and node agents need the key for /metrics only: a node may
+    run without it, and nobody reads its metrics."""
+    for name in ("QM_AUTH_SECRET", "QM_AUTH_SECRET_FILE", "QM_OIDC_JWKS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    keys = metrics_keys()
+    assert keys is None
+    async with (
+        metrics_server("node_agent", keys, lambda: True, SETTINGS) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+    ):
+        async with http.get("/metrics", headers=bearer("svc-prometheus")) as response:
+            assert response.status == 503
+        async with http.get("/readyz") as response:
+            assert response.status == 200
+
+
+def test_a_weak_signing_secret_still_stops_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QM_AUTH_INSECURE_DEV", raising=False)
+    monkeypatch.setenv("QM_AUTH_SECRET", "short")
+    with pytest.raises(ConfigError, match="fewer than 32"):
+        metrics_keys()
