@@ -38,12 +38,16 @@ DECISIONS = Counter(
 )
 DECISION_SECONDS = Histogram(
     "qm_decision_seconds",
-    "Time the core took to decide one input record (Scheduler.handle and encoding)",
+    "Time the core took to decide one input record (Scheduler.handle and encoding), by the "
+    "input's kind",
+    ["input"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 DECISION_DELAY_SECONDS = Histogram(
     "qm_decision_delay_seconds",
-    "From an input record's occurred_at to the commit of the decisions it caused",
+    "From an input record's occurred_at to the commit of the decisions it caused, by the "
+    "input's kind",
+    ["input"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 GRPC_REQUESTS = Counter(

@@ -136,7 +136,7 @@ class PlacementService:
         ):
             started = time.perf_counter()
             outputs = self.outputs(delivery)
-            DECISION_SECONDS.observe(time.perf_counter() - started)
+            DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
             acks = []
             for out in outputs:
                 log.info("%s %s", event_type(out), out.correlation_id)
@@ -198,7 +198,8 @@ def _count(
         for out in outputs:
             DECISIONS.labels(event_type(out)).inc()
         if outputs:
-            DECISION_DELAY_SECONDS.observe(max(0.0, now - env.occurred_at.ToMicroseconds() / 1e6))
+            delay = max(0.0, now - env.occurred_at.ToMicroseconds() / 1e6)
+            DECISION_DELAY_SECONDS.labels(event_type(env)).observe(delay)
 
 
 class Rebalanced(Exception):

@@ -62,7 +62,9 @@ def test_placement_counts_its_decisions_and_shows_its_lag(
     # One gauge per partition of the events topic it owns; it keeps up with a quiet log
     # (the ticker's ticks aside), so none is far behind.
     assert lags and all(0 <= lag < 50 for lag in lags.values()), lags
-    assert samples[("qm_decision_delay_seconds_count", frozenset())] >= 1
+    admitted = frozenset({("input", "job_admitted")})
+    assert samples[("qm_decision_delay_seconds_count", admitted)] >= 1
+    assert samples[("qm_decision_seconds_count", admitted)] >= 1
 
 
 def test_every_service_answers_its_probes_and_the_projector_its_metrics(stack: Stack) -> None:

@@ -66,8 +66,9 @@ def decisions_counted(kind: str) -> float:
 
 
 def decision_delays() -> float:
-    """Inputs whose decisions were committed (each observes one delay)."""
-    return REGISTRY.get_sample_value("qm_decision_delay_seconds_count") or 0.0
+    """Admissions whose decisions were committed (each observes one delay)."""
+    labels = {"input": "job_admitted"}
+    return REGISTRY.get_sample_value("qm_decision_delay_seconds_count", labels) or 0.0
 
 
 Service = TypeVar("Service", bound=PlacementService)
