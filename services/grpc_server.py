@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import health_check, negate
 
+from services.grpc_metrics import CountingInterceptor
 from services.status import StatusInterceptor
 from services.tls import TlsSettings
 
@@ -39,7 +41,7 @@ async def start_server(
     # (opentelemetry-python-contrib#3066), and Health/Watch writes with ``context.write``
     # instead, so traced it fails at once; probes are no trace's business either.
     tracing = aio_server_interceptor(filter_=negate(health_check()))  # type: ignore[no-untyped-call]
-    server = grpc.aio.server(interceptors=[tracing, StatusInterceptor()])
+    server = grpc.aio.server(interceptors=[tracing, CountingInterceptor(), StatusInterceptor()])
     for register in registrars:
         register(server)
     health_servicer = health_servicer or health.aio.HealthServicer()
@@ -65,13 +67,19 @@ async def start_server(
 
 
 async def serve_until_cancelled(
-    address: str, registrars: Sequence[Registrar], service_names: Sequence[str]
+    address: str,
+    registrars: Sequence[Registrar],
+    service_names: Sequence[str],
+    serving: asyncio.Event | None = None,
 ) -> None:
     """Serve until cancelled (the process is told to stop), then stop: health watchers hear
-    NOT_SERVING, and the calls under way get ``STOP_GRACE_S`` to finish."""
+    NOT_SERVING, and the calls under way get ``STOP_GRACE_S`` to finish. ``serving`` is
+    set once calls are answered."""
     tls = TlsSettings.from_env()
     health_servicer = health.aio.HealthServicer()
     server, port = await start_server(address, registrars, service_names, tls, health_servicer)
+    if serving is not None:
+        serving.set()
     names = " and ".join(name.rsplit(".", 1)[-1] for name in service_names)
     how = "mutual TLS" if tls.client_auth else "TLS" if tls.enabled else "plain text"
     log.info("serving %s on port %d (%s)", names, port, how)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from qm.v1 import events_pb2
+
 from libs.bus import Delivery, EventProducer
 from services.placement.service import PlacementService
 
@@ -19,7 +21,9 @@ class GatedPlacement(PlacementService):
         self.paused = asyncio.Event()
         self.go_on = asyncio.Event()
 
-    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
+    async def _decide(
+        self, producer: EventProducer, delivery: Delivery
+    ) -> tuple[list[events_pb2.Envelope], list[Any]]:
         if delivery.envelope.job_admitted.job_id == self.pause_at and not self.go_on.is_set():
             self.paused.set()
             await self.go_on.wait()

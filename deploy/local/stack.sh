@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole Quartermaster stack on this machine: Kafka, the five services, the
-# ticker and simulated nodes, each its own process. Usage: deploy/local/stack.sh up|down|status
+# ticker and simulated nodes, each its own process; and Prometheus scraping them, if installed. Usage: deploy/local/stack.sh up|down|status
 # Each service runs under deploy/local/supervise.py, which starts it again with
 # backoff when it exits (as Kubernetes would); .local/run/<service>.pid is the
 # supervisor's pid, <service>.child.pid the service's while it runs.
@@ -71,8 +71,11 @@ up() {
   start_service ticker
   start_service node_agent --nodes deploy/local/nodes.yaml
   start_service admission
-  wait_for grpc:127.0.0.1:50051
+  # Their /readyz: placement and the agent are in their consumer groups.
+  wait_for grpc:127.0.0.1:50051 http://127.0.0.1:9462/readyz http://127.0.0.1:9463/readyz \
+    http://127.0.0.1:9464/readyz
   sign_in
+  start_prometheus
   cat <<MSG
 
 Quartermaster is up (deploy/local/nodes.yaml): 4 nodes of 8 H100 that run tasks as
@@ -83,6 +86,40 @@ processes, and 2 simulated serving nodes of 4 T4 for workflows.
 gRPC is TLS (CA: .local/tls/ca.crt, which qm uses when run from here).
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
 MSG
+}
+
+# Each service's /healthz, /readyz (open) and /metrics (a token of svc-prometheus):
+# services/metrics_http.py; the projector's /metrics is on its web port.
+metrics_ports=(admission:9460 budget:9461 placement:9462 ticker:9463 node_agent:9464 projector:6066)
+prometheus_dir="$root/.local/prometheus"
+
+# Prometheus (Debian package `prometheus`), if installed, scrapes them all with a token
+# issued here; without it the stack runs the same.
+start_prometheus() {
+  mkdir -p "$prometheus_dir"
+  (umask 077 && "$py" -m cli token issue svc-prometheus --ttl 30d >"$prometheus_dir/token")
+  echo
+  echo "Metrics (Authorization: Bearer \$(cat .local/prometheus/token)):"
+  local entry
+  for entry in "${metrics_ports[@]}"; do
+    printf '  %-11s http://127.0.0.1:%s/metrics\n' "${entry%%:*}" "${entry##*:}"
+  done
+  if ! command -v prometheus >/dev/null; then
+    echo "Prometheus is not installed: apt-get install prometheus, then make up again"
+    return
+  fi
+  if [ -f "$run/prometheus.pid" ] && kill -0 "$(cat "$run/prometheus.pid")" 2>/dev/null; then
+    echo "Prometheus: already running at http://127.0.0.1:9090/"; return
+  fi
+  nohup prometheus --config.file="$root/deploy/local/prometheus/prometheus.yml" \
+    --storage.tsdb.path="$prometheus_dir/data" --web.listen-address=127.0.0.1:9090 \
+    </dev/null >>"$logs/prometheus.log" 2>&1 &
+  echo $! > "$run/prometheus.pid"
+  if "$py" deploy/local/wait_ready.py --timeout 30 http://127.0.0.1:9090/-/ready; then
+    echo "Prometheus: http://127.0.0.1:9090/ (alerts: http://127.0.0.1:9090/alerts)"
+  else
+    echo "Prometheus did not come up; see $logs/prometheus.log" >&2
+  fi
 }
 
 # `qm audit verify` reads the log as the auditor: `source .local/auditor.env` first.
@@ -119,6 +156,7 @@ stop_pid() {
 
 down() {
   local i
+  stop_pid prometheus
   for ((i = ${#services[@]} - 1; i >= 0; i--)); do stop_pid "${services[$i]}"; done
   deploy/local/kafka.sh stop
 }
@@ -136,6 +174,9 @@ status() {
       echo "$name: not running"
     fi
   done
+  if [ -f "$run/prometheus.pid" ] && kill -0 "$(cat "$run/prometheus.pid")" 2>/dev/null; then
+    echo "prometheus: running (pid $(cat "$run/prometheus.pid"))"
+  fi
   deploy/local/kafka.sh status || true
 }
 

@@ -10,6 +10,7 @@ from opentelemetry.context import Context
 from qm.v1 import events_pb2
 
 from libs.bus.deadletter import dead_letter
+from libs.bus.lag import LagMeter
 from libs.bus.ports import Bus, Consumer, OffsetReset, RebalanceListener, Record
 from libs.bus.producer import EventProducer
 from libs.events import DecodeError, decode
@@ -54,6 +55,7 @@ class EventConsumer:
         self._consumer = bus.consumer(
             client_id=name, group_id=group_id, auto_offset_reset=auto_offset_reset
         )
+        self._lag = LagMeter(self._consumer, name)
 
     @property
     def client(self) -> Consumer:
@@ -76,6 +78,7 @@ class EventConsumer:
                     delivery = await self.decode(record)
                     if delivery is not None:
                         batch.append(delivery)
+            await self._lag.polled()
             yield batch
 
     async def decode(self, record: Record) -> Delivery | None:

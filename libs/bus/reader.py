@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2
 
+from libs.bus.lag import LagMeter
 from libs.bus.ports import Bus
 from libs.events import DecodeError, decode
 from libs.telemetry import replaying
@@ -20,9 +21,11 @@ Apply = Callable[[events_pb2.Envelope], None]
 
 
 class LogReader:
-    def __init__(self, bus: Bus, topic: str) -> None:
+    def __init__(self, bus: Bus, topic: str, *, name: str | None = None) -> None:
         self._topic = topic
         self._consumer = bus.consumer()
+        # Only a reader that follows for its service's life has a lag worth showing.
+        self._lag = None if name is None else LagMeter(self._consumer, name)
         self._partitions: list[TopicPartition] = []
         # Per partition, the offset after the last record applied; waiters are woken
         # after every poll.
@@ -84,4 +87,6 @@ class LogReader:
                 self._applied[tp] = records[-1].offset + 1
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
+        if self._lag is not None:
+            await self._lag.polled()
         return count

@@ -148,6 +148,13 @@ class JobRecords:
     ) -> list[types_pb2.Job]:
         """Jobs of one allocation (all when empty) within ``scope``, newest submission
         first; see ``newest_jobs``. Only the jobs listed are put together with their tasks."""
+        chosen = newest_jobs(
+            self.heads_with_specs(), allocation=allocation, limit=limit, scope=scope
+        )
+        return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
+
+    def heads_with_specs(self) -> list[types_pb2.Job]:
+        """Every job's head (state, placement, idleness) with its spec, without its tasks."""
         listed = []
         for job_id in list(self.heads):
             head = self._head(job_id)
@@ -157,8 +164,7 @@ class JobRecords:
             if spec is not None:
                 head.spec.CopyFrom(spec)
             listed.append(head)
-        chosen = newest_jobs(listed, allocation=allocation, limit=limit, scope=scope)
-        return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
+        return listed
 
     # -- folding ---------------------------------------------------------------
 

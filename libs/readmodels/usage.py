@@ -214,6 +214,10 @@ class UsageLedger:
     def cluster(self, name: str) -> ClusterUsage | None:
         return self._clusters.get(name or DEFAULT_CLUSTER)
 
+    def clusters(self) -> list[ClusterUsage]:
+        """Every cluster's usage, by cluster name."""
+        return [self._clusters[name] for name in sorted(self._clusters)]
+
     def snapshots_due(self, producer: str) -> list[events_pb2.Envelope]:
         """A snapshot for each cluster whose usage changed since its last one, by cluster."""
         due = (self._clusters[name].snapshot_due(producer) for name in sorted(self._clusters))

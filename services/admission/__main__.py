@@ -6,7 +6,7 @@ http://127.0.0.1:6066), ``QM_MAX_GPUS``, ``QM_MAX_MIN_RUNTIME_S``,
 ``QM_GPU_TYPES`` (comma-separated; empty accepts any), ``QM_GPU_MEMORY_MB`` (the
 largest GPU a workflow's model may need; unset: the largest GPU of the registered
 nodes, as the projector lists them), ``QM_OPERATORS`` (comma-separated users who see
-every job), plus Kafka and auth.
+every job), the metrics settings of ``services.metrics_http``, plus Kafka and auth.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from qm.v1 import (
     job_service_pb2_grpc,
 )
 
-from libs.auth import ServiceToken, load_keys
-from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
+from libs.auth import Keys, ServiceToken, load_keys
+from libs.bus import EventProducer, KafkaBus, KafkaSettings, Topics, load_topic_config
 from libs.config.env import Address, EnvSettings
 from libs.core import Limits
 from libs.core.limits import MAX_GPUS
@@ -34,6 +34,7 @@ from services.admission.requests import RequestLog
 from services.admission.servicer import ClusterServicer, JobServicer
 from services.admission.tasklogs import READER, TaskLogReader
 from services.grpc_server import serve_until_cancelled
+from services.metrics_http import MetricsSettings, metrics_server
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import cancel_and_wait, run_service
@@ -70,7 +71,19 @@ class AdmissionSettings(EnvSettings):
 
 async def serve() -> None:
     settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
-    own = AdmissionSettings.from_env()
+    own, metrics = AdmissionSettings.from_env(), MetricsSettings.from_env()
+    serving = asyncio.Event()
+    async with metrics_server("admission", keys, serving.is_set, metrics):
+        await _serve(settings, topics, keys, own, serving)
+
+
+async def _serve(
+    settings: KafkaSettings,
+    topics: Topics,
+    keys: Keys,
+    own: AdmissionSettings,
+    serving: asyncio.Event,
+) -> None:
     bus = KafkaBus(settings)
     producer = EventProducer(bus, client_id="admission")
     token = ServiceToken("svc-admission", keys)
@@ -109,6 +122,7 @@ async def serve() -> None:
                 job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
                 cluster_service_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
             ],
+            serving,
         )
     finally:
         await cancel_and_wait(sweeping)

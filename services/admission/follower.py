@@ -17,7 +17,7 @@ View = Callable[[events_pb2.Envelope], None]
 
 class Follower:
     def __init__(self, bus: Bus, topic: str, views: Sequence[View]) -> None:
-        self._reader = LogReader(bus, topic)
+        self._reader = LogReader(bus, topic, name="admission-follower")
         self._views = tuple(views)
         self._follow: asyncio.Task[None] | None = None
 

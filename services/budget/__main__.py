@@ -3,7 +3,8 @@
 Settings: ``QM_BUDGET_ADDR`` (listen address, default 127.0.0.1:50052),
 ``QM_BUDGET_TREE`` (YAML that seeds an empty log; default
 deploy/local/budget.yaml), ``QM_CLUSTERS`` (comma-separated, default
-``default``), plus the Kafka and auth settings.
+``default``), the metrics settings of ``services.metrics_http``, plus the Kafka and
+auth settings.
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ from pathlib import Path
 from pydantic import Field
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc
 
-from libs.auth import load_keys
-from libs.bus import EventProducer, KafkaBus, KafkaSettings, LogReader, load_topic_config
+from libs.auth import Keys, load_keys
+from libs.bus import (
+    EventProducer,
+    KafkaBus,
+    KafkaSettings,
+    LogReader,
+    Topics,
+    load_topic_config,
+)
 from libs.config.budget import load_budget_tree
 from libs.config.env import Address, EnvSettings, Names
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
 from services.grpc_server import serve_until_cancelled
+from services.metrics_http import MetricsSettings, metrics_server
 from services.policy_file import policy_from_env
 from services.runtime import cancel_and_wait, run_service
 
@@ -36,14 +45,26 @@ class BudgetSettings(EnvSettings):
 
 
 async def serve() -> None:
-    own = BudgetSettings.from_env()
+    own, metrics = BudgetSettings.from_env(), MetricsSettings.from_env()
     settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
+    serving = asyncio.Event()
+    async with metrics_server("budget", keys, serving.is_set, metrics):
+        await _serve(own, settings, topics, keys, serving)
+
+
+async def _serve(
+    own: BudgetSettings,
+    settings: KafkaSettings,
+    topics: Topics,
+    keys: Keys,
+    serving: asyncio.Event,
+) -> None:
     clusters = list(own.clusters)
     book = BudgetBook.for_policy(policy_from_env())
     bus = KafkaBus(settings)
-    reader = LogReader(bus, topics.events.name)
+    reader = LogReader(bus, topics.events.name, name="budget-events")
     # Placement's TaskLost ends a charge no agent will end: the ledger folds those too.
-    decisions = LogReader(bus, topics.decisions.name)
+    decisions = LogReader(bus, topics.decisions.name, name="budget-decisions")
     producer = EventProducer(bus, client_id="budget")
     await reader.start()
     await decisions.start()
@@ -72,6 +93,7 @@ async def serve() -> None:
                     )
                 ],
                 [budget_service_pb2.DESCRIPTOR.services_by_name["BudgetService"].full_name],
+                serving,
             )
         finally:
             await cancel_and_wait(followers)

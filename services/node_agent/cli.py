@@ -10,7 +10,8 @@ agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose ac
 runs each user's tasks and what environment they see: ``libs.config.sandbox``),
 ``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``),
 ``QM_NODE_LOG_*`` and ``QM_TASK_LOG_MAX_BYTES`` (serving task logs to admission:
-``services.node_agent.logserver``; needs ``QM_AUTH_SECRET_FILE``), plus
+``services.node_agent.logserver``), the metrics settings of ``services.metrics_http``,
+the auth keys that check who reads either (without them the agent serves neither), plus
 the ``QM_KAFKA_*``, ``QM_TOPICS`` and ``OTEL_*`` settings read by ``libs``.
 """
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import pynvml
 from qm.v1 import events_pb2, types_pb2
 
-from libs.auth import Keys, load_keys
+from libs.auth import Keys
 from libs.bus import (
     EventConsumer,
     EventProducer,
@@ -44,6 +45,7 @@ from libs.config.document import ConfigError
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
 from services.grpc_server import STOP_GRACE_S
+from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.node_agent import privileges
 from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
@@ -192,8 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         sandbox = Sandbox.from_env()
-        logs = LogSettings.from_env()
-        keys = load_keys() if logs.address is not None else None
+        logs, metrics = LogSettings.from_env(), MetricsSettings.from_env()
+        # Who may read its task logs and metrics (None: no secret here, neither is served).
+        keys = metrics_keys()
         tracing = setup_tracing("node-agent")
     except ConfigError as exc:
         print(f"node-agent: {exc}", file=sys.stderr)
@@ -201,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes, settings, topics, sandbox, logs, keys))
+            asyncio.run(_run(args, nodes, settings, topics, sandbox, logs, keys, metrics))
     finally:
         tracing.shutdown()
     return 0
@@ -222,6 +225,7 @@ async def _run(
     sandbox: Sandbox,
     logs: LogSettings,
     keys: Keys | None,
+    metrics: MetricsSettings,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -239,12 +243,8 @@ async def _run(
         privileges.keep_only(kept)
         logging.getLogger(__name__).info("root: kept only capabilities %s", sorted(kept))
     agent: NodeAgent | None = None
-    serving_logs = (
-        await serve_logs(
-            logs, log_dir, lambda job_id: agent is not None and agent.runs_job(job_id), keys
-        )
-        if keys is not None
-        else None
+    serving_logs = await serve_logs(
+        logs, log_dir, lambda job_id: agent is not None and agent.runs_job(job_id), keys
     )
     bus = KafkaBus(settings)
     async with (
@@ -288,4 +288,6 @@ async def _run(
             # A new agent acts on decisions made from now on, not on the whole history.
             auto_offset_reset="latest",
         )
-        await serve(agent, consumer, stop)
+        ready = lambda: bool(consumer.client.assignment())  # noqa: E731
+        async with metrics_server("node_agent", keys, ready, metrics):
+            await serve(agent, consumer, stop)

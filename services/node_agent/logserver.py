@@ -3,6 +3,7 @@ who may read a job's output; users never call an agent themselves."""
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,6 +20,8 @@ from services.grpc_server import start_server
 from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, log_file_name, read_log
 from services.status import bounded
 
+log = logging.getLogger(__name__)
+
 
 class LogSettings(EnvSettings):
     """``QM_NODE_LOG_ADDR``: where the agent serves its task logs (port 0 picks one;
@@ -34,11 +37,15 @@ class LogSettings(EnvSettings):
 
 
 async def serve_logs(
-    settings: LogSettings, log_dir: Path, active: Callable[[str], bool], keys: Keys
+    settings: LogSettings, log_dir: Path, active: Callable[[str], bool], keys: Keys | None
 ) -> tuple[grpc.aio.Server, str] | None:
     """Serve the task logs in ``log_dir`` (TLS as every service's gRPC); the server and
-    the endpoint admission should use, or None when ``settings`` say to serve none."""
+    the endpoint admission should use, or None when ``settings`` say to serve none or
+    there are no ``keys`` to check admission's token with."""
     if settings.address is None:
+        return None
+    if keys is None:
+        log.warning("no signing secret (QM_AUTH_SECRET_FILE): task logs are not served")
         return None
     servicer = NodeLogServicer(log_dir, active, keys=keys, clients=frozenset(settings.clients))
     name = logs_pb2.DESCRIPTOR.services_by_name["NodeLogService"].full_name

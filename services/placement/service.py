@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from libs.core import PolicyConfig
 from libs.events import DecodeError, decode, event_type
 from libs.events.driver import PartitionSchedulers, step
 from libs.telemetry import replaying
+from libs.telemetry.metrics import DECISION_DELAY_SECONDS, DECISION_SECONDS, DECISIONS
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -51,6 +53,8 @@ class PlacementService:
     schedulers: dict[int, PartitionSchedulers] = field(default_factory=dict)
     # Bumped by every rebalance: a batch decided across one is not committed.
     generation: int = 0
+    # Set once the group has assigned this instance its partitions (maybe none: a standby).
+    ready: bool = False
 
     async def run(self) -> None:
         producer = EventProducer(self.bus, client_id="placement", transactional_id=self.group_id)
@@ -96,25 +100,32 @@ class PlacementService:
         offsets = {tp: await client.position(tp) for tp in client.assignment()}
         if not batch and all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return
+        decided: list[tuple[events_pb2.Envelope, list[events_pb2.Envelope]]] = []
         async with producer.client.transaction():  # an exception aborts it
             acks = []
             for delivery in batch:
                 self._still_owner(generation)
-                acks.extend(await self._decide(producer, delivery))
+                outputs, queued = await self._decide(producer, delivery)
+                acks.extend(queued)
+                decided.append((delivery.envelope, outputs))
                 await asyncio.sleep(0)  # the consumer's heartbeat runs between records
             await asyncio.gather(*acks)
             self._still_owner(generation)
             await producer.client.send_offsets_to_transaction(offsets, self.group_id)
             self._still_owner(generation)
         self._committed.update(offsets)
+        _count(decided, time.time())
 
     def _still_owner(self, generation: int) -> None:
         if self.generation != generation:
             raise Rebalanced
 
-    async def _decide(self, producer: EventProducer, delivery: Delivery) -> list[Any]:
+    async def _decide(
+        self, producer: EventProducer, delivery: Delivery
+    ) -> tuple[list[events_pb2.Envelope], list[Any]]:
         """Decide one record under its consumer span, and queue its outputs inside: each
-        decision's produce span is a child of the record's, in the trace that sent it."""
+        decision's produce span is a child of the record's, in the trace that sent it.
+        Returns the outputs and their acknowledgements."""
         env = delivery.envelope
         with tracer.start_as_current_span(
             f"placement {event_type(env)}",
@@ -125,13 +136,16 @@ class PlacementService:
                 "qm.offset": delivery.offset,
             },
         ):
+            started = time.perf_counter()
+            outputs = self.outputs(delivery)
+            DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
             acks = []
-            for out in self.outputs(delivery):
+            for out in outputs:
                 log.info("%s %s", event_type(out), out.correlation_id)
                 acks.append(
                     await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
                 )
-            return acks
+            return outputs, acks
 
     def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
         """The decisions one input record causes."""
@@ -179,6 +193,18 @@ class PlacementService:
             await reader.stop()
 
 
+def _count(
+    decided: list[tuple[events_pb2.Envelope, list[events_pb2.Envelope]]], now: float
+) -> None:
+    """Count committed decisions by kind, and how long after its input each was made."""
+    for env, outputs in decided:
+        for out in outputs:
+            DECISIONS.labels(event_type(out)).inc()
+        if outputs:
+            delay = max(0.0, now - env.occurred_at.ToMicroseconds() / 1e6)
+            DECISION_DELAY_SECONDS.labels(event_type(env)).observe(delay)
+
+
 class Rebalanced(Exception):
     """The group rebalanced while a batch was decided: its transaction must abort."""
 
@@ -198,3 +224,4 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # State is rebuilt lazily, before a partition's first record is decided.
         self._service.generation += 1
+        self._service.ready = True

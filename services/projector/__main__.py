@@ -10,10 +10,13 @@ from services.runtime import report_config_errors
 report_config_errors("projector")
 # The app reads its settings when imported: after the hook, so a bad one is one line.
 from libs.auth import load_keys  # noqa: E402
+from services.metrics_http import MetricsSettings  # noqa: E402
 from services.projector import access  # noqa: E402
 from services.projector.app import SETTINGS, app  # noqa: E402
 
-access.allow(load_keys(), frozenset(SETTINGS.clients))
+access.allow(
+    load_keys(), frozenset(SETTINGS.clients), frozenset(MetricsSettings.from_env().clients)
+)
 
 worker = faust.Worker(app, loglevel=SETTINGS.log_level, quiet=True)
 # faust's terminal spinner turns the root logger to DEBUG so that every record

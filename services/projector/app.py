@@ -68,6 +68,7 @@ app = faust.App(
         "services.projector.nodes",
         "services.projector.usage",
         "services.projector.health",
+        "services.projector.metrics",
     ],
     origin="services.projector.app",
     topic_partitions=TOPICS.events.partitions,

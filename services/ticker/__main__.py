@@ -1,7 +1,8 @@
 """``python -m services.ticker``: append clock ticks to the events topic.
 
 Settings: ``QM_CLUSTERS`` (comma-separated, default ``default``),
-``QM_TICK_SECONDS`` (default 1.0), plus the Kafka and topic settings.
+``QM_TICK_SECONDS`` (default 1.0), the metrics settings of ``services.metrics_http``
+(and the auth keys that check who reads them), plus the Kafka and topic settings.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import logging
 
 from pydantic import Field
 
+from libs.auth import Keys
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, load_topic_config
 from libs.config.env import EnvSettings, Names
+from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.runtime import configure_logging, run_until_signalled
 from services.ticker.service import PRODUCER, run
 
@@ -24,15 +27,24 @@ class TickerSettings(EnvSettings):
     tick_seconds: float = Field(1.0, gt=0, alias="QM_TICK_SECONDS")
 
 
-async def serve(settings: TickerSettings, kafka: KafkaSettings, topic: str) -> None:
+async def serve(
+    settings: TickerSettings,
+    kafka: KafkaSettings,
+    topic: str,
+    keys: Keys | None,
+    metrics: MetricsSettings,
+) -> None:
     producer = EventProducer(KafkaBus(kafka), client_id=PRODUCER)
-    await producer.start()
-    try:
-        clusters, interval = list(settings.clusters), settings.tick_seconds
-        log.info("ticking every %gs for %s", interval, ", ".join(clusters))
-        await run(producer, topic, clusters, interval)
-    finally:
-        await producer.stop()
+    started = asyncio.Event()
+    async with metrics_server("ticker", keys, started.is_set, metrics):
+        await producer.start()
+        started.set()
+        try:
+            clusters, interval = list(settings.clusters), settings.tick_seconds
+            log.info("ticking every %gs for %s", interval, ", ".join(clusters))
+            await run(producer, topic, clusters, interval)
+        finally:
+            await producer.stop()
 
 
 def main() -> None:
@@ -42,7 +54,8 @@ def main() -> None:
         KafkaSettings.from_env(),
         load_topic_config(),
     )
-    asyncio.run(run_until_signalled(serve(settings, kafka, topics.events.name)))
+    keys, metrics = metrics_keys(), MetricsSettings.from_env()
+    asyncio.run(run_until_signalled(serve(settings, kafka, topics.events.name, keys, metrics)))
 
 
 if __name__ == "__main__":

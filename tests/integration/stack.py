@@ -88,6 +88,7 @@ class Stack:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # by service, see start()
     # Every principal's password (deploy/local/kafka.sh and `python -m libs.bus` make them).
     users_dir: Path = field(
         default_factory=lambda: Path(
@@ -146,6 +147,8 @@ class Stack:
             "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
             "QM_PLACEMENT_GROUP": f"qm-placement-t{self.run_id}",
             "QM_POLICY_FILE": str(self.workdir / "policy.yaml"),
+            # Any free port: several of a kind may run at once (start() picks one to know).
+            "QM_METRICS_PORT": "0",
             "OTEL_TRACES_EXPORTER": "console",
             "PYTHONUNBUFFERED": "1",
         }
@@ -172,11 +175,14 @@ class Stack:
         return KafkaSettings.from_env({**self.env, **self.principal_env(principal)})
 
     def start(self, name: str, *args: str) -> None:
+        """Start ``services.<name>``; its /metrics, /healthz and /readyz are on
+        ``metrics_ports[name]``."""
         log = (self.logs / f"{name}.log").open("ab")
+        self.metrics_ports[name] = free_port()
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
             cwd=ROOT,
-            env=self.service_env(name),
+            env={**self.service_env(name), "QM_METRICS_PORT": str(self.metrics_ports[name])},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -36,8 +36,8 @@ async def fold_events() -> None:
     lost with its node, whose end no agent reports; and for the knobs placement
     announces, which must be the ledger's.
     """
-    reader = LogReader(BUS, TOPICS.events.name)
-    decisions = LogReader(BUS, TOPICS.decisions.name)
+    reader = LogReader(BUS, TOPICS.events.name, name="projector-usage-events")
+    decisions = LogReader(BUS, TOPICS.decisions.name, name="projector-usage-decisions")
     await reader.start()
     await decisions.start()
     try:

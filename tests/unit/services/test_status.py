@@ -1,4 +1,5 @@
-"""What escapes a servicer reaches the caller as a status it can act on, never UNKNOWN."""
+"""What escapes a servicer reaches the caller as a status it can act on, never UNKNOWN;
+and that status is the one counted."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 from qm.v1 import job_service_pb2, job_service_pb2_grpc, types_pb2
 
 from services.grpc_server import start_server
@@ -80,3 +82,29 @@ async def test_a_stream_that_fails_midway_ends_unavailable(
         async for job in stub.WatchJob(job_service_pb2.WatchJobRequest(job_id="j-1")):
             received.append(job.job_id)
     assert received == ["j-1"] and caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def calls(method: str, code: str) -> float:
+    labels = {"method": f"/{SERVICE}/{method}", "code": code}
+    return REGISTRY.get_sample_value("qm_grpc_requests_total", labels) or 0.0
+
+
+async def test_each_call_is_counted_with_the_status_its_caller_got(
+    stub: job_service_pb2_grpc.JobServiceStub,
+) -> None:
+    counted = [
+        ("GetJob", "UNAVAILABLE"),
+        ("GetJob", "INTERNAL"),
+        ("CancelJob", "NOT_FOUND"),
+        ("WatchJob", "UNAVAILABLE"),
+    ]
+    before = [calls(*key) for key in counted]
+    for job_id in ("broker", "bug"):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.GetJob(job_service_pb2.GetJobRequest(job_id=job_id))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.CancelJob(job_service_pb2.CancelJobRequest(job_id="j-1"))
+    with pytest.raises(grpc.aio.AioRpcError):
+        async for _ in stub.WatchJob(job_service_pb2.WatchJobRequest(job_id="j-1")):
+            pass
+    assert [calls(*key) - b for key, b in zip(counted, before, strict=True)] == [1.0] * 4

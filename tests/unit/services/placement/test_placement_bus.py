@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
+from prometheus_client import REGISTRY
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import EventProducer, load_topic_config
@@ -58,6 +59,16 @@ def placed(bus: MemoryBus) -> Counter[str]:
 def caught_up(bus: MemoryBus) -> Callable[[], bool]:
     """Placement has committed every input written so far."""
     return lambda: bus.committed(GROUP).get(INPUT) == len(bus.records(EVENTS))
+
+
+def decisions_counted(kind: str) -> float:
+    return REGISTRY.get_sample_value("qm_decisions_total", {"kind": kind}) or 0.0
+
+
+def decision_delays() -> float:
+    """Admissions whose decisions were committed (each observes one delay)."""
+    labels = {"input": "job_admitted"}
+    return REGISTRY.get_sample_value("qm_decision_delay_seconds_count", labels) or 0.0
 
 
 Service = TypeVar("Service", bound=PlacementService)
@@ -127,6 +138,7 @@ async def test_a_restarted_placement_rebuilds_its_state_and_decides_only_new_inp
 async def test_a_batch_decided_across_a_rebalance_is_aborted_and_decided_again_once() -> None:
     bus = MemoryBus.for_topics(TOPICS)
     await write(bus, node(), *(job(i) for i in range(6)))
+    counted, delays = decisions_counted("task_placed"), decision_delays()
     async with running(GatedPlacement(bus, TOPICS, group_id=GROUP, pause_at="j-3")) as service:
         await asyncio.wait_for(service.paused.wait(), 5)
         intruder = bus.consumer(group_id=GROUP)
@@ -139,3 +151,6 @@ async def test_a_batch_decided_across_a_rebalance_is_aborted_and_decided_again_o
         await intruder.stop()  # the partitions come back; decided again from offset 0
         await bus.until(caught_up(bus))
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
+    # Counted once committed: the aborted batch's decisions are not.
+    assert decisions_counted("task_placed") - counted == 6
+    assert decision_delays() - delays == 6

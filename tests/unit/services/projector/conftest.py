@@ -43,7 +43,7 @@ def projector() -> Iterator[faust.App]:
 @pytest.fixture
 async def client(projector: faust.App) -> AsyncIterator[ProjectorClient]:
     """A client of the app's views, served over HTTP."""
-    access.allow(KEYS, frozenset({"svc-admission"}))
+    access.allow(KEYS, frozenset({"svc-admission"}), frozenset({"svc-prometheus"}))
     server = TestServer(cast(AiohttpWeb, projector.web).web_app)
     await server.start_server()
     token = ServiceToken("svc-admission", KEYS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 import faust
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from qm.v1 import events_pb2, job_service_pb2, types_pb2
 
 from libs.auth import issue_token
@@ -13,8 +14,10 @@ from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import PROTOBUF
 from services.projector.jobs.agents import project_jobs
 from services.projector.nodes.agents import project_nodes
+from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
+    admitted,
     finished,
     placed,
     registered,
@@ -132,3 +135,36 @@ async def test_only_known_services_read_the_views(
                 assert response.status == status and says in await response.text(), path
         async with http.get(f"{client.base_url}/ready") as response:
             assert response.status in (200, 503)
+
+
+async def test_metrics_say_what_the_views_say(client: ProjectorClient) -> None:
+    """GPUs by state and waiting jobs per allocation, as the node and job views have them;
+    for a metrics client's token only."""
+    await feed_nodes(registered("n1", gpus=4), placed("busy", "n1", [0, 1]))
+    await feed_jobs(
+        submitted("busy", s=spec("team-a", gpus=2)),
+        placed("busy", "n1", [0, 1]),
+        submitted("waits", s=spec("team-b", gpus=3)),
+        admitted("waits", s=spec("team-b", gpus=3)),
+    )
+    usage.rebuilt.set()
+    url = f"{client.base_url}/metrics"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers=auth("svc-admission")) as response:
+            assert response.status == 403
+        async with http.get(url, headers=auth("svc-prometheus")) as response:
+            assert response.status == 200
+            text = await response.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    gpus = {
+        state: samples[("qm_gpus", (("cluster", "default"), ("state", state)))]
+        for state in ("busy", "idle", "free", "lost")
+    }
+    assert gpus == {"busy": 2, "idle": 0, "free": 2, "lost": 0}
+    waiting = (("allocation", "team-b"), ("cluster", "default"))
+    assert samples[("qm_waiting_jobs", waiting)] == 1
+    assert samples[("qm_allocation_demand_gpus", waiting)] == 3

@@ -1,0 +1,105 @@
+"""Every service's /healthz, /readyz (open) and /metrics (a metrics client's token only),
+served for real on a free port."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from libs.auth import Keys, issue_token
+from libs.config.document import ConfigError
+from libs.telemetry.metrics import DECISIONS
+from services.metrics_http import DEFAULT_PORTS, MetricsSettings, metrics_keys, metrics_server
+
+KEYS = Keys((b"metrics-test-key-" * 2,))
+OTHER = Keys((b"another-installation-" * 2,))
+SETTINGS = MetricsSettings.from_env({"QM_METRICS_PORT": "0"})
+
+
+def bearer(user: str, keys: Keys = KEYS) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(user, keys)}"}
+
+
+async def test_probes_are_open_and_ready_follows_the_service() -> None:
+    ready = False
+    async with (
+        metrics_server("placement", KEYS, lambda: ready, SETTINGS) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+    ):
+        async with http.get("/healthz") as response:
+            assert response.status == 200
+        async with http.get("/readyz") as response:
+            assert response.status == 503
+        ready = True
+        async with http.get("/readyz") as response:
+            assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "says"),
+    [
+        ({}, 401, "missing 'Authorization: Bearer <token>'"),
+        ({"Authorization": "Bearer junk"}, 401, "malformed token"),
+        (bearer("svc-prometheus", OTHER), 401, "does not know"),
+        (bearer("alice"), 403, "alice may not read metrics"),
+        (bearer("svc-admission"), 403, "svc-admission may not read metrics"),
+    ],
+)
+async def test_metrics_want_a_metrics_clients_token(
+    headers: dict[str, str], status: int, says: str
+) -> None:
+    async with (
+        metrics_server("budget", KEYS, lambda: True, SETTINGS) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+        http.get("/metrics", headers=headers) as response,
+    ):
+        assert response.status == status
+        assert says in await response.text()
+
+
+async def test_metrics_are_prometheus_text_for_the_metrics_client() -> None:
+    DECISIONS.labels("task_placed").inc()
+    settings = MetricsSettings.from_env({"QM_METRICS_PORT": "0", "QM_METRICS_CLIENTS": "scraper"})
+    async with (
+        metrics_server("admission", KEYS, lambda: True, settings) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+        http.get("/metrics", headers=bearer("scraper")) as response,
+    ):
+        assert response.status == 200
+        assert response.content_type == "text/plain"
+        families = {f.name: f for f in text_string_to_metric_families(await response.text())}
+    placed = [s for s in families["qm_decisions"].samples if s.labels == {"kind": "task_placed"}]
+    assert placed and placed[0].value >= 1
+    assert {"qm_consumer_lag_records", "qm_decision_seconds", "qm_gpus"} <= families.keys()
+
+
+def test_each_service_has_its_own_default_port() -> None:
+    assert len(set(DEFAULT_PORTS.values())) == len(DEFAULT_PORTS)
+    assert MetricsSettings.from_env({}).port is None
+
+
+async def test_without_a_signing_secret_metrics_are_closed_and_probes_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Placement, the ticker and node agents need the key for /metrics only: a node may
+    run without it, and nobody reads its metrics."""
+    for name in ("QM_AUTH_SECRET", "QM_AUTH_SECRET_FILE", "QM_OIDC_JWKS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    keys = metrics_keys()
+    assert keys is None
+    async with (
+        metrics_server("node_agent", keys, lambda: True, SETTINGS) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+    ):
+        async with http.get("/metrics", headers=bearer("svc-prometheus")) as response:
+            assert response.status == 503
+        async with http.get("/readyz") as response:
+            assert response.status == 200
+
+
+def test_a_weak_signing_secret_still_stops_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QM_AUTH_INSECURE_DEV", raising=False)
+    monkeypatch.setenv("QM_AUTH_SECRET", "short")
+    with pytest.raises(ConfigError, match="fewer than 32"):
+        metrics_keys()
