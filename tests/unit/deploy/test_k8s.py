@@ -168,3 +168,113 @@ def test_production_keeps_a_quorum_and_local_one_copy_of_each_topic() -> None:
         t["metadata"]["name"]: {**t, "metadata": {**t["metadata"], "namespace": "quartermaster"}}
         for t in kafka_topics(topics)
     }
+
+
+# NetworkPolicy semantics, enough for the policies here: an endpoint is its namespace's
+# labels and its pod's labels; a flow passes if the source's egress and the
+# destination's ingress both allow it (every pod is selected by default-deny).
+Endpoint = tuple[dict[str, str], dict[str, str]]
+HOME = {"kubernetes.io/metadata.name": "quartermaster"}
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression  # the only one used here
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def peer_matches(peer: dict[str, Any], endpoint: Endpoint) -> bool:
+    namespace, pod = endpoint
+    if "namespaceSelector" in peer:
+        in_namespace = selects(peer["namespaceSelector"], namespace)
+    else:
+        in_namespace = namespace == HOME
+    return in_namespace and selects(peer.get("podSelector", {}), pod)
+
+
+def port_matches(rule: dict[str, Any], port: int) -> bool:
+    ports = rule.get("ports")
+    return not ports or any(p["port"] <= port <= p.get("endPort", p["port"]) for p in ports)
+
+
+def allows(policies: list[dict[str, Any]], side: str, here: Endpoint, there: Endpoint,
+           port: int) -> bool:  # fmt: skip
+    """Whether policies selecting ``here`` let it talk to ``there`` (side: egress/ingress)."""
+    key, peers = ("egress", "to") if side == "egress" else ("ingress", "from")
+    if here[0] != HOME:  # a pod elsewhere: not ours to police
+        return True
+    return any(
+        port_matches(rule, port)
+        and (peers not in rule or any(peer_matches(p, there) for p in rule[peers]))
+        for policy in policies
+        if key.capitalize() in policy["spec"]["policyTypes"]
+        and selects(policy["spec"]["podSelector"], here[1])
+        for rule in policy["spec"].get(key, [])
+    )
+
+
+def flows(overlay: str) -> Any:
+    """Whether a flow between two named endpoints passes, in an overlay."""
+    policies = list(of_kind(overlay, "NetworkPolicy").values())
+    # What Strimzi makes of the listeners' networkPolicyPeers: the brokers' ingress.
+    listeners = of_kind(overlay, "Kafka")["qm-kafka"]["spec"]["kafka"]["listeners"]
+    brokers = {"matchLabels": {"strimzi.io/cluster": "qm-kafka"}}
+    ingress = [{"from": lis["networkPolicyPeers"], "ports": [{"port": lis["port"]}]}
+               for lis in listeners]  # fmt: skip
+    policies.append(
+        {"spec": {"podSelector": brokers, "policyTypes": ["Ingress"], "ingress": ingress}}
+    )
+    pods = {name: (HOME, w["spec"]["template"]["metadata"]["labels"])
+            for name, w in workloads(overlay).items()}  # fmt: skip
+    pods["broker"] = (HOME, {"strimzi.io/cluster": "qm-kafka", "strimzi.io/broker-role": "true"})
+    pods["dns"] = ({"kubernetes.io/metadata.name": "kube-system"}, {"k8s-app": "kube-dns"})
+    pods["prometheus"] = ({"quartermaster.io/prometheus": "true"}, {"app": "prometheus"})
+    pods["laptop"] = ({"kubernetes.io/metadata.name": "elsewhere"}, {})
+
+    def allowed(source: str, destination: str, port: int) -> bool:
+        src, dst = pods[source], pods[destination]
+        return allows(policies, "egress", src, dst, port) and allows(
+            policies, "ingress", dst, src, port
+        )
+
+    return allowed
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_network_policies_allow_exactly_the_flows_that_exist(overlay: str) -> None:
+    allowed = flows(overlay)
+    services = list(HTTP)
+    # Every pod resolves names; every Kafka client reaches the brokers' TLS listener.
+    assert all(allowed(name, "dns", 53) for name in services)
+    for name in services:
+        assert allowed(name, "broker", 9093) == (name != "console"), name
+    # The plain SCRAM listener only where the overlay keeps it (local).
+    assert allowed("ticker", "broker", 9092) == (overlay == "local")
+    assert not allowed("laptop", "broker", 9093)
+    # The calls between services, and no others.
+    calls = {
+        ("admission", "budget", 50052),
+        ("admission", "projector", 6066),
+        ("console", "projector", 6066),
+        ("console", "admission", 50051),
+    }
+    for source in services:
+        if source == "node-agent":  # its tasks' traffic: see node-agent-tasks
+            continue
+        for destination, port in [("admission", 50051), ("budget", 50052), ("projector", 6066),
+                                  ("console", 8080)]:  # fmt: skip
+            if destination != source:
+                expected = (source, destination, port) in calls
+                assert allowed(source, destination, port) == expected, (source, destination)
+    # Clients reach the three front doors and nothing else; Prometheus the metrics.
+    assert [allowed("laptop", d, p) for d, p in
+            [("admission", 50051), ("budget", 50052), ("console", 8080)]] == [True] * 3  # fmt: skip
+    assert not allowed("laptop", "projector", 6066)
+    assert not allowed("laptop", "placement", 9462)
+    port = {name: HTTP[name][0] for name in services}
+    assert all(allowed("prometheus", name, port[name]) for name in services if name != "console")
+    assert not allowed("prometheus", "broker", 9093)
