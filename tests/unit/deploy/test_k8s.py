@@ -20,6 +20,9 @@ K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
 sys.path.insert(0, str(K8S))
 from manifests import OVERLAYS, check, problems  # noqa: E402
 
+# Whichever test runs first builds kustomize (minutes, on a fresh machine).
+pytestmark = pytest.mark.timeout(900)
+
 # The HTTP contract of every service: (port, liveness path, readiness path).
 HTTP = {
     "admission": (9460, "/healthz", "/readyz"),
@@ -50,7 +53,6 @@ def port_number(container: dict[str, Any], port: int | str) -> int:
     return named[port] if isinstance(port, str) else port
 
 
-@pytest.mark.timeout(900)  # the first run builds kustomize
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_overlay_renders_and_every_resource_is_valid(overlay: str) -> None:
     resources, found = rendered(overlay)
@@ -60,7 +62,6 @@ def test_the_overlay_renders_and_every_resource_is_valid(overlay: str) -> None:
     assert set(workloads(overlay)) == set(HTTP)
 
 
-@pytest.mark.timeout(900)
 def test_validation_catches_a_misspelt_field_of_either_kind() -> None:
     deployment = of_kind("production", "Deployment")["admission"]
     broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
@@ -70,7 +71,6 @@ def test_validation_catches_a_misspelt_field_of_either_kind() -> None:
     assert any("'partition' was unexpected" in p for p in problems(broken))
 
 
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_service_has_its_probes_account_and_locked_down_pod(overlay: str) -> None:
     accounts = of_kind(overlay, "ServiceAccount")
