@@ -62,7 +62,7 @@ def _topic(name: str, spec: TopicSpec) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "KafkaTopic",
-        "metadata": {"name": name, "labels": _LABELS},
+        "metadata": {"name": name, "labels": dict(_LABELS)},
         "spec": {
             "topicName": spec.name,
             "partitions": spec.partitions,
@@ -76,7 +76,7 @@ def _user(name: str, acls: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "KafkaUser",
-        "metadata": {"name": name, "labels": _LABELS},
+        "metadata": {"name": name, "labels": dict(_LABELS)},
         "spec": {
             "authentication": {"type": "scram-sha-512"},
             "authorization": {"type": "simple", "acls": acls},
@@ -92,13 +92,7 @@ def render(topics: Topics) -> str:
         "# password in a Secret named after the user (key `password`).\n"
     )
     documents = kafka_topics(topics) + kafka_users(topics)
-    # No anchors: every resource spells out its labels.
-    return header + yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False)
-
-
-class _PlainDumper(yaml.SafeDumper):
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    return header + yaml.safe_dump_all(documents, sort_keys=False)
 
 
 if __name__ == "__main__":
