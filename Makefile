@@ -21,7 +21,8 @@ CHAOS_BUDGET ?= 600
 CHAOS_PORT_BASE ?= 29400
 CHAOS_ARGS ?=
 
-.PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean
+.PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean \
+  k8s-validate
 
 install: $(STAMP) $(GEN_STAMP)
 
@@ -72,6 +73,12 @@ chaos: install
 	timeout --signal=TERM --kill-after=60 $$(( $(CHAOS_BUDGET) + 240 )) \
 	  $(PY) -m tests.chaos --budget $(CHAOS_BUDGET) --port-base $(CHAOS_PORT_BASE) $(CHAOS_ARGS); \
 	status=$$?; $(PY) -m tests.chaos --cleanup; exit $$status
+
+# Renders both Kubernetes overlays with the pinned kustomize (built with Go into
+# .local/bin on first use) and validates every resource offline: the Kubernetes API's
+# schemas and Strimzi's (deploy/k8s/schemas). tests/unit/deploy/test_k8s.py runs it too.
+k8s-validate: install
+	$(PY) deploy/k8s/manifests.py
 
 test-unit: install
 	$(PY) -m pytest -q -m 'not kafka'

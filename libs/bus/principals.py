@@ -2,7 +2,8 @@
 a file only its owner reads, and the grants of ``libs.bus.access`` as ACLs.
 
 Run as the broker's superuser by ``python -m libs.bus`` (the local stack and the tests);
-in Kubernetes the Strimzi operator does the same from ``deploy/k8s/kafka-users.yaml``.
+in Kubernetes the Strimzi operator does the same from
+``deploy/k8s/base/kafka/topics-and-users.yaml``.
 Idempotent: passwords already in the folder are kept, existing ACLs are left as they are.
 """
 

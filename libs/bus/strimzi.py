@@ -1,13 +1,17 @@
-"""The bus's principals as Strimzi ``KafkaUser`` resources, for Kubernetes.
+"""The bus's topics and principals as Strimzi resources, for Kubernetes.
 
-``python -m libs.bus.strimzi deploy/k8s/config/topics.yaml > deploy/k8s/kafka-users.yaml``
+    python -m libs.bus.strimzi deploy/k8s/base/config/topics.yaml \
+        > deploy/k8s/base/kafka/topics-and-users.yaml
+
 writes them; a test keeps the committed file equal to this output, so the cluster's
-ACLs are the ones ``libs.bus.access`` grants locally. Strimzi's User Operator makes a
-SCRAM-SHA-512 user per resource and puts its password in a Secret of the same name.
+topics are the topics file's and its ACLs the ones ``libs.bus.access`` grants locally.
+Strimzi's Topic Operator creates a topic per ``KafkaTopic``; its User Operator makes a
+SCRAM-SHA-512 user per ``KafkaUser`` and puts its password in a Secret of the same name.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from itertools import groupby
 from pathlib import Path
@@ -16,49 +20,63 @@ from typing import Any
 import yaml
 
 from libs.bus.access import PRINCIPALS, grants
-from libs.bus.topics import Topics, load_topic_config
+from libs.bus.topics import Topics, TopicSpec, load_topic_config
 
-# The Strimzi Kafka resource the users belong to (label strimzi.io/cluster).
+# The Strimzi Kafka resource the topics and users belong to (label strimzi.io/cluster).
 CLUSTER = "qm-kafka"
-# Creates the topics (deploy/k8s/topics-job.yaml); no service runs as it.
-TOPICS_USER = "qm-topics"
+# Strimzi 1.x serves only v1 (deploy/k8s/schemas holds its schemas).
+API_VERSION = "kafka.strimzi.io/v1"
+_LABELS = {"strimzi.io/cluster": CLUSTER, "app.kubernetes.io/part-of": "quartermaster"}
+
+
+def kafka_topics(topics: Topics) -> list[dict[str, Any]]:
+    """One ``KafkaTopic`` per topic of the file. A resource name is a DNS name, which a
+    topic name need not be ("_", capitals), so ``topicName`` carries the real one."""
+    names = [_resource_name(spec.name) for spec in topics.all()]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two topics map to one KafkaTopic name: {sorted(names)}")
+    return [_topic(name, spec) for name, spec in zip(names, topics.all(), strict=True)]
 
 
 def kafka_users(topics: Topics) -> list[dict[str, Any]]:
-    """One ``KafkaUser`` per principal, plus the topics Job's, in a stable order."""
-    rules = grants(topics)
+    """One ``KafkaUser`` per principal, in a stable order."""
     acls: dict[str, list[dict[str, Any]]] = {p.name: [] for p in PRINCIPALS}
-    acls[TOPICS_USER] = [
-        _acl({"type": "topic", "name": spec.name, "pattern": "literal",
-              "operations": ["Create", "Describe", "DescribeConfigs"]})
-        for spec in topics.all()
-    ]  # fmt: skip
     for (principal, resource, name, pattern), same in groupby(
-        rules, key=lambda g: (g.principal, g.resource, g.name, g.pattern)
+        grants(topics), key=lambda g: (g.principal, g.resource, g.name, g.pattern)
     ):
         acls[principal].append(
-            _acl({"type": resource, "name": name, "pattern": pattern,
-                  "operations": sorted(g.operation for g in same)})
-        )  # fmt: skip
+            {
+                "resource": {"type": resource, "name": name, "patternType": pattern},
+                "operations": sorted(g.operation for g in same),
+                "host": "*",
+            }
+        )
     return [_user(name, entries) for name, entries in acls.items()]
 
 
-def _acl(rule: dict[str, Any]) -> dict[str, Any]:
+def _resource_name(topic: str) -> str:
+    return re.sub(r"[^a-z0-9.-]", "-", topic.lower())
+
+
+def _topic(name: str, spec: TopicSpec) -> dict[str, Any]:
     return {
-        "resource": {"type": rule["type"], "name": rule["name"], "patternType": rule["pattern"]},
-        "operations": rule["operations"],
-        "host": "*",
+        "apiVersion": API_VERSION,
+        "kind": "KafkaTopic",
+        "metadata": {"name": name, "labels": dict(_LABELS)},
+        "spec": {
+            "topicName": spec.name,
+            "partitions": spec.partitions,
+            "replicas": spec.replication_factor,
+            "config": spec.configs(),
+        },
     }
 
 
 def _user(name: str, acls: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "apiVersion": "kafka.strimzi.io/v1beta2",
+        "apiVersion": API_VERSION,
         "kind": "KafkaUser",
-        "metadata": {
-            "name": name,
-            "labels": {"strimzi.io/cluster": CLUSTER, "app.kubernetes.io/part-of": "quartermaster"},
-        },
+        "metadata": {"name": name, "labels": dict(_LABELS)},
         "spec": {
             "authentication": {"type": "scram-sha-512"},
             "authorization": {"type": "simple", "acls": acls},
@@ -68,11 +86,13 @@ def _user(name: str, acls: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(topics: Topics) -> str:
     header = (
-        "# Generated by `python -m libs.bus.strimzi deploy/k8s/config/topics.yaml`: do not\n"
-        "# edit. One Strimzi KafkaUser per service (libs/bus/access.py), SCRAM-SHA-512;\n"
-        "# the User Operator keeps each password in a Secret named after the user.\n"
+        "# Generated by `python -m libs.bus.strimzi deploy/k8s/base/config/topics.yaml`: do\n"
+        "# not edit. One Strimzi KafkaTopic per topic of the file and one KafkaUser per\n"
+        "# service (libs/bus/access.py), SCRAM-SHA-512; the User Operator keeps each\n"
+        "# password in a Secret named after the user (key `password`).\n"
     )
-    return header + yaml.safe_dump_all(kafka_users(topics), sort_keys=False)
+    documents = kafka_topics(topics) + kafka_users(topics)
+    return header + yaml.safe_dump_all(documents, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_a_bad_inventory_is_one_line(tmp_path: Path) -> None:
 def test_the_shipped_placeholder_signing_secret_stops_a_service(
     service: str, tmp_path: Path
 ) -> None:
-    kustomization = (REPO / "deploy" / "k8s" / "kustomization.yaml").read_text()
+    kustomization = (REPO / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text()
     placeholder = kustomization.split("- secret=", 1)[1].split()[0]
     line = one_line(start(service, tmp_path, QM_AUTH_SECRET=placeholder))
     assert line.startswith(f"{service}: environment: signing secret 1 looks like a placeholder")

@@ -3,18 +3,20 @@ Kubernetes manifests declare exactly the grants the local broker enforces."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 
 from libs.bus.access import PRINCIPALS, Grant, grants
-from libs.bus.strimzi import render
+from libs.bus.strimzi import kafka_topics, render
 from libs.bus.topics import load_topic_config
 
 ROOT = Path(__file__).resolve().parents[4]
 TOPICS = load_topic_config(ROOT / "deploy" / "topics.yaml")
-K8S = ROOT / "deploy" / "k8s"
+K8S = ROOT / "deploy" / "k8s" / "base"
 
 
 def allowed(who: str, operation: str, topic: str) -> bool:
@@ -54,29 +56,32 @@ def test_grants_follow_the_topic_names_of_the_file(tmp_path: Path) -> None:
     assert not [g for g in grants(renamed) if g.name == TOPICS.decisions.name]
 
 
-def test_the_kubernetes_users_are_the_generated_ones() -> None:
+def test_the_kubernetes_topics_and_users_are_the_generated_ones() -> None:
     expected = render(load_topic_config(K8S / "config" / "topics.yaml"))
-    assert (K8S / "kafka-users.yaml").read_text() == expected, (
-        "regenerate: python -m libs.bus.strimzi deploy/k8s/config/topics.yaml "
-        "> deploy/k8s/kafka-users.yaml"
+    assert (K8S / "kafka" / "topics-and-users.yaml").read_text() == expected, (
+        "regenerate: python -m libs.bus.strimzi deploy/k8s/base/config/topics.yaml "
+        "> deploy/k8s/base/kafka/topics-and-users.yaml"
     )
 
 
-def test_every_service_manifest_logs_in_as_a_declared_user() -> None:
-    declared = yaml.safe_load_all((K8S / "kafka-users.yaml").read_text())
-    users = {doc["metadata"]["name"] for doc in declared}
-    seen = set()
-    for path in K8S.glob("*.yaml"):
-        for doc in yaml.safe_load_all(path.read_text()):
-            spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
-            volumes = spec.get("volumes", [])
-            for container in spec.get("containers", []):
-                if container["command"][:2] != ["python", "-m"]:
-                    continue
-                env = {e["name"]: e.get("value") for e in container.get("env", [])}
-                user = env["QM_KAFKA_SASL_USERNAME"]
-                secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in volumes}
-                assert user in users and secrets["kafka-user"] == user, path.name
-                assert "QM_KAFKA_SASL_PASSWORD" not in env, path.name
-                seen.add(user)
-    assert seen == users - {"auditor"}  # people run `qm audit verify`, not a pod
+def test_every_topic_is_a_kafka_topic_with_a_dns_name_and_its_settings() -> None:
+    resources = {r["spec"]["topicName"]: r for r in kafka_topics(TOPICS)}
+    assert set(resources) == {spec.name for spec in TOPICS.all()}
+    for spec in TOPICS.all():
+        resource = resources[spec.name]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", resource["metadata"]["name"])
+        assert resource["spec"] == {
+            "topicName": spec.name,
+            "partitions": spec.partitions,
+            "replicas": spec.replication_factor,
+            "config": spec.configs(),
+        }
+    assert resources[TOPICS.jobs_view.name]["spec"]["config"] == {"cleanup.policy": "compact"}
+
+
+def test_two_topics_of_one_kafka_topic_name_are_refused(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "topics.yaml").read_text())
+    config["topics"]["decisions"]["name"] = "QM.Events"
+    (tmp_path / "topics.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="one KafkaTopic name"):
+        kafka_topics(load_topic_config(tmp_path / "topics.yaml"))

@@ -29,11 +29,11 @@ DEPLOY = REPO / "deploy"
 FILES: dict[type[BaseModel], list[Path]] = {
     BudgetNodeEntry: [
         DEPLOY / "local" / "budget.yaml",
-        DEPLOY / "k8s" / "config" / "budget.yaml",
+        DEPLOY / "k8s" / "base" / "config" / "budget.yaml",
         DEPLOY / "sim" / "budget-tree.yaml",
     ],
     ScenarioFile: [DEPLOY / "sim" / f"{name}.yaml" for name in TRACES],
-    TopicsFile: [DEPLOY / "topics.yaml", DEPLOY / "k8s" / "config" / "topics.yaml"],
+    TopicsFile: [DEPLOY / "topics.yaml", DEPLOY / "k8s" / "base" / "config" / "topics.yaml"],
     InventoryFile: [DEPLOY / "local" / "nodes.yaml"],
     SandboxFile: [DEPLOY / "local" / "sandbox.yaml"],
     WorkflowFile: [DEPLOY / "examples" / "workflow-translation.yaml"],
@@ -52,7 +52,10 @@ def test_the_shipped_files_give_what_they_say() -> None:
         "vision-detection"
     ]
     assert (
-        load_topic_config(DEPLOY / "k8s" / "config" / "topics.yaml").events.replication_factor == 3
+        load_topic_config(
+            DEPLOY / "k8s" / "base" / "config" / "topics.yaml"
+        ).events.replication_factor
+        == 3
     )
     philly = load_scenario(DEPLOY / "sim" / "philly.yaml")
     assert (philly.skip_head, philly.cluster and philly.cluster.nodes) == (1000, 48)
