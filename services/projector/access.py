@@ -2,8 +2,8 @@
 command and environment, which users may see only through admission's checks.
 
 Every path but ``/ready`` and ``/config`` (probes) wants ``Authorization: Bearer`` with a
-token of a client named in ``QM_PROJECTOR_CLIENTS`` (default ``svc-admission``), signed
-with the installation's keys; until ``allow`` is called, every such request is refused.
+token of a client named in ``QM_PROJECTOR_CLIENTS`` (default ``svc-admission,svc-console``),
+signed with the installation's keys; until ``allow`` is called, every such request is refused.
 """
 
 from __future__ import annotations
