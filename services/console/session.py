@@ -46,8 +46,12 @@ def check_token(token: str, keys: Keys) -> str:
 
 
 def same_origin(request: web.Request) -> bool:
-    """Whether a POST comes from a page of this console (browsers send ``Origin``)."""
-    return request.headers.get("Origin") == f"{request.scheme}://{request.host}"
+    """Whether a POST comes from a page of this console: browsers send ``Origin`` with
+    every POST, and ``Sec-Fetch-Site`` where they support it."""
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        return origin == f"{request.scheme}://{request.host}"
+    return request.headers.get("Sec-Fetch-Site") == "same-origin"
 
 
 def keep(response: web.StreamResponse, token: str, *, secure: bool) -> None:

@@ -86,7 +86,7 @@ async def _signed_in(request: web.Request, handler: Handler) -> web.StreamRespon
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Referrer-Policy"] = "same-origin"  # no-referrer would send Origin: null
     if not request.path.startswith("/static/"):
         response.headers["Cache-Control"] = "no-store"
 

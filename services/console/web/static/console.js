@@ -5,6 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const charts = {};
 let updates = 0;
+let target = 100; // delivered % of owed aimed at; the server says which
 
 const hours = (gpuSeconds) => (gpuSeconds / 3600).toFixed(2);
 const percent = (value) => (value === null ? "—" : `${value.toFixed(1)}%`);
@@ -61,9 +62,10 @@ function renderOccupancy(occupancy) {
     {
       series: [
         {},
-        { label: "busy GPUs", stroke: "#1f6feb", fill: "rgba(31,111,235,0.15)", width: 2 },
-        { label: "idle-flagged", stroke: "#d29922", width: 2 },
-        { label: "capacity", stroke: "#57606a", dash: [6, 4], width: 1 },
+        { label: "busy GPUs", stroke: "#1f6feb", fill: "rgba(31,111,235,0.15)", width: 2,
+          points: { show: false } },
+        { label: "idle-flagged", stroke: "#d29922", width: 2, points: { show: false } },
+        { label: "capacity", stroke: "#57606a", dash: [6, 4], width: 1, points: { show: false } },
       ],
       scales: { y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
       axes: [{}, { label: "GPUs" }],
@@ -72,20 +74,36 @@ function renderOccupancy(occupancy) {
   );
 }
 
+// The target, a dashed red line across the whole plot (a series would need two bars).
+function drawTarget(u) {
+  const y = u.valToPos(target, "y", true);
+  const ctx = u.ctx;
+  ctx.save();
+  ctx.strokeStyle = "#cf222e";
+  ctx.lineWidth = 2 * devicePixelRatio;
+  ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+  ctx.beginPath();
+  ctx.moveTo(u.bbox.left, y);
+  ctx.lineTo(u.bbox.left + u.bbox.width, y);
+  ctx.stroke();
+  ctx.restore();
+}
+
 function renderAllocations(view) {
   const rows = view.allocations;
+  target = view.target_pct;
   const window = duration(view.window_s);
   $("allocations-note").textContent =
     `Over the last ${duration(view.span_s)} the console has watched, of the ${window} ` +
     `lookback window; owed = min(entitlement × capacity, demand). ` +
-    `Target: ${view.target_pct}% (dashed line).`;
+    `Target: ${view.target_pct}% (dashed red line).`;
   const names = rows.map((a) => a.allocation);
   const xs = names.map((_, i) => i);
   chart(
     "delivered-chart",
     {
       scales: { x: { time: false, range: [-0.5, Math.max(names.length - 0.5, 0.5)] },
-                y: { range: (u, min, max) => [0, Math.max(max, view.target_pct) * 1.1] } },
+                y: { range: (u, min, max) => [0, Math.max(max, target) * 1.1] } },
       axes: [
         { values: (u, ticks) => ticks.map((t) => names[t] ?? ""), splits: () => xs },
         { label: "% of owed" },
@@ -99,11 +117,10 @@ function renderAllocations(view) {
           paths: uPlot.paths.bars({ size: [0.6, 80] }),
           points: { show: false },
         },
-        { label: `target ${view.target_pct}%`, stroke: "#cf222e", dash: [6, 4], width: 2,
-          points: { show: false } },
       ],
+      hooks: { draw: [drawTarget] },
     },
-    [xs, rows.map((a) => a.delivered_pct), rows.map(() => view.target_pct)],
+    [xs, rows.map((a) => a.delivered_pct)],
   );
   fill(
     "allocations-rows",
