@@ -40,6 +40,7 @@ _OPEN = frozenset({"/healthz", "/readyz", "/login"})
 FEED = web.AppKey("feed", Feed)
 KEYS = web.AppKey("keys", Keys)
 SECURE = web.AppKey("secure", bool)
+USER = web.RequestKey("user", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -79,7 +80,7 @@ async def _signed_in(request: web.Request, handler: Handler) -> web.StreamRespon
         if request.path == "/":
             raise web.HTTPSeeOther("/login")
         return web.json_response({"error": "not signed in (or the token expired)"}, status=401)
-    request["user"] = user
+    request[USER] = user
     return await handler(request)
 
 
@@ -97,7 +98,7 @@ async def _page(request: web.Request) -> web.StreamResponse:
 
 async def _view(request: web.Request) -> web.Response:
     try:
-        return web.json_response(request.app[FEED].view(request["user"]))
+        return web.json_response(request.app[FEED].view(request[USER]))
     except Unavailable as exc:
         return web.json_response({"error": str(exc)}, status=503)
 
@@ -145,7 +146,7 @@ def _sign_in(request: web.Request, token: str) -> web.StreamResponse:
     except session.SignInError as exc:
         return _login_form(str(exc), status=401)
     # Back to the page at a clean address: the token leaves the address bar and history.
-    response = web.HTTPSeeOther("/")
+    response = _see_other("/")
     session.keep(response, token, secure=request.app[SECURE] or request.secure)
     return response
 
@@ -153,9 +154,13 @@ def _sign_in(request: web.Request, token: str) -> web.StreamResponse:
 async def _logout(request: web.Request) -> web.StreamResponse:
     if not session.same_origin(request):
         return web.Response(status=403, text="sign out from the console's own page")
-    response = web.HTTPSeeOther("/login")
+    response = _see_other("/login")
     session.forget(response)
     return response
+
+
+def _see_other(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
 
 
 async def _healthz(request: web.Request) -> web.Response:
