@@ -3,6 +3,7 @@ who gets in, what a page may load, and what each user's data holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from qm.v1 import types_pb2
 
 from libs.auth import Keys, issue_token
+from libs.auth.tokens import _LEEWAY_S as LEEWAY_S
 from libs.config.budget import tree_from_mapping
 from libs.core.budget_tree import BudgetTree
 from services.console.feed import Feed
@@ -199,3 +201,19 @@ async def next_view(stream: web.StreamResponse) -> dict[str, object]:
         elif line.startswith("data:") and event == "view":
             return json.loads(line.removeprefix("data:").strip())  # type: ignore[no-any-return]
     raise AssertionError("the stream ended without a view")
+
+
+async def test_a_stream_ends_when_its_token_expires(console) -> None:  # type: ignore[no-untyped-def]
+    server, feed, _ = console
+    await feed.refresh()
+    # Valid for about two more seconds, the verifier's leeway for clock skew included.
+    lapsing = issue_token("bob", KEYS, ttl_s=60, now=time.time() - 60 - LEEWAY_S + 2)
+    async with (
+        ClientSession(cookies={COOKIE: lapsing}) as http,
+        http.get(server.make_url("/events")) as stream,
+    ):
+        await next_view(stream)
+        await asyncio.sleep(2.5)
+        await feed.refresh()
+        lines = [raw.decode().strip() async for raw in stream.content]
+    assert "event: signed-out" in lines
