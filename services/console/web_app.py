@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 
 from libs.auth import Keys
+from libs.config.document import ConfigError
 from services.console import session
 from services.console.feed import Feed
 from services.status import Unavailable
@@ -48,8 +49,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def make_app(feed: Feed, keys: Keys, *, secure: bool) -> web.Application:
     """``secure``: served over TLS, so the cookie is sent over TLS only."""
     if not (CHARTS / "uPlot.iife.min.js").is_file():
-        raise FileNotFoundError(
-            f"the chart library is missing from {CHARTS}: run `make install` "
+        raise ConfigError(
+            f"{CHARTS}: the chart library is missing: run `make install` "
             "(npm ci in services/console/web)"
         )
     app = web.Application(middlewares=[_signed_in])
