@@ -1,9 +1,11 @@
 """The console in a real browser against a real stack: it signs users in with the CLI's
 tokens, draws its charts, shows what the API says, hides other teams' jobs, and updates
-without a reload. Screenshots land in docs/ (console-*.png)."""
+without a reload. Its screenshots (console-*.png) go to a temporary folder, or to
+``QM_CONSOLE_SCREENSHOTS`` (``QM_CONSOLE_SCREENSHOTS=docs`` refreshes the README's)."""
 
 from __future__ import annotations
 
+import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from selenium.webdriver.common.by import By
 from libs.auth import issue_token
 from tests.integration.stack import Stack
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
 WAITING = {types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING}
 T = TypeVar("T")
 
@@ -152,15 +154,17 @@ def shows_what_the_api_says(browser: webdriver.Chrome, stack: Stack, user: str) 
 
 
 def test_the_console_shows_each_user_their_part_of_the_cluster_live(
-    stack: Stack, browser: webdriver.Chrome
+    stack: Stack, browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
-    DOCS.mkdir(exist_ok=True)
+    folder = os.environ.get("QM_CONSOLE_SCREENSHOTS")
+    shots = ROOT / folder if folder else tmp_path
+    shots.mkdir(exist_ok=True)
     # Without a token: the login page; a bad one is refused in words.
     browser.get(stack.console_url)
     assert browser.current_url.endswith("/login")
     sign_in_with_form(browser, stack, "not-a-token")
     assert "that token does not sign in" in text(browser, "error")
-    browser.save_screenshot(str(DOCS / "console-login.png"))
+    browser.save_screenshot(str(shots / "console-login.png"))
     browser.get_log("browser")  # the refusal's 401 is the point: not an error of the page
 
     # A workflow that finishes, then the A100 node filled by both teams, and one
@@ -202,7 +206,7 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     assert series_pixels(browser, "delivered-chart", (207, 34, 46)) > 20  # the target line
     assert {"vision", "nlp"} <= first_column(browser, "allocations-rows")
     time.sleep(3)  # a few more samples on the occupancy chart, for the picture
-    browser.save_screenshot(str(DOCS / "console-overview.png"))
+    browser.save_screenshot(str(shots / "console-overview.png"))
     assert errors(browser) == []
 
     # Bob (nlp only) signs in by address once; he does not see alice's vision job.
@@ -221,7 +225,7 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     later = hold_a100(stack, "bob", "nlp", 4)
     until(lambda: later in first_column(browser, "waiting-rows"), "the new job, live")
     assert browser.execute_script("return window.stillTheSamePage") is True
-    browser.save_screenshot(str(DOCS / "console-bob.png"))
+    browser.save_screenshot(str(shots / "console-bob.png"))
     assert errors(browser) == []
 
     # The page is served with a policy that forbids inline script, and signing out works.
