@@ -32,6 +32,7 @@ from services.runtime import cancel_and_wait, run_service
 from services.tls import TlsSettings
 
 log = logging.getLogger("qm.console")
+STOP_GRACE_S = 3.0
 
 
 class ConsoleSettings(EnvSettings):
@@ -79,7 +80,9 @@ async def serve() -> None:
         operators=own.operator_names,
     )
     context = own.ssl_context()
-    runner = web.AppRunner(make_app(feed, keys, secure=context is not None or own.secure_cookie))
+    app = make_app(feed, keys, secure=context is not None or own.secure_cookie)
+    # Event streams stay open: on a stop, give them a moment, not aiohttp's minute.
+    runner = web.AppRunner(app, shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
     refreshing = asyncio.create_task(feed.run())
     try:
