@@ -24,7 +24,14 @@ CHAOS_ARGS ?=
 .PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean \
   k8s-validate
 
-install: $(STAMP) $(GEN_STAMP)
+WEB := services/console/web
+WEB_STAMP := $(WEB)/node_modules/.package-lock.json
+
+install: $(STAMP) $(GEN_STAMP) $(WEB_STAMP)
+
+# The console's chart library, exactly as its lock file pins it (served as a static file).
+$(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
+	cd $(WEB) && npm ci --no-audit --no-fund
 
 # gen/qm must exist before the editable install so that the package is found.
 $(STAMP): pyproject.toml

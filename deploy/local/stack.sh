@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole Quartermaster stack on this machine: Kafka, the five services, the
-# ticker and simulated nodes, each its own process; and Prometheus scraping them, if installed. Usage: deploy/local/stack.sh up|down|status
+# ticker, simulated nodes and the web console, each its own process; and Prometheus
+# scraping them, if installed. Usage: deploy/local/stack.sh up|down|status
 # Each service runs under deploy/local/supervise.py, which starts it again with
 # backoff when it exits (as Kubernetes would); .local/run/<service>.pid is the
 # supervisor's pid, <service>.child.pid the service's while it runs.
@@ -12,7 +13,7 @@ cd "$root"
 py="${QM_PYTHON:-$root/.venv/bin/python}"
 run="$root/.local/run"
 logs="$root/.local/logs"
-services=(budget projector placement ticker node_agent admission)
+services=(budget projector placement ticker node_agent admission console)
 
 export QM_KAFKA_BOOTSTRAP="${QM_KAFKA_BOOTSTRAP:-127.0.0.1:${QM_KAFKA_PORT:-9092}}"
 # The broker authenticates (deploy/local/kafka.sh): each service logs in as its own
@@ -74,6 +75,9 @@ up() {
   # Their /readyz: placement and the agent are in their consumer groups.
   wait_for grpc:127.0.0.1:50051 http://127.0.0.1:9462/readyz http://127.0.0.1:9463/readyz \
     http://127.0.0.1:9464/readyz
+  # The web console reads the projector and the budget service (services/console).
+  start_service console
+  wait_for http://127.0.0.1:8080/readyz
   sign_in
   start_prometheus
   cat <<MSG
@@ -82,7 +86,9 @@ Quartermaster is up (deploy/local/nodes.yaml): 4 nodes of 8 H100 that run tasks 
 processes, and 2 simulated serving nodes of 4 T4 for workflows.
   source .venv/bin/activate
   qm submit --gpus 2 --gpu-type H100 -- python3 -c 'print(42)'
+  qm logs -f JOB       # its output: 42
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
+Console: http://127.0.0.1:8080/ (sign in with the token that this prints: qm token issue alice)
 gRPC is TLS (CA: .local/tls/ca.crt, which qm uses when run from here).
 Logs in .local/logs/, task output in .local/logs/tasks/. Stop everything with: make down
 MSG

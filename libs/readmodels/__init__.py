@@ -11,6 +11,7 @@ from libs.readmodels.jobs import (
     apply_job_event,
     job_key,
     newest_jobs,
+    scope_of,
 )
 from libs.readmodels.knobs import PlacementKnobs
 from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, without_ended_tasks
@@ -30,6 +31,7 @@ __all__ = [
     "newest_jobs",
     "node_key",
     "nodes_in_cluster",
+    "scope_of",
     "task_is_over",
     "without_ended_tasks",
 ]

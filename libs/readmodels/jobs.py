@@ -26,11 +26,12 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Collection, Iterable, MutableMapping
 from dataclasses import KW_ONLY, dataclass, field
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.budget_tree import BudgetTree
 from libs.core.ids import attempt_of, name_in_job
 from libs.events import event_type
 from libs.readmodels.job_state import (
@@ -434,6 +435,13 @@ class Scope:
 
     def admits(self, job: types_pb2.Job) -> bool:
         return job.spec.user == self.user or job.spec.allocation in self.allocations
+
+
+def scope_of(user: str, tree: BudgetTree, operators: Collection[str]) -> Scope | None:
+    """The jobs ``user`` may see; None: every job (``operators``, the root's managers)."""
+    if user in operators or tree.sees_all(user):
+        return None
+    return Scope(user, tree.visible_to(user))
 
 
 def newest_jobs(

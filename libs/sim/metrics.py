@@ -37,6 +37,7 @@ import numpy as np
 
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
+from libs.core.service_level import owed_gpus, slowdown
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
@@ -309,7 +310,7 @@ class Recorder(Observer):
         dt = self._now - account.since
         if dt > 0:
             demand = account.held + account.asked
-            owed = min(account.entitled_gpus, demand)
+            owed = owed_gpus(account.entitled_gpus, account.held, account.asked)
             account.owed += owed * dt
             account.delivered += account.held * dt
             account.free += account.held_free * dt
@@ -376,7 +377,7 @@ def _jct(job: Job) -> float | None:
 
 def _slowdown(job: Job) -> float | None:
     jct = _jct(job)
-    return None if jct is None else jct / max(job.sim.runtime_s, 10.0)
+    return None if jct is None else slowdown(jct, job.sim.runtime_s)
 
 
 def _by_class(jobs: list[Job], value: Callable[[Job], float | None]) -> dict[str, Distribution]:

@@ -26,7 +26,7 @@ from libs.core.budget_tree import BudgetTree
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
-from libs.readmodels import Scope, has_ended
+from libs.readmodels import Scope, has_ended, scope_of
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
@@ -481,10 +481,7 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def _scope(self, user: str) -> Scope | None:
         """The jobs ``user`` may see; None: every job (operators, the root's managers)."""
-        tree = await self._budget.tree()
-        if user in self._operators or tree.sees_all(user):
-            return None
-        return Scope(user, tree.visible_to(user))
+        return scope_of(user, await self._budget.tree(), self._operators)
 
     async def _lookup(self, job_id: str) -> types_pb2.Job | None:
         return await self._projector.get_job(job_id) or self._recent.get(job_id)

@@ -3,8 +3,9 @@ command and environment, which users may see only through admission's checks.
 
 Every path but ``/ready`` and ``/config`` (probes) wants ``Authorization: Bearer`` with a
 token signed with the installation's keys, of a client named in ``QM_PROJECTOR_CLIENTS``
-(default ``svc-admission``); ``/metrics``, of one named in ``QM_METRICS_CLIENTS``
-(``services.metrics_http``). Until ``allow`` is called, every such request is refused.
+(default ``svc-admission,svc-console``); ``/metrics``, of one named in
+``QM_METRICS_CLIENTS`` (``services.metrics_http``). Until ``allow`` is called, every such
+request is refused.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class ProjectorSettings(EnvSettings):
     lookback_window_s: float | None = Field(None, gt=0, alias="QM_LOOKBACK_WINDOW_S")
     snapshot_seconds: float = Field(10.0, gt=0, alias="QM_SNAPSHOT_SECONDS")
     # Who may read the views (tokens' users); see services.projector.access.
-    clients: Names = Field(("svc-admission",), alias="QM_PROJECTOR_CLIENTS")
+    clients: Names = Field(("svc-admission", "svc-console"), alias="QM_PROJECTOR_CLIENTS")
     log_level: Annotated[
         Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(str.lower)
     ] = Field("warning", alias="QM_PROJECTOR_LOGLEVEL")

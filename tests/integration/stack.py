@@ -100,6 +100,7 @@ class Stack:
         self.admission_port = free_port()
         self.budget_port = free_port()
         self.projector_port = free_port()
+        self.console_port = free_port()
         self.topics_file = self.workdir / "topics.yaml"
         self.logs = self.workdir / "logs"
         self.task_logs = self.logs / "tasks"
@@ -142,6 +143,8 @@ class Stack:
             "QM_PROJECTOR_PORT": str(self.projector_port),
             "QM_PROJECTOR_URL": f"http://127.0.0.1:{self.projector_port}",
             "QM_PROJECTOR_DATA_DIR": str(self.workdir / "projector"),
+            "QM_CONSOLE_PORT": str(self.console_port),
+            "QM_CONSOLE_POLL_S": "0.5",
             "QM_TASK_LOG_DIR": str(self.task_logs),
             "QM_NODE_STATE_DIR": str(self.workdir / "node-state"),
             "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
@@ -241,6 +244,15 @@ class Stack:
         self.start_node_agent()
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
+
+    def start_console(self) -> None:
+        """The web console (after ``up``): it reads the projector and the budget service."""
+        self.start("console")
+        self.wait_ready(f"{self.console_url}/readyz")
+
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.console_port}"
 
     def down(self) -> None:
         for name in list(self.processes):

@@ -50,7 +50,7 @@ def test_a_bad_topics_file_is_one_line(service: str, tmp_path: Path) -> None:
     assert "topics.decisions: required" in line
 
 
-@pytest.mark.parametrize("service", ["placement", "projector"])
+@pytest.mark.parametrize("service", ["placement", "projector", "console"])
 def test_a_bad_policy_file_is_one_line(service: str, tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("hold_threshold: .nan\nlookback: 7d\n")
@@ -63,6 +63,8 @@ def test_a_bad_setting_is_one_line(tmp_path: Path) -> None:
     assert line == 'ticker: environment: QM_TICK_SECONDS: expected a number, got "soon"'
     line = one_line(start("projector", tmp_path, QM_PROJECTOR_PORT="http"))
     assert line == 'projector: environment: QM_PROJECTOR_PORT: expected an integer, got "http"'
+    line = one_line(start("console", tmp_path, QM_CONSOLE_PORT="http"))
+    assert line == 'console: environment: QM_CONSOLE_PORT: expected an integer, got "http"'
 
 
 def test_a_bad_inventory_is_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,182 @@
+"""The cluster's occupancy over time, and each allocation's owed and delivered GPUs.
+
+Pure: the console samples the projector's node and job views (``sample``) and feeds each
+sample to a ``Timeline``, which integrates the state held since the previous sample (as
+the simulator's recorder does between events) with ``libs.core.service_level``'s
+definitions: owed is ``min(entitlement x capacity, held + asked)`` of charged work,
+delivered is what charged work holds, free (unallocated) work is counted apart. The
+integrals slide over the lookback window in buckets of 1/``BUCKETS`` of it, so the window
+covers at most what the timeline has seen since it started.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from qm.v1 import types_pb2
+
+from libs.core.service_level import owed_gpus
+from libs.events.convert import spec_from_proto
+
+_S = types_pb2.JobState
+# Waiting for a placement: what the queue shows and what counts as asked-for demand.
+WAITING = frozenset({_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING})
+BUCKETS = 200
+POINTS = 1800  # occupancy points kept for the chart
+
+
+def is_charged(spec: types_pb2.JobSpec) -> bool:
+    """Allocated work: the core's rule, as the usage ledger applies it."""
+    return spec_from_proto(spec).allocated
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The cluster at one moment (seconds since the epoch)."""
+
+    at: float
+    capacity: int  # GPUs of nodes not lost
+    busy: int  # of those, GPUs that tasks hold
+    idle: int  # of the busy ones, those whose job last reported its GPUs idle
+    lost: int  # GPUs of lost nodes
+    held: Mapping[str, int] = field(default_factory=dict)  # charged GPUs held, by allocation
+    asked: Mapping[str, int] = field(default_factory=dict)  # charged GPUs waiting
+    held_free: Mapping[str, int] = field(default_factory=dict)  # unallocated GPUs held
+
+
+def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.Job]) -> Sample:
+    """``nodes`` as the projector lists them (ended tasks left out), ``jobs`` every job.
+
+    A waiting job larger than any placement the cluster could give it is no demand (as in
+    the simulator: no scheduler could serve it)."""
+    by_id = {job.job_id: job for job in jobs}
+    capacity = busy = idle = lost = 0
+    room: dict[str, int] = {}  # GPUs of each type, on nodes not lost
+    held: dict[str, int] = {}
+    held_free: dict[str, int] = {}
+    for node in nodes:
+        gpus = len(node.inventory.gpus)
+        if node.lost:
+            lost += gpus
+            continue
+        capacity += gpus
+        for gpu in node.inventory.gpus:
+            room[gpu.type] = room.get(gpu.type, 0) + 1
+        for task in node.running:
+            count = len(task.gpu_indices)
+            busy += count
+            job = by_id.get(task.job_id)
+            if job is None:
+                continue
+            idle += count if job.idle else 0
+            into = held if is_charged(job.spec) else held_free
+            into[job.spec.allocation] = into.get(job.spec.allocation, 0) + count
+    asked: dict[str, int] = {}
+    for job in by_id.values():
+        spec = job.spec
+        fits = 1 <= spec.gpus <= (room.get(spec.gpu_type, 0) if spec.gpu_type else capacity)
+        if job.state in WAITING and is_charged(spec) and fits:
+            asked[spec.allocation] = asked.get(spec.allocation, 0) + spec.gpus
+    return Sample(at, capacity, busy, idle, lost, held, asked, held_free)
+
+
+@dataclass
+class Account:
+    """GPU-seconds of one allocation over a stretch of time."""
+
+    owed: float = 0.0
+    delivered: float = 0.0
+    free: float = 0.0
+
+    def add(self, other: Account) -> None:
+        self.owed += other.owed
+        self.delivered += other.delivered
+        self.free += other.free
+
+    @property
+    def delivered_pct(self) -> float | None:
+        """Delivered as a percentage of owed; None when nothing was owed."""
+        return 100 * self.delivered / self.owed if self.owed > 0 else None
+
+
+@dataclass
+class _Bucket:
+    start: float
+    accounts: dict[str, Account] = field(default_factory=dict)
+
+
+class Timeline:
+    """Samples in time order; ``entitlements``: each allocation's share of the cluster."""
+
+    def __init__(self, window_s: float, points: int = POINTS) -> None:
+        self.window_s = window_s
+        self._bucket_s = window_s / BUCKETS
+        self._buckets: deque[_Bucket] = deque()
+        self._points: deque[Sample] = deque(maxlen=points)
+        self._last: Sample | None = None
+        self._entitled: dict[str, float] = {}
+        self._first_at: float | None = None
+
+    def add(self, now: Sample, entitlements: Mapping[str, float]) -> None:
+        """Integrate the state of the previous sample up to ``now``, then hold ``now``'s.
+
+        A sample not after the previous one replaces nothing (a clock step back)."""
+        last = self._last
+        if last is not None and now.at <= last.at:
+            return
+        if last is not None:
+            self._integrate(last, now.at)
+        else:
+            self._first_at = now.at
+        self._last = now
+        self._entitled = {a: share * now.capacity for a, share in entitlements.items()}
+        self._points.append(now)
+        self._expire(now.at)
+
+    def points(self) -> list[Sample]:
+        """The latest samples, oldest first."""
+        return list(self._points)
+
+    def accounts(self) -> dict[str, Account]:
+        """Owed, delivered and free GPU-seconds by allocation over the window (as far as
+        the timeline has seen), sorted by allocation; every entitled allocation is listed."""
+        total: dict[str, Account] = {name: Account() for name in self._entitled}
+        for bucket in self._buckets:
+            for name, account in bucket.accounts.items():
+                total.setdefault(name, Account()).add(account)
+        return dict(sorted(total.items()))
+
+    @property
+    def span_s(self) -> float:
+        """How much of the window the accounts cover."""
+        if self._last is None or self._first_at is None:
+            return 0.0
+        return min(self._last.at - self._first_at, self.window_s)
+
+    def _integrate(self, state: Sample, until: float) -> None:
+        since = state.at
+        while since < until:
+            bucket = self._bucket(since)
+            end = min(until, bucket.start + self._bucket_s)
+            dt = end - since
+            for name in self._entitled.keys() | state.held.keys() | state.asked.keys():
+                held, asked = state.held.get(name, 0), state.asked.get(name, 0)
+                account = bucket.accounts.setdefault(name, Account())
+                account.owed += owed_gpus(self._entitled.get(name, 0.0), held, asked) * dt
+                account.delivered += held * dt
+            for name, gpus in state.held_free.items():
+                bucket.accounts.setdefault(name, Account()).free += gpus * dt
+            since = end
+
+    def _bucket(self, at: float) -> _Bucket:
+        start = at - at % self._bucket_s
+        if not self._buckets or self._buckets[-1].start < start:
+            self._buckets.append(_Bucket(start))
+        return self._buckets[-1]
+
+    def _expire(self, now: float) -> None:
+        # A bucket is dropped once it lies wholly before the window.
+        while self._buckets and self._buckets[0].start + self._bucket_s <= now - self.window_s:
+            self._buckets.popleft()

@@ -1,0 +1,235 @@
+"""The console in a real browser against a real stack: it signs users in with the CLI's
+tokens, draws its charts, shows what the API says, hides other teams' jobs, and updates
+without a reload. Its screenshots (console-*.png) go to a temporary folder, or to
+``QM_CONSOLE_SCREENSHOTS`` (``QM_CONSOLE_SCREENSHOTS=docs`` refreshes the README's)."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from qm.v1 import cluster_service_pb2 as cs
+from qm.v1 import cluster_service_pb2_grpc as cs_grpc
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
+from qm.v1 import types_pb2
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+
+from libs.auth import issue_token
+from tests.integration.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+WAITING = {types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING}
+T = TypeVar("T")
+
+# Short: a workflow that finishes in a second on the simulated A100 node.
+CAPTION = types_pb2.Workflow(
+    name="caption",
+    tasks=[
+        types_pb2.WorkflowTask(
+            task_id="see", model="vit", model_mb=8_000, run_ms=200, in_kb=300, out_kb=2
+        ),
+        types_pb2.WorkflowTask(
+            task_id="say",
+            model="tts",
+            model_mb=8_000,
+            run_ms=100,
+            in_kb=2,
+            out_kb=300,
+            parents=["see"],
+        ),
+    ],
+)
+
+
+def until(probe: Callable[[], T | None], what: str, timeout: float = 45) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.3)
+
+
+def submit(stack: Stack, user: str, **spec: object) -> str:
+    jobs = js_grpc.JobServiceStub(stack.channel())
+    reply = jobs.SubmitJob(
+        js.SubmitJobRequest(spec=types_pb2.JobSpec(**spec)),  # type: ignore[arg-type]
+        metadata=stack.auth(user),
+        timeout=30,
+    )
+    return str(reply.job_id)
+
+
+def hold_a100(stack: Stack, user: str, allocation: str, gpus: int) -> str:
+    """A charged job on the simulated A100 node that runs for ten minutes."""
+    return submit(
+        stack,
+        user,
+        allocation=allocation,
+        gpus=gpus,
+        gpu_type="A100",
+        min_runtime_s=600,
+        simulated_duration_s=600,
+        command=["sleep", "600"],
+    )
+
+
+def api_jobs(stack: Stack, user: str) -> list[types_pb2.Job]:
+    jobs = js_grpc.JobServiceStub(stack.channel())
+    reply = jobs.ListJobs(js.ListJobsRequest(limit=1000), metadata=stack.auth(user), timeout=10)
+    return list(reply.jobs)
+
+
+def api_nodes(stack: Stack, user: str) -> list[types_pb2.Node]:
+    nodes = cs_grpc.ClusterServiceStub(stack.channel())
+    return list(nodes.ListNodes(cs.ListNodesRequest(), metadata=stack.auth(user)).nodes)
+
+
+def text(browser: webdriver.Chrome, element_id: str) -> str:
+    return str(browser.find_element(By.ID, element_id).text)
+
+
+def first_column(browser: webdriver.Chrome, tbody_id: str) -> set[str]:
+    """The first cell of every row, read in one go (the page replaces rows as it updates)."""
+    script = (
+        "return [...document.querySelectorAll(`#${arguments[0]} tr td:first-child`)]"
+        ".filter((td) => !td.classList.contains('empty')).map((td) => td.textContent)"
+    )
+    return set(browser.execute_script(script, tbody_id))
+
+
+def sign_in_with_form(browser: webdriver.Chrome, stack: Stack, token: str) -> None:
+    browser.get(f"{stack.console_url}/login")
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+
+def loaded(browser: webdriver.Chrome) -> None:
+    until(lambda: browser.execute_script("return document.body.dataset.updates"), "the page")
+
+
+def errors(browser: webdriver.Chrome) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+# Pixels in a chart's canvas of a series' colour (not the axes' grey): the series drew.
+_SERIES_PIXELS = """
+const [id, r, g, b] = arguments;
+const canvas = document.querySelector(`#${id} canvas`);
+if (!canvas) return 0;
+const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+let n = 0;
+for (let i = 0; i < data.length; i += 4) {
+  if (data[i + 3] > 200 && Math.abs(data[i] - r) < 24 && Math.abs(data[i + 1] - g) < 24
+      && Math.abs(data[i + 2] - b) < 24) n++;
+}
+return n;
+"""
+
+
+def series_pixels(browser: webdriver.Chrome, chart: str, rgb: tuple[int, int, int]) -> int:
+    return int(browser.execute_script(_SERIES_PIXELS, chart, *rgb))
+
+
+def shows_what_the_api_says(browser: webdriver.Chrome, stack: Stack, user: str) -> bool:
+    waiting = {job.job_id for job in api_jobs(stack, user) if job.state in WAITING}
+    up = [node for node in api_nodes(stack, user) if not node.lost]
+    gpus = sum(len(node.inventory.gpus) for node in up)
+    busy = sum(len(task.gpu_indices) for node in up for task in node.running)
+    return (
+        text(browser, "waiting-count") == str(len(waiting))
+        and first_column(browser, "waiting-rows") == waiting
+        and text(browser, "gpus-total") == str(gpus)
+        and text(browser, "gpus-busy") == str(busy)
+        and first_column(browser, "node-rows") == {n.inventory.node_id for n in up}
+    )
+
+
+def test_the_console_shows_each_user_their_part_of_the_cluster_live(
+    stack: Stack, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    folder = os.environ.get("QM_CONSOLE_SCREENSHOTS")
+    shots = ROOT / folder if folder else tmp_path
+    shots.mkdir(exist_ok=True)
+    # Without a token: the login page; a bad one is refused in words.
+    browser.get(stack.console_url)
+    assert browser.current_url.endswith("/login")
+    sign_in_with_form(browser, stack, "not-a-token")
+    assert "that token does not sign in" in text(browser, "error")
+    browser.save_screenshot(str(shots / "console-login.png"))
+    browser.get_log("browser")  # the refusal's 401 is the point: not an error of the page
+
+    # A workflow that finishes, then the A100 node filled by both teams, and one
+    # job of each that must wait for it.
+    flow = submit(
+        stack,
+        "alice",
+        allocation="vision",
+        gpus=1,
+        gpu_type="A100",
+        workflow=CAPTION,
+        runtime_estimate_s=1,
+    )
+    until(
+        lambda: any(
+            j.job_id == flow and j.state == types_pb2.JOB_STATE_FINISHED
+            for j in api_jobs(stack, "alice")
+        ),
+        "the workflow to finish",
+    )
+    hold_a100(stack, "alice", "vision", 4)
+    hold_a100(stack, "bob", "nlp", 4)
+    until(
+        lambda: sum(len(t.gpu_indices) for n in api_nodes(stack, "alice") for t in n.running) == 8,
+        "both teams' jobs to run",
+    )
+    alices = hold_a100(stack, "alice", "vision", 4)
+    hold_a100(stack, "bob", "nlp", 2)
+
+    # Alice signs in with the form and sees the API's numbers, her waiting job among them.
+    sign_in_with_form(browser, stack, issue_token("alice", stack.keys))
+    loaded(browser)
+    until(lambda: shows_what_the_api_says(browser, stack, "alice"), "alice's page to match")
+    assert alices in first_column(browser, "waiting-rows")
+    assert flow in first_column(browser, "workflow-rows")
+    # Charts: the busy line and the delivered bars (and the target line) are drawn.
+    until(lambda: series_pixels(browser, "occupancy-chart", (31, 111, 235)) > 50, "occupancy")
+    until(lambda: series_pixels(browser, "delivered-chart", (26, 127, 55)) > 50, "delivered")
+    assert series_pixels(browser, "delivered-chart", (207, 34, 46)) > 20  # the target line
+    assert {"vision", "nlp"} <= first_column(browser, "allocations-rows")
+    time.sleep(3)  # a few more samples on the occupancy chart, for the picture
+    browser.save_screenshot(str(shots / "console-overview.png"))
+    assert errors(browser) == []
+
+    # Bob (nlp only) signs in by address once; he does not see alice's vision job.
+    browser.delete_all_cookies()
+    browser.get(f"{stack.console_url}/?token={issue_token('bob', stack.keys)}")
+    assert "token=" not in browser.current_url
+    loaded(browser)
+    until(lambda: shows_what_the_api_says(browser, stack, "bob"), "bob's page to match")
+    assert alices not in first_column(browser, "waiting-rows")
+    assert flow not in first_column(browser, "workflow-rows")
+    assert first_column(browser, "allocations-rows") == {"nlp"}
+    until(lambda: series_pixels(browser, "delivered-chart", (207, 34, 46)) > 20, "the target")
+
+    # A job bob submits now appears on the open page, which is not reloaded.
+    browser.execute_script("window.stillTheSamePage = true")
+    later = hold_a100(stack, "bob", "nlp", 4)
+    until(lambda: later in first_column(browser, "waiting-rows"), "the new job, live")
+    assert browser.execute_script("return window.stillTheSamePage") is True
+    browser.save_screenshot(str(shots / "console-bob.png"))
+    assert errors(browser) == []
+
+    # The page is served with a policy that forbids inline script, and signing out works.
+    with urllib.request.urlopen(f"{stack.console_url}/login") as response:
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    browser.find_element(By.CSS_SELECTOR, "header button[type=submit]").click()
+    until(lambda: browser.current_url.endswith("/login"), "the login page")
