@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import typer
 from google.protobuf.timestamp_pb2 import Timestamp
-from qm.v1 import budget_service_pb2, types_pb2
+from qm.v1 import budget_service_pb2, job_service_pb2, types_pb2
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
@@ -48,6 +48,13 @@ def state_name(state: types_pb2.JobState.ValueType) -> str:
 def styled_state(state: types_pb2.JobState.ValueType) -> str:
     name = state_name(state)
     return f"[{_STYLE.get(name, 'white')}]{name}[/]"
+
+
+def explanation(answer: job_service_pb2.Explanation) -> RenderableType:
+    """A job's state, then each part of the reason on a line of its own."""
+    lines = [f"{answer.job_id} {styled_state(answer.state)}"]
+    lines += [f"  • {part}" for part in answer.reason.split("; ")]
+    return "\n".join(lines)
 
 
 def when(ts: Timestamp) -> str:
