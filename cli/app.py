@@ -27,6 +27,7 @@ from cli import render
 from cli.audit import audit_app
 from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
+from cli.export import export
 from cli.output import Format, OutputFlag, emit, message
 from cli.params import INT32, JOB_STATES, UINT32_MAX, duration, input_file, job_states, key_value
 from cli.secrets import secret_app
@@ -42,6 +43,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(secret_app, name="secret")
 app.command()(login)
 app.add_typer(audit_app, name="audit")
+app.command()(export)
 app.add_typer(sim_app, name="sim")
 # In a pipe or a file, every column whole: rich would cut lines to 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=1 << 16)

@@ -1,10 +1,12 @@
 """Durations as people write them: ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``, ``1.5h``
-or plain seconds (``90``, ``2.5``). The one parser of durations, for flags and files."""
+or plain seconds (``90``, ``2.5``). The one parser of durations, for flags and files;
+and moments, written as a duration ago or as a timestamp."""
 
 from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 
 UNITS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}  # largest first: the order they are written in
 _NUMBER = r"\d+(?:\.\d+)?"
@@ -39,3 +41,22 @@ def format_duration(seconds: int) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts) or "0s"
+
+
+def parse_moment(text: str, now: float) -> float:
+    """Epoch seconds of ``text``: a duration before ``now`` (``2h``: two hours ago) or an
+    ISO 8601 timestamp (``2026-12-04T06:00:00Z``; UTC when it names no zone)."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration ago ({EXAMPLES}) "
+            "nor a timestamp like 2026-12-04T06:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.config.duration import UNITS, format_duration, parse_duration
+from libs.config.duration import UNITS, format_duration, parse_duration, parse_moment
 
 
 @pytest.mark.parametrize(
@@ -57,3 +57,26 @@ def test_parts_add_up(counts: list[int]) -> None:
 
 def test_written_largest_units_first() -> None:
     assert [format_duration(s) for s in (0, 59, 5400, 86_401)] == ["0s", "59s", "1h30m", "1d1s"]
+
+
+NOW = 1_796_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "moment"),
+    [
+        ("2h", NOW - 7200),
+        ("0", NOW),
+        ("2026-12-04T06:00:00Z", 1_796_364_000.0),
+        ("2026-12-04T06:00:00", 1_796_364_000.0),  # no zone: UTC
+        ("2026-12-04T07:00:00+01:00", 1_796_364_000.0),
+        ("2026-12-04", 1_796_342_400.0),
+    ],
+)
+def test_a_moment_is_a_duration_ago_or_a_timestamp(text: str, moment: float) -> None:
+    assert parse_moment(text, NOW) == moment
+
+
+def test_a_moment_that_is_neither_says_what_is_expected() -> None:
+    with pytest.raises(ValueError, match="neither a duration ago .* nor a timestamp like"):
+        parse_moment("yesterday", NOW)
