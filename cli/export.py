@@ -61,6 +61,8 @@ def export(
         raise typer.BadParameter(str(exc)) from None
     if end <= start:
         raise typer.BadParameter("--until is not after --since", param_hint="--until")
+    if not out.parent.is_dir():  # said before the log is read, not after
+        raise typer.BadParameter(f"{out.parent} is not a folder", param_hint="--out")
     try:
         topics = load_topic_config()
         kafka = KafkaSettings.from_env()
