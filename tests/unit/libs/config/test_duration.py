@@ -78,5 +78,5 @@ def test_a_moment_is_a_duration_ago_or_a_timestamp(text: str, moment: float) -> 
 
 
 def test_a_moment_that_is_neither_says_what_is_expected() -> None:
-    with pytest.raises(ValueError, match="neither a duration ago .* nor a timestamp like"):
+    with pytest.raises(ValueError, match=r"neither a duration ago .* nor a timestamp like"):
         parse_moment("yesterday", NOW)
