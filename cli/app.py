@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +29,7 @@ from cli.audit import audit_app
 from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.export import export
-from cli.output import Format, OutputFlag, emit, message
+from cli.output import Format, OutputFlag, emit, emit_one, message
 from cli.params import INT32, JOB_STATES, UINT32_MAX, duration, input_file, job_states, key_value
 from cli.secrets import secret_app
 from cli.sim import sim_app
@@ -218,25 +219,23 @@ def status(
 
 
 @app.command()
-def watch(job_id: str) -> None:
-    """Print every state change of a job until it ends."""
+def watch(job_id: str, output: OutputFlag = Format.TABLE) -> None:
+    """Print every state change of a job until it ends.
+
+    -o json: a qm.v1.Job per line (JSON Lines) at each change; -o yaml: a document each.
+    """
     with _rpc() as conn:
-        _follow(conn, job_id)
+        _follow(conn, job_id, output)
 
 
-def _follow(conn: Connection, job_id: str) -> None:
+def _follow(conn: Connection, job_id: str, output: Format = Format.TABLE) -> None:
     """Follow a job's stream; it has no deadline (a job may run for days), but gRPC retries
     its start like any call, and a broken stream ends the command with one line."""
     started = time.monotonic()
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
     try:
         for job in stream:
-            detail = job.reason or (f"{job.node_id} {list(job.gpu_indices)}" if job.node_id else "")
-            if job.spec.HasField("workflow") and not job.reason:
-                detail = render.workflow_progress(job)
-            if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
-                detail = f"exit code {job.exit_code}"
-            console.print(f"{job.job_id} {render.styled_state(job.state)} {detail}")
+            emit_one(console, output, partial(message, job), partial(render.change, job))
     except grpc.RpcError as exc:
         raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
 

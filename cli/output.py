@@ -83,6 +83,24 @@ def write(fmt: Format, document: Document) -> None:
     sys.stdout.flush()
 
 
+def emit_one(
+    console: Console,
+    fmt: Format,
+    document: Callable[[], Document],
+    line: Callable[[], RenderableType],
+) -> None:
+    """One item of a stream, as it comes: a line on ``console``; under json one compact
+    document per line (JSON Lines), under yaml one ``---`` document each."""
+    if fmt is Format.TABLE:
+        console.print(line())
+        return
+    if fmt is Format.JSON:
+        sys.stdout.write(json.dumps(document(), ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write("---\n" + text(fmt, document()))
+    sys.stdout.flush()
+
+
 def notes(console: Console, errors: Console, fmt: Format) -> Console:
     """Where a command's remarks go: beside its table, or on stderr under json and yaml,
     so that stdout holds the document alone."""

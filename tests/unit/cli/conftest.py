@@ -40,6 +40,12 @@ class RecordingJobs(js_grpc.JobServiceServicer):
         self.lists.append(request)
         return js.ListJobsResponse(jobs=self.listed)
 
+    def WatchJob(
+        self, request: js.WatchJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[types_pb2.Job]:
+        """Each listed state of the job, in order, then the stream ends."""
+        yield from (job for job in self.listed if job.job_id == request.job_id)
+
     def GetJob(self, request: js.GetJobRequest, context: grpc.ServicerContext) -> types_pb2.Job:
         for job in self.listed:
             if job.job_id == request.job_id:

@@ -58,6 +58,19 @@ def test_one_job_as_json_is_the_job(admission: Admission) -> None:
     assert json_format.ParseDict(document, types_pb2.Job()) == JOB
 
 
+def test_a_watched_job_is_a_document_per_change(admission: Admission) -> None:
+    ended = types_pb2.Job()
+    ended.CopyFrom(JOB)
+    ended.state, ended.exit_code = types_pb2.JOB_STATE_FINISHED, 0
+    admission.jobs.listed = [JOB, ended]
+    lines = qm(admission, "watch", "j-42", "-o", "json").splitlines()
+    changes = [json_format.Parse(line, types_pb2.Job()) for line in lines]
+    assert changes == [JOB, ended]
+    documents = list(yaml.safe_load_all(qm(admission, "watch", "j-42", "-o", "yaml")))
+    assert [d["state"] for d in documents] == ["JOB_STATE_RUNNING", "JOB_STATE_FINISHED"]
+    assert "j-42 FINISHED exit code 0" in qm(admission, "watch", "j-42")
+
+
 def test_the_table_stays_the_default(admission: Admission) -> None:
     admission.jobs.listed = [JOB]
     shown = qm(admission, "status")
