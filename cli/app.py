@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +30,9 @@ from cli.arrays import array_indexes, element_request_id
 from cli.audit import audit_app
 from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
-from cli.params import INT32, UINT32_MAX, duration, input_file, key_value
+from cli.export import export
+from cli.output import Format, OutputFlag, emit, emit_one, message
+from cli.params import INT32, JOB_STATES, UINT32_MAX, duration, input_file, job_states, key_value
 from cli.secrets import secret_app
 from cli.sim import sim_app
 from cli.tokens import login, token_app
@@ -45,6 +48,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(secret_app, name="secret")
 app.command()(login)
 app.add_typer(audit_app, name="audit")
+app.command()(export)
 app.add_typer(sim_app, name="sim")
 # In a pipe or a file, every column whole: rich would cut lines to 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=1 << 16)
@@ -220,40 +224,56 @@ def status(
         str | None, typer.Argument(help="One job; all recent jobs if omitted")
     ] = None,
     allocation: Annotated[str, typer.Option(help="Only this allocation")] = "",
+    user: Annotated[str, typer.Option(help="Only jobs this user submitted")] = "",
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Only jobs in these states (repeat, or a comma list): {', '.join(JOB_STATES)}"
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=UINT32_MAX, help="How many jobs")] = 50,
+    output: OutputFlag = Format.TABLE,
 ) -> None:
-    """Show one job in detail, or recent jobs."""
+    """Show one job in detail, or recent jobs (yours and your allocations').
+
+    -o json|yaml: one job is a qm.v1.Job; a list is {"jobs": [qm.v1.Job, ...]}, newest first.
+    """
+    if job_id and (allocation or user or state):
+        raise typer.BadParameter("--allocation, --user and --state filter a list, not one job")
+    states = job_states(state or [])
     with _rpc() as conn:
         stub = _jobs(conn)
         if job_id:
             job = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id))
-            console.print(render.job_detail(job))
+            emit(console, output, lambda: message(job), lambda: render.job_detail(job))
         else:
-            request = js.ListJobsRequest(allocation=allocation, limit=limit)
+            request = js.ListJobsRequest(
+                allocation=allocation, user=user, states=states, limit=limit
+            )
             reply = conn.call(conn.admission, stub.ListJobs, request)
-            console.print(render.jobs_table(list(reply.jobs)))
+            emit(
+                console, output, lambda: message(reply), lambda: render.jobs_table(list(reply.jobs))
+            )
 
 
 @app.command()
-def watch(job_id: str) -> None:
-    """Print every state change of a job until it ends."""
+def watch(job_id: str, output: OutputFlag = Format.TABLE) -> None:
+    """Print every state change of a job until it ends.
+
+    -o json: a qm.v1.Job per line (JSON Lines) at each change; -o yaml: a document each.
+    """
     with _rpc() as conn:
-        _follow(conn, job_id)
+        _follow(conn, job_id, output)
 
 
-def _follow(conn: Connection, job_id: str) -> None:
+def _follow(conn: Connection, job_id: str, output: Format = Format.TABLE) -> None:
     """Follow a job's stream; it has no deadline (a job may run for days), but gRPC retries
     its start like any call, and a broken stream ends the command with one line."""
     started = time.monotonic()
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
     try:
         for job in stream:
-            detail = job.reason or (f"{job.node_id} {list(job.gpu_indices)}" if job.node_id else "")
-            if job.spec.HasField("workflow") and not job.reason:
-                detail = render.workflow_progress(job)
-            if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
-                detail = f"exit code {job.exit_code}"
-            console.print(f"{job.job_id} {render.styled_state(job.state)} {detail}")
+            emit_one(console, output, partial(message, job), partial(render.change, job))
     except grpc.RpcError as exc:
         raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
 
@@ -346,14 +366,16 @@ def release(job_id: str) -> None:
 
 
 @app.command()
-def why(job_id: str) -> None:
-    """Why a job is waiting (or what it is doing)."""
+def why(job_id: str, output: OutputFlag = Format.TABLE) -> None:
+    """Why a job is waiting (or what it is doing).
+
+    -o json|yaml: a qm.v1.Explanation (job_id, state, reason, allocation, rank, ranks,
+    fair_share_ratio, jobs_ahead).
+    """
     with _rpc() as conn:
         request = js.ExplainJobRequest(job_id=job_id)
         answer = conn.call(conn.admission, _jobs(conn).ExplainJob, request)
-        console.print(f"{answer.job_id} {render.styled_state(answer.state)}")
-        for part in answer.reason.split("; "):
-            console.print(f"  • {part}")
+        emit(console, output, lambda: message(answer), lambda: render.explanation(answer))
 
 
 def _cluster(conn: Connection) -> cluster_service_pb2_grpc.ClusterServiceStub:
@@ -416,24 +438,38 @@ def node_uncordon(node_id: str) -> None:
 
 
 @app.command()
-def nodes(cluster: Annotated[str, typer.Option(help="Only this cluster")] = "") -> None:
-    """List nodes with their free GPUs and running jobs."""
+def nodes(
+    cluster: Annotated[str, typer.Option(help="Only this cluster")] = "",
+    output: OutputFlag = Format.TABLE,
+) -> None:
+    """List nodes with their free GPUs and running jobs.
+
+    -o json|yaml: {"nodes": [qm.v1.Node, ...]}, by node id.
+    """
     with _rpc() as conn:
         stub = _cluster(conn)
         request = cluster_service_pb2.ListNodesRequest(cluster=cluster)
-        console.print(
-            render.nodes_table(list(conn.call(conn.admission, stub.ListNodes, request).nodes))
-        )
+        reply = conn.call(conn.admission, stub.ListNodes, request)
+        emit(console, output, lambda: message(reply), lambda: render.nodes_table(list(reply.nodes)))
 
 
 @budget_app.command("tree")
-def budget_tree() -> None:
-    """The budget tree with entitlements and charged GPU-hours."""
+def budget_tree(output: OutputFlag = Format.TABLE) -> None:
+    """The budget tree with entitlements and charged GPU-hours.
+
+    -o json|yaml: {"tree": qm.v1.BudgetTree, "balances": qm.v1.Balances}; a leaf's
+    balance has its entitlement (a fraction) and the GPU-seconds charged in the window.
+    """
     with _rpc() as conn:
         stub = _budget(conn)
         tree = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
         balances = conn.call(conn.budget, stub.GetBalances, budget_service_pb2.GetBalancesRequest())
-        console.print(render.tree_table(tree, balances))
+        emit(
+            console,
+            output,
+            lambda: {"tree": message(tree), "balances": message(balances)},
+            lambda: render.tree_table(tree, balances),
+        )
 
 
 @budget_app.command("set")

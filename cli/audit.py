@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from cli.output import Document, Format, OutputFlag, message, write
 from cli.params import input_file
 from cli.render import errors, fail
 from libs.audit import AuditResult, Divergence, audit_topics
@@ -52,8 +53,15 @@ def verify(
             help="Placement's consumer group: the audit stops where it has committed",
         ),
     ] = "qm-placement",
+    output: OutputFlag = Format.TABLE,
 ) -> None:
-    """Replay every input through the scheduler; compare with the recorded decisions."""
+    """Replay every input through the scheduler; compare with the recorded decisions.
+
+    Exits 0 when every decision reproduced, 1 otherwise. -o json|yaml: {"ok", "inputs",
+    "checked", "reproduced", "policy", "policy_version", "config": [{"knob", "log",
+    "replay"}], "divergence": null or {"partition", "input_offset", "index", "difference",
+    "fields", "replayed", "recorded"} (envelopes as qm.v1.Envelope, or null)}.
+    """
     try:
         config = load_policy(policy) if policy else PolicyConfig()
         topics = load_topic_config()
@@ -62,7 +70,7 @@ def verify(
         raise fail(exc) from exc
     started = time.monotonic()
     try:
-        with Progress(console=errors, transient=True) as progress:
+        with Progress(console=errors, transient=True, disable=not errors.is_terminal) as progress:
             result = asyncio.run(
                 audit_topics(
                     kafka,
@@ -77,6 +85,11 @@ def verify(
         raise fail(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)") from exc
     elapsed = time.monotonic() - started
     errors.print(f"{result.inputs} events replayed in {elapsed:.1f} s")
+    if output is not Format.TABLE:
+        write(output, report(result))
+        if not result.ok:
+            raise typer.Exit(1)
+        return
     if result.ok:
         console.print(f"[green]{result.checked} decisions, {result.reproduced} reproduced[/]")
         return
@@ -92,6 +105,31 @@ def verify(
     if result.divergence is not None:
         _show_divergence(result, result.divergence)
     raise typer.Exit(1)
+
+
+def report(result: AuditResult) -> Document:
+    """The verdict as a document (see ``verify``'s help)."""
+    found = result.divergence
+    return {
+        "ok": result.ok,
+        "inputs": result.inputs,
+        "checked": result.checked,
+        "reproduced": result.reproduced,
+        "policy": POLICY,
+        "policy_version": POLICY_VERSION,
+        "config": [{"knob": d.name, "log": d.theirs, "replay": d.mine} for d in result.config],
+        "divergence": None
+        if found is None
+        else {
+            "partition": found.partition,
+            "input_offset": found.input_offset,
+            "index": found.index,
+            "difference": found.difference.name.lower(),
+            "fields": list(found.fields),
+            "replayed": None if found.expected is None else message(found.expected),
+            "recorded": None if found.recorded is None else message(found.recorded),
+        },
+    }
 
 
 def _show_divergence(result: AuditResult, found: Divergence) -> None:

@@ -8,40 +8,60 @@ written, after the flag's name.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import typer
 from pydantic_core import PydanticCustomError
+from qm.v1 import types_pb2
+
+from libs.config.duration import parse_duration
 
 DAY_S = 86_400.0
 INT32 = (-(2**31), 2**31 - 1)
 UINT32_MAX = 2**32 - 1
 SEED_MAX = 2**63 - 1
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY_S}
-
 
 @dataclass(frozen=True)
 class Duration:
-    """A duration flag: ``90``, ``90s``, ``30m``, ``8h`` or ``7d``; seconds, as a float."""
+    """A duration flag (``libs.config.duration``: ``90s``, ``1h30m``, ...); seconds, as a float."""
 
     positive: bool = False  # refuse 0
     most_s: float = 3650 * DAY_S
 
     def __call__(self, value: str | float) -> float:
         if isinstance(value, str):
-            match = _DURATION.match(value.strip())
-            if not match:
-                raise _error(f"{value!r} is not a duration like 90s, 30m, 8h or 7d")
-            value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+            try:
+                value = parse_duration(value)
+            except ValueError as exc:
+                raise _error(str(exc)) from None
         if not (value > 0 if self.positive else value >= 0) or not value <= self.most_s:
             low = "> 0" if self.positive else ">= 0"
             days = self.most_s / DAY_S
             raise _error(f"the duration must be {low} and at most {days:g} days, got {value:g} s")
         return value
+
+
+# The states a job can be in, as ``qm status --state`` takes them.
+JOB_STATES = tuple(
+    types_pb2.JobState.Name(v).removeprefix("JOB_STATE_")
+    for v in types_pb2.JobState.values()
+    if v != types_pb2.JOB_STATE_UNSPECIFIED
+)
+
+
+def job_states(flags: list[str]) -> list[types_pb2.JobState.ValueType]:
+    """``--state`` flags (each may be a comma list; RUNNING, running or JOB_STATE_RUNNING)."""
+    states = []
+    for word in (w.strip() for flag in flags for w in flag.split(",")):
+        name = word.upper().removeprefix("JOB_STATE_")
+        if name not in JOB_STATES:
+            raise typer.BadParameter(
+                f"{word!r} is no job state; use {', '.join(JOB_STATES)}", param_hint="--state"
+            )
+        states.append(types_pb2.JobState.Value(f"JOB_STATE_{name}"))
+    return states
 
 
 def key_value(text: str) -> str:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import typer
 from google.protobuf.timestamp_pb2 import Timestamp
-from qm.v1 import budget_service_pb2, types_pb2
+from qm.v1 import budget_service_pb2, job_service_pb2, types_pb2
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
@@ -53,6 +53,23 @@ def styled_state(state: types_pb2.JobState.ValueType) -> str:
 def job_state(job: types_pb2.Job) -> str:
     """Its state, styled; a held job says so."""
     return styled_state(job.state) + (" [yellow](held)[/]" if job.held else "")
+
+
+def change(job: types_pb2.Job) -> str:
+    """One line of ``qm watch``: the job's state and what it is doing or how it ended."""
+    detail = job.reason or (f"{job.node_id} {list(job.gpu_indices)}" if job.node_id else "")
+    if job.spec.HasField("workflow") and not job.reason:
+        detail = workflow_progress(job)
+    if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
+        detail = f"exit code {job.exit_code}"
+    return f"{job.job_id} {styled_state(job.state)} {detail}"
+
+
+def explanation(answer: job_service_pb2.Explanation) -> RenderableType:
+    """A job's state, then each part of the reason on a line of its own."""
+    lines = [f"{answer.job_id} {styled_state(answer.state)}"]
+    lines += [f"  • {part}" for part in answer.reason.split("; ")]
+    return "\n".join(lines)
 
 
 def when(ts: Timestamp) -> str:

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskID,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
+from cli.output import Format, OutputFlag, notes, records, write
 from cli.params import SEED_MAX, duration, input_file
+from cli.progress import counting, fractions
 from cli.render import errors, fail
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
@@ -44,7 +37,6 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "deploy" / "sim"
 # Trace times: seconds from the trace's start (or epoch seconds in a recorded log).
 TRACE_TIME_MAX = 1e12
 MANY = 1_000_000_000
-BAR_AFTER_S = 2.0  # a run this long gets a progress bar
 
 
 def _out_dir(path: Path) -> Path:
@@ -58,6 +50,9 @@ def _out_dir(path: Path) -> Path:
     return path
 
 
+Shown = tuple[str, list[str], list[list[str]]]  # a printed table: title, header, rows
+
+
 def _print(to: Console, title: str, header: list[str], rows: list[list[str]]) -> None:
     shown = Table(*header, title=title)
     for row in rows:
@@ -65,38 +60,16 @@ def _print(to: Console, title: str, header: list[str], rows: list[list[str]]) ->
     to.print(shown)
 
 
-@contextmanager
-def _progress_bar() -> Iterator[Callable[[str, float], None] | None]:
-    """A bar per policy on stderr once the runs have taken ``BAR_AFTER_S``; none unless
-    stderr is a terminal. It goes when the runs end, leaving what was printed meanwhile."""
-    if not errors.is_terminal:
-        yield None
+def _show(output: Format, tables: list[Shown], **facts: object) -> None:
+    """The report's tables: printed whole (a terminal gets its width), or, under json and
+    yaml, {**facts, "tables": [{"title", "rows": [{column: cell}]}]}."""
+    if output is Format.TABLE:
+        wide = console if console.is_terminal else Console(width=1 << 16)
+        for table in tables:
+            _print(wide, *table)
         return
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=errors,
-        transient=True,
-        redirect_stdout=console.is_terminal,  # a piped stdout stays in its pipe
-    )
-    tasks: dict[str, TaskID] = {}
-    began = time.monotonic()
-
-    def show(policy: str, done: float) -> None:
-        if not bar.live.is_started:
-            if time.monotonic() - began < BAR_AFTER_S:
-                return
-            bar.start()
-        if policy not in tasks:
-            tasks[policy] = bar.add_task(policy, total=1.0)
-        bar.update(tasks[policy], completed=done)
-
-    try:
-        yield show
-    finally:
-        bar.stop()
+    shown = [{"title": title, "rows": records(header, rows)} for title, header, rows in tables]
+    write(output, {**facts, "tables": shown})
 
 
 @sim_app.command()
@@ -165,8 +138,15 @@ def run(
         duration("the scenario's", "Measure from this long after the first submission"),
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
+    output: OutputFlag = Format.TABLE,
 ) -> None:
-    """Simulate: qm sim run --trace philly --policy all --out sim-out"""
+    """Simulate: qm sim run --trace philly --policy all --out sim-out
+
+    -o json|yaml: {"trace", "jobs", "gpus", "nodes", "offered_load", "wrote": [paths],
+    "tables": [{"title", "rows": [{column: cell}]}]}, the summary table as printed;
+    metrics.json in --out holds every number.
+    """
+    say = notes(console, errors, output)
     names = POLICIES if policy == "all" else tuple(policy.split(","))
     if unknown := [n for n in names if n not in POLICIES]:
         raise typer.BadParameter(
@@ -231,15 +211,15 @@ def run(
         raise fail(exc) from exc
     if not workload.jobs:
         raise fail(f"{sc.path}: no jobs in the chosen window (--skip-head, --start, --end)")
-    console.print(
+    say.print(
         f"{len(workload.jobs)} jobs, {workload.capacity} GPUs on {len(workload.nodes)} nodes, "
         f"offered load {workload.offered_load():.2f}× capacity"
     )
 
     def done(m: Metrics) -> None:
-        console.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)")
+        say.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)")
 
-    with _progress_bar() as progress:
+    with fractions(console) as progress:
         results = run_policies(
             workload, names, config, settings, on_done=done, on_progress=progress
         )
@@ -249,10 +229,18 @@ def run(
 
         written = write_plots(results, out / "plots")
     write_report(out, RunInfo(sc, config, settings), workload, results, written)
-    _print(console, f"{sc.trace}: {workload.capacity} GPUs", *table(SUMMARY, results))
-    console.print(
-        f"wrote {out / 'metrics.json'}, {out / 'summary.md'}" + (", plots/" if plots else "")
+    wrote = [out / "metrics.json", out / "summary.md", *written]
+    _show(
+        output,
+        [(f"{sc.trace}: {workload.capacity} GPUs", *table(SUMMARY, results))],
+        trace=sc.trace,
+        jobs=len(workload.jobs),
+        gpus=workload.capacity,
+        nodes=len(workload.nodes),
+        offered_load=workload.offered_load(),
+        wrote=[str(path) for path in wrote],
     )
+    say.print(f"wrote {out / 'metrics.json'}, {out / 'summary.md'}" + (", plots/" if plots else ""))
 
 
 _SWEEP = "16,24,32,48,64,96,128"
@@ -318,18 +306,21 @@ def workflows(
         Path | None,
         typer.Option(file_okay=False, help="Write sweep.png and sweep.md (every table) here"),
     ] = None,
+    output: OutputFlag = Format.TABLE,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
 
     Prints median and p99 slowdown, latency, cache hits, GPUs used, how long
     workflows were held before their plan and the mean per-task breakdown per
     run, the per-workflow table, the claims and the runtime.
-    """
-    import time
 
+    -o json|yaml: {"runs", "wall_s", "claims": [{"text", "holds"}],
+    "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
+    """
     from libs.core.compass import PlanMode
     from libs.sim.workflows import ARRIVALS, SweepRun, claims, load_profiles, markdown, sweep
 
+    say = notes(console, errors, output)
     sizes = _items("--gpus", gpus, int, lambda g: 1 <= g <= 100_000, "GPU counts from 1 to 100000")
     kinds = ", ".join(m.value for m in PlanMode)
     chosen = list(PlanMode) if modes == "all" else _items("--modes", modes, PlanMode, None, kinds)
@@ -341,72 +332,91 @@ def workflows(
     except ConfigError as exc:
         raise fail(exc) from exc
 
-    def progress(done: SweepRun) -> None:
-        r = done.run
-        console.print(
-            f"  {done.arrivals} {r.gpus:>4} GPUs {r.mode.value:<8} "
-            f"median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}  ({done.wall_s:.1f} s)"
-        )
-
     began = time.perf_counter()
-    runs = sweep(
-        loaded,
-        sizes,
-        chosen,
-        processes,
-        jobs=jobs,
-        rate_per_s=rate,
-        seed=seed,
-        hold_threshold=hold_threshold,
-        on_run=progress,
-    )
+    with counting(console, "runs", len(sizes) * len(chosen) * len(processes)) as advance:
+
+        def progress(done: SweepRun) -> None:
+            r = done.run
+            say.print(
+                f"  {done.arrivals} {r.gpus:>4} GPUs {r.mode.value:<8} "
+                f"median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}  ({done.wall_s:.1f} s)"
+            )
+            advance(1)
+
+        runs = sweep(
+            loaded,
+            sizes,
+            chosen,
+            processes,
+            jobs=jobs,
+            rate_per_s=rate,
+            seed=seed,
+            hold_threshold=hold_threshold,
+            on_run=progress,
+        )
     total = time.perf_counter() - began
     flows = [f.name for f in loaded.workflows]
-    # The tables are wide: a pipe or a file gets them whole, a terminal its width.
-    wide = console if console.is_terminal else Console(width=150)
+    tables: list[Shown] = []
     for name in processes:
         mine = [r for r in runs if r.arrivals == name]
         label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
-        table = Table(
+        header = [
             "GPUs", "mode", "median", "p99", "latency ms", "hits", "used", "held", "queue",
             "load", "xfer", "run", "s",
-            title=f"{label} arrivals: slowdown; held per workflow, the rest per task (mean ms)",
-        )  # fmt: skip
-        per_flow = Table(
-            "GPUs", "mode", *flows, title=f"{label}: median slowdown / cache hits per workflow"
-        )
+        ]  # fmt: skip
+        rows = []
+        per_flow = []
         for done in mine:
             r, b = done.run, done.run.breakdown_ms
-            table.add_row(
-                str(r.gpus),
-                r.mode.value,
-                f"{r.median_slowdown:.3f}",
-                f"{r.p99_slowdown:.2f}",
-                f"{r.median_latency_ms:.0f}",
-                f"{r.cache_hit_rate:.0%}",
-                str(r.gpus_used),
-                f"{r.held_ms:.0f}",
-                f"{b['queue']:.0f}",
-                f"{b['load']:.1f}",
-                f"{b['transfer']:.2f}",
-                f"{b['run']:.0f}",
-                f"{done.wall_s:.1f}",
+            rows.append(
+                [
+                    str(r.gpus),
+                    r.mode.value,
+                    f"{r.median_slowdown:.3f}",
+                    f"{r.p99_slowdown:.2f}",
+                    f"{r.median_latency_ms:.0f}",
+                    f"{r.cache_hit_rate:.0%}",
+                    str(r.gpus_used),
+                    f"{r.held_ms:.0f}",
+                    f"{b['queue']:.0f}",
+                    f"{b['load']:.1f}",
+                    f"{b['transfer']:.2f}",
+                    f"{b['run']:.0f}",
+                    f"{done.wall_s:.1f}",
+                ]
             )
-            per_flow.add_row(
-                str(r.gpus),
-                r.mode.value,
-                *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
+            per_flow.append(
+                [
+                    str(r.gpus),
+                    r.mode.value,
+                    *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
+                ]
             )
-        wide.print(table)
-        wide.print(per_flow)
-    for claim in claims(runs):
-        console.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
-    console.print(f"sweep: {len(runs)} runs in {total:.1f} s")
+        title = f"{label} arrivals: slowdown; held per workflow, the rest per task (mean ms)"
+        tables.append((title, header, rows))
+        tables.append(
+            (
+                f"{label}: median slowdown / cache hits per workflow",
+                ["GPUs", "mode", *flows],
+                per_flow,
+            )
+        )
+    found = claims(runs)
+    _show(
+        output,
+        tables,
+        runs=len(runs),
+        wall_s=round(total, 3),
+        claims=[{"text": c.text, "holds": c.holds} for c in found],
+    )
+    for claim in found:
+        say.print(("[green]yes[/] " if claim.holds else "[red]no[/]  ") + claim.text)
+    say.print(f"sweep: {len(runs)} runs in {total:.1f} s")
     if out is not None:
         from libs.sim.plots import write_sweep_plot
 
         (out / "sweep.md").write_text(markdown(runs, total))
-        console.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
+        say.print(f"wrote {write_sweep_plot(runs, out / 'sweep.png')}, {out / 'sweep.md'}")
 
 
 @sim_app.command()
@@ -450,14 +460,16 @@ def mixed(
     out: Annotated[
         Path | None, typer.Option(file_okay=False, help="Write summary.md and mixed.png here")
     ] = None,
+    output: OutputFlag = Format.TABLE,
 ) -> None:
     """Batch jobs and workflows on one cluster under one budget: how the policy divides GPUs.
 
     One simulated run through the core Scheduler (GpuWorkers for serving, simulated
     node agents for batch), then the same workload under each --compare fraction.
-    """
-    import time
 
+    -o json|yaml: {"fractions", "wall_s", "tables": [{"title", "rows": [{column: cell}]}]},
+    the tables as printed.
+    """
     from libs.sim.mixed import compare_fractions
     from libs.sim.mixed_report import COMPARISON, markdown, tables
     from libs.sim.mixed_workload import MixedSettings
@@ -482,27 +494,29 @@ def mixed(
         burst_s=(burst_start, burst_end),
         seed=seed,
     )
-    console.print(
+    say = notes(console, errors, output)
+    say.print(
         f"simulating {hours:g} h on {settings.cluster.describe()} for serving_max_fraction "
         + ", ".join(f"{f:g}" for f in fractions)
     )
     began = time.perf_counter()
-    runs = compare_fractions(
-        loaded,
-        fractions,
-        settings,
-        serving_linger_s=serving_linger,
-        parallel=parallel,
-    )
+    with counting(console, "runs", len(fractions)) as advance:
+        runs = compare_fractions(
+            loaded,
+            fractions,
+            settings,
+            serving_linger_s=serving_linger,
+            parallel=parallel,
+            on_run=lambda _: advance(1),
+        )
     total = time.perf_counter() - began
-    wide = console if console.is_terminal else Console(width=150)
-    for title, (header, rows) in tables(runs[0]).items():
-        _print(wide, title, header, rows)
+    shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0]).items()]
     side_by_side = "serving_max_fraction side by side (same workload)"
-    _print(wide, side_by_side, *table(COMPARISON, runs))
-    console.print(f"{len(runs)} runs in {total:.1f} s")
+    shown.append((side_by_side, *table(COMPARISON, runs)))
+    _show(output, shown, fractions=fractions, wall_s=round(total, 3))
+    say.print(f"{len(runs)} runs in {total:.1f} s")
     if out is not None:
         from libs.sim.plots import write_mixed_plot
 
         (out / "summary.md").write_text(markdown(runs, settings))
-        console.print(f"wrote {out / 'summary.md'}, {write_mixed_plot(runs, out / 'mixed.png')}")
+        say.print(f"wrote {out / 'summary.md'}, {write_mixed_plot(runs, out / 'mixed.png')}")

@@ -5,7 +5,9 @@ No I/O here; the projector service stores or serves what these return.
 
 from libs.readmodels.job_state import has_ended, task_is_over
 from libs.readmodels.jobs import (
+    ALL_JOBS,
     DEFAULT_LIST_LIMIT,
+    JobFilter,
     JobRecords,
     Scope,
     apply_job_event,
@@ -18,8 +20,10 @@ from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, 
 from libs.readmodels.usage import ClusterUsage, UsageLedger
 
 __all__ = [
+    "ALL_JOBS",
     "DEFAULT_LIST_LIMIT",
     "ClusterUsage",
+    "JobFilter",
     "JobRecords",
     "PlacementKnobs",
     "Scope",

@@ -24,7 +24,9 @@ carries the job's whole spec.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, MutableMapping
 from dataclasses import KW_ONLY, dataclass, field
@@ -96,6 +98,26 @@ class _Shape:
 _NO_SPEC = _Shape(known=False)
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """What a list of jobs asks for; an empty field asks for any. It picks within a
+    ``Scope``, never beyond it."""
+
+    allocation: str = ""
+    user: str = ""
+    states: frozenset[types_pb2.JobState.ValueType] = frozenset()
+
+    def matches(self, job: types_pb2.Job) -> bool:
+        return (
+            (not self.allocation or job.spec.allocation == self.allocation)
+            and (not self.user or job.spec.user == self.user)
+            and (not self.states or job.state in self.states)
+        )
+
+
+ALL_JOBS = JobFilter()
+
+
 @dataclass(eq=False, repr=False)  # its mappings are whole tables
 class JobRecords:
     """The job read model kept as records (see the module's notes) in three mappings
@@ -143,16 +165,22 @@ class JobRecords:
     def jobs(
         self,
         *,
-        allocation: str = "",
+        where: JobFilter = ALL_JOBS,
         limit: int = DEFAULT_LIST_LIMIT,
         scope: Scope | None = None,
     ) -> list[types_pb2.Job]:
-        """Jobs of one allocation (all when empty) within ``scope``, newest submission
-        first; see ``newest_jobs``. Only the jobs listed are put together with their tasks."""
-        chosen = newest_jobs(
-            self.heads_with_specs(), allocation=allocation, limit=limit, scope=scope
-        )
-        return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
+        """The jobs ``where`` asks for within ``scope``, newest submission first; see
+        ``newest_jobs``. Only the jobs listed are put together with their tasks."""
+        listed = self.heads_with_specs()
+        if not where.states:
+            chosen = newest_jobs(listed, where=where, limit=limit, scope=scope)
+            return [job for job in (self.job(c.job_id) for c in chosen) if job is not None]
+        # A workflow's state is derived from its tasks: judged on the whole job.
+        unstated = dataclasses.replace(where, states=frozenset())
+        candidates = newest_jobs(listed, where=unstated, limit=len(listed), scope=scope)
+        whole = (self.job(c.job_id) for c in candidates)
+        matching = (job for job in whole if job is not None and where.matches(job))
+        return list(itertools.islice(matching, limit or DEFAULT_LIST_LIMIT))
 
     def heads_with_specs(self) -> list[types_pb2.Job]:
         """Every job's head (state, placement, idleness) with its spec, without its tasks."""
@@ -447,21 +475,16 @@ def scope_of(user: str, tree: BudgetTree, operators: Collection[str]) -> Scope |
 def newest_jobs(
     jobs: Iterable[types_pb2.Job],
     *,
-    allocation: str = "",
+    where: JobFilter = ALL_JOBS,
     limit: int = DEFAULT_LIST_LIMIT,
     scope: Scope | None = None,
 ) -> list[types_pb2.Job]:
-    """Jobs of one allocation (all when empty) that ``scope`` admits (all when None),
-    newest submission first.
+    """The jobs ``where`` asks for that ``scope`` admits (all when None), newest
+    submission first.
 
     At most ``limit`` of them; 0 means the default, as in ``ListJobsRequest``.
     """
-    chosen = (
-        job
-        for job in jobs
-        if (not allocation or job.spec.allocation == allocation)
-        and (scope is None or scope.admits(job))
-    )
+    chosen = (job for job in jobs if where.matches(job) and (scope is None or scope.admits(job)))
     return heapq.nlargest(
         limit or DEFAULT_LIST_LIMIT,
         chosen,

@@ -32,7 +32,7 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libs.core.config import PolicyConfig
@@ -482,17 +482,26 @@ def compare_fractions(
     *,
     serving_linger_s: float = 30.0,
     parallel: bool = False,
+    on_run: Callable[[MixedRun], None] | None = None,
 ) -> list[MixedRun]:
     """The same workload (same seed) under each ``serving_max_fraction``, in that order;
-    ``parallel`` runs them in separate processes (the results are the same)."""
+    ``parallel`` runs them in separate processes (the results are the same). ``on_run``
+    is told of each run as it ends."""
     configs = [
         serving_policy(profiles.costs, serving_max_fraction=f, serving_linger_s=serving_linger_s)
         for f in fractions
     ]
+    told = on_run or (lambda _: None)
     if not parallel or len(configs) < 2:
-        return [simulate_mixed(profiles, c, settings) for c in configs]
-    from concurrent.futures import ProcessPoolExecutor
+        runs = []
+        for config in configs:
+            runs.append(simulate_mixed(profiles, config, settings))
+            told(runs[-1])
+        return runs
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=len(configs)) as pool:
         futures = [pool.submit(simulate_mixed, profiles, c, settings) for c in configs]
+        for future in as_completed(futures):
+            told(future.result())
         return [f.result() for f in futures]

@@ -26,7 +26,7 @@ from libs.core.budget_tree import BudgetTree
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
 from libs.events.convert import gpu_memory_mb, spec_from_proto
-from libs.readmodels import Scope, has_ended, scope_of
+from libs.readmodels import DEFAULT_LIST_LIMIT, JobFilter, Scope, has_ended, scope_of
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
@@ -37,6 +37,9 @@ from services.projector.client import ProjectorClient, ProjectorError
 from services.status import Unavailable, bounded
 
 log = logging.getLogger("admission")
+
+# The states a list may ask for: every one a job can be in.
+_LISTED_STATES = frozenset(types_pb2.JobState.values()) - {types_pb2.JOB_STATE_UNSPECIFIED}
 
 _NAMESPACE = uuid.UUID("6f1d7a4e-2b1c-4e55-9a43-6c1f0e6f0a11")
 PRODUCER = "admission"
@@ -371,8 +374,18 @@ class JobServicer(js_grpc.JobServiceServicer):
     ) -> js.ListJobsResponse:
         user = await caller(context, self._keys)
         await bounded(context, "allocation", request.allocation, MAX_TEXT_CHARS)
+        await bounded(context, "user", request.user, MAX_NAME_CHARS)
+        states = frozenset(request.states)
+        if unknown := states - _LISTED_STATES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"states: {', '.join(str(s) for s in sorted(unknown))} name no job state; use "
+                + ", ".join(types_pb2.JobState.Name(s) for s in sorted(_LISTED_STATES)),
+            )
+        # The filter picks within the caller's scope: the projector applies both.
+        where = JobFilter(request.allocation, request.user, states)
         scope = await self._scope(user)
-        jobs = await self._projector.list_jobs(request.allocation, request.limit or 100, scope)
+        jobs = await self._projector.list_jobs(where, request.limit or DEFAULT_LIST_LIMIT, scope)
         return js.ListJobsResponse(jobs=jobs)
 
     async def WatchJob(

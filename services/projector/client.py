@@ -10,7 +10,7 @@ import aiohttp
 from google.protobuf.message import DecodeError, Message
 from qm.v1 import budget_service_pb2, cluster_service_pb2, job_service_pb2, types_pb2
 
-from libs.readmodels import DEFAULT_LIST_LIMIT, Scope
+from libs.readmodels import ALL_JOBS, DEFAULT_LIST_LIMIT, JobFilter, Scope
 from services.projector.contract import PROTOBUF, READY, USAGE
 
 # Query parameters; a name may repeat (allocations=a&allocations=b).
@@ -46,10 +46,18 @@ class ProjectorClient:
         return await self._get(path, {}, types_pb2.Job)
 
     async def list_jobs(
-        self, allocation: str = "", limit: int = DEFAULT_LIST_LIMIT, scope: Scope | None = None
+        self,
+        where: JobFilter = ALL_JOBS,
+        limit: int = DEFAULT_LIST_LIMIT,
+        scope: Scope | None = None,
     ) -> list[types_pb2.Job]:
-        """Jobs of an allocation (all when empty) that ``scope`` admits, newest first."""
-        params = [("limit", str(limit)), *([("allocation", allocation)] if allocation else [])]
+        """The jobs ``where`` asks for that ``scope`` admits, newest first."""
+        params = [
+            ("limit", str(limit)),
+            *([("allocation", where.allocation)] if where.allocation else []),
+            *([("owner", where.user)] if where.user else []),
+            *(("state", types_pb2.JobState.Name(s)) for s in sorted(where.states)),
+        ]
         if scope is not None:
             params += [
                 ("user", scope.user),

@@ -442,11 +442,24 @@ class Fuzzer:
             label = "a real job" if real else f"unknown job {odd_id[:20]!r}"
             return Case(method, request, self._token(user), user, label, not real)
         if choice == 5:
+            odd = types_pb2.JobState.ValueType(99)  # names no state
+            choices: list[list[types_pb2.JobState.ValueType]] = [
+                [],
+                [types_pb2.JOB_STATE_RUNNING],
+                [types_pb2.JOB_STATE_UNSPECIFIED],
+                [odd],
+            ]
+            states = rng.choice(choices)
             request = js.ListJobsRequest(
                 allocation=rng.choice(["", "nlp", "vision", "nope", "x" * 10_000]),
+                user=rng.choice(["", user, "bob", "x" * 10_000]),
+                states=states,
                 limit=rng.choice([0, 1, 1000]),
             )
-            return Case("JobService/ListJobs", request, self._token(user), user, "list", False)
+            named = set(types_pb2.JobState.values()) - {types_pb2.JOB_STATE_UNSPECIFIED}
+            unknown = any(s not in named for s in states)
+            label = f"list in states {states}" if unknown else "list"
+            return Case("JobService/ListJobs", request, self._token(user), user, label, unknown)
         if choice == 6:
             request = cs.ListNodesRequest(cluster=rng.choice(["", "default", "nowhere", "\x00"]))
             return Case(

@@ -6,11 +6,15 @@ Each record is a base-128 varint byte length followed by the encoded envelope
 lifecycle, so the log contributes submissions, cancellations, nodes and the
 budget; a job's runtime is its ``simulated_duration_s``, or else the longest
 task run the log recorded for it.
+
+``excerpt`` cuts such a log out of a live one (``qm export``): a window of real
+history to replay under another policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +31,9 @@ from libs.core.inputs import (
     TaskStarted,
 )
 from libs.core.model import NodeSpec
-from libs.events import DecodeError, logfile
+from libs.events import DecodeError, event_type, logfile, occurred_at
 from libs.events.convert import to_input
+from libs.readmodels import job_key
 from libs.sim.traces.raw import TraceError
 from libs.sim.workload import SimJob
 
@@ -86,3 +91,37 @@ def load_event_log(path: Path) -> RecordedLog:
         tree=tree,
         dropped=tuple(dropped),
     )
+
+
+# What the cluster is at a moment: each node's last registration, the last budget tree.
+_STANDING = {"node_registered", "budget_changed"}
+
+
+def excerpt(
+    envelopes: Iterable[events_pb2.Envelope], since: float, until: float = math.inf
+) -> list[events_pb2.Envelope]:
+    """The log of the jobs submitted in [``since``, ``until``), replayable on its own.
+
+    In order of time: the cluster as it stood at ``since`` (each node's last
+    registration, the last budget tree), then every other event of the window, and of
+    the window's jobs every event, those after ``until`` too (a run that ends later
+    still has its runtime). Events of jobs submitted before the window are left out.
+    """
+    ordered = sorted(envelopes, key=occurred_at)  # stable: a partition's order is kept
+    window = [env for env in ordered if since <= occurred_at(env) < until]
+    jobs = {env.job_admitted.job_id for env in window if event_type(env) == "job_admitted"}
+    standing: dict[tuple[str, str], events_pb2.Envelope] = {}
+    for env in ordered:
+        if occurred_at(env) >= since:
+            break
+        kind = event_type(env)
+        if kind in _STANDING:
+            node = env.node_registered.inventory.node_id if kind == "node_registered" else ""
+            standing[kind, node] = env
+    chosen = [
+        env
+        for env in ordered
+        if (job_id := job_key(env)) in jobs
+        or (job_id is None and since <= occurred_at(env) < until)
+    ]
+    return sorted(standing.values(), key=occurred_at) + chosen

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.readmodels import DEFAULT_LIST_LIMIT, JobRecords, Scope
+from libs.readmodels import ALL_JOBS, DEFAULT_LIST_LIMIT, JobFilter, JobRecords, Scope
 from services.projector.app import TOPICS, protobuf_table
 
 jobs = protobuf_table("jobs", TOPICS.jobs_view)
@@ -25,6 +25,6 @@ def get_job(job_id: str) -> types_pb2.Job | None:
 
 
 def list_jobs(
-    allocation: str = "", limit: int = DEFAULT_LIST_LIMIT, scope: Scope | None = None
+    where: JobFilter = ALL_JOBS, limit: int = DEFAULT_LIST_LIMIT, scope: Scope | None = None
 ) -> list[types_pb2.Job]:
-    return records.jobs(allocation=allocation, limit=limit, scope=scope)
+    return records.jobs(where=where, limit=limit, scope=scope)

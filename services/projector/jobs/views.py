@@ -1,7 +1,10 @@
-"""``GET /jobs/{job_id}`` -> ``qm.v1.Job``; ``GET /jobs?allocation=&limit=`` -> ListJobsResponse.
+"""``GET /jobs/{job_id}`` -> ``qm.v1.Job``; ``GET /jobs?allocation=&owner=&state=&limit=``
+-> ListJobsResponse.
 
-``user=`` (and ``allocations=a,b``) keep the list to what that user may see: their own
-jobs and those of the allocations named (admission works them out from the tree)."""
+``allocation``, ``owner`` (who submitted) and ``state`` (a ``JobState`` name, repeatable)
+pick jobs; ``user=`` (and ``allocations=a&allocations=b``) keep the list to what that user
+may see: their own jobs and those of the allocations named (admission works them out
+from the tree)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ from typing import cast
 
 from faust import web
 from multidict import MultiMapping
-from qm.v1 import job_service_pb2
+from qm.v1 import job_service_pb2, types_pb2
 
-from libs.readmodels import Scope
+from libs.readmodels import JobFilter, Scope
 from services.projector.app import app
 from services.projector.contract import PROTOBUF
 from services.projector.jobs.tables import get_job, list_jobs
@@ -36,10 +39,15 @@ class JobListView(web.View):
             limit = -1
         if limit < 0:
             return self.error(400, f"limit must be a non-negative integer, not {raw_limit!r}")
-        user = request.query.get("user", "")
         # faust types the query as a Mapping; aiohttp's MultiDict keeps repeated names.
-        named = frozenset(cast(MultiMapping[str], request.query).getall("allocations", []))
-        scope = Scope(user, named) if user else None
-        jobs = list_jobs(allocation=request.query.get("allocation", ""), limit=limit, scope=scope)
+        query = cast(MultiMapping[str], request.query)
+        try:
+            states = frozenset(types_pb2.JobState.Value(name) for name in query.getall("state", []))
+        except ValueError as exc:
+            return self.error(400, str(exc))
+        where = JobFilter(query.get("allocation", ""), query.get("owner", ""), states)
+        user = query.get("user", "")
+        scope = Scope(user, frozenset(query.getall("allocations", []))) if user else None
+        jobs = list_jobs(where, limit=limit, scope=scope)
         reply = job_service_pb2.ListJobsResponse(jobs=jobs)
         return self.bytes(reply.SerializeToString(deterministic=True), content_type=PROTOBUF)

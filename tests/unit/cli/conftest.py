@@ -22,7 +22,8 @@ class RecordingJobs(js_grpc.JobServiceServicer):
         self.failures = 0  # calls to fail, from the first
         self.fail_with = grpc.StatusCode.UNAVAILABLE
         self.delay_s = 0.0  # before answering
-        self.listed: list[types_pb2.Job] = []  # what ListJobs answers
+        self.listed: list[types_pb2.Job] = []  # what ListJobs answers, GetJob looks in
+        self.lists: list[js.ListJobsRequest] = []
 
     def SubmitJob(
         self, request: js.SubmitJobRequest, context: grpc.ServicerContext
@@ -36,7 +37,20 @@ class RecordingJobs(js_grpc.JobServiceServicer):
     def ListJobs(
         self, request: js.ListJobsRequest, context: grpc.ServicerContext
     ) -> js.ListJobsResponse:
+        self.lists.append(request)
         return js.ListJobsResponse(jobs=self.listed)
+
+    def WatchJob(
+        self, request: js.WatchJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[types_pb2.Job]:
+        """Each listed state of the job, in order, then the stream ends."""
+        yield from (job for job in self.listed if job.job_id == request.job_id)
+
+    def GetJob(self, request: js.GetJobRequest, context: grpc.ServicerContext) -> types_pb2.Job:
+        for job in self.listed:
+            if job.job_id == request.job_id:
+                return job
+        context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
 
 
 class Admission:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 import cli.audit
@@ -48,3 +50,32 @@ def test_other_knobs_are_named_before_any_divergence(tmp_path: Path) -> None:
     assert named in output.splitlines()
     assert output.index(named) < output.index("the first divergence is at partition 0")
     assert "differing fields: task_placed.provenance.config_digest" in output
+
+
+def test_the_verdict_as_json_for_scripts(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("lookback_window_s: 86400\n")
+    env = {"QM_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    args = ["audit", "verify", "--policy", str(path), "-o", "json"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["inputs"] > 0
+    assert report["config"] == [
+        {"knob": "lookback_window_s", "log": "604800.0", "replay": "86400.0"}
+    ]
+    found = report["divergence"]
+    assert found["partition"] == 0 and found["difference"] == "payload"
+    assert found["fields"] == ["task_placed.provenance.config_digest"]
+    assert found["replayed"]["task_placed"] and found["recorded"]["task_placed"]
+
+
+def test_a_reproduced_log_as_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("")
+    args = ["audit", "verify", "--policy", str(path), "-o", "yaml"]
+    result = CliRunner().invoke(app, args, env={"QM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert result.exit_code == 0, result.output
+    report = yaml.safe_load(result.stdout)
+    assert report["ok"] is True and report["checked"] == report["reproduced"] == 343
+    assert report["divergence"] is None

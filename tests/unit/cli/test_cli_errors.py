@@ -43,11 +43,13 @@ COMMANDS = dict(commands())
 # own environment in test_offline_commands_name_what_is_missing.
 OFFLINE = {("sim", "run"), ("sim", "workflows"), ("sim", "mixed"), ("token", "issue"), ("login",)}
 OFFLINE |= {("secret", "set")}  # writes a local folder
-OFFLINE |= {("audit", "verify")}  # reads Kafka directly
+OFFLINE |= {("audit", "verify"), ("export",)}  # read Kafka directly
 # Flags naming data rather than a config file: only the path must be in the error.
 DATA_FILES = {"--trace-path"}
 # What a command that calls a service needs besides its required arguments.
 BASELINE = {("submit",): ["--", "true"]}
+# Required options, given with every bad value of another flag.
+REQUIRED = {("export",): ("--since", "1h", "--out", "log.qmlog")}
 
 
 def dead_address() -> str:
@@ -131,10 +133,10 @@ def flag_cases() -> Iterator[Case]:
                 for name, (_, extra) in BAD_FILES.items():
                     named = (str(FILES / name), *(() if flag in DATA_FILES else extra))
                     yield Case(path, (flag, str(FILES / name)), named)
-            elif kind is Path:  # an output folder: one that cannot be made
-                yield Case(path, (flag, str(a_file / "out")), (flag,))
+            elif kind is Path:  # an output folder or file: one that cannot be made
+                yield Case(path, (*REQUIRED.get(path, ()), flag, str(a_file / "out")), (flag,))
             for value in values:
-                yield Case(path, (flag, value), (flag,))
+                yield Case(path, (*REQUIRED.get(path, ()), flag, value), (flag,))
 
 
 def extra_cases() -> Iterator[Case]:
@@ -252,3 +254,7 @@ def test_offline_commands_name_what_is_missing() -> None:
     run(Case(("audit", "verify"), (), ("QM_KAFKA_SECURITY_PROTOCOL",), bad_kafka))
     bad_topics = (("QM_TOPICS", "none.yaml"),)
     run(Case(("audit", "verify"), (), ("none.yaml", "cannot read"), bad_topics))
+    window = ("--since", "2h", "--out", "log.qmlog")
+    run(Case(("export",), window, (DEAD, "is Kafka reachable")))
+    run(Case(("export",), ("--since", "soon", "--out", "x"), ("'soon'", "2026-12-04T06:00:00Z")))
+    run(Case(("export",), (*window, "--until", "3h"), ("--until is not after --since",)))

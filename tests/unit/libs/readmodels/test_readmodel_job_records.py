@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
-from libs.readmodels import JobRecords, apply_job_event
+from libs.readmodels import JobFilter, JobRecords, apply_job_event
 from libs.readmodels.jobs import task_key
 from tests.perf.workflow_bench import Counted
 from tests.unit.libs.readmodels.readmodel_builders import (
@@ -200,7 +200,12 @@ def test_jobs_lists_the_newest_first_with_their_tasks() -> None:
     listed = book.jobs()
     assert [j.job_id for j in listed] == ["j-new", "j-old"]
     assert [len(j.tasks) for j in listed] == [0, 4]
-    assert [j.job_id for j in book.jobs(allocation="team-a", limit=1)] == ["j-new"]
-    assert book.jobs(allocation="team-z") == []
+    assert [j.job_id for j in book.jobs(where=JobFilter(allocation="team-a"), limit=1)] == ["j-new"]
+    assert book.jobs(where=JobFilter(allocation="team-z")) == []
     assert [j.state for j in book.jobs()] == [S.JOB_STATE_PLACED, S.JOB_STATE_FINISHED]
+    # A state is judged on the whole job: the workflow's is derived from its tasks.
+    ended = JobFilter(states=frozenset({S.JOB_STATE_FINISHED}))
+    assert [j.job_id for j in book.jobs(where=ended)] == ["j-old"]
+    either = JobFilter(states=frozenset({S.JOB_STATE_FINISHED, S.JOB_STATE_PLACED}))
+    assert [j.job_id for j in book.jobs(where=either, limit=1)] == ["j-new"]
     assert book.job("j-none") is None

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
 from libs.readmodels import (
+    JobFilter,
+    Scope,
     apply_job_event,
     has_ended,
     job_key,
@@ -570,9 +572,27 @@ def _job(job_id: str, allocation: str, at: float) -> types_pb2.Job:
 def test_newest_jobs_first_filtered_and_limited() -> None:
     jobs = [_job("a", "x", T0), _job("b", "y", T0 + 2), _job("c", "x", T0 + 1)]
     assert [j.job_id for j in newest_jobs(jobs)] == ["b", "c", "a"]
-    assert [j.job_id for j in newest_jobs(jobs, allocation="x")] == ["c", "a"]
+    assert [j.job_id for j in newest_jobs(jobs, where=JobFilter(allocation="x"))] == ["c", "a"]
     assert [j.job_id for j in newest_jobs(jobs, limit=2)] == ["b", "c"]
-    assert newest_jobs(jobs, allocation="none") == []
+    assert newest_jobs(jobs, where=JobFilter(allocation="none")) == []
+
+
+def test_a_filter_picks_by_user_and_state_within_the_scope_never_beyond() -> None:
+    mine = _job("mine", "x", T0)
+    theirs = folded_job(
+        [submitted("theirs", at=T0 + 1, s=types_pb2.JobSpec(allocation="y", user="bo"))]
+    )
+    running = folded_job([submitted("run", at=T0 + 2, s=spec("x")), placed("run")])
+    jobs = [mine, theirs, running]
+    by_bo = JobFilter(user="bo")
+    assert [j.job_id for j in newest_jobs(jobs, where=by_bo)] == ["theirs"]
+    placed_only = JobFilter(states=frozenset({types_pb2.JOB_STATE_PLACED}))
+    assert [j.job_id for j in newest_jobs(jobs, where=placed_only)] == ["run"]
+    # ada sees her own and allocation x's; asking for bo's jobs shows none of them.
+    ada = Scope("ada", frozenset({"x"}))
+    assert [j.job_id for j in newest_jobs(jobs, scope=ada)] == ["run", "mine"]
+    assert newest_jobs(jobs, where=by_bo, scope=ada) == []
+    assert newest_jobs(jobs, where=JobFilter(allocation="y"), scope=ada) == []
 
 
 def test_newest_jobs_default_limit_and_ties() -> None:

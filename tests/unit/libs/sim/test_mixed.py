@@ -158,8 +158,16 @@ def test_the_report_and_the_plot(
 
 def test_runs_in_processes_match_runs_in_turn(profiles: Profiles) -> None:
     tiny = dataclasses.replace(SMALL, hours=0.02, burst_s=(20.0, 40.0))
-    alone = compare_fractions(profiles, [0.5, 0.25], tiny)
-    assert compare_fractions(profiles, [0.5, 0.25], tiny, parallel=True) == alone
+    told: list[MixedRun] = []
+    alone = compare_fractions(profiles, [0.5, 0.25], tiny, on_run=told.append)
+    assert told == alone  # each run as it ended
+    told.clear()
+    assert (
+        compare_fractions(profiles, [0.5, 0.25], tiny, parallel=True, on_run=told.append) == alone
+    )
+    assert sorted(told, key=lambda r: r.serving_max_fraction) == sorted(
+        alone, key=lambda r: r.serving_max_fraction
+    )
     assert [r.serving_max_fraction for r in alone] == [0.5, 0.25]
 
 

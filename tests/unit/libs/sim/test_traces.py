@@ -23,6 +23,7 @@ from libs.sim.traces import (
     parse_dirlab,
     select,
 )
+from libs.sim.traces.eventlog import excerpt
 
 DATA = Path(__file__).resolve().parents[5] / "shared" / "data"
 DIRLAB_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
@@ -176,6 +177,66 @@ def test_a_recorded_log_gives_submissions_nodes_budget_and_cancellations(tmp_pat
     assert [n.node_id for n in log.nodes] == ["n1"]
     assert log.tree is not None and log.tree.leaves() == ["a"]
     assert [job for _, job in log.cancels] == ["j2"]
+
+
+def test_an_excerpt_replays_the_window_s_jobs_on_the_cluster_of_its_start(tmp_path: Path) -> None:
+    def env(payload: Message, second: int) -> events_pb2.Envelope:
+        at = datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
+        return new_envelope(payload, producer="test", occurred=at, event_id=f"e{second}")
+
+    def node(node_id: str, gpus: int) -> events_pb2.NodeRegistered:
+        inventory = types_pb2.NodeInventory(
+            node_id=node_id, gpus=[types_pb2.Gpu(index=i, type="H100") for i in range(gpus)]
+        )
+        return events_pb2.NodeRegistered(inventory=inventory)
+
+    def tree(leaf: str) -> events_pb2.BudgetChanged:
+        nodes = [
+            types_pb2.BudgetNode(name="root", weight=1),
+            types_pb2.BudgetNode(name=leaf, parent="root", weight=1),
+        ]
+        return events_pb2.BudgetChanged(tree=types_pb2.BudgetTree(nodes=nodes))
+
+    def job(job_id: str, user: str) -> events_pb2.JobAdmitted:
+        spec = types_pb2.JobSpec(allocation="b", user=user, gpus=2, command=["x"])
+        return events_pb2.JobAdmitted(job_id=job_id, spec=spec)
+
+    def run(job_id: str, began: int, ended: int) -> list[events_pb2.Envelope]:
+        task = f"{job_id}/0"
+        return [
+            env(events_pb2.TaskStarted(job_id=job_id, task_id=task, node_id="n1"), began),
+            env(events_pb2.TaskFinished(job_id=job_id, task_id=task, node_id="n1"), ended),
+        ]
+
+    history = [
+        env(tree("a"), 0),
+        env(node("n1", 4), 1),
+        env(node("n2", 8), 2),
+        env(tree("b"), 3),
+        env(node("n1", 8), 4),  # re-registered: the later one stands
+        env(job("early", "old"), 5),
+        *run("early", 6, 12),  # ends inside the window, began before it
+        env(job("j1", "ada"), 10),
+        *run("j1", 11, 31),  # ends after the window: its runtime is kept
+        env(job("j2", "bo"), 15),
+        env(events_pb2.JobCancelRequested(job_id="j2"), 16),
+        env(node("n3", 2), 17),  # joined in the window
+        env(job("late", "cy"), 20),  # the window's end
+    ]
+    since = datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC).timestamp()
+    until = since + 10
+    # Partitions arrive interleaved: the excerpt puts them in order of time.
+    cut = excerpt([*history[::2], *history[1::2]], since, until)
+    path = tmp_path / "excerpt.qmlog"
+    write_log(path, cut)
+    log = load_event_log(path)
+    assert [(j.job_id, j.spec.user, j.runtime_s) for j in log.jobs] == [("j1", "ada", 20.0)]
+    assert log.dropped == ("j2",)
+    assert [(n.node_id, len(n.gpu_indices)) for n in log.nodes] == [("n1", 8), ("n2", 8), ("n3", 2)]
+    assert log.tree is not None and log.tree.leaves() == ["b"]
+    assert [job for _, job in log.cancels] == ["j2"]
+    # After the last event: the cluster as it stands, nothing else.
+    assert excerpt(history, until + 100) == [history[2], history[3], history[4], history[13]]
 
 
 def test_a_truncated_log_is_refused(tmp_path: Path) -> None:

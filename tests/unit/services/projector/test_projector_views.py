@@ -10,6 +10,7 @@ from qm.v1 import events_pb2, job_service_pb2, types_pb2
 
 from libs.auth import issue_token
 from libs.events import encode
+from libs.readmodels import JobFilter, Scope
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import PROTOBUF
 from services.projector.jobs.agents import project_jobs
@@ -56,9 +57,12 @@ async def test_list_jobs_newest_first_by_allocation_and_limit(client: ProjectorC
         submitted("other", at=T0 + 1, s=spec("team-b")),
     )
     assert [j.job_id for j in await client.list_jobs()] == ["new", "other", "old"]
-    assert [j.job_id for j in await client.list_jobs("team-a")] == ["new", "old"]
+    assert [j.job_id for j in await client.list_jobs(JobFilter(allocation="team-a"))] == [
+        "new",
+        "old",
+    ]
     assert [j.job_id for j in await client.list_jobs(limit=1)] == ["new"]
-    assert await client.list_jobs("team-z") == []
+    assert await client.list_jobs(JobFilter(allocation="team-z")) == []
 
 
 async def test_list_nodes_sorted_by_cluster_without_ended_tasks(client: ProjectorClient) -> None:
@@ -89,6 +93,36 @@ async def test_answers_are_protobuf(client: ProjectorClient) -> None:
         assert response.content_type == PROTOBUF
         reply = job_service_pb2.ListJobsResponse.FromString(await response.read())
     assert [j.job_id for j in reply.jobs] == ["j1"]
+
+
+async def test_list_jobs_by_owner_and_state_within_the_scope(client: ProjectorClient) -> None:
+    bo = types_pb2.JobSpec(allocation="team-b", user="bo", gpus=1, command=["x"])
+    await feed_jobs(
+        submitted("ada-1", at=T0, s=spec("team-a")),
+        submitted("ada-2", at=T0 + 1, s=spec("team-a")),
+        placed("ada-2", "n1", [0]),
+        submitted("bo-1", at=T0 + 2, s=bo),
+    )
+    assert [j.job_id for j in await client.list_jobs(JobFilter(user="bo"))] == ["bo-1"]
+    running = JobFilter(states=frozenset({types_pb2.JOB_STATE_PLACED}))
+    assert [j.job_id for j in await client.list_jobs(running)] == ["ada-2"]
+    submitted_or_placed = JobFilter(
+        states=frozenset({types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_SUBMITTED})
+    )
+    listed = await client.list_jobs(submitted_or_placed)
+    assert [j.job_id for j in listed] == ["bo-1", "ada-2", "ada-1"]
+    # ada may see only her own: asking for bo's jobs does not show them to her.
+    assert await client.list_jobs(JobFilter(user="bo"), scope=Scope("ada")) == []
+
+
+async def test_an_unknown_state_is_a_clear_error(client: ProjectorClient) -> None:
+    url = f"{client.base_url}/jobs"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, params={"state": "JOB_STATE_NAPPING"}, headers=auth()) as response,
+    ):
+        assert response.status == 400
+        assert "JOB_STATE_NAPPING" in await response.text()
 
 
 @pytest.mark.parametrize("limit", ["-1", "x", "²", ""])
