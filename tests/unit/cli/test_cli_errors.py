@@ -47,7 +47,7 @@ OFFLINE |= {("audit", "verify"), ("export",)}  # read Kafka directly
 # Flags naming data rather than a config file: only the path must be in the error.
 DATA_FILES = {"--trace-path"}
 # What a command that calls a service needs besides its required arguments.
-BASELINE = {("submit",): ["--", "true"]}
+BASELINE = {("submit",): ["--", "true"], ("update",): ["--gpus", "2"]}
 # Required options, given with every bad value of another flag.
 REQUIRED = {("export",): ("--since", "1h", "--out", "log.qmlog")}
 
