@@ -6,7 +6,9 @@ http://127.0.0.1:6066), ``QM_MAX_GPUS``, ``QM_MAX_MIN_RUNTIME_S``,
 ``QM_GPU_TYPES`` (comma-separated; empty accepts any), ``QM_GPU_MEMORY_MB`` (the
 largest GPU a workflow's model may need; unset: the largest GPU of the registered
 nodes, as the projector lists them), ``QM_OPERATORS`` (comma-separated users who see
-every job), the metrics settings of ``services.metrics_http``, plus Kafka and auth.
+every job), ``QM_NODE_LOG_TLS_NAME`` (the name node agents' certificates carry, when
+admission reaches them at addresses those do not name, as pod IPs), the metrics settings
+of ``services.metrics_http``, plus Kafka and auth.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class AdmissionSettings(EnvSettings):
     address: Address = Field("127.0.0.1:50051", alias="QM_ADMISSION_ADDR")
     budget_target: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_TARGET")
     projector_url: str = Field("http://127.0.0.1:6066", min_length=1, alias="QM_PROJECTOR_URL")
+    node_log_tls_name: str | None = Field(None, alias="QM_NODE_LOG_TLS_NAME")
     max_gpus: int = Field(Limits().max_gpus, ge=1, le=MAX_GPUS, alias="QM_MAX_GPUS")
     max_min_runtime_s: int = Field(Limits().max_min_runtime_s, ge=0, alias="QM_MAX_MIN_RUNTIME_S")
     # Empty accepts any type.
@@ -90,7 +93,7 @@ async def _serve(
     projector = ProjectorClient(own.projector_url, token=token)
     tls = TlsSettings.from_env()
     budget = BudgetView(own.budget_target, token, tls)
-    logs = TaskLogReader(ServiceToken(READER, keys), tls)
+    logs = TaskLogReader(ServiceToken(READER, keys), tls, own.node_log_tls_name)
     explainer = Explainer(policy_from_env())
     requests = RequestLog()
     follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])

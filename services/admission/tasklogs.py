@@ -41,11 +41,15 @@ def log_sources(nodes: Iterable[str], known: Iterable[types_pb2.Node]) -> list[s
 
 class TaskLogReader:
     """Streams a job's log from one agent; ``token`` gives a current ``svc-log-reader``
-    token; ``tls``: how to reach agents (verifying them against the installation's CA)."""
+    token; ``tls``: how to reach agents (verifying them against the installation's CA),
+    ``tls_name`` the name their certificates carry, if not the address dialled."""
 
-    def __init__(self, token: Callable[[], str], tls: TlsSettings) -> None:
+    def __init__(
+        self, token: Callable[[], str], tls: TlsSettings, tls_name: str | None = None
+    ) -> None:
         self._token = token
         self._tls = tls
+        self._options = [("grpc.ssl_target_name_override", tls_name)] if tls_name else None
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
 
     async def read(self, endpoint: str, job_id: str, *, follow: bool) -> AsyncIterator[bytes]:
@@ -72,7 +76,9 @@ class TaskLogReader:
             address(endpoint)  # the log says it: nothing but HOST:PORT is dialled
         except ValueError as exc:
             raise Unavailable(f"a node agent registered a bad log endpoint: {exc}") from None
-        channel = self._channels.pop(endpoint, None) or aio_channel(endpoint, self._tls)
+        channel = self._channels.pop(endpoint, None) or aio_channel(
+            endpoint, self._tls, self._options
+        )
         self._channels[endpoint] = channel
         while len(self._channels) > KEEP_CHANNELS:
             _, oldest = self._channels.popitem(last=False)

@@ -260,7 +260,7 @@ def test_the_network_policies_allow_exactly_the_flows_that_exist(overlay: str) -
         ("admission", "budget", 50052),
         ("admission", "projector", 6066),
         ("console", "projector", 6066),
-        ("console", "admission", 50051),
+        ("console", "budget", 50052),
     }
     for source in services:
         if source == "node-agent":  # its tasks' traffic: see node-agent-tasks
@@ -270,6 +270,10 @@ def test_the_network_policies_allow_exactly_the_flows_that_exist(overlay: str) -
             if destination != source:
                 expected = (source, destination, port) in calls
                 assert allowed(source, destination, port) == expected, (source, destination)
+    # Task logs: admission alone reads the agents' (qm logs).
+    assert [allowed(s, "node-agent", 50061) for s in services if s != "node-agent"] == [
+        s == "admission" for s in services if s != "node-agent"
+    ]
     # Clients reach the three front doors and nothing else; Prometheus the metrics.
     assert [allowed("laptop", d, p) for d, p in
             [("admission", 50051), ("budget", 50052), ("console", 8080)]] == [True] * 3  # fmt: skip
