@@ -111,6 +111,9 @@ class JobServicer(js_grpc.JobServiceServicer):
             )
         spec.user = user
         spec.cluster = spec.cluster or "default"
+        if not spec.allocation:  # in the claim already, so that every record of it agrees
+            mine = (await self._budget.tree()).allocations_of(user)
+            spec.allocation = mine[0] if len(mine) == 1 else ""
         job_id = job_id_for(user, spec.client_request_id)
         try:
             async with asyncio.timeout(SUBMIT_WITHIN_S):
@@ -203,11 +206,7 @@ class JobServicer(js_grpc.JobServiceServicer):
     ) -> tuple[grpc.StatusCode, str] | None:
         """Record the job admitted or rejected; the status and message of a rejection.
         ``claimed``: its JobSubmitted is in the log already."""
-        user = spec.user
         tree = await self._budget.tree()
-        mine = tree.allocations_of(user)
-        if not spec.allocation and len(mine) == 1:
-            spec.allocation = mine[0]
         refusal = await self._refusal(spec, tree)
         if refusal is not None:
             code, field, message = refusal

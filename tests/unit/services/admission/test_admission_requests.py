@@ -225,3 +225,13 @@ async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built(
         reply = await submit(service, huge)
     assert isinstance(reply, Aborted)
     assert "workflow.tasks: at most 4096 tasks, got 100000" in reply.details
+
+
+async def test_the_allocation_left_to_admission_is_in_every_record_of_the_job() -> None:
+    """alice belongs to team-a alone: the claim says so too, so that every reader of the
+    log (the job view, usage) charges the same allocation."""
+    log = memory_log()
+    async with servicer(log) as service:
+        assert isinstance(await submit(service, spec(allocation="")), js.SubmitJobResponse)
+    recorded = [getattr(env, event_type(env)).spec.allocation for env in log.envelopes(TOPIC)]
+    assert recorded == ["team-a", "team-a"]
