@@ -3,12 +3,12 @@ the decision behind them, sent again while the bus refuses them."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
+from tenacity import AsyncRetrying, wait_exponential
 
 from libs.events import event_type, new_envelope
 from services.node_agent.lifecycle import producer_name
@@ -21,6 +21,7 @@ Emit = Callable[[events_pb2.Envelope], Awaitable[None]]
 # doubling up to the most: no task end is dropped while the agent runs.
 RETRY_FIRST_S = 0.5
 RETRY_MOST_S = 10.0
+CLOSING_TRIES = 3  # once the agent is shutting down
 
 
 def envelope(
@@ -56,15 +57,17 @@ class Reporter:
         cause: str = "",
     ) -> None:
         env = envelope(node, payload, task, cause)
-        delay, tries = RETRY_FIRST_S, 0
-        while True:
-            try:
+        retrying = AsyncRetrying(
+            wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MOST_S),
+            stop=lambda state: self.closing and state.attempt_number >= CLOSING_TRIES,
+            before_sleep=lambda state: log.warning(
+                "%s not sent (%s); again in %.1f s",
+                event_type(env),
+                state.outcome.exception() if state.outcome else "?",
+                state.upcoming_sleep,
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
                 await self.emit(env)
-                return
-            except Exception as exc:
-                tries += 1
-                if self.closing and tries >= 3:
-                    raise
-                log.warning("%s not sent (%s); again in %.1f s", event_type(env), exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MOST_S)

@@ -111,6 +111,24 @@ async def test_a_report_the_bus_refuses_is_sent_again(monkeypatch: pytest.Monkey
     assert refusals == 0 and [env.task_finished.task_id for env in sent] == ["j/0"]
 
 
+async def test_a_closing_agent_tries_a_report_a_few_times_then_gives_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tries = 0
+
+    async def down(env: events_pb2.Envelope) -> None:
+        nonlocal tries
+        tries += 1
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr("services.node_agent.reports.RETRY_FIRST_S", 0.01)
+    reporter = Reporter(down)
+    reporter.closing = True
+    with pytest.raises(ConnectionError):
+        await reporter(types_pb2.NodeInventory(node_id="n"), events_pb2.TaskFinished(job_id="j"))
+    assert tries == 3
+
+
 def test_a_restarted_agent_kills_the_task_processes_left_behind(tmp_path: Path) -> None:
     ledger = ProcessLedger(tmp_path / "state")
     left = subprocess.Popen(
