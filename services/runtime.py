@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -17,6 +16,7 @@ from pydantic import BeforeValidator, Field
 from libs.config.document import ConfigError
 from libs.config.env import EnvSettings
 from libs.telemetry import setup_tracing
+from libs.telemetry.logs import LogFormat, configure_logs
 
 
 def run_service(service: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -63,16 +63,13 @@ class _LogSettings(EnvSettings):
     level: Annotated[
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(str.upper)
     ] = Field("INFO", alias="QM_LOG_LEVEL")
+    form: Annotated[LogFormat, BeforeValidator(str.lower)] = Field("text", alias="QM_LOG_FORMAT")
 
 
 def configure_logging(service: str) -> None:
-    """One log format for every service; ``QM_LOG_LEVEL`` sets the level. Config errors
-    from here on are reported in one line (``report_config_errors``)."""
+    """One log format for every service (``libs.telemetry.logs``): ``QM_LOG_LEVEL`` sets
+    the level, ``QM_LOG_FORMAT`` text (default) or json. Config errors from here on are
+    reported in one line (``report_config_errors``)."""
     report_config_errors(service)
-    logging.basicConfig(
-        level=_LogSettings.from_env().level,
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-    )
-    # The Kafka clients narrate every rebalance at INFO; keep their warnings only.
-    for noisy in ("aiokafka", "kafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = _LogSettings.from_env()
+    configure_logs(service, settings.level, settings.form)

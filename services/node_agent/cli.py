@@ -63,6 +63,7 @@ from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
 from services.node_agent.serving import DEFAULT_HOST_TO_GPU_MB_PER_MS
 from services.node_agent.utilization import nvml_session, sampler_for
+from services.runtime import configure_logging
 
 DEFAULT_LOG_DIR = Path(".local/logs/tasks")
 _IDLE = IdleThresholds()
@@ -187,9 +188,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("node-agent")
     try:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
