@@ -94,7 +94,10 @@ def api_nodes(stack: Stack, user: str) -> list[types_pb2.Node]:
 
 
 def text(browser: webdriver.Chrome, element_id: str) -> str:
-    return str(browser.find_element(By.ID, element_id).text)
+    """An element's text, read in one go: the page may replace it (or be replaced by the
+    next one) at any moment; "" while there is no such element."""
+    script = "return document.getElementById(arguments[0])?.textContent ?? ''"
+    return str(browser.execute_script(script, element_id)).strip()
 
 
 def first_column(browser: webdriver.Chrome, tbody_id: str) -> set[str]:
@@ -163,7 +166,7 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     browser.get(stack.console_url)
     assert browser.current_url.endswith("/login")
     sign_in_with_form(browser, stack, "not-a-token")
-    assert "that token does not sign in" in text(browser, "error")
+    until(lambda: "that token does not sign in" in text(browser, "error"), "the refusal")
     browser.save_screenshot(str(shots / "console-login.png"))
     browser.get_log("browser")  # the refusal's 401 is the point: not an error of the page
 
