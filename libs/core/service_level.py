@@ -5,7 +5,8 @@ service-level definitions the simulator's report and the live console share.
   ``min(entitled_gpus, demand)`` GPUs at every moment, where demand is the GPUs its charged
   work holds plus those its charged waiting work asks for; delivered is what it holds.
 * Slowdown: completion time over run time, the run time at least ``SLOWDOWN_FLOOR_S`` so
-  that a short job's slowdown is not inflated by seconds of waiting.
+  that a short job's slowdown is not inflated by seconds of waiting. A workflow's, as
+  Compass measures it: its latency over its best case (``Workflow.best_case_ms``).
 """
 
 from __future__ import annotations
@@ -24,3 +25,8 @@ def owed_gpus(entitled_gpus: float, held: int, asked: int) -> float:
 def slowdown(completion_s: float, runtime_s: float) -> float:
     """How many times its (floored) run time a job took from submission to its end."""
     return completion_s / max(runtime_s, SLOWDOWN_FLOOR_S)
+
+
+def workflow_slowdown(latency_ms: float, best_case_ms: float) -> float:
+    """How many times its best case (no queueing, models resident) a workflow took."""
+    return latency_ms / best_case_ms

@@ -13,7 +13,8 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
-from libs.core.service_level import TARGET_DELIVERED_PCT, slowdown
+from libs.core.service_level import TARGET_DELIVERED_PCT, workflow_slowdown
+from libs.events.convert import workflow_from_proto
 from libs.events.envelope import timestamp_seconds
 from libs.readmodels.jobs import Scope
 from libs.readmodels.occupancy import WAITING, Timeline
@@ -137,7 +138,8 @@ def _workflows(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
         submitted = _seconds(job.submitted_at)
         finished = _seconds(job.finished_at)
         elapsed = ((finished or now) - submitted) if submitted else None
-        estimate = job.spec.runtime_estimate_s
+        workflow = workflow_from_proto(job.spec.workflow)
+        best_ms = workflow.best_case_ms if workflow is not None else 0.0
         done = sum(task.state == _S.JOB_STATE_FINISHED for task in job.tasks)
         flows.append(
             {
@@ -148,8 +150,10 @@ def _workflows(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
                 "tasks": len(job.spec.workflow.tasks),
                 "tasks_done": done,
                 "elapsed_s": elapsed,
-                # Against the run time the submitter expected; none given, none shown.
-                "slowdown": slowdown(elapsed, estimate) if elapsed and estimate > 0 else None,
+                # Against its best case, as Compass measures it (submission to end).
+                "slowdown": (
+                    workflow_slowdown(elapsed * 1000, best_ms) if elapsed and best_ms > 0 else None
+                ),
             }
         )
     return flows

@@ -49,6 +49,7 @@ from libs.core.inputs import (
 )
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
+from libs.core.service_level import workflow_slowdown
 from libs.core.usage import Usage, WindowedUsage
 from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, Observer, StopEnd
 from libs.sim.metrics import CLASSES, Distribution
@@ -456,7 +457,7 @@ class MixedCluster(ServingCluster, Observer):
         waited: dict[str, int] = dict.fromkeys(PHASES, 0)
         for job_id, (arrived_ms, flow) in self.arrived.items():
             latency = self.world.done[job_id] - arrived_ms
-            entry = (latency / self.best_case_ms[flow.name], latency)
+            entry = (workflow_slowdown(latency, self.best_case_ms[flow.name]), latency)
             phase = self.settings.phase(arrived_ms / 1000 - self.start)
             for p in ("all", phase):
                 by_phase[p].append(entry)

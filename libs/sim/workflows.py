@@ -36,6 +36,7 @@ from libs.core.ids import JobId, NodeId
 from libs.core.inputs import Input, JobArrived, NodeJoined
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
+from libs.core.service_level import workflow_slowdown
 from libs.sim.world import Served, SimulationError, World
 
 # The published profiles, where a checkout keeps them (../shared, next to the repo).
@@ -277,7 +278,8 @@ def simulate(
     done = sorted(finished, key=lambda j: (finished[j], j))
     measured = done[int(len(done) * warmup) :]
     slowdowns = [
-        (finished[j] - arrived[j][0]) / profiles.best_case_ms[arrived[j][1].name] for j in measured
+        workflow_slowdown(finished[j] - arrived[j][0], profiles.best_case_ms[arrived[j][1].name])
+        for j in measured
     ]
     latencies = sorted(finished[j] - arrived[j][0] for j in measured)
     per_workflow = {}

@@ -53,6 +53,15 @@ class Workflow:
         return self._children.get(task_id, ())
 
     @cached_property
+    def best_case_ms(self) -> float:
+        """Its latency with no queueing and every model resident: the longest chain of
+        run times through the DAG (the yardstick of its slowdown)."""
+        done: dict[str, float] = {}
+        for task in self.tasks:  # parents first
+            done[task.task_id] = task.run_ms + max((done[p] for p in task.parents), default=0.0)
+        return max(done.values(), default=0.0)
+
+    @cached_property
     def largest_model_mb(self) -> float:
         """The GPU memory its largest model needs (0: no task has a model)."""
         return max((t.model_mb for t in self.tasks), default=0.0)

@@ -73,3 +73,12 @@ def test_a_workflow_not_yet_checked_looks_up_the_first_task_of_an_id() -> None:
     assert workflow.children("a") == ("b",)  # once, however often it names its parent
     assert workflow.models == frozenset({"m", "n"})
     assert workflow.largest_model_mb == 1.0
+
+
+def test_the_best_case_is_the_longest_chain_of_run_times() -> None:
+    # a(10) -> b(5) -> d(1); a -> c(20) -> d: the path through c is the longest.
+    def task(name: str, run_ms: float, *parents: str) -> Task:
+        return Task(name, "", 0.0, run_ms, 1.0, 1.0, parents)
+
+    tasks = [task("a", 10), task("b", 5, "a"), task("c", 20, "a"), task("d", 1, "b", "c")]
+    assert build_workflow("w", tasks, 1.0).best_case_ms == 31.0
