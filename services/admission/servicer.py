@@ -421,7 +421,15 @@ class JobServicer(js_grpc.JobServiceServicer):
                 f"job {job.job_id} {never} ({state}: {job.reason or 'no reason given'})"
                 + ("" if has_ended(job) else "; qm logs -f waits for it"),
             )
-        sources = log_sources(nodes, await self._projector.list_nodes(job.spec.cluster))
+        known = await self._projector.list_nodes(job.spec.cluster)
+        sources = log_sources(nodes, [n for n in known if not n.lost])
+        lost = sorted({n.inventory.node_id for n in known if n.lost} & set(nodes))
+        if not sources and lost:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the output of job {job.job_id} is on node(s) {', '.join(lost)}, which were "
+                "lost: their agents do not answer (it is back once they register again)",
+            )
         if not sources:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
