@@ -33,6 +33,9 @@ from cli.sim import sim_app
 from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
+from libs.core import simulated
+from libs.core.simulated import SimulatedRun
+from libs.events import durations
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
@@ -126,18 +129,17 @@ def submit(
         allocation=allocation,
         gpus=gpus,
         gpu_type=gpu_type,
-        min_runtime_s=int(min_runtime),
-        runtime_estimate_s=estimate,
+        min_runtime=durations.duration(int(min_runtime)) if min_runtime else None,
+        runtime_estimate=durations.duration(estimate) if estimate else None,
         resumable=resumable,
         priority=priority,
         command=command or [],
         # gRPC resends this very request on a retry: the id makes the retries one job.
         client_request_id=request_id or uuid.uuid4().hex,
-        env=dict(item.split("=", 1) for item in env or []),
+        # A simulated node reads how to "run" the job from its environment.
+        env=dict(item.split("=", 1) for item in env or [])
+        | simulated.to_env(SimulatedRun(sim_duration, sim_exit_code, sim_utilization)),
         secrets=secret or [],
-        simulated_duration_s=sim_duration,
-        simulated_exit_code=sim_exit_code,
-        simulated_utilization=sim_utilization,
     )
     if workflow is not None:
         try:
@@ -188,8 +190,8 @@ def status(
     with _rpc() as conn:
         stub = _jobs(conn)
         if job_id:
-            job = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id))
-            console.print(render.job_detail(job))
+            reply = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id))
+            console.print(render.job_detail(reply.job))
         else:
             request = js.ListJobsRequest(allocation=allocation, limit=limit)
             reply = conn.call(conn.admission, stub.ListJobs, request)
@@ -209,7 +211,8 @@ def _follow(conn: Connection, job_id: str) -> None:
     started = time.monotonic()
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
     try:
-        for job in stream:
+        for change in stream:
+            job = change.job
             detail = job.reason or (f"{job.node_id} {list(job.gpu_indices)}" if job.node_id else "")
             if job.spec.HasField("workflow") and not job.reason:
                 detail = render.workflow_progress(job)
@@ -255,7 +258,7 @@ def budget_tree() -> None:
     """The budget tree with entitlements and charged GPU-hours."""
     with _rpc() as conn:
         stub = _budget(conn)
-        tree = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
+        tree = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest()).tree
         balances = conn.call(conn.budget, stub.GetBalances, budget_service_pb2.GetBalancesRequest())
         console.print(render.tree_table(tree, balances))
 
@@ -297,11 +300,11 @@ def budget_set(
     )
     with _rpc() as conn:
         stub = _budget(conn)
-        current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
+        current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest()).tree
         request = budget_service_pb2.SetAllocationRequest(
             node=edited_node(current, name, edit), expected_version=current.version
         )
-        tree = conn.call(conn.budget, stub.SetAllocation, request)
+        tree = conn.call(conn.budget, stub.SetAllocation, request).tree
         console.print(f"budget tree is now version {tree.version}")
 
 

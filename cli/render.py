@@ -11,6 +11,8 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from libs.events import durations
+
 _STYLE = {
     "FINISHED": "green",
     "RUNNING": "cyan",
@@ -103,6 +105,8 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     """One job; a workflow job also gets a table of its tasks."""
     table = Table.grid(padding=(0, 2))
     workflow = job.spec.HasField("workflow")
+    min_runtime = durations.seconds(job.spec.min_runtime)
+    estimate = durations.seconds(job.spec.runtime_estimate)
     rows = [
         ("job", job.job_id),
         ("state", styled_state(job.state)),
@@ -112,8 +116,8 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
             "gpus",
             f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}" + (" per task" if workflow else ""),
         ),
-        ("contract", f"min runtime {job.spec.min_runtime_s} s, resumable {job.spec.resumable}"),
-        ("estimate", f"{job.spec.runtime_estimate_s:g} s" if job.spec.runtime_estimate_s else "-"),
+        ("contract", f"min runtime {min_runtime:g} s, resumable {job.spec.resumable}"),
+        ("estimate", f"{estimate:g} s" if estimate else "-"),
         ("command", " ".join(job.spec.command) or "-"),
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
@@ -187,7 +191,9 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
     return table
 
 
-def tree_table(tree: types_pb2.BudgetTree, balances: budget_service_pb2.Balances) -> Table:
+def tree_table(
+    tree: types_pb2.BudgetTree, balances: budget_service_pb2.GetBalancesResponse
+) -> Table:
     by_leaf = {b.allocation: b for b in balances.balances}
     table = Table("NODE", "WEIGHT", "ENTITLEMENT", "GPU-HOURS", "MEMBERS", "MANAGERS")
     children: dict[str, list[types_pb2.BudgetNode]] = {}

@@ -6,7 +6,9 @@ read the log alike.
 
 A core dataclass and the message it travels as name their fields alike, so most
 fields are copied by name (``_from_message``, ``_fields``); only the fields whose
-types differ are converted by hand.
+types differ are converted by hand: durations (plain seconds in the core,
+``google.protobuf.Duration`` on the wire; ``libs.events.durations``) and the simulation
+entries of a job's environment (``libs.core.simulated``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ from libs.core.compass.workflow import (
 )
 from libs.core.ids import JobId, NodeId
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
+from libs.core.simulated import SimulatedRun, split_env, to_env
+from libs.events.durations import duration, seconds, whole_seconds
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 
 if TYPE_CHECKING:
@@ -137,6 +141,7 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
     given, for ``validate_job`` to judge; such a spec is never for the scheduler.
     """
     workflow: Workflow | None = None
+    run, env = split_env(spec.env)
     if spec.HasField("workflow"):
         if workflow_as_given:
             workflow = Workflow(spec.workflow.name, workflow_tasks_from_proto(spec.workflow))
@@ -146,7 +151,12 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
         JobSpec,
         spec,
         cluster=spec.cluster or DEFAULT_CLUSTER,
-        env=tuple(sorted(spec.env.items())),
+        env=tuple(sorted(env.items())),
+        simulated_duration_s=run.duration_s,
+        simulated_exit_code=run.exit_code,
+        simulated_utilization=run.utilization,
+        min_runtime_s=whole_seconds(spec.min_runtime),
+        runtime_estimate_s=seconds(spec.runtime_estimate),
         workflow=workflow,
     )
 
@@ -172,10 +182,27 @@ def workflow_to_proto(workflow: Workflow) -> types_pb2.Workflow:
     return types_pb2.Workflow(name=workflow.name, tasks=tasks)
 
 
+# The core's fields that travel differently in the JobSpec message.
+_SPEC_BY_HAND = (
+    "env",
+    "workflow",
+    "simulated_duration_s",
+    "simulated_exit_code",
+    "simulated_utilization",
+    "min_runtime_s",
+    "runtime_estimate_s",
+)
+
+
 def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
+    run = SimulatedRun(
+        spec.simulated_duration_s, spec.simulated_exit_code, spec.simulated_utilization
+    )
     return types_pb2.JobSpec(
-        **_fields(spec, "env", "workflow"),
-        env=dict(spec.env),
+        **_fields(spec, *_SPEC_BY_HAND),
+        env=dict(spec.env) | to_env(run),
+        min_runtime=duration(spec.min_runtime_s) if spec.min_runtime_s else None,
+        runtime_estimate=duration(spec.runtime_estimate_s) if spec.runtime_estimate_s else None,
         workflow=workflow_to_proto(spec.workflow) if spec.workflow is not None else None,
     )
 
@@ -231,7 +258,9 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
             return _arrived(at, env.job_admitted)
         case "node_registered":
             r = env.node_registered
-            return _from_message(NodeJoined, r, at=at, node=node_from_proto(r.inventory))
+            node = node_from_proto(r.inventory)
+            heartbeat_s = seconds(r.heartbeat_interval)
+            return _from_message(NodeJoined, r, at=at, node=node, heartbeat_s=heartbeat_s)
         case "budget_changed":
             try:
                 return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
@@ -240,7 +269,7 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
         case "usage_snapshot":
             u = env.usage_snapshot
             usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
-            return UsageSnapshot(at, u.window_s, usage)
+            return UsageSnapshot(at, seconds(u.window), usage)
     return None
 
 
@@ -280,6 +309,8 @@ def decision_payload(
             values["tasks"] = [events_pb2.PlannedTask(**_fields(t)) for t in decision.tasks]
         case Stop():
             values["cause"] = _STOP_CAUSES[decision.cause]
+            grace_s = values.pop("grace_s")
+            values["grace"] = duration(grace_s) if grace_s else None
         case Reject() if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
             values["spec"] = spec
     return _EVENTS[type(decision)](**values, provenance=provenance)

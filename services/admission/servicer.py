@@ -279,9 +279,11 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def GetJob(
         self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.Job:
+    ) -> js.GetJobResponse:
         user = await caller(context, self._keys)
-        return await self._visible_job_or_abort(user, request.job_id, context)
+        return js.GetJobResponse(
+            job=await self._visible_job_or_abort(user, request.job_id, context)
+        )
 
     async def ListJobs(
         self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -294,7 +296,7 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def WatchJob(
         self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[types_pb2.Job]:
+    ) -> AsyncIterator[js.WatchJobResponse]:
         user = await caller(context, self._keys)
         await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         last: types_pb2.Job | None = None
@@ -303,7 +305,7 @@ class JobServicer(js_grpc.JobServiceServicer):
             if last is None and (job is None or not await self._may_see(user, job)):
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
             if job is not None and job != last:
-                yield job
+                yield js.WatchJobResponse(job=job)
                 last = job
                 if has_ended(job):
                     return
@@ -311,10 +313,12 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
-    ) -> js.Explanation:
+    ) -> js.ExplainJobResponse:
         user = await caller(context, self._keys)
         job = await self._visible_job_or_abort(user, request.job_id, context)
-        answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
+        answer = js.ExplainJobResponse(
+            job_id=job.job_id, state=job.state, allocation=job.spec.allocation
+        )
         why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
         if why is None or has_ended(job):
             answer.reason = _explain(job)

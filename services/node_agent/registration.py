@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.events.durations import duration
 from services.node_agent.lifecycle import new_incarnation
 from services.node_agent.reports import Reporter, envelope
 
@@ -56,7 +57,9 @@ class Registrations:
     async def _register(self, node: types_pb2.NodeInventory) -> None:
         incarnation = self._incarnations[node.node_id]
         registered = events_pb2.NodeRegistered(
-            inventory=node, incarnation=incarnation, heartbeat_s=self._heartbeat_s
+            inventory=node,
+            incarnation=incarnation,
+            heartbeat_interval=duration(self._heartbeat_s),
         )
         await self._report(node, registered)
         log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))

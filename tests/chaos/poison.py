@@ -31,7 +31,8 @@ from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import KafkaSettings, Topics
-from libs.events import encode, new_envelope
+from libs.core import simulated
+from libs.events import durations, encode, new_envelope
 
 NEAR_LIMIT = 1_000_000  # bytes: under the broker's default message.max.bytes (1,048,588)
 AT_LIMIT = 1_048_000  # fits alone; not with the headers a dead letter adds
@@ -140,7 +141,7 @@ def absurd_facts() -> list[Poison]:
     epoch = _env(events_pb2.ClockTick(), POISON_CLUSTER)
     epoch.ClearField("occurred_at")
     usage = events_pb2.UsageSnapshot(
-        window_s=math.nan,
+        window=durations.duration(315_576_000_000),  # the longest a Duration holds
         usage=[
             types_pb2.AllocationUsage(allocation="nlp", allocated_gpu_s=math.nan),
             types_pb2.AllocationUsage(allocation="vision-detection", allocated_gpu_s=math.inf),
@@ -166,7 +167,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
             gpus=1,
             gpu_type="A100",
             command=["x"],
-            simulated_duration_s=1.0,
+            env={simulated.SECONDS: "1.0"},
             client_request_id=_ghost(),
         )
         change(spec)
@@ -179,7 +180,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
         spec.gpus = 2**32 - 1
 
     def nan(spec: types_pb2.JobSpec) -> None:
-        spec.simulated_duration_s = math.nan
+        spec.env[simulated.SECONDS] = "nan"
         spec.min_gpu_memory_gib = math.nan
 
     def stranger(spec: types_pb2.JobSpec) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
+from libs.core.simulated import SimulatedRun
 from services.node_agent.executors import (
     LaunchError,
     ProcessExecution,
@@ -32,9 +34,7 @@ def placed(
         gpu_indices=gpus,
         spec=types_pb2.JobSpec(
             command=command,
-            env=env or {},
-            simulated_duration_s=duration_s,
-            simulated_exit_code=exit_code,
+            env=(env or {}) | simulated.to_env(SimulatedRun(duration_s, exit_code)),
         ),
     )
 

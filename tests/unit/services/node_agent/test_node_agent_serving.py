@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import SimulatedExecutor
 from services.node_agent.serving import gpu_memory_mb
@@ -78,7 +79,7 @@ def batch(job_id: str, gpus: tuple[int, ...], duration_s: float = 0.01) -> event
         task_id=f"{job_id}/0",
         node_id="sim-0",
         gpu_indices=gpus,
-        spec=types_pb2.JobSpec(simulated_duration_s=duration_s),
+        spec=types_pb2.JobSpec(env={simulated.SECONDS: repr(duration_s)}),
     )
 
 
