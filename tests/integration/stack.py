@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,12 +172,17 @@ class Stack:
         """Settings to reach this stack's broker as ``principal``."""
         return KafkaSettings.from_env({**self.env, **self.principal_env(principal)})
 
-    def start(self, name: str, *args: str) -> None:
-        log = (self.logs / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(
+    def start(
+        self, name: str, *args: str, env: Mapping[str, str] | None = None, key: str = ""
+    ) -> None:
+        """Start ``services.<name>``; ``env``: settings over its own, ``key``: the name a
+        second instance is known (and logs) by."""
+        key = key or name
+        log = (self.logs / f"{key}.log").open("ab")
+        self.processes[key] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
             cwd=ROOT,
-            env=self.service_env(name),
+            env={**self.service_env(name), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
