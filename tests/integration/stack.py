@@ -172,17 +172,20 @@ class Stack:
         """Settings to reach this stack's broker as ``principal``."""
         return KafkaSettings.from_env({**self.env, **self.principal_env(principal)})
 
-    def start(
-        self, name: str, *args: str, env: Mapping[str, str] | None = None, key: str = ""
-    ) -> None:
-        """Start ``services.<name>``; ``env``: settings over its own, ``key``: the name a
-        second instance is known (and logs) by."""
-        key = key or name
+    def start(self, name: str, *args: str) -> None:
+        self._spawn(name, name, args, {})
+
+    def start_instance(self, key: str, name: str, env: Mapping[str, str]) -> None:
+        """Another instance of ``services.<name>``, known (and logging) as ``key``, with
+        ``env`` over its own settings."""
+        self._spawn(key, name, (), env)
+
+    def _spawn(self, key: str, name: str, args: tuple[str, ...], env: Mapping[str, str]) -> None:
         log = (self.logs / f"{key}.log").open("ab")
         self.processes[key] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
             cwd=ROOT,
-            env={**self.service_env(name), **(env or {})},
+            env={**self.service_env(name), **env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

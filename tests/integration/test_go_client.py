@@ -63,7 +63,7 @@ def tls_admission(
         "QM_TLS_CERT": str(certs / "server.crt"),
         "QM_TLS_KEY": str(certs / "server.key"),
     }
-    stack.start("admission", env=served, key="admission-tls")
+    stack.start_instance("admission-tls", "admission", served)
     trusting = TlsSettings.from_env({"QM_TLS_CA": str(certs / "ca.crt")})
     eventually(lambda: serving(address, trusting), timeout=60, what="admission over TLS")
     yield address, certs / "ca.crt"
