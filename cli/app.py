@@ -35,7 +35,7 @@ from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
 from libs.core import simulated
 from libs.core.simulated import SimulatedRun
-from libs.events import durations
+from libs.events import wire_time
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
@@ -129,8 +129,8 @@ def submit(
         allocation=allocation,
         gpus=gpus,
         gpu_type=gpu_type,
-        min_runtime=durations.duration(int(min_runtime)) if min_runtime else None,
-        runtime_estimate=durations.duration(estimate) if estimate else None,
+        min_runtime=wire_time.duration(int(min_runtime)) if min_runtime else None,
+        runtime_estimate=wire_time.duration(estimate) if estimate else None,
         resumable=resumable,
         priority=priority,
         command=command or [],
@@ -168,7 +168,7 @@ def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
                 task_id=task.id,
                 model=task.model or "",
                 model_mb=file.model_mb(task),
-                run_ms=task.run_ms,
+                run_duration=wire_time.duration_ms(task.run_ms),
                 in_kb=task.in_kb,
                 out_kb=task.out_kb,
                 parents=task.parents,

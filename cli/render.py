@@ -11,7 +11,7 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from libs.events import durations
+from libs.events import wire_time
 
 _STYLE = {
     "FINISHED": "green",
@@ -105,8 +105,8 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     """One job; a workflow job also gets a table of its tasks."""
     table = Table.grid(padding=(0, 2))
     workflow = job.spec.HasField("workflow")
-    min_runtime = durations.seconds(job.spec.min_runtime)
-    estimate = durations.seconds(job.spec.runtime_estimate)
+    min_runtime = wire_time.seconds(job.spec.min_runtime)
+    estimate = wire_time.seconds(job.spec.runtime_estimate)
     rows = [
         ("job", job.job_id),
         ("state", styled_state(job.state)),

@@ -24,8 +24,8 @@ from libs.core.ids import TaskId
 from libs.core.usage import Usage, WindowedUsage
 from libs.events import event_type, new_envelope, occurred_at
 from libs.events.convert import node_from_proto, spec_from_proto, tree_from_proto
-from libs.events.durations import duration
 from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
+from libs.events.wire_time import duration
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, EventConsumer
-from libs.events.durations import seconds
+from libs.events.wire_time import seconds
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import decision_for, idle_changed, stop_reason
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S, Registrations

@@ -27,6 +27,7 @@ from qm.v1 import events_pb2
 
 from libs.core import simulated
 from libs.core.decisions import stop_grace
+from libs.events import wire_time
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
@@ -292,7 +293,7 @@ class SimulatedExecutor:
     """Runs nothing: the task "runs" and exits as its job's environment tells
     (``QM_SIMULATED_SECONDS``, ``QM_SIMULATED_EXIT``; ``libs.core.simulated``).
 
-    A serving task runs for its ``serving.run_ms``; loading its model takes ``load_ms``.
+    A serving task runs for its ``serving.run_duration``; loading its model takes ``load_ms``.
     """
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
@@ -302,7 +303,8 @@ class SimulatedExecutor:
         self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
     ) -> SimulatedExecution:
         run, _ = simulated.split_env(task.spec.env)
-        duration_s = task.serving.run_ms / 1000 if task.HasField("serving") else run.duration_s
+        serving = task.HasField("serving")
+        duration_s = wire_time.seconds(task.serving.run_duration) if serving else run.duration_s
         return SimulatedExecution(duration_s, exit_code=run.exit_code)
 
 

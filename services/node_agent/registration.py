@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.events.durations import duration
+from libs.events.wire_time import duration
 from services.node_agent.lifecycle import new_incarnation
 from services.node_agent.reports import Reporter, envelope
 

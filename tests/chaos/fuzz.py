@@ -39,6 +39,7 @@ from qm.v1 import types_pb2
 
 from libs.auth import Keys, issue_token
 from libs.core import simulated
+from libs.events.wire_time import duration_ms
 from services.grpc_server import bearer
 from tests.chaos.clients import Clients
 from tests.chaos.workload import make_spec, workflows
@@ -261,7 +262,7 @@ def _wide(count: int) -> Callable[[types_pb2.Workflow], None]:
     def change(flow: types_pb2.Workflow) -> None:
         del flow.tasks[:]
         for i in range(count):
-            flow.tasks.add(task_id=f"t{i}", model="", run_ms=1.0)
+            flow.tasks.add(task_id=f"t{i}", model="", run_duration=duration_ms(1.0))
 
     return change
 

@@ -47,7 +47,7 @@ from libs.core import (
 )
 from libs.core.compass import Eviction
 from libs.core.simulated import SimulatedRun
-from libs.events import durations, event_type, new_envelope
+from libs.events import event_type, new_envelope, wire_time
 from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
 from libs.events.driver import decide, policy_configured
 from libs.events.logfile import write_log
@@ -121,7 +121,7 @@ def job_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
         user=rng.choice(ALLOCATIONS[allocation]),
         gpus=gpus,
         gpu_type=gpu_type,
-        min_runtime=durations.duration(rng.choice((0, 0, 300, 900, 3600, 4 * 3600))),
+        min_runtime=wire_time.duration(rng.choice((0, 0, 300, 900, 3600, 4 * 3600))),
         resumable=rng.random() < 0.4,
         command=command,
         priority=rng.choice((0, 0, 1, 5)),
@@ -145,7 +145,7 @@ def workflow_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
                 task_id=task_id,
                 model=model,
                 model_mb=size,
-                run_ms=run_ms,
+                run_duration=wire_time.duration_ms(run_ms),
                 in_kb=rng.choice((2, 300, 3000)),
                 out_kb=2,
                 parents=list(parents),
@@ -365,7 +365,7 @@ class Scenario:
         return events_pb2.NodeRegistered(
             inventory=inventory,
             incarnation=incarnation,
-            heartbeat_interval=durations.duration(HEARTBEAT_S),
+            heartbeat_interval=wire_time.duration(HEARTBEAT_S),
         )
 
     def _still_happens(self, at: float, payload: Message) -> bool:
@@ -390,7 +390,7 @@ class Scenario:
                 self._world.join(node_from_proto(payload.inventory))
             case events_pb2.UsageSnapshot():
                 self._at(at + USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
-                payload.window.CopyFrom(durations.duration(self._window_s))
+                payload.window.CopyFrom(wire_time.duration(self._window_s))
                 payload.usage.extend(
                     types_pb2.AllocationUsage(allocation=name, allocated_gpu_s=round(used, 3))
                     for name, used in sorted(self._charged.items())
@@ -465,7 +465,7 @@ class Scenario:
             self._release(decision.task_lost.task_id)
         elif kind == "task_stop_requested" and decision.task_stop_requested.task_id in self._live:
             stop = decision.task_stop_requested
-            self._world.stop(stop.task_id, durations.seconds(stop.grace))
+            self._world.stop(stop.task_id, wire_time.seconds(stop.grace))
 
 
 def _ids(task: TaskStarted | TaskEnded | events_pb2.TaskPlaced) -> dict[str, str]:

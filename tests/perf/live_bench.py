@@ -51,7 +51,7 @@ from qm.v1 import types_pb2
 
 from libs.bus import KafkaBus, load_topic_config
 from libs.core import simulated
-from libs.events import DecodeError, decode, durations, event_type, occurred_at
+from libs.events import DecodeError, decode, event_type, occurred_at, wire_time
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
 from tests.perf.options import option
@@ -305,7 +305,7 @@ def _request(rng: random.Random, job_s: float) -> js.SubmitJobRequest:
             allocation=rng.choice(("vision", "nlp")),
             gpus=rng.choice((1, 1, 1, 2, 2, 4)),
             command=["train.py"],
-            min_runtime=durations.duration(rng.choice((0, 0, 600))),
+            min_runtime=wire_time.duration(rng.choice((0, 0, 600))),
             env={simulated.SECONDS: repr(job_s)},
         )
     )

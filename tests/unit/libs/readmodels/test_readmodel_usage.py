@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import new_envelope
+from libs.events.wire_time import duration_ms
 from libs.readmodels import ClusterUsage, UsageLedger
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
@@ -302,9 +303,17 @@ def test_a_workflow_is_charged_like_allocated_work_task_by_task() -> None:
     workflow = types_pb2.Workflow(
         name="qa",
         tasks=[
-            types_pb2.WorkflowTask(task_id="a", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1),
             types_pb2.WorkflowTask(
-                task_id="b", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1, parents=["a"]
+                task_id="a", model="m", model_mb=1, run_duration=duration_ms(1), in_kb=1, out_kb=1
+            ),
+            types_pb2.WorkflowTask(
+                task_id="b",
+                model="m",
+                model_mb=1,
+                run_duration=duration_ms(1),
+                in_kb=1,
+                out_kb=1,
+                parents=["a"],
             ),
         ],
     )
