@@ -1,6 +1,6 @@
 module github.com/quartermaster/qm/clients/go
 
-go 1.24
+go 1.22
 
 require (
 	google.golang.org/grpc v1.69.4
