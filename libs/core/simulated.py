@@ -11,7 +11,6 @@ as numbers, and writes them back; the entries round-trip byte for byte.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -53,8 +52,8 @@ def to_env(run: SimulatedRun) -> dict[str, str]:
         EXIT: (run.exit_code, str(run.exit_code)),
         UTILIZATION: (run.utilization, repr(run.utilization)),
     }
-    # NaN differs from every default, so a NaN that reached the core is written back.
-    return {k: text for k, (value, text) in entries.items() if value != 0 or math.isnan(value)}
+    # A NaN differs from the default too: one that reached the core is written back.
+    return {k: text for k, (value, text) in entries.items() if value != 0}
 
 
 def unread_entries(env: Mapping[str, str]) -> dict[str, str]:
