@@ -256,6 +256,10 @@ def _task_field(name: str, value: float) -> Callable[[types_pb2.Workflow], None]
     return change
 
 
+def _negative_run(flow: types_pb2.Workflow) -> None:
+    next(t for t in flow.tasks if t.model).run_duration.FromMilliseconds(-1)
+
+
 def _wide(count: int) -> Callable[[types_pb2.Workflow], None]:
     """A workflow of ``count`` independent tasks."""
 
@@ -298,7 +302,7 @@ MUTATIONS: list[Mutation] = [
     ("workflow with an unknown parent", _workflow(_unknown_parent), True),
     ("workflow with duplicate task ids", _workflow(_duplicate_ids), True),
     ("workflow model_mb nan", _workflow(_task_field("model_mb", math.nan)), True),
-    ("workflow run_ms -1", _workflow(_task_field("run_ms", -1.0)), True),
+    ("workflow run_duration -1 ms", _workflow(_negative_run), True),
     ("workflow model larger than any GPU", _workflow(_task_field("model_mb", 1e9)), True),
     ("workflow of 100,000 tasks", _workflow(_wide(100_000)), True),
     ("workflow of 3,000 tasks", _workflow(_wide(3_000)), False),
