@@ -21,8 +21,20 @@ CHAOS_BUDGET ?= 600
 CHAOS_PORT_BASE ?= 29400
 CHAOS_ARGS ?=
 
+# The API's tools, built with `go install` from pinned versions into .local/go-tools,
+# one folder per version (a bump installs anew, nothing is fetched twice).
+GO ?= go
+BUF_VERSION := v1.50.0
+PROTOC_GEN_GO_VERSION := v1.36.5
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+GO_TOOLS := $(CURDIR)/.local/go-tools
+BUF := $(GO_TOOLS)/buf-$(BUF_VERSION)/buf
+PROTOC_GEN_GO := $(GO_TOOLS)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(GO_TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+GO_GENERATE := PATH=$(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$$PATH $(BUF) generate
+
 .PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean \
-  k8s-validate
+  buf-lint go-client go-client-check k8s-validate
 
 WEB := services/console/web
 WEB_STAMP := $(WEB)/node_modules/.package-lock.json
@@ -51,6 +63,35 @@ $(GEN_STAMP): $(PROTOS) $(STAMP)
 	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=gen \
 	  $(PROTOS)
 	touch gen/qm/py.typed $@
+
+$(BUF):
+	GOBIN=$(@D) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(PROTOC_GEN_GO):
+	GOBIN=$(@D) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(PROTOC_GEN_GO_GRPC):
+	GOBIN=$(@D) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# The API's rules (protos/buf.yaml): buf's STANDARD set and a comment on everything.
+# PROTO_DIR: another copy of protos/ to judge (the tests check the rules bite).
+PROTO_DIR ?= protos
+buf-lint: $(BUF)
+	cd $(PROTO_DIR) && $(BUF) lint
+
+# The Go client's generated code (clients/go/qm/v1) is committed, so that `go get`
+# works: regenerate it after changing a proto, and commit the result.
+go-client: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
+	rm -rf clients/go/qm
+	cd protos && $(GO_GENERATE) -o ../clients/go
+	cd clients/go && $(GO) build ./... && $(GO) vet ./...
+
+# Fails when the committed Go code is not what the protos generate.
+go-client-check: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
+	@fresh=$$(mktemp -d) && trap 'rm -rf "$$fresh"' EXIT && \
+	(cd protos && $(GO_GENERATE) -o "$$fresh") && \
+	diff -r "$$fresh/qm" clients/go/qm || \
+	{ echo "clients/go/qm is stale: run make go-client and commit it" >&2; exit 1; }
 
 up: install
 	deploy/local/stack.sh up

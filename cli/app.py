@@ -38,6 +38,9 @@ from cli.sim import sim_app
 from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
+from libs.core import simulated
+from libs.core.simulated import SimulatedRun
+from libs.events import wire_time
 
 app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
 budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
@@ -147,18 +150,17 @@ def submit(
         allocation=allocation,
         gpus=gpus,
         gpu_type=gpu_type,
-        min_runtime_s=int(min_runtime),
-        runtime_estimate_s=estimate,
+        min_runtime=wire_time.duration(int(min_runtime)) if min_runtime else None,
+        runtime_estimate=wire_time.duration(estimate) if estimate else None,
         resumable=resumable,
         priority=priority,
         command=command or [],
         # gRPC resends this very request on a retry: the id makes the retries one job.
         client_request_id=request_id or uuid.uuid4().hex,
-        env=dict(item.split("=", 1) for item in env or []),
+        # A simulated node reads how to "run" the job from its environment.
+        env=dict(item.split("=", 1) for item in env or [])
+        | simulated.to_env(SimulatedRun(sim_duration, sim_exit_code, sim_utilization)),
         secrets=secret or [],
-        simulated_duration_s=sim_duration,
-        simulated_exit_code=sim_exit_code,
-        simulated_utilization=sim_utilization,
     )
     if workflow is not None:
         try:
@@ -208,7 +210,7 @@ def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
                 task_id=task.id,
                 model=task.model or "",
                 model_mb=file.model_mb(task),
-                run_ms=task.run_ms,
+                run_duration=wire_time.duration_ms(task.run_ms),
                 in_kb=task.in_kb,
                 out_kb=task.out_kb,
                 parents=task.parents,
@@ -244,7 +246,7 @@ def status(
     with _rpc() as conn:
         stub = _jobs(conn)
         if job_id:
-            job = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id))
+            job = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id)).job
             emit(console, output, lambda: message(job), lambda: render.job_detail(job))
         else:
             request = js.ListJobsRequest(
@@ -272,7 +274,8 @@ def _follow(conn: Connection, job_id: str, output: Format = Format.TABLE) -> Non
     started = time.monotonic()
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
     try:
-        for job in stream:
+        for change in stream:
+            job = change.job
             emit_one(console, output, partial(message, job), partial(render.change, job))
     except grpc.RpcError as exc:
         raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
@@ -335,25 +338,24 @@ def update(
     ] = None,
 ) -> None:
     """Change a waiting job: only the flags given; it keeps its place in line."""
-    given = {
-        "gpus": gpus,
-        "gpu_type": gpu_type,
-        "allocation": allocation,
-        "min_runtime_s": None if min_runtime is None else int(min_runtime),
-        "runtime_estimate_s": estimate,
-        "resumable": resumable,
-        "priority": priority,
-    }
-    changes = {field: value for field, value in given.items() if value is not None}
-    if not changes:
+    spec = types_pb2.JobSpec()
+    changed: list[str] = []
+    for field, value in (("gpus", gpus), ("gpu_type", gpu_type), ("allocation", allocation),
+                         ("resumable", resumable), ("priority", priority)):  # fmt: skip
+        if value is not None:
+            setattr(spec, field, value)
+            changed.append(field)
+    for field, seconds in (("min_runtime", min_runtime), ("runtime_estimate", estimate)):
+        if seconds is not None:
+            getattr(spec, field).CopyFrom(wire_time.duration(seconds))
+            changed.append(field)
+    if not changed:
         raise typer.BadParameter("name at least one thing to change (see qm update --help)")
-    request = js.UpdateJobRequest(job_id=job_id)
-    for field, value in changes.items():
-        setattr(request.spec, field, value)
-    request.update_mask.paths.extend(sorted(changes))
+    request = js.UpdateJobRequest(job_id=job_id, spec=spec)
+    request.update_mask.paths.extend(changed)
     with _rpc() as conn:
         job = conn.call(conn.admission, _jobs(conn).UpdateJob, request).job
-        console.print(f"{job_id} updated: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+        console.print(f"{job_id} updated ({', '.join(changed)}):")
         console.print(render.job_detail(job))
 
 
@@ -462,7 +464,7 @@ def budget_tree(output: OutputFlag = Format.TABLE) -> None:
     """
     with _rpc() as conn:
         stub = _budget(conn)
-        tree = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
+        tree = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest()).tree
         balances = conn.call(conn.budget, stub.GetBalances, budget_service_pb2.GetBalancesRequest())
         emit(
             console,
@@ -509,11 +511,11 @@ def budget_set(
     )
     with _rpc() as conn:
         stub = _budget(conn)
-        current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest())
+        current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest()).tree
         request = budget_service_pb2.SetAllocationRequest(
             node=edited_node(current, name, edit), expected_version=current.version
         )
-        tree = conn.call(conn.budget, stub.SetAllocation, request)
+        tree = conn.call(conn.budget, stub.SetAllocation, request).tree
         console.print(f"budget tree is now version {tree.version}")
 
 

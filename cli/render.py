@@ -11,6 +11,8 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from libs.events import wire_time
+
 _STYLE = {
     "FINISHED": "green",
     "RUNNING": "cyan",
@@ -65,7 +67,7 @@ def change(job: types_pb2.Job) -> str:
     return f"{job.job_id} {styled_state(job.state)} {detail}"
 
 
-def explanation(answer: job_service_pb2.Explanation) -> RenderableType:
+def explanation(answer: job_service_pb2.ExplainJobResponse) -> RenderableType:
     """A job's state, then each part of the reason on a line of its own."""
     lines = [f"{answer.job_id} {styled_state(answer.state)}"]
     lines += [f"  • {part}" for part in answer.reason.split("; ")]
@@ -125,6 +127,8 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     """One job; a workflow job also gets a table of its tasks."""
     table = Table.grid(padding=(0, 2))
     workflow = job.spec.HasField("workflow")
+    min_runtime = wire_time.seconds(job.spec.min_runtime)
+    estimate = wire_time.seconds(job.spec.runtime_estimate)
     rows = [
         ("job", job.job_id),
         ("state", job_state(job)),
@@ -134,8 +138,8 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
             "gpus",
             f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}" + (" per task" if workflow else ""),
         ),
-        ("contract", f"min runtime {job.spec.min_runtime_s} s, resumable {job.spec.resumable}"),
-        ("estimate", f"{job.spec.runtime_estimate_s:g} s" if job.spec.runtime_estimate_s else "-"),
+        ("contract", f"min runtime {min_runtime:g} s, resumable {job.spec.resumable}"),
+        ("estimate", f"{estimate:g} s" if estimate else "-"),
         ("command", " ".join(job.spec.command) or "-"),
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
@@ -209,7 +213,9 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
     return table
 
 
-def tree_table(tree: types_pb2.BudgetTree, balances: budget_service_pb2.Balances) -> Table:
+def tree_table(
+    tree: types_pb2.BudgetTree, balances: budget_service_pb2.GetBalancesResponse
+) -> Table:
     by_leaf = {b.allocation: b for b in balances.balances}
     table = Table("NODE", "WEIGHT", "ENTITLEMENT", "GPU-HOURS", "MEMBERS", "MANAGERS")
     children: dict[str, list[types_pb2.BudgetNode]] = {}

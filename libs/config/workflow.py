@@ -21,7 +21,7 @@ from libs.config.document import ConfigError, FileModel
 from libs.core.compass import Costs
 
 Text = Annotated[str, StringConstraints(min_length=1)]
-Amount = Annotated[float, Field(ge=0)]
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Rate = Annotated[float, Field(gt=0)]
 
 

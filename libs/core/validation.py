@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from libs.core import limits as L
+from libs.core import simulated
 from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
 from libs.core.decisions import Reject
 from libs.core.ids import JobId
@@ -112,7 +113,7 @@ def _site(spec: JobSpec, limits: Limits) -> list[Violation]:
     if not 0 <= spec.min_runtime_s <= limits.max_min_runtime_s:
         found.append(
             Violation(
-                "min_runtime_s",
+                "min_runtime",
                 f"must be between 0 and {limits.max_min_runtime_s} s "
                 f"({limits.max_min_runtime_s / HOUR:g} h), got {spec.min_runtime_s}",
             )
@@ -188,7 +189,8 @@ def _env(env: tuple[tuple[str, str], ...]) -> list[Violation]:
             return [
                 Violation(f"env[{key[: L.MAX_NAME_CHARS]}]", "names a variable without = or NUL")
             ]
-    return []
+    unread = simulated.unread_entries(dict(env))
+    return [Violation(f"env[{key}]", must) for key, must in sorted(unread.items())]
 
 
 # A secret becomes the variable of its name in the task's environment.
@@ -214,15 +216,16 @@ def _numbers(spec: JobSpec) -> list[Violation]:
     if not 0 <= spec.simulated_duration_s <= L.MAX_SIMULATED_DURATION_S:
         found.append(
             Violation(
-                "simulated_duration_s", f"must be between 0 and {L.MAX_SIMULATED_DURATION_S} s"
+                f"env[{simulated.SECONDS}]",
+                f"must be between 0 and {L.MAX_SIMULATED_DURATION_S} s",
             )
         )
     if not 0 <= spec.runtime_estimate_s <= L.MAX_RUNTIME_ESTIMATE_S:
         found.append(
-            Violation("runtime_estimate_s", f"must be between 0 and {L.MAX_RUNTIME_ESTIMATE_S} s")
+            Violation("runtime_estimate", f"must be between 0 and {L.MAX_RUNTIME_ESTIMATE_S} s")
         )
     if not 0.0 <= spec.simulated_utilization <= 1.0:
-        found.append(Violation("simulated_utilization", "must be between 0 and 1"))
+        found.append(Violation(f"env[{simulated.UTILIZATION}]", "must be between 0 and 1"))
     if not 0 <= spec.min_gpu_memory_gib <= L.MAX_GPU_MEMORY_GIB:
         found.append(
             Violation("min_gpu_memory_gib", f"must be between 0 and {L.MAX_GPU_MEMORY_GIB:g}")

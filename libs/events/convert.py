@@ -6,7 +6,9 @@ read the log alike.
 
 A core dataclass and the message it travels as name their fields alike, so most
 fields are copied by name (``_from_message``, ``_fields``); only the fields whose
-types differ are converted by hand.
+types differ are converted by hand: durations and times (plain seconds or milliseconds in
+the core, ``Duration`` and ``Timestamp`` on the wire; ``libs.events.wire_time``) and the simulation
+entries of a job's environment (``libs.core.simulated``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
@@ -39,6 +42,7 @@ from libs.core import (
     NodeSpec,
     Place,
     Planned,
+    PlannedTask,
     Preempted,
     Refused,
     Reject,
@@ -65,7 +69,16 @@ from libs.core.compass.workflow import (
 )
 from libs.core.ids import JobId, NodeId
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
+from libs.core.simulated import SimulatedRun, split_env, to_env
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
+from libs.events.wire_time import (
+    duration,
+    duration_ms,
+    milliseconds,
+    seconds,
+    timestamp_ms,
+    whole_seconds,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -143,6 +156,7 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
     given, for ``validate_job`` to judge; such a spec is never for the scheduler.
     """
     workflow: Workflow | None = None
+    run, env = split_env(spec.env)
     if spec.HasField("workflow"):
         if workflow_as_given:
             workflow = Workflow(spec.workflow.name, workflow_tasks_from_proto(spec.workflow))
@@ -152,14 +166,21 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
         JobSpec,
         spec,
         cluster=spec.cluster or DEFAULT_CLUSTER,
-        env=tuple(sorted(spec.env.items())),
+        env=tuple(sorted(env.items())),
+        simulated_duration_s=run.duration_s,
+        simulated_exit_code=run.exit_code,
+        simulated_utilization=run.utilization,
+        min_runtime_s=whole_seconds(spec.min_runtime),
+        runtime_estimate_s=seconds(spec.runtime_estimate),
         workflow=workflow,
     )
 
 
 def workflow_tasks_from_proto(workflow: types_pb2.Workflow) -> tuple[Task, ...]:
     """The tasks as written, unchecked."""
-    return tuple(_from_message(Task, t) for t in workflow.tasks)
+    return tuple(
+        _from_message(Task, t, run_ms=milliseconds(t.run_duration)) for t in workflow.tasks
+    )
 
 
 def workflow_from_proto(workflow: types_pb2.Workflow) -> Workflow | None:
@@ -174,14 +195,34 @@ def workflow_from_proto(workflow: types_pb2.Workflow) -> Workflow | None:
 
 
 def workflow_to_proto(workflow: Workflow) -> types_pb2.Workflow:
-    tasks = [types_pb2.WorkflowTask(**_fields(t)) for t in workflow.tasks]
+    tasks = [
+        types_pb2.WorkflowTask(**_fields(t, "run_ms"), run_duration=_duration_ms(t.run_ms))
+        for t in workflow.tasks
+    ]
     return types_pb2.Workflow(name=workflow.name, tasks=tasks)
 
 
+# The core's fields that travel differently in the JobSpec message.
+_SPEC_BY_HAND = (
+    "env",
+    "workflow",
+    "simulated_duration_s",
+    "simulated_exit_code",
+    "simulated_utilization",
+    "min_runtime_s",
+    "runtime_estimate_s",
+)
+
+
 def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
+    run = SimulatedRun(
+        spec.simulated_duration_s, spec.simulated_exit_code, spec.simulated_utilization
+    )
     return types_pb2.JobSpec(
-        **_fields(spec, "env", "workflow"),
-        env=dict(spec.env),
+        **_fields(spec, *_SPEC_BY_HAND),
+        env=dict(spec.env) | to_env(run),
+        min_runtime=duration(spec.min_runtime_s) if spec.min_runtime_s else None,
+        runtime_estimate=duration(spec.runtime_estimate_s) if spec.runtime_estimate_s else None,
         workflow=workflow_to_proto(spec.workflow) if spec.workflow is not None else None,
     )
 
@@ -237,7 +278,9 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
             return _arrived(at, env.job_admitted)
         case "node_registered":
             r = env.node_registered
-            return _from_message(NodeJoined, r, at=at, node=node_from_proto(r.inventory))
+            node = node_from_proto(r.inventory)
+            heartbeat_s = seconds(r.heartbeat_interval)
+            return _from_message(NodeJoined, r, at=at, node=node, heartbeat_s=heartbeat_s)
         case "job_updated":
             updated = env.job_updated
             spec = spec_from_proto(updated.spec)
@@ -250,7 +293,7 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
         case "usage_snapshot":
             u = env.usage_snapshot
             usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
-            return UsageSnapshot(at, u.window_s, usage)
+            return UsageSnapshot(at, seconds(u.window), usage)
     return None
 
 
@@ -287,12 +330,28 @@ def decision_payload(
                 serving = serving_to_proto(decision.serving)
             values.update(spec=spec_to_proto(placed_spec), serving=serving)
         case Planned():
-            values["tasks"] = [events_pb2.PlannedTask(**_fields(t)) for t in decision.tasks]
+            values["tasks"] = [_planned_task(t) for t in decision.tasks]
         case Stop():
             values["cause"] = _STOP_CAUSES[decision.cause]
+            grace_s = values.pop("grace_s")
+            values["grace"] = duration(grace_s) if grace_s else None
         case Reject() if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
             values["spec"] = spec
     return _EVENTS[type(decision)](**values, provenance=provenance)
+
+
+def _duration_ms(ms: float) -> Duration | None:
+    """Zero is left unset, as a plain number's zero was."""
+    return duration_ms(ms) if ms else None
+
+
+def _planned_task(task: PlannedTask) -> events_pb2.PlannedTask:
+    return events_pb2.PlannedTask(
+        **_fields(task, "start_ms", "finish_ms", "load_ms"),
+        start_time=timestamp_ms(task.start_ms),
+        finish_time=timestamp_ms(task.finish_ms),
+        load_duration=_duration_ms(task.load_ms),
+    )
 
 
 def _cut(reason: str) -> str:
@@ -306,10 +365,20 @@ def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:
     """``planned`` None (the task runs where it was planned) leaves planned_node_id empty."""
     node_id, gpu_index = serving.planned if serving.planned is not None else ("", 0)
     return events_pb2.ServingTask(
-        **_fields(serving, "planned"), planned_node_id=node_id, planned_gpu_index=gpu_index
+        **_fields(serving, "planned", "run_ms", "input_delay_ms"),
+        run_duration=_duration_ms(serving.run_ms),
+        input_delay=_duration_ms(serving.input_delay_ms),
+        planned_node_id=node_id,
+        planned_gpu_index=gpu_index,
     )
 
 
 def serving_from_proto(serving: events_pb2.ServingTask) -> ServingTask:
     planned = (serving.planned_node_id, serving.planned_gpu_index)
-    return _from_message(ServingTask, serving, planned=planned if serving.planned_node_id else None)
+    return _from_message(
+        ServingTask,
+        serving,
+        run_ms=milliseconds(serving.run_duration),
+        input_delay_ms=milliseconds(serving.input_delay),
+        planned=planned if serving.planned_node_id else None,
+    )

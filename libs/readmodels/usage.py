@@ -25,6 +25,7 @@ from libs.core.usage import Usage, WindowedUsage
 from libs.events import event_type, new_envelope, occurred_at
 from libs.events.convert import node_from_proto, spec_from_proto, tree_from_proto
 from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
+from libs.events.wire_time import duration
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class ClusterUsage:
 
     def snapshot(self) -> events_pb2.UsageSnapshot:
         return events_pb2.UsageSnapshot(
-            window_s=self.window_s,
+            window=duration(self.window_s),
             usage=[
                 types_pb2.AllocationUsage(
                     allocation=allocation,
@@ -133,10 +134,10 @@ class ClusterUsage:
             ],
         )
 
-    def balances(self) -> budget_service_pb2.Balances:
+    def balances(self) -> budget_service_pb2.GetBalancesResponse:
         """Charged GPU-seconds and entitlement of every allocation either is known for."""
         usage = self.usage()
-        return budget_service_pb2.Balances(
+        return budget_service_pb2.GetBalancesResponse(
             balances=[
                 budget_service_pb2.Balance(
                     allocation=allocation,
@@ -156,7 +157,7 @@ class ClusterUsage:
         """
         snapshot = self.snapshot()
         # Before the first snapshot, no usage is what the scheduler assumes anyway.
-        last = self._last_snapshot or events_pb2.UsageSnapshot(window_s=self.window_s)
+        last = self._last_snapshot or events_pb2.UsageSnapshot(window=duration(self.window_s))
         if snapshot == last:
             return None
         env = new_envelope(

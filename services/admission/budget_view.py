@@ -43,7 +43,7 @@ class BudgetView:
                 if self._tree is not None:  # stale beats unavailable
                     return self._tree
                 raise BudgetUnavailable(f"budget service: {exc.details()}") from exc
-            self._tree, self._fetched = tree_from_proto(reply), time.monotonic()
+            self._tree, self._fetched = tree_from_proto(reply.tree), time.monotonic()
         return self._tree
 
     async def close(self) -> None:

@@ -15,7 +15,7 @@ import grpc
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from google.protobuf.message import Message
-from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, logs_pb2, types_pb2
+from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
@@ -364,9 +364,11 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def GetJob(
         self, request: js.GetJobRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.Job:
+    ) -> js.GetJobResponse:
         user = await caller(context, self._keys)
-        return await self._visible_job_or_abort(user, request.job_id, context)
+        return js.GetJobResponse(
+            job=await self._visible_job_or_abort(user, request.job_id, context)
+        )
 
     async def ListJobs(
         self, request: js.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -389,7 +391,7 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def WatchJob(
         self, request: js.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[types_pb2.Job]:
+    ) -> AsyncIterator[js.WatchJobResponse]:
         user = await caller(context, self._keys)
         await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         last: types_pb2.Job | None = None
@@ -398,7 +400,7 @@ class JobServicer(js_grpc.JobServiceServicer):
             if last is None and (job is None or not await self._may_see(user, job)):
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
             if job is not None and job != last:
-                yield job
+                yield js.WatchJobResponse(job=job)
                 last = job
                 if has_ended(job):
                     return
@@ -406,7 +408,7 @@ class JobServicer(js_grpc.JobServiceServicer):
 
     async def StreamLogs(
         self, request: js.StreamLogsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[logs_pb2.LogChunk]:
+    ) -> AsyncIterator[js.StreamLogsResponse]:
         user = await caller(context, self._keys)
         job = await self._visible_job_or_abort(user, request.job_id, context)
         while request.follow and not _has_output_to_follow(job):
@@ -439,14 +441,16 @@ class JobServicer(js_grpc.JobServiceServicer):
         # One agent after another: a gang's output under several agents reads agent by agent.
         for source in sources:
             async for data in self._logs.read(source, job.job_id, follow=request.follow):
-                yield logs_pb2.LogChunk(data=data, source=source)
+                yield js.StreamLogsResponse(data=data, source=source)
 
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
-    ) -> js.Explanation:
+    ) -> js.ExplainJobResponse:
         user = await caller(context, self._keys)
         job = await self._visible_job_or_abort(user, request.job_id, context)
-        answer = js.Explanation(job_id=job.job_id, state=job.state, allocation=job.spec.allocation)
+        answer = js.ExplainJobResponse(
+            job_id=job.job_id, state=job.state, allocation=job.spec.allocation
+        )
         why = self._explainer.explain(job.job_id, job.spec.cluster or "default")
         if why is None or has_ended(job):
             answer.reason = _explain(job)
@@ -626,8 +630,8 @@ def _membership(user: str, allocation: str, mine: list[str]) -> str:
 # What ``qm update`` may change: how much and what kind of room, who pays, the contract;
 # never what runs (its command, environment, secrets) or whose it is.
 UPDATABLE = frozenset(
-    {"gpus", "gpu_type", "min_gpu_memory_gib", "allocation", "min_runtime_s", "resumable",
-     "priority", "runtime_estimate_s"}
+    {"gpus", "gpu_type", "min_gpu_memory_gib", "allocation", "min_runtime", "resumable",
+     "priority", "runtime_estimate"}
 )  # fmt: skip
 
 

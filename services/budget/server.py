@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2, types_pb2
+from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2
 
 from libs.auth import Keys
 from libs.bus import EventProducer
@@ -38,13 +38,15 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
 
     async def GetTree(
         self, request: budget_service_pb2.GetTreeRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.BudgetTree:
+    ) -> budget_service_pb2.GetTreeResponse:
         await caller(context, self._keys)
-        return tree_to_proto(self._tree(), self._book.version)
+        return budget_service_pb2.GetTreeResponse(
+            tree=tree_to_proto(self._tree(), self._book.version)
+        )
 
     async def SetAllocation(
         self, request: budget_service_pb2.SetAllocationRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.BudgetTree:
+    ) -> budget_service_pb2.SetAllocationResponse:
         user = await caller(context, self._keys)
         node = budget_node_from_proto(request.node)
         async with self._lock:
@@ -89,17 +91,17 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 node=node.name,
             )
             self._book.adopt(changed, version)
-            return tree_to_proto(changed, version)
+            return budget_service_pb2.SetAllocationResponse(tree=tree_to_proto(changed, version))
 
     async def GetBalances(
         self, request: budget_service_pb2.GetBalancesRequest, context: grpc.aio.ServicerContext
-    ) -> budget_service_pb2.Balances:
+    ) -> budget_service_pb2.GetBalancesResponse:
         await caller(context, self._keys)
         # Usage over the lookback window ending at the cluster's latest event.
         cluster = self._book.ledger.cluster(self._clusters[0])
         if cluster is not None:
             return cluster.balances()
-        return budget_service_pb2.Balances(
+        return budget_service_pb2.GetBalancesResponse(
             balances=[
                 budget_service_pb2.Balance(allocation=leaf, entitlement=share)
                 for leaf, share in self._tree().entitlements().items()

@@ -22,6 +22,7 @@ from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, EventConsumer
+from libs.events.wire_time import seconds
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import decision_for, idle_changed, stop_reason
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S, Registrations
@@ -157,7 +158,7 @@ class NodeAgent:
         run = self._runs.get(request.task_id)
         if run is not None:
             # A decision may shorten the grace (free work); 0 leaves the agent's own.
-            self._runs.request_stop(run, stop_reason(request), event_id, request.grace_s)
+            self._runs.request_stop(run, stop_reason(request), event_id, seconds(request.grace))
         elif not await self._serving.stop(request.task_id, stop_reason(request), event_id):
             log.info("stop for task %s, which is not running here: nothing to do", request.task_id)
 

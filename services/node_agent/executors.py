@@ -24,7 +24,9 @@ from typing import Any, Protocol
 
 from qm.v1 import events_pb2
 
+from libs.core import simulated
 from libs.core.decisions import stop_grace
+from libs.events import wire_time
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
@@ -91,10 +93,11 @@ def task_environment(
     and the utilisation sampler use, numbers them by PCI bus. A serving task also gets
     ``QM_TASK`` (its name in the workflow), ``QM_MODEL``, ``QM_MODEL_MB`` and
     ``QM_MODEL_RESIDENT`` ("1" when the agent's books say the model is cached, else "0").
+    The simulated executor's entries (``QM_SIMULATED_*``) are for it alone.
     """
     env = {
         **base,
-        **task.spec.env,
+        **{k: v for k, v in task.spec.env.items() if not k.startswith(simulated.PREFIX)},
         **(secrets or {}),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in task.gpu_indices),
@@ -293,9 +296,10 @@ class ProcessExecution:
 
 
 class SimulatedExecutor:
-    """Runs nothing: the task "runs" for ``spec.simulated_duration_s`` and exits as told.
+    """Runs nothing: the task "runs" and exits as its job's environment tells
+    (``QM_SIMULATED_SECONDS``, ``QM_SIMULATED_EXIT``; ``libs.core.simulated``).
 
-    A serving task runs for its ``serving.run_ms``; loading its model takes ``load_ms``.
+    A serving task runs for its ``serving.run_duration``; loading its model takes ``load_ms``.
     """
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
@@ -304,12 +308,10 @@ class SimulatedExecutor:
     async def start(
         self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
     ) -> SimulatedExecution:
-        duration_s = (
-            task.serving.run_ms / 1000
-            if task.HasField("serving")
-            else task.spec.simulated_duration_s
-        )
-        return SimulatedExecution(duration_s, exit_code=task.spec.simulated_exit_code)
+        run, _ = simulated.split_env(task.spec.env)
+        serving = task.HasField("serving")
+        duration_s = wire_time.seconds(task.serving.run_duration) if serving else run.duration_s
+        return SimulatedExecution(duration_s, exit_code=run.exit_code)
 
 
 class SimulatedExecution:

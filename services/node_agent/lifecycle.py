@@ -11,6 +11,7 @@ from qm.v1 import events_pb2
 
 from libs.core.compass import Eviction, Start
 from libs.events import event_type
+from libs.events.wire_time import duration_ms
 from services.node_agent.executors import LaunchError
 
 Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested | events_pb2.NodeLost
@@ -86,7 +87,7 @@ def model_loaded(
         gpu_index=gpu_index,
         model=begun.serving.model,
         size_mb=begun.serving.model_mb,
-        load_ms=begun.load_ms,
+        load_duration=duration_ms(begun.load_ms),
         job_id=task.job_id,
         task_id=task.task_id,
     )

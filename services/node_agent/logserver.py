@@ -86,7 +86,7 @@ class NodeLogServicer(logs_pb2_grpc.NodeLogServiceServicer):
 
     async def ReadTaskLog(
         self, request: logs_pb2.ReadTaskLogRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[logs_pb2.LogChunk]:
+    ) -> AsyncIterator[logs_pb2.ReadTaskLogResponse]:
         user = await caller(context, self._keys)
         if user not in self._clients:
             await context.abort(
@@ -99,4 +99,4 @@ class NodeLogServicer(logs_pb2_grpc.NodeLogServiceServicer):
         async for data in read_log(
             path, follow=request.follow, active=lambda: self._active(job_id)
         ):
-            yield logs_pb2.LogChunk(data=data, source=self.source)
+            yield logs_pb2.ReadTaskLogResponse(data=data, source=self.source)

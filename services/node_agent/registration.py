@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.events.wire_time import duration
 from services.node_agent.lifecycle import new_incarnation
 from services.node_agent.reports import Reporter, envelope
 
@@ -60,7 +61,7 @@ class Registrations:
         registered = events_pb2.NodeRegistered(
             inventory=node,
             incarnation=incarnation,
-            heartbeat_s=self._heartbeat_s,
+            heartbeat_interval=duration(self._heartbeat_s),
             log_endpoint=self._log_endpoint,
         )
         await self._report(node, registered)

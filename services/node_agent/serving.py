@@ -2,7 +2,7 @@
 
 Each GPU with serving tasks has a pure ``GpuWorker`` (its model cache and queue) and a
 loop here that runs its tasks one at a time, in the worker's order, once their inputs
-have arrived (``input_delay_ms`` after the placement is read); GPUs run side by side.
+have arrived (``input_delay`` after the placement is read); GPUs run side by side.
 A serving task reports, in this order::
 
     ModelEvicted*  (each model the worker chose to make room, with why)
@@ -11,8 +11,8 @@ A serving task reports, in this order::
     TaskFinished | TaskFailed
 
 The simulated executor waits ``model_mb / host_to_gpu_mb_per_ms`` for a load, then
-``run_ms``. A process loads its model itself as it starts: ModelLoaded then comes
-just before its launch and its ``load_ms`` is the agent's estimate; the books of what
+``run_duration``. A process loads its model itself as it starts: ModelLoaded then comes
+just before its launch and its ``load_duration`` is the agent's estimate; the books of what
 is cached stay the agent's. A batch task placed on a GPU whose cache holds models
 evicts them all (ModelEvicted, "GPU taken by batch job ...") before its TaskStarted.
 A serving task stopped while queued or loading fails as a stopped running task does
@@ -119,8 +119,9 @@ class ServingQueues:
             self._runs.forget_later(task.task_id)
             return
         gpu = self._gpu(node, task.gpu_indices[0])
-        ready_ms = _now_ms() + max(task.serving.input_delay_ms, 0.0)
-        gpu.worker.enqueue(task.task_id, serving_from_proto(task.serving), ready_ms)
+        served = serving_from_proto(task.serving)
+        ready_ms = _now_ms() + max(served.input_delay_ms, 0.0)
+        gpu.worker.enqueue(task.task_id, served, ready_ms)
         self._pending[task.task_id] = _Pending(gpu, task, placed_event_id, span)
         log.info(
             "task %s queued on %s GPU %d (model %s)",

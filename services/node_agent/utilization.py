@@ -13,6 +13,8 @@ from typing import Protocol
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
+
 Clock = Callable[[], float]
 
 
@@ -43,7 +45,7 @@ class DeclaredSampler:
         by_gpu = dict.fromkeys(self._indices, 0.0)
         for task in tasks:
             # Nothing upstream bounds the declaration; a sample outside 0..1 means nothing.
-            level = min(max(task.spec.simulated_utilization, 0.0), 1.0)
+            level = min(max(simulated.split_env(task.spec.env)[0].utilization, 0.0), 1.0)
             by_gpu.update(dict.fromkeys(task.gpu_indices, level))
         return Sample(self._clock(), by_gpu)
 

@@ -72,13 +72,13 @@ class ProjectorClient:
         reply = await self._get_found("/nodes", params, cluster_service_pb2.ListNodesResponse)
         return list(reply.nodes)
 
-    async def usage(self, cluster: str = "") -> budget_service_pb2.Balances:
+    async def usage(self, cluster: str = "") -> budget_service_pb2.GetBalancesResponse:
         """Charged GPU-seconds and entitlements over the lookback window of a cluster.
 
         ``cluster`` defaults to the default cluster; an unknown one has no balances.
         """
         params = {"cluster": cluster} if cluster else {}
-        return await self._get_found(USAGE, params, budget_service_pb2.Balances)
+        return await self._get_found(USAGE, params, budget_service_pb2.GetBalancesResponse)
 
     async def ready(self) -> bool:
         """Whether the projector serves complete tables; False while it starts or is down."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import cluster_service_pb2 as cs
 from qm.v1 import cluster_service_pb2_grpc as cs_grpc
 from qm.v1 import job_service_pb2 as js
@@ -21,6 +22,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from libs.auth import issue_token
+from libs.core import simulated
 from tests.integration.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,8 +78,8 @@ def hold_a100(stack: Stack, user: str, allocation: str, gpus: int) -> str:
         allocation=allocation,
         gpus=gpus,
         gpu_type="A100",
-        min_runtime_s=600,
-        simulated_duration_s=600,
+        min_runtime=Duration(seconds=600),
+        env={simulated.SECONDS: "600"},
         command=["sleep", "600"],
     )
 
@@ -179,7 +181,6 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
         gpus=1,
         gpu_type="A100",
         workflow=CAPTION,
-        runtime_estimate_s=1,
     )
     until(
         lambda: any(

@@ -38,6 +38,8 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import types_pb2
 
 from libs.auth import Keys, issue_token
+from libs.core import simulated
+from libs.events.wire_time import duration_ms
 from services.grpc_server import bearer
 from tests.chaos.clients import Clients
 from tests.chaos.workload import make_spec, workflows
@@ -182,6 +184,22 @@ def _set(name: str, value: Any) -> Callable[[types_pb2.JobSpec, random.Random], 
     return change
 
 
+def _simulated(key: str, text: str) -> Callable[[types_pb2.JobSpec, random.Random], None]:
+    """An entry of the environment a simulated node reads (``libs.core.simulated``)."""
+
+    def change(spec: types_pb2.JobSpec, _rng: random.Random) -> None:
+        spec.env[key] = text
+
+    return change
+
+
+def _min_runtime(seconds: int) -> Callable[[types_pb2.JobSpec, random.Random], None]:
+    def change(spec: types_pb2.JobSpec, _rng: random.Random) -> None:
+        spec.min_runtime.FromSeconds(seconds)
+
+    return change
+
+
 def _request_id(odd: str) -> Callable[[types_pb2.JobSpec, random.Random], None]:
     """An odd request id, still one per request: a shared one would make later ones retries."""
 
@@ -238,13 +256,17 @@ def _task_field(name: str, value: float) -> Callable[[types_pb2.Workflow], None]
     return change
 
 
+def _negative_run(flow: types_pb2.Workflow) -> None:
+    next(t for t in flow.tasks if t.model).run_duration.FromMilliseconds(-1)
+
+
 def _wide(count: int) -> Callable[[types_pb2.Workflow], None]:
     """A workflow of ``count`` independent tasks."""
 
     def change(flow: types_pb2.Workflow) -> None:
         del flow.tasks[:]
         for i in range(count):
-            flow.tasks.add(task_id=f"t{i}", model="", run_ms=1.0)
+            flow.tasks.add(task_id=f"t{i}", model="", run_duration=duration_ms(1.0))
 
     return change
 
@@ -254,15 +276,18 @@ MUTATIONS: list[Mutation] = [
     ("gpus 0", _set("gpus", 0), True),
     ("gpus 65", _set("gpus", 65), True),
     ("gpus 2^32-1", _set("gpus", 2**32 - 1), True),
-    ("simulated_duration_s nan", _set("simulated_duration_s", math.nan), True),
-    ("simulated_duration_s inf", _set("simulated_duration_s", math.inf), True),
-    ("simulated_duration_s -inf", _set("simulated_duration_s", -math.inf), True),
-    ("simulated_duration_s -1", _set("simulated_duration_s", -1.0), True),
+    ("simulated seconds nan", _simulated(simulated.SECONDS, "nan"), True),
+    ("simulated seconds inf", _simulated(simulated.SECONDS, "inf"), True),
+    ("simulated seconds -inf", _simulated(simulated.SECONDS, "-inf"), True),
+    ("simulated seconds -1", _simulated(simulated.SECONDS, "-1"), True),
+    ("simulated seconds not a number", _simulated(simulated.SECONDS, "soon"), True),
+    ("simulated entry unknown", _simulated("QM_SIMULATED_COLOUR", "blue"), True),
     ("min_gpu_memory_gib nan", _set("min_gpu_memory_gib", math.nan), True),
     ("min_gpu_memory_gib inf", _set("min_gpu_memory_gib", math.inf), True),
-    ("simulated_utilization nan", _set("simulated_utilization", math.nan), True),
-    ("simulated_utilization 1.5", _set("simulated_utilization", 1.5), True),
-    ("min_runtime_s 2^32-1", _set("min_runtime_s", 2**32 - 1), True),
+    ("simulated utilization nan", _simulated(simulated.UTILIZATION, "nan"), True),
+    ("simulated utilization 1.5", _simulated(simulated.UTILIZATION, "1.5"), True),
+    ("min_runtime 2^32-1 s", _min_runtime(2**32 - 1), True),
+    ("min_runtime -1 s", _min_runtime(-1), True),
     ("command empty", _command([]), True),
     ("command ['']", _command([""]), True),
     ("command with NUL", _command(["sh", "-c", "true\x00"]), True),
@@ -277,13 +302,14 @@ MUTATIONS: list[Mutation] = [
     ("workflow with an unknown parent", _workflow(_unknown_parent), True),
     ("workflow with duplicate task ids", _workflow(_duplicate_ids), True),
     ("workflow model_mb nan", _workflow(_task_field("model_mb", math.nan)), True),
-    ("workflow run_ms -1", _workflow(_task_field("run_ms", -1.0)), True),
+    ("workflow run_duration -1 ms", _workflow(_negative_run), True),
     ("workflow model larger than any GPU", _workflow(_task_field("model_mb", 1e9)), True),
     ("workflow of 100,000 tasks", _workflow(_wide(100_000)), True),
     ("workflow of 3,000 tasks", _workflow(_wide(3_000)), False),
     ("priority -2^31", _set("priority", -(2**31)), False),
     ("priority 2^31-1", _set("priority", 2**31 - 1), False),
-    ("simulated_exit_code -2^31", _set("simulated_exit_code", -(2**31)), False),
+    ("simulated exit code -2^31", _simulated(simulated.EXIT, str(-(2**31))), False),
+    ("simulated exit code 2^31", _simulated(simulated.EXIT, str(2**31)), True),
     ("unknown gpu_type", _set("gpu_type", "Z9000"), False),
     ("any gpu_type", _set("gpu_type", ""), False),
     ("unknown cluster", _set("cluster", "nowhere"), False),

@@ -27,10 +27,12 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import KafkaSettings, Topics
+from libs.core import simulated
 from libs.events import encode, new_envelope
 
 NEAR_LIMIT = 1_000_000  # bytes: under the broker's default message.max.bytes (1,048,588)
@@ -38,6 +40,7 @@ AT_LIMIT = 1_048_000  # fits alone; not with the headers a dead letter adds
 OVER_LIMIT = 1_100_000
 PRODUCER = "chaos-poison"
 POISON_CLUSTER = "poison"  # absurd nodes and clocks go here, away from the workload's cluster
+LONGEST = Duration(seconds=315_576_000_000)  # the longest a Duration holds (10,000 years)
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ def ghosts(nodes: list[str]) -> list[Poison]:
                           utilization=math.nan)),
         _event("events", "ModelLoaded of NaN MB on GPU 2^32-1 of an unknown node",
                e.ModelLoaded(node_id="no-such-node", gpu_index=2**32 - 1, model="m",
-                             size_mb=math.nan, load_ms=math.inf)),
+                             size_mb=math.nan, load_duration=LONGEST)),
         _event("events", "ModelEvicted of an unknown model on a real node",
                e.ModelEvicted(node_id=nodes[-1], gpu_index=0, model="never-loaded")),
         _event("events", "JobCancelRequested of an unknown job",
@@ -140,7 +143,7 @@ def absurd_facts() -> list[Poison]:
     epoch = _env(events_pb2.ClockTick(), POISON_CLUSTER)
     epoch.ClearField("occurred_at")
     usage = events_pb2.UsageSnapshot(
-        window_s=math.nan,
+        window=LONGEST,
         usage=[
             types_pb2.AllocationUsage(allocation="nlp", allocated_gpu_s=math.nan),
             types_pb2.AllocationUsage(allocation="vision-detection", allocated_gpu_s=math.inf),
@@ -166,7 +169,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
             gpus=1,
             gpu_type="A100",
             command=["x"],
-            simulated_duration_s=1.0,
+            env={simulated.SECONDS: "1.0"},
             client_request_id=_ghost(),
         )
         change(spec)
@@ -179,7 +182,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
         spec.gpus = 2**32 - 1
 
     def nan(spec: types_pb2.JobSpec) -> None:
-        spec.simulated_duration_s = math.nan
+        spec.env[simulated.SECONDS] = "nan"
         spec.min_gpu_memory_gib = math.nan
 
     def stranger(spec: types_pb2.JobSpec) -> None:

@@ -472,9 +472,9 @@ async def _poison(
     faults: Faults,
 ) -> None:
     stack, report = run.stack, run.report
-    tree = await clients.budget.GetTree(
-        bs.GetTreeRequest(), metadata=stack.auth("carol"), timeout=10
-    )
+    tree = (
+        await clients.budget.GetTree(bs.GetTreeRequest(), metadata=stack.auth("carol"), timeout=10)
+    ).tree
     nodes = [n["node_id"] for n in AGENTS["a"]]
     written: Counter[str] = Counter()
     evidence: list[str] = []

@@ -26,6 +26,8 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
 from cli.app import load_workflow
+from libs.core import simulated
+from libs.core.simulated import SimulatedRun
 from libs.sim.workflows import PROFILES
 from tests.integration.stack import ROOT
 
@@ -115,8 +117,7 @@ def make_spec(rng: random.Random, kind: str, flows: list[types_pb2.Workflow]) ->
     spec = types_pb2.JobSpec(
         command=["train.py"],
         priority=rng.randint(-3, 3),
-        simulated_duration_s=round(rng.uniform(0.5, 4.0), 2),
-        simulated_utilization=0.9,
+        env=simulated.to_env(SimulatedRun(round(rng.uniform(0.5, 4.0), 2), utilization=0.9)),
         gpu_type="A100",
     )
     if kind == "small":
@@ -125,10 +126,10 @@ def make_spec(rng: random.Random, kind: str, flows: list[types_pb2.Workflow]) ->
         spec.gpus = 8
     elif kind == "gang":  # spans two or three 8-GPU nodes
         spec.gpus = rng.choice((16, 24))
-        spec.simulated_duration_s = round(rng.uniform(1.0, 3.0), 2)
+        spec.env[simulated.SECONDS] = repr(round(rng.uniform(1.0, 3.0), 2))
     elif kind == "contract":
         spec.gpus = rng.choice((1, 2, 4))
-        spec.min_runtime_s = rng.choice((2, 10, 60))
+        spec.min_runtime.FromSeconds(rng.choice((2, 10, 60)))
         spec.resumable = rng.random() < 0.5
     elif kind == "process":  # real processes on the process nodes, marked for teardown
         spec.gpu_type = "H100"
@@ -142,9 +143,9 @@ def make_spec(rng: random.Random, kind: str, flows: list[types_pb2.Workflow]) ->
     elif kind == "invalid":  # beyond admission's 64-GPU limit
         spec.gpus = 100
     elif kind == "on-lost-node":  # only the node that is lost for good has this type
-        spec.gpu_type, spec.gpus, spec.simulated_duration_s = LOST_NODE_TYPE, 4, 120.0
+        spec.gpu_type, spec.gpus, spec.env[simulated.SECONDS] = LOST_NODE_TYPE, 4, "120.0"
     elif kind == "canary":  # a short job on the node nothing else uses
-        spec.gpu_type, spec.gpus, spec.simulated_duration_s = CANARY_TYPE, 1, 0.5
+        spec.gpu_type, spec.gpus, spec.env[simulated.SECONDS] = CANARY_TYPE, 1, "0.5"
     elif kind == "on-process-node":  # outlives the kill of its node agent
         spec.gpu_type, spec.gpus = "H100", 2
         spec.command[:] = ["sh", "-c", "sleep 20", TASK_MARK]

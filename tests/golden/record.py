@@ -43,9 +43,11 @@ from libs.core import (
     Scheduler,
     TaskEnded,
     TaskStarted,
+    simulated,
 )
 from libs.core.compass import Eviction
-from libs.events import event_type, new_envelope
+from libs.core.simulated import SimulatedRun
+from libs.events import event_type, new_envelope, wire_time
 from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
 from libs.events.driver import decide, policy_configured
 from libs.events.logfile import write_log
@@ -114,20 +116,24 @@ def job_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
     # would only pile up in the queue.
     gpus = rng.choice((1, 1, 1, 2, 2, 4) if gpu_type == "A100" else (1, 1, 1, 2, 2, 4, 8, 12))
     command = rng.choice((["true"], ["false"], ["python", "train.py"], ["sleep", "0.5"]))
-    return types_pb2.JobSpec(
+    spec = types_pb2.JobSpec(
         allocation=allocation,
         user=rng.choice(ALLOCATIONS[allocation]),
         gpus=gpus,
         gpu_type=gpu_type,
-        min_runtime_s=rng.choice((0, 0, 300, 900, 3600, 4 * 3600)),
+        min_runtime=wire_time.duration(rng.choice((0, 0, 300, 900, 3600, 4 * 3600))),
         resumable=rng.random() < 0.4,
         command=command,
         priority=rng.choice((0, 0, 1, 5)),
         cluster=cluster,
-        simulated_duration_s=round(rng.uniform(20, 1200), 1),
-        simulated_exit_code=0 if command != ["false"] else 1,
-        simulated_utilization=rng.choice((0.9, 0.9, 0.02)),
     )
+    run = SimulatedRun(
+        duration_s=round(rng.uniform(20, 1200), 1),
+        exit_code=0 if command != ["false"] else 1,
+        utilization=rng.choice((0.9, 0.9, 0.02)),
+    )
+    spec.env.update(simulated.to_env(run))
+    return spec
 
 
 def workflow_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
@@ -139,7 +145,7 @@ def workflow_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
                 task_id=task_id,
                 model=model,
                 model_mb=size,
-                run_ms=run_ms,
+                run_duration=wire_time.duration_ms(run_ms),
                 in_kb=rng.choice((2, 300, 3000)),
                 out_kb=2,
                 parents=list(parents),
@@ -153,7 +159,7 @@ def workflow_spec(rng: random.Random, cluster: str) -> types_pb2.JobSpec:
         gpus=1,
         cluster=cluster,
         workflow=workflow,
-        simulated_utilization=0.9,
+        env=simulated.to_env(SimulatedRun(utilization=0.9)),
     )
 
 
@@ -357,7 +363,9 @@ class Scenario:
             return events_pb2.NodeRegistered(inventory=inventory)
         incarnation = self._incarnations[inventory.node_id]
         return events_pb2.NodeRegistered(
-            inventory=inventory, incarnation=incarnation, heartbeat_s=HEARTBEAT_S
+            inventory=inventory,
+            incarnation=incarnation,
+            heartbeat_interval=wire_time.duration(HEARTBEAT_S),
         )
 
     def _still_happens(self, at: float, payload: Message) -> bool:
@@ -382,7 +390,7 @@ class Scenario:
                 self._world.join(node_from_proto(payload.inventory))
             case events_pb2.UsageSnapshot():
                 self._at(at + USAGE_EVERY_S, "projector", events_pb2.UsageSnapshot())
-                payload.window_s = self._window_s
+                payload.window.CopyFrom(wire_time.duration(self._window_s))
                 payload.usage.extend(
                     types_pb2.AllocationUsage(allocation=name, allocated_gpu_s=round(used, 3))
                     for name, used in sorted(self._charged.items())
@@ -397,7 +405,7 @@ class Scenario:
                 self._release(task_id)  # a batch task's own end: its GPUs are free
                 placed = self._live.pop(task_id)
                 started = self._started.pop(payload.task_id, at)
-                if placed.spec.min_runtime_s or placed.HasField("serving"):
+                if placed.spec.HasField("min_runtime") or placed.HasField("serving"):
                     used = len(placed.gpu_indices) * (at - started)
                     self._charged[placed.spec.allocation] += used
         return True
@@ -437,14 +445,15 @@ class Scenario:
             self._world.start(place)
             ids = _ids(placed)
             start = at + 1.0
-            if placed.spec.simulated_utilization < 0.1:
+            run, _ = simulated.split_env(placed.spec.env)
+            if run.utilization < 0.1:
                 self._at(
                     start + 120,
                     "node-agent",
                     events_pb2.TaskIdle(**ids, idle=True, utilization=0.02),
                 )
-            end = start + placed.spec.simulated_duration_s
-            code = placed.spec.simulated_exit_code
+            end = start + run.duration_s
+            code = run.exit_code
             outcome: Message = (
                 events_pb2.TaskFinished(**ids, exit_code=0)
                 if code == 0
@@ -456,7 +465,7 @@ class Scenario:
             self._release(decision.task_lost.task_id)
         elif kind == "task_stop_requested" and decision.task_stop_requested.task_id in self._live:
             stop = decision.task_stop_requested
-            self._world.stop(stop.task_id, stop.grace_s)
+            self._world.stop(stop.task_id, wire_time.seconds(stop.grace))
 
 
 def _ids(task: TaskStarted | TaskEnded | events_pb2.TaskPlaced) -> dict[str, str]:

@@ -56,10 +56,10 @@ def eventually(probe: Callable[[], T | None], timeout: float = 30, what: str = "
 def wait_for_end(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> types_pb2.Job:
     """Follow WatchJob until the job ends; return its last state."""
     last = None
-    for job in jobs.WatchJob(
+    for change in jobs.WatchJob(
         js.WatchJobRequest(job_id=job_id), metadata=stack.auth("alice"), timeout=60
     ):
-        last = job
+        last = change.job
     assert last is not None
     return last
 
@@ -68,7 +68,7 @@ def until_running(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> ty
     """The job once its task runs."""
 
     def running() -> types_pb2.Job | None:
-        job = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice"))
+        job = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).job
         return job if job.state == types_pb2.JOB_STATE_RUNNING else None
 
     return eventually(running, what=f"{job_id} to run")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,12 +181,24 @@ class Stack:
     def start(self, name: str, *args: str) -> None:
         """Start ``services.<name>``; its /metrics, /healthz and /readyz are on
         ``metrics_ports[name]``."""
-        log = (self.logs / f"{name}.log").open("ab")
-        self.metrics_ports[name] = free_port()
-        self.processes[name] = subprocess.Popen(
+        self._spawn(name, name, args, {})
+
+    def start_instance(self, key: str, name: str, env: Mapping[str, str]) -> None:
+        """Another instance of ``services.<name>``, known (and logging) as ``key``, with
+        ``env`` over its own settings."""
+        self._spawn(key, name, (), env)
+
+    def _spawn(self, key: str, name: str, args: tuple[str, ...], env: Mapping[str, str]) -> None:
+        log = (self.logs / f"{key}.log").open("ab")
+        self.metrics_ports[key] = free_port()
+        self.processes[key] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
             cwd=ROOT,
-            env={**self.service_env(name), "QM_METRICS_PORT": str(self.metrics_ports[name])},
+            env={
+                **self.service_env(name),
+                "QM_METRICS_PORT": str(self.metrics_ports[key]),
+                **env,
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
         )

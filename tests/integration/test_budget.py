@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import budget_service_pb2 as bs
 from qm.v1 import budget_service_pb2_grpc as bs_grpc
 from qm.v1 import events_pb2, types_pb2
@@ -32,7 +33,9 @@ def test_only_managers_change_the_tree_and_every_change_is_an_event(
         budget.SetAllocation(bs.SetAllocationRequest(node=bad), metadata=stack.auth("carol"))
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "nlp: weight must be > 0" in invalid.value.details()
-    tree = budget.SetAllocation(bs.SetAllocationRequest(node=node), metadata=stack.auth("carol"))
+    tree = budget.SetAllocation(
+        bs.SetAllocationRequest(node=node), metadata=stack.auth("carol")
+    ).tree
 
     def logged() -> events_pb2.BudgetChanged | None:
         """The change, once the log shows it (a commit can be acknowledged before a
@@ -50,7 +53,7 @@ def test_only_managers_change_the_tree_and_every_change_is_an_event(
 def test_allocated_work_is_charged(
     stack: Stack, jobs: js_grpc.JobServiceStub, budget: bs_grpc.BudgetServiceStub
 ) -> None:
-    job_id = submit(stack, jobs, gpus=2, min_runtime_s=60, command=["sleep", "0.5"])
+    job_id = submit(stack, jobs, gpus=2, min_runtime=Duration(seconds=60), command=["sleep", "0.5"])
     assert wait_for_end(stack, jobs, job_id).state == types_pb2.JOB_STATE_FINISHED
 
     def charged() -> float:

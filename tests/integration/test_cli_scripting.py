@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from libs.auth import issue_token
+from libs.core import simulated
 from libs.sim.traces import load_event_log
 from tests.integration.conftest import until_running, wait_for_end
 from tests.integration.stack import Stack
@@ -29,9 +30,9 @@ def submit(
     spec = types_pb2.JobSpec(
         allocation=allocation,
         gpus=gpus,
-        gpu_type="A100",  # the simulated node: a run takes simulated_duration_s
+        gpu_type="A100",  # the simulated node: a run takes QM_SIMULATED_SECONDS
         command=["train"],
-        simulated_duration_s=run_s,
+        env={simulated.SECONDS: str(run_s)},
     )
     reply = jobs.SubmitJob(js.SubmitJobRequest(spec=spec), metadata=stack.auth(user), timeout=30)
     return str(reply.job_id)
@@ -131,7 +132,7 @@ def test_an_export_of_real_history_replays_under_two_policies(
         job, real = got[job_id], ended[job_id]
         assert (job.spec.user, job.spec.allocation, job.spec.gpus) == (user, allocation, gpus)
         assert job.at == pytest.approx(real.submitted_at.ToNanoseconds() / 1e9, abs=1)
-        assert job.runtime_s == real.spec.simulated_duration_s
+        assert job.runtime_s == float(real.spec.env[simulated.SECONDS])
     assert {node.node_id for node in log.nodes} == {"proc-0", "proc-1", "sim-0"}
     assert log.tree is not None and set(log.tree.leaves()) == {"vision", "nlp"}
 

@@ -8,6 +8,7 @@ from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
+from libs.core import simulated
 from libs.events import decode, event_type
 from services.admission.servicer import job_id_for
 from tests.integration.conftest import eventually, read_topic, wait_for_end
@@ -32,7 +33,7 @@ def test_a_job_runs_and_finishes(stack: Stack, jobs: js_grpc.JobServiceStub) -> 
     assert job.exit_code == 0 and len(job.gpu_indices) == 2 and job.node_id.startswith("proc-")
     assert (stack.task_logs / f"{job_id}.log").read_text().strip().endswith("42")
     # vision's manager sees it too (bob, of nlp only, would be told it does not exist)
-    got = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("dana"))
+    got = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("dana")).job
     assert got.state == types_pb2.JOB_STATE_FINISHED
 
 
@@ -56,7 +57,7 @@ def test_a_simulated_node_runs_for_the_declared_duration(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     job_id = submit(
-        stack, jobs, gpus=8, gpu_type="A100", command=["train"], simulated_duration_s=0.5
+        stack, jobs, gpus=8, gpu_type="A100", command=["train"], env={simulated.SECONDS: "0.5"}
     )
     job = wait_for_end(stack, jobs, job_id)
     assert job.state == types_pb2.JOB_STATE_FINISHED and job.node_id == "sim-0"
@@ -119,7 +120,7 @@ def test_cancelling_a_running_job(stack: Stack, jobs: js_grpc.JobServiceStub) ->
     job_id = submit(stack, jobs, command=["python3", "-c", "import time; time.sleep(120)"])
     eventually(
         lambda: (
-            jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).state
+            jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice")).job.state
             == types_pb2.JOB_STATE_RUNNING
         ),
         what="the job to run",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
@@ -38,7 +39,12 @@ def test_a_crashed_agent_loses_its_node_and_leaks_nothing(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     sleeper = submit(
-        stack, jobs, gpus=4, gpu_type="H100", command=["sleep", "120"], min_runtime_s=60
+        stack,
+        jobs,
+        gpus=4,
+        gpu_type="H100",
+        command=["sleep", "120"],
+        min_runtime=Duration(seconds=60),
     )
     running = until_running(stack, jobs, sleeper)
     [pid] = [

@@ -11,6 +11,7 @@ from qm.v1 import cluster_service_pb2_grpc, types_pb2
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
+from libs.core import simulated
 from tests.integration.conftest import eventually, wait_for_end
 from tests.integration.stack import Stack
 from tests.integration.test_job_lifecycle import submit
@@ -28,7 +29,8 @@ def cluster(stack: Stack) -> Iterator[cluster_service_pb2_grpc.ClusterServiceStu
 
 
 def job(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> types_pb2.Job:
-    return jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("alice"), timeout=30)
+    request = js.GetJobRequest(job_id=job_id)
+    return jobs.GetJob(request, metadata=stack.auth("alice"), timeout=30).job
 
 
 def node(stack: Stack, cluster: cluster_service_pb2_grpc.ClusterServiceStub) -> types_pb2.Node:
@@ -45,7 +47,7 @@ def test_a_held_job_starts_only_once_released(
     assert cordoned.returncode == 0, cordoned.stderr
     eventually(lambda: node(stack, cluster).cordoned, what=f"{NODE} to show cordoned")
     job_id = submit(
-        stack, jobs, gpus=8, gpu_type="A100", command=["train"], simulated_duration_s=0.2
+        stack, jobs, gpus=8, gpu_type="A100", command=["train"], env={simulated.SECONDS: "0.2"}
     )
     eventually(lambda: job(stack, jobs, job_id).state == types_pb2.JOB_STATE_PENDING)
     held = qm(stack, "alice", "hold", job_id)
@@ -65,7 +67,7 @@ def test_a_drain_requeues_what_ran_there_and_it_runs_again_once_uncordoned(
     cluster: cluster_service_pb2_grpc.ClusterServiceStub,
 ) -> None:
     job_id = submit(
-        stack, jobs, gpus=8, gpu_type="A100", command=["train"], simulated_duration_s=600
+        stack, jobs, gpus=8, gpu_type="A100", command=["train"], env={simulated.SECONDS: "600"}
     )
     eventually(lambda: job(stack, jobs, job_id).state == types_pb2.JOB_STATE_RUNNING)
     drained = qm(stack, "carol", "node", "drain", NODE)

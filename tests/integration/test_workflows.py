@@ -10,6 +10,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.events import DecodeError, decode
+from libs.events.wire_time import duration_ms
 from tests.integration.conftest import assert_audit_reproduces, eventually, read_topic, wait_for_end
 from tests.integration.stack import Stack
 
@@ -18,13 +19,18 @@ CHAIN = types_pb2.Workflow(
     name="caption",
     tasks=[
         types_pb2.WorkflowTask(
-            task_id="see", model="vit-30g", model_mb=30_000, run_ms=200, in_kb=300, out_kb=2
+            task_id="see",
+            model="vit-30g",
+            model_mb=30_000,
+            run_duration=duration_ms(200),
+            in_kb=300,
+            out_kb=2,
         ),
         types_pb2.WorkflowTask(
             task_id="say",
             model="tts-30g",
             model_mb=30_000,
-            run_ms=100,
+            run_duration=duration_ms(100),
             in_kb=2,
             out_kb=300,
             parents=["see"],

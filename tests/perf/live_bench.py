@@ -50,7 +50,8 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
 from libs.bus import KafkaBus, load_topic_config
-from libs.events import DecodeError, decode, event_type, occurred_at
+from libs.core import simulated
+from libs.events import DecodeError, decode, event_type, occurred_at, wire_time
 from tests.integration.stack import ROOT, Stack
 from tests.perf.echo import node_name
 from tests.perf.options import option
@@ -304,8 +305,8 @@ def _request(rng: random.Random, job_s: float) -> js.SubmitJobRequest:
             allocation=rng.choice(("vision", "nlp")),
             gpus=rng.choice((1, 1, 1, 2, 2, 4)),
             command=["train.py"],
-            min_runtime_s=rng.choice((0, 0, 600)),
-            simulated_duration_s=job_s,
+            min_runtime=wire_time.duration(rng.choice((0, 0, 600))),
+            env={simulated.SECONDS: repr(job_s)},
         )
     )
 

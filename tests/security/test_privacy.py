@@ -42,7 +42,7 @@ def test_the_owner_the_allocations_manager_and_the_roots_see_a_job(
     front_door: Stack, alices_job: str, user: str
 ) -> None:
     jobs = js_grpc.JobServiceStub(front_door.channel())
-    job = jobs.GetJob(js.GetJobRequest(job_id=alices_job), metadata=front_door.auth(user))
+    job = jobs.GetJob(js.GetJobRequest(job_id=alices_job), metadata=front_door.auth(user)).job
     assert job.spec.env["WANDB_API_KEY"] == "alice-secret"
     assert alices_job in listed(front_door, user)
 
@@ -87,5 +87,5 @@ def test_a_secrets_value_never_travels_with_its_job(front_door: Stack) -> None:
     jobs = js_grpc.JobServiceStub(front_door.channel())
     spec = types_pb2.JobSpec(gpus=1, allocation="nlp", command=["train"], secrets=["HF_TOKEN"])
     reply = jobs.SubmitJob(js.SubmitJobRequest(spec=spec), metadata=front_door.auth("bob"))
-    job = jobs.GetJob(js.GetJobRequest(job_id=reply.job_id), metadata=front_door.auth("bob"))
+    job = jobs.GetJob(js.GetJobRequest(job_id=reply.job_id), metadata=front_door.auth("bob")).job
     assert list(job.spec.secrets) == ["HF_TOKEN"] and "HF_TOKEN" not in job.spec.env

@@ -56,7 +56,7 @@ def test_a_bad_token_cannot_change_the_budget_tree(front_door: Stack, case: str)
             bs.SetAllocationRequest(node=node), metadata=bearer(bad_tokens(stack.keys)[case])
         )
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
-    tree = budget.GetTree(bs.GetTreeRequest(), metadata=stack.auth("carol"))
+    tree = budget.GetTree(bs.GetTreeRequest(), metadata=stack.auth("carol")).tree
     assert "heist" not in {n.name for n in tree.nodes}
 
 

@@ -1,4 +1,4 @@
-"""``GET /usage?cluster=`` -> ``qm.v1.Balances``: charged GPU-seconds over the window.
+"""``GET /usage?cluster=`` -> ``qm.v1.GetBalancesResponse``: charged GPU-seconds over the window.
 
 As of the cluster's clock (its latest event), with each allocation's entitlement
 (0 when the budget tree does not name it); 503 while the ledger is rebuilt.
@@ -20,5 +20,7 @@ class UsageView(web.View):
         if not state.rebuilt.is_set():
             return self.text("usage is being rebuilt from the log", status=503)
         cluster = state.ledger.cluster(request.query.get("cluster", ""))
-        reply = cluster.balances() if cluster is not None else budget_service_pb2.Balances()
+        reply = (
+            cluster.balances() if cluster is not None else budget_service_pb2.GetBalancesResponse()
+        )
         return self.bytes(reply.SerializeToString(deterministic=True), content_type=PROTOBUF)

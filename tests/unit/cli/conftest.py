@@ -42,14 +42,15 @@ class RecordingJobs(js_grpc.JobServiceServicer):
 
     def WatchJob(
         self, request: js.WatchJobRequest, context: grpc.ServicerContext
-    ) -> Iterator[types_pb2.Job]:
+    ) -> Iterator[js.WatchJobResponse]:
         """Each listed state of the job, in order, then the stream ends."""
-        yield from (job for job in self.listed if job.job_id == request.job_id)
+        listed = (job for job in self.listed if job.job_id == request.job_id)
+        yield from (js.WatchJobResponse(job=job) for job in listed)
 
-    def GetJob(self, request: js.GetJobRequest, context: grpc.ServicerContext) -> types_pb2.Job:
+    def GetJob(self, request: js.GetJobRequest, context: grpc.ServicerContext) -> js.GetJobResponse:
         for job in self.listed:
             if job.job_id == request.job_id:
-                return job
+                return js.GetJobResponse(job=job)
         context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
 
 

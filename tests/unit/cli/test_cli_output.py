@@ -107,7 +107,7 @@ def test_an_unknown_format_is_refused(admission: Admission) -> None:
 
 
 def test_documents_hold_the_same_data_in_json_and_yaml() -> None:
-    balances = budget_service_pb2.Balances(
+    balances = budget_service_pb2.GetBalancesResponse(
         balances=[budget_service_pb2.Balance(allocation="vision", entitlement=0.25)]
     )
     document = {"balances": message(balances), "rows": records(["A", "B"], [["1", "2"]])}

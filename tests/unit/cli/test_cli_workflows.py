@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from cli import render
 from cli.app import app, load_workflow
 from libs.config.document import ConfigError
+from libs.events.wire_time import milliseconds
 from libs.sim.workflows import PROFILES
 from tests.unit.cli.conftest import Admission, text
 
@@ -64,7 +65,11 @@ def test_the_example_is_the_translation_workflow() -> None:
         ("aggregate", "", 0),
     ]
     assert list(workflow.tasks[-1].parents) == ["marian", "mt5_a", "mt5_b"]
-    assert (workflow.tasks[0].run_ms, workflow.tasks[0].in_kb, workflow.tasks[0].out_kb) == (
+    assert (
+        milliseconds(workflow.tasks[0].run_duration),
+        workflow.tasks[0].in_kb,
+        workflow.tasks[0].out_kb,
+    ) == (
         561,
         1,
         2,
@@ -85,7 +90,8 @@ def test_the_compass_shape_takes_sizes_from_its_models(tmp_path: Path) -> None:
         ("nli", 2140, ["opt"]),
     ]
     glue = load_workflow(path, "glue")
-    assert (glue.tasks[0].model, glue.tasks[0].model_mb, glue.tasks[0].run_ms) == ("", 0, 0.6)
+    assert (glue.tasks[0].model, glue.tasks[0].model_mb) == ("", 0)
+    assert milliseconds(glue.tasks[0].run_duration) == 0.6
 
 
 def test_one_workflow_with_a_models_table(tmp_path: Path) -> None:

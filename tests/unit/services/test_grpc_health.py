@@ -28,8 +28,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class Jobs(job_service_pb2_grpc.JobServiceServicer):
     async def GetJob(
         self, request: job_service_pb2.GetJobRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.Job:
-        return types_pb2.Job(job_id=request.job_id)
+    ) -> job_service_pb2.GetJobResponse:
+        return job_service_pb2.GetJobResponse(job=types_pb2.Job(job_id=request.job_id))
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +89,10 @@ async def test_calls_are_traced_and_health_probes_are_not(spans: InMemorySpanExp
         health = health_pb2_grpc.HealthStub(channel)
         checked = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE))
         assert checked.status == SERVING
-        job = await job_service_pb2_grpc.JobServiceStub(channel).GetJob(
+        reply = await job_service_pb2_grpc.JobServiceStub(channel).GetJob(
             job_service_pb2.GetJobRequest(job_id="j-1")
         )
-        assert job.job_id == "j-1"
+        assert reply.job.job_id == "j-1"
     assert [(span.name, span.kind) for span in spans.get_finished_spans()] == [
         (f"/{SERVICE}/GetJob", SpanKind.SERVER)
     ]

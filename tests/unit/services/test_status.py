@@ -20,7 +20,7 @@ SERVICE = job_service_pb2.DESCRIPTOR.services_by_name["JobService"].full_name
 class Failing(job_service_pb2_grpc.JobServiceServicer):
     async def GetJob(
         self, request: job_service_pb2.GetJobRequest, context: grpc.aio.ServicerContext
-    ) -> types_pb2.Job:
+    ) -> job_service_pb2.GetJobResponse:
         raise {
             "broker": Unavailable("the event log is down"),
             "projector": ProjectorUnavailable("projector at http://x unreachable"),
@@ -35,8 +35,8 @@ class Failing(job_service_pb2_grpc.JobServiceServicer):
 
     async def WatchJob(
         self, request: job_service_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[types_pb2.Job]:
-        yield types_pb2.Job(job_id=request.job_id)
+    ) -> AsyncIterator[job_service_pb2.WatchJobResponse]:
+        yield job_service_pb2.WatchJobResponse(job=types_pb2.Job(job_id=request.job_id))
         raise Unavailable("the projector went away")
 
 
@@ -79,8 +79,8 @@ async def test_a_stream_that_fails_midway_ends_unavailable(
 ) -> None:
     received = []
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        async for job in stub.WatchJob(job_service_pb2.WatchJobRequest(job_id="j-1")):
-            received.append(job.job_id)
+        async for change in stub.WatchJob(job_service_pb2.WatchJobRequest(job_id="j-1")):
+            received.append(change.job.job_id)
     assert received == ["j-1"] and caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -36,22 +36,32 @@ def test_a_valid_job_has_no_violations() -> None:
         (job(1, user=""), "user", "is required"),
         (
             job(1, min_runtime_s=8 * 3600 + 1),
-            "min_runtime_s",
+            "min_runtime",
             "must be between 0 and 28800 s (8 h), got 28801",
         ),
         (job(1, command=()), "command", "is required (the program and its arguments)"),
         (
             job(1, simulated_duration_s=-1.0),
-            "simulated_duration_s",
+            "env[QM_SIMULATED_SECONDS]",
             "must be between 0 and 31622400 s",
         ),
         *(
             (
                 job(1, runtime_estimate_s=bad),
-                "runtime_estimate_s",
+                "runtime_estimate",
                 "must be between 0 and 31622400 s",
             )
             for bad in (-1.0, math.nan, math.inf, 31622401.0)
+        ),
+        (
+            job(1, env=(("QM_SIMULATED_EXIT", "zero"),)),
+            "env[QM_SIMULATED_EXIT]",
+            "must be an integer exit code (32 bits)",
+        ),
+        (
+            job(1, env=(("QM_SIMULATED_COLOUR", "blue"),)),
+            "env[QM_SIMULATED_COLOUR]",
+            "is not one of QM_SIMULATED_SECONDS, QM_SIMULATED_EXIT, QM_SIMULATED_UTILIZATION",
         ),
     ],
 )

@@ -6,6 +6,7 @@ import math
 from datetime import UTC, datetime
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import (
@@ -28,6 +29,7 @@ from libs.events.convert import (
     to_input,
     workflow_from_proto,
 )
+from libs.events.wire_time import duration_ms, milliseconds, timestamp_ms
 from tests.builders import job
 
 T0 = 1_760_000_000.0
@@ -51,7 +53,13 @@ def proto_workflow(*tasks: tuple[str, list[str]], name: str = "w") -> types_pb2.
         name=name,
         tasks=[
             types_pb2.WorkflowTask(
-                task_id=t, model=f"m-{t}", model_mb=100, run_ms=5, in_kb=1, out_kb=1, parents=p
+                task_id=t,
+                model=f"m-{t}",
+                model_mb=100,
+                run_duration=duration_ms(5),
+                in_kb=1,
+                out_kb=1,
+                parents=p,
             )
             for t, p in tasks
         ],
@@ -115,7 +123,7 @@ def test_memory_is_not_checked_from_the_log() -> None:
         name="w",
         tasks=[
             types_pb2.WorkflowTask(
-                task_id="a", model="m", model_mb=1e9, run_ms=1, in_kb=1, out_kb=1
+                task_id="a", model="m", model_mb=1e9, run_duration=duration_ms(1), in_kb=1, out_kb=1
             )
         ],
     )
@@ -135,7 +143,9 @@ def test_as_given_keeps_the_tasks_unchecked_for_validation() -> None:
 def test_model_cache_events_become_core_inputs() -> None:
     at = datetime.fromtimestamp(T0, UTC)
     loaded = new_envelope(
-        events_pb2.ModelLoaded(node_id="n1", gpu_index=3, model="OPT", size_mb=5720, load_ms=562),
+        events_pb2.ModelLoaded(
+            node_id="n1", gpu_index=3, model="OPT", size_mb=5720, load_duration=duration_ms(562)
+        ),
         producer="node-agent",
         occurred=at,
     )
@@ -161,8 +171,13 @@ def test_a_plan_becomes_workflow_planned() -> None:
     assert isinstance(payload, events_pb2.WorkflowPlanned)
     assert (payload.job_id, payload.mode, payload.provenance) == ("j-1", "compass", PROVENANCE)
     assert [
-        (t.name, t.node_id, t.gpu_index, t.start_ms, t.finish_ms, t.load_ms) for t in payload.tasks
-    ] == [(t.name, t.node_id, t.gpu_index, t.start_ms, t.finish_ms, t.load_ms) for t in plan.tasks]
+        (t.name, t.node_id, t.gpu_index, t.start_time, t.finish_time, t.load_duration)
+        for t in payload.tasks
+    ] == [
+        (t.name, t.node_id, t.gpu_index, timestamp_ms(t.start_ms), timestamp_ms(t.finish_ms), d)
+        for t, d in zip(plan.tasks, (duration_ms(562.4), Duration()), strict=True)
+    ]
+    assert payload.tasks[0].load_duration == Duration(nanos=562_400_000)
     env = new_envelope(payload, producer="placement")
     assert decode(encode(env)).workflow_planned == payload
 
@@ -182,7 +197,13 @@ def test_a_serving_place_carries_its_task(planned: tuple[str, int] | None, reaso
     # submission rather than going out with every task.
     assert not payload.spec.HasField("workflow")
     got = payload.serving
-    assert (got.name, got.model, got.model_mb, got.run_ms, got.input_delay_ms) == (
+    assert (
+        got.name,
+        got.model,
+        got.model_mb,
+        milliseconds(got.run_duration),
+        milliseconds(got.input_delay),
+    ) == (
         "mt5_a",
         "mt5",
         2000.0,

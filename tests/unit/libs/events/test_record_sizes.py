@@ -11,6 +11,7 @@ from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
 from libs.events.driver import policy_configured
+from libs.events.wire_time import duration_ms
 
 # Kafka's default record limit (message.max.bytes) and aiokafka's max_request_size.
 KAFKA_LIMIT = 1_048_576
@@ -35,7 +36,7 @@ def largest_workflow_spec() -> types_pb2.JobSpec:
             task_id=f"{i:0{L.MAX_NAME_CHARS}d}",
             model="m",
             model_mb=L.MAX_MODEL_MB,
-            run_ms=L.MAX_RUN_MS,
+            run_duration=duration_ms(L.MAX_RUN_MS),
             in_kb=L.MAX_TRANSFER_KB,
             out_kb=L.MAX_TRANSFER_KB,
         )

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.events.wire_time import duration_ms
 from libs.readmodels import JobFilter, JobRecords, apply_job_event
 from libs.readmodels.jobs import task_key
 from tests.perf.workflow_bench import Counted
@@ -28,14 +29,20 @@ J = "j-big"
 
 def wide(n: int, job_id: str = J) -> types_pb2.JobSpec:
     """A root, n - 2 tasks on its output, and a join of them all."""
-    tasks = [types_pb2.WorkflowTask(task_id="root", run_ms=10, in_kb=1, out_kb=1)]
+    tasks = [
+        types_pb2.WorkflowTask(task_id="root", run_duration=duration_ms(10), in_kb=1, out_kb=1)
+    ]
     middle = [f"m{i:04d}" for i in range(n - 2)]
     tasks += [
-        types_pb2.WorkflowTask(task_id=m, model="mt5", model_mb=2000, run_ms=10, in_kb=1, out_kb=1)
+        types_pb2.WorkflowTask(
+            task_id=m, model="mt5", model_mb=2000, run_duration=duration_ms(10), in_kb=1, out_kb=1
+        )
         for m in middle
     ]
     tasks.append(
-        types_pb2.WorkflowTask(task_id="join", run_ms=1, in_kb=1, out_kb=1, parents=middle)
+        types_pb2.WorkflowTask(
+            task_id="join", run_duration=duration_ms(1), in_kb=1, out_kb=1, parents=middle
+        )
     )
     for task in tasks[1:-1]:
         task.parents.append("root")
@@ -58,7 +65,7 @@ def lifecycle(spec: types_pb2.JobSpec, job_id: str = J) -> list[events_pb2.Envel
     events = [submitted(job_id, s=spec), admitted(job_id, s=spec), env(plan)]
     for i, name in enumerate(names(spec)):
         task_id = f"{job_id}/{name}"
-        serving = events_pb2.ServingTask(name=name, model="mt5", run_ms=10)
+        serving = events_pb2.ServingTask(name=name, model="mt5", run_duration=duration_ms(10))
         placed_task = events_pb2.TaskPlaced(
             job_id=job_id,
             task_id=task_id,
@@ -153,7 +160,12 @@ def test_task_records_of_two_jobs_never_share_a_key() -> None:
             allocation="team-a",
             gpus=1,
             workflow=types_pb2.Workflow(
-                name="w", tasks=[types_pb2.WorkflowTask(task_id=name, run_ms=1, in_kb=1, out_kb=1)]
+                name="w",
+                tasks=[
+                    types_pb2.WorkflowTask(
+                        task_id=name, run_duration=duration_ms(1), in_kb=1, out_kb=1
+                    )
+                ],
             ),
         )
         book.apply(submitted(job_id, s=spec))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import types_pb2
 
 from libs.readmodels.dashboard import dashboard
@@ -58,7 +59,7 @@ def job(
             user=user,
             gpus=gpus,
             gpu_type=gpu_type,
-            min_runtime_s=60 if charged else 0,
+            min_runtime=Duration(seconds=60 if charged else 0),
             command=["true"],
         ),
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import new_envelope
+from libs.events.wire_time import duration_ms
 from libs.readmodels import ClusterUsage, UsageLedger
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
@@ -29,7 +31,11 @@ def contract(
     allocation: str = "team-a", gpus: int = 2, min_runtime_s: int = 600
 ) -> types_pb2.JobSpec:
     return types_pb2.JobSpec(
-        allocation=allocation, user="ada", gpus=gpus, min_runtime_s=min_runtime_s, command=["x"]
+        allocation=allocation,
+        user="ada",
+        gpus=gpus,
+        min_runtime=Duration(seconds=min_runtime_s),
+        command=["x"],
     )
 
 
@@ -149,7 +155,7 @@ def test_a_snapshot_is_as_of_the_latest_event() -> None:
         latest.event_id,
     )
     assert due.event_id == "default-usage-3-w604800"
-    assert due.usage_snapshot.window_s == WEEK
+    assert due.usage_snapshot.window == Duration(seconds=int(WEEK))
     [line] = due.usage_snapshot.usage
     assert (line.allocation, line.allocated_gpu_s) == ("team-a", pytest.approx(10.123456789))
 
@@ -297,9 +303,17 @@ def test_a_workflow_is_charged_like_allocated_work_task_by_task() -> None:
     workflow = types_pb2.Workflow(
         name="qa",
         tasks=[
-            types_pb2.WorkflowTask(task_id="a", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1),
             types_pb2.WorkflowTask(
-                task_id="b", model="m", model_mb=1, run_ms=1, in_kb=1, out_kb=1, parents=["a"]
+                task_id="a", model="m", model_mb=1, run_duration=duration_ms(1), in_kb=1, out_kb=1
+            ),
+            types_pb2.WorkflowTask(
+                task_id="b",
+                model="m",
+                model_mb=1,
+                run_duration=duration_ms(1),
+                in_kb=1,
+                out_kb=1,
+                parents=["a"],
             ),
         ],
     )

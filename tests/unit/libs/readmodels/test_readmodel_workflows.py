@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.events.wire_time import duration_ms
 from libs.readmodels import has_ended, job_key, task_is_over
 from tests.unit.libs.readmodels.folds import folded_job
 from tests.unit.libs.readmodels.readmodel_builders import (
@@ -33,7 +34,7 @@ def task(name: str, *parents: str, model: str = "") -> types_pb2.WorkflowTask:
         task_id=name,
         model=model,
         model_mb=100 if model else 0,
-        run_ms=10,
+        run_duration=duration_ms(10),
         in_kb=1,
         out_kb=1,
         parents=parents,
@@ -57,7 +58,7 @@ SPEC = types_pb2.JobSpec(allocation="team-a", user="ada", gpus=1, workflow=WORKF
 def wf_placed(
     name: str, node: str, gpu: int, at: float = T0, planned: tuple[str, int] | None = None
 ) -> events_pb2.Envelope:
-    serving = events_pb2.ServingTask(name=name, model="m", run_ms=10)
+    serving = events_pb2.ServingTask(name=name, model="m", run_duration=duration_ms(10))
     if planned is not None:
         serving.planned_node_id, serving.planned_gpu_index = planned
         serving.reason = "adjusted"

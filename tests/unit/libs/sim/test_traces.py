@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
@@ -150,7 +151,9 @@ def test_a_recorded_log_gives_submissions_nodes_budget_and_cancellations(tmp_pat
         at = datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
         return new_envelope(payload, producer="test", occurred=at, event_id=f"e{second}")
 
-    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=2, command=["x"], min_runtime_s=60)
+    spec = types_pb2.JobSpec(
+        allocation="a", user="u", gpus=2, command=["x"], min_runtime=Duration(seconds=60)
+    )
     tree = types_pb2.BudgetTree(
         nodes=[
             types_pb2.BudgetNode(name="root", weight=1),

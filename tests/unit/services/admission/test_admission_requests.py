@@ -13,6 +13,7 @@ from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.core import limits as L
 from libs.events import event_type, new_envelope
+from libs.events.wire_time import duration_ms
 from services.admission.servicer import JobServicer, job_id_for
 from services.status import Unavailable
 from tests.unit.services.admission.doubles import TOPIC, Aborted, Context, memory_log, servicer
@@ -217,7 +218,8 @@ async def test_a_workflow_of_too_many_tasks_is_refused_before_anything_is_built(
     allocation: str,
 ) -> None:
     tasks = [
-        types_pb2.WorkflowTask(task_id=f"t{i}", run_ms=1, in_kb=1, out_kb=1) for i in range(100_000)
+        types_pb2.WorkflowTask(task_id=f"t{i}", run_duration=duration_ms(1), in_kb=1, out_kb=1)
+        for i in range(100_000)
     ]
     workflow = types_pb2.Workflow(name="w", tasks=tasks)
     huge = spec(allocation=allocation, command=[], workflow=workflow)

@@ -10,6 +10,7 @@ from qm.v1 import job_service_pb2 as js
 
 from libs.core import Limits
 from libs.events import event_type
+from libs.events.wire_time import duration_ms
 from tests.unit.services.admission.doubles import (
     TOPIC,
     Aborted,
@@ -38,7 +39,13 @@ CLUSTER = [node("n1", "T4", 16), node("n2", "H100", 80)]
 
 def task(name: str, *parents: str, model: str = "", mb: float = 0) -> types_pb2.WorkflowTask:
     return types_pb2.WorkflowTask(
-        task_id=name, model=model, model_mb=mb, run_ms=10, in_kb=1, out_kb=1, parents=parents
+        task_id=name,
+        model=model,
+        model_mb=mb,
+        run_duration=duration_ms(10),
+        in_kb=1,
+        out_kb=1,
+        parents=parents,
     )
 
 

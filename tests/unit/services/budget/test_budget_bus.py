@@ -39,7 +39,7 @@ def change(weight: float) -> budget_service_pb2.SetAllocationRequest:
 
 async def test_a_change_is_appended_to_every_clusters_input() -> None:
     bus = MemoryBus.for_topics(TOPICS)
-    tree = await servicer(bus).SetAllocation(change(3.0), Context("boss"))
+    tree = (await servicer(bus).SetAllocation(change(3.0), Context("boss"))).tree
     assert tree.version == 2
     records = bus.records(EVENTS)
     partitions = list(range(TOPICS.events.partitions))
@@ -85,7 +85,7 @@ async def test_a_change_folded_back_before_its_ack_keeps_its_version() -> None:
     budget = BudgetServicer(book, producer, topic=EVENTS, clusters=CLUSTERS, keys=KEYS)
     first = await budget.SetAllocation(change(3.0), Context("boss"))
     second = await budget.SetAllocation(change(5.0), Context("boss"))
-    assert (first.version, second.version) == (2, 3)
+    assert (first.tree.version, second.tree.version) == (2, 3)
     assert sorted(env.budget_changed.tree.version for env in bus.envelopes(EVENTS)) == [2, 2, 3, 3]
     # A follower that reads the first change only now does not undo the second.
     book.apply(producer.written[0])
@@ -99,7 +99,7 @@ async def test_a_change_read_from_an_older_tree_is_refused_not_merged() -> None:
     budget = servicer(bus)
     first = change(3.0)
     first.expected_version = 1
-    assert (await budget.SetAllocation(first, Context("boss"))).version == 2
+    assert (await budget.SetAllocation(first, Context("boss"))).tree.version == 2
     stale = change(5.0)
     stale.expected_version = 1
     with pytest.raises(Aborted) as refused:

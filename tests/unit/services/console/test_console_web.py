@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import types_pb2
 
 from libs.auth import Keys, issue_token
@@ -41,7 +42,9 @@ def waiting(job_id: str, user: str, allocation: str) -> types_pb2.Job:
         job_id=job_id,
         state=_S.JOB_STATE_PENDING,
         reason="<script>alert(1)</script>",
-        spec=types_pb2.JobSpec(allocation=allocation, user=user, gpus=1, min_runtime_s=60),
+        spec=types_pb2.JobSpec(
+            allocation=allocation, user=user, gpus=1, min_runtime=Duration(seconds=60)
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import ProcessExecutor
 from services.node_agent.idle import IdleThresholds
@@ -71,7 +72,7 @@ def placement(
         task_id="job-1/0",
         node_id=node_id,
         gpu_indices=[1],
-        spec=types_pb2.JobSpec(command=command, simulated_duration_s=duration_s),
+        spec=types_pb2.JobSpec(command=command, env={simulated.SECONDS: repr(duration_s)}),
     )
 
 
@@ -162,7 +163,8 @@ async def test_a_stop_requests_grace_reaches_the_process(
     while "ready" not in (tmp_path / "job-1.log").read_text().splitlines():
         await asyncio.sleep(0.02)
     stop = stop_request()
-    stop.node_id, stop.grace_s = "proc-0", 0.2  # free work preempted: a short grace
+    stop.node_id = "proc-0"
+    stop.grace.FromMilliseconds(200)  # free work preempted: a short grace
     await agent.handle(delivery(stop, offset=1))
     await emitted.until(2)  # killed after 0.2 s, not the executor's 60
     assert emitted.events[1].task_failed.exit_code == -9

@@ -12,6 +12,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import EventConsumer, EventProducer, load_topic_config
 from libs.bus.deadletter import CONSUMER
 from libs.bus.memory import MemoryBus
+from libs.core import simulated
 from libs.events import event_type, new_envelope
 from services.node_agent.agent import NodeAgent, serve
 from services.node_agent.executors import SimulatedExecutor
@@ -36,7 +37,7 @@ def placement(job_id: str, incarnation: str = "") -> events_pb2.Envelope:
         node_id="sim-0",
         node_incarnation=incarnation,
         gpu_indices=[0],
-        spec=types_pb2.JobSpec(simulated_duration_s=0.01),
+        spec=types_pb2.JobSpec(env={simulated.SECONDS: "0.01"}),
     )
     return new_envelope(placed, producer="placement", correlation_id=job_id)
 

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
+from libs.core.simulated import SimulatedRun
+from libs.events.wire_time import duration_ms
 from services.node_agent.executors import (
     LaunchError,
     ProcessExecution,
@@ -32,9 +35,7 @@ def placed(
         gpu_indices=gpus,
         spec=types_pb2.JobSpec(
             command=command,
-            env=env or {},
-            simulated_duration_s=duration_s,
-            simulated_exit_code=exit_code,
+            env=(env or {}) | simulated.to_env(SimulatedRun(duration_s, exit_code)),
         ),
     )
 
@@ -176,7 +177,9 @@ async def test_stopping_a_simulated_task_ends_it_with_sigterm() -> None:
 def serving_task(model_mb: float = 5720, run_ms: float = 200) -> events_pb2.TaskPlaced:
     task = placed("true", gpus=(3,), duration_s=60)
     task.serving.CopyFrom(
-        events_pb2.ServingTask(name="translate", model="OPT", model_mb=model_mb, run_ms=run_ms)
+        events_pb2.ServingTask(
+            name="translate", model="OPT", model_mb=model_mb, run_duration=duration_ms(run_ms)
+        )
     )
     return task
 

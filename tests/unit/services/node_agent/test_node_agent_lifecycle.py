@@ -7,6 +7,7 @@ from qm.v1 import events_pb2
 from libs.core.compass import Eviction, GpuWorker
 from libs.core.decisions import ServingTask
 from libs.events import new_envelope
+from libs.events.wire_time import duration_ms
 from services.node_agent.executors import LaunchError
 from services.node_agent.lifecycle import (
     decision_for,
@@ -111,7 +112,7 @@ def test_model_reports() -> None:
         gpu_index=0,
         model="OPT",
         size_mb=5720,
-        load_ms=572,
+        load_duration=duration_ms(572),
         job_id="j",
         task_id="j/0",
     )

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
@@ -37,7 +38,7 @@ async def test_each_registration_names_an_incarnation_and_the_heartbeat(
 ) -> None:
     await agent.register()
     first = [env.node_registered for env in emitted.events]
-    assert [r.heartbeat_s for r in first] == [5.0, 5.0]
+    assert [r.heartbeat_interval for r in first] == [Duration(seconds=5)] * 2
     assert len({r.incarnation for r in first}) == 2 and all(r.incarnation for r in first)
 
 

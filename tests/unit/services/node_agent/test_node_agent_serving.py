@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
+from libs.events.wire_time import duration_ms, milliseconds
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import SimulatedExecutor
 from services.node_agent.serving import gpu_memory_mb
@@ -65,8 +67,8 @@ def serving(
             name=task,
             model=model,
             model_mb=mb,
-            run_ms=run_ms,
-            input_delay_ms=delay_ms,
+            run_duration=duration_ms(run_ms),
+            input_delay=duration_ms(delay_ms),
             upcoming=upcoming,
         ),
     )
@@ -78,7 +80,7 @@ def batch(job_id: str, gpus: tuple[int, ...], duration_s: float = 0.01) -> event
         task_id=f"{job_id}/0",
         node_id="sim-0",
         gpu_indices=gpus,
-        spec=types_pb2.JobSpec(simulated_duration_s=duration_s),
+        spec=types_pb2.JobSpec(env={simulated.SECONDS: repr(duration_s)}),
     )
 
 
@@ -109,7 +111,11 @@ async def test_same_model_twice_loads_once_and_the_second_is_a_hit(
     loaded = emitted.events[0]
     # What goes in a ModelLoaded is test_node_agent_lifecycle's: here, what the agent decides.
     report = loaded.model_loaded
-    assert (report.node_id, report.gpu_index, report.load_ms) == ("sim-0", 0, 10)
+    assert (report.node_id, report.gpu_index, milliseconds(report.load_duration)) == (
+        "sim-0",
+        0,
+        10,
+    )
     assert (loaded.producer, loaded.correlation_id, loaded.causation_id) == (
         "node-agent/sim-0",
         "wf-1",
@@ -289,7 +295,9 @@ async def test_a_process_learns_its_model_and_whether_it_is_cached(
         "task_started",
         "task_finished",
     ]
-    assert emitted.events[0].model_loaded.load_ms == pytest.approx(57.2)  # the estimate
+    assert milliseconds(emitted.events[0].model_loaded.load_duration) == pytest.approx(
+        57.2
+    )  # the estimate
     log = (tmp_path / "wf-1.log").read_text().splitlines()
     assert [line for line in log if not line.startswith("---")] == [
         "a opt 5720 0",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core import simulated
 from services.node_agent.utilization import (
     DeclaredSampler,
     NvmlSampler,
@@ -27,7 +28,7 @@ def task(gpus: list[int], utilization: float) -> events_pb2.TaskPlaced:
     return events_pb2.TaskPlaced(
         task_id=f"t{gpus}",
         gpu_indices=gpus,
-        spec=types_pb2.JobSpec(simulated_utilization=utilization),
+        spec=types_pb2.JobSpec(env={simulated.UTILIZATION: repr(utilization)}),
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from aiokafka.errors import KafkaTimeoutError
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
+from google.protobuf.duration_pb2 import Duration
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import EventProducer
@@ -31,7 +32,9 @@ from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished
 
 Apply = Callable[[events_pb2.Envelope], None]
 
-SPEC = types_pb2.JobSpec(allocation="team-a", gpus=2, min_runtime_s=600, command=["x"])
+SPEC = types_pb2.JobSpec(
+    allocation="team-a", gpus=2, min_runtime=Duration(seconds=600), command=["x"]
+)
 LOG = [admitted("j", s=SPEC), started("j", at=T0), finished("j", at=T0 + 10)]
 # A job whose task ends with its node: placement says so, no agent does.
 LOST_JOB = [admitted("k", s=SPEC), started("k", at=T0)]
