@@ -4,38 +4,39 @@ counted is the one the caller gets."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from libs.telemetry.metrics import GRPC_REQUESTS
+from services.interceptors import HandlerInterceptor, Stream, Unary
 
 
-class CountingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:
-            return handler
-        method = details.method
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
-            return grpc.unary_stream_rpc_method_handler(
-                _stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+class CountingInterceptor(HandlerInterceptor):
+    def unary(self, method: str, inner: Unary) -> Unary:
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            failed = True
+            try:
+                reply = await inner(request, context)
+                failed = False
+                return reply
+            finally:
+                _count(method, context, failed)
+
+        return unary
+
+    def stream(self, method: str, inner: Stream) -> Stream:
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            failed = True
+            try:
+                async for item in inner(request, context):
+                    yield item
+                failed = False
+            finally:
+                _count(method, context, failed)
+
+        return stream
 
 
 def _count(method: str, context: grpc.aio.ServicerContext, failed: bool) -> None:
@@ -45,31 +46,3 @@ def _count(method: str, context: grpc.aio.ServicerContext, failed: bool) -> None
     else:
         name = code.name if isinstance(code, grpc.StatusCode) else grpc.StatusCode(code).name
     GRPC_REQUESTS.labels(method, name).inc()
-
-
-def _unary(method: str, inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        failed = True
-        try:
-            reply = await inner(request, context)
-            failed = False
-            return reply
-        finally:
-            _count(method, context, failed)
-
-    return unary
-
-
-def _stream(
-    method: str, inner: Callable[..., AsyncIterator[Any]]
-) -> Callable[..., AsyncIterator[Any]]:
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        failed = True
-        try:
-            async for item in inner(request, context):
-                yield item
-            failed = False
-        finally:
-            _count(method, context, failed)
-
-    return stream

@@ -8,13 +8,14 @@ grpc gives an exception it was not told about.
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from aiokafka.errors import KafkaError
+
+from services.interceptors import HandlerInterceptor, Stream, Unary
 
 log = logging.getLogger(__name__)
 
@@ -45,52 +46,28 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the service log"
 
 
-class StatusInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class StatusInterceptor(HandlerInterceptor):
     """Turns what escapes a handler into ``status_of``'s status."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
-            return grpc.unary_stream_rpc_method_handler(
-                _stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+    def unary(self, method: str, inner: Unary) -> Unary:
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await inner(request, context)
+            except grpc.aio.AbortError:  # aborted on purpose: that status stands
+                raise
+            except Exception as exc:
+                await context.abort(*status_of(exc))
 
+        return unary
 
-def _unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await inner(request, context)
-        except grpc.aio.AbortError:  # aborted on purpose: that status stands
-            raise
-        except Exception as exc:
-            await context.abort(*status_of(exc))
+    def stream(self, method: str, inner: Stream) -> Stream:
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for item in inner(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await context.abort(*status_of(exc))
 
-    return unary
-
-
-def _stream(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for item in inner(request, context):
-                yield item
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await context.abort(*status_of(exc))
-
-    return stream
+        return stream
