@@ -289,13 +289,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, request: js.HoldJobRequest, context: grpc.aio.ServicerContext
     ) -> js.HoldJobResponse:
         user, job = await self._steerable_job_or_abort(request.job_id, "hold", context)
-        waiting = job.state in (types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING)
-        if not waiting or job.spec.HasField("workflow"):
-            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"only a batch job that waits can be held; job {job.job_id} is {state}",
-            )
+        await _waiting_batch_job_or_abort(job, "held", context)
         await self._record_hold(job, user, held=True)
         return js.HoldJobResponse(job_id=job.job_id)
 
@@ -320,15 +314,7 @@ class JobServicer(js_grpc.JobServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"update_mask: name one or more of {', '.join(sorted(UPDATABLE))}",
             )
-        if job.state not in (
-            types_pb2.JOB_STATE_SUBMITTED,
-            types_pb2.JOB_STATE_PENDING,
-        ) or job.spec.HasField("workflow"):
-            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"only a batch job that waits can be updated; job {job.job_id} is {state}",
-            )
+        await _waiting_batch_job_or_abort(job, "updated", context)
         spec = types_pb2.JobSpec()
         spec.CopyFrom(job.spec)
         request.update_mask.MergeMessage(request.spec, spec)
@@ -633,6 +619,19 @@ UPDATABLE = frozenset(
     {"gpus", "gpu_type", "min_gpu_memory_gib", "allocation", "min_runtime", "resumable",
      "priority", "runtime_estimate"}
 )  # fmt: skip
+
+
+async def _waiting_batch_job_or_abort(
+    job: types_pb2.Job, done: str, context: grpc.aio.ServicerContext
+) -> None:
+    """FAILED_PRECONDITION unless the job is a batch job that waits (what can be ``done``)."""
+    waiting = job.state in (types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING)
+    if not waiting or job.spec.HasField("workflow"):
+        state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"only a batch job that waits can be {done}; job {job.job_id} is {state}",
+        )
 
 
 def _has_output_to_follow(job: types_pb2.Job) -> bool:
