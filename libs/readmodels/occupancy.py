@@ -5,8 +5,9 @@ sample to a ``Timeline``, which integrates the state held since the previous sam
 the simulator's recorder does between events) with ``libs.core.service_level``'s
 definitions: owed is ``min(entitlement x capacity, held + asked)`` of charged work,
 delivered is what charged work holds, free (unallocated) work is counted apart. The
-integrals slide over the lookback window in buckets of 1/``BUCKETS`` of it, so the window
-covers at most what the timeline has seen since it started.
+integrals slide over the lookback window in buckets of 1/``BUCKETS`` of it. A timeline
+starts from the jobs' history (``history``: when each job the job view holds waited and
+ran, on today's capacity), so that it covers the window from its first sample on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
 from libs.core.service_level import owed_gpus
@@ -80,6 +82,47 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
         if job.state in WAITING and is_charged(spec) and fits:
             asked[spec.allocation] = asked.get(spec.allocation, 0) + spec.gpus
     return Sample(at, capacity, busy, idle, lost, held, asked, held_free)
+
+
+def history(jobs: Iterable[types_pb2.Job], capacity: int, since: float, now: float) -> list[Sample]:
+    """Samples at each moment between ``since`` and ``now`` that a job began to wait, began
+    to run or ended, from the jobs' times (their latest attempt's), on ``capacity`` GPUs."""
+    steps: list[tuple[float, str, str, int]] = []  # (at, which, allocation, GPUs + or -)
+    for job in jobs:
+        spec = job.spec
+        submitted, started, ended = (_at(t) for t in (job.submitted_at, job.started_at,
+                                                      job.finished_at))  # fmt: skip
+        if submitted is None or spec.gpus < 1:
+            continue
+        charged = is_charged(spec)
+        waited_until = started or ended or now
+        if charged and spec.gpus <= capacity:
+            steps += [(submitted, "asked", spec.allocation, spec.gpus),
+                      (waited_until, "asked", spec.allocation, -spec.gpus)]  # fmt: skip
+        if started is not None:
+            which = "held" if charged else "held_free"
+            steps += [(started, which, spec.allocation, spec.gpus),
+                      (ended or now, which, spec.allocation, -spec.gpus)]  # fmt: skip
+    state: dict[str, dict[str, int]] = {"held": {}, "asked": {}, "held_free": {}}
+    samples: list[Sample] = []
+    for at, which, allocation, gpus in sorted(steps):
+        counts = state[which]
+        counts[allocation] = counts.get(allocation, 0) + gpus
+        if since <= at < now:
+            busy = sum(state["held"].values()) + sum(state["held_free"].values())
+            point = Sample(max(at, since), capacity, busy, 0, 0,
+                           {a: n for a, n in state["held"].items() if n},
+                           {a: n for a, n in state["asked"].items() if n},
+                           {a: n for a, n in state["held_free"].items() if n})  # fmt: skip
+            if samples and samples[-1].at == point.at:
+                samples[-1] = point  # several changes at one moment: the state after all
+            else:
+                samples.append(point)
+    return samples
+
+
+def _at(timestamp: Timestamp) -> float | None:
+    return timestamp.ToNanoseconds() / 1e9 if timestamp.ByteSize() else None
 
 
 @dataclass

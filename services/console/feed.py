@@ -19,7 +19,7 @@ from qm.v1 import types_pb2
 from libs.core.budget_tree import BudgetTree
 from libs.readmodels.dashboard import Json, dashboard
 from libs.readmodels.jobs import scope_of
-from libs.readmodels.occupancy import Timeline, sample
+from libs.readmodels.occupancy import Timeline, history, sample
 from services.admission.budget_view import BudgetView
 from services.projector.client import ProjectorClient, ProjectorError
 from services.status import Unavailable
@@ -75,7 +75,12 @@ class Feed:
         jobs = await self._projector.list_jobs(limit=self._job_limit)
         tree = await self._budget.tree()
         self._nodes, self._jobs, self._tree = nodes, jobs, tree
-        self.timeline.add(sample(self._clock(), nodes, jobs), tree.entitlements())
+        now, entitlements = self._clock(), tree.entitlements()
+        current = sample(now, nodes, jobs)
+        if self.version == 0:  # the first sample: the timeline starts from the jobs' history
+            for past in history(jobs, current.capacity, now - self.timeline.window_s, now):
+                self.timeline.add(past, entitlements)
+        self.timeline.add(current, entitlements)
         self.problem = ""
         async with self._changed:
             self.version += 1

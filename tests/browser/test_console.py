@@ -34,13 +34,18 @@ CAPTION = types_pb2.Workflow(
     name="caption",
     tasks=[
         types_pb2.WorkflowTask(
-            task_id="see", model="vit", model_mb=8_000, run_ms=200, in_kb=300, out_kb=2
+            task_id="see",
+            model="vit",
+            model_mb=8_000,
+            run_duration=Duration(nanos=200_000_000),
+            in_kb=300,
+            out_kb=2,
         ),
         types_pb2.WorkflowTask(
             task_id="say",
             model="tts",
             model_mb=8_000,
-            run_ms=100,
+            run_duration=Duration(nanos=100_000_000),
             in_kb=2,
             out_kb=300,
             parents=["see"],

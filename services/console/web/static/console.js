@@ -94,7 +94,7 @@ function renderAllocations(view) {
   target = view.target_pct;
   const window = duration(view.window_s);
   $("allocations-note").textContent =
-    `Over the last ${duration(view.span_s)} the console has watched, of the ${window} ` +
+    `Over the last ${duration(view.span_s)} of the ${window} ` +
     `lookback window; owed = min(entitlement × capacity, demand). ` +
     `Target: ${view.target_pct}% (dashed red line).`;
   const names = rows.map((a) => a.allocation);

@@ -8,7 +8,7 @@ from qm.v1 import types_pb2
 
 from libs.readmodels.dashboard import dashboard
 from libs.readmodels.jobs import Scope
-from libs.readmodels.occupancy import Sample, Timeline, sample
+from libs.readmodels.occupancy import Sample, Timeline, history, sample
 
 _S = types_pb2.JobState
 
@@ -157,3 +157,49 @@ def test_a_user_sees_cluster_figures_but_only_jobs_and_allocations_in_scope() ->
     assert {w["job_id"] for w in everyone["waiting"]} == {"mine", "theirs"}
     assert [a["allocation"] for a in everyone["allocations"]] == ["nlp", "vision"]
     assert everyone["sees_all"] and not alice["sees_all"]
+
+
+def timed(
+    job_id: str, allocation: str, gpus: int, submitted: float, started: float, ended: float
+) -> types_pb2.Job:
+    """A charged job of the history: it waited from ``submitted``, ran from ``started``
+    (0: never) and ended at ``ended`` (0: not yet)."""
+    state = (
+        _S.JOB_STATE_FINISHED
+        if ended
+        else _S.JOB_STATE_RUNNING
+        if started
+        else _S.JOB_STATE_PENDING
+    )
+    done = job(job_id, allocation, gpus, state)
+    done.submitted_at.FromNanoseconds(int(submitted * 1e9))
+    if started:
+        done.started_at.FromNanoseconds(int(started * 1e9))
+    if ended:
+        done.finished_at.FromNanoseconds(int(ended * 1e9))
+    return done
+
+
+def test_a_new_timeline_starts_from_the_jobs_history() -> None:
+    """vision waits 100 s for 4 GPUs, runs them 200 s; nlp asks 8 from 200 s on, never
+    placed. On 8 GPUs, vision (60 %) is owed 4 GPUs while it asks, nlp (40 %) 3.2."""
+    jobs = [timed("v", "vision", 4, 100, 200, 400), timed("n", "nlp", 8, 200, 0, 0)]
+    timeline = Timeline(window_s=1000)
+    for past in history(jobs, capacity=8, since=0, now=500):
+        timeline.add(past, {"vision": 0.6, "nlp": 0.4})
+    timeline.add(sample(500, [node("n1", 8)], []), {"vision": 0.6, "nlp": 0.4})
+    accounts = timeline.accounts()
+    assert accounts["vision"].owed == pytest.approx(4 * 300)
+    assert accounts["vision"].delivered == pytest.approx(4 * 200)
+    assert accounts["nlp"].owed == pytest.approx(3.2 * 300) and accounts["nlp"].delivered == 0
+    assert timeline.span_s == pytest.approx(400)
+
+
+def test_history_before_the_window_is_the_state_it_starts_in() -> None:
+    jobs = [timed("v", "vision", 4, 10, 20, 0)]
+    # Nothing changed inside the window: the live sample carries the state.
+    assert history(jobs, capacity=8, since=100, now=200) == []
+    samples = history([*jobs, timed("w", "vision", 2, 150, 0, 0)], capacity=8, since=100, now=200)
+    assert [(s.at, dict(s.held), dict(s.asked)) for s in samples] == [
+        (150, {"vision": 4}, {"vision": 2})
+    ]
