@@ -206,6 +206,7 @@ class Stack:
     def kill(self, name: str) -> None:
         """SIGKILL, as a crash: the process cleans nothing up."""
         process = self.processes.pop(name)
+        self.metrics_ports.pop(name, None)
         process.kill()
         process.wait()
 
@@ -214,6 +215,7 @@ class Stack:
 
     def stop(self, name: str) -> int:
         process = self.processes.pop(name)
+        self.metrics_ports.pop(name, None)
         process.send_signal(signal.SIGTERM)
         try:
             return process.wait(timeout=20)
