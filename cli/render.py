@@ -71,6 +71,8 @@ def explanation(answer: job_service_pb2.ExplainJobResponse) -> RenderableType:
     """A job's state, then each part of the reason on a line of its own."""
     lines = [f"{answer.job_id} {styled_state(answer.state)}"]
     lines += [f"  • {part}" for part in answer.reason.split("; ")]
+    if answer.HasField("estimated_start"):
+        lines.append(f"  • estimated start: {when(answer.estimated_start)}")
     return "\n".join(lines)
 
 

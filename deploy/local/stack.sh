@@ -75,7 +75,7 @@ up() {
   # Their /readyz: placement and the agent are in their consumer groups.
   wait_for grpc:127.0.0.1:50051 http://127.0.0.1:9462/readyz http://127.0.0.1:9463/readyz \
     http://127.0.0.1:9464/readyz
-  # The web console reads the projector and the budget service (services/console).
+  # The web console reads the projector, the budget service and admission (services/console).
   start_service console
   wait_for http://127.0.0.1:8080/readyz
   sign_in

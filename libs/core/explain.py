@@ -18,6 +18,9 @@ class Explanation:
     standing: Standing | None
     jobs_ahead: int
     text: str
+    # When it will likely start (seconds since the epoch), where the core knows: a job
+    # holding the nodes that free soonest for it; None otherwise.
+    starts_at: float | None = None
 
 
 def explain_waiting(
@@ -47,7 +50,8 @@ def explain_waiting(
     parts.append(f"{ahead} job{'s' if ahead != 1 else ''} ahead of it")
     if not spec.allocated:
         parts.append("free work runs only on otherwise idle GPUs")
-    return Explanation(job.job_id, True, spec.allocation, standing, ahead, "; ".join(parts))
+    text = "; ".join(parts)
+    return Explanation(job.job_id, True, spec.allocation, standing, ahead, text, starts_at)
 
 
 def explain_serving(

@@ -122,8 +122,8 @@ def _waiting(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
             "state": _state(job.state),
             "reason": job.reason,
             "waited_s": now - submitted if (submitted := _seconds(job.submitted_at)) else None,
-            # The projector's job view carries no start estimate; admission's explainer
-            # has one only for a job with nodes held for it, in words (``qm why``).
+            # Filled in per user from admission's explainer (services/console/starts.py):
+            # placement estimates a start only for a job holding the nodes that free soonest.
             "estimated_start": None,
         }
         for job in waiting

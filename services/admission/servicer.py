@@ -443,6 +443,8 @@ class JobServicer(js_grpc.JobServiceServicer):
             return answer
         answer.reason = why.text
         answer.jobs_ahead = why.jobs_ahead
+        if why.starts_at is not None:
+            answer.estimated_start.FromNanoseconds(int(why.starts_at * 1e9))
         if why.standing is not None:
             answer.rank = why.standing.rank
             answer.ranks = why.standing.of

@@ -25,6 +25,7 @@ from libs.auth import ServiceToken, load_keys
 from libs.config.env import Address, EnvSettings, Port
 from services.admission.budget_view import BudgetView
 from services.console.feed import Feed
+from services.console.starts import StartEstimates
 from services.console.web_app import make_app
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
@@ -40,6 +41,8 @@ class ConsoleSettings(EnvSettings):
     port: Port = Field(8080, alias="QM_CONSOLE_PORT")
     projector_url: str = Field("http://127.0.0.1:6066", min_length=1, alias="QM_PROJECTOR_URL")
     budget_target: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_TARGET")
+    # Asked for waiting jobs' estimated starts, with each user's own token.
+    admission_target: Address = Field("127.0.0.1:50051", alias="QM_ADMISSION_TARGET")
     operators: str = Field("", alias="QM_OPERATORS")  # comma-separated, as admission's
     poll_s: float = Field(2.0, gt=0, alias="QM_CONSOLE_POLL_S")
     job_limit: int = Field(5000, ge=1, alias="QM_CONSOLE_JOB_LIMIT")
@@ -70,7 +73,9 @@ async def serve() -> None:
     own, keys = ConsoleSettings.from_env(), load_keys()
     token = ServiceToken("svc-console", keys)
     projector = ProjectorClient(own.projector_url, token=token)
-    budget = BudgetView(own.budget_target, token, TlsSettings.from_env())
+    tls = TlsSettings.from_env()
+    budget = BudgetView(own.budget_target, token, tls)
+    starts = StartEstimates(own.admission_target, tls)
     feed = Feed(
         projector,
         budget,
@@ -80,7 +85,7 @@ async def serve() -> None:
         operators=own.operator_names,
     )
     context = own.ssl_context()
-    app = make_app(feed, keys, secure=context is not None or own.secure_cookie)
+    app = make_app(feed, keys, starts, secure=context is not None or own.secure_cookie)
     # Event streams stay open: on a stop, give them a moment, not aiohttp's minute.
     runner = web.AppRunner(app, shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
@@ -95,6 +100,7 @@ async def serve() -> None:
         await runner.cleanup()
         await projector.close()
         await budget.close()
+        await starts.close()
 
 
 def main() -> None:

@@ -22,8 +22,10 @@ from aiohttp_sse import sse_response
 
 from libs.auth import Keys
 from libs.config.document import ConfigError
+from libs.readmodels.dashboard import Json
 from services.console import session
 from services.console.feed import Feed
+from services.console.starts import StartEstimates
 from services.status import Unavailable
 
 WEB = Path(__file__).parent / "web"
@@ -39,6 +41,7 @@ KEEPALIVE_S = 15.0  # a stream re-checks its token and resends at least this oft
 _OPEN = frozenset({"/healthz", "/readyz", "/login"})
 
 FEED = web.AppKey("feed", Feed)
+STARTS = web.AppKey("starts", StartEstimates)
 KEYS = web.AppKey("keys", Keys)
 SECURE = web.AppKey("secure", bool)
 USER = web.RequestKey("user", str)
@@ -46,15 +49,16 @@ USER = web.RequestKey("user", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(feed: Feed, keys: Keys, *, secure: bool) -> web.Application:
-    """``secure``: served over TLS, so the cookie is sent over TLS only."""
+def make_app(feed: Feed, keys: Keys, starts: StartEstimates, *, secure: bool) -> web.Application:
+    """``secure``: served over TLS, so the cookie is sent over TLS only; ``starts`` fills
+    in the waiting jobs' estimated starts (from admission)."""
     if not (CHARTS / "uPlot.iife.min.js").is_file():
         raise ConfigError(
             f"{CHARTS}: the chart library is missing: run `make install` "
             "(npm ci in services/console/web)"
         )
     app = web.Application(middlewares=[_signed_in])
-    app[FEED], app[KEYS], app[SECURE] = feed, keys, secure
+    app[FEED], app[KEYS], app[STARTS], app[SECURE] = feed, keys, starts, secure
     app.on_response_prepare.append(_headers)
     app.router.add_get("/", _page)
     app.router.add_get("/api/view", _view)
@@ -99,9 +103,17 @@ async def _page(request: web.Request) -> web.StreamResponse:
 
 async def _view(request: web.Request) -> web.Response:
     try:
-        return web.json_response(request.app[FEED].view(request[USER]))
+        return web.json_response(await _user_view(request, request[USER]))
     except Unavailable as exc:
         return web.json_response({"error": str(exc)}, status=503)
+
+
+async def _user_view(request: web.Request, user: str) -> Json:
+    """The feed's picture as ``user`` may see it, with estimated starts asked of admission
+    with the user's own token."""
+    view = request.app[FEED].view(user)
+    await request.app[STARTS].fill(view, request.cookies.get(session.COOKIE, ""))
+    return view
 
 
 async def _events(request: web.Request) -> web.StreamResponse:
@@ -117,7 +129,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 await stream.send("the token expired or no longer verifies", event="signed-out")
                 break
             try:
-                view = feed.view(user)
+                view = await _user_view(request, user)
             except Unavailable:
                 continue
             await stream.send(json.dumps(view), event="view")

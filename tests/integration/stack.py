@@ -137,6 +137,7 @@ class Stack:
             "QM_TOPICS": str(self.topics_file),
             "QM_AUTH_SECRET": self.secret.decode(),
             "QM_ADMISSION_ADDR": f"127.0.0.1:{self.admission_port}",
+            "QM_ADMISSION_TARGET": f"127.0.0.1:{self.admission_port}",
             "QM_BUDGET_ADDR": f"127.0.0.1:{self.budget_port}",
             "QM_BUDGET_TARGET": f"127.0.0.1:{self.budget_port}",
             "QM_BUDGET_TREE": str(self.workdir / "budget.yaml"),
@@ -261,7 +262,8 @@ class Stack:
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
 
     def start_console(self) -> None:
-        """The web console (after ``up``): it reads the projector and the budget service."""
+        """The web console (after ``up``): it reads the projector, the budget service and
+        (for estimated starts) admission."""
         self.start("console")
         self.wait_ready(f"{self.console_url}/readyz")
 

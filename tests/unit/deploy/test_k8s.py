@@ -261,6 +261,7 @@ def test_the_network_policies_allow_exactly_the_flows_that_exist(overlay: str) -
         ("admission", "projector", 6066),
         ("console", "projector", 6066),
         ("console", "budget", 50052),
+        ("console", "admission", 50051),
     }
     for source in services:
         if source == "node-agent":  # its tasks' traffic: see node-agent-tasks

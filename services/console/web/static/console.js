@@ -17,6 +17,14 @@ function duration(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+// An estimated start (seconds since the epoch): its time, and how far off it is.
+function startAt(epochSeconds) {
+  if (epochSeconds === null || epochSeconds === undefined) return "—";
+  const at = new Date(epochSeconds * 1000);
+  const inSeconds = Math.max(epochSeconds - Date.now() / 1000, 0);
+  return `${at.toLocaleTimeString()} (in ${duration(inSeconds)})`;
+}
+
 function fill(tbodyId, rows, emptyText) {
   const body = $(tbodyId);
   const fresh = rows.map((cells) => {
@@ -148,7 +156,7 @@ function render(view) {
     "waiting-rows",
     view.waiting.map((j) => [
       j.job_id, j.user, j.allocation, j.gpu_type ? `${j.gpus}×${j.gpu_type}` : j.gpus,
-      j.state, j.reason || "—", duration(j.waited_s), j.estimated_start ?? "—",
+      j.state, j.reason || "—", duration(j.waited_s), startAt(j.estimated_start),
     ]),
     "nothing waiting",
   );

@@ -8,20 +8,26 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from google.protobuf.duration_pb2 import Duration
+from qm.v1 import job_service_pb2 as js
+from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
 from libs.auth import Keys, issue_token
 from libs.auth.tokens import _LEEWAY_S as LEEWAY_S
 from libs.config.budget import tree_from_mapping
 from libs.core.budget_tree import BudgetTree
+from services.authn import caller
 from services.console.feed import Feed
 from services.console.session import COOKIE
+from services.console.starts import StartEstimates
 from services.console.web_app import make_app
 from services.projector.client import ProjectorUnavailable
+from services.tls import TlsSettings
 
 KEYS = Keys((b"a-console-test-secret-of-32-bytes!!",))
 TREE = tree_from_mapping(
@@ -68,8 +74,43 @@ class Budget:
         return TREE
 
 
+class Admission(js_grpc.JobServiceServicer):
+    """Explains j-a (which holds nodes, starting at ``START``) and nothing else, to
+    whoever shows a token; records who asked about what."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    async def ExplainJob(
+        self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
+    ) -> js.ExplainJobResponse:
+        user = await caller(context, KEYS)
+        self.asked.append((user, request.job_id))
+        answer = js.ExplainJobResponse(job_id=request.job_id)
+        if request.job_id == "j-a":
+            answer.estimated_start.FromSeconds(START)
+        return answer
+
+
+START = 1_900_000_000
+
+
 @pytest.fixture
-async def console() -> AsyncIterator[tuple[TestServer, Feed, Projector]]:
+async def admission() -> AsyncIterator[tuple[Admission, str]]:
+    servicer, server = Admission(), grpc.aio.server()
+    js_grpc.add_JobServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+@pytest.fixture
+async def console(
+    admission: tuple[Admission, str],
+) -> AsyncIterator[tuple[TestServer, Feed, Projector]]:
     projector = Projector()
     feed = Feed(
         projector,
@@ -79,12 +120,14 @@ async def console() -> AsyncIterator[tuple[TestServer, Feed, Projector]]:
         job_limit=10,  # type: ignore[arg-type]
         operators=frozenset({"olga"}),
     )
-    server = TestServer(make_app(feed, KEYS, secure=False))
+    starts = StartEstimates(admission[1], TlsSettings())
+    server = TestServer(make_app(feed, KEYS, starts, secure=False))
     await server.start_server()
     try:
         yield server, feed, projector
     finally:
         await server.close()
+        await starts.close()
 
 
 def token(user: str, *, expired: bool = False) -> str:
@@ -220,3 +263,16 @@ async def test_a_stream_ends_when_its_token_expires(console) -> None:  # type: i
         await feed.refresh()
         lines = [raw.decode().strip() async for raw in stream.content]
     assert "event: signed-out" in lines
+
+
+async def test_a_waiting_job_shows_the_start_admission_estimates_asked_as_its_user(  # type: ignore[no-untyped-def]
+    console, admission
+) -> None:
+    server, feed, _ = console
+    await feed.refresh()
+    _, alices = await view(server, token("alice"))
+    _, bobs = await view(server, token("bob"))
+    assert [(w["job_id"], w["estimated_start"]) for w in alices["waiting"]] == [("j-a", START)]  # type: ignore[index]
+    assert [(w["job_id"], w["estimated_start"]) for w in bobs["waiting"]] == [("j-b", None)]  # type: ignore[index]
+    # Each asked about their own jobs only, with their own token.
+    assert sorted(admission[0].asked) == [("alice", "j-a"), ("bob", "j-b")]
