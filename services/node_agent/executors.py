@@ -17,6 +17,7 @@ import contextlib
 import os
 import shlex
 import signal
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,8 @@ async def _spawn(
     except OSError as exc:
         raise LaunchError(f"cannot run {command}: {exc.strerror}", 126) from None
     except ValueError as exc:  # a NUL in an argument or the environment
+        raise LaunchError(f"cannot run {command}: {exc}", 126) from None
+    except subprocess.SubprocessError as exc:  # the child died before it could say why
         raise LaunchError(f"cannot run {command}: {exc}", 126) from None
 
 

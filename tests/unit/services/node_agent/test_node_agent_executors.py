@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,6 +157,22 @@ async def test_a_file_without_execute_permission_is_refused(tmp_path: Path) -> N
     with pytest.raises(LaunchError) as caught:
         await ProcessExecutor(tmp_path).start(placed(str(script)))
     assert (caught.value.reason, caught.value.exit_code) == (f"permission denied: {script}", 126)
+
+
+async def test_a_child_that_dies_before_it_can_say_why_fails_the_task_not_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Popen raises SubprocessError when the child dies between fork and exec with its
+    report half written (seen under chaos): the task fails, the agent goes on."""
+
+    async def dies(*args: object, **kwargs: object) -> None:
+        raise subprocess.SubprocessError("Bad exception data from child: b'OSError:'")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", dies)
+    with pytest.raises(LaunchError) as caught:
+        await ProcessExecutor(tmp_path).start(placed("true"))
+    assert caught.value.exit_code == 126 and "Bad exception data" in caught.value.reason
+    assert "not started" in (tmp_path / "job-1.log").read_text()
 
 
 async def test_simulated_task_runs_for_its_duration_and_exits_as_told() -> None:
