@@ -8,6 +8,6 @@ import os
 # off. Read when grpc is first imported: before the agent's modules.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from services.node_agent.cli import main  # noqa: E402
+from services.node_agent.cli import main
 
 raise SystemExit(main())
