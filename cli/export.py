@@ -26,7 +26,7 @@ from libs.bus import KafkaBus, KafkaSettings, LogReader, load_topic_config
 from libs.config.document import ConfigError
 from libs.config.duration import parse_moment
 from libs.events import event_type, logfile
-from libs.sim.traces.eventlog import excerpt
+from libs.sim.traces.eventlog import Excerpt
 
 console = Console(stderr=True)  # stdout stays empty: the log goes to --out
 
@@ -68,18 +68,19 @@ def export(
         kafka = KafkaSettings.from_env()
     except ConfigError as exc:
         raise fail(exc) from exc
+    window = Excerpt(start, end)  # cut as it is read: only what it keeps is held
     try:
         with counting(console, "events read", None) as advance:
-            envelopes = asyncio.run(_read(kafka, topics.events.name, advance))
+            asyncio.run(_read(kafka, topics.events.name, window, advance))
     except (KafkaError, RuntimeError) as exc:
         raise fail(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)") from exc
-    cut = excerpt(envelopes, start, end)
+    cut = window.envelopes()
     jobs = sum(event_type(env) == "job_admitted" for env in cut)
     if not jobs:
         raise fail(f"no job was submitted in the window; {out} is not written", 1)
     _write(out, cut)
     console.print(
-        f"wrote {len(cut)} events ({jobs} jobs) of {len(envelopes)} to {out}; replay them with: "
+        f"wrote {len(cut)} events ({jobs} jobs) of {window.read} to {out}; replay them with: "
         f"qm sim run --trace eventlog --trace-path {out} --policy POLICY",
         highlight=False,
         soft_wrap=True,
@@ -87,13 +88,12 @@ def export(
 
 
 async def _read(
-    kafka: KafkaSettings, topic: str, advance: Callable[[int], None]
-) -> list[events_pb2.Envelope]:
-    """Every envelope of the topic, up to its end when the reading began."""
-    read: list[events_pb2.Envelope] = []
+    kafka: KafkaSettings, topic: str, window: Excerpt, advance: Callable[[int], None]
+) -> None:
+    """Every envelope of the topic, up to its end when the reading began, into ``window``."""
 
     def keep(env: events_pb2.Envelope) -> None:
-        read.append(env)
+        window.add(env)
         advance(1)
 
     reader = LogReader(KafkaBus(kafka), topic)
@@ -102,7 +102,6 @@ async def _read(
         await reader.catch_up(keep)
     finally:
         await reader.stop()
-    return read
 
 
 def _write(out: Path, envelopes: list[events_pb2.Envelope]) -> None:

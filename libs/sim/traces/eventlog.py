@@ -97,31 +97,52 @@ def load_event_log(path: Path) -> RecordedLog:
 _STANDING = {"node_registered", "budget_changed"}
 
 
+class Excerpt:
+    """The log of the jobs submitted in [``since``, ``until``), replayable on its own, cut
+    as the log is read (``add``), keeping only what it will hold: the cluster as it stood
+    at ``since`` (each node's last registration, the last budget tree), every event of
+    the window, and the window's jobs' events after it (a run that ends later still has
+    its runtime). Events of jobs submitted before the window are left out."""
+
+    def __init__(self, since: float, until: float = math.inf) -> None:
+        self.since, self.until = since, until
+        self.read = 0
+        self._standing: dict[tuple[str, str], events_pb2.Envelope] = {}
+        self._kept: list[events_pb2.Envelope] = []
+        self._jobs: set[str] = set()
+
+    def add(self, env: events_pb2.Envelope) -> None:
+        self.read += 1
+        at, kind = occurred_at(env), event_type(env)
+        if at < self.since:
+            if kind in _STANDING:
+                node = env.node_registered.inventory.node_id if kind == "node_registered" else ""
+                known = self._standing.get((kind, node))
+                if known is None or occurred_at(known) <= at:  # partitions interleave
+                    self._standing[kind, node] = env
+        elif at < self.until:
+            self._kept.append(env)
+            if kind == "job_admitted":
+                self._jobs.add(env.job_admitted.job_id)
+        elif job_key(env) in self._jobs:  # its admission came first, in its partition
+            self._kept.append(env)
+
+    def envelopes(self) -> list[events_pb2.Envelope]:
+        """In order of time: the standing cluster, then the window's (and its jobs') events."""
+        chosen = [
+            env
+            for env in sorted(self._kept, key=occurred_at)  # stable: a partition's order
+            if (job_id := job_key(env)) in self._jobs
+            or (job_id is None and occurred_at(env) < self.until)
+        ]
+        return sorted(self._standing.values(), key=occurred_at) + chosen
+
+
 def excerpt(
     envelopes: Iterable[events_pb2.Envelope], since: float, until: float = math.inf
 ) -> list[events_pb2.Envelope]:
-    """The log of the jobs submitted in [``since``, ``until``), replayable on its own.
-
-    In order of time: the cluster as it stood at ``since`` (each node's last
-    registration, the last budget tree), then every other event of the window, and of
-    the window's jobs every event, those after ``until`` too (a run that ends later
-    still has its runtime). Events of jobs submitted before the window are left out.
-    """
-    ordered = sorted(envelopes, key=occurred_at)  # stable: a partition's order is kept
-    window = [env for env in ordered if since <= occurred_at(env) < until]
-    jobs = {env.job_admitted.job_id for env in window if event_type(env) == "job_admitted"}
-    standing: dict[tuple[str, str], events_pb2.Envelope] = {}
-    for env in ordered:
-        if occurred_at(env) >= since:
-            break
-        kind = event_type(env)
-        if kind in _STANDING:
-            node = env.node_registered.inventory.node_id if kind == "node_registered" else ""
-            standing[kind, node] = env
-    chosen = [
-        env
-        for env in ordered
-        if (job_id := job_key(env)) in jobs
-        or (job_id is None and since <= occurred_at(env) < until)
-    ]
-    return sorted(standing.values(), key=occurred_at) + chosen
+    """``Excerpt`` of a log read whole."""
+    cut = Excerpt(since, until)
+    for env in envelopes:
+        cut.add(env)
+    return cut.envelopes()
