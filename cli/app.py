@@ -23,7 +23,6 @@ from qm.v1 import (
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from rich.console import Console
-from rich.progress import Progress
 
 from cli import render
 from cli.arrays import array_indexes, element_request_id
@@ -33,6 +32,7 @@ from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.export import export
 from cli.output import Format, OutputFlag, emit, emit_one, message
 from cli.params import INT32, JOB_STATES, UINT32_MAX, duration, input_file, job_states, key_value
+from cli.progress import counting
 from cli.secrets import secret_app
 from cli.sim import sim_app
 from cli.tokens import login, token_app
@@ -183,10 +183,7 @@ def submit(
 def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...]) -> None:
     """A job per index, each with its own request id (a retry makes the same jobs)."""
     submitted = []
-    with Progress(
-        console=render.errors, transient=True, disable=not render.errors.is_terminal
-    ) as bar:
-        task = bar.add_task("submitting", total=len(indexes))
+    with counting(console, "jobs submitted", len(indexes)) as advance:
         for index in indexes:
             element = types_pb2.JobSpec()
             element.CopyFrom(spec)
@@ -194,7 +191,7 @@ def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int,
             element.client_request_id = element_request_id(spec.client_request_id, index)
             request = js.SubmitJobRequest(spec=element)
             submitted.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request).job_id)
-            bar.advance(task)
+            advance(1)
     console.print(f"submitted {len(submitted)} jobs: {' '.join(submitted)}")
 
 
@@ -416,15 +413,15 @@ def node_drain(
 def _until_empty(conn: Connection, node_id: str, tasks: int) -> None:
     """Poll the node until it runs nothing, with a progress bar on a terminal."""
     listing = cluster_service_pb2.ListNodesRequest()
-    with Progress(
-        console=render.errors, transient=True, disable=not render.errors.is_terminal
-    ) as bar:
-        left = bar.add_task(f"stopping the tasks on {node_id}", total=max(tasks, 1))
+    stopped = 0
+    with counting(console, f"tasks stopped on {node_id}", tasks) as advance:
         while True:
             nodes = conn.call(conn.admission, _cluster(conn).ListNodes, listing).nodes
             node = next((n for n in nodes if n.inventory.node_id == node_id), None)
             running = len(node.running) if node is not None else 0
-            bar.update(left, completed=max(tasks, 1) - running)
+            if tasks - running > stopped:
+                advance(tasks - running - stopped)
+                stopped = tasks - running
             if not running:
                 return
             time.sleep(1)

@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
 from libs.core.service_level import TARGET_DELIVERED_PCT, workflow_slowdown
 from libs.events.convert import workflow_from_proto
-from libs.events.envelope import timestamp_seconds
 from libs.readmodels.jobs import Scope
-from libs.readmodels.occupancy import WAITING, Timeline
+from libs.readmodels.occupancy import WAITING, Timeline, moment
 
 _S = types_pb2.JobState
 Json = dict[str, Any]
@@ -110,7 +108,7 @@ def _allocations(
 def _waiting(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
     waiting = sorted(
         (job for job in jobs if job.state in WAITING),
-        key=lambda job: (_seconds(job.submitted_at) or now, job.job_id),
+        key=lambda job: (moment(job.submitted_at) or now, job.job_id),
     )
     return [
         {
@@ -121,7 +119,7 @@ def _waiting(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
             "gpu_type": job.spec.gpu_type,
             "state": _state(job.state),
             "reason": job.reason,
-            "waited_s": now - submitted if (submitted := _seconds(job.submitted_at)) else None,
+            "waited_s": now - submitted if (submitted := moment(job.submitted_at)) else None,
             # Filled in per user from admission's explainer (services/console/starts.py):
             # placement estimates a start only for a job holding the nodes that free soonest.
             "estimated_start": None,
@@ -135,8 +133,8 @@ def _workflows(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
     for job in jobs:
         if not job.spec.HasField("workflow"):
             continue
-        submitted = _seconds(job.submitted_at)
-        finished = _seconds(job.finished_at)
+        submitted = moment(job.submitted_at)
+        finished = moment(job.finished_at)
         elapsed = ((finished or now) - submitted) if submitted else None
         workflow = workflow_from_proto(job.spec.workflow)
         best_ms = workflow.best_case_ms if workflow is not None else 0.0
@@ -161,7 +159,3 @@ def _workflows(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
 
 def _state(state: types_pb2.JobState.ValueType) -> str:
     return _S.Name(state).removeprefix("JOB_STATE_").lower()
-
-
-def _seconds(ts: Timestamp) -> float | None:
-    return timestamp_seconds(ts) if ts.seconds or ts.nanos else None

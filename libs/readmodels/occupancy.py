@@ -21,6 +21,7 @@ from qm.v1 import types_pb2
 
 from libs.core.service_level import owed_gpus
 from libs.events.convert import spec_from_proto
+from libs.events.envelope import timestamp_seconds
 
 _S = types_pb2.JobState
 # Waiting for a placement: what the queue shows and what counts as asked-for demand.
@@ -90,7 +91,7 @@ def history(jobs: Iterable[types_pb2.Job], capacity: int, since: float, now: flo
     steps: list[tuple[float, str, str, int]] = []  # (at, which, allocation, GPUs + or -)
     for job in jobs:
         spec = job.spec
-        submitted, started, ended = (_at(t) for t in (job.submitted_at, job.started_at,
+        submitted, started, ended = (moment(t) for t in (job.submitted_at, job.started_at,
                                                       job.finished_at))  # fmt: skip
         if submitted is None or spec.gpus < 1:
             continue
@@ -121,8 +122,9 @@ def history(jobs: Iterable[types_pb2.Job], capacity: int, since: float, now: flo
     return samples
 
 
-def _at(timestamp: Timestamp) -> float | None:
-    return timestamp.ToNanoseconds() / 1e9 if timestamp.ByteSize() else None
+def moment(ts: Timestamp) -> float | None:
+    """A read model's time in seconds since the epoch; None when it is not set."""
+    return timestamp_seconds(ts) if ts.seconds or ts.nanos else None
 
 
 @dataclass

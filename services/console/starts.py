@@ -17,6 +17,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.readmodels.dashboard import Json
+from libs.readmodels.occupancy import moment
 from services.grpc_server import bearer
 from services.tls import TlsSettings, aio_channel
 
@@ -55,11 +56,7 @@ class StartEstimates:
             )
         except grpc.aio.AioRpcError:
             return None  # admission away, or the job gone: no estimate, nothing more
-        start = (
-            answer.estimated_start.ToNanoseconds() / 1e9
-            if answer.HasField("estimated_start")
-            else None
-        )
+        start = moment(answer.estimated_start)
         self._known = {j: k for j, k in self._known.items() if now - k[0] < KEEP_S}
         self._known[job_id] = (now, start)
         return start

@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 
 from libs.auth import issue_token
 from libs.core import simulated
+from tests.integration.conftest import eventually
 from tests.integration.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,15 +55,9 @@ CAPTION = types_pb2.Workflow(
 )
 
 
-def until(probe: Callable[[], T | None], what: str, timeout: float = 45) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.3)
+def until(probe: Callable[[], T | None], what: str) -> T:
+    """``eventually``, with the patience a browser's page wants."""
+    return eventually(probe, timeout=45, what=what)
 
 
 def submit(stack: Stack, user: str, **spec: object) -> str:
