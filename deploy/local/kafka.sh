@@ -110,6 +110,8 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+# Placement's standby takes over within seconds of its active's death: a 3 s session.
+group.min.session.timeout.ms=1000
 # Quartermaster creates its topics explicitly (libs/bus/topics.py).
 auto.create.topics.enable=false
 num.partitions=1

@@ -7,7 +7,7 @@ from libs.bus.ports import Bus
 from libs.bus.producer import EventProducer
 from libs.bus.reader import LogReader
 from libs.bus.settings import KafkaSettings
-from libs.bus.topics import Topics, ensure_topics, load_topic_config
+from libs.bus.topics import Topics, TopicSpec, ensure_topics, load_topic_config
 
 __all__ = [
     "Bus",
@@ -17,6 +17,7 @@ __all__ = [
     "KafkaBus",
     "KafkaSettings",
     "LogReader",
+    "TopicSpec",
     "Topics",
     "ensure_topics",
     "load_topic_config",

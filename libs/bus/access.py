@@ -20,7 +20,7 @@ from libs.bus.topics import Topics
 
 TopicKey = Literal[
     "events", "decisions", "deadletter", "jobs_view", "job_specs_view", "job_tasks_view",
-    "nodes_view",
+    "nodes_view", "snapshots",
 ]  # fmt: skip
 Operation = Literal["Read", "Write", "Describe", "Create", "DescribeConfigs"]
 ResourceType = Literal["topic", "group", "transactionalId"]
@@ -53,8 +53,8 @@ PRINCIPALS: tuple[Principal, ...] = (
     Principal("ticker", writes=("events",)),
     Principal(
         "placement",
-        reads=("events",),
-        writes=("decisions", "deadletter"),
+        reads=("events", "snapshots"),
+        writes=("decisions", "deadletter", "snapshots"),
         group_prefix="qm-placement",
         transactional_prefix="qm-placement",
     ),
@@ -73,7 +73,9 @@ PRINCIPALS: tuple[Principal, ...] = (
         owned_prefix="qm-projector",
     ),
     # `qm audit verify`: replays the log up to placement's committed offsets, changes nothing.
-    Principal("auditor", reads=("events", "decisions"), watched_group_prefix="qm-placement"),
+    Principal(
+        "auditor", reads=("events", "decisions", "snapshots"), watched_group_prefix="qm-placement"
+    ),
 )
 
 # The broker's own superuser (created by deploy/local/kafka.sh): creates topics and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 from opentelemetry.context import Context
@@ -47,13 +48,20 @@ class EventConsumer:
         deadletter_producer: EventProducer,
         group_id: str | None = None,
         auto_offset_reset: OffsetReset = "earliest",
+        client_id: str | None = None,
+        **tuning: Any,
     ) -> None:
+        """``name`` labels its metrics and dead letters; ``client_id`` (default ``name``)
+        names it to the bus; ``tuning``: the bus's client options (session timeout...)."""
         self.name = name
         self._topics = topics
         self._deadletter_topic = deadletter_topic
         self._deadletter_producer = deadletter_producer
         self._consumer = bus.consumer(
-            client_id=name, group_id=group_id, auto_offset_reset=auto_offset_reset
+            client_id=client_id or name,
+            group_id=group_id,
+            auto_offset_reset=auto_offset_reset,
+            **tuning,
         )
         self._lag = LagMeter(self._consumer, name)
 

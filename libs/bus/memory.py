@@ -4,10 +4,12 @@ groups with positions and committed offsets, transactions; no broker, no clock.
 It keeps the Kafka semantics the services rely on: a key always lands on the
 partition Kafka's default partitioner picks; consumers read committed records
 only (a transaction's records stay invisible until it commits, and aborted ones
-are skipped); a group's partitions are shared among its members, revoked from all
-and assigned again (listeners awaited) whenever one joins or leaves; a group
-resumes from its committed offsets, else from ``auto_offset_reset``. It is
-deterministic: no randomness, no wall clock (a keyless record goes round-robin).
+are skipped); starting a producer with a transactional id fences the one that had it
+(its open transaction is aborted, and it can commit nothing more); a group's
+partitions are shared among its members, revoked from all and assigned again
+(listeners awaited) whenever one joins or leaves; a group resumes from its committed
+offsets, else from ``auto_offset_reset``. It is deterministic: no randomness, no wall
+clock (a keyless record goes round-robin).
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aiokafka.errors import IllegalOperation, IllegalStateError, KafkaTimeoutError
+from aiokafka.errors import (
+    IllegalOperation,
+    IllegalStateError,
+    KafkaTimeoutError,
+    ProducerFenced,
+)
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata, TopicPartition
 from qm.v1 import events_pb2
@@ -64,6 +71,8 @@ class MemoryBus:
         self._default_partitions = default_partitions
         self._logs: dict[str, list[list[_Entry]]] = {}
         self._groups: dict[str, _Group] = {}
+        # The producer that holds each transactional id (the latest started).
+        self._transactional: dict[str, MemoryProducer] = {}
         self._keyless = itertools.count()
         self._changed = asyncio.Event()
         # While down, sends are taken but never acknowledged, and nothing is written.
@@ -284,6 +293,11 @@ class MemoryConsumer:
         self._bus._group(self._group_id).committed.update(offsets)
         self._bus._notify()
 
+    async def committed(self, tp: TopicPartition) -> int | None:
+        if self._group_id is None:
+            raise IllegalOperation("a consumer without a group has no committed offsets")
+        return self._bus._group(self._group_id).committed.get(tp)
+
     def _fetch(
         self, partitions: Sequence[TopicPartition], max_records: int | None
     ) -> dict[TopicPartition, list[MemoryRecord]]:
@@ -362,10 +376,23 @@ class MemoryProducer:
         self._transaction: _Transaction | None = None
 
     async def start(self) -> None:
-        pass
+        if self._transactional_id is None:
+            return
+        fenced = self._bus._transactional.get(self._transactional_id)
+        self._bus._transactional[self._transactional_id] = self
+        if fenced is not None and fenced._transaction is not None:
+            for entry in fenced._transaction.entries:
+                entry.state = "aborted"
+            fenced._transaction.entries.clear()
+            self._bus._notify()
 
     async def stop(self) -> None:
         pass
+
+    @property
+    def _fenced(self) -> bool:
+        holder = self._bus._transactional.get(self._transactional_id or "")
+        return holder is not None and holder is not self
 
     async def send(
         self,
@@ -402,6 +429,8 @@ class MemoryProducer:
         transaction = self._transaction = _Transaction()
         try:
             yield
+            if self._fenced:
+                raise ProducerFenced()
         except BaseException:
             for entry in transaction.entries:
                 entry.state = "aborted"

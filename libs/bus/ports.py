@@ -70,6 +70,10 @@ class Consumer(Protocol):
         self, partitions: Sequence[TopicPartition]
     ) -> Mapping[TopicPartition, int]: ...
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None: ...
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The consumer group's committed offset of ``tp`` (None: never committed), read
+        afresh from the bus: whoever committed it, even without joining the group."""
+        ...
 
 
 class Producer(Protocol):

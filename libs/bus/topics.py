@@ -27,6 +27,7 @@ class TopicSpec:
     replication_factor: int
     retention_ms: int | None = None
     compacted: bool = False
+    max_message_bytes: int | None = None
 
     def configs(self) -> dict[str, str]:
         configs: dict[str, str] = {}
@@ -34,6 +35,8 @@ class TopicSpec:
             configs["cleanup.policy"] = "compact"
         if self.retention_ms is not None:
             configs["retention.ms"] = str(self.retention_ms)
+        if self.max_message_bytes is not None:
+            configs["max.message.bytes"] = str(self.max_message_bytes)
         return configs
 
 
@@ -46,6 +49,7 @@ class Topics:
     job_specs_view: TopicSpec
     job_tasks_view: TopicSpec
     nodes_view: TopicSpec
+    snapshots: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
@@ -56,6 +60,7 @@ class Topics:
             self.job_specs_view,
             self.job_tasks_view,
             self.nodes_view,
+            self.snapshots,
         ]
 
 
@@ -69,6 +74,7 @@ def load_topic_config(path: Path | None = None) -> Topics:
             replication_factor=file.replication_factor,
             retention_ms=entry.retention_ms,
             compacted=entry.compacted,
+            max_message_bytes=entry.max_message_bytes,
         )
         for key, entry in file.topics
     }

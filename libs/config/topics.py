@@ -1,7 +1,8 @@
 """The topics file (``deploy/topics.yaml``, or ``$QM_TOPICS``): every topic Quartermaster uses.
 
 ``partitions`` and ``replication_factor`` apply to every topic; a topic may set its own
-``partitions``, a ``retention_ms`` (-1: forever) and ``compacted``.
+``partitions``, a ``retention_ms`` (-1: forever), ``compacted`` and ``max_message_bytes``
+(its largest record, when that is over the broker's default).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class TopicEntry(FileModel):
     partitions: Count | None = None
     retention_ms: Annotated[int, Field(ge=-1)] | None = None
     compacted: bool = False
+    max_message_bytes: Annotated[int, Field(ge=1024)] | None = None
 
 
 class TopicEntries(FileModel):
@@ -32,6 +34,7 @@ class TopicEntries(FileModel):
     job_specs_view: TopicEntry
     job_tasks_view: TopicEntry
     nodes_view: TopicEntry
+    snapshots: TopicEntry
 
 
 class TopicsFile(FileModel):

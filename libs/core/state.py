@@ -147,6 +147,21 @@ class Table(dict[K, V]):
 
     update = clear = popitem = __ior__ = _refused  # type: ignore[assignment]
 
+    # -- snapshots (libs/events/snapshot.py) ----------------------------------------
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Entries travel in the state, not as dict items: pickle would set those
+        # through __setitem__ before the slots exist, and each set would move a place.
+        slots = {name: getattr(self, name) for name in Table.__slots__}
+        return (_empty_table, (type(self),), (slots, list(dict.items(self))))
+
+    def __setstate__(self, state: tuple[dict[str, object], list[tuple[K, V]]]) -> None:
+        slots, entries = state
+        for name, value in slots.items():
+            object.__setattr__(self, name, value)
+        for key, value in entries:
+            dict.__setitem__(self, key, value)
+
     # -- the digest --------------------------------------------------------------
 
     def facts(self) -> Iterator[str]:
@@ -201,3 +216,8 @@ class Cell(Generic[V]):
         fingerprint.shift(new - self._hash)
         self._hash = new
         self._marked = False
+
+
+def _empty_table(kind: type[Table[K, V]]) -> Table[K, V]:
+    """A table with nothing set yet, for ``Table.__setstate__`` to fill."""
+    return dict.__new__(kind)

@@ -150,9 +150,15 @@ class PartitionSchedulers:
     on the decisions partition those decisions go to.
     """
 
-    def __init__(self, config: PolicyConfig, *, announce: bool = False) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        *,
+        announce: bool = False,
+        by_cluster: dict[str, Scheduler] | None = None,
+    ) -> None:
         self._config = config
-        self._by_cluster: dict[str, Scheduler] = {}
+        self._by_cluster: dict[str, Scheduler] = by_cluster if by_cluster is not None else {}
         self._announce = announce
         self._announced: set[str] = set()  # clusters whose knobs are on the log
 
@@ -164,6 +170,20 @@ class PartitionSchedulers:
 
     def get(self, cluster: str) -> Scheduler | None:
         return self._by_cluster.get(cluster)
+
+    @property
+    def config(self) -> PolicyConfig:
+        return self._config
+
+    @property
+    def by_cluster(self) -> dict[str, Scheduler]:
+        """Each cluster's scheduler (what a snapshot keeps)."""
+        return self._by_cluster
+
+    def announcing(self) -> PartitionSchedulers:
+        """The same schedulers, announcing their knobs again before the next decisions
+        (placement takes over a partition from a standby's fold or a snapshot)."""
+        return PartitionSchedulers(self._config, announce=True, by_cluster=self._by_cluster)
 
     def decide(
         self, env: events_pb2.Envelope, *, partition: int, offset: int

@@ -50,6 +50,20 @@ DECISION_DELAY_SECONDS = Histogram(
     ["input"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+PLACEMENT_PARTITIONS = Gauge(
+    "qm_placement_partitions",
+    "Input partitions this placement instance decides (active) or keeps warm (standby)",
+    ["role"],
+)
+STANDBY_BEHIND = Gauge(
+    "qm_placement_standby_behind_records",
+    "Records the group has committed that this instance's warm state of a partition it does "
+    "not own has not folded yet (a takeover folds them first)",
+    ["partition"],
+)
+SNAPSHOTS = Counter(
+    "qm_placement_snapshots", "Snapshots placement wrote, by input partition", ["partition"]
+)
 GRPC_REQUESTS = Counter(
     "qm_grpc_requests", "gRPC calls this service answered, by method and status", ["method", "code"]
 )

@@ -1,10 +1,14 @@
 """Placement as the environment configures it: the Kafka and topic settings,
-``QM_PLACEMENT_GROUP`` (the consumer group and transactional id) and ``QM_POLICY_FILE``
-(the policy's knobs; auditors replay with the same file)."""
+``QM_PLACEMENT_GROUP`` (the consumer group, and the prefix of the transactional ids),
+``QM_POLICY_FILE`` (the policy's knobs; auditors replay with the same file),
+``QM_PLACEMENT_INSTANCE`` (this instance's name to the bus, e.g. its pod's; default the
+host name) and ``QM_PLACEMENT_SNAPSHOT_EVERY`` (inputs between two snapshots of a
+partition, default 50,000)."""
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import TypeVar
 
 from libs.bus import KafkaBus, KafkaSettings, load_topic_config
@@ -22,4 +26,17 @@ def from_env(kind: type[Service], default_group: str = "qm-placement") -> Servic
         load_topic_config(),
         group_id=os.environ.get("QM_PLACEMENT_GROUP", default_group),
         policy=policy_from_env(),
+        instance=f"placement-{os.environ.get('QM_PLACEMENT_INSTANCE') or socket.gethostname()}",
+        snapshot_every=_count("QM_PLACEMENT_SNAPSHOT_EVERY", 50_000),
     )
+
+
+def _count(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"{name}={raw!r}: give a whole number of inputs, at least 1")
+    return value

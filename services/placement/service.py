@@ -1,20 +1,30 @@
 """The placement loop: consume the event log, decide, emit, all in one transaction.
 
-Each poll's decisions and the consumer offsets that produced them are
-committed in one Kafka transaction, so a crash never loses or doubles a
-decision. Before the first record of a newly assigned partition is decided,
-the scheduler state for that partition is rebuilt by replaying the log up to
-that record (outputs suppressed): the state is a pure function of the log.
+Each input partition (a cluster's events, or several clusters') is decided by one
+instance of the consumer group at a time. Its decisions and the consumer offset that
+produced them are committed in one Kafka transaction of a producer of that partition
+alone (transactional id ``<group>-p<partition>``), so a crash never loses or doubles
+a decision, and an instance that is handed a partition fences whoever decided it
+before: starting the partition's producer aborts the old owner's open transaction
+and refuses it any later commit. Only then is the group's committed offset read, so
+the new owner resumes exactly where the last commit left off, even from a zombie
+that had not yet noticed it lost the partition.
+
+Every instance is also a standby (``services/placement/standby.py``): it keeps the
+partitions it does not own folded up to their committed offsets, so a takeover
+decides within moments instead of folding the log. Its state of a partition is a
+pure function of the log before that offset; a snapshot (``snapshots.py``), which
+the owner writes every ``snapshot_every`` inputs, lets a cold instance skip most of
+the fold.
 
 The loop stays in its consumer group: it yields to the event loop between
 records, so the consumer's heartbeats go out however long a batch takes (the
 core bounds the cost of any one record). If the group rebalances anyway while a
-batch is decided, the batch's transaction is aborted rather than committed:
+batch is decided, the batch's transactions are aborted rather than committed:
 aiokafka commits offsets in a transaction without the group's generation
-(KIP-447), so the broker would accept them from a member that no longer owns
-the partition, and the next owner would decide the same records again. Aborted,
-the records are decided once more from the committed offsets, by whoever owns
-them now.
+(KIP-447), so only the fencing above, and this, keep a member that no longer owns
+a partition from committing it. Aborted, the records are decided once more from
+the committed offsets, by whoever owns them now.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener
@@ -32,89 +43,242 @@ from qm.v1 import events_pb2
 
 from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
-from libs.events import DecodeError, decode, event_type
-from libs.events.driver import PartitionSchedulers, step
-from libs.telemetry import replaying
-from libs.telemetry.metrics import DECISION_DELAY_SECONDS, DECISION_SECONDS, DECISIONS
+from libs.events import event_type
+from libs.events.driver import PartitionSchedulers
+from libs.events.snapshot import take
+from libs.telemetry.metrics import (
+    DECISION_DELAY_SECONDS,
+    DECISION_SECONDS,
+    DECISIONS,
+    PLACEMENT_PARTITIONS,
+    SNAPSHOTS,
+)
+from services.placement.snapshots import SnapshotStore
+from services.placement.standby import Standby, Warm
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
+
+# A dead owner is noticed when its session lapses; the rest of a takeover is a fold of
+# what the standby has not yet seen and a producer's start: together well within 5 s.
+SESSION_TIMEOUT_MS = 3_000
+HEARTBEAT_INTERVAL_MS = 500
+
+
+@dataclass
+class Owned:
+    """A partition this instance decides: its schedulers and its fencing producer."""
+
+    schedulers: PartitionSchedulers
+    producer: EventProducer
+    offset: int  # the next input record the schedulers have not folded
+    committed: int  # the group's offset after this instance's last commit
+    snapshot_offset: int  # where the latest snapshot of it was taken
+
+    @property
+    def clean(self) -> bool:
+        """Its state is exactly that at the committed offset (nothing decided since)."""
+        return self.offset == self.committed
 
 
 @dataclass
 class PlacementService:
     bus: Bus
     topics: Topics
-    # Also the transactional id: a restarted (or standby) instance fences the old one.
+    # The consumer group, and the prefix of each partition's transactional id.
     group_id: str = "qm-placement"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    # What this instance last committed, so an idle poll costs no broker round trip.
-    _committed: dict[TopicPartition, int] = field(default_factory=dict)
-    schedulers: dict[int, PartitionSchedulers] = field(default_factory=dict)
+    # Names this instance to the bus (client ids), e.g. its pod's name.
+    instance: str = "placement"
+    # Inputs decided between two snapshots of a partition.
+    snapshot_every: int = 50_000
+    owned: dict[int, Owned] = field(default_factory=dict)
     # Bumped by every rebalance: a batch decided across one is not committed.
     generation: int = 0
     # Set once the group has assigned this instance its partitions (maybe none: a standby).
     ready: bool = False
+    # Given up in a rebalance with a clean state, kept in case they come straight back.
+    _released: dict[int, Owned] = field(default_factory=dict)
+    _retiring: list[EventProducer] = field(default_factory=list)
+    _standby: Standby | None = None
+    _snapshots: SnapshotStore | None = None
 
     async def run(self) -> None:
-        producer = EventProducer(self.bus, client_id="placement", transactional_id=self.group_id)
-        deadletters = EventProducer(self.bus, client_id="placement-dlq")
+        deadletters = EventProducer(self.bus, client_id=f"{self.instance}-dlq")
         consumer = EventConsumer(
             self.bus,
             [self.topics.events.name],
             name="placement",
+            client_id=self.instance,
             group_id=self.group_id,
             deadletter_topic=self.topics.deadletter.name,
             deadletter_producer=deadletters,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
         )
-        await producer.start()
+        self._snapshots = SnapshotStore(
+            self.bus, self.topics.snapshots, client_id=f"{self.instance}-snapshots"
+        )
+        self._standby = Standby(
+            self.bus,
+            self.topics.events,
+            group_id=self.group_id,
+            policy=self.policy,
+            store=self._snapshots,
+            client_id=f"{self.instance}-standby",
+        )
+        standby = asyncio.create_task(self._standby.run(), name="placement-standby")
         await deadletters.start()
         await consumer.start(listener=_Rebalance(self))
         try:
             async for batch in consumer.batches():
-                if not consumer.client.assignment():
-                    continue
-                try:
-                    await self._commit(producer, consumer, batch)
-                except Rebalanced:
-                    log.warning(
-                        "the group rebalanced while %d records were decided: their "
-                        "transaction is aborted; they are decided again from the committed "
-                        "offsets",
-                        len(batch),
-                    )
+                if standby.done():
+                    standby.result()  # the standby's failure is the service's
+                if consumer.client.assignment():
+                    try:
+                        await self._decide_batch(consumer, batch)
+                    except Rebalanced:
+                        log.warning(
+                            "the group rebalanced while %d records were decided: their "
+                            "transactions are aborted; they are decided again from the "
+                            "committed offsets",
+                            len(batch),
+                        )
+                await self._retire()
         finally:
+            standby.cancel()
+            await asyncio.gather(standby, return_exceptions=True)
             await consumer.stop()
-            await producer.stop()
+            for owned in [*self.owned.values(), *self._released.values()]:
+                self._retiring.append(owned.producer)
+            await self._retire()
             await deadletters.stop()
+            await self._snapshots.stop()
 
-    async def _commit(
-        self, producer: EventProducer, consumer: EventConsumer, batch: list[Delivery]
-    ) -> None:
+    async def _decide_batch(self, consumer: EventConsumer, batch: list[Delivery]) -> None:
         client = consumer.client
         generation = self.generation
+        records: dict[int, list[Delivery]] = {}
         for delivery in batch:
-            if delivery.partition not in self.schedulers:
-                await self.rebuild(delivery.topic_partition, delivery.offset)
-        # The positions cover dead-lettered records too, so those are not re-read.
-        offsets = {tp: await client.position(tp) for tp in client.assignment()}
-        if not batch and all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
-            return
+            records.setdefault(delivery.partition, []).append(delivery)
+        for tp in sorted(client.assignment()):
+            self._still_owner(generation)
+            mine = records.get(tp.partition, [])
+            # The positions cover dead-lettered records too, so those are not re-read.
+            position = await client.position(tp)
+            owned = self.owned.get(tp.partition)
+            if owned is None:
+                resume = mine[0].offset if mine else position
+                owned = await self._take_over(consumer, tp, resume, generation)
+                if owned is None:
+                    continue  # it resumes elsewhere: these records are read again
+            if not mine and position == owned.committed:
+                continue  # an idle poll costs no broker round trip
+            try:
+                await self._commit(owned, tp, mine, position, generation)
+            except Rebalanced:
+                raise
+            except Exception:
+                # Fenced (another instance took the partition), or the broker failed the
+                # transaction: the state has folded records nobody committed. Drop it;
+                # the next poll takes the partition over afresh from the committed offset.
+                log.exception("partition %d: its transaction failed", tp.partition)
+                self._drop(tp.partition)
+
+    async def _commit(
+        self,
+        owned: Owned,
+        tp: TopicPartition,
+        records: list[Delivery],
+        position: int,
+        generation: int,
+    ) -> None:
+        producer = owned.producer
         decided: list[tuple[events_pb2.Envelope, list[events_pb2.Envelope]]] = []
         async with producer.client.transaction():  # an exception aborts it
             acks = []
-            for delivery in batch:
+            for delivery in records:
                 self._still_owner(generation)
                 outputs, queued = await self._decide(producer, delivery)
+                owned.offset = delivery.offset + 1
                 acks.extend(queued)
                 decided.append((delivery.envelope, outputs))
                 await asyncio.sleep(0)  # the consumer's heartbeat runs between records
             await asyncio.gather(*acks)
             self._still_owner(generation)
-            await producer.client.send_offsets_to_transaction(offsets, self.group_id)
+            await producer.client.send_offsets_to_transaction({tp: position}, self.group_id)
             self._still_owner(generation)
-        self._committed.update(offsets)
+        owned.offset = owned.committed = position
         _count(decided, time.time())
+        if owned.committed - owned.snapshot_offset >= self.snapshot_every:
+            await self._snapshot(tp.partition, owned)
+
+    async def _take_over(
+        self, consumer: EventConsumer, tp: TopicPartition, resume: int, generation: int
+    ) -> Owned | None:
+        """Own ``tp``: fence its last owner, then resume from the committed offset
+        (None when that is not ``resume``, where this poll's records start: the
+        consumer is moved there, and the next poll reads from it)."""
+        assert self._standby is not None
+        owned = self._released.pop(tp.partition, None)
+        if owned is None:
+            producer = EventProducer(
+                self.bus,
+                client_id=f"{self.instance}-p{tp.partition}",
+                transactional_id=f"{self.group_id}-p{tp.partition}",
+            )
+            await producer.start()  # fences the last owner: it can commit nothing more
+        else:
+            producer = owned.producer  # still this partition's: nobody took it since
+        committed = await consumer.client.committed(tp) or 0
+        if owned is None or owned.committed != committed:
+            if owned is not None:  # another instance decided it meanwhile: start over
+                self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
+            warm = await self.warm(tp.partition, committed)
+            owned = Owned(
+                warm.schedulers.announcing(),
+                producer,
+                offset=committed,
+                committed=committed,
+                snapshot_offset=warm.snapshot_offset,
+            )
+        if self.generation != generation:  # the group moved partitions meanwhile
+            self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
+            self._retiring.append(producer)
+            raise Rebalanced
+        if committed != resume:
+            consumer.client.seek(tp, committed)
+        log.info("partition %d: deciding from offset %d", tp.partition, committed)
+        self.owned[tp.partition] = owned
+        self._count_partitions()
+        return owned if committed == resume else None
+
+    async def warm(self, partition: int, upto: int) -> Warm:
+        """The partition's state having folded its records before ``upto``."""
+        assert self._standby is not None
+        return await self._standby.take(partition, upto)
+
+    async def _snapshot(self, partition: int, owned: Owned) -> None:
+        assert self._snapshots is not None
+        snapshot = take(
+            owned.schedulers,
+            partition=partition,
+            next_offset=owned.committed,
+            taken_at=datetime.now(UTC),
+        )
+        owned.snapshot_offset = owned.committed
+        try:
+            await self._snapshots.save(snapshot)
+        except Exception:  # a snapshot only saves time: deciding goes on without it
+            log.exception("partition %d: the snapshot was not written", partition)
+            return
+        SNAPSHOTS.labels(str(partition)).inc()
+        log.info(
+            "partition %d: snapshot at offset %d (%d bytes)",
+            partition,
+            owned.committed,
+            len(snapshot.state),
+        )
 
     def _still_owner(self, generation: int) -> None:
         if self.generation != generation:
@@ -149,48 +313,57 @@ class PlacementService:
 
     def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
         """The decisions one input record causes."""
-        schedulers = self.schedulers.get(delivery.partition)
-        if schedulers is None:  # revoked since the batch began
+        owned = self.owned.get(delivery.partition)
+        if owned is None:  # revoked since the batch began
             raise Rebalanced
-        return schedulers.decide(
+        return owned.schedulers.decide(
             delivery.envelope, partition=delivery.partition, offset=delivery.offset
         )
 
-    def forget(self, tp: TopicPartition) -> None:
-        self._committed.pop(tp, None)
+    def revoked(self, partitions: set[int]) -> None:
+        """The group took ``partitions`` (all, in a rebalance): keep the clean states."""
+        self.generation += 1
+        for partition in partitions:
+            owned = self.owned.pop(partition, None)
+            if owned is not None:
+                log.info("partition %d: given up", partition)
+            if owned is not None and owned.clean:
+                self._released[partition] = owned
+            elif owned is not None:
+                self._retiring.append(owned.producer)
+        self._count_partitions()
 
-    async def rebuild(self, tp: TopicPartition, upto: int) -> None:
-        """Fold records [0, upto) of one partition into fresh schedulers."""
-        # Announcing: the knobs go on the log again after every (re)build.
-        scheduler = PartitionSchedulers(self.policy, announce=True)
-        if upto > 0:
-            await self._replay(scheduler, tp, upto)
-            log.info("rebuilt partition %d from %d records", tp.partition, upto)
-        self.schedulers[tp.partition] = scheduler
+    def assigned(self, partitions: set[int]) -> None:
+        """The group gave this instance ``partitions``: the others it keeps warm, and
+        those it decided until now and lost go back to its standby."""
+        assert self._standby is not None
+        self.generation += 1
+        self.ready = True
+        for partition in set(self._released) - partitions:
+            owned = self._released.pop(partition)
+            self._standby.give(partition, Warm(owned.schedulers, owned.offset))
+            self._retiring.append(owned.producer)
+        self._standby.follow(set(range(self.topics.events.partitions)) - partitions)
+        self._count_partitions()
 
-    async def _replay(self, schedulers: PartitionSchedulers, tp: TopicPartition, upto: int) -> None:
-        """Fold the partition's records before ``upto``; no output is written."""
-        reader = self.bus.consumer()
-        await reader.start()
-        try:
-            reader.assign([tp])
-            await reader.seek_to_beginning(tp)
-            position = 0
-            while position < upto:
-                with replaying():
-                    polled = await reader.getmany(tp, timeout_ms=1000, max_records=5000)
-                for record in polled.get(tp, []):
-                    if record.offset >= upto:
-                        break
-                    try:
-                        env = decode(record.value)
-                    except DecodeError:
-                        continue  # dead-lettered when first consumed
-                    step(schedulers.of(env.cluster), env)
-                position = await reader.position(tp)
-                await asyncio.sleep(0)  # heartbeats, between chunks of a long replay
-        finally:
-            await reader.stop()
+    def _drop(self, partition: int) -> None:
+        owned = self.owned.pop(partition, None)
+        if owned is not None:
+            self._retiring.append(owned.producer)
+        self._count_partitions()
+
+    async def _retire(self) -> None:
+        while self._retiring:
+            producer = self._retiring.pop()
+            try:
+                await producer.stop()
+            except Exception:  # fenced or the broker gone: it is dropped either way
+                log.warning("a partition producer did not stop cleanly", exc_info=True)
+
+    def _count_partitions(self) -> None:
+        PLACEMENT_PARTITIONS.labels("active").set(len(self.owned))
+        standby = self.topics.events.partitions - len(self.owned)
+        PLACEMENT_PARTITIONS.labels("standby").set(standby)
 
 
 def _count(
@@ -206,22 +379,18 @@ def _count(
 
 
 class Rebalanced(Exception):
-    """The group rebalanced while a batch was decided: its transaction must abort."""
+    """The group rebalanced while a batch was decided: its transactions must abort."""
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Forget the state of partitions that another instance now owns."""
+    """Tell the service which partitions it holds now."""
 
     def __init__(self, service: PlacementService) -> None:
         self._service = service
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._service.generation += 1
-        for tp in revoked:
-            self._service.schedulers.pop(tp.partition, None)
-            self._service.forget(tp)
+        self._service.revoked({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        # State is rebuilt lazily, before a partition's first record is decided.
-        self._service.generation += 1
-        self._service.ready = True
+        # A partition's state is taken over lazily, at the loop's next poll.
+        self._service.assigned({tp.partition for tp in assigned})

@@ -88,6 +88,8 @@ class Stack:
     )
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
+    # Partitions of every topic (deploy/topics.yaml's count unless given).
+    partitions: int | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # by service, see start()
     # Every principal's password (deploy/local/kafka.sh and `python -m libs.bus` make them).
@@ -110,6 +112,7 @@ class Stack:
         # Groups start as the bus's grants expect (libs/bus/access.py).
         self.app_id = f"qm-projector-{prefix}"
         config = yaml.safe_load((ROOT / "deploy" / "topics.yaml").read_text())
+        config["partitions"] = self.partitions or config["partitions"]
         for key, topic in config["topics"].items():
             # Faust names changelogs <app id>-<table>-changelog.
             topic["name"] = (

@@ -1,14 +1,16 @@
-"""``python -m tests.perf.bench [core|workflow|live|all] [flags]``: run benchmarks, print numbers.
+"""``python -m tests.perf.bench [core|workflow|live|failover|all] [flags]``: run benchmarks.
 
 ``make bench`` runs them all. Each benchmark measures a baseline in the same run and
-prints medians and ratios against it; nothing is written to disk but scratch logs.
-Every figure is then checked against its committed range (tests/perf/ranges.yaml): the
-command exits 1 when one is outside it (tests.perf.ranges says how ranges are set).
+prints medians and ratios against it. Every figure is then checked against its
+committed range (tests/perf/ranges.yaml): the command exits 1 when one is outside it
+(tests.perf.ranges says how ranges are set). The figures, with their ranges and
+verdicts, are written to ``bench/results.json`` and printed (``tests.perf.results``).
 
     python -m tests.perf.bench core --waiting 2000 --inputs 1000
     python -m tests.perf.bench workflow --tasks 4096 --gpus 64 --shapes wide
     python -m tests.perf.bench live --rate 500 --duration 20 --modes echo,placement
     python -m tests.perf.bench live --duration 10 --modes placement --profile placement
+    python -m tests.perf.bench failover --after-kill 20
 """
 
 from __future__ import annotations
@@ -17,20 +19,23 @@ import argparse
 from collections.abc import Sequence
 
 from tests.perf.core_bench import CoreParams, report_core, run_core
+from tests.perf.failover_bench import FailoverParams, run_failover
 from tests.perf.live_bench import LiveParams, run_live
 from tests.perf.options import add_options, from_options
 from tests.perf.ranges import Figure, judge, load_ranges, report
+from tests.perf.results import RESULTS_FILE, write_results
 from tests.perf.workflow_bench import WorkflowParams, run_workflow
+
+BENCHES = ("core", "workflow", "live", "failover")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.bench", description=__doc__)
-    parser.add_argument(
-        "which", nargs="?", choices=("core", "workflow", "live", "all"), default="all"
-    )
+    parser.add_argument("which", nargs="?", choices=(*BENCHES, "all"), default="all")
     add_options(parser.add_argument_group("core"), CoreParams)
     add_options(parser.add_argument_group("workflow"), WorkflowParams)
     add_options(parser.add_argument_group("live"), LiveParams)
+    add_options(parser.add_argument_group("failover"), FailoverParams)
     return parser.parse_args(argv)
 
 
@@ -52,9 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--modes: unknown {sorted(unknown)}; use echo and/or placement")
         figures += run_live(live)
-    ran = {"core", "workflow", "live"} if args.which == "all" else {args.which}
+    if args.which in ("failover", "all"):
+        figures += run_failover(from_options(FailoverParams, args, bootstrap=args.bootstrap))
+    ran = set(BENCHES) if args.which == "all" else {args.which}
     judged = args == parse_args([args.which])  # ranges hold for the defaults only
-    return 0 if report(judge(figures, ranges, ran), judged=judged) else 1
+    verdicts = judge(figures, ranges, ran)
+    ok = report(verdicts, judged=judged)
+    write_results(figures, verdicts, judged=judged)
+    print(RESULTS_FILE.read_text())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ It is the placement service's own loop (consumer group, read_committed, the
 idempotent transactional producer, one transaction per poll with its offsets,
 a span and a log line per output), with the scheduler swapped out: each
 JobAdmitted gets a TaskPlaced at once, on a node picked round-robin, with no
-scheduling state (so no rebuild and no digest).
+scheduling state (so no fold and no digest).
 
 Settings as placement's (``QM_PLACEMENT_GROUP``, here by default ``qm-echo``;
 ``QM_POLICY_FILE``; the Kafka settings), plus ``QM_ECHO_NODES`` (how many nodes named
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from aiokafka.structs import TopicPartition
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
@@ -24,6 +23,7 @@ from libs.events import event_type, new_envelope
 from libs.events.driver import PartitionSchedulers
 from services.placement.environment import from_env
 from services.placement.service import PlacementService
+from services.placement.standby import Warm
 from services.runtime import run_service
 
 
@@ -36,8 +36,8 @@ class Echo(PlacementService):
     nodes: int = 1
     count: int = 0
 
-    async def rebuild(self, tp: TopicPartition, upto: int) -> None:
-        self.schedulers[tp.partition] = PartitionSchedulers(self.policy)  # nothing to replay
+    async def warm(self, partition: int, upto: int) -> Warm:
+        return Warm(PartitionSchedulers(self.policy), upto)  # nothing to replay
 
     def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
         env = delivery.envelope

@@ -190,6 +190,13 @@ class ModeResult:
                 commit.append((p.received - p.created) * 1e3)
         return admission, decide, commit
 
+    def throughput(self) -> float:
+        """Jobs placed per second, from the first submission to the last placement seen."""
+        sent = [s.sent for s in self.ok]
+        received = [p.received for p in self.placed.values()]
+        span = max(received, default=0.0) - min(sent, default=0.0)
+        return len(received) / span if received and span > 0 else 0.0
+
     def achieved_rate(self) -> float:
         sent = sorted(s.sent for s in self.ok)
         return (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
@@ -572,14 +579,35 @@ def run_live(params: LiveParams) -> list[Figure]:
 
 
 def live_figures(results: list[ModeResult]) -> list[Figure]:
-    """Per mode: submit -> placed p50 and the share answered OK; placement against echo."""
+    """Placement's submit -> placed latency and throughput, echo's beside them (the floor:
+    the same hops without scheduling), their ratios, and the share answered OK per mode."""
     figures: list[Figure] = []
-    p50 = {r.mode: percentile(r.latencies_ms(), 50) for r in results}
+    by_mode = {r.mode: r for r in results}
     for r in results:
-        figures.append(Figure(f"live.{r.mode}.placed_p50_ms", p50[r.mode], "ms"))
         share = len(r.ok) / len(r.submissions) if r.submissions else math.nan
         figures.append(Figure(f"live.{r.mode}.ok_share", share, ""))
-    if {"echo", "placement"} <= p50.keys():
-        versus = p50["placement"] / p50["echo"] if p50["echo"] > 0 else math.nan
-        figures.append(Figure("live.placement_vs_echo", versus, "×"))
+    measured: dict[str, dict[str, float]] = {}
+    for mode, r in by_mode.items():
+        latencies = r.latencies_ms()
+        prefix = "" if mode == "placement" else f"{mode}_"
+        measured[mode] = {
+            "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99),
+            "throughput": r.throughput(),
+        }
+        figures += [
+            Figure(f"live.{prefix}p50_ms", measured[mode]["p50"], "ms"),
+            Figure(f"live.{prefix}p99_ms", measured[mode]["p99"], "ms"),
+            Figure(f"live.{prefix}throughput_per_s", measured[mode]["throughput"], "/s"),
+        ]
+    if {"echo", "placement"} <= measured.keys():
+        mine, floor = measured["placement"], measured["echo"]
+        figures += [
+            Figure("live.p99_vs_echo", _ratio(mine["p99"], floor["p99"]), "×"),
+            Figure("live.throughput_vs_echo", _ratio(mine["throughput"], floor["throughput"]), "×"),
+        ]
     return figures
+
+
+def _ratio(mine: float, floor: float) -> float:
+    return mine / floor if floor > 0 and math.isfinite(floor) else math.nan

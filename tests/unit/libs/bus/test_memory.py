@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.errors import IllegalOperation, IllegalStateError
+from aiokafka.errors import IllegalOperation, IllegalStateError, ProducerFenced
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
@@ -96,6 +96,24 @@ async def test_records_of_a_transaction_are_read_once_it_commits_and_never_if_it
     with pytest.raises(IllegalOperation):
         async with bus.producer().transaction():
             pass
+
+
+async def test_a_producer_started_with_a_transactional_id_fences_the_one_that_had_it() -> None:
+    bus = MemoryBus()
+    zombie, heir = bus.producer(transactional_id="p"), bus.producer(transactional_id="p")
+    reader = bus.consumer(group_id="g")
+    reader.assign([T0])
+    await zombie.start()
+    with pytest.raises(ProducerFenced):
+        async with zombie.transaction():
+            await zombie.send("t", b"zombie's", b"k")
+            await zombie.send_offsets_to_transaction({TopicPartition("in", 0): 9}, "g")
+            await heir.start()  # aborts the open transaction: the broker ends it at once
+            assert await reader.end_offsets([T0]) == {T0: 1}
+    async with heir.transaction():
+        await heir.send("t", b"heir's", b"k")
+    assert [r.value for r in (await reader.getmany(timeout_ms=0))[T0]] == [b"heir's"]
+    assert await reader.committed(TopicPartition("in", 0)) is None
 
 
 async def test_a_group_shares_partitions_and_tells_its_members_when_they_move() -> None:
