@@ -3,7 +3,10 @@
 chosen by environment.
 
 ``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp`` (which
-honours the standard ``OTEL_EXPORTER_OTLP_*`` variables).
+honours the standard ``OTEL_EXPORTER_OTLP_*`` variables). With ``none`` nothing is
+traced at all: OpenTelemetry's no-op tracer stays in place and Kafka is not
+instrumented, because recording spans that nobody exports cost a service a third of
+its time per record (a profile of placement at 500 submissions/s).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ def setup_tracing(service: str) -> TracerProvider:
         resource=Resource.create({"service.name": service}), sampler=RoutineTrafficSampler()
     )
     exporter = _exporter(os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower())
+    if exporter is None:
+        return provider  # not installed: the no-op tracer costs nothing
     if isinstance(exporter, ConsoleSpanExporter):
         # Synchronous, so that the last spans are in the log when a service stops.
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    elif exporter is not None:
+    else:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     instrument_kafka(provider)

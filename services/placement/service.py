@@ -305,7 +305,8 @@ class PlacementService:
             DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
             acks = []
             for out in outputs:
-                log.info("%s %s", event_type(out), out.correlation_id)
+                # The decisions topic is their record; a line each would cost what deciding does.
+                log.debug("%s %s", event_type(out), out.correlation_id)
                 acks.append(
                     await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
                 )
