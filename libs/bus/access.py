@@ -20,7 +20,7 @@ from libs.bus.topics import Topics
 
 TopicKey = Literal[
     "events", "decisions", "deadletter", "jobs_view", "job_specs_view", "job_tasks_view",
-    "nodes_view", "snapshots",
+    "nodes_view", "snapshots", "usage_snapshots",
 ]  # fmt: skip
 Operation = Literal["Read", "Write", "Describe", "Create", "DescribeConfigs"]
 ResourceType = Literal["topic", "group", "transactionalId"]
@@ -66,9 +66,10 @@ PRINCIPALS: tuple[Principal, ...] = (
     ),
     Principal(
         "projector",
-        reads=("events", "decisions", *_VIEWS),
-        # Usage snapshots go on the event log (services/projector/usage).
-        writes=("events", "deadletter", *_VIEWS),
+        reads=("events", "decisions", *_VIEWS, "usage_snapshots"),
+        # Usage snapshots go on the event log (services/projector/usage); its ledger's own
+        # snapshots, on theirs.
+        writes=("events", "deadletter", *_VIEWS, "usage_snapshots"),
         group_prefix="qm-projector",
         owned_prefix="qm-projector",
     ),

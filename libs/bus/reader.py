@@ -32,7 +32,9 @@ class LogReader:
         self._applied: dict[TopicPartition, int] = {}
         self._progress = asyncio.Event()
 
-    async def start(self) -> None:
+    async def start(self, offsets: Mapping[int, int] | None = None) -> None:
+        """Assign every partition, from the start or, where ``offsets`` names one (a
+        snapshot's), from there."""
         await self._consumer.start()
         if self._topic not in await self._consumer.topics():
             await self._consumer.stop()
@@ -42,6 +44,15 @@ class LogReader:
         while not self._consumer.assignment():
             await asyncio.sleep(0.05)
         self._partitions = sorted(self._consumer.assignment())
+        for tp in self._partitions:
+            if offsets and tp.partition in offsets:
+                self._consumer.seek(tp, offsets[tp.partition])
+                self._applied[tp] = offsets[tp.partition]
+
+    def offsets(self) -> dict[int, int]:
+        """Per partition, the offset after the last record applied (where a reader
+        that resumed from a snapshot of what was applied would start)."""
+        return {tp.partition: self._applied.get(tp, 0) for tp in self._partitions}
 
     async def stop(self) -> None:
         await self._consumer.stop()

@@ -50,6 +50,7 @@ class Topics:
     job_tasks_view: TopicSpec
     nodes_view: TopicSpec
     snapshots: TopicSpec
+    usage_snapshots: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
@@ -61,6 +62,7 @@ class Topics:
             self.job_tasks_view,
             self.nodes_view,
             self.snapshots,
+            self.usage_snapshots,
         ]
 
 

@@ -35,6 +35,7 @@ class TopicEntries(FileModel):
     job_tasks_view: TopicEntry
     nodes_view: TopicEntry
     snapshots: TopicEntry
+    usage_snapshots: TopicEntry
 
 
 class TopicsFile(FileModel):

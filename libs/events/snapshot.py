@@ -9,8 +9,9 @@ otherwise :class:`SnapshotError` says why and the caller folds the log.
 
 The state is pickled (the core's declared tables, caches and memos as they are, so a
 loaded scheduler continues exactly as the original would). Snapshots are read from
-the bus, so unpickling admits only the core's own classes and a few plain builtins:
-a record that names anything else is refused before it can run any code.
+the bus, so unpickling (:func:`unpack`, which the projector's ledger snapshots use too)
+admits only the named packages' classes and a few plain builtins: a record that names
+anything else is refused before it can run any code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import io
 import pickle
 import zlib
+from collections.abc import Collection
 from datetime import datetime
 
 from qm.v1 import snapshot_pb2
@@ -27,7 +29,9 @@ from libs.events.driver import PartitionSchedulers
 
 # The layout of ``state``: bump it when the pickled shape changes incompatibly.
 FORMAT = 1
-# Globals a snapshot may name besides the core's own (``libs.core`` and below).
+# What a placement snapshot's state may name (packages, and everything below them).
+CORE = ("libs.core",)
+# Globals any snapshot may name besides its packages'.
 _PLAIN = frozenset(
     {
         ("builtins", "repr"),
@@ -36,6 +40,7 @@ _PLAIN = frozenset(
         ("collections", "Counter"),
         ("collections", "OrderedDict"),
         ("collections", "deque"),
+        ("collections", "defaultdict"),
     }
 )
 # Decompressed, a snapshot may not exceed this: a hostile record cannot exhaust memory.
@@ -58,7 +63,7 @@ def take(
         policy_version=POLICY_VERSION,
         config_digest=config_digest(schedulers.config),
         format=FORMAT,
-        state=zlib.compress(pickle.dumps(schedulers.by_cluster, protocol=5), 1),
+        state=pack(schedulers.by_cluster),
     )
     for cluster, scheduler in schedulers.by_cluster.items():
         snapshot.state_digests[cluster] = scheduler.digest()
@@ -70,7 +75,7 @@ def restore(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig) -> P
     """The schedulers ``snapshot`` holds, checked; raises :class:`SnapshotError`."""
     if reason := incompatibility(snapshot, config):
         raise SnapshotError(reason)
-    by_cluster = _unpickle(_inflate(snapshot.state))
+    by_cluster = unpack(snapshot.state, CORE)
     if not isinstance(by_cluster, dict) or not all(
         isinstance(c, str) and isinstance(s, Scheduler) for c, s in by_cluster.items()
     ):
@@ -98,6 +103,23 @@ def incompatibility(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConf
     return ""
 
 
+def pack(state: object) -> bytes:
+    """``state`` pickled and compressed, as snapshots hold it."""
+    return zlib.compress(pickle.dumps(state, protocol=5), 1)
+
+
+def unpack(state: bytes, packages: Collection[str]) -> object:
+    """What :func:`pack` made, naming nothing outside ``packages`` (and plain builtins);
+    raises :class:`SnapshotError`."""
+    raw = _inflate(state)
+    try:
+        return _Restricted(io.BytesIO(raw), tuple(packages)).load()
+    except SnapshotError:
+        raise
+    except Exception as exc:  # a truncated or garbled pickle: any of a dozen kinds
+        raise SnapshotError(f"its state does not load: {type(exc).__name__}: {exc}") from None
+
+
 def _inflate(state: bytes) -> bytes:
     inflater = zlib.decompressobj()
     try:
@@ -109,21 +131,16 @@ def _inflate(state: bytes) -> bytes:
     return raw
 
 
-def _unpickle(raw: bytes) -> object:
-    try:
-        return _CoreOnly(io.BytesIO(raw)).load()
-    except SnapshotError:
-        raise
-    except Exception as exc:  # a truncated or garbled pickle: any of a dozen kinds
-        raise SnapshotError(f"its state does not load: {type(exc).__name__}: {exc}") from None
-
-
-class _CoreOnly(pickle.Unpickler):
-    """Loads the core's classes and plain builtins only (Python's "restricting
+class _Restricted(pickle.Unpickler):
+    """Loads the named packages' classes and plain builtins only (Python's "restricting
     globals"); dunder paths are refused so no name can reach a module's globals."""
 
+    def __init__(self, file: io.BytesIO, packages: tuple[str, ...]) -> None:
+        super().__init__(file)
+        self._packages = packages
+
     def find_class(self, module: str, name: str) -> object:
-        core = module == "libs.core" or module.startswith("libs.core.")
-        if "__" in name or not (core or (module, name) in _PLAIN):
+        allowed = any(module == p or module.startswith(p + ".") for p in self._packages)
+        if "__" in name or not (allowed or (module, name) in _PLAIN):
             raise SnapshotError(f"its state names {module}.{name}, which snapshots may not")
         return super().find_class(module, name)

@@ -42,7 +42,21 @@ def _unit(gpu_type: str) -> float:
     return 1.0
 
 
-class ClusterUsage:
+class _Priced:
+    """Pickled without its price (a function of the running projector's knobs): a
+    snapshot keeps facts only; whoever loads one prices it with :meth:`UsageLedger.priced`."""
+
+    _price: Price
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in vars(self).items() if k != "_price"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
+        self._price = _unit
+
+
+class ClusterUsage(_Priced):
     """One cluster's usage and entitlements, and the last usage snapshot it published."""
 
     def __init__(self, cluster: str, window_s: float, price: Price = _unit) -> None:
@@ -189,7 +203,7 @@ class ClusterUsage:
             self._usage.snapshot(self.now)
 
 
-class UsageLedger:
+class UsageLedger(_Priced):
     """Every cluster's usage, folded from the events topic."""
 
     def __init__(self, window_s: float, price: Price = _unit) -> None:
@@ -214,6 +228,12 @@ class UsageLedger:
 
     def cluster(self, name: str) -> ClusterUsage | None:
         return self._clusters.get(name or DEFAULT_CLUSTER)
+
+    def priced(self, price: Price) -> None:
+        """Charge GPU-seconds at ``price`` from now on (a ledger loaded from a snapshot)."""
+        self._price = price
+        for cluster in self._clusters.values():
+            cluster._price = price
 
     def clusters(self) -> list[ClusterUsage]:
         """Every cluster's usage, by cluster name."""

@@ -241,11 +241,12 @@ class Stack:
                 raise TimeoutError(f"not ready: {waiting}")
             time.sleep(0.2)
 
-    def create_topics(self) -> None:
+    def create_topics(self, topics_file: Path | None = None) -> None:
+        """Create the stack's topics (or those of another topics file) and their grants."""
         subprocess.run(
             [sys.executable, "-m", "libs.bus"],
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, "QM_TOPICS": str(topics_file or self.topics_file)},
             check=True,
             capture_output=True,
             timeout=120,

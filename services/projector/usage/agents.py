@@ -1,24 +1,28 @@
 """Keeps the usage ledger and publishes its snapshots into the scheduler's input.
 
-The ledger is folded by a group-less ``LogReader`` (every partition, from
-offset 0 on each start, as the budget service does), not by a faust agent: the
+The ledger is folded by a group-less ``LogReader`` (every partition, from its latest
+snapshot's offsets, else from offset 0, on each start), not by a faust agent: the
 app's consumer group resumes from committed offsets and is shared with the
-jobs and nodes agents, which must not be rewound.
+jobs and nodes agents, which must not be rewound. Every ``SNAPSHOT_EVERY`` records
+folded, the ledger is snapshotted (``snapshots.py``), so a restart after a million
+events folds only those since.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 
 from aiokafka.errors import KafkaError
-from qm.v1 import events_pb2
+from qm.v1 import events_pb2, snapshot_pb2
 
 from libs.bus import Bus, KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
 from libs.events import encode
+from libs.events.snapshot import SnapshotError
 from services.projector.app import KAFKA, TOPICS, app
-from services.projector.usage import state
+from services.projector.usage import snapshots, state
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,10 @@ PRODUCER = "projector"
 
 # Where the ledger is read from (tests put a memory bus here).
 BUS: Bus = KafkaBus(KAFKA)
+# Records folded (events and decisions) between two snapshots of the ledger, and how
+# often that is looked at.
+SNAPSHOT_EVERY = 100_000
+SNAPSHOT_CHECK_S = 30.0
 events_out = app.topic(TOPICS.events.name, key_type=bytes, value_type=bytes)
 
 
@@ -36,10 +44,12 @@ async def fold_events() -> None:
     lost with its node, whose end no agent reports; and for the knobs placement
     announces, which must be the ledger's.
     """
+    store = snapshots.LedgerSnapshots(BUS, TOPICS.usage_snapshots)
+    start = await _restore(store)
     reader = LogReader(BUS, TOPICS.events.name, name="projector-usage-events")
     decisions = LogReader(BUS, TOPICS.decisions.name, name="projector-usage-decisions")
-    await reader.start()
-    await decisions.start()
+    await reader.start(start.events_offsets if start else None)
+    await decisions.start(start.decisions_offsets if start else None)
     try:
         folded = await reader.catch_up(state.ledger.apply)
         await decisions.catch_up(_fold_decision)
@@ -47,10 +57,62 @@ async def fold_events() -> None:
         if mismatch := state.placement.mismatch(PRODUCER):
             log.error("%s", mismatch)
         state.rebuilt.set()
-        await asyncio.gather(reader.follow(state.ledger.apply), decisions.follow(_fold_decision))
+        await asyncio.gather(
+            reader.follow(state.ledger.apply),
+            decisions.follow(_fold_decision),
+            _snapshot_every(store, reader, decisions, _folded(start)),
+        )
     finally:
         await reader.stop()
         await decisions.stop()
+        await store.stop()
+
+
+async def _restore(store: snapshots.LedgerSnapshots) -> snapshot_pb2.LedgerSnapshot | None:
+    """Load the latest snapshot into ``state``; the snapshot, or None to fold from 0."""
+    snapshot = await store.latest()
+    if snapshot is None:
+        return None
+    try:
+        state.ledger, state.placement = snapshots.restore(snapshot, state.LEDGER_CONFIG)
+    except SnapshotError as exc:
+        log.warning("the usage ledger's snapshot is not loaded (%s): folding the log", exc)
+        return None
+    log.info("usage ledger loaded from its snapshot of %s", snapshot.taken_at.ToJsonString())
+    return snapshot
+
+
+def _folded(snapshot: snapshot_pb2.LedgerSnapshot | None) -> int:
+    if snapshot is None:
+        return 0
+    return sum(snapshot.events_offsets.values()) + sum(snapshot.decisions_offsets.values())
+
+
+async def _snapshot_every(
+    store: snapshots.LedgerSnapshots, events: LogReader, decisions: LogReader, last: int
+) -> None:
+    """Snapshot the ledger whenever ``SNAPSHOT_EVERY`` more records have been folded.
+    Taken between two polls (both readers apply a poll's records before they yield),
+    so the offsets are exactly what the ledger has folded."""
+    while True:
+        folded = sum(events.offsets().values()) + sum(decisions.offsets().values())
+        if folded - last >= SNAPSHOT_EVERY:
+            snapshot = snapshots.take(
+                state.ledger,
+                state.placement,
+                events=events.offsets(),
+                decisions=decisions.offsets(),
+                config=state.LEDGER_CONFIG,
+                taken_at=datetime.now(UTC),
+            )
+            try:
+                await store.save(snapshot)
+            except KafkaError as exc:  # only a shortcut: the next round tries again
+                log.warning("the usage ledger's snapshot was not written: %s", exc)
+            else:
+                last = folded
+                log.info("usage ledger snapshot after %d records", folded)
+        await asyncio.sleep(SNAPSHOT_CHECK_S)
 
 
 def _fold_decision(env: events_pb2.Envelope) -> None:

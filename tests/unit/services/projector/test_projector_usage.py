@@ -21,12 +21,14 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
-from libs.core import PolicyConfig
+from libs.core import PolicyConfig, config_digest
 from libs.events import decode, new_envelope
 from libs.events.driver import policy_configured
+from libs.events.snapshot import SnapshotError
+from libs.readmodels import UsageLedger
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import CONFIG
-from services.projector.usage import agents
+from services.projector.usage import agents, snapshots
 from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished, started, tick
 
@@ -173,3 +175,55 @@ async def test_placement_under_another_window_is_said_loudly(
     named = "lookback_window_s: placement 3600.0, projector 604800.0"
     assert said == f"placement decides under other knobs than the projector: {named}"
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [said]
+
+
+async def test_a_restart_loads_the_ledgers_snapshot_and_folds_only_what_follows(
+    projector: faust.App, bus: MemoryBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger=agents.__name__)
+    snapshots_topic = agents.TOPICS.usage_snapshots.name
+    with (
+        mock.patch.object(agents, "SNAPSHOT_EVERY", 3),
+        mock.patch.object(agents, "SNAPSHOT_CHECK_S", 0.01),
+    ):
+        async with EventProducer(bus, client_id="test") as producer:
+            await write_log(producer)
+            first = asyncio.create_task(agents.fold_events())
+            await bus.until(lambda: bool(bus.records(snapshots_topic)))
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            folded = usage.ledger.cluster("default")
+            assert folded is not None
+            before = folded.usage()
+            # Restarted: nothing in memory, and one event after the snapshot.
+            usage.ledger = UsageLedger(usage.WINDOW_S)
+            usage.rebuilt.clear()
+            await producer.send(agents.TOPICS.events.name, tick(T0 + 20))
+            caplog.clear()
+            second = asyncio.create_task(agents.fold_events())
+            await asyncio.wait_for(usage.rebuilt.wait(), 5)
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    cluster = usage.ledger.cluster("default")
+    assert cluster is not None and cluster.now == T0 + 20
+    assert cluster.usage() == before  # j's 10 s and k's 15 s, as folded before
+    assert "usage ledger rebuilt from 1 events" in caplog.text
+
+
+async def test_a_damaged_or_foreign_ledger_snapshot_is_not_loaded(
+    projector: faust.App, bus: MemoryBus
+) -> None:
+    snapshot = snapshots.take(
+        usage.ledger,
+        usage.placement,
+        events={0: 99},
+        decisions={},
+        config=PolicyConfig(lookback_window_s=5.0),
+        taken_at=datetime.now(UTC),
+    )
+    with pytest.raises(SnapshotError, match="other knobs"):
+        snapshots.restore(snapshot, usage.LEDGER_CONFIG)
+    snapshot.config_digest = config_digest(usage.LEDGER_CONFIG)
+    snapshot.state = snapshot.state[:-1]
+    with pytest.raises(SnapshotError, match="does not hash"):
+        snapshots.restore(snapshot, usage.LEDGER_CONFIG)
