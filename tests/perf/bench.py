@@ -1,4 +1,4 @@
-"""``python -m tests.perf.bench [core|workflow|live|failover|all] [flags]``: run benchmarks.
+"""``python -m tests.perf.bench [core|workflow|live|failover|restart|all] [flags]``: run them.
 
 ``make bench`` runs them all. Each benchmark measures a baseline in the same run and
 prints medians and ratios against it. Every figure is then checked against its
@@ -11,6 +11,7 @@ verdicts, are written to ``bench/results.json`` and printed (``tests.perf.result
     python -m tests.perf.bench live --rate 500 --duration 20 --modes echo,placement
     python -m tests.perf.bench live --duration 10 --modes placement --profile placement
     python -m tests.perf.bench failover --after-kill 20
+    python -m tests.perf.bench restart --events 1000000
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from tests.perf.failover_bench import FailoverParams, run_failover
 from tests.perf.live_bench import LiveParams, run_live
 from tests.perf.options import add_options, from_options
 from tests.perf.ranges import Figure, judge, load_ranges, report
+from tests.perf.restart_bench import RestartParams, run_restart
 from tests.perf.results import RESULTS_FILE, write_results
 from tests.perf.workflow_bench import WorkflowParams, run_workflow
 
-BENCHES = ("core", "workflow", "live", "failover")
+BENCHES = ("core", "workflow", "live", "failover", "restart")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,6 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_options(parser.add_argument_group("workflow"), WorkflowParams)
     add_options(parser.add_argument_group("live"), LiveParams)
     add_options(parser.add_argument_group("failover"), FailoverParams)
+    add_options(parser.add_argument_group("restart"), RestartParams)
     return parser.parse_args(argv)
 
 
@@ -59,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures += run_live(live)
     if args.which in ("failover", "all"):
         figures += run_failover(from_options(FailoverParams, args, bootstrap=args.bootstrap))
+    if args.which in ("restart", "all"):
+        figures += run_restart(from_options(RestartParams, args, bootstrap=args.bootstrap))
     ran = set(BENCHES) if args.which == "all" else {args.which}
     judged = args == parse_args([args.which])  # ranges hold for the defaults only
     verdicts = judge(figures, ranges, ran)

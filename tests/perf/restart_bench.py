@@ -37,7 +37,7 @@ NODES, GPUS = 100, 8
 
 @dataclass(frozen=True)
 class RestartParams:
-    events: int = option(1_000_000, "inputs placement decides before it is killed")
+    events: int = option(250_000, "inputs placement decides before it is killed")
     bootstrap: str = "127.0.0.1:19092"
 
 
