@@ -166,23 +166,23 @@ class PlacementService:
             mine = records.get(tp.partition, [])
             # The positions cover dead-lettered records too, so those are not re-read.
             position = await client.position(tp)
-            owned = self.owned.get(tp.partition)
-            if owned is None:
-                resume = mine[0].offset if mine else position
-                owned = await self._take_over(consumer, tp, resume, generation)
-                if owned is None:
-                    continue  # it resumes elsewhere: these records are read again
-            if not mine and position == owned.committed:
-                continue  # an idle poll costs no broker round trip
             try:
+                owned = self.owned.get(tp.partition)
+                if owned is None:
+                    resume = mine[0].offset if mine else position
+                    owned = await self._take_over(consumer, tp, resume, generation)
+                    if owned is None:
+                        continue  # it resumes elsewhere: these records are read again
+                if not mine and position == owned.committed:
+                    continue  # an idle poll costs no broker round trip
                 await self._commit(owned, tp, mine, position, generation)
             except Rebalanced:
                 raise
             except Exception:
                 # Fenced (another instance took the partition), or the broker failed the
-                # transaction: the state has folded records nobody committed. Drop it;
-                # the next poll takes the partition over afresh from the committed offset.
-                log.exception("partition %d: its transaction failed", tp.partition)
+                # takeover or the transaction: any state folded past the committed offset
+                # is dropped, and the next poll takes the partition over afresh from it.
+                log.exception("partition %d: its takeover or transaction failed", tp.partition)
                 self._drop(tp.partition)
 
     async def _commit(
@@ -227,9 +227,28 @@ class PlacementService:
                 client_id=f"{self.instance}-p{tp.partition}",
                 transactional_id=f"{self.group_id}-p{tp.partition}",
             )
+            self._retiring.append(producer)  # until it is this partition's
             await producer.start()  # fences the last owner: it can commit nothing more
+            self._retiring.remove(producer)
         else:
             producer = owned.producer  # still this partition's: nobody took it since
+        try:
+            return await self._resume(consumer, tp, resume, generation, owned, producer)
+        except BaseException:
+            if tp.partition not in self.owned:
+                self._retiring.append(producer)
+            raise
+
+    async def _resume(
+        self,
+        consumer: EventConsumer,
+        tp: TopicPartition,
+        resume: int,
+        generation: int,
+        owned: Owned | None,
+        producer: EventProducer,
+    ) -> Owned | None:
+        assert self._standby is not None
         committed = await consumer.client.committed(tp) or 0
         if owned is None or owned.committed != committed:
             if owned is not None:  # another instance decided it meanwhile: start over
@@ -244,8 +263,7 @@ class PlacementService:
             )
         if self.generation != generation:  # the group moved partitions meanwhile
             self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
-            self._retiring.append(producer)
-            raise Rebalanced
+            raise Rebalanced  # its producer retires with the raise (``_take_over``)
         if committed != resume:
             consumer.client.seek(tp, committed)
         log.info("partition %d: deciding from offset %d", tp.partition, committed)

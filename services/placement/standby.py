@@ -35,7 +35,7 @@ from services.placement.snapshots import SnapshotStore
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often the group's committed offsets are read
-CHUNK = 2_000  # records folded between yields to the event loop (heartbeats, decisions)
+CHUNK = 500  # records folded between yields to the event loop (heartbeats, decisions)
 
 
 @dataclass
