@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import Counter
 
 from aiokafka.partitioner import DefaultPartitioner
 from qm.v1 import events_pb2, snapshot_pb2, types_pb2
 
-from libs.bus import EventProducer, load_topic_config
+from libs.bus import load_topic_config
 from libs.bus.memory import MemoryBus
 from libs.events import new_envelope
 from services.placement.service import PlacementService
 from tests.placement_gate import GatedPlacement
-from tests.unit.services.placement.test_placement_bus import running
+from tests.unit.services.placement.test_placement_bus import placed, running, write
 
 BASE = load_topic_config()
 TOPICS = dataclasses.replace(BASE, events=dataclasses.replace(BASE.events, partitions=4))
@@ -41,18 +40,6 @@ def job(cluster: str, i: int) -> events_pb2.Envelope:
         events_pb2.JobAdmitted(job_id=f"{cluster}-j{i}", spec=spec),
         producer="test",
         cluster=cluster,
-    )
-
-
-async def write(bus: MemoryBus, *envs: events_pb2.Envelope) -> None:
-    async with EventProducer(bus, client_id="test") as producer:
-        for env in envs:
-            await producer.send(EVENTS, env)
-
-
-def placed(bus: MemoryBus) -> Counter[str]:
-    return Counter(
-        env.task_placed.job_id for env in bus.envelopes(DECISIONS) if env.HasField("task_placed")
     )
 
 
