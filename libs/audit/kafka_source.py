@@ -5,6 +5,11 @@ records only, as placement's consumers read them. Inputs stop at the offsets
 placement's consumer group has committed: those are committed atomically with
 their decisions, so every input below them has all its decisions on the log,
 and inputs placement has not reached yet are not counted as missing decisions.
+
+Placement's latest snapshot of each input partition is read too: a replay from the
+start checks it when it reaches its offset; a replay ``from_snapshots`` loads it
+(refusing one that does not load faithfully, ``libs.events.snapshot``) and replays
+only what follows it.
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from google.protobuf.message import DecodeError as ProtoDecodeError
+from qm.v1 import snapshot_pb2
 from rich.progress import Progress
 
 from libs.audit.replay import AuditResult, Replay
 from libs.bus import KafkaBus, KafkaSettings, Topics
+from libs.bus.compacted import CompactedTopic
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
+from libs.events.snapshot import key, restore
 
 # Decisions recomputed (or recorded) ahead of the other side before that side's
 # reading pauses: bounds memory when one topic arrives faster than the other.
@@ -38,12 +47,15 @@ async def audit_topics(
     group: str | None = None,
     clusters: Collection[str] = (),
     progress: Progress | None = None,
+    from_snapshots: bool = False,
 ) -> AuditResult:
     """Replay the events topic against the decisions topic; stop at the first divergence.
 
     ``group`` is placement's consumer group (its committed offsets bound the
     audit); ``clusters`` limits it to the input partitions holding those
     clusters (each partition is replayed whole: its scheduler folds them all).
+    ``from_snapshots``: each partition from its latest snapshot, where it has one
+    (``SnapshotError`` if one does not load).
     """
     bus = KafkaBus(settings)
     admin = bus.admin()
@@ -60,12 +72,40 @@ async def audit_topics(
         ends.update(await consumer.end_offsets(outputs))
         starts = await consumer.beginning_offsets([*inputs, *outputs])
         replay = Replay(config, bounds={tp.partition: ends[tp] for tp in inputs})
+        for tp, snapshot in (await _snapshots(bus, topics, inputs)).items():
+            if snapshot.next_offset > ends[tp]:
+                continue  # past what this audit reads (placement's group is behind it)
+            if from_snapshots:
+                schedulers = restore(snapshot, config or PolicyConfig())
+                replay.start_from(tp.partition, snapshot.next_offset, schedulers)
+                starts[tp] = max(starts[tp], snapshot.next_offset)
+            else:
+                replay.check_snapshot(tp.partition, snapshot.next_offset, snapshot.state_digests)
         reading = _Reading(consumer, replay, starts, ends, topics.events.name, progress)
         await reading.run(inputs, outputs)
         return replay.finish()
     finally:
         await consumer.stop()
         await admin.close()
+
+
+async def _snapshots(
+    bus: KafkaBus, topics: Topics, inputs: list[TopicPartition]
+) -> dict[TopicPartition, snapshot_pb2.PlacementSnapshot]:
+    """Placement's latest snapshot of each input partition that has one."""
+    latest = await CompactedTopic(bus, topics.snapshots, client_id="audit-snapshots").latest()
+    found = {}
+    for tp in inputs:
+        value = latest.get(key(tp.partition))
+        if value is None:
+            continue
+        try:
+            snapshot = snapshot_pb2.PlacementSnapshot.FromString(value)
+        except ProtoDecodeError:
+            continue  # placement passes it over too
+        if snapshot.input_partition == tp.partition:
+            found[tp] = snapshot
+    return found
 
 
 async def _partitions(

@@ -20,6 +20,7 @@ which ones differ (:attr:`AuditResult.config`) besides where decisions diverge.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,20 @@ _Entry = tuple[int, int, events_pb2.Envelope]
 
 
 @dataclass(frozen=True)
+class SnapshotCheck:
+    """A placement snapshot against the replay: its digests at its offset, cluster by
+    cluster (``differing``: the clusters whose state is not the snapshot's)."""
+
+    partition: int
+    offset: int
+    differing: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differing
+
+
+@dataclass(frozen=True)
 class AuditResult:
     inputs: int  # input records replayed
     checked: int  # recorded decisions compared, the diverging one included
@@ -43,10 +58,13 @@ class AuditResult:
     divergence: Divergence | None
     # The knobs the log was first decided under that the replay's differ from, by name.
     config: tuple[KnobDifference, ...] = ()
+    # Snapshots the replay passed, checked; and where a replay from snapshots began.
+    snapshots: tuple[SnapshotCheck, ...] = ()
+    started_from: tuple[tuple[int, int], ...] = ()  # (partition, offset)
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None and not self.config
+        return self.divergence is None and not self.config and all(s.ok for s in self.snapshots)
 
 
 @dataclass
@@ -64,6 +82,11 @@ class Replay:
     (only the partitions named): what placement has committed so far. Recorded
     decisions of other inputs are ignored. After the first divergence every
     feed is ignored.
+
+    A partition may start from a placement snapshot (:meth:`start_from`): the replay
+    then decides, and pairs, only the inputs from its offset on. A snapshot may instead
+    be checked (:meth:`check_snapshot`): when the replay reaches its offset, each
+    cluster's state must hash to the snapshot's digest.
     """
 
     def __init__(
@@ -72,6 +95,9 @@ class Replay:
         self._config = config or PolicyConfig()
         self._bounds = dict(bounds) if bounds is not None else None
         self._schedulers: dict[int, PartitionSchedulers] = {}
+        self._from: dict[int, int] = {}  # partition -> the snapshot offset it starts at
+        self._snapshots: dict[int, tuple[int, Mapping[str, bytes]]] = {}  # to check
+        self.snapshot_checks: list[SnapshotCheck] = []
         self._streams: dict[tuple[int, str], _Stream] = {}
         self._fed: dict[int, int] = {}  # partition -> latest input offset decided
         self._expected_waiting: dict[int, int] = {}
@@ -86,8 +112,9 @@ class Replay:
 
     def feed_input(self, partition: int, offset: int, env: events_pb2.Envelope) -> None:
         """One decoded input record; a partition's records must come in offset order."""
-        if self.divergence or not self._audited(partition, offset):
+        if self.divergence or not self._replayed(partition, offset):
             return
+        self._reached(partition, offset)
         schedulers = self._schedulers.get(partition)
         if schedulers is None:
             schedulers = self._schedulers[partition] = PartitionSchedulers(self._config)
@@ -112,7 +139,7 @@ class Replay:
             return
         provenance = payload.provenance
         partition, offset = provenance.input_partition, provenance.input_offset
-        if not self._audited(partition, offset):
+        if not self._replayed(partition, offset):
             return
         stream = self._stream(partition, env.cluster)
         last_offset, last_index = stream.last_recorded
@@ -133,12 +160,39 @@ class Replay:
                 KnobDifference("config_digest", recorded.config_digest.hex(), ours.hex()),
             )
 
+    def start_from(self, partition: int, offset: int, schedulers: PartitionSchedulers) -> None:
+        """Replay ``partition`` from ``offset`` on, with ``schedulers`` (a snapshot's)."""
+        self._schedulers[partition] = schedulers
+        self._from[partition] = offset
+
+    def check_snapshot(self, partition: int, offset: int, digests: Mapping[str, bytes]) -> None:
+        """Check, when the replay reaches ``offset``, that each cluster's state of
+        ``partition`` hashes to ``digests`` (a snapshot's)."""
+        self._snapshots[partition] = (offset, dict(digests))
+
+    def _reached(self, partition: int, offset: int) -> None:
+        """Before the input at ``offset``: check a snapshot taken at or before it."""
+        due = self._snapshots.get(partition)
+        if due is None or offset < due[0]:
+            return
+        del self._snapshots[partition]
+        at, digests = due
+        schedulers = self._schedulers.get(partition) or PartitionSchedulers(self._config)
+        replayed = {c: s.digest() for c, s in schedulers.by_cluster.items()}
+        differing = sorted(
+            c for c in replayed.keys() | digests.keys() if replayed.get(c) != digests.get(c)
+        )
+        self.snapshot_checks.append(SnapshotCheck(partition, at, tuple(differing)))
+
     def expected_waiting(self, partition: int) -> int:
         """Recomputed decisions of one input partition not yet paired with recorded ones."""
         return self._expected_waiting.get(partition, 0)
 
     def end_inputs(self) -> None:
         """No more inputs: recorded decisions still unpaired are extra."""
+        for partition, (offset, _) in sorted(self._snapshots.items()):
+            if offset <= self._bounds_of(partition):
+                self._reached(partition, offset)
         self._inputs_ended = True
         self._pair_all()
 
@@ -150,10 +204,25 @@ class Replay:
     def finish(self) -> AuditResult:
         self.end_inputs()
         self.end_recorded()
-        return AuditResult(self.inputs, self.checked, self.reproduced, self.divergence, self.config)
+        return AuditResult(
+            self.inputs,
+            self.checked,
+            self.reproduced,
+            self.divergence,
+            self.config,
+            tuple(self.snapshot_checks),
+            tuple(sorted(self._from.items())),
+        )
 
     def _audited(self, partition: int, offset: int) -> bool:
-        return self._bounds is None or offset < self._bounds.get(partition, 0)
+        return offset < self._bounds_of(partition)
+
+    def _bounds_of(self, partition: int) -> float:
+        return math.inf if self._bounds is None else self._bounds.get(partition, 0)
+
+    def _replayed(self, partition: int, offset: int) -> bool:
+        """Within the audit, and not before where the partition's replay starts."""
+        return self._audited(partition, offset) and offset >= self._from.get(partition, 0)
 
     def _stream(self, partition: int, cluster: str) -> _Stream:
         stream = self._streams.get((partition, cluster))

@@ -71,6 +71,11 @@ def take(
     return snapshot
 
 
+def key(partition: int) -> bytes:
+    """The key of an input partition's snapshots on their compacted topic."""
+    return str(partition).encode()
+
+
 def restore(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig) -> PartitionSchedulers:
     """The schedulers ``snapshot`` holds, checked; raises :class:`SnapshotError`."""
     if reason := incompatibility(snapshot, config):

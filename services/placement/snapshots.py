@@ -12,6 +12,7 @@ from qm.v1 import snapshot_pb2
 
 from libs.bus import Bus, TopicSpec
 from libs.bus.compacted import CompactedTopic
+from libs.events.snapshot import key
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,11 @@ class SnapshotStore:
         self._topic = CompactedTopic(bus, topic, client_id=client_id)
 
     async def save(self, snapshot: snapshot_pb2.PlacementSnapshot) -> None:
-        await self._topic.put(_key(snapshot.input_partition), snapshot.SerializeToString())
+        await self._topic.put(key(snapshot.input_partition), snapshot.SerializeToString())
 
     async def latest(self, partition: int, upto: int) -> snapshot_pb2.PlacementSnapshot | None:
         """The latest snapshot of input ``partition``, if taken at or before offset ``upto``."""
-        value = (await self._topic.latest()).get(_key(partition))
+        value = (await self._topic.latest()).get(key(partition))
         if value is None:
             return None
         try:
@@ -49,7 +50,3 @@ class SnapshotStore:
 
     async def stop(self) -> None:
         await self._topic.stop()
-
-
-def _key(partition: int) -> bytes:
-    return str(partition).encode()
