@@ -11,6 +11,7 @@ short window follows a user whose work changes. The runtimes are scheduler state
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -23,8 +24,10 @@ LEARNED_PERCENTILE = 0.8
 Learned = Mapping[str, tuple[float, ...]]  # user -> runtimes of their latest completed jobs
 
 
+@functools.lru_cache(maxsize=4096)
 def learned_s(runtimes: tuple[float, ...]) -> float | None:
-    """The nearest-rank percentile of ``runtimes``; None when there are none."""
+    """The nearest-rank percentile of ``runtimes``; None when there are none. Memoized
+    (a pure function of the tuple): a pass asks it of every job it looks at."""
     if not runtimes:
         return None
     ordered = sorted(runtimes)

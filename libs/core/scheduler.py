@@ -594,8 +594,15 @@ class Scheduler:
                 and not self._leaves_headroom(job.spec.gpus)
             ):
                 break
-            backfills = bool(held) and tier is WorkClass.ALLOCATED and self._backfills(job, rank)
-            shape = (job.spec.gpu_type, job.spec.min_gpu_memory_gib, job.spec.gpus, backfills)
+            spec = job.spec
+            may_backfill = bool(held) and tier is WorkClass.ALLOCATED
+            if (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, False) in failed and (
+                not may_backfill
+                or (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, True) in failed
+            ):
+                continue  # its shape failed whether it backfills or not: no need to ask
+            backfills = may_backfill and self._backfills(job, rank)
+            shape = (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, backfills)
             if shape in failed:
                 continue
             fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
