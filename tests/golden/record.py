@@ -36,12 +36,15 @@ from libs.core import (
     POLICY,
     POLICY_VERSION,
     Input,
+    JobId,
     ModelEvicted,
     ModelLoaded,
+    NodeId,
     Place,
     PolicyConfig,
     Scheduler,
     TaskEnded,
+    TaskId,
     TaskStarted,
     simulated,
 )
@@ -437,7 +440,9 @@ class Scenario:
             self._pids[placed.task_id] = 4000 + self._world.made
             gpus = tuple(placed.gpu_indices)
             spec = spec_from_proto(placed.spec)
-            place = Place(placed.job_id, placed.task_id, placed.node_id, gpus, spec)
+            place = Place(
+                JobId(placed.job_id), TaskId(placed.task_id), NodeId(placed.node_id), gpus, spec
+            )
             if placed.HasField("serving"):
                 serving = serving_from_proto(placed.serving)
                 self._world.send(dataclasses.replace(place, serving=serving))

@@ -1,4 +1,4 @@
-"""``python -m tests.perf.bench [core|workflow|live|failover|restart|all] [flags]``: run them.
+"""``python -m tests.perf.bench [core|workflow|live|audit|failover|restart|all] [flags]``.
 
 ``make bench`` runs them all. Each benchmark measures a baseline in the same run and
 prints medians and ratios against it. Every figure is then checked against its
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from tests.perf.audit_bench import AuditParams, run_audit
 from tests.perf.core_bench import CoreParams, report_core, run_core
 from tests.perf.failover_bench import FailoverParams, run_failover
 from tests.perf.live_bench import LiveParams, run_live
@@ -28,7 +29,7 @@ from tests.perf.restart_bench import RestartParams, run_restart
 from tests.perf.results import RESULTS_FILE, write_results
 from tests.perf.workflow_bench import WorkflowParams, run_workflow
 
-BENCHES = ("core", "workflow", "live", "failover", "restart")
+BENCHES = ("core", "workflow", "live", "audit", "failover", "restart")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -37,6 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_options(parser.add_argument_group("core"), CoreParams)
     add_options(parser.add_argument_group("workflow"), WorkflowParams)
     add_options(parser.add_argument_group("live"), LiveParams)
+    add_options(parser.add_argument_group("audit"), AuditParams)
     add_options(parser.add_argument_group("failover"), FailoverParams)
     add_options(parser.add_argument_group("restart"), RestartParams)
     return parser.parse_args(argv)
@@ -60,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--modes: unknown {sorted(unknown)}; use echo and/or placement")
         figures += run_live(live)
+    if args.which in ("audit", "all"):
+        figures += run_audit(from_options(AuditParams, args, bootstrap=args.bootstrap))
     if args.which in ("failover", "all"):
         figures += run_failover(from_options(FailoverParams, args, bootstrap=args.bootstrap))
     if args.which in ("restart", "all"):
