@@ -1,6 +1,6 @@
 """The committed range of every benchmark figure: ``make bench`` fails outside it.
 
-Each benchmark returns its figures, named ``bench.what`` (``core.placing_p50_us``);
+Each benchmark returns its figures, named ``bench.what`` (``core.median_us``);
 tests/perf/ranges.yaml holds a range for each, with why it is what it is. A range
 guards against regressions and broken measurements (a figure of 0 measured nothing):
 ratios against a baseline of the same run hold across machines, absolute times are
