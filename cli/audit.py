@@ -7,7 +7,6 @@ do), so it needs no running service and no token.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -64,14 +63,6 @@ def verify(
             "snapshot when it passes its offset",
         ),
     ] = False,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Processes replaying input partitions side by side on a long log "
-            "(default: one per CPU)",
-        ),
-    ] = None,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Replay every input through the scheduler; compare with the recorded decisions.
@@ -102,7 +93,6 @@ def verify(
                     clusters=cluster or (),
                     progress=progress,
                     from_snapshots=from_snapshot,
-                    workers=workers or os.cpu_count() or 1,
                 )
             )
     except SnapshotError as exc:

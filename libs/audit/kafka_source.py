@@ -14,12 +14,8 @@ only what follows it.
 
 from __future__ import annotations
 
-import asyncio
-import multiprocessing
 from collections.abc import Collection
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -27,7 +23,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from qm.v1 import snapshot_pb2
-from rich.progress import Progress, TaskID
+from rich.progress import Progress
 
 from libs.audit.replay import AuditResult, Replay
 from libs.bus import KafkaBus, KafkaSettings, Topics
@@ -52,7 +48,6 @@ async def audit_topics(
     clusters: Collection[str] = (),
     progress: Progress | None = None,
     from_snapshots: bool = False,
-    workers: int = 1,
 ) -> AuditResult:
     """Replay the events topic against the decisions topic; stop at the first divergence.
 
@@ -60,34 +55,11 @@ async def audit_topics(
     audit); ``clusters`` limits it to the input partitions holding those
     clusters (each partition is replayed whole: its scheduler folds them all).
     ``from_snapshots``: each partition from its latest snapshot, where it has one
-    (``SnapshotError`` if one does not load). ``workers``: processes replaying input
-    partitions side by side (each its share of them, every one reading the decisions),
-    when the log is long enough to be worth their start.
+    (``SnapshotError`` if one does not load).
     """
-    config = config or PolicyConfig()
     bus = KafkaBus(settings)
-    cut = await _cut(bus, topics, group, clusters)
-    inputs = [tp for tp in cut.inputs if cut.ends[tp] > cut.starts[tp]]
-    work = sum(cut.ends[tp] - cut.starts[tp] for tp in inputs)
-    shares = [inputs[i::workers] for i in range(min(workers, len(inputs)))]
-    if len(shares) < 2 or work < PARALLEL_FROM:
-        return await _replay(bus, topics, config, cut, cut.inputs, progress, from_snapshots)
-    return await _in_parallel(settings, topics, config, cut, shares, progress, from_snapshots)
-
-
-@dataclass(frozen=True)
-class _Cut:
-    """What an audit reads: the partitions, and where each starts and ends."""
-
-    inputs: list[TopicPartition]
-    outputs: list[TopicPartition]
-    starts: dict[TopicPartition, int]
-    ends: dict[TopicPartition, int]
-
-
-async def _cut(bus: KafkaBus, topics: Topics, group: str | None, clusters: Collection[str]) -> _Cut:
     admin = bus.admin()
-    consumer = bus.consumer()
+    consumer = bus.consumer(max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
     await admin.start()
     try:
         await consumer.start()
@@ -99,135 +71,22 @@ async def _cut(bus: KafkaBus, topics: Topics, group: str | None, clusters: Colle
         # After the bounds: every decision of an input below them is on the log by now.
         ends.update(await consumer.end_offsets(outputs))
         starts = await consumer.beginning_offsets([*inputs, *outputs])
-        return _Cut(inputs, outputs, starts, ends)
-    finally:
-        await consumer.stop()
-        await admin.close()
-
-
-async def _replay(
-    bus: KafkaBus,
-    topics: Topics,
-    config: PolicyConfig,
-    cut: _Cut,
-    inputs: list[TopicPartition],
-    progress: Progress | _Shared | None,
-    from_snapshots: bool,
-) -> AuditResult:
-    """Replay ``inputs`` (some of the cut's input partitions) against every decision."""
-    starts = dict(cut.starts)
-    replay = Replay(config, bounds={tp.partition: cut.ends[tp] for tp in inputs})
-    for tp, snapshot in (await _snapshots(bus, topics, inputs)).items():
-        if snapshot.next_offset > cut.ends[tp]:
-            continue  # past what this audit reads (placement's group is behind it)
-        if from_snapshots:
-            schedulers = restore(snapshot, config)
-            replay.start_from(tp.partition, snapshot.next_offset, schedulers)
-            starts[tp] = max(starts[tp], snapshot.next_offset)
-        else:
-            replay.check_snapshot(tp.partition, snapshot.next_offset, snapshot.state_digests)
-    consumer = bus.consumer(max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
-    await consumer.start()
-    try:
-        ends = {tp: cut.ends[tp] for tp in [*inputs, *cut.outputs]}
+        replay = Replay(config, bounds={tp.partition: ends[tp] for tp in inputs})
+        for tp, snapshot in (await _snapshots(bus, topics, inputs)).items():
+            if snapshot.next_offset > ends[tp]:
+                continue  # past what this audit reads (placement's group is behind it)
+            if from_snapshots:
+                schedulers = restore(snapshot, config or PolicyConfig())
+                replay.start_from(tp.partition, snapshot.next_offset, schedulers)
+                starts[tp] = max(starts[tp], snapshot.next_offset)
+            else:
+                replay.check_snapshot(tp.partition, snapshot.next_offset, snapshot.state_digests)
         reading = _Reading(consumer, replay, starts, ends, topics.events.name, progress)
-        await reading.run(inputs, cut.outputs)
+        await reading.run(inputs, outputs)
         return replay.finish()
     finally:
         await consumer.stop()
-
-
-async def _in_parallel(
-    settings: KafkaSettings,
-    topics: Topics,
-    config: PolicyConfig,
-    cut: _Cut,
-    shares: list[list[TopicPartition]],
-    progress: Progress | None,
-    from_snapshots: bool,
-) -> AuditResult:
-    """Each share of the input partitions replayed in a process of its own; the
-    verdicts merged. Progress comes back through counters the workers share."""
-    context = multiprocessing.get_context("spawn")  # no fork of a running event loop
-    counters = context.Array("q", 4 * len(shares), lock=False)  # per worker: 2 × (done, total)
-    loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(
-        len(shares), mp_context=context, initializer=_share, initargs=(counters,)
-    ) as pool:
-        running = [
-            loop.run_in_executor(
-                pool, _replay_share, index, settings, topics, config, cut, share, from_snapshots
-            )
-            for index, share in enumerate(shares)
-        ]
-        tasks = {}
-        if progress is not None:
-            tasks = {side: progress.add_task(name, total=None) for side, name in enumerate(SIDES)}
-        while not all(future.done() for future in running):
-            await asyncio.wait(running, timeout=0.2)
-            for side, task in tasks.items():
-                done = sum(counters[4 * w + 2 * side] for w in range(len(shares)))
-                total = sum(counters[4 * w + 2 * side + 1] for w in range(len(shares)))
-                progress.update(task, completed=done, total=total or None)  # type: ignore[union-attr]
-        return merged([future.result() for future in running])
-
-
-def merged(results: list[AuditResult]) -> AuditResult:
-    """Verdicts of disjoint sets of input partitions as one: the first divergence by
-    position, the first knobs that differ."""
-    found = [r.divergence for r in results if r.divergence is not None]
-    first = min(found, key=lambda d: (d.partition, d.input_offset, d.index), default=None)
-    return AuditResult(
-        inputs=sum(r.inputs for r in results),
-        checked=sum(r.checked for r in results),
-        reproduced=sum(r.reproduced for r in results),
-        divergence=first,
-        config=next((r.config for r in results if r.config), ()),
-        snapshots=tuple(
-            sorted((s for r in results for s in r.snapshots), key=lambda s: s.partition)
-        ),
-        started_from=tuple(sorted(p for r in results for p in r.started_from)),
-    )
-
-
-SIDES = ("events", "decisions")
-# Below this many input records, a worker's start (imports, connections) costs more
-# than it saves.
-PARALLEL_FROM = 20_000
-_counters: Any = None  # the worker's view of the progress counters
-
-
-def _share(counters: Any) -> None:
-    global _counters
-    _counters = counters
-
-
-class _Shared:
-    """The bit of rich's ``Progress`` a replay uses, writing to the shared counters."""
-
-    def __init__(self, worker: int) -> None:
-        self._base = 4 * worker
-
-    def add_task(self, name: str, total: int) -> TaskID:
-        slot = self._base + 2 * SIDES.index(name)
-        _counters[slot + 1] = total
-        return TaskID(slot)
-
-    def update(self, slot: TaskID, completed: int) -> None:
-        _counters[slot] = completed
-
-
-def _replay_share(
-    worker: int,
-    settings: KafkaSettings,
-    topics: Topics,
-    config: PolicyConfig,
-    cut: _Cut,
-    share: list[TopicPartition],
-    from_snapshots: bool,
-) -> AuditResult:
-    bus = KafkaBus(settings)
-    return asyncio.run(_replay(bus, topics, config, cut, share, _Shared(worker), from_snapshots))
+        await admin.close()
 
 
 async def _snapshots(
@@ -284,7 +143,7 @@ class _Reading:
     starts: dict[TopicPartition, int]
     ends: dict[TopicPartition, int]
     events_topic: str
-    progress: Progress | _Shared | None
+    progress: Progress | None
 
     async def run(self, inputs: list[TopicPartition], outputs: list[TopicPartition]) -> None:
         sides = {"events": inputs, "decisions": outputs}

@@ -16,7 +16,6 @@ records without replaying them (``audit.read_events_per_s``).
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -41,7 +40,7 @@ CACHE = ROOT / ".local" / "bench"
 
 @dataclass(frozen=True)
 class AuditParams:
-    jobs: int = option(2000, "jobs per input partition", flag="--audit-jobs")
+    jobs: int = option(6000, "jobs per input partition", flag="--audit-jobs")
     partitions: int = option(4, "input partitions (one simulated cluster each)")
     bootstrap: str = "127.0.0.1:19092"
 
@@ -140,7 +139,7 @@ def scenario(workdir: Path, params: AuditParams) -> AuditResult:
     read = asyncio.run(_read_only(settings, topics))
     read_seconds = time.monotonic() - started
     started = time.monotonic()
-    result = asyncio.run(audit_topics(settings, topics, workers=os.cpu_count() or 1))
+    result = asyncio.run(audit_topics(settings, topics))
     seconds = time.monotonic() - started
     return AuditResult(
         records, result.inputs + result.checked, seconds, read_seconds, read, result.ok
