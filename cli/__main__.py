@@ -1,3 +1,4 @@
 from cli.app import main
 
-main()
+if __name__ == "__main__":  # not again where a spawned worker imports this module
+    main()

@@ -6,7 +6,6 @@ do), so it needs no running service and no token.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated
@@ -18,13 +17,13 @@ from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
 from cli.output import Document, Format, OutputFlag, message, write
 from cli.params import input_file
+from cli.progress import tallies
 from cli.render import errors, fail
-from libs.audit import AuditResult, Divergence, audit_topics
+from libs.audit import AuditResult, Divergence, audit_parallel
 from libs.bus import KafkaSettings, load_topic_config
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
@@ -63,6 +62,16 @@ def verify(
             "snapshot when it passes its offset",
         ),
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            help="Processes replaying input partitions side by side "
+            "[default: one per core, at most one per partition]",
+            show_default=False,
+        ),
+    ] = None,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Replay every input through the scheduler; compare with the recorded decisions.
@@ -83,17 +92,17 @@ def verify(
         raise fail(exc) from exc
     started = time.monotonic()
     try:
-        with Progress(console=errors, transient=True, disable=not errors.is_terminal) as progress:
-            result = asyncio.run(
-                audit_topics(
-                    kafka,
-                    topics,
-                    config,
-                    group=group,
-                    clusters=cluster or (),
-                    progress=progress,
-                    from_snapshots=from_snapshot,
-                )
+        # A bar for a person watching: not under -o json|yaml, nor into a pipe.
+        with tallies(console, shown=console.is_terminal and output is Format.TABLE) as progress:
+            result = audit_parallel(
+                kafka,
+                topics,
+                config,
+                group=group,
+                clusters=cluster or (),
+                progress=progress,
+                from_snapshots=from_snapshot,
+                workers=workers,
             )
     except SnapshotError as exc:
         raise fail(

@@ -74,3 +74,9 @@ def counting(stdout: Console, what: str, total: int | None) -> Iterator[Callable
     task = bar.add_task(what, total=total)
     with bar:
         yield lambda steps: bar.advance(task, steps)
+
+
+def tallies(stdout: Console, *, shown: bool = True) -> Progress:
+    """Bars counting steps (M of N) of the tasks the caller adds, when ``shown`` and stderr
+    is a terminal; start it with ``with``."""
+    return _bar(stdout, MofNCompleteColumn(), disable=not (shown and errors.is_terminal))

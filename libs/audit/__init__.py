@@ -6,6 +6,7 @@ holds the pure comparison, ``kafka_source`` reads the topics into it.
 
 from libs.audit.divergence import Difference, Divergence
 from libs.audit.kafka_source import audit_topics
+from libs.audit.parallel import audit_parallel, default_workers
 from libs.audit.replay import AuditResult, Replay, audit_logs
 
 __all__ = [
@@ -14,5 +15,7 @@ __all__ = [
     "Divergence",
     "Replay",
     "audit_logs",
+    "audit_parallel",
     "audit_topics",
+    "default_workers",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -23,7 +24,6 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from qm.v1 import snapshot_pb2
-from rich.progress import Progress
 
 from libs.audit.replay import AuditResult, Replay
 from libs.bus import KafkaBus, KafkaSettings, Topics
@@ -39,6 +39,14 @@ MAX_RECORDS = 50_000
 FETCH_BYTES = 16 << 20
 
 
+class ProgressSink(Protocol):
+    """Where a reading reports its progress: a rich ``Progress``, or a relay to one."""
+
+    def add_task(self, description: str, *, total: float | None) -> Any: ...
+
+    def update(self, task_id: Any, *, completed: float, total: float | None = None) -> None: ...
+
+
 async def audit_topics(
     settings: KafkaSettings,
     topics: Topics,
@@ -46,8 +54,9 @@ async def audit_topics(
     *,
     group: str | None = None,
     clusters: Collection[str] = (),
-    progress: Progress | None = None,
+    progress: ProgressSink | None = None,
     from_snapshots: bool = False,
+    partitions: Collection[int] | None = None,
 ) -> AuditResult:
     """Replay the events topic against the decisions topic; stop at the first divergence.
 
@@ -55,7 +64,8 @@ async def audit_topics(
     audit); ``clusters`` limits it to the input partitions holding those
     clusters (each partition is replayed whole: its scheduler folds them all).
     ``from_snapshots``: each partition from its latest snapshot, where it has one
-    (``SnapshotError`` if one does not load).
+    (``SnapshotError`` if one does not load). ``partitions``: only these input
+    partitions (of those ``clusters`` leaves), each an independent stream.
     """
     bus = KafkaBus(settings)
     admin = bus.admin()
@@ -64,6 +74,8 @@ async def audit_topics(
     try:
         await consumer.start()
         inputs = await _partitions(admin, topics.events.name, clusters)
+        if partitions is not None:
+            inputs = [tp for tp in inputs if tp.partition in partitions]
         outputs = await _partitions(admin, topics.decisions.name, ())
         ends = await consumer.end_offsets(inputs)
         if group:
@@ -108,6 +120,18 @@ async def _snapshots(
     return found
 
 
+async def input_partitions(
+    settings: KafkaSettings, topics: Topics, clusters: Collection[str] = ()
+) -> list[int]:
+    """The input partitions an audit of ``clusters`` (all when empty) replays."""
+    admin = KafkaBus(settings).admin()
+    await admin.start()
+    try:
+        return [tp.partition for tp in await _partitions(admin, topics.events.name, clusters)]
+    finally:
+        await admin.close()
+
+
 async def _partitions(
     admin: AIOKafkaAdminClient, topic: str, clusters: Collection[str]
 ) -> list[TopicPartition]:
@@ -143,10 +167,10 @@ class _Reading:
     starts: dict[TopicPartition, int]
     ends: dict[TopicPartition, int]
     events_topic: str
-    progress: Progress | None
+    progress: ProgressSink | None
 
     async def run(self, inputs: list[TopicPartition], outputs: list[TopicPartition]) -> None:
-        sides = {"events": inputs, "decisions": outputs}
+        sides = {"events replayed": inputs, "decisions read": outputs}
         tasks = {
             name: self.progress.add_task(name, total=self._span(tps, self.ends))
             for name, tps in sides.items()

@@ -23,7 +23,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from typer.testing import CliRunner, Result
 
 from cli.app import app
-from libs.audit import audit_topics
+from libs.audit import Difference, audit_parallel, audit_topics
 from libs.bus import KafkaSettings, Topics, load_topic_config
 from libs.core import knobs
 from libs.events import decode, encode, event_type
@@ -127,15 +127,16 @@ async def _produce_files(
 
 @contextmanager
 def private_topics(settings: KafkaSettings, partitions: int) -> Iterator[Topics]:
-    """Fresh events and decisions topics of their own, deleted afterwards."""
+    """Fresh events, decisions and snapshots topics of their own, deleted afterwards."""
     prefix = f"audit-{uuid.uuid4().hex[:8]}"
     config = load_topic_config()
     topics = dataclasses.replace(
         config,
         events=dataclasses.replace(config.events, name=f"{prefix}.events"),
         decisions=dataclasses.replace(config.decisions, name=f"{prefix}.decisions"),
+        snapshots=dataclasses.replace(config.snapshots, name=f"{prefix}.snapshots"),
     )
-    names = [topics.events.name, topics.decisions.name]
+    names = [topics.events.name, topics.decisions.name, topics.snapshots.name]
     asyncio.run(
         _admin(settings, lambda a: a.create_topics([NewTopic(n, partitions, 1) for n in names]))
     )
@@ -199,8 +200,10 @@ def _record_partition(settings: KafkaSettings, topics: Topics, partition: int, c
 
 
 async def _produce_scenario(
-    settings: KafkaSettings, topics: Topics, partition: int, count: int
+    settings: KafkaSettings, topics: Topics, partition: int, count: int, drop_at: int = -1
 ) -> int:
+    """The first ``count`` inputs of a scenario and their decisions; from input offset
+    ``drop_at`` on (when not negative), the first decision is left off the log."""
     # Explicit partitions of fresh topics: offsets run 0, 1, 2, ... as the scenario numbers them.
     producer = AIOKafkaProducer(
         **settings.client_kwargs(),
@@ -222,10 +225,57 @@ async def _produce_scenario(
             if step.offset == count:
                 break
             await producer.send(topics.events.name, encode(step.input), partition=partition)
-            for decision in step.decisions:
+            decisions = step.decisions
+            if 0 <= drop_at <= step.offset and decisions:
+                decisions, drop_at = decisions[1:], -1
+            for decision in decisions:
                 await producer.send(topics.decisions.name, encode(decision), partition=partition)
-            decided += len(step.decisions)
+            decided += len(decisions)
         await producer.flush()
     finally:
         await producer.stop()
     return decided
+
+
+def test_workers_reach_the_serial_verdict() -> None:
+    settings = KafkaSettings.from_env()
+    with private_topics(settings, partitions=4) as topics:
+        for partition in range(4):
+            asyncio.run(_produce_scenario(settings, topics, partition, 300))
+        bars = _Bars()
+        serial = audit_parallel(settings, topics, workers=1)
+        parallel = audit_parallel(settings, topics, workers=3, progress=bars)
+    assert serial.ok and serial.inputs == 4 * 300
+    assert parallel == serial
+    # The bar's total is known from the start, and reached.
+    assert bars.tasks["events replayed"] == {"total": 1200, "completed": 1200}
+
+
+def test_workers_find_a_divergence_in_a_later_partition() -> None:
+    settings = KafkaSettings.from_env()
+    with private_topics(settings, partitions=4) as topics:
+        for partition in range(4):
+            drop_at = 150 if partition == 2 else -1
+            asyncio.run(_produce_scenario(settings, topics, partition, 300, drop_at))
+        serial = audit_parallel(settings, topics, workers=1)
+        parallel = audit_parallel(settings, topics, workers=2)
+    found = serial.divergence
+    assert found is not None and found.partition == 2 and found.input_offset >= 150
+    assert found.difference is Difference.MISSING
+    assert parallel.divergence == found and not parallel.ok
+
+
+class _Bars:
+    """A progress sink that keeps each task's last total and count."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict[str, float | None]] = {}
+
+    def add_task(self, description: str, *, total: float | None) -> str:
+        self.tasks[description] = {"total": total, "completed": 0}
+        return description
+
+    def update(self, task_id: str, *, completed: float, total: float | None = None) -> None:
+        self.tasks[task_id]["completed"] = completed
+        if total is not None:
+            self.tasks[task_id]["total"] = total

@@ -20,12 +20,12 @@ from tests.golden.record import HERE
 
 @pytest.fixture(autouse=True)
 def golden_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def from_files(settings: Any, topics: Any, config: PolicyConfig, **_: Any) -> AuditResult:
+    def from_files(settings: Any, topics: Any, config: PolicyConfig, **_: Any) -> AuditResult:
         inputs = read_log(HERE / "scheduler-basic.input.bin")
         recorded = read_log(HERE / "scheduler-basic.decisions.bin")
         return audit_logs(((0, o, env) for o, env in enumerate(inputs)), recorded, config)
 
-    monkeypatch.setattr(cli.audit, "audit_topics", from_files)
+    monkeypatch.setattr(cli.audit, "audit_parallel", from_files)
     monkeypatch.delenv("QM_TOPICS", raising=False)  # the default topics
 
 
