@@ -58,4 +58,3 @@ async def test_an_audit_checks_placements_snapshots_and_can_start_from_them(
     assert tail.ok and tail.started_from == ((check.partition, check.offset),)
     assert tail.inputs == JOBS + 1 - check.offset
     assert tail.checked == tail.reproduced < full.checked
-
