@@ -44,10 +44,14 @@ def plan_preemption(
     *,
     lossless: bool = False,
     loss_cap_s: float = math.inf,
+    room_bound: Callable[[NodeId], int] | None = None,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
     A lossy plan (not ``lossless``) may also stop single-node work that cannot resume,
-    throwing away at most ``loss_cap_s`` × the job's GPUs of work in all."""
+    throwing away at most ``loss_cap_s`` × the job's GPUs of work in all. ``room_bound``
+    (``RunningWork.room_bound``), when given, bounds the GPUs a node's victims may free
+    from above, so that nodes short of room are skipped without weighing each victim:
+    the plan is the same with or without it."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
@@ -63,14 +67,17 @@ def plan_preemption(
                 return False  # a gang's work, or more than the plan may lose in all
         return by_contract(victim)
 
+    def short(node_id: NodeId, free: int, needed: int) -> bool:
+        return room_bound is not None and free + room_bound(node_id) < needed
+
     if waiting.gpus > node_size:
-        plan = _whole_nodes(waiting, nodes, node_size, running_on, may_take, now)
+        plan = _whole_nodes(waiting, nodes, node_size, running_on, may_take, short, now)
         if plan is None or _cost(plan.victims, now)[0] > cap:
             return None
         return plan
     best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
     for node_id, size, free in nodes:
-        if size < waiting.gpus or free >= waiting.gpus:
+        if size < waiting.gpus or free >= waiting.gpus or short(node_id, free, waiting.gpus):
             continue
         allowed = list(filter(may_take, running_on.get(node_id, ())))
         if free + sum(v.gpus for v in allowed) < waiting.gpus:
@@ -100,12 +107,13 @@ def _whole_nodes(
     node_size: int,
     running_on: Mapping[NodeId, Iterable[RunningJob]],
     may_take: Callable[[RunningJob], bool],
+    short: Callable[[NodeId, int, int], bool],
     now: float,
 ) -> Plan | None:
     needed = -(-waiting.gpus // node_size)
     freeable: dict[NodeId, tuple[RunningJob, ...]] = {}
     for node_id, size, free in nodes:
-        if size != node_size:
+        if size != node_size or short(node_id, free, size):
             continue
         victims = tuple(running_on.get(node_id, ()))
         if sum(v.gpus for v in victims) + free < size:

@@ -21,7 +21,7 @@ has changed since it last failed and no contract there has ended.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from libs.core.capacity import Capacity
@@ -113,7 +113,8 @@ class Reservations:
         if held and now < reserved[held[0]][1] + HOLD_REFRESH_S:
             # Between refreshes a hold only checks whether its own nodes can be freed.
             candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in held]
-            plan = self._lossless(job, candidates, running_on, rank, now)
+            room = running.room_bound(now, lossless=True)
+            plan = self._lossless(job, candidates, running_on, room, rank, now)
             return self._stop_for(job.job_id, plan, now)
         attempt = (job.job_id, running.version)
         no_plan = self._no_plan.value
@@ -131,7 +132,10 @@ class Reservations:
         candidates = [(node_id, size, len(free(node_id))) for node_id, size in nodes]
         # Room without throwing work away; else the soonest such room, held; else, when
         # that is too far off, room at the cost of work that cannot resume.
-        plan = plan_preemption(spec, candidates, running_on, rank, now, lossless=True)
+        lossless_room = running.room_bound(now, lossless=True)
+        plan = plan_preemption(
+            spec, candidates, running_on, rank, now, lossless=True, room_bound=lossless_room
+        )
         if plan is not None:
             return self._stop_for(job.job_id, plan, now)
         hold = None
@@ -145,7 +149,15 @@ class Reservations:
             loss_cap_s = min(
                 max(spec.min_runtime_s, now - job.since), self.config.max_min_runtime_s
             )
-            plan = plan_preemption(spec, candidates, running_on, rank, now, loss_cap_s=loss_cap_s)
+            plan = plan_preemption(
+                spec,
+                candidates,
+                running_on,
+                rank,
+                now,
+                loss_cap_s=loss_cap_s,
+                room_bound=running.room_bound(now, lossless=False),
+            )
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)
         self._no_plan.value = (attempt, now)
@@ -160,6 +172,7 @@ class Reservations:
         job: Waiting,
         candidates: Candidates,
         running_on: Mapping[NodeId, Iterable[RunningJob]],
+        room: Callable[[NodeId], int],
         rank: dict[str, int],
         now: float,
     ) -> Plan | None:
@@ -175,7 +188,9 @@ class Reservations:
             and failed.rank == rank
         ):
             return None
-        plan = plan_preemption(job.spec, candidates, running_on, rank, now, lossless=True)
+        plan = plan_preemption(
+            job.spec, candidates, running_on, rank, now, lossless=True, room_bound=room
+        )
         self._failed.pop(job.job_id, None)
         if plan is None:
             until = min(

@@ -8,7 +8,8 @@ that failed is not searched for again until something it looked at changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -81,7 +82,7 @@ class Running:
 
 
 class RunningWork:
-    DERIVED = ("_on_node", "_preemptible", "free_work_gpus")
+    DERIVED = ("_on_node", "_preemptible", "_room", "free_work_gpus")
 
     def __init__(self, config: PolicyConfig, state: State) -> None:
         self.config = config
@@ -92,6 +93,10 @@ class RunningWork:
         # node -> its jobs that preemption may consider, in ``_on_node``'s order: planning
         # reads them for every blocked job, far more often than running work changes.
         self._preemptible: dict[NodeId, dict[JobId, RunningJob]] = {}
+        # node -> its preemptible jobs as (protected until, GPUs there, loses nothing
+        # until), sorted: what bounds the room a plan may free there, kept as jobs
+        # change so that a plan skips most nodes without weighing their jobs.
+        self._room: dict[NodeId, tuple[Room, ...]] = {}
         self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
 
     @property
@@ -178,15 +183,39 @@ class RunningWork:
         on each node it spans (a view: read it before running work changes)."""
         return _ByNode(self._preemptible)
 
+    def room_bound(self, now: float, *, lossless: bool) -> Callable[[NodeId], int]:
+        """node -> at most the GPUs a plan at ``now`` may free there by stopping work:
+        that of jobs no longer protected (and, ``lossless``, that lose nothing yet).
+        Planning's victim rules (``preemption.plan_preemption``) only ever take fewer."""
+        rooms = self._room
+
+        def bound(node_id: NodeId) -> int:
+            room = 0
+            for protected_until, gpus, lossless_until in rooms.get(node_id, ()):
+                if protected_until > now:
+                    break  # sorted: the rest are protected longer
+                if not lossless or now <= lossless_until:
+                    room += gpus
+            return room
+
+        return bound
+
     def _put(self, run: Running) -> None:
         """Write the job, and keep its places among the preemptible ones (a job only
-        ever leaves them: by stopping, or by a task ending)."""
+        ever leaves them: by stopping, or by a task ending) and their nodes' rooms."""
         self.jobs[run.job_id] = run
         for node_id, victim in self._as_victims(run, run.tasks).items():
+            on = self._preemptible.get(node_id)
             if victim is not None:
-                self._preemptible.setdefault(node_id, {})[run.job_id] = victim
+                if on is None:
+                    on = self._preemptible[node_id] = {}
+                on[run.job_id] = victim
+            elif on is None or on.pop(run.job_id, None) is None:
+                continue  # the node's preemptible jobs did not change
+            if on:
+                self._room[node_id] = _room_of(on.values())
             else:
-                self._preemptible.get(node_id, {}).pop(run.job_id, None)
+                self._room.pop(node_id, None)
 
     def _as_victims(self, run: Running, tasks: Tasks) -> dict[NodeId, RunningJob | None]:
         """The job as preemption sees it on each node of ``tasks``; None where it is not
@@ -225,7 +254,31 @@ class RunningWork:
                 if victim is not None:
                     preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
-        return {"_on_node": on_node, "_preemptible": preemptible, "free_work_gpus": free_work}
+        room = {node_id: _room_of(jobs.values()) for node_id, jobs in preemptible.items()}
+        return {
+            "_on_node": on_node,
+            "_preemptible": preemptible,
+            "_room": room,
+            "free_work_gpus": free_work,
+        }
+
+
+Room = tuple[float, int, float]  # (protected until, GPUs on the node, loses nothing until)
+
+
+def _room_of(victims: Iterable[RunningJob]) -> tuple[Room, ...]:
+    """A node's preemptible jobs as ``room_bound`` reads them: work that resumes, or has
+    not started, loses nothing when stopped; other work only until its start."""
+    return tuple(
+        sorted(
+            (
+                v.protected_until,
+                v.gpus,
+                math.inf if v.spec.resumable or v.started_at is None else v.started_at,
+            )
+            for v in victims
+        )
+    )
 
 
 class _ByNode(Mapping[NodeId, Iterable[RunningJob]]):

@@ -20,7 +20,7 @@ import argparse
 from collections.abc import Sequence
 
 from tests.perf.audit_bench import AuditParams, run_audit
-from tests.perf.core_bench import CoreParams, report_core, run_core, run_scaling
+from tests.perf.core_bench import CoreParams, report_core, run_core
 from tests.perf.failover_bench import FailoverParams, run_failover
 from tests.perf.live_bench import LiveParams, run_live
 from tests.perf.options import add_options, from_options
@@ -49,9 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranges = load_ranges()  # a broken ranges file fails before minutes of measuring
     figures: list[Figure] = []
     if args.which in ("core", "all"):
-        core = from_options(CoreParams, args)
-        main = run_core(core)
-        figures += report_core(main) + run_scaling(core, main)
+        figures += report_core(run_core(from_options(CoreParams, args)))
     if args.which in ("workflow", "all"):
         if args.tasks < 3 or args.gpus < 1 or not 1 <= args.serving_gpus_per_node <= args.gpus:
             raise SystemExit(

@@ -104,6 +104,7 @@ def check(scheduler: Scheduler) -> None:
     assert on_node == {n: list(jobs) for n, jobs in derived["_on_node"].items()}  # type: ignore[attr-defined]
     preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
     assert preemptible == {n: list(jobs.items()) for n, jobs in derived["_preemptible"].items()}  # type: ignore[attr-defined]
+    assert running._room == derived["_room"]  # each node's room bound, kept as jobs change
     assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
     reservations = scheduler._reservations
     assert reservations.derived() == {"_held": reservations.held()}
