@@ -38,23 +38,21 @@ def leaf_order(
     ``entitlements`` are the tree's (``BudgetTree.entitlements``), if already known."""
     if entitlements is None:
         entitlements = tree.entitlements()
+    # A subtree's usage: its own plus its children's sums, added in the children's order.
     totals: dict[str, float] = {}
-    children, weight = tree.children, tree.weight  # every pass ranks: names bound once
-
-    def subtree_usage(name: str) -> float:
-        total = totals[name] = usage.get(name, 0.0) + sum(map(subtree_usage, children(name)))
-        return total
+    own = usage.get
+    for name, kids in tree.bottom_up:
+        totals[name] = own(name, 0.0) + sum([totals[kid] for kid in kids])
+    weight = tree.weight
 
     def key(name: str) -> tuple[float, str]:
         return totals[name] / weight(name), name
 
-    root = tree.root
-    subtree_usage(root)
     order: list[str] = []
-    stack = [root]
+    stack = [tree.root]
     while stack:
         name = stack.pop()
-        kids = children(name)
+        kids = tree.children(name)
         if kids:
             stack.extend(reversed(sorted(kids, key=key)))
         else:

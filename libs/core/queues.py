@@ -47,9 +47,11 @@ class Queues:
         self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]] = {
             tier: {} for tier in TIERS
         }
-        # A memo, not state: (tier, allocation) -> its first job's key, for those asked
+        # A memo, not state: tier -> allocation -> its first job's key, for those asked
         # since their queue changed (every pass asks for every allocation's head).
-        self._heads: dict[tuple[WorkClass, str], tuple[int, int, JobId]] = {}
+        self._heads: dict[WorkClass, dict[str, tuple[int, int, JobId]]] = {
+            tier: {} for tier in TIERS
+        }
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -58,7 +60,7 @@ class Queues:
         self.jobs[job.job_id] = job
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
         bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
-        self._heads.pop((job.spec.work_class, job.spec.allocation), None)
+        self._heads[job.spec.work_class].pop(job.spec.allocation, None)
 
     def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
         """The index rebuilt from ``jobs`` alone (tests compare it with the one kept)."""
@@ -84,7 +86,7 @@ class Queues:
             return None
         allocations = self._lists[job.spec.work_class]
         sizes = allocations[job.spec.allocation]
-        self._heads.pop((job.spec.work_class, job.spec.allocation), None)
+        self._heads[job.spec.work_class].pop(job.spec.allocation, None)
         keys = sizes[job.spec.gpus]
         del keys[bisect.bisect_left(keys, job.key)]
         if not keys:
@@ -101,13 +103,23 @@ class Queues:
     ) -> Iterator[Waiting]:
         """Jobs of one allocation whose GPU count passes ``size_ok`` (re-asked as
         the pass goes on), in queue order."""
-        sizes = self._lists[tier].get(allocation, {})
-        # Lazy merge of the sorted per-size lists; copies, as the caller removes jobs.
-        lists = [list(keys) for gpus, keys in sizes.items() if size_ok(gpus)]
-        for key in heapq.merge(*lists):
-            job = self.jobs.get(key[2])
-            if job is not None and size_ok(job.spec.gpus):
-                yield job
+        sizes = self._lists[tier].get(allocation)
+        if not sizes:
+            return
+        # A merge of the sorted per-size lists by position after the last job yielded,
+        # not by index: the caller removes jobs (those it places) as it goes.
+        last: tuple[int, int, JobId] | None = None
+        while True:
+            first: tuple[int, int, JobId] | None = None
+            for gpus, keys in sizes.items():
+                if size_ok(gpus):
+                    at = 0 if last is None else bisect.bisect_right(keys, last)
+                    if at < len(keys) and (first is None or keys[at] < first):
+                        first = keys[at]
+            if first is None:
+                return
+            last = first
+            yield self.jobs[first[2]]
 
     def in_order(self, tier: WorkClass, allocation: str, limit: int) -> list[Waiting]:
         """The first ``limit`` jobs of one allocation, in queue order."""
@@ -116,12 +128,13 @@ class Queues:
         return [self.jobs[key[2]] for key in keys]
 
     def head(self, tier: WorkClass, allocation: str) -> Waiting | None:
-        key = self._heads.get((tier, allocation))
+        heads = self._heads[tier]
+        key = heads.get(allocation)
         if key is None:
             sizes = self._lists[tier].get(allocation)
             if not sizes:
                 return None
-            key = self._heads[tier, allocation] = min(keys[0] for keys in sizes.values())
+            key = heads[allocation] = min(keys[0] for keys in sizes.values())
         return self.jobs[key[2]]
 
     def ahead_of(self, job: Waiting, rank: dict[str, int]) -> int:

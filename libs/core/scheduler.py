@@ -491,6 +491,8 @@ class Scheduler:
         if not self._queues:
             return []
         self._reservations.expire(self.now)
+        if not (preempt or self._capacity.total_free):
+            return self._tell_heads()  # the pass below would only do this, ranking first
         rank = self._charges.rank(self.now)
         decisions: list[Decision] = []
         # Jobs that preempted for room go first, on the nodes freed for them.
@@ -511,6 +513,11 @@ class Scheduler:
             for allocation in sorted(
                 self._queues.allocations(tier), key=lambda a: (rank.get(a, len(rank)), a)
             ):
+                if not (tries or self._may_place(tier)):
+                    # Nothing left to place or plan for (the common case once a pass has
+                    # filled the freed GPUs): only a head that has not heard why it waits.
+                    decisions += self._tell_head(tier, allocation)
+                    continue
                 decisions += self._place_allocation(tier, allocation, failed, rank)
                 head = self._queues.head(tier, allocation)
                 if head is None:
@@ -526,8 +533,7 @@ class Scheduler:
                         tries -= 1
                         planned.add(job.job_id)
                         decisions += self._preempt_for(job, rank)
-                if head.job_id not in self._reasons or head.job_id in self._reservations.nominated:
-                    decisions += self._wait(head)
+                decisions += self._tell_head(tier, allocation)
             if preempt and tier is WorkClass.ALLOCATED:
                 self._reservations.keep_holds(planned)
         if self._capacity.total_free and not self._queues.allocations(WorkClass.UNALLOCATED):
@@ -541,6 +547,37 @@ class Scheduler:
                     WorkClass.ALLOCATED, allocation, failed, rank, headroom=False
                 )
         return decisions
+
+    def _tell_heads(self) -> list[Decision]:
+        """``_tell_head`` for every allocation, tier by tier in rank order; the rank is
+        computed only when a head is to hear something (most passes on a full cluster
+        have nothing to say)."""
+        untold = [
+            (tier, allocation)
+            for tier in TIERS
+            for allocation in self._queues.allocations(tier)
+            if self._untold(tier, allocation)
+        ]
+        if not untold:
+            return []
+        rank = self._charges.rank(self.now)
+        order = {tier: i for i, tier in enumerate(TIERS)}
+        untold.sort(key=lambda t: (order[t[0]], rank.get(t[1], len(rank)), t[1]))
+        return [d for tier, allocation in untold for d in self._tell_head(tier, allocation)]
+
+    def _untold(self, tier: WorkClass, allocation: str) -> Waiting | None:
+        """The allocation's first waiting job, if it has not heard why it waits, or its
+        nodes are being freed or held (which changes as they are)."""
+        head = self._queues.head(tier, allocation)
+        if head is None or (
+            head.job_id in self._reasons and head.job_id not in self._reservations.nominated
+        ):
+            return None
+        return head
+
+    def _tell_head(self, tier: WorkClass, allocation: str) -> list[Decision]:
+        head = self._untold(tier, allocation)
+        return [] if head is None else self._wait(head)
 
     def _place_nominated(self, *, held: bool) -> list[Decision]:
         """Place the jobs with nodes reserved for them that fit now: those whose nodes
@@ -570,7 +607,7 @@ class Scheduler:
     ) -> list[Decision]:
         decisions: list[Decision] = []
         capacity = self._capacity
-        if capacity.total_free == 0:
+        if not self._may_place(tier, headroom=headroom):
             return decisions
         # Nominated jobs were placed before this. Held nodes take only work that cannot
         # delay their holder: free work (always preemptible), debug work (small and
@@ -631,6 +668,14 @@ class Scheduler:
             if not (mine > holder_rank and self.now + protect <= start):
                 return False
         return True
+
+    def _may_place(self, tier: WorkClass, *, headroom: bool = True) -> bool:
+        """Whether a pass may place any job of the tier now: GPUs are free and, for
+        allocated work, even the smallest job (1 GPU) would leave the debug headroom
+        (an allocation's turn ends at its first job that would not)."""
+        if not self._capacity.total_free:
+            return False
+        return not (headroom and tier is WorkClass.ALLOCATED) or self._leaves_headroom(1)
 
     def _leaves_headroom(self, gpus: int) -> bool:
         headroom = int(self.config.debug_headroom * self._capacity.total_gpus)

@@ -113,8 +113,9 @@ def check(scheduler: Scheduler) -> None:
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
     queues = scheduler._queues
     assert queues.derived() == queues.index
-    for (tier, allocation), key in queues._heads.items():  # a remembered head is the first
-        assert key == min(keys[0] for keys in queues.index[tier][allocation].values())
+    for tier, heads in queues._heads.items():  # a remembered head is the first
+        for allocation, key in heads.items():
+            assert key == min(keys[0] for keys in queues.index[tier][allocation].values())
     kept, rebuilt = scheduler._capacity.indexes(), scheduler._capacity.derived()
     if (memo := scheduler._capacity._shape) is not None:  # the remembered shape holds
         scheduler._capacity._shape = None
