@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from libs.core import limits as L
 
@@ -70,22 +69,6 @@ class BudgetTree:
 
     def weight(self, name: str) -> float:
         return self._by_name[name].weight
-
-    @cached_property
-    def bottom_up(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        """Every node with its children, each after its children (every scheduling pass
-        sums usage up the tree: walked once here, not recursively per pass)."""
-        order: list[tuple[str, tuple[str, ...]]] = []
-        stack: list[tuple[str, bool]] = [(self.root, False)]
-        while stack:
-            name, expanded = stack.pop()
-            kids = self.children(name)
-            if expanded:
-                order.append((name, kids))
-            else:
-                stack.append((name, True))
-                stack.extend((kid, False) for kid in reversed(kids))
-        return tuple(order)
 
     def leaves(self) -> list[str]:
         return sorted(name for name, kids in self._children.items() if not kids)

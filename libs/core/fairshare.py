@@ -38,21 +38,23 @@ def leaf_order(
     ``entitlements`` are the tree's (``BudgetTree.entitlements``), if already known."""
     if entitlements is None:
         entitlements = tree.entitlements()
-    # A subtree's usage: its own plus its children's sums, added in the children's order.
     totals: dict[str, float] = {}
-    own = usage.get
-    for name, kids in tree.bottom_up:
-        totals[name] = own(name, 0.0) + sum([totals[kid] for kid in kids])
-    weight = tree.weight
+    children, weight = tree.children, tree.weight  # every pass ranks: names bound once
+
+    def subtree_usage(name: str) -> float:
+        total = totals[name] = usage.get(name, 0.0) + sum(map(subtree_usage, children(name)))
+        return total
 
     def key(name: str) -> tuple[float, str]:
         return totals[name] / weight(name), name
 
+    root = tree.root
+    subtree_usage(root)
     order: list[str] = []
-    stack = [tree.root]
+    stack = [root]
     while stack:
         name = stack.pop()
-        kids = tree.children(name)
+        kids = children(name)
         if kids:
             stack.extend(reversed(sorted(kids, key=key)))
         else:
