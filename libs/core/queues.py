@@ -52,6 +52,10 @@ class Queues:
         self._heads: dict[WorkClass, dict[str, tuple[int, int, JobId]]] = {
             tier: {} for tier in TIERS
         }
+        # A memo, not state: tier -> the allocations whose first job may have changed
+        # since the scheduler last ``settle``d them (every pass asks whether each head
+        # has heard why it waits; most have, and have not changed since).
+        self._moved: dict[WorkClass, set[str]] = {tier: set() for tier in TIERS}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -60,7 +64,7 @@ class Queues:
         self.jobs[job.job_id] = job
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
         bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
-        self._heads[job.spec.work_class].pop(job.spec.allocation, None)
+        self._moved_head(job)
 
     def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
         """The index rebuilt from ``jobs`` alone (tests compare it with the one kept)."""
@@ -86,7 +90,7 @@ class Queues:
             return None
         allocations = self._lists[job.spec.work_class]
         sizes = allocations[job.spec.allocation]
-        self._heads[job.spec.work_class].pop(job.spec.allocation, None)
+        self._moved_head(job)
         keys = sizes[job.spec.gpus]
         del keys[bisect.bisect_left(keys, job.key)]
         if not keys:
@@ -94,6 +98,18 @@ class Queues:
             if not sizes:
                 del allocations[job.spec.allocation]
         return job
+
+    def _moved_head(self, job: Waiting) -> None:
+        """``job`` joined or left its allocation's queue: its first job may differ."""
+        self._heads[job.spec.work_class].pop(job.spec.allocation, None)
+        self._moved[job.spec.work_class].add(job.spec.allocation)
+
+    def moved(self, tier: WorkClass) -> set[str]:
+        """The tier's allocations whose first job may have changed since ``settle``."""
+        return self._moved[tier]
+
+    def settle(self, tier: WorkClass, allocation: str) -> None:
+        self._moved[tier].discard(allocation)
 
     def allocations(self, tier: WorkClass) -> list[str]:
         return list(self._lists[tier])

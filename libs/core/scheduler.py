@@ -494,6 +494,7 @@ class Scheduler:
         if not (preempt or self._capacity.total_free):
             return self._tell_heads()  # the pass below would only do this, ranking first
         rank = self._charges.rank(self.now)
+        nominated = self._nominated_heads()
         decisions: list[Decision] = []
         # Jobs that preempted for room go first, on the nodes freed for them.
         decisions += self._place_nominated(held=False)
@@ -516,7 +517,7 @@ class Scheduler:
                 if not (tries or self._may_place(tier)):
                     # Nothing left to place or plan for (the common case once a pass has
                     # filled the freed GPUs): only a head that has not heard why it waits.
-                    decisions += self._tell_head(tier, allocation)
+                    decisions += self._tell_head(tier, allocation, nominated)
                     continue
                 decisions += self._place_allocation(tier, allocation, failed, rank)
                 head = self._queues.head(tier, allocation)
@@ -533,7 +534,8 @@ class Scheduler:
                         tries -= 1
                         planned.add(job.job_id)
                         decisions += self._preempt_for(job, rank)
-                decisions += self._tell_head(tier, allocation)
+                        nominated = self._nominated_heads()
+                decisions += self._tell_head(tier, allocation, nominated)
             if preempt and tier is WorkClass.ALLOCATED:
                 self._reservations.keep_holds(planned)
         if self._capacity.total_free and not self._queues.allocations(WorkClass.UNALLOCATED):
@@ -552,18 +554,30 @@ class Scheduler:
         """``_tell_head`` for every allocation, tier by tier in rank order; the rank is
         computed only when a head is to hear something (most passes on a full cluster
         have nothing to say)."""
-        untold = [
-            (tier, allocation)
-            for tier in TIERS
-            for allocation in self._queues.allocations(tier)
-            if self._untold(tier, allocation)
-        ]
+        nominated = self._nominated_heads()
+        untold: list[tuple[WorkClass, str]] = []
+        for tier in TIERS:
+            for allocation in self._queues.moved(tier) | {a for t, a in nominated if t is tier}:
+                if self._untold(tier, allocation):
+                    untold.append((tier, allocation))
+                else:
+                    self._queues.settle(tier, allocation)
         if not untold:
             return []
         rank = self._charges.rank(self.now)
         order = {tier: i for i, tier in enumerate(TIERS)}
         untold.sort(key=lambda t: (order[t[0]], rank.get(t[1], len(rank)), t[1]))
-        return [d for tier, allocation in untold for d in self._tell_head(tier, allocation)]
+        return [
+            d for tier, allocation in untold for d in self._tell_head(tier, allocation, nominated)
+        ]
+
+    def _nominated_heads(self) -> set[tuple[WorkClass, str]]:
+        """(tier, allocation) of the jobs that nodes are being freed or held for."""
+        jobs = self._queues.jobs
+        return {
+            (jobs[job_id].spec.work_class, jobs[job_id].spec.allocation)
+            for job_id in self._reservations.nominated
+        }
 
     def _untold(self, tier: WorkClass, allocation: str) -> Waiting | None:
         """The allocation's first waiting job, if it has not heard why it waits, or its
@@ -575,9 +589,19 @@ class Scheduler:
             return None
         return head
 
-    def _tell_head(self, tier: WorkClass, allocation: str) -> list[Decision]:
+    def _tell_head(
+        self, tier: WorkClass, allocation: str, nominated: set[tuple[WorkClass, str]]
+    ) -> list[Decision]:
+        """The allocation's first job hears why it waits, if it has not (or its nodes
+        are being freed or held). Only allocations whose first job moved since it heard,
+        and those with nominated jobs, are looked at (``Queues.moved``)."""
+        if allocation not in self._queues.moved(tier) and (tier, allocation) not in nominated:
+            return []
         head = self._untold(tier, allocation)
-        return [] if head is None else self._wait(head)
+        decisions = [] if head is None else self._wait(head)
+        if head is None or head.job_id in self._reasons:
+            self._queues.settle(tier, allocation)  # a head that fits now is asked again
+        return decisions
 
     def _place_nominated(self, *, held: bool) -> list[Decision]:
         """Place the jobs with nodes reserved for them that fit now: those whose nodes

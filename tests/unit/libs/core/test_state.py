@@ -23,7 +23,7 @@ from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
 from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
-from libs.core.queues import Queues, Waiting
+from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork
 from libs.core.state import Cell, State, Table
@@ -53,7 +53,9 @@ NOT_STATE: dict[type, set[str]] = {
         "_serving",
     },
     Capacity: {"_shape"},  # a memo of the last answer, dropped as the indexes change
-    Queues: {"_heads"},  # the heads asked since each queue changed (checked below)
+    # The heads asked since each queue changed, and the queues changed since their heads
+    # last heard why they wait (both checked below).
+    Queues: {"_heads", "_moved"},
     RunningWork: CONFIG,
     # Its nodes price running work; the last rank is a memo keyed by all it read.
     Charges: CONFIG | {"_capacity", "_ranked"},
@@ -116,6 +118,10 @@ def check(scheduler: Scheduler) -> None:
     for tier, heads in queues._heads.items():  # a remembered head is the first
         for allocation, key in heads.items():
             assert key == min(keys[0] for keys in queues.index[tier][allocation].values())
+    for tier in TIERS:  # a queue not marked moved has a head that heard why it waits
+        for allocation in set(queues.index[tier]) - queues.moved(tier):
+            head = queues.head(tier, allocation)
+            assert head is None or head.job_id in scheduler._reasons
     kept, rebuilt = scheduler._capacity.indexes(), scheduler._capacity.derived()
     if (memo := scheduler._capacity._shape) is not None:  # the remembered shape holds
         scheduler._capacity._shape = None
