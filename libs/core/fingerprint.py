@@ -32,5 +32,12 @@ class Fingerprint:
         return self._sum.to_bytes(32, "big")
 
 
+# Copying a fresh hasher is cheaper than making one with its parameters each time,
+# and the digest reads as many hashes as facts were written.
+_BLAKE2B_256 = hashlib.blake2b(digest_size=32)
+
+
 def fact_hash(fact: str) -> int:
-    return int.from_bytes(hashlib.blake2b(fact.encode(), digest_size=32).digest(), "big")
+    hasher = _BLAKE2B_256.copy()
+    hasher.update(fact.encode())
+    return int.from_bytes(hasher.digest(), "big")

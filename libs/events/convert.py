@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import fields, replace
+from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
@@ -129,17 +131,31 @@ _EVENTS: dict[type[Decision], Callable[..., Message]] = {
 def _from_message(cls: type[D], message: Message, **given: Any) -> D:
     """``cls`` with each field taken from the message's field of that name, a
     repeated one as a tuple; ``given``: the fields that need converting."""
-    by_name = message.DESCRIPTOR.fields_by_name
-    taken = (f.name for f in fields(cls) if f.name not in given)
-    values = {n: getattr(message, n) for n in taken}
-    plain = {n: tuple(v) if by_name[n].is_repeated else v for n, v in values.items()}
+    plain = {
+        n: tuple(getattr(message, n)) if repeated else getattr(message, n)
+        for n, repeated in _shared_fields(cls, message.DESCRIPTOR)
+        if n not in given
+    }
     return cls(**plain, **given)
+
+
+@cache
+def _shared_fields(cls: type, message: Descriptor) -> tuple[tuple[str, bool], ...]:
+    """Each of ``cls``'s fields, and whether the message's field of that name is
+    repeated: worked out once per pair, as every input of the log is converted."""
+    by_name = message.fields_by_name
+    return tuple((f.name, f.name in by_name and by_name[f.name].is_repeated) for f in fields(cls))
 
 
 def _fields(source: DataclassInstance, *but: str) -> dict[str, Any]:
     """A dataclass's fields by name, to construct the message of the same fields
     from; ``but``: those left out, to be converted by hand."""
-    return {f.name: getattr(source, f.name) for f in fields(source) if f.name not in but}
+    return {n: getattr(source, n) for n in _field_names(type(source)) if n not in but}
+
+
+@cache
+def _field_names(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False) -> JobSpec:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import (
@@ -73,6 +74,9 @@ def decide(
         policy_version=POLICY_VERSION,
         config_digest=config_digest(scheduler.config),
     )
+    # The input's time to the microsecond (a datetime's), as the outputs have always had it.
+    occurred = Timestamp()
+    occurred.FromDatetime(env.occurred_at.ToDatetime())
     outputs = []
     for index, decision in enumerate(decisions):
         out = new_envelope(
@@ -81,7 +85,7 @@ def decide(
             cluster=env.cluster,
             correlation_id=decision.job_id,
             causation_id=env.event_id,
-            occurred=env.occurred_at.ToDatetime(),
+            occurred=occurred,
             event_id=f"{env.cluster}-p{partition}-o{offset}-d{index}",
         )
         outputs.append(out if len(encode(out)) <= MAX_RECORD_BYTES else _too_large(out))
