@@ -21,6 +21,10 @@ class WorkClass(enum.Enum):
     ALLOCATED = "allocated"  # minimum runtime > 0: charged and protected
     UNALLOCATED = "unallocated"  # minimum runtime 0: free, preemptible, fills idle GPUs
 
+    # Enum's own hash hashes the member's name on every call, and every pass looks tiers
+    # up in dicts dozens of times; members are singletons, so identity hashes as well.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True)
 class JobSpec:
