@@ -8,7 +8,7 @@ the GPUs to use, or a reason a person can act on.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Set
+from collections.abc import Collection, Mapping, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -70,12 +70,18 @@ class Capacity:
         # The last ``shape`` asked and its answer, until the indexes change: every
         # allocation of a pass asks it, mostly of the same nodes.
         self._shape: tuple[frozenset[NodeId], tuple[int, int, int]] | None = None
+        # Memos, dropped as nodes join, leave, change or are cordoned: per (GPU type,
+        # memory) asked, the nodes that match (every preemption plan reads them, sorted).
+        self._schedulable: dict[_NodeClass, dict[NodeId, int]] = {}
+        # Moves as nodes join, change or leave: what is priced by node (``Charges``) keys on it.
+        self.generation = 0
 
     def add(self, node: NodeSpec, held: Collection[int]) -> None:
         """Register or re-register a node; ``held`` GPUs stay taken by running tasks."""
         old = self.nodes.get(node.node_id)
         if old is not None:
             self._uncount(old)
+        self._nodes_changed()
         self.nodes[node.node_id] = node  # a re-registered node keeps its place
         free = tuple(g for g in sorted(node.gpu_indices) if g not in held)
         self.total_gpus += node.gpu_count
@@ -91,6 +97,11 @@ class Capacity:
         if node is not None:
             self._uncount(node)
             del self.nodes[node_id], self._free[node_id]
+            self._nodes_changed()
+
+    def _nodes_changed(self) -> None:
+        self._schedulable = {}
+        self.generation += 1
 
     def _uncount(self, node: NodeSpec) -> None:
         """Take a node out of the indexes and totals (its class too, if it was the last)."""
@@ -116,6 +127,7 @@ class Capacity:
         runs on, and the GPUs it frees stay out of use until the node is uncordoned."""
         if (node_id in self._cordoned) == cordoned:
             return
+        self._schedulable = {}
         known = node_id in self.nodes
         if cordoned:
             if known:
@@ -138,6 +150,31 @@ class Capacity:
     def free(self, node_id: NodeId) -> tuple[int, ...]:
         free = self._free.get(node_id)
         return () if free is None else free.gpus
+
+    def schedulable(self, spec: JobSpec) -> Mapping[NodeId, int]:
+        """The nodes not cordoned that match ``spec``, in node id order, with their GPU
+        counts (what preemption plans over: kept until nodes change)."""
+        key = (spec.gpu_type, spec.min_gpu_memory_gib)
+        nodes = self._schedulable.get(key)
+        if nodes is None:
+            nodes = self._schedulable[key] = {
+                node_id: node.gpu_count
+                for node_id, node in sorted(self.nodes.items())
+                if node_id not in self._cordoned
+                and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
+                and node.gpu_memory_gib >= spec.min_gpu_memory_gib
+            }
+        return nodes
+
+    def partly_free(self, spec: JobSpec, most: int) -> list[NodeId]:
+        """The nodes of ``schedulable`` with 1 to ``most`` free GPUs (in no order)."""
+        return [
+            node_id
+            for cls in self.matching(spec)
+            for count, nodes in self._by_class[cls].items()
+            if 0 < count <= most
+            for node_id in nodes
+        ]
 
     def take(self, node_id: NodeId, gpus: Collection[int]) -> None:
         self._unindex(node_id)

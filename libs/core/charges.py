@@ -16,6 +16,7 @@ from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import borrows
 from libs.core.fairshare import Standing, leaf_order, standings
+from libs.core.ids import JobId
 from libs.core.model import JobSpec
 from libs.core.running import Running, Tasks
 from libs.core.state import Cell, State, Table
@@ -42,6 +43,9 @@ class Charges:
         # The last rank, with all it was computed from (every pass ranks; several
         # inputs often share a clock and a tally).
         self._ranked: tuple[tuple[object, ...], dict[str, int]] = ((), {})
+        # A memo, not state: each running job's priced GPUs with the tasks they price, for
+        # the capacity's ``generation`` (node types price them): a snapshot reads them all.
+        self._prices: tuple[int, dict[JobId, tuple[Tasks, float]]] = (-1, {})
 
     def set_tree(self, tree: BudgetTree) -> None:
         self._tree.value = tree
@@ -54,7 +58,7 @@ class Charges:
         for run in running:
             if run.spec.allocated:
                 start = max(run.placed_at, snapshot.at)
-                weighted_start[run.spec.allocation] += self._priced(run.tasks) * start
+                weighted_start[run.spec.allocation] += self._priced_run(run) * start
         for allocation, weighted in weighted_start.items():
             self._tally[allocation] = (self._tally[allocation][0], weighted)
 
@@ -62,7 +66,9 @@ class Charges:
         """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
         if not run.spec.allocated:
             return
-        gpus = self._priced(run.tasks) * sign
+        gpus = self._priced_run(run) * sign
+        if sign < 0:
+            self._prices[1].pop(run.job_id, None)  # it no longer runs
         allocation = run.spec.allocation
         running, weighted_start = self._tally.get(allocation) or (0.0, 0.0)
         start = max(run.placed_at, self._snapshot.value.at)
@@ -112,6 +118,19 @@ class Charges:
             price = self.config.price
             total = sum(n.gpu_count * price(n.gpu_type) for n in self._capacity.nodes.values())
         return borrows(spec, holding, self._entitlements.get(spec.allocation, 0.0) * total)
+
+    def _priced_run(self, run: Running) -> float:
+        """``_priced(run.tasks)``, remembered while the job's tasks and the nodes stay."""
+        generation, prices = self._prices
+        if generation != self._capacity.generation:
+            prices = {}
+            self._prices = (self._capacity.generation, prices)
+        known = prices.get(run.job_id)
+        if known is not None and known[0] is run.tasks:
+            return known[1]
+        priced = self._priced(run.tasks)
+        prices[run.job_id] = (run.tasks, priced)
+        return priced
 
     def _priced(self, tasks: Tasks) -> float:
         nodes = self._capacity.nodes

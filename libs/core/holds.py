@@ -12,17 +12,24 @@ being stopped or that it may preempt; at the end of a contract for protected wor
 it may preempt afterwards; otherwise at the work's likely end (its runtime estimate
 when placed, ``estimates.py``), or never that anyone knows. Pure: values in, a
 value out.
+
+Finding the soonest nodes weighs each node's work, and a hold looks at every node. So
+nodes are weighed in the order of a bound that needs no weighing (``earliest``: no
+work lets go before its contract ends or its likely end, whichever is first), and the
+search stops once the rest could not free in time to be chosen.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from libs.core.contract import RunningJob
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec
+from libs.core.rooms import Room
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,16 @@ def release_time(
 def soonest_nodes(
     waiting: JobSpec,
     candidate_nodes: Iterable[tuple[NodeId, int, int]],
-    releases: Mapping[NodeId, Iterable[tuple[float, int]]],
+    releases: Callable[[NodeId], Iterable[tuple[float, int]]],
+    earliest: Callable[[NodeId, int], float] | None = None,
 ) -> Hold | None:
     """The nodes that will hold ``waiting`` soonest: one node with room for it, or the
     fewest whole nodes for a gang. ``candidate_nodes`` are (node id, GPU count, GPUs
-    free or being freed); ``releases`` (when, GPUs) of the other work on each node.
-    None when no such nodes are known to free at all."""
+    free or being freed); ``releases`` (when, GPUs) of the other work on a node.
+    ``earliest(node, gpus)``, when given, is no later than when ``releases`` frees
+    ``gpus`` GPUs there: nodes are then weighed soonest first, and no further once the
+    rest cannot free in time to be chosen. None when no such nodes are known to free
+    at all."""
     nodes = list(candidate_nodes)
     node_size = max((size for _, size, _ in nodes), default=0)
     if node_size == 0:
@@ -66,18 +77,56 @@ def soonest_nodes(
     gang = waiting.gpus > node_size
     need = node_size if gang else waiting.gpus
     count = -(-waiting.gpus // node_size) if gang else 1
-    options: list[tuple[float, NodeId]] = []
-    for node_id, size, free in nodes:
-        if size < need or (gang and size != node_size):
-            continue
+    fitting = [
+        (node_id, free)
+        for node_id, size, free in nodes
+        if size >= need and not (gang and size != node_size)
+    ]
+    if earliest is None:
+        order = [(-math.inf, node_id, free) for node_id, free in fitting]
+    else:
+        order = sorted((earliest(node_id, need - free), node_id, free) for node_id, free in fitting)
+    options: list[tuple[float, NodeId]] = []  # sorted
+    for soonest, node_id, free in order:
+        if len(options) >= count and soonest > options[count - 1][0]:
+            break  # sorted: none of the rest frees in time to be chosen
         room, ready = free, -math.inf
-        for end, gpus in sorted(releases.get(node_id, ())):
+        for end, gpus in sorted(releases(node_id)):
             if room >= need:
                 break
             room, ready = room + gpus, end
         if room >= need and ready < math.inf:
-            options.append((ready, node_id))
+            bisect.insort(options, (ready, node_id))
     if len(options) < count:
         return None
-    chosen = sorted(options)[:count]
+    chosen = options[:count]
     return Hold(tuple(sorted(node for _, node in chosen)), chosen[-1][0])
+
+
+# A node's preemptible work as ``earliest`` reads it: the latest start of work that cannot
+# resume, and when each of its GPUs may be let go at the soonest, sorted.
+Floors = tuple[float, tuple[float, ...]]
+
+
+def floors(rooms: Iterable[Room]) -> Floors:
+    """``Floors`` of a node's preemptible work (``rooms.Room`` entries)."""
+    latest_start = -math.inf
+    times: list[float] = []
+    for protected_until, gpus, lossless_until, likely_end in rooms:
+        if lossless_until < math.inf:  # cannot resume: it loses nothing only until its start
+            latest_start = max(latest_start, lossless_until)
+            times += [likely_end] * gpus
+        else:
+            times += [min(protected_until, likely_end)] * gpus
+    return latest_start, tuple(sorted(times))
+
+
+def earliest(node: Floors, gpus: int, now: float) -> float:
+    """No later than when ``release_time`` lets ``gpus`` of the node's GPUs go, for any
+    holder: work that resumes at the end of its contract or its likely end, whichever
+    comes first; work that cannot resume at its likely end, once it started before
+    ``now`` (until then it may go at once). -inf when ``gpus`` are free already."""
+    latest_start, times = node
+    if gpus <= 0 or now <= latest_start:
+        return -math.inf
+    return times[gpus - 1] if gpus <= len(times) else math.inf

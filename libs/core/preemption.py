@@ -45,15 +45,22 @@ def plan_preemption(
     lossless: bool = False,
     loss_cap_s: float = math.inf,
     room_bound: Callable[[NodeId], int] | None = None,
+    node_size: int | None = None,
+    ordered: bool = False,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
     A lossy plan (not ``lossless``) may also stop single-node work that cannot resume,
     throwing away at most ``loss_cap_s`` × the job's GPUs of work in all. ``room_bound``
     (``RunningWork.room_bound``), when given, bounds the GPUs a node's victims may free
     from above, so that nodes short of room are skipped without weighing each victim:
-    the plan is the same with or without it."""
-    nodes = list(candidate_nodes)
-    node_size = max((size for _, size, _ in nodes), default=0)
+    the plan is the same with or without it. ``node_size``, when given, is the most GPUs
+    of any node the job could use, and ``candidate_nodes`` may then leave out the nodes a
+    plan skips: the plan is the same. ``ordered``: they come by free GPUs (most first),
+    then by id, and only as far as the plan reads them (a job that fits one node stops
+    at the first node where no plan can cost less than the best so far)."""
+    if node_size is None:
+        candidate_nodes = list(candidate_nodes)
+        node_size = max((size for _, size, _ in candidate_nodes), default=0)
     if node_size == 0:
         return None
     by_contract = victims_of(waiting, rank, now)
@@ -71,14 +78,24 @@ def plan_preemption(
         return room_bound is not None and free + room_bound(node_id) < needed
 
     if waiting.gpus > node_size:
+        nodes = list(candidate_nodes)
         plan = _whole_nodes(waiting, nodes, node_size, running_on, may_take, short, now)
         if plan is None or _cost(plan.victims, now)[0] > cap:
             return None
         return plan
     best: tuple[_Cost, NodeId, tuple[RunningJob, ...]] | None = None
-    for node_id, size, free in nodes:
+    for node_id, size, free in candidate_nodes:
         if size < waiting.gpus or free >= waiting.gpus or short(node_id, free, waiting.gpus):
             continue
+        if best is not None:
+            # No plan costs less than stopping one job, that loses nothing and is not
+            # charged, of the GPUs missing: nor, ``ordered``, at any node after this one.
+            if ((0.0, 0, 0, waiting.gpus - free, 1), node_id) > best[:2]:
+                if ordered:
+                    break
+                continue
+            if (_least_cost(running_on.get(node_id, ()), waiting.gpus - free), node_id) > best[:2]:
+                continue  # no plan here can cost less: most nodes, once a cheap plan is found
         allowed = list(filter(may_take, running_on.get(node_id, ())))
         if free + sum(v.gpus for v in allowed) < waiting.gpus:
             continue  # too little room even with every victim allowed (most nodes, mostly)
@@ -99,6 +116,11 @@ def plan_preemption(
         if best is None or option[:2] < best[:2]:
             best = option
     return Plan((best[1],), best[2]) if best else None
+
+
+def costs_least(plan: Plan, now: float) -> bool:
+    """Whether no plan can cost less: it throws no work away and stops no charged work."""
+    return _cost(plan.victims, now)[:2] == (0.0, 0)
 
 
 def _whole_nodes(
@@ -153,6 +175,19 @@ def _whole_nodes(
     if not stopped:
         return None  # whole nodes are free already: no preemption needed
     return Plan(tuple(sorted(chosen)), tuple(stopped.values()))
+
+
+def _least_cost(victims: Iterable[RunningJob], missing: int) -> _Cost:
+    """No plan that frees ``missing`` GPUs among ``victims`` (a node's) costs less: what
+    free work and idle charged work there cannot make up is charged, and busy."""
+    free_work = idle = 0
+    for v in victims:
+        if not v.spec.allocated:
+            free_work += v.gpus
+        elif v.idle:
+            idle += v.gpus
+    charged = max(missing - free_work, 0)
+    return (0.0, charged, max(charged - idle, 0), missing, 1)
 
 
 def _cost(victims: Iterable[RunningJob], now: float) -> _Cost:

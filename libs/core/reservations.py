@@ -16,22 +16,29 @@ nodes move), and a round that plans for other jobs releases it. Holds are kept
 until then, not timed out like nodes being freed. In between, a round checks
 whether a hold's nodes can be freed without loss, unless nothing that check read
 has changed since it last failed and no contract there has ended.
+
+A round plans for up to a dozen jobs, each over every node, so a plan reads only the
+nodes it may not skip at once (``_roomy``): those with a few free GPUs, and those the
+room index (``rooms.RoomIndex``) says may have room, in the order ``plan_preemption``
+stops early in. Nodes where free work may make room are searched first: a plan that
+stops only free work losing nothing costs the least, and only they can have one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob, victims_of
-from libs.core.holds import Hold, release_time, soonest_nodes
+from libs.core.holds import Floors, Hold, earliest, floors, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
-from libs.core.preemption import Plan, plan_preemption
+from libs.core.preemption import Plan, costs_least, plan_preemption
 from libs.core.queues import Waiting
+from libs.core.rooms import Room
 from libs.core.running import RunningWork
 from libs.core.state import Cell, State, Table
 
@@ -83,6 +90,9 @@ class Reservations:
         self._held: set[NodeId] = set()  # the nodes of holds (``derived`` rebuilds it)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
         self._failed: dict[JobId, _Failed] = {}  # a memo keyed by all it read, not state
+        # A memo, not state: each node's ``holds.Floors``, with the entries they were
+        # read from (a new tuple as the node's work changes; a hold reads every node).
+        self._floors: dict[NodeId, tuple[tuple[Room, ...], Floors]] = {}
         # A memo, not state: the reserved nodes not held, dropped as reservations change
         # (every pass asks, once per allocation, and a gang's hold spans many nodes).
         self._open: frozenset[NodeId] | None = None
@@ -121,26 +131,16 @@ class Reservations:
         if no_plan is not None and no_plan[0] == attempt and now < no_plan[1] + NO_PLAN_RETRY_S:
             return ()
         self.release(job.job_id)  # a hold is planned afresh
-        nodes = [
-            (node_id, node.gpu_count)
-            for node_id, node in sorted(capacity.nodes.items())
-            if node_id not in reserved
-            and not capacity.is_cordoned(node_id)
-            and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
-            and node.gpu_memory_gib >= spec.min_gpu_memory_gib
-        ]
-        candidates = [(node_id, size, len(free(node_id))) for node_id, size in nodes]
+        nodes = capacity.schedulable(spec)
+        node_size = _largest(nodes, reserved)
         # Room without throwing work away; else the soonest such room, held; else, when
         # that is too far off, room at the cost of work that cannot resume.
-        lossless_room = running.room_bound(now, lossless=True)
-        plan = plan_preemption(
-            spec, candidates, running_on, rank, now, lossless=True, room_bound=lossless_room
-        )
+        plan = self._plan(spec, nodes, node_size, capacity, running, rank, now, lossless=True)
         if plan is not None:
             return self._stop_for(job.job_id, plan, now)
         hold = None
         if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
-            hold = _hold(spec, nodes, running_on, rank, now)
+            hold = self._hold(spec, nodes, running, rank, now)
         if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
             # A job throws away, in all, at most what it is sure to do itself (its
             # minimum runtime) or what it has waited, whichever is more, on its GPUs
@@ -149,14 +149,8 @@ class Reservations:
             loss_cap_s = min(
                 max(spec.min_runtime_s, now - job.since), self.config.max_min_runtime_s
             )
-            plan = plan_preemption(
-                spec,
-                candidates,
-                running_on,
-                rank,
-                now,
-                loss_cap_s=loss_cap_s,
-                room_bound=running.room_bound(now, lossless=False),
+            plan = self._plan(
+                spec, nodes, node_size, capacity, running, rank, now, loss_cap_s=loss_cap_s
             )
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)
@@ -166,6 +160,91 @@ class Reservations:
             self._held.update(hold.node_ids)
             self._reserve(job.job_id, hold.node_ids, now)
         return ()
+
+    def _plan(
+        self,
+        spec: JobSpec,
+        nodes: Mapping[NodeId, int],
+        node_size: int,
+        capacity: Capacity,
+        running: RunningWork,
+        rank: dict[str, int],
+        now: float,
+        *,
+        lossless: bool = False,
+        loss_cap_s: float = math.inf,
+    ) -> Plan | None:
+        """``plan_preemption`` over ``nodes`` not reserved, reading only those it may not
+        skip at once (``_roomy``). A plan that stops only free work losing nothing costs
+        the least, and only nodes where free work may make room can have one: those are
+        searched first, and when one has such a plan, no other node is weighed."""
+
+        def search(free_work: bool) -> Plan | None:
+            return plan_preemption(
+                spec,
+                _roomy(
+                    spec,
+                    nodes,
+                    node_size,
+                    self.reserved,
+                    capacity,
+                    running,
+                    now,
+                    lossless=lossless,
+                    free_work=free_work,
+                ),
+                running.preemptible_by_node(),
+                rank,
+                now,
+                lossless=lossless,
+                loss_cap_s=loss_cap_s,
+                room_bound=running.room_bound(now, lossless=lossless),
+                node_size=node_size,
+                ordered=True,
+            )
+
+        if spec.gpus <= node_size:  # a gang's plan weighs its nodes together
+            plan = search(free_work=True)
+            if plan is not None and costs_least(plan, now):
+                return plan
+        return search(free_work=False)
+
+    def _hold(
+        self,
+        spec: JobSpec,
+        nodes: Mapping[NodeId, int],
+        running: RunningWork,
+        rank: dict[str, int],
+        now: float,
+    ) -> Hold | None:
+        """The nodes not reserved to hold for ``spec``, as ``holds.soonest_nodes`` picks
+        them: GPUs not held by running work (free, or being freed) count as free now."""
+        may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
+        may_take_later = victims_of(spec, rank, math.inf)
+        running_on = running.preemptible_by_node()
+        reserved, memo = self.reserved, self._floors
+        candidates: Candidates = []
+        node_floors: dict[NodeId, Floors] = {}
+        for node_id, size in nodes.items():
+            if node_id in reserved:
+                continue
+            rooms = running.rooms(node_id)
+            known = memo.get(node_id)
+            if known is None or known[0] is not rooms:
+                known = memo[node_id] = (rooms, floors(rooms))
+            node_floors[node_id] = known[1]
+            candidates.append((node_id, size, size - len(known[1][1])))
+
+        def releases(node_id: NodeId) -> list[tuple[float, int]]:
+            return [
+                (release_time(v, may_take_now, may_take_later, now), v.gpus)
+                for v in running_on.get(node_id, ())
+            ]
+
+        def soonest(node_id: NodeId, gpus: int) -> float:
+            return earliest(node_floors[node_id], gpus, now)
+
+        return soonest_nodes(spec, candidates, releases, soonest)
 
     def _lossless(
         self,
@@ -270,23 +349,44 @@ class Reservations:
             self.release(job_id)
 
 
-def _hold(
+def _largest(nodes: Mapping[NodeId, int], reserved: Container[NodeId]) -> int:
+    """The most GPUs of a node not reserved (most nodes have the most: found at once)."""
+    most = max(nodes.values(), default=0)
+    if any(size == most and node_id not in reserved for node_id, size in nodes.items()):
+        return most
+    return max((size for node_id, size in nodes.items() if node_id not in reserved), default=0)
+
+
+def _roomy(
     spec: JobSpec,
-    nodes: list[tuple[NodeId, int]],
-    running_on: Mapping[NodeId, Iterable[RunningJob]],
-    rank: dict[str, int],
+    nodes: Mapping[NodeId, int],
+    node_size: int,
+    reserved: Container[NodeId],
+    capacity: Capacity,
+    running: RunningWork,
     now: float,
-) -> Hold | None:
-    """The nodes to hold for ``spec``, as ``holds.soonest_nodes`` picks them: GPUs not
-    held by running work (free, or being freed) count as free now."""
-    may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
-    may_take_later = victims_of(spec, rank, math.inf)
-    candidates: Candidates = []
-    releases: dict[NodeId, list[tuple[float, int]]] = {}
-    for node_id, size in nodes:
-        views = list(running_on.get(node_id, ()))
-        candidates.append((node_id, size, size - sum(v.gpus for v in views)))
-        releases[node_id] = [
-            (release_time(v, may_take_now, may_take_later, now), v.gpus) for v in views
-        ]
-    return soonest_nodes(spec, candidates, releases)
+    *,
+    lossless: bool,
+    free_work: bool,
+) -> Iterator[tuple[NodeId, int, int]]:
+    """Of ``nodes`` not reserved, those a plan does not skip at once, as ``plan_preemption``
+    reads them ``ordered``: where free GPUs plus ``room_bound`` may hold the job (or a
+    whole node, for a gang). Nodes with a few GPUs free are few, and come first; the rest
+    need all the room from the bound, which few nodes of a full cluster may give (or,
+    ``free_work``, from free work's bound: the others need charged work stopped)."""
+    gang = spec.gpus > node_size
+    need = node_size if gang else spec.gpus
+    free = capacity.free
+    partly = sorted(
+        (-len(free(n)), n) for n in capacity.partly_free(spec, need if gang else need - 1)
+    )
+    for count, node_id in partly:
+        if node_id not in reserved:
+            yield node_id, nodes[node_id], -count
+    roomy = set(running.roomy(now, need, lossless=lossless, free_work=free_work))
+    roomy.difference_update(n for _, n in partly)
+    # In id order: from the few such nodes, or else from all (a plan may stop early).
+    ids = sorted(roomy) if len(roomy) * 8 < len(nodes) else nodes
+    for node_id in ids:
+        if node_id in roomy and node_id in nodes and node_id not in reserved:
+            yield node_id, nodes[node_id], len(free(node_id))

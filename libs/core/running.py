@@ -8,7 +8,6 @@ that failed is not searched for again until something it looked at changed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +18,7 @@ from libs.core.decisions import StopCause
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
 from libs.core.queues import Waiting
+from libs.core.rooms import Room, RoomIndex, bound, room_of
 from libs.core.state import State, Table
 
 Tasks = dict[TaskId, tuple[NodeId, tuple[int, ...]]]  # task id -> (node id, GPU indices)
@@ -93,10 +93,13 @@ class RunningWork:
         # node -> its jobs that preemption may consider, in ``_on_node``'s order: planning
         # reads them for every blocked job, far more often than running work changes.
         self._preemptible: dict[NodeId, dict[JobId, RunningJob]] = {}
-        # node -> its preemptible jobs as (protected until, GPUs there, loses nothing
-        # until), sorted: what bounds the room a plan may free there, kept as jobs
-        # change so that a plan skips most nodes without weighing their jobs.
+        # node -> its preemptible jobs as ``rooms.Room`` entries, sorted: what bounds the
+        # room a plan may free there, kept as jobs change so that a plan skips most
+        # nodes without weighing their jobs.
         self._room: dict[NodeId, tuple[Room, ...]] = {}
+        # A memo of ``_room`` for a window of the clock (``rooms.RoomIndex``): the nodes
+        # that may have room at all, so that a plan does not bound every node's.
+        self._roomy = RoomIndex()
         self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
 
     @property
@@ -183,22 +186,33 @@ class RunningWork:
         on each node it spans (a view: read it before running work changes)."""
         return _ByNode(self._preemptible)
 
-    def room_bound(self, now: float, *, lossless: bool) -> Callable[[NodeId], int]:
+    def room_bound(
+        self, now: float, *, lossless: bool, free_work: bool = False
+    ) -> Callable[[NodeId], int]:
         """node -> at most the GPUs a plan at ``now`` may free there by stopping work:
-        that of jobs no longer protected (and, ``lossless``, that lose nothing yet).
-        Planning's victim rules (``preemption.plan_preemption``) only ever take fewer."""
+        that of jobs no longer protected (and, ``lossless``, that lose nothing yet;
+        ``free_work``, that are not charged). Planning's victim rules
+        (``preemption.plan_preemption``) only ever take fewer."""
         rooms = self._room
 
-        def bound(node_id: NodeId) -> int:
-            room = 0
-            for protected_until, gpus, lossless_until in rooms.get(node_id, ()):
-                if protected_until > now:
-                    break  # sorted: the rest are protected longer
-                if not lossless or now <= lossless_until:
-                    room += gpus
-            return room
+        def node_bound(node_id: NodeId) -> int:
+            return bound(rooms.get(node_id, ()), now, lossless=lossless, free_work=free_work)
 
-        return bound
+        return node_bound
+
+    def roomy(
+        self, now: float, gpus: int, *, lossless: bool, free_work: bool = False
+    ) -> list[NodeId]:
+        """The nodes where ``room_bound`` at ``now`` (of free work only, ``free_work``) may
+        reach ``gpus``: every node where it does, and few where it does not (in no order)."""
+        if not self._roomy.covers(now):
+            self._roomy.rebuild(self._room, now)
+        return self._roomy.at_least(gpus, lossless=lossless, free_work=free_work)
+
+    def rooms(self, node_id: NodeId) -> tuple[Room, ...]:
+        """The node's preemptible jobs as ``rooms.Room`` entries (a new tuple whenever
+        they change: a memo of them may key on it)."""
+        return self._room.get(node_id, ())
 
     def _put(self, run: Running) -> None:
         """Write the job, and keep its places among the preemptible ones (a job only
@@ -213,9 +227,11 @@ class RunningWork:
             elif on is None or on.pop(run.job_id, None) is None:
                 continue  # the node's preemptible jobs did not change
             if on:
-                self._room[node_id] = _room_of(on.values())
+                rooms = self._room[node_id] = room_of(on.values())
             else:
+                rooms = ()
                 self._room.pop(node_id, None)
+            self._roomy.put(node_id, rooms)
 
     def _as_victims(self, run: Running, tasks: Tasks) -> dict[NodeId, RunningJob | None]:
         """The job as preemption sees it on each node of ``tasks``; None where it is not
@@ -254,31 +270,13 @@ class RunningWork:
                 if victim is not None:
                     preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
-        room = {node_id: _room_of(jobs.values()) for node_id, jobs in preemptible.items()}
+        room = {node_id: room_of(jobs.values()) for node_id, jobs in preemptible.items()}
         return {
             "_on_node": on_node,
             "_preemptible": preemptible,
             "_room": room,
             "free_work_gpus": free_work,
         }
-
-
-Room = tuple[float, int, float]  # (protected until, GPUs on the node, loses nothing until)
-
-
-def _room_of(victims: Iterable[RunningJob]) -> tuple[Room, ...]:
-    """A node's preemptible jobs as ``room_bound`` reads them: work that resumes, or has
-    not started, loses nothing when stopped; other work only until its start."""
-    return tuple(
-        sorted(
-            (
-                v.protected_until,
-                v.gpus,
-                math.inf if v.spec.resumable or v.started_at is None else v.started_at,
-            )
-            for v in victims
-        )
-    )
 
 
 class _ByNode(Mapping[NodeId, Iterable[RunningJob]]):

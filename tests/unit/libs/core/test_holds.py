@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable
 
 from libs.core.contract import RunningJob, victims_of
-from libs.core.holds import Hold, release_time, soonest_nodes
+from libs.core.holds import Hold, earliest, floors, release_time, soonest_nodes
+from libs.core.rooms import room_of
 from tests.builders import job
 
 HOUR = 3600.0
@@ -27,6 +30,10 @@ def running(
 ) -> RunningJob:
     spec = job(gpus, allocation=allocation, min_runtime_s=60, resumable=resumable)
     return RunningJob("v", spec, "n0", gpus, started_at, False, 1, protect_s, estimate_s)
+
+
+def of(releases: dict[str, list[tuple[float, int]]]) -> Callable[[str], list[tuple[float, int]]]:
+    return lambda node_id: releases.get(node_id, [])
 
 
 def when(victim: RunningJob) -> float:
@@ -64,18 +71,61 @@ def test_work_that_cannot_resume_lets_go_only_at_its_likely_end() -> None:
 def test_a_gang_gets_the_fewest_whole_nodes_that_free_soonest() -> None:
     candidates = [("n0", 8, 0), ("n1", 8, 0), ("n2", 8, 8), ("n3", 4, 4)]
     releases = {"n0": [(NOW + 3 * HOUR, 8)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(WAITING, candidates, releases) == Hold(("n1", "n2"), NOW + 2 * HOUR)
+    assert soonest_nodes(WAITING, candidates, of(releases)) == Hold(("n1", "n2"), NOW + 2 * HOUR)
 
 
 def test_a_single_node_job_gets_the_node_with_room_soonest() -> None:
     small = job(6, allocation="first", min_runtime_s=60)
     candidates = [("n0", 8, 2), ("n1", 8, 0)]
     releases = {"n0": [(NOW + 3 * HOUR, 4)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(small, candidates, releases) == Hold(("n1",), NOW + 2 * HOUR)
+    assert soonest_nodes(small, candidates, of(releases)) == Hold(("n1",), NOW + 2 * HOUR)
 
 
 def test_no_hold_where_nobody_knows_when_room_comes() -> None:
     candidates = [("n0", 8, 0), ("n1", 8, 0)]
     releases = {"n0": [(NOW, 8)], "n1": [(math.inf, 8)]}
-    assert soonest_nodes(WAITING, candidates, releases) is None
-    assert soonest_nodes(WAITING, [], {}) is None
+    assert soonest_nodes(WAITING, candidates, of(releases)) is None
+    assert soonest_nodes(WAITING, [], of({})) is None
+
+
+def test_weighing_nodes_soonest_bound_first_picks_the_same_nodes() -> None:
+    """``earliest`` never comes after ``release_time`` frees the GPUs, so the nodes it
+    lets ``soonest_nodes`` leave unweighed could not have been chosen."""
+    rng = random.Random(7)
+    for _ in range(1500):
+        now = rng.choice([NOW, NOW + HOUR])
+        on: dict[str, list[RunningJob]] = {}
+        for n in range(rng.randint(1, 8)):
+            room, on[f"n{n}"] = 8, []
+            while room and rng.random() < 0.7:
+                gpus = rng.randint(1, room)
+                victim = running(
+                    rng.choice(["first", "second"]),
+                    started_at=rng.choice([NOW - 2 * HOUR, NOW - HOUR, now]),
+                    protect_s=rng.choice([0.0, HOUR, 3 * HOUR]),
+                    estimate_s=rng.choice([None, HOUR, 2 * HOUR, 4 * HOUR]),
+                    resumable=rng.random() < 0.5,
+                    gpus=gpus,
+                )
+                on[f"n{n}"].append(victim)
+                room -= gpus
+        waiting = job(
+            rng.choice([1, 4, 8, 16]), allocation=rng.choice(["first", "second"]), min_runtime_s=60
+        )
+        may_now, may_later = victims_of(waiting, RANK, now), victims_of(waiting, RANK, math.inf)
+        releases = {
+            n: [(release_time(v, may_now, may_later, now), v.gpus) for v in vs]
+            for n, vs in on.items()
+        }
+        candidates = [(n, 8, 8 - sum(v.gpus for v in vs)) for n, vs in on.items()]
+        node_floors = {n: floors(room_of(vs)) for n, vs in on.items()}
+
+        def soonest(node_id: str, gpus: int, at: float = now, of_node: dict = node_floors) -> float:
+            return earliest(of_node[node_id], gpus, at)
+
+        for n, _, free in candidates:  # no later than the GPUs are let go
+            for gpus in range(1, 9 - free):
+                let_go = sorted(when for when, held in releases[n] for _ in range(held))
+                assert soonest(n, gpus) <= let_go[gpus - 1]
+        expected = soonest_nodes(waiting, candidates, of(releases))
+        assert soonest_nodes(waiting, candidates, of(releases), soonest) == expected

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.core.contract import RunningJob
 from libs.core.model import JobSpec
-from libs.core.preemption import Plan, plan_preemption
+from libs.core.preemption import Plan, _cost, plan_preemption
+from libs.core.rooms import bound, room_of
 from tests.builders import job
 
 HOUR = 3600.0
@@ -26,8 +29,9 @@ def run(
     started_at: float | None = 0.0,
     idle: bool = False,
     seq: int = 1,
+    resumable: bool = False,
 ) -> RunningJob:
-    spec = job(gpus, allocation=allocation, min_runtime_s=min_runtime_s)
+    spec = job(gpus, allocation=allocation, min_runtime_s=min_runtime_s, resumable=resumable)
     return RunningJob(job_id, spec, node_id, gpus, started_at, idle, seq, float(min_runtime_s))
 
 
@@ -269,6 +273,7 @@ def clusters(
                     started_at=draw(st.sampled_from([None, 0.0, 1000.0, 3000.0])),
                     idle=draw(st.booleans()),
                     seq=seq,
+                    resumable=draw(st.booleans()),
                 )
             )
             room -= gpus
@@ -311,3 +316,78 @@ def test_a_plan_never_throws_away_more_than_its_cap_in_all(
     if plan is not None:
         lost = sum({v.job_id: v.lost_gpu_s(now) for v in plan.victims}.values())
         assert lost <= loss_cap_s * waiting.gpus
+
+
+def random_cluster(
+    rng: random.Random,
+) -> tuple[JobSpec, list[tuple[str, int, int]], dict[str, list[RunningJob]], float]:
+    """Up to 8 nodes of mixed work: free and charged, resumable or not, idle or busy."""
+    nodes: list[tuple[str, int, int]] = []
+    on: dict[str, list[RunningJob]] = {}
+    for n in range(rng.randint(1, 8)):
+        node_id, room, jobs = f"n{n}", 8, []
+        while room and rng.random() < 0.6:
+            gpus = rng.randint(1, room)
+            jobs.append(
+                run(
+                    f"j{n}.{len(jobs)}",
+                    node_id,
+                    gpus,
+                    allocation=rng.choice(list(RANK)),
+                    min_runtime_s=rng.choice([0, 600, 3600]),
+                    started_at=rng.choice([None, 0.0, 1000.0, 3000.0]),
+                    idle=rng.random() < 0.5,
+                    seq=rng.randint(1, 99),
+                    resumable=rng.random() < 0.5,
+                )
+            )
+            room -= gpus
+        nodes.append((node_id, 8, room))
+        on[node_id] = jobs
+    waiting = job(rng.choice([1, 2, 4, 8]), allocation=rng.choice(list(RANK)), min_runtime_s=600)
+    return waiting, nodes, on, rng.choice([0.0, 1000.0, 3600.0, 4000.0])
+
+
+def test_a_plan_reading_only_the_nodes_with_room_in_order_is_each_nodes_best() -> None:
+    """As ``Reservations`` plans: nodes short of room left out, the rest by free GPUs
+    (most first) then id, read only until no node further on can cost less. The plan
+    is the cheapest of the plans each node alone gives (cost, then node id)."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        waiting, nodes, on, now = random_cluster(rng)
+        rooms = {node_id: room_of(jobs) for node_id, jobs in on.items()}
+        for lossless, cap in ((True, 0.0), (False, 3600.0)):
+            bounds = {n: bound(rooms[n], now, lossless=lossless) for n, _, _ in nodes}
+            room = bounds.__getitem__
+
+            alone = [
+                plan
+                for node in nodes
+                if (
+                    plan := plan_preemption(
+                        waiting, [node], on, RANK, now, lossless=lossless, loss_cap_s=cap
+                    )
+                )
+            ]
+            cheapest = min(alone, key=lambda p: (_cost(p.victims, now), p.node_ids), default=None)
+            assert ids(
+                plan_preemption(
+                    waiting, nodes[::-1], on, RANK, now, lossless=lossless, loss_cap_s=cap
+                )
+            ) == ids(cheapest)
+            read = sorted(
+                ((-free, n, size) for n, size, free in nodes if free + room(n) >= waiting.gpus),
+            )
+            plan = plan_preemption(
+                waiting,
+                iter([(n, size, -free) for free, n, size in read]),
+                on,
+                RANK,
+                now,
+                lossless=lossless,
+                loss_cap_s=cap,
+                room_bound=room,
+                node_size=8,
+                ordered=True,
+            )
+            assert ids(plan) == ids(cheapest)

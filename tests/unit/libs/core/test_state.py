@@ -25,6 +25,7 @@ from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
+from libs.core.rooms import RoomIndex
 from libs.core.running import Running, RunningWork
 from libs.core.state import Cell, State, Table
 from libs.events.convert import to_input
@@ -52,15 +53,19 @@ NOT_STATE: dict[type, set[str]] = {
         "_learned",
         "_serving",
     },
-    Capacity: {"_shape"},  # a memo of the last answer, dropped as the indexes change
+    # Memos: the last shape, dropped as the indexes change; the nodes plans read, dropped
+    # as nodes change; and the count of those changes, which prices key on.
+    Capacity: {"_shape", "_schedulable", "generation"},
     # The heads asked since each queue changed, and the queues changed since their heads
     # last heard why they wait (both checked below).
     Queues: {"_heads", "_moved"},
-    RunningWork: CONFIG,
-    # Its nodes price running work; the last rank is a memo keyed by all it read.
-    Charges: CONFIG | {"_capacity", "_ranked"},
-    # Memos: one keyed by all it read; the open nodes, dropped as reservations change.
-    Reservations: CONFIG | {"_failed", "_open"},
+    RunningWork: CONFIG | {"_roomy"},  # the rooms for a window of the clock (checked below)
+    # Its nodes price running work; the last rank is a memo keyed by all it read, and
+    # so are running jobs' prices.
+    Charges: CONFIG | {"_capacity", "_ranked", "_prices"},
+    # Memos: one keyed by all it read; the open nodes, dropped as reservations change;
+    # each node's floors, keyed by the entries read.
+    Reservations: CONFIG | {"_failed", "_open", "_floors"},
     Liveness: CONFIG,
     LearnedRuntimes: set(),
     Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
@@ -107,6 +112,19 @@ def check(scheduler: Scheduler) -> None:
     preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
     assert preemptible == {n: list(jobs.items()) for n, jobs in derived["_preemptible"].items()}  # type: ignore[attr-defined]
     assert running._room == derived["_room"]  # each node's room bound, kept as jobs change
+    roomy = running._roomy
+    if roomy.covers(roomy.window[0]):  # the nodes by room, kept as jobs change, hold
+        rebuilt = RoomIndex()
+        rebuilt.rebuild(running._room, roomy.window[0])
+        assert roomy.most == rebuilt.most
+        assert [{k: set(v) for k, v in by.items()} for by in roomy.nodes] == [
+            {k: set(v) for k, v in by.items()} for by in rebuilt.nodes
+        ]
+    generation, prices = scheduler._charges._prices
+    if generation == scheduler._capacity.generation:  # remembered prices hold
+        for job_id, (tasks, priced) in prices.items():  # of running jobs only
+            assert scheduler._charges._priced(tasks) == priced
+            assert job_id in scheduler._running.jobs
     assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
     reservations = scheduler._reservations
     assert reservations.derived() == {"_held": reservations.held()}
