@@ -28,7 +28,9 @@ from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler, config_di
 from libs.events.driver import PartitionSchedulers
 
 # The layout of ``state``: bump it when the pickled shape changes incompatibly.
-FORMAT = 1
+# 2: the core's memos and indexes changed shape (queue heads per tier, the queues whose
+# head moved, the room index, remembered prices): a format 1 state would load broken.
+FORMAT = 2
 # What a placement snapshot's state may name (packages, and everything below them).
 CORE = ("libs.core",)
 # Globals any snapshot may name besides its packages'.
