@@ -34,7 +34,7 @@ PROTOC_GEN_GO_GRPC := $(GO_TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSIO
 GO_GENERATE := PATH=$(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$$PATH $(BUF) generate
 
 .PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean \
-  buf-lint go-client go-client-check k8s-validate
+  api-tools buf-lint go-client go-client-check k8s-validate
 
 WEB := services/console/web
 WEB_STAMP := $(WEB)/node_modules/.package-lock.json
@@ -72,6 +72,9 @@ $(PROTOC_GEN_GO):
 
 $(PROTOC_GEN_GO_GRPC):
 	GOBIN=$(@D) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# The pinned API tools, built once (go may say what it downloads the first time).
+api-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
 
 # The API's rules (protos/buf.yaml): buf's STANDARD set and a comment on everything.
 # PROTO_DIR: another copy of protos/ to judge (the tests check the rules bite).
