@@ -565,8 +565,7 @@ class Scheduler:
         if not untold:
             return []
         rank = self._charges.rank(self.now)
-        order = {tier: i for i, tier in enumerate(TIERS)}
-        untold.sort(key=lambda t: (order[t[0]], rank.get(t[1], len(rank)), t[1]))
+        untold.sort(key=lambda t: (TIERS.index(t[0]), rank.get(t[1], len(rank)), t[1]))
         return [
             d for tier, allocation in untold for d in self._tell_head(tier, allocation, nominated)
         ]
