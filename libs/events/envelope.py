@@ -88,6 +88,10 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
         raise DecodeError("envelope has no event_id")
     if not event_type(env):
         raise DecodeError("envelope has no payload (unknown event type?)")
+    at = env.occurred_at
+    if not (_FIRST_SECOND <= at.seconds <= _LAST_SECOND and 0 <= at.nanos < 1_000_000_000):
+        # Every reader turns it into a datetime (placement stamps its decisions with it).
+        raise DecodeError("envelope occurred_at is not a time from year 1 to 9999")
     # A record no longer than the limit cannot hold a longer field (a character is at
     # least a byte): most inputs (ticks, task events) skip the look at each.
     if len(data) > MAX_TEXT_CHARS:
@@ -96,6 +100,9 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
                 raise DecodeError(f"envelope {name} is longer than {MAX_TEXT_CHARS} characters")
     return env
 
+
+# A Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
 
 # Ids every consumer keys state by (the cluster picks a scheduler): bounded, so that
 # a hostile record cannot make them grow without limit.

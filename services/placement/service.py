@@ -199,8 +199,11 @@ class PlacementService:
             acks = []
             for delivery in records:
                 self._still_owner(generation)
-                outputs, queued = await self._decide(producer, delivery)
+                # Past the committed offset (no longer ``clean``) before the record is
+                # folded: a rebalance while its decisions are queued must not keep this
+                # state as the one at the committed offset.
                 owned.offset = delivery.offset + 1
+                outputs, queued = await self._decide(producer, delivery)
                 acks.extend(queued)
                 decided.append((delivery.envelope, outputs))
                 await asyncio.sleep(0)  # the consumer's heartbeat runs between records
@@ -321,14 +324,18 @@ class PlacementService:
             started = time.perf_counter()
             outputs = self.outputs(delivery)
             DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
-            acks = []
-            for out in outputs:
-                # The decisions topic is their record; a line each would cost what deciding does.
-                log.debug("%s %s", event_type(out), out.correlation_id)
-                acks.append(
-                    await producer.enqueue(self.topics.decisions.name, out, key=out.cluster)
-                )
-            return outputs, acks
+            return outputs, await self._enqueue(producer, outputs)
+
+    async def _enqueue(
+        self, producer: EventProducer, outputs: list[events_pb2.Envelope]
+    ) -> list[Any]:
+        """Queue one record's decisions in the open transaction; their acknowledgements."""
+        acks = []
+        for out in outputs:
+            # The decisions topic is their record; a line each would cost what deciding does.
+            log.debug("%s %s", event_type(out), out.correlation_id)
+            acks.append(await producer.enqueue(self.topics.decisions.name, out, key=out.cluster))
+        return acks
 
     def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
         """The decisions one input record causes."""
@@ -343,13 +350,7 @@ class PlacementService:
         """The group took ``partitions`` (all, in a rebalance): keep the clean states."""
         self.generation += 1
         for partition in partitions:
-            owned = self.owned.pop(partition, None)
-            if owned is not None:
-                log.info("partition %d: given up", partition)
-            if owned is not None and owned.clean:
-                self._released[partition] = owned
-            elif owned is not None:
-                self._retiring.append(owned.producer)
+            self._give_up(partition)
         self._count_partitions()
 
     def assigned(self, partitions: set[int]) -> None:
@@ -358,12 +359,31 @@ class PlacementService:
         assert self._standby is not None
         self.generation += 1
         self.ready = True
+        log.info("assigned input partitions %s", sorted(partitions))
+        # A poll may run between the group's revoking and assigning callbacks, and take
+        # over partitions (maybe deciding records it may not commit: it was cut short by
+        # this callback). Each is taken over again in this generation, from the
+        # committed offset, like any other partition assigned now.
+        for partition in list(self.owned):
+            self._give_up(partition)
         for partition in set(self._released) - partitions:
             owned = self._released.pop(partition)
             self._standby.give(partition, Warm(owned.schedulers, owned.offset))
             self._retiring.append(owned.producer)
         self._standby.follow(set(range(self.topics.events.partitions)) - partitions)
         self._count_partitions()
+
+    def _give_up(self, partition: int) -> None:
+        """Stop deciding ``partition``; a clean state is kept in case it comes straight
+        back (its records past the committed offset are then read again)."""
+        owned = self.owned.pop(partition, None)
+        if owned is None:
+            return
+        log.info("partition %d: given up", partition)
+        if owned.clean:
+            self._released[partition] = owned
+        else:
+            self._retiring.append(owned.producer)
 
     def _drop(self, partition: int) -> None:
         owned = self.owned.pop(partition, None)

@@ -142,6 +142,9 @@ def absurd_facts() -> list[Poison]:
     future.occurred_at.FromDatetime(datetime(9999, 12, 31, tzinfo=UTC))
     epoch = _env(events_pb2.ClockTick(), POISON_CLUSTER)
     epoch.ClearField("occurred_at")
+    # Past any datetime: an input that is decided (here rejected) would be stamped with it.
+    beyond = _env(events_pb2.JobAdmitted(job_id="j-poison-beyond"), POISON_CLUSTER)
+    beyond.occurred_at.seconds = 2**40
     usage = events_pb2.UsageSnapshot(
         window=LONGEST,
         usage=[
@@ -157,6 +160,7 @@ def absurd_facts() -> list[Poison]:
                node("poison-huge", thousand), POISON_CLUSTER),
         Poison("events", "ClockTick in the year 9999", encode(future), key),
         Poison("events", "ClockTick at the epoch", encode(epoch), key),
+        Poison("events", "JobAdmitted after the year 9999", encode(beyond), key),
         _event("events", "UsageSnapshot of NaN and infinite usage (default cluster)", usage),
     ]  # fmt: skip
 

@@ -18,7 +18,9 @@ from libs.bus import EventProducer, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
+from libs.core import PolicyConfig
 from libs.events import new_envelope
+from libs.events.driver import PartitionSchedulers, step
 from services.placement.service import PlacementService
 from tests.placement_gate import GatedPlacement
 
@@ -151,3 +153,44 @@ async def test_a_batch_decided_across_a_rebalance_is_aborted_and_decided_again_o
     # Counted once committed: the aborted batch's decisions are not.
     assert decisions_counted("task_placed") - counted == 6
     assert decision_delays() - delays == 6
+
+
+async def test_a_batch_cut_short_by_an_assignment_alone_is_decided_again() -> None:
+    # aiokafka revokes, lets a poll run, then assigns: a partition taken over by that poll
+    # hears of the new generation only from the assignment, with no revocation after it.
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), *(job(i) for i in range(6)))
+    async with running(GatedPlacement(bus, TOPICS, group_id=GROUP, pause_at="j-3")) as service:
+        await asyncio.wait_for(service.paused.wait(), 5)
+        service.assigned({INPUT.partition})
+        service.go_on.set()
+        await asyncio.sleep(0.05)
+        await bus.until(caught_up(bus))
+    # Not one record skipped: the cut batch's records were decided again, once.
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
+
+
+async def test_a_state_revoked_while_a_record_is_folded_is_not_kept_as_clean() -> None:
+    # The group revokes while j-3's decisions are queued: its scheduler has folded j-3,
+    # whose transaction aborts. Kept as the state at the committed offset, it would fold
+    # j-3 twice when the partition comes back (and a second admission places nothing).
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), *(job(i) for i in range(3)))
+    gated = GatedPlacement(bus, TOPICS, group_id=GROUP, pause_at="j-3", after_fold=True)
+    async with running(gated) as service:
+        await bus.until(caught_up(bus))
+        await write(bus, *(job(i) for i in range(3, 6)))  # j-3 first in its batch
+        await asyncio.wait_for(service.paused.wait(), 5)
+        # The group takes every partition and gives them straight back (one instance,
+        # its coordinator restarted), as the consumer's callbacks tell the service.
+        everything = set(range(TOPICS.events.partitions))
+        service.revoked(everything)
+        service.assigned(everything)
+        service.go_on.set()
+        await bus.until(caught_up(bus))
+        kept = service.owned[INPUT.partition].schedulers.of("default").digest()
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
+    fresh = PartitionSchedulers(PolicyConfig())
+    for env in bus.envelopes(EVENTS):
+        step(fresh.of(env.cluster), env)
+    assert kept == fresh.of("default").digest()
