@@ -22,6 +22,7 @@ search stops once the rest could not free in time to be chosen.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from libs.core.contract import RunningJob
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec
 from libs.core.rooms import Room
+
+# A node's preemptible work as ``earliest`` reads it: the latest start of work that cannot
+# resume, and when each of its GPUs may be let go at the soonest, sorted.
+Floors = tuple[float, tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -59,37 +64,36 @@ def release_time(
 
 def soonest_nodes(
     waiting: JobSpec,
-    candidate_nodes: Iterable[tuple[NodeId, int, int]],
+    candidate_nodes: Iterable[tuple[NodeId, int, int, Floors | None]],
     releases: Callable[[NodeId], Iterable[tuple[float, int]]],
-    earliest: Callable[[NodeId, int], float] | None = None,
+    now: float,
 ) -> Hold | None:
     """The nodes that will hold ``waiting`` soonest: one node with room for it, or the
     fewest whole nodes for a gang. ``candidate_nodes`` are (node id, GPU count, GPUs
-    free or being freed); ``releases`` (when, GPUs) of the other work on a node.
-    ``earliest(node, gpus)``, when given, is no later than when ``releases`` frees
-    ``gpus`` GPUs there: nodes are then weighed soonest first, and no further once the
-    rest cannot free in time to be chosen. None when no such nodes are known to free
-    at all."""
-    nodes = list(candidate_nodes)
-    node_size = max((size for _, size, _ in nodes), default=0)
+    free or being freed, the ``Floors`` of its other work or None); ``releases`` (when,
+    GPUs) of that work. Nodes are weighed in the order of ``earliest`` (no later than
+    ``releases`` frees what is needed; -inf for a node without floors), and no further
+    once the rest cannot free in time to be chosen. None when no such nodes are known
+    to free at all."""
+    nodes = candidate_nodes if isinstance(candidate_nodes, list) else list(candidate_nodes)
+    node_size = max((size for _, size, _, _ in nodes), default=0)
     if node_size == 0:
         return None
     gang = waiting.gpus > node_size
     need = node_size if gang else waiting.gpus
     count = -(-waiting.gpus // node_size) if gang else 1
-    fitting = [
-        (node_id, free)
-        for node_id, size, free in nodes
-        if size >= need and not (gang and size != node_size)
+    # A heap, not a sorted list: the search mostly stops after a few nodes.
+    order = [
+        (-math.inf if bounds is None else earliest(bounds, need - free, now), node_id, free)
+        for node_id, size, free, bounds in nodes
+        if (size == node_size if gang else size >= need)
     ]
-    if earliest is None:
-        order = [(-math.inf, node_id, free) for node_id, free in fitting]
-    else:
-        order = sorted((earliest(node_id, need - free), node_id, free) for node_id, free in fitting)
+    heapq.heapify(order)
     options: list[tuple[float, NodeId]] = []  # sorted
-    for soonest, node_id, free in order:
+    while order:
+        soonest, node_id, free = heapq.heappop(order)
         if len(options) >= count and soonest > options[count - 1][0]:
-            break  # sorted: none of the rest frees in time to be chosen
+            break  # in order: none of the rest frees in time to be chosen
         room, ready = free, -math.inf
         for end, gpus in sorted(releases(node_id)):
             if room >= need:
@@ -101,11 +105,6 @@ def soonest_nodes(
         return None
     chosen = options[:count]
     return Hold(tuple(sorted(node for _, node in chosen)), chosen[-1][0])
-
-
-# A node's preemptible work as ``earliest`` reads it: the latest start of work that cannot
-# resume, and when each of its GPUs may be let go at the soonest, sorted.
-Floors = tuple[float, tuple[float, ...]]
 
 
 def floors(rooms: Iterable[Room]) -> Floors:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob, victims_of
-from libs.core.holds import Floors, Hold, earliest, floors, release_time, soonest_nodes
+from libs.core.holds import Floors, Hold, floors, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
 from libs.core.preemption import Plan, costs_least, plan_preemption
@@ -222,18 +222,16 @@ class Reservations:
         may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
         may_take_later = victims_of(spec, rank, math.inf)
         running_on = running.preemptible_by_node()
-        reserved, memo = self.reserved, self._floors
-        candidates: Candidates = []
-        node_floors: dict[NodeId, Floors] = {}
+        reserved, memo, rooms_of = self.reserved, self._floors, running.rooms
+        candidates: list[tuple[NodeId, int, int, Floors]] = []
         for node_id, size in nodes.items():
             if node_id in reserved:
                 continue
-            rooms = running.rooms(node_id)
+            rooms = rooms_of(node_id)
             known = memo.get(node_id)
             if known is None or known[0] is not rooms:
                 known = memo[node_id] = (rooms, floors(rooms))
-            node_floors[node_id] = known[1]
-            candidates.append((node_id, size, size - len(known[1][1])))
+            candidates.append((node_id, size, size - len(known[1][1]), known[1]))
 
         def releases(node_id: NodeId) -> list[tuple[float, int]]:
             return [
@@ -241,10 +239,7 @@ class Reservations:
                 for v in running_on.get(node_id, ())
             ]
 
-        def soonest(node_id: NodeId, gpus: int) -> float:
-            return earliest(node_floors[node_id], gpus, now)
-
-        return soonest_nodes(spec, candidates, releases, soonest)
+        return soonest_nodes(spec, candidates, releases, now)
 
     def _lossless(
         self,

@@ -69,23 +69,25 @@ def test_work_that_cannot_resume_lets_go_only_at_its_likely_end() -> None:
 
 
 def test_a_gang_gets_the_fewest_whole_nodes_that_free_soonest() -> None:
-    candidates = [("n0", 8, 0), ("n1", 8, 0), ("n2", 8, 8), ("n3", 4, 4)]
+    candidates = [("n0", 8, 0, None), ("n1", 8, 0, None), ("n2", 8, 8, None), ("n3", 4, 4, None)]
     releases = {"n0": [(NOW + 3 * HOUR, 8)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(WAITING, candidates, of(releases)) == Hold(("n1", "n2"), NOW + 2 * HOUR)
+    assert soonest_nodes(WAITING, candidates, of(releases), NOW) == Hold(
+        ("n1", "n2"), NOW + 2 * HOUR
+    )
 
 
 def test_a_single_node_job_gets_the_node_with_room_soonest() -> None:
     small = job(6, allocation="first", min_runtime_s=60)
-    candidates = [("n0", 8, 2), ("n1", 8, 0)]
+    candidates = [("n0", 8, 2, None), ("n1", 8, 0, None)]
     releases = {"n0": [(NOW + 3 * HOUR, 4)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(small, candidates, of(releases)) == Hold(("n1",), NOW + 2 * HOUR)
+    assert soonest_nodes(small, candidates, of(releases), NOW) == Hold(("n1",), NOW + 2 * HOUR)
 
 
 def test_no_hold_where_nobody_knows_when_room_comes() -> None:
-    candidates = [("n0", 8, 0), ("n1", 8, 0)]
+    candidates = [("n0", 8, 0, None), ("n1", 8, 0, None)]
     releases = {"n0": [(NOW, 8)], "n1": [(math.inf, 8)]}
-    assert soonest_nodes(WAITING, candidates, of(releases)) is None
-    assert soonest_nodes(WAITING, [], of({})) is None
+    assert soonest_nodes(WAITING, candidates, of(releases), NOW) is None
+    assert soonest_nodes(WAITING, [], of({}), NOW) is None
 
 
 def test_weighing_nodes_soonest_bound_first_picks_the_same_nodes() -> None:
@@ -117,15 +119,13 @@ def test_weighing_nodes_soonest_bound_first_picks_the_same_nodes() -> None:
             n: [(release_time(v, may_now, may_later, now), v.gpus) for v in vs]
             for n, vs in on.items()
         }
-        candidates = [(n, 8, 8 - sum(v.gpus for v in vs)) for n, vs in on.items()]
         node_floors = {n: floors(room_of(vs)) for n, vs in on.items()}
-
-        def soonest(node_id: str, gpus: int, at: float = now, of_node: dict = node_floors) -> float:
-            return earliest(of_node[node_id], gpus, at)
-
-        for n, _, free in candidates:  # no later than the GPUs are let go
-            for gpus in range(1, 9 - free):
+        free = {n: 8 - sum(v.gpus for v in vs) for n, vs in on.items()}
+        for n in on:  # no later than the GPUs are let go
+            for gpus in range(1, 9 - free[n]):
                 let_go = sorted(when for when, held in releases[n] for _ in range(held))
-                assert soonest(n, gpus) <= let_go[gpus - 1]
-        expected = soonest_nodes(waiting, candidates, of(releases))
-        assert soonest_nodes(waiting, candidates, of(releases), soonest) == expected
+                assert earliest(node_floors[n], gpus, now) <= let_go[gpus - 1]
+        unbounded = [(n, 8, free[n], None) for n in on]
+        bounded = [(n, 8, free[n], node_floors[n]) for n in on]
+        expected = soonest_nodes(waiting, unbounded, of(releases), now)
+        assert soonest_nodes(waiting, bounded, of(releases), now) == expected
