@@ -169,7 +169,10 @@ class RunningWork:
         or None for a report not believed (about no such task, another node than the
         task's, or a task already over)."""
         run = self.jobs.get(job_id)
-        if run is None or run.tasks.get(task_id, ("",))[0] != node_id or task_id in run.ended:
+        if run is None or task_id in run.ended:
+            return None
+        task = run.tasks.get(task_id)
+        if task is None or task[0] != node_id:
             return None
         run = run.but(ended=tuple(sorted((*run.ended, task_id))))
         self._put(run)

@@ -135,6 +135,22 @@ def test_an_end_for_an_unknown_task_is_ignored() -> None:
     assert scheduler.digest() == before
 
 
+@pytest.mark.parametrize(
+    ("task_id", "node_id"),
+    [("j1/7", ""), ("j1/7", "n1"), ("", ""), ("j1/0", ""), ("j1/0", "n2")],
+)
+def test_an_end_of_a_running_job_that_names_no_task_of_it_is_ignored(
+    task_id: str, node_id: str
+) -> None:
+    # A task no one placed, or a node not the task's (an empty one too): nothing changes.
+    scheduler = Scheduler()
+    scheduler.handle(NodeJoined(0, node("n1", 2)))
+    scheduler.handle(JobArrived(1, "j1", job(1)))
+    before = scheduler.digest()
+    assert scheduler.handle(TaskEnded(1, "j1", task_id, node_id)) == []
+    assert scheduler.digest() == before
+
+
 def test_a_node_that_re_registers_keeps_its_running_tasks_gpus() -> None:
     scheduler = Scheduler()
     scheduler.handle(NodeJoined(0, node("n1", 2)))
