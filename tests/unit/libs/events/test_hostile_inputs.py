@@ -21,11 +21,12 @@ from libs.core import Refused, Reject, Scheduler
 from libs.events import DecodeError, decode, encode, new_envelope
 from libs.events.convert import to_input
 from libs.events.driver import step
+from libs.events.wire_time import duration_ms
 
 # Names the cluster below knows (a node, a job, its task, and the empty name an unset
 # field reads as) half of the time; ones nobody knows otherwise.
 TEXT = st.one_of(
-    st.sampled_from(["", "n0", "j-1", "j-1/0"]),
+    st.sampled_from(["", "n0", "j-1", "j-1/0", "w-1", "w-1/a", "a", "m-a"]),
     st.sampled_from(["a", "u", "default", "ghost", "../..", "\x00", "é" * 3]),
 )
 NUMBERS = {
@@ -105,17 +106,34 @@ def envelopes(draw: st.DrawFn) -> events_pb2.Envelope:
     return env
 
 
+def _workflow_task(task_id: str, *parents: str) -> types_pb2.WorkflowTask:
+    return types_pb2.WorkflowTask(
+        task_id=task_id,
+        model=f"m-{task_id}",
+        model_mb=100,
+        run_duration=duration_ms(5),
+        in_kb=1,
+        out_kb=1,
+        parents=parents,
+    )
+
+
 def _running_cluster() -> Scheduler:
-    """One node, running j-1 (task j-1/0), with j-2 waiting."""
+    """Two GPUs of node n0: batch job j-1 (task j-1/0) and workflow w-1's first task
+    (w-1/a) run there, j-2 waits."""
     scheduler = Scheduler()
     inventory = types_pb2.NodeInventory(
-        node_id="n0", gpus=[types_pb2.Gpu(index=0, type="H100", memory_bytes=80 << 30)]
+        node_id="n0",
+        gpus=[types_pb2.Gpu(index=i, type="H100", memory_bytes=80 << 30) for i in (0, 1)],
     )
-    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["true"])
+    batch = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["true"])
+    workflow = types_pb2.Workflow(name="w", tasks=[_workflow_task("a"), _workflow_task("b", "a")])
+    serving = types_pb2.JobSpec(allocation="a", user="u", gpus=1, workflow=workflow)
     for payload in (
         events_pb2.NodeRegistered(inventory=inventory),
-        events_pb2.JobAdmitted(job_id="j-1", spec=spec),
-        events_pb2.JobAdmitted(job_id="j-2", spec=spec),
+        events_pb2.JobAdmitted(job_id="j-1", spec=batch),
+        events_pb2.JobAdmitted(job_id="w-1", spec=serving),
+        events_pb2.JobAdmitted(job_id="j-2", spec=batch),
     ):
         step(scheduler, new_envelope(payload, producer="setup"))
     return scheduler
