@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from qm.v1 import types_pb2
+
 from libs.config.budget import tree_from_mapping
 from libs.core import Decision, Input, JobSpec, NodeId, NodeSpec
 from libs.core.budget_tree import BudgetTree
+from libs.events.wire_time import duration_ms
 from libs.sim.policy import Policy
 
 
@@ -29,3 +32,22 @@ def tree(**weights: float) -> BudgetTree:
 def decided(policy: Policy, inputs: Iterable[Input]) -> list[Decision]:
     """Every decision the policy makes on the inputs, in order."""
     return [d for event in inputs for d in policy.handle(event)]
+
+
+def proto_workflow(*tasks: tuple[str, list[str]], name: str = "w") -> types_pb2.Workflow:
+    """A workflow as the log holds it: (task id, parents) each, serving model ``m-<id>``."""
+    return types_pb2.Workflow(
+        name=name,
+        tasks=[
+            types_pb2.WorkflowTask(
+                task_id=t,
+                model=f"m-{t}",
+                model_mb=100,
+                run_duration=duration_ms(5),
+                in_kb=1,
+                out_kb=1,
+                parents=p,
+            )
+            for t, p in tasks
+        ],
+    )

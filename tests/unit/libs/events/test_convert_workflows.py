@@ -30,7 +30,7 @@ from libs.events.convert import (
     workflow_from_proto,
 )
 from libs.events.wire_time import duration_ms, milliseconds, timestamp_ms
-from tests.builders import job
+from tests.builders import job, proto_workflow
 
 T0 = 1_760_000_000.0
 PROVENANCE = types_pb2.Provenance(input_offset=7, policy="budget", policy_version=6)
@@ -46,24 +46,6 @@ TRANSLATION = build_workflow(
     ],
     14_000,
 )
-
-
-def proto_workflow(*tasks: tuple[str, list[str]], name: str = "w") -> types_pb2.Workflow:
-    return types_pb2.Workflow(
-        name=name,
-        tasks=[
-            types_pb2.WorkflowTask(
-                task_id=t,
-                model=f"m-{t}",
-                model_mb=100,
-                run_duration=duration_ms(5),
-                in_kb=1,
-                out_kb=1,
-                parents=p,
-            )
-            for t, p in tasks
-        ],
-    )
 
 
 def admitted(spec: types_pb2.JobSpec) -> events_pb2.Envelope:

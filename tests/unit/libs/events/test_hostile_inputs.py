@@ -21,7 +21,7 @@ from libs.core import Refused, Reject, Scheduler
 from libs.events import DecodeError, decode, encode, new_envelope
 from libs.events.convert import to_input
 from libs.events.driver import step
-from libs.events.wire_time import duration_ms
+from tests.builders import proto_workflow
 
 # Names the cluster below knows (a node, a job, its task, and the empty name an unset
 # field reads as) half of the time; ones nobody knows otherwise.
@@ -106,18 +106,6 @@ def envelopes(draw: st.DrawFn) -> events_pb2.Envelope:
     return env
 
 
-def _workflow_task(task_id: str, *parents: str) -> types_pb2.WorkflowTask:
-    return types_pb2.WorkflowTask(
-        task_id=task_id,
-        model=f"m-{task_id}",
-        model_mb=100,
-        run_duration=duration_ms(5),
-        in_kb=1,
-        out_kb=1,
-        parents=parents,
-    )
-
-
 def _running_cluster() -> Scheduler:
     """Two GPUs of node n0: batch job j-1 (task j-1/0) and workflow w-1's first task
     (w-1/a) run there, j-2 waits."""
@@ -127,7 +115,7 @@ def _running_cluster() -> Scheduler:
         gpus=[types_pb2.Gpu(index=i, type="H100", memory_bytes=80 << 30) for i in (0, 1)],
     )
     batch = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["true"])
-    workflow = types_pb2.Workflow(name="w", tasks=[_workflow_task("a"), _workflow_task("b", "a")])
+    workflow = proto_workflow(("a", []), ("b", ["a"]))
     serving = types_pb2.JobSpec(allocation="a", user="u", gpus=1, workflow=workflow)
     for payload in (
         events_pb2.NodeRegistered(inventory=inventory),
