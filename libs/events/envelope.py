@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2
 
 from libs.core.limits import MAX_TEXT_CHARS
+from libs.events.wire_time import NANOS, TIMESTAMP_SECONDS
 
 DEFAULT_CLUSTER = "default"
 
@@ -89,7 +90,8 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
     if not event_type(env):
         raise DecodeError("envelope has no payload (unknown event type?)")
     at = env.occurred_at
-    if not (_FIRST_SECOND <= at.seconds <= _LAST_SECOND and 0 <= at.nanos < 1_000_000_000):
+    first, last = TIMESTAMP_SECONDS
+    if not (first <= at.seconds <= last and 0 <= at.nanos < NANOS):
         # Every reader turns it into a datetime (placement stamps its decisions with it).
         raise DecodeError("envelope occurred_at is not a time from year 1 to 9999")
     # A record no longer than the limit cannot hold a longer field (a character is at
@@ -100,9 +102,6 @@ def decode(data: bytes | None) -> events_pb2.Envelope:
                 raise DecodeError(f"envelope {name} is longer than {MAX_TEXT_CHARS} characters")
     return env
 
-
-# A Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
-_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
 
 # Ids every consumer keys state by (the cluster picks a scheduler): bounded, so that
 # a hostile record cannot make them grow without limit.

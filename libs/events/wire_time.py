@@ -18,9 +18,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 NANOS = 10**9
 NANOS_PER_MS = 10**6
+# A Timestamp's whole seconds: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+TIMESTAMP_SECONDS = (-62_135_596_800, 253_402_300_799)
 # The well-known types' ranges, in nanoseconds: ±10,000 years; 0001-01-01 to 9999-12-31.
 _DURATION = (-315_576_000_000 * NANOS, 315_576_000_000 * NANOS)
-_TIMESTAMP = (-62_135_596_800 * NANOS, 253_402_300_800 * NANOS - 1)
+_TIMESTAMP = (TIMESTAMP_SECONDS[0] * NANOS, (TIMESTAMP_SECONDS[1] + 1) * NANOS - 1)
 
 
 def seconds(d: Duration) -> float:
