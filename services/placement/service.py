@@ -199,6 +199,13 @@ class PlacementService:
             acks = []
             for delivery in records:
                 self._still_owner(generation)
+                if delivery.offset < owned.offset:
+                    # Folded already: a consumer may hand over again what it had fetched
+                    # before a rebalance, and a second fold would change the state.
+                    log.warning(
+                        "partition %d: record %d again, skipped", tp.partition, delivery.offset
+                    )
+                    continue
                 # Past the committed offset (no longer ``clean``) before the record is
                 # folded: a rebalance while its decisions are queued must not keep this
                 # state as the one at the committed offset.

@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 from prometheus_client import REGISTRY
 from qm.v1 import events_pb2, types_pb2
 
-from libs.bus import EventProducer, load_topic_config
+from libs.bus import Delivery, EventConsumer, EventProducer, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
@@ -194,3 +195,32 @@ async def test_a_state_revoked_while_a_record_is_folded_is_not_kept_as_clean() -
     for env in bus.envelopes(EVENTS):
         step(fresh.of(env.cluster), env)
     assert kept == fresh.of("default").digest()
+
+
+async def test_a_record_delivered_again_is_not_folded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A consumer may hand over again what it fetched before a rebalance.
+    original = EventConsumer.batches
+
+    async def twice(self: EventConsumer, timeout_ms: int = 500) -> AsyncIterator[list[Delivery]]:
+        async for batch in original(self, timeout_ms):
+            yield batch
+            if batch:
+                yield batch
+
+    monkeypatch.setattr(EventConsumer, "batches", twice)
+    folded: Counter[int] = Counter()
+
+    class Counting(PlacementService):
+        def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
+            folded[delivery.offset] += 1
+            return super().outputs(delivery)
+
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), job(0), job(1))
+    async with running(Counting(bus, TOPICS, group_id=GROUP)):
+        await bus.until(caught_up(bus))
+        await asyncio.sleep(0.05)
+    assert folded == {0: 1, 1: 1, 2: 1}
+    assert placed(bus) == {"j-0": 1, "j-1": 1}
