@@ -555,18 +555,20 @@ class Scheduler:
         computed only when a head is to hear something (most passes on a full cluster
         have nothing to say)."""
         nominated = self._nominated_heads()
-        untold: list[tuple[WorkClass, str, Waiting]] = []
+        untold: list[tuple[WorkClass, str]] = []
         for tier in TIERS:
             for allocation in self._queues.moved(tier) | {a for t, a in nominated if t is tier}:
-                if head := self._untold(tier, allocation):
-                    untold.append((tier, allocation, head))
+                if self._untold(tier, allocation):
+                    untold.append((tier, allocation))
                 else:
                     self._queues.settle(tier, allocation)
         if not untold:
             return []
         rank = self._charges.rank(self.now)
         untold.sort(key=lambda t: (TIERS.index(t[0]), rank.get(t[1], len(rank)), t[1]))
-        return [d for tier, allocation, head in untold for d in self._tell(tier, allocation, head)]
+        return [
+            d for tier, allocation in untold for d in self._tell_head(tier, allocation, nominated)
+        ]
 
     def _nominated_heads(self) -> set[tuple[WorkClass, str]]:
         """(tier, allocation) of the jobs that nodes are being freed or held for."""
@@ -594,15 +596,10 @@ class Scheduler:
         and those with nominated jobs, are looked at (``Queues.moved``)."""
         if allocation not in self._queues.moved(tier) and (tier, allocation) not in nominated:
             return []
-        return self._tell(tier, allocation, self._untold(tier, allocation))
-
-    def _tell(self, tier: WorkClass, allocation: str, head: Waiting | None) -> list[Decision]:
-        """``head`` (the allocation's ``_untold`` first job) hears why it waits; the
-        allocation is settled once its head has heard (a head that fits now is asked
-        again)."""
+        head = self._untold(tier, allocation)
         decisions = [] if head is None else self._wait(head)
         if head is None or head.job_id in self._reasons:
-            self._queues.settle(tier, allocation)
+            self._queues.settle(tier, allocation)  # a head that fits now is asked again
         return decisions
 
     def _place_nominated(self, *, held: bool) -> list[Decision]:
