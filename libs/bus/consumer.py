@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from opentelemetry.context import Context
 from qm.v1 import events_pb2
@@ -16,6 +18,8 @@ from libs.bus.ports import Bus, Consumer, OffsetReset, RebalanceListener, Record
 from libs.bus.producer import EventProducer
 from libs.events import DecodeError, decode
 from libs.telemetry import processing_context
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class EventConsumer:
             **tuning,
         )
         self._lag = LagMeter(self._consumer, name)
+        self._rebalances = _Rebalances()
 
     @property
     def client(self) -> Consumer:
@@ -71,22 +76,32 @@ class EventConsumer:
 
     async def start(self, *, listener: RebalanceListener | None = None) -> None:
         await self._consumer.start()
-        self._consumer.subscribe(self._topics, listener=listener)
+        self._consumer.subscribe(self._topics, listener=self._rebalances.telling(listener))
 
     async def stop(self) -> None:
         await self._consumer.stop()
 
     async def batches(self, timeout_ms: int = 500) -> AsyncIterator[list[Delivery]]:
-        """Yield decoded records a batch at a time (possibly empty), forever."""
+        """Yield decoded records a batch at a time (possibly empty), forever; never one
+        polled before the group's latest rebalance."""
         while True:
             polled = await self._consumer.getmany(timeout_ms=timeout_ms)
+            rebalances = self._rebalances.count
             batch: list[Delivery] = []
             for records in polled.values():
                 for record in records:
-                    delivery = await self.decode(record)
+                    delivery = await self.decode(record)  # a dead letter is sent: it waits
                     if delivery is not None:
                         batch.append(delivery)
-            await self._lag.polled()
+            await self._lag.polled()  # asks the broker: it waits, maybe out a restart
+            if self._rebalances.count != rebalances:
+                # The group moved partitions meanwhile and set every position back to
+                # its committed offset: these records are read again, and handing them
+                # over now would have them acted on twice.
+                log.info(
+                    "%s: %d records polled before a rebalance are read again", self.name, len(batch)
+                )
+                continue
             yield batch
 
     async def decode(self, record: Record) -> Delivery | None:
@@ -108,3 +123,25 @@ class EventConsumer:
             offset=record.offset,
             context=processing_context(record),
         )
+
+
+class _Rebalances(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Counts the group's moves of partitions, and tells the caller's listener of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._listener: RebalanceListener | None = None
+
+    def telling(self, listener: RebalanceListener | None) -> _Rebalances:
+        self._listener = listener
+        return self
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.count += 1
+        if self._listener is not None:
+            await self._listener.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.count += 1
+        if self._listener is not None:
+            await self._listener.on_partitions_assigned(assigned)

@@ -18,6 +18,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventConsumer, EventProducer, load_topic_config
 from libs.bus.deadletter import CONSUMER, REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from libs.bus.memory import MemoryBus
+from libs.bus.ports import Record
 from libs.bus.producer import TYPE_HEADER
 from libs.core import PolicyConfig
 from libs.events import new_envelope
@@ -190,6 +191,50 @@ async def test_a_state_revoked_while_a_record_is_folded_is_not_kept_as_clean() -
         service.go_on.set()
         await bus.until(caught_up(bus))
         kept = service.owned[INPUT.partition].schedulers.of("default").digest()
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
+    fresh = PartitionSchedulers(PolicyConfig())
+    for env in bus.envelopes(EVENTS):
+        step(fresh.of(env.cluster), env)
+    assert kept == fresh.of("default").digest()
+
+
+async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The consumer polls j-3..j-5, then waits before handing them over (as its lag meter
+    # does on a broker that restarts); the group rebalances meanwhile and sets every
+    # position back to the committed offset. Decided, that batch would be folded here
+    # and again when read anew.
+    original = EventConsumer.decode
+    handed, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow(self: EventConsumer, record: Record) -> Delivery | None:
+        delivery = await original(self, record)
+        if delivery is not None and delivery.envelope.job_admitted.job_id == "j-3":
+            handed.set()
+            await go_on.wait()
+        return delivery
+
+    monkeypatch.setattr(EventConsumer, "decode", slow)
+    folded: Counter[int] = Counter()
+
+    class Counting(PlacementService):
+        def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
+            folded[delivery.offset] += 1
+            return super().outputs(delivery)
+
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), *(job(i) for i in range(3)))
+    async with running(Counting(bus, TOPICS, group_id=GROUP)) as service:
+        await bus.until(caught_up(bus))
+        await write(bus, *(job(i) for i in range(3, 6)))
+        await asyncio.wait_for(handed.wait(), 5)
+        await bus._rebalance(GROUP)
+        go_on.set()
+        await bus.until(caught_up(bus))
+        await asyncio.sleep(0.05)
+        kept = service.owned[INPUT.partition].schedulers.of("default").digest()
+    assert folded == dict.fromkeys(range(7), 1)
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
     fresh = PartitionSchedulers(PolicyConfig())
     for env in bus.envelopes(EVENTS):
