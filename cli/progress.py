@@ -41,8 +41,8 @@ def _bar(
 @contextmanager
 def fractions(stdout: Console) -> Iterator[Callable[[str, float], None] | None]:
     """A bar per named part (a policy, say), told its fraction done, once the work has
-    taken ``BAR_AFTER_S``; None unless stderr is a terminal. It goes when the work ends,
-    leaving what was printed meanwhile."""
+    taken ``BAR_AFTER_S``, until the part is done; None unless stderr is a terminal. The
+    bars go when the work ends, leaving what was printed meanwhile."""
     if not errors.is_terminal:
         yield None
         return
@@ -51,6 +51,10 @@ def fractions(stdout: Console) -> Iterator[Callable[[str, float], None] | None]:
     began = time.monotonic()
 
     def show(name: str, done: float) -> None:
+        if done >= 1.0:  # a part that is done makes room for the others
+            if name in tasks:
+                bar.remove_task(tasks.pop(name))
+            return
         if not bar.live.is_started:
             if time.monotonic() - began < BAR_AFTER_S:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -306,6 +307,15 @@ def workflows(
         Path | None,
         typer.Option(file_okay=False, help="Write sweep.png and sweep.md (every table) here"),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            help="Processes running runs side by side [default: one per core]",
+            show_default=False,
+        ),
+    ] = None,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
@@ -318,7 +328,15 @@ def workflows(
     "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
     """
     from libs.core.compass import PlanMode
-    from libs.sim.workflows import ARRIVALS, SweepRun, claims, load_profiles, markdown, sweep
+    from libs.sim.workflows import (
+        ARRIVALS,
+        SweepRun,
+        claims,
+        load_profiles,
+        markdown,
+        run_label,
+        sweep,
+    )
 
     say = notes(console, errors, output)
     sizes = _items("--gpus", gpus, int, lambda g: 1 <= g <= 100_000, "GPU counts from 1 to 100000")
@@ -333,26 +351,33 @@ def workflows(
         raise fail(exc) from exc
 
     began = time.perf_counter()
-    with counting(console, "runs", len(sizes) * len(chosen) * len(processes)) as advance:
+    total_runs = len(sizes) * len(chosen) * len(processes)
+    ended: list[SweepRun] = []
+    with fractions(console) as progress:
 
-        def progress(done: SweepRun) -> None:
+        def tell(done: SweepRun) -> None:
             r = done.run
+            ended.append(done)
+            if progress is not None:
+                progress(run_label(done.arrivals, r.gpus, r.mode), 1.0)
             say.print(
-                f"  {done.arrivals} {r.gpus:>4} GPUs {r.mode.value:<8} "
-                f"median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}  ({done.wall_s:.1f} s)"
+                f"  [{len(ended)}/{total_runs}] {done.arrivals} {r.gpus:>4} GPUs "
+                f"{r.mode.value:<8} median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}"
+                f"  ({done.wall_s:.1f} s)"
             )
-            advance(1)
 
         runs = sweep(
             loaded,
             sizes,
             chosen,
             processes,
+            workers=workers or len(os.sched_getaffinity(0)),
             jobs=jobs,
             rate_per_s=rate,
             seed=seed,
             hold_threshold=hold_threshold,
-            on_run=progress,
+            on_run=tell,
+            on_progress=progress,
         )
     total = time.perf_counter() - began
     flows = [f.name for f in loaded.workflows]

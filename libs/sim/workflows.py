@@ -18,10 +18,15 @@ events at equal times in the order they were made.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import multiprocessing
+import queue
 import random
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,7 @@ PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "compass" /
 PARTS = ("queue", "load", "transfer", "run")
 GPU_TYPE = "T4"
 ALLOCATION = "serving"
+PROGRESS_EVERY = 20_000  # agenda entries between two progress reports of a run
 
 
 @dataclass(frozen=True)
@@ -160,11 +166,20 @@ class ServingCluster:
         self.feed(NodeJoined(self.world.now_s, node))
         self.world.join(node)
 
-    def run(self, handle: Callable[[object], None] | None = None) -> None:
+    def run(
+        self,
+        handle: Callable[[object], None] | None = None,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> None:
         """Process the agenda in time order; ``handle`` takes what neither the world nor
-        the scheduler does."""
+        the scheduler does; ``on_progress`` hears the share of workflows finished, now
+        and then."""
         world = self.world
+        steps = 0
         while world:
+            steps += 1
+            if on_progress is not None and not steps % PROGRESS_EVERY and self.arrived:
+                on_progress(len(world.done) / len(self.arrived))
             entry = world.pop()
             if world.handle(entry):
                 continue
@@ -261,7 +276,9 @@ def simulate(
     warmup: float = 0.1,
     share_models: bool = False,
     hold_threshold: float = PolicyConfig.hold_threshold,
+    on_progress: Callable[[float], None] | None = None,
 ) -> WorkflowRun:
+    """One run; ``on_progress`` hears the share of its workflows finished, now and then."""
     rng = random.Random(seed)
     flows = list(profiles.workflows) if share_models else [keyed(w) for w in profiles.workflows]
     cluster = ServingCluster(
@@ -272,7 +289,7 @@ def simulate(
     for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
         spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flows[rng.randrange(len(flows))])
         cluster.world.at(at, JobArrived(at / 1000, JobId(f"w{n:06d}"), spec))
-    cluster.run()
+    cluster.run(on_progress=on_progress)
     served, arrived, finished = cluster.world.served, cluster.arrived, cluster.world.done
     counts, parts = hits(served), _parts(served)
     done = sorted(finished, key=lambda j: (finished[j], j))
@@ -340,20 +357,81 @@ def sweep(
     modes: Sequence[PlanMode],
     arrivals: Mapping[str, float],
     *,
+    workers: int = 1,
     on_run: Callable[[SweepRun], None] | None = None,
+    on_progress: Callable[[str, float], None] | None = None,
     **knobs: Any,  # for every run: simulate's jobs, rate_per_s, seed, hold_threshold
 ) -> list[SweepRun]:
-    """Every mode at every size under every arrival process; deterministic."""
-    import time
+    """Every mode at every size under every arrival process; deterministic, in that
+    order whatever ``workers`` (processes running runs side by side). ``on_run`` hears
+    of each run as it ends; ``on_progress(label, share)`` of each run's progress, named
+    by ``run_label``."""
+    cases = [
+        (name, shape, gpus, mode)
+        for (name, shape), gpus, mode in itertools.product(arrivals.items(), sizes, modes)
+    ]
+    told = on_run or (lambda _: None)
+    if workers <= 1 or len(cases) < 2:
+        runs = []
+        for name, shape, gpus, mode in cases:
+            heard = on_progress and functools.partial(on_progress, run_label(name, gpus, mode))
+            runs.append(_sweep_run(profiles, name, shape, gpus, mode, knobs, heard))
+            told(runs[-1])
+        return runs
+    context = multiprocessing.get_context("spawn")  # a fork would copy the caller's threads
+    updates: multiprocessing.Queue[tuple[str, float]] = context.Queue()
+    with ProcessPoolExecutor(
+        min(workers, len(cases)), mp_context=context, initializer=_reporting, initargs=(updates,)
+    ) as pool:
+        futures = [pool.submit(_sweep_run, profiles, *case, knobs) for case in cases]
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while True:
+                try:
+                    update = updates.get_nowait()
+                except queue.Empty:
+                    break
+                if on_progress is not None:
+                    on_progress(*update)
+            for future in sorted(finished, key=futures.index):
+                told(future.result())
+        return [f.result() for f in futures]
 
-    runs = []
-    for (name, shape), gpus, mode in itertools.product(arrivals.items(), sizes, modes):
-        began = time.perf_counter()
-        run = simulate(profiles, mode=mode, gpus=gpus, burst_shape=shape, **knobs)
-        runs.append(SweepRun(name, run, time.perf_counter() - began))
-        if on_run is not None:
-            on_run(runs[-1])
-    return runs
+
+def run_label(arrivals: str, gpus: int, mode: PlanMode) -> str:
+    """How progress names a run of the sweep."""
+    return f"{arrivals} {gpus} GPUs {mode.value}"
+
+
+_updates: multiprocessing.Queue[tuple[str, float]] | None = None  # in a sweep's worker
+
+
+def _reporting(updates: multiprocessing.Queue[tuple[str, float]]) -> None:
+    global _updates
+    _updates = updates
+
+
+def _relay(updates: multiprocessing.Queue[tuple[str, float]], run: str, share: float) -> None:
+    updates.put((run, share))
+
+
+def _sweep_run(
+    profiles: Profiles,
+    name: str,
+    shape: float,
+    gpus: int,
+    mode: PlanMode,
+    knobs: Mapping[str, Any],
+    on_progress: Callable[[float], None] | None = None,
+) -> SweepRun:
+    if on_progress is None and _updates is not None:  # in a worker: tell the parent
+        on_progress = functools.partial(_relay, _updates, run_label(name, gpus, mode))
+    began = time.perf_counter()
+    run = simulate(
+        profiles, mode=mode, gpus=gpus, burst_shape=shape, on_progress=on_progress, **knobs
+    )
+    return SweepRun(name, run, time.perf_counter() - began)
 
 
 @dataclass(frozen=True)

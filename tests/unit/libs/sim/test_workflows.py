@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import random
 import statistics
 
@@ -13,6 +14,7 @@ from libs.core.decisions import Planned
 from libs.core.inputs import JobArrived
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
+from libs.sim import workflows
 from libs.sim.workflows import (
     ARRIVALS,
     PROFILES,
@@ -129,6 +131,39 @@ def test_the_sweep_reports_its_tables_and_claims(profiles: Profiles) -> None:
     assert "Sweep runtime: 1.0 s for 4 runs." in text
     (claim,) = claims(runs)
     assert claim.text.startswith("poisson: hash reaches median")
+
+
+def test_a_sweep_over_processes_gives_the_serial_runs(profiles: Profiles) -> None:
+    cases = (profiles, [16, 24], [PlanMode.COMPASS, PlanMode.HASH], {"poisson": 0.0, "gamma": 0.25})
+    serial = sweep(*cases, jobs=60)
+    ended: list[SweepRun] = []
+    parallel = sweep(*cases, jobs=60, workers=2, on_run=ended.append)
+    assert [r.run for r in parallel] == [r.run for r in serial]
+    assert sorted(map(id, ended)) == sorted(map(id, parallel))
+
+
+def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
+    profiles: Profiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workflows, "PROGRESS_EVERY", 100)
+    heard: list[tuple[str, float]] = []
+    sweep(
+        profiles,
+        [16],
+        [PlanMode.HASH],
+        {"poisson": 0.0},
+        jobs=60,
+        on_progress=lambda *u: heard.append(u),
+    )
+    assert heard and {run for run, _ in heard} == {"poisson 16 GPUs hash"}
+    shares = [share for _, share in heard]
+    assert shares == sorted(shares) and shares[0] >= 0 and shares[-1] <= 1
+    # A worker process sends the same to its parent.
+    sent: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
+    monkeypatch.setattr(workflows, "_updates", sent)
+    workflows._sweep_run(profiles, "poisson", 0.0, 16, PlanMode.HASH, {"jobs": 60})
+    relayed = [sent.get() for _ in range(sent.qsize())]
+    assert relayed == heard
 
 
 def test_claims_compare_compass_with_each_rival_at_every_size(profiles: Profiles) -> None:
