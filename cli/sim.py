@@ -20,6 +20,7 @@ from cli.render import errors, fail
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
 from libs.config.scenario import load_scenario
+from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
 from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
@@ -271,6 +272,17 @@ def _items(
     return items
 
 
+CacheModelFlag = Annotated[
+    CacheModel,
+    typer.Option(
+        "--cache-model",
+        help="How each GPU's model cache makes room: lookahead (the node agent's: the model "
+        "needed furthest ahead, free) or fifo-cost (the Compass paper's simulator: first "
+        "loaded first, each eviction costing its transfer)",
+    ),
+]
+
+
 @sim_app.command()
 def workflows(
     gpus: Annotated[str, typer.Option(help="GPU counts to sweep, comma-separated")] = _SWEEP,
@@ -316,6 +328,7 @@ def workflows(
             show_default=False,
         ),
     ] = None,
+    cache_model: CacheModelFlag = CacheModel.LOOKAHEAD,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
@@ -324,7 +337,7 @@ def workflows(
     workflows were held before their plan and the mean per-task breakdown per
     run, the per-workflow table, the claims and the runtime.
 
-    -o json|yaml: {"runs", "wall_s", "claims": [{"text", "holds"}],
+    -o json|yaml: {"runs", "wall_s", "cache_model", "claims": [{"text", "holds"}],
     "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
     """
     from libs.core.compass import PlanMode
@@ -376,6 +389,7 @@ def workflows(
             rate_per_s=rate,
             seed=seed,
             hold_threshold=hold_threshold,
+            cache_model=cache_model,
             on_run=tell,
             on_progress=progress,
         )
@@ -417,11 +431,14 @@ def workflows(
                     *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
                 ]
             )
-        title = f"{label} arrivals: slowdown; held per workflow, the rest per task (mean ms)"
+        title = (
+            f"{label} arrivals, {cache_model.value} caches: slowdown; held per workflow, "
+            "the rest per task (mean ms)"
+        )
         tables.append((title, header, rows))
         tables.append(
             (
-                f"{label}: median slowdown / cache hits per workflow",
+                f"{label}, {cache_model.value} caches: median slowdown / cache hits per workflow",
                 ["GPUs", "mode", *flows],
                 per_flow,
             )
@@ -432,6 +449,7 @@ def workflows(
         tables,
         runs=len(runs),
         wall_s=round(total, 3),
+        cache_model=cache_model.value,
         claims=[{"text": c.text, "holds": c.holds} for c in found],
     )
     for claim in found:
@@ -478,6 +496,7 @@ def mixed(
     warmup: Annotated[float, duration("30m", "Batch work alone before the window")] = 1800.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seeds both arrival streams")] = 7,
     parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
+    cache_model: CacheModelFlag = CacheModel.LOOKAHEAD,
     profiles: Annotated[
         Path,
         input_file("Compass profiles"),
@@ -492,8 +511,8 @@ def mixed(
     One simulated run through the core Scheduler (GpuWorkers for serving, simulated
     node agents for batch), then the same workload under each --compare fraction.
 
-    -o json|yaml: {"fractions", "wall_s", "tables": [{"title", "rows": [{column: cell}]}]},
-    the tables as printed.
+    -o json|yaml: {"fractions", "cache_model", "wall_s", "tables": [{"title", "rows":
+    [{column: cell}]}]}, the tables as printed.
     """
     from libs.sim.mixed import compare_fractions
     from libs.sim.mixed_report import COMPARISON, markdown, tables
@@ -521,8 +540,8 @@ def mixed(
     )
     say = notes(console, errors, output)
     say.print(
-        f"simulating {hours:g} h on {settings.cluster.describe()} for serving_max_fraction "
-        + ", ".join(f"{f:g}" for f in fractions)
+        f"simulating {hours:g} h on {settings.cluster.describe()} ({cache_model.value} model "
+        "caches) for serving_max_fraction " + ", ".join(f"{f:g}" for f in fractions)
     )
     began = time.perf_counter()
     with counting(console, "runs", len(fractions)) as advance:
@@ -531,6 +550,7 @@ def mixed(
             fractions,
             settings,
             serving_linger_s=serving_linger,
+            cache_model=cache_model,
             parallel=parallel,
             on_run=lambda _: advance(1),
         )
@@ -538,7 +558,7 @@ def mixed(
     shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0]).items()]
     side_by_side = "serving_max_fraction side by side (same workload)"
     shown.append((side_by_side, *table(COMPARISON, runs)))
-    _show(output, shown, fractions=fractions, wall_s=round(total, 3))
+    _show(output, shown, fractions=fractions, cache_model=cache_model.value, wall_s=round(total, 3))
     say.print(f"{len(runs)} runs in {total:.1f} s")
     if out is not None:
         from libs.sim.plots import write_mixed_plot

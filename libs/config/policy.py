@@ -13,7 +13,7 @@ from pydantic import Field, Strict
 
 from libs.config.document import FileModel, read_document, validate
 from libs.core import limits as L
-from libs.core.compass import PlanMode
+from libs.core.compass import CacheModel, PlanMode
 from libs.core.config import PolicyConfig
 
 _D = PolicyConfig()
@@ -31,6 +31,7 @@ class PolicyFile(FileModel):
     # GPU type -> what one of its GPU-seconds costs (types not listed cost 1).
     gpu_prices: dict[GpuType, Price] = Field(default_factory=dict, max_length=L.MAX_GPU_TYPES)
     serving_mode: Annotated[PlanMode, Strict(False)] = PlanMode(_D.serving_mode)
+    serving_cache_model: Annotated[CacheModel, Strict(False)] = CacheModel(_D.serving_cache_model)
     adjust_threshold: float = Field(_D.adjust_threshold, ge=0)
     adjust_joins: bool = _D.adjust_joins
     hold_threshold: float = Field(_D.hold_threshold, ge=0)
@@ -44,6 +45,7 @@ class PolicyFile(FileModel):
         values = self.model_dump()
         values["gpu_prices"] = tuple(sorted(self.gpu_prices.items()))
         values["serving_mode"] = self.serving_mode.value
+        values["serving_cache_model"] = self.serving_cache_model.value
         return PolicyConfig(**values)
 
 

@@ -45,6 +45,10 @@ class PolicyConfig:
     gpu_prices: tuple[tuple[str, float], ...] = ()
     # Workflow serving (libs.core.compass). Planner: compass, heft, hash or jit.
     serving_mode: str = "compass"
+    # How the workers' model caches make room, as the planner counts it: lookahead
+    # (the node agent's: furthest next use first, free) or fifo-cost (first loaded
+    # first, each eviction costing its transfer: the Compass paper's simulator).
+    serving_cache_model: str = "lookahead"
     # A ready task leaves its planned GPU when the wait there exceeds this × its
     # run time; join tasks (several parents) are adjusted only if adjust_joins.
     adjust_threshold: float = 1.5

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Cancel, Decision, Planned, Wait
 from libs.core.ids import JobId
@@ -140,6 +141,7 @@ class MixedRun:
     decisions: int
     inputs: int
     series: tuple[Sample, ...] = field(repr=False)
+    cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
     wall_s: float = field(default=0.0, compare=False)
 
 
@@ -375,6 +377,7 @@ class MixedCluster(ServingCluster, Observer):
         batch_mean = batch_held["all"].mean
         charges, gpu_s_charged = self._charges()
         return MixedRun(
+            cache_model=CacheModel(self.config.serving_cache_model),
             serving_max_fraction=self.config.serving_max_fraction,
             serving_linger_s=self.config.serving_linger_s,
             capacity=self.capacity,
@@ -482,6 +485,7 @@ def compare_fractions(
     settings: MixedSettings | None = None,
     *,
     serving_linger_s: float = 30.0,
+    cache_model: CacheModel = CacheModel.LOOKAHEAD,
     parallel: bool = False,
     on_run: Callable[[MixedRun], None] | None = None,
 ) -> list[MixedRun]:
@@ -489,7 +493,12 @@ def compare_fractions(
     ``parallel`` runs them in separate processes (the results are the same). ``on_run``
     is told of each run as it ends."""
     configs = [
-        serving_policy(profiles.costs, serving_max_fraction=f, serving_linger_s=serving_linger_s)
+        serving_policy(
+            profiles.costs,
+            serving_max_fraction=f,
+            serving_linger_s=serving_linger_s,
+            serving_cache_model=cache_model.value,
+        )
         for f in fractions
     ]
     told = on_run or (lambda _: None)

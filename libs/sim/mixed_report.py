@@ -131,7 +131,8 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         f"{s.serving_batch_share:.0%} of jobs from {SERVING_TEAM}. Workflows (the four Compass "
         f"profiles) for {SERVING_TEAM}: Poisson {s.workflow_rate_per_s:g}/s, "
         f"×{s.burst_factor:g} from {s.burst_s[0] / 60:g} to {s.burst_s[1] / 60:g} min. "
-        f"Window {s.hours:g} h after {s.warmup_s / 60:g} min of batch work alone; seed {s.seed}.",
+        f"Window {s.hours:g} h after {s.warmup_s / 60:g} min of batch work alone; seed {s.seed}. "
+        f"Model caches: {runs[0].cache_model.value}.",
         "",
     ]
     for title, (header, rows) in tables(runs[0]).items():

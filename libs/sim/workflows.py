@@ -33,7 +33,15 @@ from typing import Any
 
 from libs.config.document import ConfigError, load
 from libs.config.workflow import ProfilesFile
-from libs.core.compass import Costs, PlanMode, Task, Workflow, WorkflowError, build_workflow
+from libs.core.compass import (
+    CacheModel,
+    Costs,
+    PlanMode,
+    Task,
+    Workflow,
+    WorkflowError,
+    build_workflow,
+)
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, Wait
@@ -102,6 +110,7 @@ class WorkflowRun:
     task_breakdown_ms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     adjusted: int = 0  # tasks sent elsewhere than planned
     decisions: int = 0  # decisions the core made
+    cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
 
 
 def keyed(workflow: Workflow) -> Workflow:
@@ -153,6 +162,8 @@ class ServingCluster:
             per_s=1000.0,
             stop_grace_s=stop_grace_s,
             host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
+            # The workers' caches are what the planner counts on (a policy knob).
+            cache_model=CacheModel(scheduler.config.serving_cache_model),
             deliver=self.feed,
         )
         self.decisions = 0
@@ -276,14 +287,19 @@ def simulate(
     warmup: float = 0.1,
     share_models: bool = False,
     hold_threshold: float = PolicyConfig.hold_threshold,
+    cache_model: CacheModel = CacheModel.LOOKAHEAD,
     on_progress: Callable[[float], None] | None = None,
 ) -> WorkflowRun:
     """One run; ``on_progress`` hears the share of its workflows finished, now and then."""
     rng = random.Random(seed)
     flows = list(profiles.workflows) if share_models else [keyed(w) for w in profiles.workflows]
-    cluster = ServingCluster(
-        Scheduler(policy(mode, profiles.costs, hold_threshold=hold_threshold)), profiles.costs
+    config = policy(
+        mode,
+        profiles.costs,
+        hold_threshold=hold_threshold,
+        serving_cache_model=cache_model.value,
     )
+    cluster = ServingCluster(Scheduler(config), profiles.costs)
     for i in range(gpus):
         cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)
     for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
@@ -332,6 +348,7 @@ def simulate(
         },
         adjusted=cluster.adjusted,
         decisions=cluster.decisions,
+        cache_model=cache_model,
     )
 
 
@@ -492,7 +509,8 @@ def claims(runs: Sequence[SweepRun]) -> list[Claim]:
 def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
     flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
-    lines = ["# Workflow serving sweep", ""]
+    models = ", ".join(dict.fromkeys(r.run.cache_model.value for r in runs))
+    lines = ["# Workflow serving sweep", "", f"Cache model: {models}.", ""]
     for name in dict.fromkeys(r.arrivals for r in runs):
         mine = [r for r in runs if r.arrivals == name]
         lines += [

@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from libs.core.compass import GpuWorker
+from libs.core.compass import CacheModel, GpuWorker
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.compass.worker import Start
 from libs.core.decisions import Place, stop_grace
@@ -115,6 +115,7 @@ class World:
         stop_grace_s: float = 30.0,
         stopped_exit: int = SIGTERM_EXIT,
         host_to_gpu_mb_per_ms: float | None = None,  # None: no model caches
+        cache_model: CacheModel = CacheModel.LOOKAHEAD,  # how those caches make room
         ranks: Mapping[type, int] | None = None,
         deliver: Callable[[Input], None] | None = None,
         digits: int | None = None,  # agenda times rounded so (a log keeps ms: 3)
@@ -125,6 +126,7 @@ class World:
         self.stop_grace_s = stop_grace_s
         self.stopped_exit = stopped_exit
         self._bandwidth = host_to_gpu_mb_per_ms
+        self._cache_model = cache_model
         self._ranks = dict(ranks or {})
         self._digits = digits
         self.deliver = deliver or self.report
@@ -214,7 +216,8 @@ class World:
             self.gpus[(node.node_id, index)] = None
             if self._bandwidth is not None:
                 memory = node.gpu_memory_gib * MB_PER_GIB
-                self.workers[(node.node_id, index)] = GpuWorker(memory, self._bandwidth)
+                worker = GpuWorker(memory, self._bandwidth, cache_model=self._cache_model)
+                self.workers[(node.node_id, index)] = worker
 
     # -- batch tasks -----------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from libs.core.compass.planner import Assignment, PlanMode, Planner
 from libs.core.compass.timeline import GpuState
 from libs.core.compass.worker import Eviction, GpuWorker, Queued, Start
 from libs.core.compass.workflow import (
+    CacheModel,
     Costs,
     Task,
     Workflow,
@@ -25,6 +26,7 @@ from libs.core.compass.workflow import (
 
 __all__ = [
     "Assignment",
+    "CacheModel",
     "Costs",
     "Eviction",
     "GpuState",

@@ -1,20 +1,28 @@
 """A GPU's model cache: which resident models make room for a new one, and what
 the planner expects a cache to cost.
 
-Look-ahead eviction (``evict_for``): first models no queued task needs, then
-those needed furthest ahead; never the model the running task uses. The
-planner's picture of a cache is the node agent's least recently used order:
-a model used becomes the most recent (``use``), loading one costs its size
-over the host-to-GPU bandwidth (``load_ms``), and making room costs reloading
-what it evicts later (``penalty_ms``). Pure: the caller says what is resident
-and when each model is next needed.
+Two models of the workers' caches (``CacheModel``), the planner's ``Costs`` say which:
+
+- ``lookahead`` (the node agent's): a miss evicts first models no queued task needs,
+  then those needed furthest ahead (``evict_for``), never the model the running task
+  uses, and evicting is free. The planner's picture of such a cache is least recently
+  used first: a model used becomes the most recent (``use``).
+- ``fifo-cost`` (the Compass paper's simulator, mNavigator): a miss evicts the models
+  loaded first until the new one fits, a hit changes no order, and each eviction takes
+  the evicted model's size over the same bandwidth, before the load (``miss_ms``).
+
+Loading a model costs its size over the host-to-GPU bandwidth, and making room
+costs reloading what it evicts later (``penalty_ms``). Pure: the caller says what is
+resident and when each model is next needed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from libs.core.compass.workflow import Costs, Task
+from libs.core.compass.workflow import CacheModel, Costs, Task
+
+__all__ = ["CacheModel", "evict_for", "load_ms", "miss_ms", "penalty_ms", "use"]
 
 
 def evict_for(
@@ -53,14 +61,17 @@ def evict_for(
     return tuple(chosen) if free >= need_mb else None
 
 
-def use(cache: dict[str, float], model: str, size_mb: float, memory_mb: float) -> None:
-    """``model`` runs next with ``cache`` (least recently used first): it becomes
-    resident and most recently used, evicting the least recently used models to
-    make room."""
+def use(
+    cache: dict[str, float], model: str, size_mb: float, memory_mb: float, fifo: bool = False
+) -> None:
+    """``model`` runs next with ``cache`` (least recently used first, or with ``fifo``
+    first loaded first): it becomes resident and, but with ``fifo``, most recently
+    used, evicting the first models in that order to make room."""
     if not model:
         return
     if model in cache:
-        cache[model] = cache.pop(model)
+        if not fifo:
+            cache[model] = cache.pop(model)
         return
     victims = evict_for(size_mb, memory_mb, cache, {}, oldest_first=True)
     if victims is None:
@@ -70,11 +81,22 @@ def use(cache: dict[str, float], model: str, size_mb: float, memory_mb: float) -
     cache[model] = size_mb
 
 
-def load_ms(costs: Costs, task: Task, cache: Mapping[str, float]) -> float:
-    """What loading the task's model costs with ``cache``: 0 on a hit or without a model."""
+def load_ms(costs: Costs, task: Task, cache: Mapping[str, float], memory_mb: float) -> float:
+    """What loading the task's model costs with ``cache``: 0 on a hit or without a model
+    (``miss_ms`` on a miss)."""
     if not task.model or task.model in cache:
         return 0.0
-    return costs.load_ms(task.model_mb)
+    return miss_ms(costs, task.model_mb, cache, memory_mb)
+
+
+def miss_ms(costs: Costs, size_mb: float, cache: Mapping[str, float], memory_mb: float) -> float:
+    """What a model of ``size_mb`` that ``cache`` lacks costs before it can run: its load,
+    and under ``fifo-cost`` the evictions that make room for it first."""
+    load = costs.load_ms(size_mb)
+    if costs.cache_model is not CacheModel.FIFO_COST:
+        return load
+    victims = evict_for(size_mb, memory_mb, cache, {}, oldest_first=True)
+    return load + sum(costs.load_ms(cache[m]) for m in (cache if victims is None else victims))
 
 
 def penalty_ms(costs: Costs, task: Task, cache: Mapping[str, float], memory_mb: float) -> float:

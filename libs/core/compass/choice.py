@@ -133,7 +133,7 @@ class Choice:
         k, begin = found
         start = begin
         cache = line.cache(k)
-        load = load_ms(self.costs, task, cache)
+        load = load_ms(self.costs, task, cache, line.memory_mb)
         if self.aware:
             start += load + penalty_ms(self.costs, task, cache, line.memory_mb)
         if self.best is None or (start, gpu_id) < self.best[:2]:

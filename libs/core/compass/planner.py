@@ -168,7 +168,7 @@ class Planner:
 
         def cost(line: Timeline, j: int) -> float:
             cache = line.cache(j)
-            load = load_ms(self.costs, task, cache)
+            load = load_ms(self.costs, task, cache, line.memory_mb)
             return load + penalty_ms(self.costs, task, cache, line.memory_mb) if aware else load
 
         # The earliest start wins; ties keep the planned GPU, then go to the lowest id.

@@ -35,7 +35,7 @@ from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
 from libs.core.compass.pool import BatchGpus, Pool
 from libs.core.compass.timeline import GpuState, Pending
-from libs.core.compass.workflow import BYTES_PER_MB, Costs, Task, Workflow
+from libs.core.compass.workflow import BYTES_PER_MB, CacheModel, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
     Cancel,
@@ -78,7 +78,12 @@ class Serving:
     def __init__(self, config: PolicyConfig, state: State, gpus: BatchGpus) -> None:
         self.config = config
         self.mode = PlanMode(config.serving_mode)
-        self._costs = Costs(config.host_to_gpu_mb_per_ms, config.node_to_node_mb_per_ms, 0.0)
+        self._costs = Costs(
+            config.host_to_gpu_mb_per_ms,
+            config.node_to_node_mb_per_ms,
+            0.0,
+            CacheModel(config.serving_cache_model),
+        )
         self._planner = Planner(self._costs, self.mode)
         self._gpus: Table[GpuKey, Gpu] = state.table("serving.gpus", Gpu.fact)
         self.pool = Pool(config, state, gpus, self._gpus)  # the GPUs held from batch work
@@ -132,7 +137,9 @@ class Serving:
         gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
         if task_id in gpu.dispatched:
             gpu.started[task_id] = now_ms
-            if task.model in gpu.resident:  # most recently used now, as the agent's cache
+            if task.model in gpu.resident and self._costs.cache_model is CacheModel.LOOKAHEAD:
+                # Most recently used now, as the agent's cache orders it (FIFO's keeps
+                # the order models were loaded in).
                 gpu.resident[task.model] = gpu.resident.pop(task.model)
             self._touch(gpu)
 

@@ -17,8 +17,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from libs.core.compass.cache import use
-from libs.core.compass.workflow import Costs, Task
+from libs.core.compass.cache import miss_ms, use
+from libs.core.compass.workflow import CacheModel, Costs, Task
 from libs.core.ids import NodeId
 
 
@@ -137,6 +137,7 @@ class Timeline:
         # and play the queue forward only as far as the limit.
         ends, count, model = self._ends, len(self.items), task.model
         load = self.costs.load_ms(task.model_mb) if model else 0.0
+        costly = self.costs.cache_model is CacheModel.FIFO_COST  # a miss costs by the cache
         j: int | None = k
         while j is not None:
             j = self._next_gap(j, limit)
@@ -151,7 +152,7 @@ class Timeline:
                 return j, begin
             need = task.run_ms
             if model and model not in self._caches[j]:
-                need += load
+                need += self._miss_ms(task.model_mb, self._caches[j]) if costly else load
             if begin + need <= max(ends[j], self.keys[j][0]):  # _fits_before, inlined: hot
                 return j, begin
             j += 1
@@ -179,8 +180,11 @@ class Timeline:
     def _fits_before(self, task: Task, ready_ms: float, j: int) -> bool:
         need = task.run_ms
         if task.model and task.model not in self.cache(j):
-            need += self.costs.load_ms(task.model_mb)
+            need += self._miss_ms(task.model_mb, self.cache(j))
         return self.begin(j, ready_ms) + need <= self.begin(j, self.keys[j][0])
+
+    def _miss_ms(self, size_mb: float, cache: dict[str, float]) -> float:
+        return miss_ms(self.costs, size_mb, cache, self.memory_mb)
 
     def begin(self, k: int, ready_ms: float) -> float:
         """When the GPU would take a task ready at ``ready_ms`` after the first ``k``."""
@@ -262,12 +266,14 @@ class Timeline:
             cache = self._caches[j]
             if self._ends[j] < self.keys[j][0]:
                 self._gaps.append(j)
-            load = 0.0
-            if item.model and item.model not in cache:
-                load = self.costs.load_ms(item.model_mb)
-            if item.model and next(reversed(cache), None) != item.model:
+            missed = bool(item.model) and item.model not in cache
+            load = self._miss_ms(item.model_mb, cache) if missed else 0.0
+            fifo = self.costs.cache_model is CacheModel.FIFO_COST
+            # A cache changes when it misses, and with LRU when a model not the most
+            # recent is used.
+            if missed or (item.model and not fifo and next(reversed(cache)) != item.model):
                 cache = dict(cache)
-                use(cache, item.model, item.model_mb, self.memory_mb)
+                use(cache, item.model, item.model_mb, self.memory_mb, fifo)
             self._ends.append(max(self._ends[j], self.keys[j][0]) + load + item.run_ms)
             self._caches.append(cache)
             if self._played is not None and j + 1 >= self._played.since:

@@ -6,9 +6,11 @@ whenever the GPU is idle, and ``finish`` when the running task ends. No I/O and
 no clock: every time is a float in ms given by the caller.
 
 Order: one task at a time; ``start`` takes the earliest-enqueued task whose
-inputs have arrived. When its model is not resident, the worker makes room by
-look-ahead (``evict_for``): models that no queued task and no planned
-``upcoming`` model needs go first, then those needed furthest ahead; the model
+inputs have arrived. When its model is not resident, the worker makes room as its
+``CacheModel`` says: by look-ahead (``evict_for``), models that no queued task and
+no planned ``upcoming`` model needs go first, then those needed furthest ahead, for
+free; or, with ``fifo-cost``, the models loaded first go first, and each eviction
+takes the evicted model's transfer before the load (``cache.miss_ms``). The model
 being started is never evicted.
 
 A model larger than the whole GPU does not wedge the queue: the worker evicts
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libs.core.compass.cache import evict_for
+from libs.core.compass.workflow import CacheModel
 from libs.core.ids import TaskId
 
 if TYPE_CHECKING:  # libs.core.decisions imports the compass package (via the model)
@@ -53,7 +56,8 @@ class Start:
 
     ``start_ms`` is when it begins to run, after the load; ``finish_ms`` is
     ``start_ms + run_ms``. ``loaded`` is False on a cache hit or a task without
-    a model, and then ``load_ms`` is 0.
+    a model, and then ``load_ms`` is 0; with ``fifo-cost`` it counts the evictions
+    before the load too.
     """
 
     task_id: TaskId
@@ -79,11 +83,13 @@ class GpuWorker:
         capacity_mb: float,
         host_to_gpu_mb_per_ms: float,
         resident: Mapping[str, float] | None = None,
+        cache_model: CacheModel = CacheModel.LOOKAHEAD,
     ) -> None:
         if host_to_gpu_mb_per_ms <= 0:
             raise ValueError("host_to_gpu_mb_per_ms must be > 0")
         self.capacity_mb = capacity_mb
         self.host_to_gpu_mb_per_ms = host_to_gpu_mb_per_ms
+        self.cache_model = cache_model
         self._resident: dict[str, float] = dict(resident or {})
         self._queue: list[Queued] = []
         self._seq = 0
@@ -93,7 +99,8 @@ class GpuWorker:
 
     @property
     def resident(self) -> Mapping[str, float]:
-        """Model -> MB, least recently used first (a copy)."""
+        """Model -> MB, least recently used first (``fifo-cost``: first loaded first; a
+        copy)."""
         return dict(self._resident)
 
     @property
@@ -151,13 +158,17 @@ class GpuWorker:
         loaded = False
         oversized = False
         load = 0.0
+        fifo = self.cache_model is CacheModel.FIFO_COST
         if serving.model in self._resident:
-            self._resident[serving.model] = self._resident.pop(serving.model)  # most recent
+            if not fifo:
+                self._resident[serving.model] = self._resident.pop(serving.model)  # most recent
         elif serving.model:
             evicted, oversized = self._make_room(task, now_ms)
             self._resident[serving.model] = serving.model_mb
             loaded = True
             load = self.load_ms(serving.model_mb)
+            if fifo:  # each eviction moves its model off the GPU first
+                load += sum(self.load_ms(e.size_mb) for e in evicted)
         begin = now_ms + load
         self._running = Start(
             task_id=task.task_id,
@@ -235,9 +246,13 @@ class GpuWorker:
 
     def _make_room(self, task: Queued, now_ms: float) -> tuple[tuple[Eviction, ...], bool]:
         serving = task.serving
-        uses = self._next_uses(task, now_ms)
+        # FIFO: no model counts as needed, so they go in the order they were loaded.
+        fifo = self.cache_model is CacheModel.FIFO_COST
+        uses = {} if fifo else self._next_uses(task, now_ms)
         pinned = frozenset({serving.model})
-        victims = evict_for(serving.model_mb, self.capacity_mb, self._resident, uses, pinned)
+        victims = evict_for(
+            serving.model_mb, self.capacity_mb, self._resident, uses, pinned, oldest_first=fifo
+        )
         oversized = victims is None
         if victims is None:
             victims = tuple(m for m in self._resident if m not in pinned)
@@ -246,6 +261,8 @@ class GpuWorker:
         for model in victims:
             if oversized:
                 why = f"{room}: {serving.model} is larger than the GPU"
+            elif fifo:
+                why = f"{room}: loaded before the models kept"
             elif model in uses:
                 why = f"{room}: next needed {int(uses[model]) + 1} tasks ahead, after those kept"
             else:

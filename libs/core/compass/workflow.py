@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,13 +15,22 @@ class WorkflowError(ValueError):
     """The workflow breaks a rule; the message names the task."""
 
 
+class CacheModel(enum.Enum):
+    """How a worker's model cache makes room (``libs.core.compass.cache``)."""
+
+    LOOKAHEAD = "lookahead"  # models needed furthest ahead go first, for free
+    FIFO_COST = "fifo-cost"  # models loaded first go first, each costing its transfer
+
+
 @dataclass(frozen=True)
 class Costs:
-    """Transfer rates: loading a model costs size ÷ host-to-GPU bandwidth."""
+    """Transfer rates: loading a model costs size ÷ host-to-GPU bandwidth; and how the
+    workers' caches make room."""
 
     host_to_gpu_mb_per_ms: float
     node_to_node_mb_per_ms: float
     gpu_memory_mb: float
+    cache_model: CacheModel = CacheModel.LOOKAHEAD
 
     def load_ms(self, size_mb: float) -> float:
         return size_mb / self.host_to_gpu_mb_per_ms

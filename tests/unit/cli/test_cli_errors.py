@@ -11,6 +11,7 @@ at fault, and no traceback.
 
 from __future__ import annotations
 
+import enum
 import socket
 import typing
 from collections.abc import Iterator
@@ -127,7 +128,9 @@ def flag_cases() -> Iterator[Case]:
                 values += ["0"] if parser.positive else []
             elif parser is key_value:
                 values = ["NO_EQUALS", "=value"]
-            elif typing.get_origin(kind) is typing.Literal:
+            elif typing.get_origin(kind) is typing.Literal or (
+                isinstance(kind, type) and issubclass(kind, enum.Enum)
+            ):
                 values = ["no-such-choice"]
             elif kind is Path and info.exists:
                 for name, (_, extra) in BAD_FILES.items():

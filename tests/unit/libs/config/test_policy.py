@@ -29,11 +29,13 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(
         "lookback_window_s: 3600\ngpu_prices: {H100: 2, A100: 1.5}\nserving_mode: jit\n"
+        "serving_cache_model: fifo-cost\n"
     )
     config = load_policy(path)
     assert config.lookback_window_s == 3600.0
     assert config.gpu_prices == (("A100", 1.5), ("H100", 2.0))
     assert (config.price("H100"), config.price("T4"), config.serving_mode) == (2.0, 1.0, "jit")
+    assert config.serving_cache_model == "fifo-cost"
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,10 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
         ({"serving_max_fraction": 1.5}, "serving_max_fraction: expected a number <= 1, got 1.5"),
         ({"adjust_joins": "yes please"}, 'adjust_joins: expected true or false, got "yes please"'),
         ({"serving_mode": "fast"}, "serving_mode: expected one of 'compass', 'heft', 'hash' or"),
+        (
+            {"serving_cache_model": "lru"},
+            "serving_cache_model: expected one of 'lookahead' or 'fifo-cost', got \"lru\"",
+        ),
         ([1], "expected a mapping, got [1]"),
     ],
 )

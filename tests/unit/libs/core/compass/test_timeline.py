@@ -10,13 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.core.compass import Costs, GpuState, PlanMode, Planner, Task, build_workflow
+from libs.core.compass import CacheModel, Costs, GpuState, PlanMode, Planner, Task, build_workflow
+from libs.core.compass.cache import load_ms
 from libs.core.compass.choice import Shortlist
 from libs.core.compass.timeline import Pending, Timeline
 
 Weigh = Callable[[str, float], float]
 
 COSTS = Costs(host_to_gpu_mb_per_ms=10.0, node_to_node_mb_per_ms=10.0, gpu_memory_mb=10_000)
+# Each property holds under either cache model: the planner's picture follows it.
+costs = st.sampled_from([dataclasses.replace(COSTS, cache_model=m) for m in CacheModel])
 MODELS = {"": 0.0, "a": 4000.0, "b": 5000.0, "c": 3000.0}
 NOW = 100.0
 
@@ -32,9 +35,9 @@ pendings = st.builds(
 backlogs = st.lists(pendings, max_size=12)
 
 
-def timeline(backlog: list[Pending], free_at: float = NOW) -> Timeline:
+def timeline(backlog: list[Pending], free_at: float = NOW, with_costs: Costs = COSTS) -> Timeline:
     gpu = GpuState("g0", "n0", free_at, {"a": 4000.0}, backlog=tuple(backlog))
-    return Timeline(COSTS, gpu, NOW, reserve=True)
+    return Timeline(with_costs, gpu, NOW, reserve=True)
 
 
 def played(line: Timeline) -> list[tuple[float, list[tuple[str, float]]]]:
@@ -45,23 +48,21 @@ def fit_by_looking_everywhere(line: Timeline, task: Task, ready: float) -> int:
     """The first place from the task's turn where its load and run fit before the
     next task (the definition ``Timeline.fit`` shortcuts)."""
     for j in range(line.slot(ready), len(line)):
-        need = task.run_ms
-        if task.model and task.model not in line.cache(j):
-            need += COSTS.load_ms(task.model_mb)
+        need = task.run_ms + load_ms(line.costs, task, line.cache(j), line.memory_mb)
         if line.begin(j, ready) + need <= line.begin(j, line.keys[j][0]):
             return j
     return len(line)
 
 
 @settings(max_examples=300, deadline=None)
-@given(backlogs, models, st.sampled_from([1.0, 30.0, 200.0]), times)
+@given(backlogs, models, st.sampled_from([1.0, 30.0, 200.0]), times, costs)
 def test_fit_visits_gaps_only_and_finds_what_looking_everywhere_finds(
-    backlog: list[Pending], model: str, run: float, ready: float
+    backlog: list[Pending], model: str, run: float, ready: float, with_costs: Costs
 ) -> None:
     task = Task("t", model, MODELS[model], run, 1.0, 1.0)
-    line = timeline(backlog)
+    line = timeline(backlog, with_costs=with_costs)
     assert line.fit(task, ready, insertion=True) == fit_by_looking_everywhere(
-        timeline(backlog), task, ready
+        timeline(backlog, with_costs=with_costs), task, ready
     )
 
 
@@ -88,13 +89,14 @@ def edit(line: Timeline, current: list[Pending], at: int, item: Pending, look: b
 
 
 @settings(max_examples=300, deadline=None)
-@given(backlogs, edits, st.booleans())
+@given(backlogs, edits, st.booleans(), costs)
 def test_what_was_played_past_an_edit_is_taken_up_only_where_it_still_holds(
-    backlog: list[Pending], changes: list[tuple[int, Pending, bool]], sends: bool
+    backlog: list[Pending], changes: list[tuple[int, Pending, bool]], sends: bool, with_costs: Costs
 ) -> None:
     # A plan inserts into its own timelines; serving edits its kept ones by sends.
     backlog = [dataclasses.replace(p) for p in backlog]
-    looked, unlooked = timeline(backlog), timeline(backlog)
+    looked = timeline(backlog, with_costs=with_costs)
+    unlooked = timeline(backlog, with_costs=with_costs)
     current, twin = list(backlog), list(backlog)
     for at, item, look in changes:
         change = dataclasses.replace(item, sent=sends)
@@ -107,17 +109,18 @@ def test_what_was_played_past_an_edit_is_taken_up_only_where_it_still_holds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(backlogs, edits)
+@given(backlogs, edits, costs)
 def test_sends_edit_a_timeline_into_the_one_the_gpu_now_has(
-    backlog: list[Pending], changes: list[tuple[int, Pending, bool]]
+    backlog: list[Pending], changes: list[tuple[int, Pending, bool]], with_costs: Costs
 ) -> None:
     backlog = [dataclasses.replace(p) for p in backlog]
-    line = timeline(backlog)
+    line = timeline(backlog, with_costs=with_costs)
     current = list(backlog)
     for at, item, look in changes:
         edit(line, current, at, dataclasses.replace(item, sent=True), look)
     # A GPU's backlog: sent tasks in the order sent, then planned ones as planned.
-    fresh = timeline([p for p in current if p.sent] + [p for p in current if not p.sent])
+    sent_first = [p for p in current if p.sent] + [p for p in current if not p.sent]
+    fresh = timeline(sent_first, with_costs=with_costs)
     assert line.items == fresh.items
     assert played(line) == played(fresh)
 
@@ -149,9 +152,9 @@ def clusters(draw: st.DrawFn) -> list[GpuState]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(workflows(), clusters(), st.sampled_from([PlanMode.COMPASS, PlanMode.HEFT]))
+@given(workflows(), clusters(), st.sampled_from([PlanMode.COMPASS, PlanMode.HEFT]), costs)
 def test_a_plan_chooses_as_weighing_every_gpu_fully_would(
-    tasks: list[Task], cluster: list[GpuState], mode: PlanMode
+    tasks: list[Task], cluster: list[GpuState], mode: PlanMode, with_costs: Costs
 ) -> None:
     """The plan leaves out GPUs sure not to start a task first (alike idle ones, busy
     ones, those past the best start so far); weighing all of them, each in full,
@@ -163,9 +166,9 @@ def test_a_plan_chooses_as_weighing_every_gpu_fully_would(
             start(gpu.gpu_id, math.inf)
 
     short = [dataclasses.replace(g) for g in cluster]
-    plan = Planner(COSTS, mode).plan(workflow, short, NOW, job_id="j")
+    plan = Planner(with_costs, mode).plan(workflow, short, NOW, job_id="j")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Shortlist, "weigh", weigh_all)
         full = [dataclasses.replace(g) for g in cluster]
-        assert Planner(COSTS, mode).plan(workflow, full, NOW, job_id="j") == plan
+        assert Planner(with_costs, mode).plan(workflow, full, NOW, job_id="j") == plan
     assert [g.backlog for g in short] == [g.backlog for g in full]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.core.compass import GpuWorker
+from libs.core.compass import CacheModel, GpuWorker
 from libs.core.decisions import ServingTask
 
 BW = 10.0  # MB/ms
@@ -171,3 +171,25 @@ def test_resident_is_kept_least_recently_used_first() -> None:
     w.start(0)
     w.finish("t")
     assert list(w.resident) == ["b", "a"]
+
+
+def test_fifo_cost_evicts_the_first_loaded_and_charges_each_eviction() -> None:
+    w = GpuWorker(
+        3000, BW, resident={"old": 1000, "mid": 1000, "new": 1000}, cache_model=CacheModel.FIFO_COST
+    )
+    w.enqueue("hit", task("hit", "old"), 0)
+    w.enqueue("next", task("next", "old"), 0)  # wanted again: look-ahead would keep it
+    w.enqueue("miss", task("miss", "big", 2000), 0)
+    first = w.start(0)
+    assert first is not None and first.hit and first.load_ms == 0
+    assert list(w.resident) == ["old", "mid", "new"]  # a hit moves nothing
+    w.finish("hit")
+    w.start(0)
+    w.finish("next")
+    s = w.start(100)
+    assert s is not None and s.task_id == "miss"
+    assert [e.model for e in s.evicted] == ["old", "mid"]
+    assert all("loaded before the models kept" in e.reason for e in s.evicted)
+    # Each eviction moves its 1000 MB off the GPU (100 ms each) before the 200 ms load.
+    assert (s.load_ms, s.start_ms, s.finish_ms) == (400.0, 500.0, 600.0)
+    assert dict(w.resident) == {"new": 1000, "big": 2000}
