@@ -329,6 +329,14 @@ def workflows(
         ),
     ] = None,
     cache_model: CacheModelFlag = CacheModel.LOOKAHEAD,
+    staleness: Annotated[
+        float,
+        duration(
+            "0",
+            "How old the planner's picture of the GPUs is: every worker report (load, "
+            "eviction, start, end) reaches the scheduler this late (e.g. 10ms)",
+        ),
+    ] = 0.0,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
@@ -337,7 +345,7 @@ def workflows(
     workflows were held before their plan and the mean per-task breakdown per
     run, the per-workflow table, the claims and the runtime.
 
-    -o json|yaml: {"runs", "wall_s", "cache_model", "claims": [{"text", "holds"}],
+    -o json|yaml: {"runs", "wall_s", "cache_model", "staleness_ms", "claims": [{"text", "holds"}],
     "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
     """
     from libs.core.compass import PlanMode
@@ -390,6 +398,7 @@ def workflows(
             seed=seed,
             hold_threshold=hold_threshold,
             cache_model=cache_model,
+            staleness_ms=staleness * 1000,
             on_run=tell,
             on_progress=progress,
         )
@@ -431,14 +440,14 @@ def workflows(
                     *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
                 ]
             )
+        setting = f"{cache_model.value} caches, reports {staleness * 1000:g} ms late"
         title = (
-            f"{label} arrivals, {cache_model.value} caches: slowdown; held per workflow, "
-            "the rest per task (mean ms)"
+            f"{label} arrivals, {setting}: slowdown; held per workflow, the rest per task (mean ms)"
         )
         tables.append((title, header, rows))
         tables.append(
             (
-                f"{label}, {cache_model.value} caches: median slowdown / cache hits per workflow",
+                f"{label}, {setting}: median slowdown / cache hits per workflow",
                 ["GPUs", "mode", *flows],
                 per_flow,
             )
@@ -450,6 +459,7 @@ def workflows(
         runs=len(runs),
         wall_s=round(total, 3),
         cache_model=cache_model.value,
+        staleness_ms=staleness * 1000,
         claims=[{"text": c.text, "holds": c.holds} for c in found],
     )
     for claim in found:

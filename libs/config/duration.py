@@ -1,5 +1,5 @@
-"""Durations as people write them: ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``, ``1.5h``
-or plain seconds (``90``, ``2.5``). The one parser of durations, for flags and files;
+"""Durations as people write them: ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``, ``1.5h``,
+``10ms`` or plain seconds (``90``, ``2.5``). The one parser of durations, for flags and files;
 and moments, written as a duration ago or as a timestamp."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import re
 from datetime import UTC, datetime
 
 UNITS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}  # largest first: the order they are written in
+PARTS = {**UNITS, "ms": 0.001}  # what may be written (durations are written in UNITS)
 _NUMBER = r"\d+(?:\.\d+)?"
 _PLAIN = re.compile(_NUMBER)
-# Each unit at most once, largest first: 1d2h3m4s, 1h30m, 45s.
-_PARTS = re.compile("".join(f"(?:(?P<{unit}>{_NUMBER}){unit})?" for unit in UNITS))
-EXAMPLES = "90s, 15m, 2h, 1d, 1h30m or plain seconds"
+# Each unit at most once, largest first: 1d2h3m4s, 1h30m, 45s, 1s500ms.
+_PARTS = re.compile("".join(f"(?:(?P<{unit}>{_NUMBER}){unit})?" for unit in PARTS))
+EXAMPLES = "90s, 15m, 2h, 1d, 1h30m, 10ms or plain seconds"
 
 
 def parse_duration(text: str) -> float:
@@ -23,7 +24,7 @@ def parse_duration(text: str) -> float:
     if _PLAIN.fullmatch(written):
         seconds = float(written)
     elif written and match is not None:
-        seconds = sum(float(match[unit] or 0) * size for unit, size in UNITS.items())
+        seconds = sum(float(match[unit] or 0) * size for unit, size in PARTS.items())
     else:
         raise ValueError(f"{text!r} is not a duration like {EXAMPLES}")
     if not math.isfinite(seconds):

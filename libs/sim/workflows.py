@@ -111,6 +111,7 @@ class WorkflowRun:
     adjusted: int = 0  # tasks sent elsewhere than planned
     decisions: int = 0  # decisions the core made
     cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
+    staleness_ms: float = 0.0  # how late the workers' reports reached the scheduler
 
 
 def keyed(workflow: Workflow) -> Workflow:
@@ -155,16 +156,18 @@ class ServingCluster:
         costs: Costs,
         on_decision: Callable[[Decision], None] | None = None,
         stop_grace_s: float = 30.0,  # for batch work on the side
+        staleness_ms: float = 0.0,
     ) -> None:
         self.scheduler = scheduler
         self.on_decision = on_decision
+        self.staleness_ms = staleness_ms
         self.world = World(
             per_s=1000.0,
             stop_grace_s=stop_grace_s,
             host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
             # The workers' caches are what the planner counts on (a policy knob).
             cache_model=CacheModel(scheduler.config.serving_cache_model),
-            deliver=self.feed,
+            deliver=self.report,
         )
         self.decisions = 0
         self.adjusted = 0  # tasks sent elsewhere than planned
@@ -202,6 +205,15 @@ class ServingCluster:
                 raise SimulationError(f"unknown event {entry}")
         if unfinished := len(self.arrived) - len(world.done):
             raise SimulationError(f"{unfinished} of {len(self.arrived)} workflows never finished")
+
+    def report(self, event: Input) -> None:
+        """A worker's report (a load, an eviction, a start, an end) reaches the scheduler
+        ``staleness_ms`` after it happened: what the planner knows of the GPUs is that
+        old, and a task's successors are sent that much later."""
+        if self.staleness_ms:
+            self.world.at(self.world.now + self.staleness_ms, event)
+        else:
+            self.feed(event)
 
     def feed(self, event: Input) -> None:
         if isinstance(event, JobArrived) and event.spec.workflow is not None:
@@ -288,6 +300,7 @@ def simulate(
     share_models: bool = False,
     hold_threshold: float = PolicyConfig.hold_threshold,
     cache_model: CacheModel = CacheModel.LOOKAHEAD,
+    staleness_ms: float = 0.0,  # how late the workers' reports reach the scheduler
     on_progress: Callable[[float], None] | None = None,
 ) -> WorkflowRun:
     """One run; ``on_progress`` hears the share of its workflows finished, now and then."""
@@ -299,7 +312,7 @@ def simulate(
         hold_threshold=hold_threshold,
         serving_cache_model=cache_model.value,
     )
-    cluster = ServingCluster(Scheduler(config), profiles.costs)
+    cluster = ServingCluster(Scheduler(config), profiles.costs, staleness_ms=staleness_ms)
     for i in range(gpus):
         cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)
     for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
@@ -349,6 +362,7 @@ def simulate(
         adjusted=cluster.adjusted,
         decisions=cluster.decisions,
         cache_model=cache_model,
+        staleness_ms=staleness_ms,
     )
 
 
@@ -510,7 +524,8 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
     flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
     models = ", ".join(dict.fromkeys(r.run.cache_model.value for r in runs))
-    lines = ["# Workflow serving sweep", "", f"Cache model: {models}.", ""]
+    stale = ", ".join(dict.fromkeys(f"{r.run.staleness_ms:g} ms" for r in runs))
+    lines = ["# Workflow serving sweep", "", f"Cache model: {models}; reports {stale} late.", ""]
     for name in dict.fromkeys(r.arrivals for r in runs):
         mine = [r for r in runs if r.arrivals == name]
         lines += [

@@ -127,15 +127,18 @@ def test_a_simulation_report_for_scripts_holds_the_document_alone(tmp_path: Path
     assert "10 jobs, 48 GPUs" in result.stderr
 
 
-def test_a_workflow_sweep_for_scripts_states_its_cache_model() -> None:
+def test_a_workflow_sweep_for_scripts_states_its_cache_model_and_staleness() -> None:
     args = ["sim", "workflows", "--gpus", "16", "--modes", "hash", "--arrivals", "poisson"]
     result = CliRunner().invoke(
-        app, [*args, "--jobs", "60", "--cache-model", "fifo-cost", "--workers", "1", "-o", "json"]
+        app,
+        [*args, "--jobs", "60", "--cache-model", "fifo-cost", "--staleness", "10ms", "-o", "json"],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert (report["runs"], report["cache_model"]) == (1, "fifo-cost")
-    assert all("fifo-cost caches" in table["title"] for table in report["tables"])
+    assert (report["runs"], report["cache_model"], report["staleness_ms"]) == (1, "fifo-cost", 10)
+    assert all(
+        "fifo-cost caches, reports 10 ms late" in table["title"] for table in report["tables"]
+    )
     (row,) = report["tables"][0]["rows"]
     assert (row["GPUs"], row["mode"]) == ("16", "hash")
     assert "[1/1] poisson   16 GPUs hash" in result.stderr

@@ -23,6 +23,8 @@ from libs.config.duration import UNITS, format_duration, parse_duration, parse_m
         ("1.5h", 5400),
         (" 2H ", 7200),
         ("0", 0),
+        ("10ms", 0.01),
+        ("1s500ms", 1.5),
     ],
 )
 def test_what_people_write(text: str, seconds: float) -> None:
@@ -30,10 +32,11 @@ def test_what_people_write(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", " ", "h", "1x", "-5m", "1m1h", "1h1h", "5 m", "1e3", "inf", "nan", "1h 30m"]
+    "text",
+    ["", " ", "h", "1x", "-5m", "1m1h", "1h1h", "5 m", "1e3", "inf", "nan", "1h 30m", "5ms1s"],
 )
 def test_anything_else_is_refused_saying_what_is_expected(text: str) -> None:
-    with pytest.raises(ValueError, match=r"is not a duration like 90s, 15m, 2h, 1d, 1h30m"):
+    with pytest.raises(ValueError, match=r"is not a duration like 90s, 15m, 2h, 1d, 1h30m, 10ms"):
         parse_duration(text)
 
 

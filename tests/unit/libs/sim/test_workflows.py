@@ -6,10 +6,11 @@ import itertools
 import queue
 import random
 import statistics
+from typing import Any
 
 import pytest
 
-from libs.core.compass import PlanMode
+from libs.core.compass import CacheModel, PlanMode
 from libs.core.decisions import Planned
 from libs.core.inputs import JobArrived
 from libs.core.model import JobSpec
@@ -42,9 +43,9 @@ def profiles() -> Profiles:
 
 
 def run(
-    profiles: Profiles, mode: PlanMode, gpus: int, jobs: int = 200, share_models: bool = False
+    profiles: Profiles, mode: PlanMode, gpus: int, jobs: int = 200, **knobs: Any
 ) -> WorkflowRun:
-    return simulate(profiles, mode=mode, gpus=gpus, jobs=jobs, share_models=share_models)
+    return simulate(profiles, mode=mode, gpus=gpus, jobs=jobs, **knobs)
 
 
 def test_a_run_is_deterministic_and_every_job_finishes(profiles: Profiles) -> None:
@@ -164,6 +165,25 @@ def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
     workflows._sweep_run(profiles, "poisson", 0.0, 16, PlanMode.HASH, {"jobs": 60})
     relayed = [sent.get() for _ in range(sent.qsize())]
     assert relayed == heard
+
+
+def test_stale_reports_reach_the_planner_late_and_cost_each_hop(profiles: Profiles) -> None:
+    fresh = run(profiles, PlanMode.COMPASS, 64, jobs=60)
+    stale = run(profiles, PlanMode.COMPASS, 64, jobs=60, staleness_ms=50.0)
+    assert (fresh.staleness_ms, stale.staleness_ms) == (0.0, 50.0)
+    # A lightly loaded cluster: each task's end reaches the planner 50 ms late, and its
+    # successors are sent then; every workflow has at least one task after another.
+    assert stale.median_latency_ms >= fresh.median_latency_ms + 50.0
+    assert run(profiles, PlanMode.COMPASS, 64, jobs=60, staleness_ms=50.0) == stale
+
+
+def test_fifo_cost_caches_charge_evictions_the_lookahead_ones_do_not(profiles: Profiles) -> None:
+    free = run(profiles, PlanMode.HASH, 16, jobs=100)
+    costly = run(profiles, PlanMode.HASH, 16, jobs=100, cache_model=CacheModel.FIFO_COST)
+    assert (free.cache_model, costly.cache_model) == (CacheModel.LOOKAHEAD, CacheModel.FIFO_COST)
+    # The same placements (hash), but FIFO evicts what is needed next and pays to.
+    assert costly.breakdown_ms["load"] > free.breakdown_ms["load"]
+    assert costly.cache_hit_rate < free.cache_hit_rate
 
 
 def test_claims_compare_compass_with_each_rival_at_every_size(profiles: Profiles) -> None:
