@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
@@ -73,6 +74,17 @@ def decision_delays() -> float:
     """Admissions whose decisions were committed (each observes one delay)."""
     labels = {"input": "job_admitted"}
     return REGISTRY.get_sample_value("qm_decision_delay_seconds_count", labels) or 0.0
+
+
+@dataclass
+class CountingPlacement(PlacementService):
+    """Placement counting how often it folds each input offset."""
+
+    folded: Counter[int] = field(default_factory=Counter)
+
+    def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
+        self.folded[delivery.offset] += 1
+        return super().outputs(delivery)
 
 
 Service = TypeVar("Service", bound=PlacementService)
@@ -216,16 +228,9 @@ async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
         return delivery
 
     monkeypatch.setattr(EventConsumer, "decode", slow)
-    folded: Counter[int] = Counter()
-
-    class Counting(PlacementService):
-        def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
-            folded[delivery.offset] += 1
-            return super().outputs(delivery)
-
     bus = MemoryBus.for_topics(TOPICS)
     await write(bus, node(), *(job(i) for i in range(3)))
-    async with running(Counting(bus, TOPICS, group_id=GROUP)) as service:
+    async with running(CountingPlacement(bus, TOPICS, group_id=GROUP)) as service:
         await bus.until(caught_up(bus))
         await write(bus, *(job(i) for i in range(3, 6)))
         await asyncio.wait_for(handed.wait(), 5)
@@ -234,7 +239,7 @@ async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
         await bus.until(caught_up(bus))
         await asyncio.sleep(0.05)
         kept = service.owned[INPUT.partition].schedulers.of("default").digest()
-    assert folded == dict.fromkeys(range(7), 1)
+    assert service.folded == dict.fromkeys(range(7), 1)
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
     fresh = PartitionSchedulers(PolicyConfig())
     for env in bus.envelopes(EVENTS):
@@ -255,17 +260,10 @@ async def test_a_record_delivered_again_is_not_folded_again(
                 yield batch
 
     monkeypatch.setattr(EventConsumer, "batches", twice)
-    folded: Counter[int] = Counter()
-
-    class Counting(PlacementService):
-        def outputs(self, delivery: Delivery) -> list[events_pb2.Envelope]:
-            folded[delivery.offset] += 1
-            return super().outputs(delivery)
-
     bus = MemoryBus.for_topics(TOPICS)
     await write(bus, node(), job(0), job(1))
-    async with running(Counting(bus, TOPICS, group_id=GROUP)):
+    async with running(CountingPlacement(bus, TOPICS, group_id=GROUP)) as service:
         await bus.until(caught_up(bus))
         await asyncio.sleep(0.05)
-    assert folded == {0: 1, 1: 1, 2: 1}
+    assert service.folded == {0: 1, 1: 1, 2: 1}
     assert placed(bus) == {"j-0": 1, "j-1": 1}
