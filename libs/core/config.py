@@ -53,10 +53,11 @@ class PolicyConfig:
     # run time; join tasks (several parents) are adjusted only if adjust_joins.
     adjust_threshold: float = 1.5
     adjust_joins: bool = True
-    # compass holds a new workflow in the scheduler's queue (oldest first) while
-    # a plan would keep its first task waiting longer than this × the workflow's
-    # best-case time: under overload, tasks of workflows already under way then
-    # meet short GPU queues instead of queueing behind new ones. 0: never hold.
+    # compass holds a new workflow in the scheduler's queue while a plan would keep
+    # its first task waiting longer than this × the workflow's best-case time: under
+    # overload, tasks of workflows already under way then meet short GPU queues
+    # instead of queueing behind new ones. The queue goes earliest due first
+    # (arrival + this × best case). 0: never hold (and plan in arrival order).
     hold_threshold: float = 3.0
     # Loading a model costs size ÷ this (PCIe, MB/ms); outputs cross nodes at the other.
     host_to_gpu_mb_per_ms: float = 10.171

@@ -83,8 +83,9 @@ POLICY = "budget"
 # (``Stop.grace_s``); the decisions are otherwise unchanged.
 # 16: a job may throw away as much work as it has waited, if that is more than its
 # minimum runtime (a short wide job is not stuck for good).
-# 17: the knob ``serving_cache_model`` (lookahead, as before, or fifo-cost): decisions
-# under the default are unchanged, the config digest in their provenance is not.
+# 17: compass plans held workflows earliest due first (arrival + hold_threshold × best
+# case), not oldest first; the knob ``serving_cache_model`` (lookahead, as before, or
+# fifo-cost).
 POLICY_VERSION = 17
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for

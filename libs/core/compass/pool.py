@@ -180,7 +180,7 @@ class Pool:
             return (
                 "held while the serving GPUs work through their queues: a plan now would "
                 f"start it more than {self.config.hold_threshold:g}× its best-case time late; "
-                "held workflows go oldest first"
+                "held workflows go earliest due first (arrival + that many best-case times)"
             )
         cap = self.cap
         if len(self.held) >= cap:

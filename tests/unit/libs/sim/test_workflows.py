@@ -69,7 +69,8 @@ def test_under_overload_compass_holds_workflows_back_and_the_run_says_how_long(
     compass, jit = (run(profiles, mode, 4) for mode in (PlanMode.COMPASS, PlanMode.JIT))
     assert compass.held_ms > 0  # 4 GPUs for 40 workflows a second: queues are deep
     assert jit.held_ms == 0  # the baselines plan every workflow on arrival
-    assert compass.median_latency_ms > compass.held_ms  # held time is part of the latency
+    # Held time is part of the latency (a mean: workflows due late are held longest).
+    assert compass.p99_latency_ms > compass.held_ms
 
 
 def test_bursty_arrivals_keep_the_mean_rate() -> None:

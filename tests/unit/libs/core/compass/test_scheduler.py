@@ -257,10 +257,26 @@ def test_compass_holds_new_workflows_while_the_queues_are_deep_then_plans_them_i
     explanation = s.explain("w3")
     assert explanation is not None and explanation.waiting
     assert "2 workflow(s) ahead of it" in explanation.text
-    # As the GPU works through its queue, the held workflows go, oldest first.
+    # As the GPU works through its queue, the held workflows go, oldest first (all
+    # are alike: the one due first arrived first).
     out = drain(s, places(out), at=1.5)
     assert [d.job_id for d in out if isinstance(d, Planned)] == ["w1", "w2", "w3"]
     assert all(s.explain(f"w{i}") is None for i in range(4))  # every one finished
+
+
+def test_held_workflows_go_earliest_due_first_so_a_short_one_passes_long_ones() -> None:
+    # Due = arrival + hold_threshold × best case: a 50 ms workflow arriving after two
+    # 600 ms ones is due 550 ms before them, and goes first when the GPU drains.
+    short = build_workflow("short", [Task("only", "", 0, 50, 1, 1)], gpu_memory_mb=1e9)
+    s = Scheduler(PolicyConfig(hold_threshold=1))
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    out = run(s, [JobArrived(1 + i / 1000, f"w{i}", flow()) for i in range(3)])
+    out += run(s, [JobArrived(1.01, "s", flow(short))])
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["w0"]
+    explanation = s.explain("s")
+    assert explanation is not None and "0 workflow(s) ahead of it" in explanation.text
+    out = drain(s, places(out), at=1.5)
+    assert [d.job_id for d in out if isinstance(d, Planned)] == ["s", "w1", "w2"]
 
 
 def test_a_load_or_an_eviction_ahead_is_no_reason_to_hold() -> None:
