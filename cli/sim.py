@@ -283,6 +283,26 @@ CacheModelFlag = Annotated[
 ]
 
 
+def _seed_list(text: str) -> list[int]:
+    """``--seeds``: a comma list of seeds and ranges (``1-5``), each seed once, in order."""
+    seeds: dict[int, None] = {}
+    expected = f"seeds from 0 to {SEED_MAX}, comma-separated, or ranges like 1-5"
+    for word in _items("--seeds", text, str, None, expected):
+        low, dash, high = word.partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{word!r}: expected {expected}", param_hint="--seeds"
+            ) from None
+        if not 0 <= first <= last <= SEED_MAX or last - first >= 1000:
+            raise typer.BadParameter(
+                f"{word!r}: expected {expected} (at most 1000 in a range)", param_hint="--seeds"
+            )
+        seeds.update(dict.fromkeys(range(first, last + 1)))
+    return list(seeds)
+
+
 @sim_app.command()
 def workflows(
     gpus: Annotated[str, typer.Option(help="GPU counts to sweep, comma-separated")] = _SWEEP,
@@ -305,6 +325,14 @@ def workflows(
     seed: Annotated[
         int, typer.Option(min=0, max=SEED_MAX, help="Seeds the arrivals and the workflow mix")
     ] = 7,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="Several seeds instead of --seed, each a run of every setting: a comma "
+            "list or a range (1-5); the tables then add each setting's median over them",
+            show_default=False,
+        ),
+    ] = "",
     hold_threshold: Annotated[
         float,
         typer.Option(
@@ -345,17 +373,21 @@ def workflows(
     workflows were held before their plan and the mean per-task breakdown per
     run, the per-workflow table, the claims and the runtime.
 
-    -o json|yaml: {"runs", "wall_s", "cache_model", "staleness_ms", "claims": [{"text", "holds"}],
+    -o json|yaml: {"runs", "seeds", "wall_s", "cache_model", "staleness_ms", "claims":
+    [{"text", "holds"}],
     "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
     """
     from libs.core.compass import PlanMode
     from libs.sim.workflows import (
         ARRIVALS,
+        SPREAD_HEADER,
         SweepRun,
         claims,
         load_profiles,
         markdown,
+        over_seeds,
         run_label,
+        spreads,
         sweep,
     )
 
@@ -372,7 +404,8 @@ def workflows(
         raise fail(exc) from exc
 
     began = time.perf_counter()
-    total_runs = len(sizes) * len(chosen) * len(processes)
+    several = _seed_list(seeds) if seeds else [seed]
+    total_runs = len(sizes) * len(chosen) * len(processes) * len(several)
     ended: list[SweepRun] = []
     with fractions(console) as progress:
 
@@ -380,11 +413,11 @@ def workflows(
             r = done.run
             ended.append(done)
             if progress is not None:
-                progress(run_label(done.arrivals, r.gpus, r.mode), 1.0)
+                progress(run_label(done.arrivals, r.gpus, r.mode, done.seed), 1.0)
             say.print(
                 f"  [{len(ended)}/{total_runs}] {done.arrivals} {r.gpus:>4} GPUs "
-                f"{r.mode.value:<8} median {r.median_slowdown:7.3f}  p99 {r.p99_slowdown:7.2f}"
-                f"  ({done.wall_s:.1f} s)"
+                f"{r.mode.value:<8} seed {done.seed:<3} median {r.median_slowdown:7.3f}  "
+                f"p99 {r.p99_slowdown:7.2f}  ({done.wall_s:.1f} s)"
             )
 
         runs = sweep(
@@ -393,9 +426,9 @@ def workflows(
             chosen,
             processes,
             workers=workers or len(os.sched_getaffinity(0)),
+            seeds=several,
             jobs=jobs,
             rate_per_s=rate,
-            seed=seed,
             hold_threshold=hold_threshold,
             cache_model=cache_model,
             staleness_ms=staleness * 1000,
@@ -409,8 +442,8 @@ def workflows(
         mine = [r for r in runs if r.arrivals == name]
         label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
         header = [
-            "GPUs", "mode", "median", "p99", "latency ms", "hits", "used", "held", "queue",
-            "load", "xfer", "run", "s",
+            "GPUs", "mode", "seed", "median", "p99", "latency ms", "hits", "used", "held",
+            "queue", "load", "xfer", "run", "s",
         ]  # fmt: skip
         rows = []
         per_flow = []
@@ -420,6 +453,7 @@ def workflows(
                 [
                     str(r.gpus),
                     r.mode.value,
+                    str(done.seed),
                     f"{r.median_slowdown:.3f}",
                     f"{r.p99_slowdown:.2f}",
                     f"{r.median_latency_ms:.0f}",
@@ -437,6 +471,7 @@ def workflows(
                 [
                     str(r.gpus),
                     r.mode.value,
+                    str(done.seed),
                     *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
                 ]
             )
@@ -448,15 +483,24 @@ def workflows(
         tables.append(
             (
                 f"{label}, {setting}: median slowdown / cache hits per workflow",
-                ["GPUs", "mode", *flows],
+                ["GPUs", "mode", "seed", *flows],
                 per_flow,
             )
         )
-    found = claims(runs)
+        if len(several) > 1:
+            tables.append(
+                (
+                    f"{label}, {setting}: slowdown over the seeds " + ", ".join(map(str, several)),
+                    SPREAD_HEADER,
+                    [spread.cells() for spread in spreads(mine)],
+                )
+            )
+    found = claims(over_seeds(runs) if len(several) > 1 else runs)
     _show(
         output,
         tables,
         runs=len(runs),
+        seeds=several,
         wall_s=round(total, 3),
         cache_model=cache_model.value,
         staleness_ms=staleness * 1000,

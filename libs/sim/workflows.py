@@ -376,10 +376,27 @@ ARRIVALS = {"poisson": 0.0, "gamma": 0.25}  # name -> gamma shape (0: Poisson)
 
 
 @dataclass(frozen=True)
+class Case:
+    """One run of a sweep: an arrival process, a cluster size, a mode and a seed."""
+
+    arrivals: str  # poisson or gamma
+    shape: float  # the gamma shape of the inter-arrivals (0: Poisson)
+    gpus: int
+    mode: PlanMode
+    seed: int
+
+    @property
+    def label(self) -> str:
+        """How progress names the run."""
+        return run_label(self.arrivals, self.gpus, self.mode, self.seed)
+
+
+@dataclass(frozen=True)
 class SweepRun:
     arrivals: str  # poisson or gamma
     run: WorkflowRun
     wall_s: float
+    seed: int = 7
 
 
 def sweep(
@@ -388,25 +405,28 @@ def sweep(
     modes: Sequence[PlanMode],
     arrivals: Mapping[str, float],
     *,
+    seeds: Sequence[int] = (7,),
     workers: int = 1,
     on_run: Callable[[SweepRun], None] | None = None,
     on_progress: Callable[[str, float], None] | None = None,
-    **knobs: Any,  # for every run: simulate's jobs, rate_per_s, seed, hold_threshold
+    **knobs: Any,  # for every run: simulate's jobs, rate_per_s, hold_threshold, ...
 ) -> list[SweepRun]:
-    """Every mode at every size under every arrival process; deterministic, in that
-    order whatever ``workers`` (processes running runs side by side). ``on_run`` hears
-    of each run as it ends; ``on_progress(label, share)`` of each run's progress, named
-    by ``run_label``."""
+    """Every mode at every size under every arrival process, with every seed;
+    deterministic, in that order whatever ``workers`` (processes running runs side by
+    side). ``on_run`` hears of each run as it ends; ``on_progress(label, share)`` of
+    each run's progress, named by ``Case.label``."""
     cases = [
-        (name, shape, gpus, mode)
-        for (name, shape), gpus, mode in itertools.product(arrivals.items(), sizes, modes)
+        Case(name, shape, gpus, mode, seed)
+        for (name, shape), gpus, mode, seed in itertools.product(
+            arrivals.items(), sizes, modes, seeds
+        )
     ]
     told = on_run or (lambda _: None)
     if workers <= 1 or len(cases) < 2:
         runs = []
-        for name, shape, gpus, mode in cases:
-            heard = on_progress and functools.partial(on_progress, run_label(name, gpus, mode))
-            runs.append(_sweep_run(profiles, name, shape, gpus, mode, knobs, heard))
+        for case in cases:
+            heard = on_progress and functools.partial(on_progress, case.label)
+            runs.append(_sweep_run(profiles, case, knobs, heard))
             told(runs[-1])
         return runs
     context = multiprocessing.get_context("spawn")  # a fork would copy the caller's threads
@@ -414,7 +434,7 @@ def sweep(
     with ProcessPoolExecutor(
         min(workers, len(cases)), mp_context=context, initializer=_reporting, initargs=(updates,)
     ) as pool:
-        futures = [pool.submit(_sweep_run, profiles, *case, knobs) for case in cases]
+        futures = [pool.submit(_sweep_run, profiles, case, knobs) for case in cases]
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -430,9 +450,66 @@ def sweep(
         return [f.result() for f in futures]
 
 
-def run_label(arrivals: str, gpus: int, mode: PlanMode) -> str:
+def run_label(arrivals: str, gpus: int, mode: PlanMode, seed: int) -> str:
     """How progress names a run of the sweep."""
-    return f"{arrivals} {gpus} GPUs {mode.value}"
+    return f"{arrivals} {gpus} GPUs {mode.value} seed {seed}"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One setting (arrival process, size, mode) over several seeds."""
+
+    arrivals: str
+    gpus: int
+    mode: PlanMode
+    medians: tuple[float, ...]  # each seed's median slowdown
+    p99s: tuple[float, ...]
+
+    def cells(self) -> list[str]:
+        """GPUs, mode, then the median over the seeds (their range) of each figure."""
+        return [str(self.gpus), self.mode.value, _spread(self.medians), _spread(self.p99s)]
+
+
+SPREAD_HEADER = ["GPUs", "mode", "median (seeds' range)", "p99 (seeds' range)"]
+
+
+def spreads(runs: Sequence[SweepRun]) -> list[Spread]:
+    """Each setting's figures over the seeds, in the order first seen."""
+    return [
+        Spread(
+            *key,
+            tuple(r.run.median_slowdown for r in group),
+            tuple(r.run.p99_slowdown for r in group),
+        )
+        for key, group in _settings(runs).items()
+    ]
+
+
+def over_seeds(runs: Sequence[SweepRun]) -> list[SweepRun]:
+    """One run per setting: the first seed's, with each slowdown figure the median over
+    the seeds (what a claim about a sweep of several seeds is about)."""
+    return [
+        dataclasses.replace(
+            group[0],
+            run=dataclasses.replace(
+                group[0].run,
+                median_slowdown=statistics.median(r.run.median_slowdown for r in group),
+                p99_slowdown=statistics.median(r.run.p99_slowdown for r in group),
+            ),
+        )
+        for group in _settings(runs).values()
+    ]
+
+
+def _settings(runs: Sequence[SweepRun]) -> dict[tuple[str, int, PlanMode], list[SweepRun]]:
+    groups: dict[tuple[str, int, PlanMode], list[SweepRun]] = {}
+    for r in runs:
+        groups.setdefault((r.arrivals, r.run.gpus, r.run.mode), []).append(r)
+    return groups
+
+
+def _spread(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 _updates: multiprocessing.Queue[tuple[str, float]] | None = None  # in a sweep's worker
@@ -449,20 +526,23 @@ def _relay(updates: multiprocessing.Queue[tuple[str, float]], run: str, share: f
 
 def _sweep_run(
     profiles: Profiles,
-    name: str,
-    shape: float,
-    gpus: int,
-    mode: PlanMode,
+    case: Case,
     knobs: Mapping[str, Any],
     on_progress: Callable[[float], None] | None = None,
 ) -> SweepRun:
     if on_progress is None and _updates is not None:  # in a worker: tell the parent
-        on_progress = functools.partial(_relay, _updates, run_label(name, gpus, mode))
+        on_progress = functools.partial(_relay, _updates, case.label)
     began = time.perf_counter()
     run = simulate(
-        profiles, mode=mode, gpus=gpus, burst_shape=shape, on_progress=on_progress, **knobs
+        profiles,
+        mode=case.mode,
+        gpus=case.gpus,
+        burst_shape=case.shape,
+        seed=case.seed,
+        on_progress=on_progress,
+        **knobs,
     )
-    return SweepRun(name, run, time.perf_counter() - began)
+    return SweepRun(case.arrivals, run, time.perf_counter() - began, case.seed)
 
 
 @dataclass(frozen=True)
@@ -531,16 +611,17 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
         lines += [
             f"## {name} arrivals",
             "",
-            "| GPUs | mode | median slowdown | p99 slowdown | median latency ms | "
+            "| GPUs | mode | seed | median slowdown | p99 slowdown | median latency ms | "
             "p99 latency ms | cache hits | GPUs used | held ms | queue ms | load ms | "
             "transfer ms | run ms | adjusted | s |",
-            "|" + " --- |" * 15,
+            "|" + " --- |" * 16,
         ]
         for s in mine:
             r = s.run
             b = r.breakdown_ms
             lines.append(
-                f"| {r.gpus} | {r.mode.value} | {r.median_slowdown:.3f} | {r.p99_slowdown:.2f} "
+                f"| {r.gpus} | {r.mode.value} | {s.seed} | {r.median_slowdown:.3f} "
+                f"| {r.p99_slowdown:.2f} "
                 f"| {r.median_latency_ms:.0f} | {r.p99_latency_ms:.0f} | {r.cache_hit_rate:.1%} "
                 f"| {r.gpus_used} | {r.held_ms:.1f} | {b['queue']:.1f} | {b['load']:.1f} "
                 f"| {b['transfer']:.2f} "
@@ -550,28 +631,42 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
             "",
             f"### {name}: per workflow (median slowdown / cache hit rate)",
             "",
-            "| GPUs | mode | " + " | ".join(flows) + " |",
-            "|" + " --- |" * (len(flows) + 2),
+            "| GPUs | mode | seed | " + " | ".join(flows) + " |",
+            "|" + " --- |" * (len(flows) + 3),
         ]
         for s in mine:
             r = s.run
             cells = [f"{r.per_workflow[f][0]:.3f} / {r.per_workflow[f][1]:.0%}" for f in flows]
-            lines.append(f"| {r.gpus} | {r.mode.value} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r.gpus} | {r.mode.value} | {s.seed} | " + " | ".join(cells) + " |")
         lines += [
             "",
             f"### {name}: per task (mean queue / load / transfer / run, ms)",
             "",
-            "| GPUs | mode | task | queue | load | transfer | run |",
-            "|" + " --- |" * 7,
+            "| GPUs | mode | seed | task | queue | load | transfer | run |",
+            "|" + " --- |" * 8,
         ]
         for s in mine:
             for (flow, task), parts in s.run.task_breakdown_ms.items():
                 lines.append(
-                    f"| {s.run.gpus} | {s.run.mode.value} | {flow}/{task} | {parts['queue']:.1f} "
+                    f"| {s.run.gpus} | {s.run.mode.value} | {s.seed} | {flow}/{task} "
+                    f"| {parts['queue']:.1f} "
                     f"| {parts['load']:.1f} | {parts['transfer']:.2f} | {parts['run']:.1f} |"
                 )
         lines.append("")
-    lines += ["## Claims", ""]
-    lines += [f"- [{'x' if c.holds else ' '}] {c.text}" for c in claims(runs)]
+    several = len({r.seed for r in runs}) > 1
+    if several:
+        lines += [
+            "## Over the seeds " + ", ".join(str(s) for s in dict.fromkeys(r.seed for r in runs)),
+            "",
+            "| arrivals | " + " | ".join(SPREAD_HEADER) + " |",
+            "|" + " --- |" * (len(SPREAD_HEADER) + 1),
+        ]
+        lines += [f"| {s.arrivals} | " + " | ".join(s.cells()) + " |" for s in spreads(runs)]
+        lines.append("")
+    lines += ["## Claims" + (" (medians over the seeds)" if several else ""), ""]
+    lines += [
+        f"- [{'x' if c.holds else ' '}] {c.text}"
+        for c in claims(over_seeds(runs) if several else runs)
+    ]
     lines += ["", f"Sweep runtime: {total_s:.1f} s for {len(runs)} runs.", ""]
     return "\n".join(lines)

@@ -151,6 +151,8 @@ def extra_cases() -> Iterator[Case]:
         yield Case(("sim", "workflows"), ("--gpus", value), ("--gpus",))
     yield Case(("sim", "workflows"), ("--modes", "fastest"), ("--modes", "compass"))
     yield Case(("sim", "workflows"), ("--arrivals", "steady"), ("--arrivals", "poisson"))
+    for value in ("x", "5-1", "1-", "-3", "1-5000", ","):
+        yield Case(("sim", "workflows"), ("--seeds", value), ("--seeds",))
     for value in ("2", "0", "nan", "half"):
         yield Case(("sim", "mixed"), ("--compare", value), ("--compare",))
     yield Case(("sim", "mixed"), ("--burst-start", "2h", "--burst-end", "1h"), ("--burst-end",))

@@ -144,6 +144,25 @@ def test_a_workflow_sweep_for_scripts_states_its_cache_model_and_staleness() -> 
     assert "[1/1] poisson   16 GPUs hash" in result.stderr
 
 
+def test_a_sweep_over_seeds_adds_each_settings_spread_and_claims_on_the_medians() -> None:
+    args = ["sim", "workflows", "--gpus", "16", "--modes", "compass,hash", "--jobs", "60"]
+    result = CliRunner().invoke(
+        app, [*args, "--arrivals", "poisson", "--seeds", "2,1-2", "-o", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["runs"], report["seeds"]) == (4, [2, 1])
+    runs, _, spread = report["tables"]
+    assert [(r["mode"], r["seed"]) for r in runs["rows"]] == [
+        ("compass", "2"), ("compass", "1"), ("hash", "2"), ("hash", "1"),
+    ]  # fmt: skip
+    assert spread["title"].endswith("slowdown over the seeds 2, 1")
+    medians = {r["mode"]: r["median (seeds' range)"] for r in spread["rows"]}
+    compass = sorted(float(r["median"]) for r in runs["rows"] if r["mode"] == "compass")
+    low, high = (f"{v:.3f}" for v in compass)
+    assert medians["compass"] == f"{(compass[0] + compass[1]) / 2:.3f} ({low}-{high})"
+
+
 def test_no_bar_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     with counting(Console(file=io.StringIO()), "steps", 3) as advance:
         advance(3)

@@ -19,6 +19,7 @@ from libs.sim import workflows
 from libs.sim.workflows import (
     ARRIVALS,
     PROFILES,
+    Case,
     Profiles,
     ServingCluster,
     SweepRun,
@@ -29,6 +30,7 @@ from libs.sim.workflows import (
     keyed,
     load_profiles,
     markdown,
+    over_seeds,
     policy,
     simulate,
     sweep,
@@ -157,13 +159,13 @@ def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
         jobs=60,
         on_progress=lambda *u: heard.append(u),
     )
-    assert heard and {run for run, _ in heard} == {"poisson 16 GPUs hash"}
+    assert heard and {run for run, _ in heard} == {"poisson 16 GPUs hash seed 7"}
     shares = [share for _, share in heard]
     assert shares == sorted(shares) and shares[0] >= 0 and shares[-1] <= 1
     # A worker process sends the same to its parent.
     sent: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
     monkeypatch.setattr(workflows, "_updates", sent)
-    workflows._sweep_run(profiles, "poisson", 0.0, 16, PlanMode.HASH, {"jobs": 60})
+    workflows._sweep_run(profiles, Case("poisson", 0.0, 16, PlanMode.HASH, 7), {"jobs": 60})
     relayed = [sent.get() for _ in range(sent.qsize())]
     assert relayed == heard
 
@@ -185,6 +187,22 @@ def test_fifo_cost_caches_charge_evictions_the_lookahead_ones_do_not(profiles: P
     # The same placements (hash), but FIFO evicts what is needed next and pays to.
     assert costly.breakdown_ms["load"] > free.breakdown_ms["load"]
     assert costly.cache_hit_rate < free.cache_hit_rate
+
+
+def test_a_sweep_over_seeds_reports_each_seed_and_each_settings_spread(
+    profiles: Profiles,
+) -> None:
+    runs = sweep(
+        profiles, [16], [PlanMode.COMPASS, PlanMode.HASH], {"poisson": 0.0}, jobs=40, seeds=(3, 4)
+    )
+    assert [(r.run.mode, r.seed) for r in runs] == [
+        (PlanMode.COMPASS, 3), (PlanMode.COMPASS, 4), (PlanMode.HASH, 3), (PlanMode.HASH, 4),
+    ]  # fmt: skip
+    assert runs[0].run != runs[1].run  # another seed, another workload
+    text = markdown(runs, 1.0)
+    assert "## Over the seeds 3, 4" in text and "## Claims (medians over the seeds)" in text
+    [compass, _] = over_seeds(runs)
+    assert compass.run.median_slowdown == statistics.median(r.run.median_slowdown for r in runs[:2])
 
 
 def test_claims_compare_compass_with_each_rival_at_every_size(profiles: Profiles) -> None:
