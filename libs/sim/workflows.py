@@ -57,7 +57,7 @@ PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "compass" /
 PARTS = ("queue", "load", "transfer", "run")
 GPU_TYPE = "T4"
 ALLOCATION = "serving"
-PROGRESS_EVERY = 20_000  # agenda entries between two progress reports of a run
+PROGRESS_EVERY = 1_000  # agenda entries between two progress reports of a run
 
 
 @dataclass(frozen=True)
@@ -183,17 +183,17 @@ class ServingCluster:
     def run(
         self,
         handle: Callable[[object], None] | None = None,
-        on_progress: Callable[[float], None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
         """Process the agenda in time order; ``handle`` takes what neither the world nor
-        the scheduler does; ``on_progress`` hears the share of workflows finished, now
+        the scheduler does; ``on_progress`` hears how many workflows have finished, now
         and then."""
         world = self.world
         steps = 0
         while world:
             steps += 1
-            if on_progress is not None and not steps % PROGRESS_EVERY and self.arrived:
-                on_progress(len(world.done) / len(self.arrived))
+            if on_progress is not None and not steps % PROGRESS_EVERY:
+                on_progress(len(world.done))
             entry = world.pop()
             if world.handle(entry):
                 continue
@@ -318,7 +318,7 @@ def simulate(
     for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
         spec = JobSpec(ALLOCATION, "sim", 1, (), workflow=flows[rng.randrange(len(flows))])
         cluster.world.at(at, JobArrived(at / 1000, JobId(f"w{n:06d}"), spec))
-    cluster.run(on_progress=on_progress)
+    cluster.run(on_progress=None if on_progress is None else lambda done: on_progress(done / jobs))
     served, arrived, finished = cluster.world.served, cluster.arrived, cluster.world.done
     counts, parts = hits(served), _parts(served)
     done = sorted(finished, key=lambda j: (finished[j], j))

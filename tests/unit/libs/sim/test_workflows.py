@@ -161,7 +161,8 @@ def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
     )
     assert heard and {run for run, _ in heard} == {"poisson 16 GPUs hash seed 7"}
     shares = [share for _, share in heard]
-    assert shares == sorted(shares) and shares[0] >= 0 and shares[-1] <= 1
+    # Shares of the run's jobs: they grow, and a run near its end is near 1.
+    assert shares == sorted(shares) and shares[0] >= 0 and 0.5 <= shares[-1] <= 1
     # A worker process sends the same to its parent.
     sent: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
     monkeypatch.setattr(workflows, "_updates", sent)
