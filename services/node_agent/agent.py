@@ -22,6 +22,7 @@ from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery, EventConsumer
+from libs.core.compass import CacheModel
 from libs.events.wire_time import seconds
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import decision_for, idle_changed, stop_reason
@@ -44,7 +45,8 @@ class NodeAgent:
     With ``samplers`` (node id -> sampler) it also reports when a task's GPUs go idle
     or busy again, sampling every ``sample_s`` seconds once ``watch_utilization`` runs
     (batch tasks only: a serving task is over long before a window is).
-    ``host_to_gpu_mb_per_ms`` sets how long a model load takes. Every ``heartbeat_s``
+    ``host_to_gpu_mb_per_ms`` sets how long a model load takes, ``cache_model`` how each
+    GPU's model cache makes room (placement must count on the same). Every ``heartbeat_s``
     seconds (0: never) ``heartbeat`` says each node is alive. ``log_endpoint``: where
     the agent serves its tasks' logs, told with each registration.
     """
@@ -61,12 +63,15 @@ class NodeAgent:
         sample_s: float = DEFAULT_SAMPLE_S,
         remember_ended: int = REMEMBER_ENDED,
         host_to_gpu_mb_per_ms: float = DEFAULT_HOST_TO_GPU_MB_PER_MS,
+        cache_model: CacheModel = CacheModel.LOOKAHEAD,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         log_endpoint: str = "",
     ) -> None:
         self._report = Reporter(emit)
         self._runs = RunningTasks(executors, self._report, remember_ended)
-        self._serving = ServingQueues(self._runs, executors, self._report, host_to_gpu_mb_per_ms)
+        self._serving = ServingQueues(
+            self._runs, executors, self._report, host_to_gpu_mb_per_ms, cache_model
+        )
         self._registrations = Registrations(nodes, self._report, heartbeat_s, log_endpoint)
         self._tracer = tracer or trace.get_tracer(__name__)
         self._samplers = dict(samplers or {})

@@ -42,6 +42,7 @@ from libs.bus import (
     load_topic_config,
 )
 from libs.config.document import ConfigError
+from libs.core.compass import CacheModel
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
 from services.grpc_server import STOP_GRACE_S
@@ -160,6 +161,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             help=f"{text} (env {env}; default: %(default)s)",
         )
     parser.add_argument(
+        "--cache-model",
+        metavar="{" + ",".join(m.value for m in CacheModel) + "}",
+        default=os.environ.get("QM_CACHE_MODEL", CacheModel.LOOKAHEAD.value),
+        help="how each GPU's model cache makes room: lookahead (the model needed furthest "
+        "ahead, free) or fifo-cost (first loaded first, each eviction costing its "
+        "transfer); say the same as placement's serving_cache_model "
+        "(env QM_CACHE_MODEL; default: %(default)s)",
+    )
+    parser.add_argument(
         "--heartbeat-seconds",
         type=float,
         default=os.environ.get("QM_HEARTBEAT_SECONDS", str(DEFAULT_HEARTBEAT_S)),
@@ -177,6 +187,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--sample-seconds must be > 0")
     if args.host_to_gpu_mb_per_ms <= 0:
         parser.error("--host-to-gpu-mb-per-ms must be > 0")
+    try:
+        args.cache_model = CacheModel(args.cache_model)  # the environment's too
+    except ValueError:
+        models = " or ".join(m.value for m in CacheModel)
+        parser.error(
+            f"--cache-model (or QM_CACHE_MODEL): expected {models}, got {args.cache_model!r}"
+        )
     try:
         args.idle = IdleThresholds(
             args.idle_threshold, args.busy_threshold, args.idle_window_seconds
@@ -274,6 +291,7 @@ async def _run(
             idle=args.idle,
             sample_s=args.sample_seconds,
             host_to_gpu_mb_per_ms=args.host_to_gpu_mb_per_ms,
+            cache_model=args.cache_model,
             heartbeat_s=args.heartbeat_seconds,
             log_endpoint=serving_logs[1] if serving_logs is not None else "",
         )

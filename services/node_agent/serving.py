@@ -31,7 +31,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import PolicyConfig
-from libs.core.compass import GpuWorker, Start
+from libs.core.compass import CacheModel, GpuWorker, Start
 from libs.core.compass.workflow import BYTES_PER_MB
 from libs.events.convert import serving_from_proto
 from services.node_agent.executors import LaunchError
@@ -89,9 +89,11 @@ class ServingQueues:
         executors: Executors,
         report: Reporter,
         host_to_gpu_mb_per_ms: float = DEFAULT_HOST_TO_GPU_MB_PER_MS,
+        cache_model: CacheModel = CacheModel.LOOKAHEAD,
     ) -> None:
         if host_to_gpu_mb_per_ms <= 0:
             raise ValueError("host_to_gpu_mb_per_ms must be > 0")
+        self._cache_model = cache_model
         self._runs = runs
         self._executors = executors
         self._report = report
@@ -181,7 +183,7 @@ class ServingQueues:
             capacity = gpu_memory_mb(node, index)
             if capacity <= 0:
                 log.warning("%s GPU %d: memory unknown, every model load evicts", *key)
-            worker = GpuWorker(capacity, self._host_to_gpu_mb_per_ms)
+            worker = GpuWorker(capacity, self._host_to_gpu_mb_per_ms, cache_model=self._cache_model)
             gpu = self._gpus[key] = _Gpu(node, index, worker)
             gpu.driver = asyncio.create_task(self._drive(gpu), name=f"{node.node_id}/gpu{index}")
         return gpu

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from libs.core.compass import CacheModel
 from services.node_agent.cli import parse_args
 from services.node_agent.idle import IdleThresholds
 
@@ -68,3 +69,16 @@ def test_model_load_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QM_HOST_TO_GPU_MB_PER_MS", "20")
     assert parse_args([]).host_to_gpu_mb_per_ms == 20.0
     assert parse_args(["--host-to-gpu-mb-per-ms", "5"]).host_to_gpu_mb_per_ms == 5.0
+
+
+def test_the_cache_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parse_args([]).cache_model is CacheModel.LOOKAHEAD
+    monkeypatch.setenv("QM_CACHE_MODEL", "fifo-cost")
+    assert parse_args([]).cache_model is CacheModel.FIFO_COST
+    assert parse_args(["--cache-model", "lookahead"]).cache_model is CacheModel.LOOKAHEAD
+    monkeypatch.setenv("QM_CACHE_MODEL", "lru")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "expected lookahead or fifo-cost, got 'lru'" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import simulated
+from libs.core.compass import CacheModel
 from libs.events.wire_time import duration_ms, milliseconds
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import SimulatedExecutor
@@ -145,6 +146,34 @@ async def test_memory_pressure_evicts_by_look_ahead(agent: NodeAgent, emitted: R
     evicted = emitted.of("model_evicted")[0].model_evicted
     assert (evicted.node_id, evicted.gpu_index) == ("sim-0", 0)
     assert evicted.reason == "room for m4 (wf-1/d): next needed 3 tasks ahead, after those kept"
+
+
+async def test_a_fifo_cost_agent_evicts_the_first_loaded_and_pays_for_it(
+    tmp_path: Path, emitted: Recorder
+) -> None:
+    fifo = NodeAgent(
+        NODES,
+        executors=executors(tmp_path),
+        emit=emitted,
+        host_to_gpu_mb_per_ms=BW,
+        cache_model=CacheModel.FIFO_COST,
+    )
+    try:
+        for name, model in (("a", "m1"), ("b", "m2"), ("c", "m3"), ("again", "m1")):
+            await fifo.handle(delivery(serving(name, model)))
+        await emitted.until(4, "task_finished")
+        # m1 was used last, and is needed next: look-ahead would keep it; FIFO evicts it
+        # (loaded first), and the load of m4 waits for m1 to leave the GPU.
+        await fifo.handle(delivery(serving("d", "m4", upcoming=("m1",))))
+        await emitted.until(5, "task_finished")
+        (evicted,) = emitted.of("model_evicted")
+        assert evicted.model_evicted.model == "m1"
+        assert evicted.model_evicted.reason.endswith("loaded before the models kept")
+        loaded = emitted.of("model_loaded")[-1].model_loaded
+        assert (loaded.model, milliseconds(loaded.load_duration)) == ("m4", 20)
+    finally:
+        async with asyncio.timeout(5):
+            await fifo.shutdown()
 
 
 async def test_a_model_not_needed_again_goes_first(agent: NodeAgent, emitted: Recorder) -> None:
