@@ -495,7 +495,7 @@ def workflows(
                     [spread.cells() for spread in spreads(mine)],
                 )
             )
-    found = claims(over_seeds(runs) if len(several) > 1 else runs)
+    found = claims(over_seeds(runs))  # one seed: its own runs
     _show(
         output,
         tables,

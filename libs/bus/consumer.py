@@ -68,7 +68,7 @@ class EventConsumer:
             **tuning,
         )
         self._lag = LagMeter(self._consumer, name)
-        self._rebalances = _Rebalances()
+        self._rebalances = _Rebalances(None)
 
     @property
     def client(self) -> Consumer:
@@ -76,7 +76,8 @@ class EventConsumer:
 
     async def start(self, *, listener: RebalanceListener | None = None) -> None:
         await self._consumer.start()
-        self._consumer.subscribe(self._topics, listener=self._rebalances.telling(listener))
+        self._rebalances = _Rebalances(listener)
+        self._consumer.subscribe(self._topics, listener=self._rebalances)
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -128,13 +129,9 @@ class EventConsumer:
 class _Rebalances(ConsumerRebalanceListener):  # type: ignore[misc]
     """Counts the group's moves of partitions, and tells the caller's listener of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, listener: RebalanceListener | None) -> None:
         self.count = 0
-        self._listener: RebalanceListener | None = None
-
-    def telling(self, listener: RebalanceListener | None) -> _Rebalances:
         self._listener = listener
-        return self
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.count += 1

@@ -66,6 +66,14 @@ def caught_up(bus: MemoryBus) -> Callable[[], bool]:
     return lambda: bus.committed(GROUP).get(INPUT) == len(bus.records(EVENTS))
 
 
+def folded_afresh(bus: MemoryBus) -> bytes:
+    """The digest of the default cluster's state folded from the whole input log, once."""
+    fresh = PartitionSchedulers(PolicyConfig())
+    for env in bus.envelopes(EVENTS):
+        step(fresh.of(env.cluster), env)
+    return fresh.of("default").digest()
+
+
 def decisions_counted(kind: str) -> float:
     return REGISTRY.get_sample_value("qm_decisions_total", {"kind": kind}) or 0.0
 
@@ -204,10 +212,7 @@ async def test_a_state_revoked_while_a_record_is_folded_is_not_kept_as_clean() -
         await bus.until(caught_up(bus))
         kept = service.owned[INPUT.partition].schedulers.of("default").digest()
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
-    fresh = PartitionSchedulers(PolicyConfig())
-    for env in bus.envelopes(EVENTS):
-        step(fresh.of(env.cluster), env)
-    assert kept == fresh.of("default").digest()
+    assert kept == folded_afresh(bus)
 
 
 async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
@@ -241,10 +246,7 @@ async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
         kept = service.owned[INPUT.partition].schedulers.of("default").digest()
     assert service.folded == dict.fromkeys(range(7), 1)
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
-    fresh = PartitionSchedulers(PolicyConfig())
-    for env in bus.envelopes(EVENTS):
-        step(fresh.of(env.cluster), env)
-    assert kept == fresh.of("default").digest()
+    assert kept == folded_afresh(bus)
 
 
 async def test_a_record_delivered_again_is_not_folded_again(
