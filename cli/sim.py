@@ -339,6 +339,15 @@ def workflows(
             min=0, max=1e6, help="compass's hold_threshold policy knob (0: plan on arrival)"
         ),
     ] = PolicyConfig.hold_threshold,
+    due_slack: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=1e6,
+            help="compass's due_slack policy knob: held workflows go earliest due first, "
+            "due = arrival + this × best case (0: oldest first)",
+        ),
+    ] = PolicyConfig.due_slack,
     profiles: Annotated[
         Path,
         input_file("Compass profiles"),
@@ -365,6 +374,15 @@ def workflows(
             "eviction, start, end) reaches the scheduler this late (e.g. 10ms)",
         ),
     ] = 0.0,
+    planners: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Planners splitting the arrivals in turn; each knows its own sends at once "
+            "and the others' only as it reads their placements off the log, --staleness late",
+        ),
+    ] = 1,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Sweep GPU counts: the Compass workflows through the scheduler's serving core, per mode.
@@ -373,7 +391,8 @@ def workflows(
     workflows were held before their plan and the mean per-task breakdown per
     run, the per-workflow table, the claims and the runtime.
 
-    -o json|yaml: {"runs", "seeds", "wall_s", "cache_model", "staleness_ms", "claims":
+    -o json|yaml: {"runs", "seeds", "wall_s", "cache_model", "staleness_ms", "planners",
+    "claims":
     [{"text", "holds"}],
     "tables": [{"title", "rows": [{column: cell}]}]}, the tables as printed.
     """
@@ -430,8 +449,10 @@ def workflows(
             jobs=jobs,
             rate_per_s=rate,
             hold_threshold=hold_threshold,
+            due_slack=due_slack,
             cache_model=cache_model,
             staleness_ms=staleness * 1000,
+            planners=planners,
             on_run=tell,
             on_progress=progress,
         )
@@ -475,7 +496,9 @@ def workflows(
                     *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
                 ]
             )
-        setting = f"{cache_model.value} caches, reports {staleness * 1000:g} ms late"
+        setting = f"{cache_model.value} caches, reports {staleness * 1000:g} ms late" + (
+            f", {planners} planners" if planners > 1 else ""
+        )
         title = (
             f"{label} arrivals, {setting}: slowdown; held per workflow, the rest per task (mean ms)"
         )
@@ -504,6 +527,7 @@ def workflows(
         wall_s=round(total, 3),
         cache_model=cache_model.value,
         staleness_ms=staleness * 1000,
+        planners=planners,
         claims=[{"text": c.text, "holds": c.holds} for c in found],
     )
     for claim in found:

@@ -57,9 +57,13 @@ class PolicyConfig:
     # compass holds a new workflow in the scheduler's queue while a plan would keep
     # its first task waiting longer than this × the workflow's best-case time: under
     # overload, tasks of workflows already under way then meet short GPU queues
-    # instead of queueing behind new ones. The queue goes earliest due first
-    # (arrival + this × best case). 0: never hold (and plan in arrival order).
-    hold_threshold: float = 3.0
+    # instead of queueing behind new ones. 0: never hold (and plan in arrival order).
+    hold_threshold: float = 0.75
+    # The held queue goes earliest due first, due = arrival + this × best case: a
+    # short workflow passes a long one that arrived less than this × the difference
+    # of their best cases before it (most workflows are short: the median slowdown
+    # falls), and none is passed by one arriving later than that. 0: oldest first.
+    due_slack: float = 30.0
     # Loading a model costs size ÷ this (PCIe, MB/ms); outputs cross nodes at the other.
     host_to_gpu_mb_per_ms: float = 10.171
     node_to_node_mb_per_ms: float = 12.583

@@ -91,6 +91,23 @@ class ModelEvicted:
 
 
 @dataclass(frozen=True)
+class PeerPlaced:
+    """A workflow task another planner sent to a GPU, as this planner reads that
+    planner's ``Place`` off the log (late): it counts in the GPU's queue here until
+    the task ends. With several planners each plans a share of the arrivals, and
+    this, with the node agents' reports, is all they share."""
+
+    at: float
+    task_id: TaskId
+    node_id: NodeId
+    gpu_index: int
+    model: str  # empty: none
+    model_mb: float
+    run_ms: float
+    ready_ms: float  # when its inputs arrive at the GPU (ms on the input clock)
+
+
+@dataclass(frozen=True)
 class CancelRequested:
     at: float
     job_id: JobId
@@ -158,6 +175,7 @@ Input = (
     | TaskIdle
     | ModelLoaded
     | ModelEvicted
+    | PeerPlaced
     | CancelRequested
     | NodeCordoned
     | JobHeld

@@ -86,7 +86,10 @@ POLICY = "budget"
 # 17: compass plans held workflows earliest due first (arrival + hold_threshold × best
 # case), not oldest first; the knob ``serving_cache_model`` (lookahead, as before, or
 # fifo-cost).
-POLICY_VERSION = 17
+# 18: the held workflows' due time has its own knob, ``due_slack`` (30; it was
+# hold_threshold); ``hold_threshold`` 3 -> 0.75; ``PeerPlaced``: another planner's
+# serving task counts in its GPU's queue.
+POLICY_VERSION = 18
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -200,6 +203,12 @@ class Scheduler:
                 self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
             case inputs.ModelEvicted():
                 self._serving.evicted(event.node_id, event.gpu_index, event.model)
+            case inputs.PeerPlaced() if not all(
+                math.isfinite(v) and v >= 0 for v in (event.model_mb, event.run_ms, event.ready_ms)
+            ):
+                return [Refused(event.task_id, "a peer's task needs finite, non-negative times")]
+            case inputs.PeerPlaced():
+                self._serving.peer_placed(event)
             case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
                 reported = True

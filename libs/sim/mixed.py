@@ -205,7 +205,7 @@ class MixedCluster(ServingCluster, Observer):
     observes the batch agents: the GPUs batch work holds, by class and over time)."""
 
     def __init__(self, profiles: Profiles, config: PolicyConfig, settings: MixedSettings) -> None:
-        super().__init__(Scheduler(config), profiles.costs, self._decided, settings.stop_grace_s)
+        super().__init__([Scheduler(config)], profiles.costs, self._decided, settings.stop_grace_s)
         self.settings = settings
         self.config = config
         self.best_case_ms = profiles.best_case_ms

@@ -46,7 +46,7 @@ from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, Wait
 from libs.core.ids import JobId, NodeId
-from libs.core.inputs import Input, JobArrived, NodeJoined
+from libs.core.inputs import Input, JobArrived, NodeJoined, PeerPlaced
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 from libs.core.service_level import workflow_slowdown
@@ -112,6 +112,7 @@ class WorkflowRun:
     decisions: int = 0  # decisions the core made
     cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
     staleness_ms: float = 0.0  # how late the workers' reports reached the scheduler
+    planners: int = 1  # how many planners split the arrivals
 
 
 def keyed(workflow: Workflow) -> Workflow:
@@ -141,24 +142,31 @@ def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Rando
 
 
 class ServingCluster:
-    """The scheduler and the simulated cluster (``libs.sim.world``), serving.
+    """The planners and the simulated cluster (``libs.sim.world``), serving.
 
-    ``feed`` hands the scheduler one input and acts on what it decides: a serving
-    ``Place`` goes to its GPU's queue; the GPUs' reports are fed back at once, and at
-    their times by ``run``, which drains the agenda. The mixed simulation drives it too,
-    with batch work on the side (``on_decision`` sees every decision that is not a
-    serving ``Place``).
+    ``feed`` hands one input to the planners (``Scheduler``s) and acts on what they
+    decide: a serving ``Place`` goes to its GPU's queue; the GPUs' reports are fed
+    back, and at their times by ``run``, which drains the agenda. The mixed
+    simulation drives it too, with one planner and batch work on the side
+    (``on_decision`` sees every decision that is not a serving ``Place``).
+
+    Several planners split the workflows that arrive, in turn, and share only what
+    a planner reads off the log: every worker report, and each other's serving
+    ``Place``s (``PeerPlaced``), all ``staleness_ms`` late.
     """
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        planners: Sequence[Scheduler],
         costs: Costs,
         on_decision: Callable[[Decision], None] | None = None,
         stop_grace_s: float = 30.0,  # for batch work on the side
         staleness_ms: float = 0.0,
     ) -> None:
-        self.scheduler = scheduler
+        if not planners:
+            raise SimulationError("a serving cluster needs a planner")
+        self.planners = tuple(planners)
+        self.scheduler = self.planners[0]  # the one that plans batch work, if any
         self.on_decision = on_decision
         self.staleness_ms = staleness_ms
         self.world = World(
@@ -166,12 +174,13 @@ class ServingCluster:
             stop_grace_s=stop_grace_s,
             host_to_gpu_mb_per_ms=costs.host_to_gpu_mb_per_ms,
             # The workers' caches are what the planner counts on (a policy knob).
-            cache_model=CacheModel(scheduler.config.serving_cache_model),
+            cache_model=CacheModel(self.scheduler.config.serving_cache_model),
             deliver=self.report,
         )
         self.decisions = 0
         self.adjusted = 0  # tasks sent elsewhere than planned
         self.arrived: dict[str, tuple[float, Workflow]] = {}  # workflow job -> (ms, workflow)
+        self.planned_by = [0] * len(self.planners)  # workflows each planner was handed
         self.planned_ms: dict[str, float] = {}  # workflow job -> when its plan was made
 
     def add_gpu_node(self, node_id: str, gpu_indices: tuple[int, ...], memory_mb: float) -> None:
@@ -207,32 +216,55 @@ class ServingCluster:
             raise SimulationError(f"{unfinished} of {len(self.arrived)} workflows never finished")
 
     def report(self, event: Input) -> None:
-        """A worker's report (a load, an eviction, a start, an end) reaches the scheduler
-        ``staleness_ms`` after it happened: what the planner knows of the GPUs is that
-        old, and a task's successors are sent that much later."""
-        if self.staleness_ms:
+        """A worker's report (a load, an eviction, a start, an end) reaches the planners
+        ``staleness_ms`` after it happened: what they know of the GPUs is that old, and a
+        task's successors are sent that much later. Among several planners it goes by
+        the agenda even when on time, so that it comes after the ``PeerPlaced`` of its
+        task, as on the log."""
+        if self.staleness_ms or len(self.planners) > 1:
             self.world.at(self.world.now + self.staleness_ms, event)
         else:
             self.feed(event)
 
     def feed(self, event: Input) -> None:
+        """A workflow goes to one planner, the next in turn; every other input to all."""
+        planners = self.planners
         if isinstance(event, JobArrived) and event.spec.workflow is not None:
+            turn = len(self.arrived) % len(planners)
             self.arrived[event.job_id] = (self.world.now, event.spec.workflow)
-        for decision in self.scheduler.handle(event):
-            self.decisions += 1
-            self._act(decision)
+            self.planned_by[turn] += 1
+            planners = (planners[turn],)
+        for planner in planners:
+            for decision in planner.handle(event):
+                self.decisions += 1
+                self._act(decision)
 
     def _act(self, decision: Decision) -> None:
         if isinstance(decision, Planned):
             self.planned_ms[decision.job_id] = self.world.now
-        if not isinstance(decision, Place) or decision.serving is None:
+        serving = decision.serving if isinstance(decision, Place) else None
+        if serving is None:
             if self.on_decision is not None:
                 self.on_decision(decision)
             elif not isinstance(decision, (Planned, Wait)):
                 raise SimulationError(f"unexpected decision {decision}")
             return
-        if decision.serving.planned is not None:
+        assert isinstance(decision, Place)
+        if serving.planned is not None:
             self.adjusted += 1
+        if len(self.planners) > 1:  # the others read it off the log, late (the sender ignores it)
+            now = self.world.now
+            peer = PeerPlaced(
+                now / 1000,
+                decision.task_id,
+                decision.node_id,
+                decision.gpu_indices[0],
+                serving.model,
+                serving.model_mb,
+                serving.run_ms,
+                now + serving.input_delay_ms,
+            )
+            self.world.at(now + self.staleness_ms, peer)
         self.world.send(decision)
 
 
@@ -299,8 +331,10 @@ def simulate(
     warmup: float = 0.1,
     share_models: bool = False,
     hold_threshold: float = PolicyConfig.hold_threshold,
+    due_slack: float = PolicyConfig.due_slack,
     cache_model: CacheModel = CacheModel.LOOKAHEAD,
     staleness_ms: float = 0.0,  # how late the workers' reports reach the scheduler
+    planners: int = 1,  # planners splitting the arrivals, sharing only what is reported
     on_progress: Callable[[float], None] | None = None,
 ) -> WorkflowRun:
     """One run; ``on_progress`` hears the share of its workflows finished, now and then."""
@@ -310,9 +344,12 @@ def simulate(
         mode,
         profiles.costs,
         hold_threshold=hold_threshold,
+        due_slack=due_slack,
         serving_cache_model=cache_model.value,
     )
-    cluster = ServingCluster(Scheduler(config), profiles.costs, staleness_ms=staleness_ms)
+    cluster = ServingCluster(
+        [Scheduler(config) for _ in range(planners)], profiles.costs, staleness_ms=staleness_ms
+    )
     for i in range(gpus):
         cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)
     for n, at in enumerate(arrivals(jobs, rate_per_s, burst_shape, rng)):
@@ -363,6 +400,7 @@ def simulate(
         decisions=cluster.decisions,
         cache_model=cache_model,
         staleness_ms=staleness_ms,
+        planners=planners,
     )
 
 
@@ -605,7 +643,13 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
     flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
     models = ", ".join(dict.fromkeys(r.run.cache_model.value for r in runs))
     stale = ", ".join(dict.fromkeys(f"{r.run.staleness_ms:g} ms" for r in runs))
-    lines = ["# Workflow serving sweep", "", f"Cache model: {models}; reports {stale} late.", ""]
+    planners = ", ".join(dict.fromkeys(str(r.run.planners) for r in runs))
+    lines = [
+        "# Workflow serving sweep",
+        "",
+        f"Cache model: {models}; reports {stale} late; planners: {planners}.",
+        "",
+    ]
     for name in dict.fromkeys(r.arrivals for r in runs):
         mine = [r for r in runs if r.arrivals == name]
         lines += [

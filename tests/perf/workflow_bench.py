@@ -166,7 +166,7 @@ def run_core(shape: str, params: WorkflowParams) -> CoreRun:
     run = CoreRun(shape)
     record = _Recorder(run)
     scheduler = _Timed(run, record)
-    cluster = ServingCluster(scheduler, COSTS)
+    cluster = ServingCluster([scheduler], COSTS)
     per_node = params.gpus_per_node
     for node in range(params.gpus // per_node):
         cluster.add_gpu_node(f"n{node:03d}", tuple(range(per_node)), COSTS.gpu_memory_mb)

@@ -127,17 +127,23 @@ def test_a_simulation_report_for_scripts_holds_the_document_alone(tmp_path: Path
     assert "10 jobs, 48 GPUs" in result.stderr
 
 
-def test_a_workflow_sweep_for_scripts_states_its_cache_model_and_staleness() -> None:
+def test_a_workflow_sweep_for_scripts_states_its_cache_model_staleness_and_planners() -> None:
     args = ["sim", "workflows", "--gpus", "16", "--modes", "hash", "--arrivals", "poisson"]
     result = CliRunner().invoke(
         app,
-        [*args, "--jobs", "60", "--cache-model", "fifo-cost", "--staleness", "10ms", "-o", "json"],
+        [
+            *args,
+            *("--jobs", "60", "--cache-model", "fifo-cost", "--staleness", "10ms"),
+            *("--planners", "3", "-o", "json"),
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["runs"], report["cache_model"], report["staleness_ms"]) == (1, "fifo-cost", 10)
+    assert report["planners"] == 3
     assert all(
-        "fifo-cost caches, reports 10 ms late" in table["title"] for table in report["tables"]
+        "fifo-cost caches, reports 10 ms late, 3 planners" in table["title"]
+        for table in report["tables"]
     )
     (row,) = report["tables"][0]["rows"]
     assert (row["GPUs"], row["mode"]) == ("16", "hash")

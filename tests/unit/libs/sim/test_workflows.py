@@ -12,7 +12,7 @@ import pytest
 
 from libs.core.compass import CacheModel, PlanMode
 from libs.core.decisions import Planned
-from libs.core.inputs import JobArrived
+from libs.core.inputs import Input, JobArrived
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.sim import workflows
@@ -94,7 +94,7 @@ def test_models_are_cached_per_workflow_as_the_source_does(profiles: Profiles) -
 def test_the_core_plans_each_workflow_and_the_workers_report_back(profiles: Profiles) -> None:
     seen: list[object] = []
     cluster = ServingCluster(
-        Scheduler(policy(PlanMode.COMPASS, profiles.costs)),
+        [Scheduler(policy(PlanMode.COMPASS, profiles.costs))],
         profiles.costs,
         on_decision=seen.append,
     )
@@ -179,6 +179,44 @@ def test_stale_reports_reach_the_planner_late_and_cost_each_hop(profiles: Profil
     # successors are sent then; every workflow has at least one task after another.
     assert stale.median_latency_ms >= fresh.median_latency_ms + 50.0
     assert run(profiles, PlanMode.COMPASS, 64, jobs=60, staleness_ms=50.0) == stale
+
+
+def two_planners_place(profiles: Profiles, staleness_ms: float) -> list[tuple[str, str]]:
+    """Two planners, two GPUs, two translations arriving 5 ms apart: where each root went."""
+    sent: list[tuple[str, str]] = []
+    cluster = ServingCluster(
+        [Scheduler(policy(PlanMode.COMPASS, profiles.costs)) for _ in range(2)],
+        profiles.costs,
+        staleness_ms=staleness_ms,
+    )
+    cluster.world.send = lambda place: sent.append((place.job_id, place.node_id))  # type: ignore[method-assign]
+    for i in range(2):
+        cluster.add_gpu_node(f"n{i}", (0,), profiles.costs.gpu_memory_mb)
+    translation = keyed(next(f for f in profiles.workflows if f.name == "translation"))
+    for n in range(2):
+        spec = JobSpec("serving", "sim", 1, (), workflow=translation)
+        cluster.world.at(5.0 * n, JobArrived(0.005 * n, f"w{n}", spec))
+    while cluster.world:
+        entry = cluster.world.pop()
+        assert isinstance(entry, Input)
+        cluster.feed(entry)
+    assert cluster.planned_by == [1, 1]  # the arrivals, in turn
+    return sent
+
+
+def test_planners_share_their_placements_off_the_log_late(profiles: Profiles) -> None:
+    # On time, the second planner sees the first one's root queued on n0 and goes to n1.
+    [(_, first), (_, second)] = two_planners_place(profiles, staleness_ms=0.0)
+    assert first != second
+    # 10 ms late, it has not heard of it yet when its workflow arrives: both pick n0.
+    [(_, first), (_, second)] = two_planners_place(profiles, staleness_ms=10.0)
+    assert first == second
+
+
+def test_several_planners_finish_every_workflow_deterministically(profiles: Profiles) -> None:
+    four = run(profiles, PlanMode.COMPASS, 32, jobs=100, planners=4, staleness_ms=10.0)
+    assert four.planners == 4 and four.jobs == 90
+    assert run(profiles, PlanMode.COMPASS, 32, jobs=100, planners=4, staleness_ms=10.0) == four
 
 
 def test_fifo_cost_caches_charge_evictions_the_lookahead_ones_do_not(profiles: Profiles) -> None:

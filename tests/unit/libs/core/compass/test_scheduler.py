@@ -17,9 +17,11 @@ from libs.core import (
     NodeHeartbeat,
     NodeJoined,
     NodeSpec,
+    PeerPlaced,
     Place,
     Planned,
     PolicyConfig,
+    Refused,
     Scheduler,
     Stop,
     TaskEnded,
@@ -399,3 +401,64 @@ def test_a_task_report_from_another_node_is_not_believed() -> None:
     elsewhere = "n2" if root.node_id == "n1" else "n1"
     assert s.handle(TaskEnded(2, "w1", root.task_id, elsewhere)) == []
     assert places(s.handle(TaskEnded(3, "w1", root.task_id, root.node_id)))  # x, y sent
+
+
+# -- several planners: another's tasks, read off the log -----------------------------
+
+
+def peer_task(at: float, run_ms: float = 10_000, **bad: float) -> PeerPlaced:
+    """Another planner's task on n1's GPU, its inputs there at 1 s, its model ``llm``."""
+    times = {"model_mb": 5000.0, "run_ms": run_ms, "ready_ms": 1000.0, **bad}
+    return PeerPlaced(at, "p1/x", "n1", 0, "llm", **times)
+
+
+def first_start_ms(decisions: list[Decision]) -> float:
+    [plan] = [d for d in decisions if isinstance(d, Planned)]
+    return plan.tasks[0].start_ms
+
+
+def test_a_peers_task_counts_in_its_gpus_queue_until_it_ends() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+    run(s, [NodeJoined(0, gpu_node("n1")), peer_task(1)])
+    # Its queue holds the peer's 10 s task: the new workflow starts after it.
+    assert first_start_ms(s.handle(JobArrived(1, "w1", flow()))) >= 11_000
+    assert run(s, [TaskStarted(2, "p1", "p1/x", "n1"), TaskEnded(3, "p1", "p1/x", "n1")]) == []
+    # Gone with its end: only w1's two short tasks are ahead now.
+    assert first_start_ms(s.handle(JobArrived(3, "w2", flow()))) < 4_000
+
+
+def test_a_held_back_workflow_waits_for_a_peers_queue_too() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    run(s, [NodeJoined(0, gpu_node("n1")), peer_task(1)])
+    out = s.handle(JobArrived(1, "w1", flow()))
+    assert [type(d) for d in out] == [Wait]
+    assert places(run(s, [TaskStarted(2, "p1", "p1/x", "n1"), TaskEnded(3, "p1", "p1/x", "n1")]))
+
+
+def test_a_peers_task_on_a_restarted_node_leaves_its_queue() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+    run(s, [NodeJoined(0, gpu_node("n1"), "one", 5), peer_task(1)])
+    run(s, [NodeJoined(2, gpu_node("n1"), "two", 5)])
+    assert first_start_ms(s.handle(JobArrived(3, "w1", flow()))) < 4_000
+    assert s.handle(TaskEnded(4, "p1", "p1/x", "n1")) == []  # late news of it: nothing to do
+
+
+@pytest.mark.parametrize("bad", [{"run_ms": float("nan")}, {"ready_ms": -1.0}])
+def test_a_peer_placement_with_bad_times_is_refused_and_changes_nothing(
+    bad: dict[str, float],
+) -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    before = s.digest()
+    [refused] = s.handle(peer_task(1, **bad))
+    assert isinstance(refused, Refused) and "finite" in refused.reason
+    assert s.digest() == before
+
+
+def test_a_planner_reading_its_own_task_or_one_on_no_gpu_it_knows_changes_nothing() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    [sent] = places(run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())]))
+    before = s.digest()
+    own = PeerPlaced(1, sent.task_id, "n1", 0, "llm", 5000, 500, 1000)
+    elsewhere = PeerPlaced(1, "p1/x", "n9", 0, "llm", 5000, 500, 1000)
+    assert run(s, [own, elsewhere]) == [] and s.digest() == before
