@@ -48,7 +48,8 @@ class PolicyConfig:
     # How the workers' model caches make room, as the planner counts it: lookahead
     # (the node agent's: furthest next use first, free) or fifo-cost (first loaded
     # first, each eviction costing its transfer: the Compass paper's simulator). Say
-    # what the node agents do (their --cache-model): the planner counts on it.
+    # what the node agents do (their --cache-model): the planner counts on it, and a
+    # node whose agent registers another model is refused.
     serving_cache_model: str = "lookahead"
     # A ready task leaves its planned GPU when the wait there exceeds this × its
     # run time; join tasks (several parents) are adjusted only if adjust_joins.

@@ -27,12 +27,14 @@ class NodeJoined:
     ``incarnation`` is new each time an agent process starts: a node registered again
     with another one lost the tasks it ran. ``heartbeat_s`` > 0 gives the node a lease:
     it is declared lost once it stops heartbeating (0: never, as simulated nodes).
+    ``cache_model``: how its agent's GPU caches make room ("": not stated).
     """
 
     at: float
     node: NodeSpec
     incarnation: str = ""
     heartbeat_s: float = 0.0
+    cache_model: str = ""
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ POLICY = "budget"
 # fifo-cost).
 # 18: the held workflows' due time has its own knob, ``due_slack`` (30; it was
 # hold_threshold); ``hold_threshold`` 3 -> 0.75; ``PeerPlaced``: another planner's
-# serving task counts in its GPU's queue.
+# serving task counts in its GPU's queue; a node whose agent states other caches than
+# serving_cache_model is refused.
 POLICY_VERSION = 18
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
@@ -182,6 +183,8 @@ class Scheduler:
             case inputs.NodeJoined():
                 if violations := validate_node(event.node):
                     return [Refused(event.node.node_id, joined(violations))]
+                if event.cache_model not in ("", self.config.serving_cache_model):
+                    return [Refused(event.node.node_id, self._other_caches(event.cache_model))]
                 decisions += self._register(event)
                 decisions += self._recheck_impossible()
             case inputs.NodeHeartbeat():
@@ -450,6 +453,17 @@ class Scheduler:
         return decisions
 
     # -- liveness --------------------------------------------------------------
+
+    def _other_caches(self, cache_model: str) -> str:
+        """Why a node whose agent keeps its caches otherwise than planned is refused:
+        every plan would count the wrong loads and evictions there."""
+        planned = self.config.serving_cache_model
+        said = cache_model[:40]  # as the agent said it (the record's reason is cut anyway)
+        return (
+            f"its agent's model caches are {said!r} and placement plans for {planned!r} "
+            f"(serving_cache_model): start the agent with --cache-model {planned}, or "
+            f"set the policy's serving_cache_model to the agents' model"
+        )
 
     def _register(self, event: inputs.NodeJoined) -> list[Decision]:
         """A node (re)registered. Another incarnation means its agent restarted and

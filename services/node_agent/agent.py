@@ -72,7 +72,9 @@ class NodeAgent:
         self._serving = ServingQueues(
             self._runs, executors, self._report, host_to_gpu_mb_per_ms, cache_model
         )
-        self._registrations = Registrations(nodes, self._report, heartbeat_s, log_endpoint)
+        self._registrations = Registrations(
+            nodes, self._report, heartbeat_s, log_endpoint, cache_model.value
+        )
         self._tracer = tracer or trace.get_tracer(__name__)
         self._samplers = dict(samplers or {})
         thresholds = idle or IdleThresholds()

@@ -25,7 +25,8 @@ DEFAULT_HEARTBEAT_S = 5.0
 
 class Registrations:
     """``nodes`` with their current incarnations; a heartbeat every ``heartbeat_s``
-    seconds (0: never); ``log_endpoint``: where the agent serves its task logs."""
+    seconds (0: never); ``log_endpoint``: where the agent serves its task logs;
+    ``cache_model``: how its GPU caches make room, stated so placement can check it."""
 
     def __init__(
         self,
@@ -33,6 +34,7 @@ class Registrations:
         report: Reporter,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         log_endpoint: str = "",
+        cache_model: str = "",
     ) -> None:
         if heartbeat_s < 0:
             raise ValueError("heartbeat_s must be >= 0")
@@ -41,6 +43,7 @@ class Registrations:
         self._report = report
         self._heartbeat_s = heartbeat_s
         self._log_endpoint = log_endpoint
+        self._cache_model = cache_model
 
     @property
     def incarnations(self) -> Mapping[str, str]:
@@ -63,6 +66,7 @@ class Registrations:
             incarnation=incarnation,
             heartbeat_interval=duration(self._heartbeat_s),
             log_endpoint=self._log_endpoint,
+            cache_model=self._cache_model,
         )
         await self._report(node, registered)
         log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))

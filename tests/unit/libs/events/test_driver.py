@@ -162,3 +162,12 @@ def test_a_decision_too_large_for_a_record_becomes_a_rejection(
     assert event_type(out) == "job_rejected" and out.job_rejected.job_id == "j0"
     assert out.job_rejected.reason.startswith("its task_placed decision would be ")
     assert out.job_rejected.provenance.input_offset == 1
+
+
+def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_on_the_log() -> None:
+    inventory = types_pb2.NodeInventory(node_id="n1", gpus=[types_pb2.Gpu(index=0, type="H100")])
+    registered = events_pb2.NodeRegistered(inventory=inventory, cache_model="fifo-cost")
+    env = new_envelope(registered, producer="agent", occurred=T0)
+    [out] = decide(Scheduler(), env, partition=0, offset=0)
+    assert event_type(out) == "input_refused"
+    assert "start the agent with --cache-model lookahead" in out.input_refused.reason

@@ -159,6 +159,9 @@ async def test_a_fifo_cost_agent_evicts_the_first_loaded_and_pays_for_it(
         cache_model=CacheModel.FIFO_COST,
     )
     try:
+        await fifo.register()  # it says how its caches make room, for placement to check
+        assert {env.node_registered.cache_model for env in emitted.events} == {"fifo-cost"}
+        emitted.events.clear()
         for name, model in (("a", "m1"), ("b", "m2"), ("c", "m3"), ("again", "m1")):
             await fifo.handle(delivery(serving(name, model)))
         await emitted.until(4, "task_finished")

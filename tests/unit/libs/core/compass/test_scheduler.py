@@ -462,3 +462,16 @@ def test_a_planner_reading_its_own_task_or_one_on_no_gpu_it_knows_changes_nothin
     own = PeerPlaced(1, sent.task_id, "n1", 0, "llm", 5000, 500, 1000)
     elsewhere = PeerPlaced(1, "p1/x", "n9", 0, "llm", 5000, 500, 1000)
     assert run(s, [own, elsewhere]) == [] and s.digest() == before
+
+
+def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_by_name() -> None:
+    s = Scheduler(PolicyConfig(serving_cache_model="fifo-cost", hold_threshold=0))
+    [refused] = s.handle(NodeJoined(0, gpu_node("n1"), "one", 5, cache_model="lookahead"))
+    assert isinstance(refused, Refused) and refused.subject == "n1"
+    assert "--cache-model fifo-cost" in refused.reason and "'lookahead'" in refused.reason
+    assert not places(s.handle(JobArrived(1, "w0", flow())))  # no GPU to plan on
+    # The same model, or an agent that does not say (one from before the field): taken.
+    [sent] = places(s.handle(NodeJoined(2, gpu_node("n2"), "one", 5, cache_model="fifo-cost")))
+    assert (sent.job_id, sent.node_id) == ("w0", "n2")
+    assert run(s, [NodeJoined(2, gpu_node("n3"), "one", 5)]) == []
+    assert places(s.handle(JobArrived(3, "w1", flow())))[0].node_id in {"n2", "n3"}
