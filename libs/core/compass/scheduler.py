@@ -19,7 +19,7 @@ long one before short ones that arrived more than ``due_slack`` × the differenc
 later. Most workflows are short, so this is what keeps the median slowdown low
 under overload: at 2× overload (20 GPUs, FIFO caches, reports 10 ms late) due
 times at 30 × the best case rather than 3 × took the median from 20 to 8.9, and
-holding from 0.75 × rather than 3 × to 3.2 (seeds 1-5).
+holding from 0.75 × rather than 3 × to 3.2 (medians over seeds 1-3, then 1-5).
 
 Serving shares the cluster with batch work through its pool (``pool``): the
 GPUs it holds from batch work. Waiting workflows go before every batch tier
