@@ -266,19 +266,25 @@ def test_compass_holds_new_workflows_while_the_queues_are_deep_then_plans_them_i
     assert all(s.explain(f"w{i}") is None for i in range(4))  # every one finished
 
 
-def test_held_workflows_go_earliest_due_first_so_a_short_one_passes_long_ones() -> None:
-    # Due = arrival + hold_threshold × best case: a 50 ms workflow arriving after two
-    # 600 ms ones is due 550 ms before them, and goes first when the GPU drains.
+@pytest.mark.parametrize(
+    ("due_slack", "ahead", "order"), [(1.0, 0, ["s", "w1", "w2"]), (0.0, 2, ["w1", "w2", "s"])]
+)
+def test_held_workflows_go_earliest_due_first_so_a_short_one_passes_long_ones(
+    due_slack: float, ahead: int, order: list[str]
+) -> None:
+    # Due = arrival + due_slack × best case: with 1, a 50 ms workflow arriving after two
+    # 600 ms ones is due 550 ms before them, and goes first when the GPU drains; with
+    # 0, due is arrival: oldest first.
     short = build_workflow("short", [Task("only", "", 0, 50, 1, 1)], gpu_memory_mb=1e9)
-    s = Scheduler(PolicyConfig(hold_threshold=1))
+    s = Scheduler(PolicyConfig(hold_threshold=1, due_slack=due_slack))
     run(s, [NodeJoined(0, gpu_node("n1"))])
     out = run(s, [JobArrived(1 + i / 1000, f"w{i}", flow()) for i in range(3)])
     out += run(s, [JobArrived(1.01, "s", flow(short))])
     assert [d.job_id for d in out if isinstance(d, Planned)] == ["w0"]
     explanation = s.explain("s")
-    assert explanation is not None and "0 workflow(s) ahead of it" in explanation.text
+    assert explanation is not None and f"{ahead} workflow(s) ahead of it" in explanation.text
     out = drain(s, places(out), at=1.5)
-    assert [d.job_id for d in out if isinstance(d, Planned)] == ["s", "w1", "w2"]
+    assert [d.job_id for d in out if isinstance(d, Planned)] == order
 
 
 def test_a_load_or_an_eviction_ahead_is_no_reason_to_hold() -> None:
