@@ -100,6 +100,7 @@ class PeerPlaced:
     this, with the node agents' reports, is all they share."""
 
     at: float
+    job_id: JobId
     task_id: TaskId
     node_id: NodeId
     gpu_index: int

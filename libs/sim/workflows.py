@@ -25,7 +25,7 @@ import queue
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +141,14 @@ def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Rando
     return times
 
 
+@dataclass(frozen=True)
+class ToPeers:
+    """A planner's ``Place`` as the other planners read it off the log."""
+
+    sender: int  # the planner that decided it
+    event: PeerPlaced
+
+
 class ServingCluster:
     """The planners and the simulated cluster (``libs.sim.world``), serving.
 
@@ -208,6 +216,10 @@ class ServingCluster:
                 continue
             if isinstance(entry, Input):
                 self.feed(entry)
+            elif isinstance(entry, ToPeers):
+                self._decide(
+                    entry.event, [i for i in range(len(self.planners)) if i != entry.sender]
+                )
             elif handle is not None:
                 handle(entry)
             else:  # pragma: no cover - every entry pushed here is handled above
@@ -228,18 +240,21 @@ class ServingCluster:
 
     def feed(self, event: Input) -> None:
         """A workflow goes to one planner, the next in turn; every other input to all."""
-        planners = self.planners
+        indices = range(len(self.planners))
         if isinstance(event, JobArrived) and event.spec.workflow is not None:
-            turn = len(self.arrived) % len(planners)
+            turn = len(self.arrived) % len(self.planners)
             self.arrived[event.job_id] = (self.world.now, event.spec.workflow)
             self.planned_by[turn] += 1
-            planners = (planners[turn],)
-        for planner in planners:
-            for decision in planner.handle(event):
-                self.decisions += 1
-                self._act(decision)
+            indices = range(turn, turn + 1)
+        self._decide(event, indices)
 
-    def _act(self, decision: Decision) -> None:
+    def _decide(self, event: Input, indices: Iterable[int]) -> None:
+        for i in indices:
+            for decision in self.planners[i].handle(event):
+                self.decisions += 1
+                self._act(decision, i)
+
+    def _act(self, decision: Decision, by: int = 0) -> None:
         if isinstance(decision, Planned):
             self.planned_ms[decision.job_id] = self.world.now
         serving = decision.serving if isinstance(decision, Place) else None
@@ -252,10 +267,11 @@ class ServingCluster:
         assert isinstance(decision, Place)
         if serving.planned is not None:
             self.adjusted += 1
-        if len(self.planners) > 1:  # the others read it off the log, late (the sender ignores it)
+        if len(self.planners) > 1:  # the others read it off the log, late
             now = self.world.now
             peer = PeerPlaced(
                 now / 1000,
+                decision.job_id,
                 decision.task_id,
                 decision.node_id,
                 decision.gpu_indices[0],
@@ -264,7 +280,7 @@ class ServingCluster:
                 serving.run_ms,
                 now + serving.input_delay_ms,
             )
-            self.world.at(now + self.staleness_ms, peer)
+            self.world.at(now + self.staleness_ms, ToPeers(by, peer))
         self.world.send(decision)
 
 

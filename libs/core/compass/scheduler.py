@@ -138,10 +138,11 @@ class Serving:
 
     def peer_placed(self, event: PeerPlaced) -> None:
         """Another planner sent a task to a GPU: it is in that GPU's queue, here too.
-        One this planner sent itself, knows already, or has no GPU for changes nothing."""
+        One it knows already, or has no GPU for, changes nothing (the scheduler refuses
+        one of its own jobs')."""
         task_id = TaskId(event.task_id)
         gpu = self._gpus.get((event.node_id, event.gpu_index))
-        if gpu is None or task_id in self._tasks or task_id in self._peers:
+        if gpu is None or task_id in self._peers:
             return
         self._peers[task_id] = gpu.key
         self._backlogs.items[task_id] = Pending(

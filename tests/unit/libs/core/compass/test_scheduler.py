@@ -415,7 +415,7 @@ def test_a_task_report_from_another_node_is_not_believed() -> None:
 def peer_task(at: float, run_ms: float = 10_000, **bad: float) -> PeerPlaced:
     """Another planner's task on n1's GPU, its inputs there at 1 s, its model ``llm``."""
     times = {"model_mb": 5000.0, "run_ms": run_ms, "ready_ms": 1000.0, **bad}
-    return PeerPlaced(at, "p1/x", "n1", 0, "llm", **times)
+    return PeerPlaced(at, "p1", "p1/x", "n1", 0, "llm", **times)
 
 
 def first_start_ms(decisions: list[Decision]) -> float:
@@ -461,13 +461,27 @@ def test_a_peer_placement_with_bad_times_is_refused_and_changes_nothing(
     assert s.digest() == before
 
 
-def test_a_planner_reading_its_own_task_or_one_on_no_gpu_it_knows_changes_nothing() -> None:
+def test_a_peer_task_of_a_job_this_planner_schedules_is_refused() -> None:
+    # Else the job's own reports would be taken for the peer's: a batch task's end
+    # swallowed, its GPUs never freed.
     s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
-    [sent] = places(run(s, [NodeJoined(0, gpu_node("n1")), JobArrived(1, "w1", flow())]))
+    run(s, [NodeJoined(0, gpu_node("n1", 2))])
+    [sent] = places(s.handle(JobArrived(1, "w1", flow())))
+    [batch] = [d for d in s.handle(JobArrived(1, "b1", job(1))) if isinstance(d, Place)]
     before = s.digest()
-    own = PeerPlaced(1, sent.task_id, "n1", 0, "llm", 5000, 500, 1000)
-    elsewhere = PeerPlaced(1, "p1/x", "n9", 0, "llm", 5000, 500, 1000)
-    assert run(s, [own, elsewhere]) == [] and s.digest() == before
+    for place in (sent, batch):
+        peer = PeerPlaced(1, place.job_id, place.task_id, "n1", 0, "llm", 5000, 500, 1000)
+        [refused] = s.handle(peer)
+        assert isinstance(refused, Refused) and "a job this planner schedules" in refused.reason
+    assert s.digest() == before
+
+
+def test_a_peer_task_on_a_gpu_this_planner_does_not_know_changes_nothing() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    before = s.digest()
+    assert s.handle(PeerPlaced(1, "p1", "p1/x", "n9", 0, "llm", 5000, 500, 1000)) == []
+    assert s.digest() == before
 
 
 def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_by_name() -> None:
