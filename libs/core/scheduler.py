@@ -210,7 +210,7 @@ class Scheduler:
                 math.isfinite(v) and v >= 0 for v in (event.model_mb, event.run_ms, event.ready_ms)
             ):
                 return [Refused(event.task_id, "a peer's task needs finite, non-negative times")]
-            case inputs.PeerPlaced() if self._knows(event.job_id):
+            case inputs.PeerPlaced() if event.job_id in self._seen:
                 # Its reports would be taken for this planner's own: never a peer's.
                 return [Refused(event.task_id, "a task of a job this planner schedules")]
             case inputs.PeerPlaced():
@@ -456,14 +456,6 @@ class Scheduler:
         return decisions
 
     # -- liveness --------------------------------------------------------------
-
-    def _knows(self, job_id: JobId) -> bool:
-        """Whether the job is one this planner schedules (waiting, running or serving)."""
-        return (
-            job_id in self._seen
-            or job_id in self._running.jobs
-            or self._serving.describe(job_id) is not None
-        )
 
     def _other_caches(self, cache_model: str) -> str:
         """Why a node whose agent keeps its caches otherwise than planned is refused:

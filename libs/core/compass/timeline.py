@@ -260,6 +260,7 @@ class Timeline:
         del self._gap_keys[cut:]
 
     def _play(self, k: int) -> None:
+        fifo = self.costs.cache_model is CacheModel.FIFO_COST
         while len(self._ends) <= k:
             j = len(self._ends) - 1
             item = self.items[j]
@@ -268,7 +269,6 @@ class Timeline:
                 self._gaps.append(j)
             missed = bool(item.model) and item.model not in cache
             load = self._miss_ms(item.model_mb, cache) if missed else 0.0
-            fifo = self.costs.cache_model is CacheModel.FIFO_COST
             # A cache changes when it misses, and with LRU when a model not the most
             # recent is used.
             if missed or (item.model and not fifo and next(reversed(cache)) != item.model):
