@@ -82,6 +82,11 @@ def input_file(help: str, **options: Any) -> Any:
     return typer.Option(exists=True, dir_okay=False, readable=True, help=help, **options)
 
 
+def knob(help: str, *, maximum: float = 1e6) -> Any:
+    """A flag setting a policy knob that may be zero, up to ``maximum``."""
+    return typer.Option(min=0, max=maximum, help=help)
+
+
 def duration(shown: str, help: str, *, positive: bool = False) -> Any:
     """A duration flag; ``shown`` is its default as people write it."""
     return typer.Option(

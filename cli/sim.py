@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.output import Format, OutputFlag, notes, records, write
-from cli.params import SEED_MAX, duration, input_file
+from cli.params import SEED_MAX, duration, input_file, knob
 from cli.progress import counting, fractions
 from cli.render import errors, fail
 from libs.config.document import ConfigError
@@ -22,6 +22,7 @@ from libs.config.policy import load_policy
 from libs.config.scenario import load_scenario
 from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
+from libs.core.limits import MAX_SERVING_RESERVE, MAX_SERVING_RESERVE_MIN
 from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
@@ -334,18 +335,13 @@ def workflows(
         ),
     ] = "",
     hold_threshold: Annotated[
-        float,
-        typer.Option(
-            min=0, max=1e6, help="compass's hold_threshold policy knob (0: plan on arrival)"
-        ),
+        float, knob("compass's hold_threshold policy knob (0: plan on arrival)")
     ] = PolicyConfig.hold_threshold,
     due_slack: Annotated[
         float,
-        typer.Option(
-            min=0,
-            max=1e6,
-            help="compass's due_slack policy knob: held workflows go earliest due first, "
-            "due = arrival + this × best case (0: oldest first)",
+        knob(
+            "compass's due_slack policy knob: held workflows go earliest due first, "
+            "due = arrival + this × best case (0: oldest first)"
         ),
     ] = PolicyConfig.due_slack,
     profiles: Annotated[
@@ -553,7 +549,24 @@ def mixed(
     ] = 0.5,
     serving_linger: Annotated[
         float, duration("30s", "Policy: a drained serving GPU goes back to batch after this")
-    ] = 30.0,
+    ] = PolicyConfig.serving_linger_s,
+    serving_lend: Annotated[
+        float,
+        duration(
+            "3s", "Policy: a drained serving GPU beyond the warm reserve goes back after this"
+        ),
+    ] = PolicyConfig.serving_lend_s,
+    serving_reserve: Annotated[
+        float,
+        knob(
+            "Policy: idle serving GPUs kept warm per busy one (GPUs batch work leaves "
+            "free count too)",
+            maximum=MAX_SERVING_RESERVE,
+        ),
+    ] = PolicyConfig.serving_reserve,
+    serving_reserve_min: Annotated[
+        int, knob("Policy: the warm reserve's least size", maximum=MAX_SERVING_RESERVE_MIN)
+    ] = PolicyConfig.serving_reserve_min,
     compare: Annotated[
         str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
     ] = "0.1",
@@ -627,8 +640,13 @@ def mixed(
             loaded,
             fractions,
             settings,
-            serving_linger_s=serving_linger,
-            cache_model=cache_model,
+            knobs={
+                "serving_linger_s": serving_linger,
+                "serving_lend_s": serving_lend,
+                "serving_reserve": serving_reserve,
+                "serving_reserve_min": serving_reserve_min,
+                "serving_cache_model": cache_model.value,
+            },
             parallel=parallel,
             on_run=lambda _: advance(1),
         )

@@ -71,8 +71,14 @@ class PolicyConfig:
     # The most of the cluster's GPUs that workflows may hold at once; the rest
     # stays with batch work whatever the serving load.
     serving_max_fraction: float = 0.5
-    # A serving GPU whose queue drained goes back to batch work after this long,
-    # so a steady stream of workflows keeps its GPUs and their warm models.
+    # Serving keeps a warm reserve of idle GPUs for the next arrivals: this × the GPUs
+    # busy with workflows now, at least serving_reserve_min. Plans use the busy GPUs and
+    # the reserve (those drained most recently); other idle GPUs go back to batch work
+    # serving_lend_s after their queue drained, so the pool shrinks with its load, and
+    # every idle one goes back after serving_linger_s.
+    serving_reserve: float = 1.0
+    serving_reserve_min: int = 2
+    serving_lend_s: float = 3.0
     serving_linger_s: float = 30.0
     # A node that heartbeats is declared lost once it has been silent this long (on
     # the log's clock): its tasks end LOST or requeue, its GPUs leave the pool.

@@ -89,9 +89,17 @@ def victims_of(waiting: JobSpec, rank: dict[str, int], now: float) -> Callable[[
     every running job."""
     if not waiting.allocated:
         return lambda victim: False
-    debug = waiting.work_class is WorkClass.DEBUG
+    return victims_for(waiting.allocation, rank, now, debug=waiting.work_class is WorkClass.DEBUG)
+
+
+def victims_for(
+    allocation: str, rank: dict[str, int], now: float, *, debug: bool = False
+) -> Callable[[RunningJob], bool]:
+    """``may_preempt`` for charged work of ``allocation`` (``debug``: debug work): free
+    work, and charged work past its contract of allocations ranked below it (any
+    non-debug work, for debug work)."""
     unknown = len(rank)
-    own = rank.get(waiting.allocation, unknown)
+    own = rank.get(allocation, unknown)
 
     def may_take(victim: RunningJob) -> bool:
         if now < victim.protected_until:

@@ -37,8 +37,10 @@ from dataclasses import replace
 from libs.core import inputs
 from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.charges import Charges
+from libs.core.compass.pool import Want
 from libs.core.compass.scheduler import GpuKey, Serving
 from libs.core.config import PolicyConfig
+from libs.core.contract import victim_order, victims_for
 from libs.core.decisions import (
     Cancel,
     Decision,
@@ -61,7 +63,7 @@ from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork, Tasks
-from libs.core.state import State, Table
+from libs.core.state import Cell, State, Table
 from libs.core.validation import joined, rejection, validate_node
 
 POLICY = "budget"
@@ -90,7 +92,11 @@ POLICY = "budget"
 # hold_threshold); ``hold_threshold`` 3 -> 0.75; ``PeerPlaced``: another planner's
 # serving task counts in its GPU's queue; a node whose agent states other caches than
 # serving_cache_model is refused.
-POLICY_VERSION = 18
+# 19: serving keeps a warm reserve (``serving_reserve`` × its busy GPUs, at least
+# ``serving_reserve_min``) and lends the other idle GPUs back after ``serving_lend_s``;
+# a backed-up pool with no free GPU stops one job as its allocation could (free work,
+# or charged work it outranks past its contract, losing nothing) and takes its GPUs.
+POLICY_VERSION = 19
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -154,6 +160,11 @@ class Scheduler:
         # tables of its own, on GPUs it borrows from this scheduler's capacity.
         lender = _Lender(self._capacity, self._reservations.reserved)
         self._serving = Serving(self.config, state, lender)
+        # The job stopped to give a backed-up serving pool GPUs (``_reclaim``); and what the
+        # pool wanted when no running job could be stopped for it, with the running work's
+        # version then: not looked for again until either changes.
+        self._reclaiming = state.cell("serving.reclaiming", "")
+        self._no_victim: Cell[tuple[Want, int] | None] = state.cell("serving.no_victim", None)
 
     # -- the one entry point -------------------------------------------------
 
@@ -245,6 +256,7 @@ class Scheduler:
         self._serving.release_idle(self._now_ms)
         # Workflows take freed GPUs before any batch tier: the fast path.
         self._serving.grow(self._now_ms)
+        decisions += self._reclaim()
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
@@ -356,8 +368,12 @@ class Scheduler:
         if run is None:
             return []
         self._capacity.give(node_id, run.tasks[task_id][1])
+        if job_id == self._reclaiming.value:  # stopped for serving: its GPUs are serving's
+            self._serving.adopt([(node_id, i) for i in run.tasks[task_id][1]], self._now_ms)
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
             return []
+        if job_id == self._reclaiming.value:
+            self._reclaiming.value = ""  # requeued, it may run again: no longer a victim
         self._charges.count(run, -1)
         if run.stopping is None and run.started_at is not None:  # it ran to its end
             self._learned.completed(run.spec.user, at - run.started_at)
@@ -578,6 +594,45 @@ class Scheduler:
                     WorkClass.ALLOCATED, allocation, failed, rank, headroom=False
                 )
         return decisions
+
+    def _reclaim(self) -> list[Decision]:
+        """A backed-up serving pool with no free GPU to grow onto stops one job on a
+        GPU it can use, as its allocation's own work could (free work at once, charged
+        work ranked below it and past its contract, losing nothing); the pool takes
+        that GPU as it frees. One at a time: none while the last one stops."""
+        wanted = self._serving.pool.wanted
+        if wanted is None or self._reclaiming.value:
+            return []
+        tried = (wanted, self._running.version)
+        if self._no_victim.value == tried:
+            return []
+        fits = self._serving.pool.fits
+        reserved = self._reservations.reserved
+        on_usable_gpu = [
+            victim
+            for node_id, jobs in self._running.preemptible_by_node().items()
+            if node_id not in reserved and not self._capacity.is_cordoned(node_id)
+            for victim in jobs
+            if any(
+                fits((node_id, index), wanted.gpu_type, wanted.need_mb)
+                for task_node, gpus in self._running.jobs[victim.job_id].tasks.values()
+                if task_node == node_id
+                for index in gpus
+            )
+        ]
+        victims = [v for v in on_usable_gpu if not v.spec.allocated]
+        rank: dict[str, int] = {}
+        if not victims and on_usable_gpu:
+            rank = self._charges.rank(self.now)
+            may_take = victims_for(wanted.allocation, rank, self.now)
+            victims = [v for v in on_usable_gpu if may_take(v) and not v.lost_gpu_s(self.now)]
+        if not victims:
+            self._no_victim.value = tried
+            return []
+        victim = min(victims, key=lambda v: victim_order(v, rank, self.now))
+        self._reclaiming.value = victim.job_id
+        why = f"preempted for workflow serving of {wanted.allocation} (its GPUs backed up)"
+        return self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)
 
     def _tell_heads(self) -> list[Decision]:
         """``_tell_head`` for every allocation, tier by tier in rank order; the rank is

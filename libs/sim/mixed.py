@@ -34,6 +34,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
@@ -115,6 +116,9 @@ class Sample:
 class MixedRun:
     serving_max_fraction: float
     serving_linger_s: float
+    serving_lend_s: float
+    serving_reserve: float
+    serving_reserve_min: int
     capacity: int
     serving_cap: int  # GPUs
     window_s: float
@@ -380,6 +384,9 @@ class MixedCluster(ServingCluster, Observer):
             cache_model=CacheModel(self.config.serving_cache_model),
             serving_max_fraction=self.config.serving_max_fraction,
             serving_linger_s=self.config.serving_linger_s,
+            serving_lend_s=self.config.serving_lend_s,
+            serving_reserve=self.config.serving_reserve,
+            serving_reserve_min=self.config.serving_reserve_min,
             capacity=self.capacity,
             serving_cap=self.cap,
             window_s=window,
@@ -484,21 +491,15 @@ def compare_fractions(
     fractions: Sequence[float],
     settings: MixedSettings | None = None,
     *,
-    serving_linger_s: float = 30.0,
-    cache_model: CacheModel = CacheModel.LOOKAHEAD,
+    knobs: Mapping[str, Any] | None = None,
     parallel: bool = False,
     on_run: Callable[[MixedRun], None] | None = None,
 ) -> list[MixedRun]:
-    """The same workload (same seed) under each ``serving_max_fraction``, in that order;
-    ``parallel`` runs them in separate processes (the results are the same). ``on_run``
-    is told of each run as it ends."""
+    """The same workload (same seed) under each ``serving_max_fraction``, in that order,
+    with the policy ``knobs`` (``serving_policy``'s); ``parallel`` runs them in separate
+    processes (the results are the same). ``on_run`` is told of each run as it ends."""
     configs = [
-        serving_policy(
-            profiles.costs,
-            serving_max_fraction=f,
-            serving_linger_s=serving_linger_s,
-            serving_cache_model=cache_model.value,
-        )
+        serving_policy(profiles.costs, **{**(knobs or {}), "serving_max_fraction": f})
         for f in fractions
     ]
     told = on_run or (lambda _: None)

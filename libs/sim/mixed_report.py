@@ -56,7 +56,11 @@ def tables(run: MixedRun) -> dict[str, Table]:
         ("free GPU-h", lambda c: f"{c.free_gpu_h:.0f}"),
         ("share of use", lambda c: f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}"),
     )
-    cap = f"serving cap {run.serving_cap} of {run.capacity}, linger {run.serving_linger_s:g} s"
+    cap = (
+        f"serving cap {run.serving_cap} of {run.capacity}; warm reserve "
+        f"{run.serving_reserve:g}× busy, at least {run.serving_reserve_min}; the rest lent "
+        f"back after {run.serving_lend_s:g} s idle, all after {run.serving_linger_s:g} s"
+    )
     return {
         f"GPUs held over time ({cap})": table(by_phase, PHASES),
         "Workflows: slowdown (latency ÷ best case), by arrival phase": table(slowdowns, PHASES),
@@ -143,7 +147,8 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         *markdown_table(*table(COMPARISON, runs)),
         "",
         "Definitions: *serving* GPUs are those the serving core holds from batch work "
-        "(planned or lingering), weighted by time; *busy* counts GPUs running a workflow task "
+        "(busy, in the warm reserve, or idle and not yet lent back), weighted by time; "
+        "*busy* counts GPUs running a workflow task "
         "(model loads excluded); *use* is busy ÷ held. Waits run from submission to the first "
         "start, cut at the window's end. Slowdown is a workflow's latency ÷ its published best "
         "case; phases go by arrival. Charges are WindowedUsage over the window, as the "

@@ -3,18 +3,22 @@
 Workflows plan over the GPUs already serving plus free GPUs, while serving
 holds at most ``serving_max_fraction`` of the cluster. A GPU joins the pool
 when a plan first uses it (it is taken from the batch ``Capacity``, through
-``BatchGpus``, the scheduler's narrow view of it) and goes back to batch work
-``serving_linger_s`` after its queue drains, so a steady stream of workflows
-keeps its GPUs and their warm models. Workflows plan onto the pool's queues
-when no GPU is free, so on a full cluster none of them ever waits: a pool that
-is backed up then takes the next GPU batch work frees (``grow``).
+``BatchGpus``, the scheduler's narrow view of it). The pool grows and shrinks
+with its load: it keeps a warm reserve of idle GPUs (``reserve``: the ones
+drained most recently, sized by the GPUs busy now), plans use only the busy
+GPUs and that reserve, and every other idle GPU goes back to batch work
+``serving_lend_s`` after its queue drained (all of them after
+``serving_linger_s``). Workflows plan onto the pool's queues when no GPU is
+free, so on a full cluster none of them ever waits: a pool that is backed up
+takes the next GPU batch work frees (``grow``), or the GPUs of a job stopped
+for it (``adopt``; the scheduler picks the job).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.workflow import Workflow
@@ -22,6 +26,14 @@ from libs.core.config import PolicyConfig
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import Cell, State, Table
+
+
+class Want(NamedTuple):
+    """The GPU a backed-up pool waits for."""
+
+    gpu_type: str  # "" for any
+    need_mb: float  # room for the largest model of the workflow that backed up
+    allocation: str  # that workflow's: whose claim a reclaim stands on
 
 
 class BatchGpus(Protocol):
@@ -62,8 +74,8 @@ class Pool:
         self.held: Table[GpuKey, None] = state.table("serving.pool")
         self._idle_since: Table[GpuKey, float] = state.table("serving.idle")  # held, queue empty
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
-        # work frees joins it (GPU type, model size it must hold).
-        self._hungry: Cell[tuple[str, float] | None] = state.cell("serving.hungry", None)
+        # work frees joins it (GPU type, model size it must hold, for which allocation).
+        self._hungry: Cell[Want | None] = state.cell("serving.hungry", None)
 
     def __len__(self) -> int:
         return len(self.held)
@@ -88,7 +100,7 @@ class Pool:
         has room: first those already holding one of its models, then in node
         order, at most one per task unless ``spread`` (the hash baselines spread
         over every eligible GPU)."""
-        chosen = [key for key in self.held if self.fits(key, spec.gpu_type, need_mb)]
+        chosen = [key for key in self._offered() if self.fits(key, spec.gpu_type, need_mb)]
         room = self.cap - len(self.held)
         if room > 0:
             models = workflow.models
@@ -99,6 +111,13 @@ class Pool:
             cold = [key for key in free if key not in taken][:wanted]
             chosen += (warm + cold)[:room]
         return sorted(chosen)
+
+    def _offered(self) -> list[GpuKey]:
+        """The held GPUs plans may use: the busy ones and the warm reserve (those
+        drained most recently). The other idle ones are left to drain back to batch."""
+        idle, size = self._idle_since, self.reserve
+        reserve = list(idle)[-size:] if size else []
+        return [key for key in self.held if key not in idle] + reserve
 
     def fits(self, key: GpuKey, gpu_type: str, need_mb: float) -> bool:
         """The GPU is registered, of the type asked for, with room for the largest model."""
@@ -134,36 +153,77 @@ class Pool:
             self._idle_since[key] = now_ms
 
     def release_idle(self, now_ms: float) -> list[GpuKey]:
-        """Give the GPUs whose queue drained ``serving_linger_s`` ago back to batch
-        work; the GPUs given back."""
+        """Give back to batch work the GPUs idle past ``serving_linger_s``, and those
+        idle past ``serving_lend_s`` beyond the warm reserve (``reserve``), longest
+        idle first; the GPUs given back."""
         linger_ms = self.config.serving_linger_s * 1000
+        lend_ms = self.config.serving_lend_s * 1000
+        keep: int | None = None  # the reserve, counted once and only if asked
         released: list[GpuKey] = []
         while self._idle_since:
             key, since = self._idle_since.first()
             if since + linger_ms > now_ms:
-                break
+                if since + lend_ms > now_ms:
+                    break
+                keep = self.reserve if keep is None else keep
+                if len(self._idle_since) <= keep:
+                    break
             self.give_back(key)
             released.append(key)
         return released
 
-    def want(self, gpu_type: str, need_mb: float) -> None:
-        """The pool is backed up: the next GPU batch work frees that can take a
-        workflow of ``gpu_type`` needing ``need_mb`` joins it."""
-        self._hungry.value = (gpu_type, need_mb)
+    @property
+    def reserve(self) -> int:
+        """The idle GPUs serving keeps warm for the next arrivals: ``serving_reserve``
+        × those busy now, at least ``serving_reserve_min``, less the GPUs batch work
+        leaves free that serving may take (plans use those too, and one lent back keeps
+        its models until a batch task lands there)."""
+        busy = len(self.held) - len(self._idle_since)
+        wanted = max(self.config.serving_reserve_min, math.ceil(self.config.serving_reserve * busy))
+        for _ in self._batch.free_gpus():
+            wanted -= 1
+            if wanted <= 0:
+                return 0
+        return wanted
+
+    def want(self, want: Want) -> None:
+        """The pool is backed up: the next GPU batch work frees that fits joins it."""
+        self._hungry.value = want
+
+    @property
+    def wanted(self) -> Want | None:
+        """The GPU a backed-up pool below its cap waits for."""
+        hungry = self._hungry.value
+        return hungry if hungry is not None and len(self.held) < self.cap else None
 
     def grow(self) -> GpuKey | None:
         """Take a freed GPU for a backed-up pool, before batch work can; the GPU
         taken, or None."""
-        hungry = self._hungry.value
-        if hungry is None or len(self.held) >= self.cap:
+        hungry = self.wanted
+        if hungry is None:
             return None
-        gpu_type, need_mb = hungry
         for key in self._batch.free_gpus():
-            if self.fits(key, gpu_type, need_mb):
+            if self.fits(key, hungry.gpu_type, hungry.need_mb):
                 self.take(key)
                 self._hungry.value = None
                 return key
         return None
+
+    def adopt(self, keys: list[GpuKey]) -> list[GpuKey]:
+        """Take the GPUs a job stopped for this pool just freed, as many as the cap
+        allows (a backlog that stopped work wants more than one; the surplus drains
+        back to batch work): the GPUs taken."""
+        free = set(self._batch.free_gpus())  # not on a node cordoned or kept for a job
+        taken = []
+        for key in keys:
+            if len(self.held) >= self.cap:
+                break
+            if key in free and key in self._gpus:
+                self.take(key)
+                taken.append(key)
+        if taken:
+            self._hungry.value = None
+        return taken
 
     def why_waiting(self, spec: JobSpec) -> str:
         """Why a workflow waits for a GPU, for ``qm why``."""

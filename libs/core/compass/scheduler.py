@@ -39,7 +39,7 @@ from libs.core.compass.backlog import Backlogs
 from libs.core.compass.flow import Flow
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
-from libs.core.compass.pool import BatchGpus, Pool
+from libs.core.compass.pool import BatchGpus, Pool, Want
 from libs.core.compass.timeline import GpuState, Pending
 from libs.core.compass.workflow import BYTES_PER_MB, CacheModel, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
@@ -225,6 +225,7 @@ class Serving:
         for job_id in self._in_turn():
             spec = self.waiting[job_id]
             if not self.pool.usable:
+                self.pool.want(_want(spec))  # none serves, none is free: the pool must grow
                 break
             if spec.gpu_type in held:
                 continue
@@ -254,8 +255,13 @@ class Serving:
         if key is not None:
             self._touch(self._gpus[key], now_ms)  # idle: it lingers unless a plan uses it
 
+    def adopt(self, keys: list[GpuKey], now_ms: float) -> None:
+        """Take the GPUs a job stopped for serving freed (``Pool.adopt``)."""
+        for key in self.pool.adopt(keys):
+            self._touch(self._gpus[key], now_ms)  # idle: it lingers unless a plan uses it
+
     def release_idle(self, now_ms: float) -> None:
-        """Give GPUs whose queue drained ``serving_linger_s`` ago back to batch work."""
+        """Give idle GPUs back to batch work (``Pool.release_idle``)."""
         for key in self.pool.release_idle(now_ms):
             self._touch(self._gpus[key])
 
@@ -353,6 +359,7 @@ class Serving:
         need_mb = workflow.largest_model_mb
         views = self._views(spec, workflow, need_mb, now_ms)
         if not views:
+            self.pool.want(_want(spec))  # none it may use serves or is free: grow
             return _NotPlanned.NO_GPU
         plan = self._planner.plan(workflow, list(views.values()), now_ms, job_id=job_id)
         by_label = {self._gpus[key].label: key for key in views}
@@ -363,7 +370,7 @@ class Serving:
                 if not t.parents
             )
             if backed_up:
-                self.pool.want(spec.gpu_type, need_mb)
+                self.pool.want(_want(spec))
         if self._holds(workflow, plan):
             return _NotPlanned.HELD  # the views were copies: nothing to undo
         flow = Flow(job_id, spec, workflow, gpu={a.task_id: by_label[a.gpu_id] for a in plan})
@@ -546,3 +553,9 @@ class Serving:
 
     def _touch_flow(self, flow: Flow) -> None:
         self._flows.touch(flow.job_id)
+
+
+def _want(spec: JobSpec) -> Want:
+    """What a GPU needs to take the workflow: its type, room for its largest model."""
+    assert spec.workflow is not None
+    return Want(spec.gpu_type, spec.workflow.largest_model_mb, spec.allocation)

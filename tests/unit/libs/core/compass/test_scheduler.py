@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from libs.core import (
+    BudgetSet,
     Cancel,
     CancelRequested,
     Decision,
@@ -32,7 +33,7 @@ from libs.core import (
 )
 from libs.core.compass import Task, Workflow, build_workflow
 from libs.core.compass.backlog import Backlogs
-from tests.builders import job
+from tests.builders import job, tree
 
 GIB_80 = 80.0
 CHAIN = build_workflow(
@@ -495,3 +496,108 @@ def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_by_name() -> N
     assert (sent.job_id, sent.node_id) == ("w0", "n2")
     assert run(s, [NodeJoined(2, gpu_node("n3"), "one", 5)]) == []
     assert places(s.handle(JobArrived(3, "w1", flow())))[0].node_id in {"n2", "n3"}
+
+
+def test_idle_serving_gpus_beyond_the_warm_reserve_go_back_after_the_lend_delay() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0,
+        serving_linger_s=30,
+        serving_lend_s=2,
+        serving_reserve=0,
+        serving_reserve_min=1,
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1", 3))])
+    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])  # at once: a GPU each
+    assert s.serving_gpus() == 3
+    run(s, [JobArrived(1.2, "batch", job(2))])
+    ends = [TaskEnded(3, f"w{i}", f"w{i}/{t}", "n1") for i in range(3) for t in "ab"]
+    run(s, ends)
+    run(s, [Tick(4.5)])
+    assert s.serving_gpus() == 3  # idle 1.5 s: not yet
+    out = run(s, [Tick(5.5)])
+    assert [d.job_id for d in out if isinstance(d, Place)] == ["batch"]
+    assert s.serving_gpus() == 1  # the warm reserve stays...
+    run(s, [Tick(32)])
+    assert s.serving_gpus() == 1
+    run(s, [Tick(33.5)])
+    assert s.serving_gpus() == 0  # ...until it has lingered
+
+
+def test_gpus_batch_work_leaves_free_count_toward_the_warm_reserve() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0, serving_lend_s=2, serving_reserve=0, serving_reserve_min=1
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1", 3))])
+    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(2)])
+    ends = [TaskEnded(3, f"w{i}", f"w{i}/{t}", "n1") for i in range(2) for t in "ab"]
+    run(s, [*ends, Tick(5.5)])
+    assert s.serving_gpus() == 0  # the free GPU is the reserve: both go back
+
+
+def test_plans_use_the_warm_reserve_not_the_gpus_left_to_drain() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve=0, serving_reserve_min=1
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1", 2))])
+    out = run(s, [JobArrived(1, "w0", flow()), JobArrived(1, "w1", flow())])
+    gpu = {p.job_id: p.gpu_indices for p in places(out)}
+    assert gpu == {"w0": (0,), "w1": (1,)}
+    # GPU 1 drains last: it is the warm reserve, and GPU 0 (as warm, and first in
+    # node order) is left to drain back to batch work.
+    run(s, [TaskEnded(3, "w0", "w0/a", "n1"), TaskEnded(3, "w0", "w0/b", "n1")])
+    run(s, [TaskEnded(4, "w1", "w1/a", "n1"), TaskEnded(4, "w1", "w1/b", "n1")])
+    [sent] = places(run(s, [JobArrived(5, "w2", flow())]))
+    assert sent.gpu_indices == (1,)
+
+
+def test_a_backed_up_pool_with_no_free_gpu_stops_one_free_job_and_takes_its_gpus() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 3)), JobArrived(1, "w0", flow())])
+    run(s, [JobArrived(1.5, "free", job(2)), TaskStarted(1.6, "free", "free/0", "n1")])
+    run(s, [JobArrived(1.7, "later", job(2))])  # batch work waits for those GPUs too
+    assert s.serving_gpus() == 1
+    out = run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
+    [stop] = [d for d in out if isinstance(d, Stop)]  # one at a time
+    assert (stop.job_id, stop.grace_s) == ("free", s.config.free_stop_grace_s)
+    assert "workflow serving" in stop.reason
+    out = run(s, [TaskEnded(5, "free", "free/0", "n1", exit_code=-15)])
+    assert s.serving_gpus() == 3  # both its GPUs: the backlog wants more than one
+    assert not [d for d in out if isinstance(d, Place) and d.serving is None]
+
+
+def test_a_backed_up_pool_stops_no_charged_work_its_contract_protects() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
+    charged = job(1, min_runtime_s=3600)
+    run(s, [JobArrived(1.5, "b1", charged), TaskStarted(1.6, "b1", "b1/0", "n1")])
+    out = run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
+    assert not [d for d in out if isinstance(d, Stop)]
+    assert s.serving_gpus() == 1
+
+
+@pytest.mark.parametrize("resumable", [True, False])
+def test_a_backed_up_pool_stops_charged_work_it_outranks_past_its_contract_losing_nothing(
+    resumable: bool,
+) -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1}))])
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
+    other = job(1, allocation="team-b", min_runtime_s=10, resumable=resumable)
+    run(s, [JobArrived(1.5, "b1", other), TaskStarted(1.6, "b1", "b1/0", "n1")])
+    out = run(s, [JobArrived(20 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
+    stops = [(d.job_id, d.grace_s) for d in out if isinstance(d, Stop)]
+    # Past its contract, ranked below team-a; work that cannot resume would be lost.
+    assert stops == ([("b1", 0.0)] if resumable else [])
+
+
+def test_a_workflow_on_a_cluster_full_of_free_work_has_a_gpu_freed_for_it() -> None:
+    s = Scheduler(PolicyConfig(debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "free", job(2))])
+    out = run(s, [TaskStarted(1.1, "free", "free/0", "n1"), JobArrived(2, "w1", flow())])
+    assert [d.job_id for d in out if isinstance(d, Stop)] == ["free"]
+    out = run(s, [TaskEnded(5, "free", "free/0", "n1", exit_code=-15)])
+    assert [p.job_id for p in places(out)] == ["w1"]
+    assert s.serving_gpus() == 1  # of the two freed, at most serving_max_fraction
