@@ -16,6 +16,7 @@ for it (``adopt``; the scheduler picks the job).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import NamedTuple, Protocol
@@ -102,6 +103,10 @@ class Pool:
         over every eligible GPU)."""
         chosen = [key for key in self._offered() if self.fits(key, spec.gpu_type, need_mb)]
         room = self.cap - len(self.held)
+        if not (chosen or room > 0):
+            # At its cap with none it may use busy or in reserve: the GPUs left to drain
+            # are all there is (never wait beside an idle GPU that could take it).
+            chosen = [key for key in self.held if self.fits(key, spec.gpu_type, need_mb)]
         if room > 0:
             models = workflow.models
             free = [k for k in self._batch.free_gpus() if self.fits(k, spec.gpu_type, need_mb)]
@@ -180,10 +185,9 @@ class Pool:
         its models until a batch task lands there)."""
         busy = len(self.held) - len(self._idle_since)
         wanted = max(self.config.serving_reserve_min, math.ceil(self.config.serving_reserve * busy))
-        for _ in self._batch.free_gpus():
+        room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
+        for _ in itertools.islice(self._batch.free_gpus(), max(min(wanted, room), 0)):
             wanted -= 1
-            if wanted <= 0:
-                return 0
         return wanted
 
     def want(self, want: Want) -> None:

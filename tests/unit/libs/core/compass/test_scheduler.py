@@ -601,3 +601,13 @@ def test_a_workflow_on_a_cluster_full_of_free_work_has_a_gpu_freed_for_it() -> N
     out = run(s, [TaskEnded(5, "free", "free/0", "n1", exit_code=-15)])
     assert [p.job_id for p in places(out)] == ["w1"]
     assert s.serving_gpus() == 1  # of the two freed, at most serving_max_fraction
+
+
+def test_a_pool_at_its_cap_plans_on_its_idle_gpu_though_free_ones_are_elsewhere() -> None:
+    # Serving may hold one GPU; it drained, and free GPUs elsewhere fill the reserve's
+    # count. The next workflow must still be planned on the one GPU it may use.
+    s = Scheduler(PolicyConfig(serving_max_fraction=0.25, serving_linger_s=1))
+    run(s, [NodeJoined(0, gpu_node("n1", 4)), JobArrived(1, "w1", flow())])
+    run(s, [TaskEnded(1.2, "w1", "w1/a", "n1"), TaskEnded(1.3, "w1", "w1/b", "n1")])
+    [sent] = places(run(s, [JobArrived(1.4, "w2", flow())]))
+    assert (sent.job_id, sent.gpu_indices) == ("w2", (0,))
