@@ -40,7 +40,7 @@ from libs.core.charges import Charges
 from libs.core.compass.pool import Want
 from libs.core.compass.scheduler import GpuKey, Serving
 from libs.core.config import PolicyConfig
-from libs.core.contract import victim_order, victims_for
+from libs.core.contract import RunningJob, victim_order, victims_for
 from libs.core.decisions import (
     Cancel,
     Decision,
@@ -606,26 +606,30 @@ class Scheduler:
         tried = (wanted, self._running.version)
         if self._no_victim.value == tried:
             return []
-        fits = self._serving.pool.fits
-        reserved = self._reservations.reserved
-        on_usable_gpu = [
-            victim
-            for node_id, jobs in self._running.preemptible_by_node().items()
-            if node_id not in reserved and not self._capacity.is_cordoned(node_id)
-            for victim in jobs
-            if any(
+        fits, reserved = self._serving.pool.fits, self._reservations.reserved
+
+        def on_usable_gpu(victim: RunningJob) -> bool:
+            node_id = victim.node_id
+            return any(
                 fits((node_id, index), wanted.gpu_type, wanted.need_mb)
                 for task_node, gpus in self._running.jobs[victim.job_id].tasks.values()
                 if task_node == node_id
                 for index in gpus
             )
+
+        usable = [
+            victim
+            for node_id, jobs in self._running.preemptible_by_node().items()
+            if node_id not in reserved and not self._capacity.is_cordoned(node_id)
+            for victim in jobs
+            if on_usable_gpu(victim)
         ]
-        victims = [v for v in on_usable_gpu if not v.spec.allocated]
+        victims = [v for v in usable if not v.spec.allocated]  # no rank needed: the common case
         rank: dict[str, int] = {}
-        if not victims and on_usable_gpu:
+        if not victims and usable:
             rank = self._charges.rank(self.now)
             may_take = victims_for(wanted.allocation, rank, self.now)
-            victims = [v for v in on_usable_gpu if may_take(v) and not v.lost_gpu_s(self.now)]
+            victims = [v for v in usable if may_take(v) and not v.lost_gpu_s(self.now)]
         if not victims:
             self._no_victim.value = tried
             return []

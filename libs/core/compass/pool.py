@@ -103,10 +103,6 @@ class Pool:
         over every eligible GPU)."""
         chosen = [key for key in self._offered() if self.fits(key, spec.gpu_type, need_mb)]
         room = self.cap - len(self.held)
-        if not (chosen or room > 0):
-            # At its cap with none it may use busy or in reserve: the GPUs left to drain
-            # are all there is (never wait beside an idle GPU that could take it).
-            chosen = [key for key in self.held if self.fits(key, spec.gpu_type, need_mb)]
         if room > 0:
             models = workflow.models
             free = [k for k in self._batch.free_gpus() if self.fits(k, spec.gpu_type, need_mb)]
@@ -115,6 +111,10 @@ class Pool:
             taken = set(warm)
             cold = [key for key in free if key not in taken][:wanted]
             chosen += (warm + cold)[:room]
+        if not chosen:
+            # None busy or in reserve fits, and no free one: the GPUs left to drain are
+            # all there is (never wait beside an idle GPU that could take it).
+            chosen = [key for key in self.held if self.fits(key, spec.gpu_type, need_mb)]
         return sorted(chosen)
 
     def _offered(self) -> list[GpuKey]:
@@ -186,9 +186,10 @@ class Pool:
         busy = len(self.held) - len(self._idle_since)
         wanted = max(self.config.serving_reserve_min, math.ceil(self.config.serving_reserve * busy))
         room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
-        for _ in itertools.islice(self._batch.free_gpus(), max(min(wanted, room), 0)):
-            wanted -= 1
-        return wanted
+        if not (room > 0 and self._batch.total_free):
+            return wanted  # the usual full cluster: no walk over its nodes on every plan
+        counted = itertools.islice(self._batch.free_gpus(), min(wanted, room))
+        return wanted - sum(1 for _ in counted)
 
     def want(self, want: Want) -> None:
         """The pool is backed up: the next GPU batch work frees that fits joins it."""
@@ -200,18 +201,18 @@ class Pool:
         hungry = self._hungry.value
         return hungry if hungry is not None and len(self.held) < self.cap else None
 
-    def grow(self) -> GpuKey | None:
-        """Take a freed GPU for a backed-up pool, before batch work can; the GPU
-        taken, or None."""
+    def grow(self) -> list[GpuKey]:
+        """Take a freed GPU for a backed-up pool, before batch work can; the GPU taken
+        (none or one)."""
         hungry = self.wanted
         if hungry is None:
-            return None
+            return []
         for key in self._batch.free_gpus():
             if self.fits(key, hungry.gpu_type, hungry.need_mb):
                 self.take(key)
                 self._hungry.value = None
-                return key
-        return None
+                return [key]
+        return []
 
     def adopt(self, keys: list[GpuKey]) -> list[GpuKey]:
         """Take the GPUs a job stopped for this pool just freed, as many as the cap

@@ -251,13 +251,14 @@ class Serving:
 
     def grow(self, now_ms: float) -> None:
         """Take a freed GPU for a backed-up pool, before batch work can (``Pool.grow``)."""
-        key = self.pool.grow()
-        if key is not None:
-            self._touch(self._gpus[key], now_ms)  # idle: it lingers unless a plan uses it
+        self._joined(self.pool.grow(), now_ms)
 
     def adopt(self, keys: list[GpuKey], now_ms: float) -> None:
         """Take the GPUs a job stopped for serving freed (``Pool.adopt``)."""
-        for key in self.pool.adopt(keys):
+        self._joined(self.pool.adopt(keys), now_ms)
+
+    def _joined(self, keys: list[GpuKey], now_ms: float) -> None:
+        for key in keys:
             self._touch(self._gpus[key], now_ms)  # idle: it lingers unless a plan uses it
 
     def release_idle(self, now_ms: float) -> None:
