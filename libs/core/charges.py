@@ -1,9 +1,10 @@
 """What each allocation is charged, and so how allocations rank by fair share.
 
 An allocation's charge is its usage in the last ``UsageSnapshot`` (folded from
-the log by the projector), plus what its running allocated work used since,
-counted ``running_horizon_s`` ahead so that a pass's own placements weigh at once.
-GPU-seconds are priced by GPU type (``PolicyConfig.price``).
+the log by the projector), plus what its running allocated work and the serving
+GPUs held for it (``ServingHeld``) used since, counted ``running_horizon_s`` ahead
+so that a pass's own placements weigh at once. GPU-seconds are priced by GPU type
+(``PolicyConfig.price``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from libs.core.budget_tree import BudgetTree
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import borrows
+from libs.core.decisions import ServingHeld, ServingReleased
 from libs.core.fairshare import Standing, leaf_order, standings
-from libs.core.ids import JobId
+from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec
 from libs.core.running import Running, Tasks
 from libs.core.state import Cell, State, Table
@@ -25,6 +27,14 @@ from libs.core.state import Cell, State, Table
 class Snapshot(NamedTuple):
     at: float
     usage: dict[str, float]  # charged GPU-seconds per allocation; never changed in place
+
+
+class Hold(NamedTuple):
+    """A serving GPU's charge: to whom, since when, at what price per GPU-second."""
+
+    allocation: str
+    since: float
+    price: float
 
 
 class Charges:
@@ -39,6 +49,8 @@ class Charges:
         # snapshot time): usage since the snapshot in O(allocations). Float sums depend
         # on the order of the terms, so they are state, not a cache.
         self._tally: Table[str, tuple[float, float]] = state.table("tally")
+        # The serving GPUs held (``ServingHeld``): each charged as a running GPU is.
+        self._holds: Table[tuple[NodeId, int], Hold] = state.table("serving.charged")
         self._entitlements: dict[str, float] = {}  # of the tree (``derived`` rebuilds it)
         # The last rank, with all it was computed from (every pass ranks; several
         # inputs often share a clock and a tally).
@@ -59,6 +71,8 @@ class Charges:
             if run.spec.allocated:
                 start = max(run.placed_at, snapshot.at)
                 weighted_start[run.spec.allocation] += self._priced_run(run) * start
+        for hold in self._holds.values():
+            weighted_start[hold.allocation] += hold.price * max(hold.since, snapshot.at)
         for allocation, weighted in weighted_start.items():
             self._tally[allocation] = (self._tally[allocation][0], weighted)
 
@@ -66,12 +80,28 @@ class Charges:
         """Add (+1) or remove (-1) an allocated job's GPUs from its allocation's tally."""
         if not run.spec.allocated:
             return
-        gpus = self._priced_run(run) * sign
+        priced = self._priced_run(run)
         if sign < 0:
             self._prices[1].pop(run.job_id, None)  # it no longer runs
-        allocation = run.spec.allocation
+        self._add(run.spec.allocation, priced * sign, run.placed_at)
+
+    def serving(self, change: ServingHeld | ServingReleased, now: float) -> None:
+        """Serving took a GPU, moved its charge, or gave it back: charge it from now to
+        the allocation it is held for, as the ledger does."""
+        key = (change.node_id, change.gpu_index)
+        old = self._holds.pop(key)
+        if old is not None:
+            self._add(old.allocation, -old.price, old.since)
+        if isinstance(change, ServingHeld):
+            node = self._capacity.nodes.get(change.node_id)
+            price = self.config.price(node.gpu_type if node is not None else "")
+            self._holds[key] = Hold(change.allocation, now, price)
+            self._add(change.allocation, price, now)
+
+    def _add(self, allocation: str, gpus: float, since: float) -> None:
+        """Add priced running ``gpus`` (negative: remove them) running since ``since``."""
         running, weighted_start = self._tally.get(allocation) or (0.0, 0.0)
-        start = max(run.placed_at, self._snapshot.value.at)
+        start = max(since, self._snapshot.value.at)
         running, weighted_start = running + gpus, weighted_start + gpus * start
         if abs(running) < 1e-9:  # float sums: nothing left runs
             self._tally.pop(allocation)
@@ -112,12 +142,24 @@ class Charges:
     def borrows(self, spec: JobSpec, tasks: Tasks) -> bool:
         """Whether work placed on ``tasks`` would run beyond its allocation's share of
         the cluster (``contract.borrows``), in priced GPUs."""
-        holding = (self._tally.get(spec.allocation) or (0.0, 0.0))[0] + self._priced(tasks)
+        holding = self._holding(spec.allocation) + self._priced(tasks)
+        return borrows(spec, holding, self._entitled(spec.allocation))
+
+    def beyond_share(self, allocation: str) -> float:
+        """What the allocation holds beyond its share of the cluster now (running work
+        and serving GPUs, priced; negative when below): borrowed."""
+        return self._holding(allocation) - self._entitled(allocation)
+
+    def _holding(self, allocation: str) -> float:
+        return (self._tally.get(allocation) or (0.0, 0.0))[0]
+
+    def _entitled(self, allocation: str) -> float:
+        """The allocation's share of the cluster, in priced GPUs."""
         total: float = self._capacity.total_gpus
         if self.config.gpu_prices:
             price = self.config.price
             total = sum(n.gpu_count * price(n.gpu_type) for n in self._capacity.nodes.values())
-        return borrows(spec, holding, self._entitlements.get(spec.allocation, 0.0) * total)
+        return self._entitlements.get(allocation, 0.0) * total
 
     def _priced_run(self, run: Running) -> float:
         """``_priced(run.tasks)``, remembered while the job's tasks and the nodes stay."""

@@ -75,7 +75,8 @@ class PolicyConfig:
     # busy with workflows now, at least serving_reserve_min. Plans use the busy GPUs and
     # the reserve (those drained most recently); other idle GPUs go back to batch work
     # serving_lend_s after their queue drained, so the pool shrinks with its load, and
-    # every idle one goes back after serving_linger_s.
+    # every idle one goes back after serving_linger_s. Under budget pressure a waiting
+    # job may take the reserve's idle GPUs but serving_reserve_min (serving's contract).
     serving_reserve: float = 1.0
     serving_reserve_min: int = 2
     serving_lend_s: float = 3.0

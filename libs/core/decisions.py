@@ -171,6 +171,26 @@ class JobLost:
     reason: str
 
 
+@dataclass(frozen=True)
+class ServingHeld(_AboutNoJob):
+    """Serving holds a GPU from batch work, charged to ``allocation`` from now on: it was
+    taken for that allocation's workflows, or they used it after another's (the charge
+    moves to them). Every second it is held is charged, busy or idle."""
+
+    node_id: NodeId
+    gpu_index: int
+    allocation: str
+
+
+@dataclass(frozen=True)
+class ServingReleased(_AboutNoJob):
+    """Serving gave a GPU back to batch work; ``allocation``'s charge for it ends."""
+
+    node_id: NodeId
+    gpu_index: int
+    allocation: str
+
+
 Decision = (
     Place
     | Planned
@@ -184,4 +204,6 @@ Decision = (
     | NodeLost
     | TaskLost
     | JobLost
+    | ServingHeld
+    | ServingReleased
 )

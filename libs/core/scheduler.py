@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from libs.core import inputs
 from libs.core.capacity import Capacity, Fit, NoFit, describe
@@ -50,6 +51,8 @@ from libs.core.decisions import (
     Preempted,
     Refused,
     Requeue,
+    ServingHeld,
+    ServingReleased,
     Stop,
     StopCause,
     TaskLost,
@@ -96,9 +99,21 @@ POLICY = "budget"
 # ``serving_reserve_min``) and lends the other idle GPUs back after ``serving_lend_s``;
 # a backed-up pool with no free GPU stops one job as its allocation could (free work,
 # or charged work it outranks past its contract, losing nothing) and takes its GPUs.
-POLICY_VERSION = 19
+# 20: a GPU serving holds is charged to an allocation while held, busy or idle
+# (``ServingHeld``, ``ServingReleased``), its workflow tasks no longer on their own; under
+# budget pressure a waiting charged job takes, before any batch victim, the idle serving
+# GPUs held beyond their share for allocations ranked below it (all but the
+# ``serving_reserve_min`` warm ones), on a node where they make room for it.
+POLICY_VERSION = 20
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
+
+
+class Reclaim(NamedTuple):
+    """A job stopped for a backed-up serving pool, and whose workflows backed it up."""
+
+    job_id: JobId
+    allocation: str
 
 
 class _Lender:
@@ -160,10 +175,11 @@ class Scheduler:
         # tables of its own, on GPUs it borrows from this scheduler's capacity.
         lender = _Lender(self._capacity, self._reservations.reserved)
         self._serving = Serving(self.config, state, lender)
-        # The job stopped to give a backed-up serving pool GPUs (``_reclaim``); and what the
-        # pool wanted when no running job could be stopped for it, with the running work's
-        # version then: not looked for again until either changes.
-        self._reclaiming = state.cell("serving.reclaiming", "")
+        # The job stopped to give a backed-up serving pool GPUs (``_reclaim``), and for
+        # which allocation; and what the pool wanted when no running job could be stopped
+        # for it, with the running work's version then: not looked for again until either
+        # changes.
+        self._reclaiming: Cell[Reclaim | None] = state.cell("serving.reclaiming", None)
         self._no_victim: Cell[tuple[Want, int] | None] = state.cell("serving.no_victim", None)
 
     # -- the one entry point -------------------------------------------------
@@ -252,10 +268,10 @@ class Scheduler:
         if reported and not (preempt or clock_moved):
             # It changed only what preemption reads (a contract's clock, idleness), and
             # no time passed: a pass could decide otherwise only in a preemption round.
-            return decisions
-        self._serving.release_idle(self._now_ms)
+            return self._settled(decisions)
+        decisions += self._serving.release_idle(self._now_ms)
         # Workflows take freed GPUs before any batch tier: the fast path.
-        self._serving.grow(self._now_ms)
+        decisions += self._serving.grow(self._now_ms)
         decisions += self._reclaim()
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
@@ -267,15 +283,22 @@ class Scheduler:
             waiting = self._queues.jobs.get(event.job_id)
             if waiting is not None:
                 decisions += self._wait(waiting)
-        return [self._addressed(d) for d in decisions]
+        return self._settled(decisions)
 
-    def _addressed(self, decision: Decision) -> Decision:
-        """A placement names the agent incarnation it is for (see ``Place``)."""
-        if isinstance(decision, Place):
-            incarnation = self._liveness.incarnations.get(decision.node_id, "")
-            if incarnation:
-                return replace(decision, node_incarnation=incarnation)
-        return decision
+    def _settled(self, decisions: list[Decision]) -> list[Decision]:
+        """The input's decisions as they go out: serving's GPUs charged as they are held
+        (``ServingHeld``, ``ServingReleased``: the ledger folds the same), and each
+        placement addressed to its node's agent incarnation (see ``Place``)."""
+        out: list[Decision] = []
+        for decision in decisions:
+            if isinstance(decision, ServingHeld | ServingReleased):
+                self._charges.serving(decision, self.now)
+            elif isinstance(decision, Place):
+                incarnation = self._liveness.incarnations.get(decision.node_id, "")
+                if incarnation:
+                    decision = replace(decision, node_incarnation=incarnation)
+            out.append(decision)
+        return out
 
     def serving_gpus(self) -> int:
         """GPUs held for workflows now (taken from batch work)."""
@@ -368,12 +391,20 @@ class Scheduler:
         if run is None:
             return []
         self._capacity.give(node_id, run.tasks[task_id][1])
-        if job_id == self._reclaiming.value:  # stopped for serving: its GPUs are serving's
-            self._serving.adopt([(node_id, i) for i in run.tasks[task_id][1]], self._now_ms)
+        reclaim = self._reclaiming.value
+        adopted: list[Decision] = []
+        if reclaim is not None and job_id == reclaim.job_id:  # its GPUs are serving's
+            keys = [(node_id, i) for i in run.tasks[task_id][1]]
+            adopted = self._serving.adopt(keys, reclaim.allocation, self._now_ms)
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
-            return []
-        if job_id == self._reclaiming.value:
-            self._reclaiming.value = ""  # requeued, it may run again: no longer a victim
+            return adopted
+        if reclaim is not None and job_id == reclaim.job_id:
+            self._reclaiming.value = None  # requeued, it may run again: no longer a victim
+        return adopted + self._job_ended(run, at)
+
+    def _job_ended(self, run: Running, at: float) -> list[Decision]:
+        """A job's last task ended: it is no longer charged; one that was stopped is
+        requeued, or ends."""
         self._charges.count(run, -1)
         if run.stopping is None and run.started_at is not None:  # it ran to its end
             self._learned.completed(run.spec.user, at - run.started_at)
@@ -601,7 +632,7 @@ class Scheduler:
         work ranked below it and past its contract, losing nothing); the pool takes
         that GPU as it frees. One at a time: none while the last one stops."""
         wanted = self._serving.pool.wanted
-        if wanted is None or self._reclaiming.value:
+        if wanted is None or self._reclaiming.value is not None:
             return []
         tried = (wanted, self._running.version)
         if self._no_victim.value == tried:
@@ -634,7 +665,7 @@ class Scheduler:
             self._no_victim.value = tried
             return []
         victim = min(victims, key=lambda v: victim_order(v, rank, self.now))
-        self._reclaiming.value = victim.job_id
+        self._reclaiming.value = Reclaim(victim.job_id, wanted.allocation)
         why = f"preempted for workflow serving of {wanted.allocation} (its GPUs backed up)"
         return self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)
 
@@ -840,9 +871,63 @@ class Scheduler:
         return decisions
 
     def _preempt_for(self, job: Waiting, rank: dict[str, int]) -> list[Decision]:
+        yielded = self._yield_serving(job, rank)
+        if yielded:
+            return yielded
         victims = self._reservations.plan_for(job, self._capacity, self._running, rank, self.now)
         why = f"preempted for {job.job_id} of {job.spec.allocation}"
         decisions: list[Decision] = []
         for victim in victims:
             decisions += self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)
+        return decisions
+
+    def _yield_serving(self, job: Waiting, rank: dict[str, int]) -> list[Decision]:
+        """Budget pressure on serving: a blocked charged job takes idle serving GPUs held
+        for allocations past their share (borrowed, as charged work placed there is) and,
+        unless it is debug work, ranked below its own (``contract.victims_for``'s rule),
+        on the one node where they make room for it with the fewest given back: the
+        cheapest victims, they lose nothing. Never the ``serving_reserve_min`` warm GPUs
+        (``Pool.idle_by_node``). Placed at once, or nothing."""
+        spec = job.spec
+        idle = self._serving.pool.idle_by_node()
+        if not idle or not spec.allocated:
+            return []
+        debug = spec.work_class is WorkClass.DEBUG
+        nodes = self._capacity.schedulable(spec)
+        if spec.gpus > max(nodes.values(), default=0):
+            return []  # a gang: whole nodes, which preemption plans
+        unknown = len(rank)
+        own = rank.get(spec.allocation, unknown)
+        beyond: dict[str, float] = {}  # what each holder holds beyond its share, priced
+
+        def borrowed(holder: str) -> float:
+            if not debug and rank.get(holder, unknown) <= own:
+                return 0.0
+            if holder not in beyond:
+                beyond[holder] = self._charges.beyond_share(holder)
+            return beyond[holder]
+
+        blocked = self._reservations.blocked_for(job.job_id)
+        best: tuple[int, NodeId, list[GpuKey]] | None = None
+        for node_id, held in idle.items():
+            if node_id not in nodes or node_id in blocked:
+                continue
+            need = spec.gpus - len(self._capacity.free(node_id))
+            price = self.config.price(self._capacity.nodes[node_id].gpu_type)
+            left = {holder: borrowed(holder) for _, holder in held}
+            keys: list[GpuKey] = []
+            for key, holder in held:
+                if len(keys) == need:
+                    break
+                if left[holder] > 1e-9:
+                    left[holder] -= price
+                    keys.append(key)
+            if 0 < need == len(keys) and (best is None or (need, node_id) < best[:2]):
+                best = (need, node_id, keys)
+        if best is None:
+            return []
+        decisions = self._serving.give_back(best[2])
+        fit = self._capacity.fit(spec, blocked)
+        if isinstance(fit, Fit):  # always: that node has room for it now
+            decisions += self._place(job, fit)
         return decisions

@@ -4,6 +4,9 @@ Charges are a pure function of the task lifecycle, so whoever folds the log
 (the projector, the budget service, the simulator) computes the same usage,
 and a task is charged once: its end is counted only the first time.
 
+Serving GPUs are charged while held (``hold``, ``release``), busy or idle, to the
+allocation they are held for; the tasks that run on them are not charged again.
+
 Finished work is kept in fixed buckets (an hour by default), so the window's
 trailing edge moves a bucket at a time; running work is counted exactly.
 """
@@ -11,8 +14,10 @@ trailing edge moves a bucket at a time; running work is counted exactly.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from libs.core.ids import TaskId
@@ -44,12 +49,17 @@ class WindowedUsage:
         self.window_s = window_s
         self.bucket_s = bucket_s
         self._running: dict[TaskId, _Running] = {}
+        self._held: dict[Hashable, _Running] = {}  # serving GPUs (node, index) held
         self._ended: set[TaskId] = set()
         # bucket index -> allocation -> usage; totals hold the sum of the kept buckets.
         self._buckets: dict[int, dict[str, Usage]] = {}
         self._indices: list[int] = []  # heap of the kept bucket indices
         self._horizon = -(2**62)  # buckets below this index have left the window
         self._totals: dict[str, Usage] = defaultdict(Usage)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # A snapshot taken before serving GPUs were charged while held holds none.
+        vars(self).update({"_held": {}, **state})
 
     def start(
         self,
@@ -71,6 +81,21 @@ class WindowedUsage:
         if run is None:
             return
         self._ended.add(task_id)
+        self._close(run, at)
+
+    def hold(self, gpu: Hashable, allocation: str, *, at: float, price: float = 1.0) -> None:
+        """Charge a serving GPU to ``allocation`` (as allocated work) from ``at`` until it
+        is released or held for another allocation (its charge so far is closed then)."""
+        self.release(gpu, at)
+        self._held[gpu] = _Running(allocation, 1, True, at, price)
+
+    def release(self, gpu: Hashable, at: float) -> None:
+        """Charge a serving GPU's hold up to ``at``; one not held changes nothing."""
+        run = self._held.pop(gpu, None)
+        if run is not None:
+            self._close(run, at)
+
+    def _close(self, run: _Running, at: float) -> None:
         start = run.started_at
         while start < at:
             index = math.floor(start / self.bucket_s)
@@ -85,7 +110,7 @@ class WindowedUsage:
         # running task, and readers of the log must get the same bits.
         sums = {name: [u.allocated_gpu_s, u.unallocated_gpu_s] for name, u in self._totals.items()}
         since = at - self.window_s
-        for run in self._running.values():
+        for run in itertools.chain(self._running.values(), self._held.values()):
             seconds = max(0.0, at - max(run.started_at, since))
             acc = sums.get(run.allocation)
             if acc is None:

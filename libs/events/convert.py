@@ -49,6 +49,8 @@ from libs.core import (
     Refused,
     Reject,
     Requeue,
+    ServingHeld,
+    ServingReleased,
     ServingTask,
     Stop,
     StopCause,
@@ -125,6 +127,8 @@ _EVENTS: dict[type[Decision], Callable[..., Message]] = {
     NodeLost: events_pb2.NodeLost,
     TaskLost: events_pb2.TaskLost,
     JobLost: events_pb2.JobLost,
+    ServingHeld: events_pb2.ServingHeld,
+    ServingReleased: events_pb2.ServingReleased,
 }
 
 

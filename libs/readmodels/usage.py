@@ -3,7 +3,9 @@
 Folded from the events topic in log order (a cluster's events are one
 partition's, in order) with ``libs.core.usage``, so the projector charges what
 the budget service and the simulator charge: an allocated task (minimum runtime
-> 0) from its start to its end, once. Time is the log's own: a cluster's clock
+> 0) from its start to its end, once, and a GPU serving holds from placement's
+``ServingHeld`` to its ``ServingReleased`` (a workflow's tasks are not charged on
+their own: their GPUs are). Time is the log's own: a cluster's clock
 is the latest ``occurred_at`` folded, and a snapshot is taken as of that clock,
 so every snapshot is a function of the log prefix alone, whenever it is taken.
 """
@@ -33,6 +35,7 @@ class _Contract:
     allocation: str
     gpus: int
     allocated: bool
+    serving: bool  # a workflow: charged by the GPUs serving holds, not task by task
 
 
 Price = Callable[[str], float]  # GPU type -> cost of one GPU-second
@@ -100,12 +103,13 @@ class ClusterUsage(_Priced):
                     spec.allocation,
                     spec.gpus,
                     allocated=spec_from_proto(spec).allocated,  # the core's rule
+                    serving=spec.HasField("workflow"),
                 )
             case "task_started":
                 started = env.task_started
                 # A task of a job never admitted here has nobody to charge.
                 contract = self._jobs.get(started.job_id)
-                if contract is not None:
+                if contract is not None and not contract.serving:
                     self._usage.start(
                         TaskId(started.task_id),
                         contract.allocation,
@@ -130,6 +134,18 @@ class ClusterUsage(_Priced):
         """Placement's word that a task ended with its node, which no agent will
         report: it is charged up to then."""
         self._usage.end(TaskId(gone.task_id), at)
+
+    def serving(
+        self, change: events_pb2.ServingHeld | events_pb2.ServingReleased, at: float
+    ) -> None:
+        """Placement's word that serving holds a GPU for an allocation (charged from
+        ``at``), or gave it back (charged up to ``at``)."""
+        gpu = (change.node_id, change.gpu_index)
+        if isinstance(change, events_pb2.ServingHeld):
+            price = self._price(self._node_types.get(change.node_id, ""))
+            self._usage.hold(gpu, change.allocation, at=at, price=price)
+        else:
+            self._usage.release(gpu, at)
 
     def usage(self) -> dict[str, Usage]:
         """Usage per allocation over the window ending at the clock, sorted by allocation."""
@@ -219,12 +235,19 @@ class UsageLedger(_Priced):
         cluster.apply(env)
 
     def decided(self, env: events_pb2.Envelope) -> None:
-        """Fold one of placement's decisions: only a lost task changes what is charged.
-        Decisions are not the events log, so they leave its clock and prefix alone."""
-        if event_type(env) == "task_lost":
-            cluster = self._clusters.get(env.cluster or DEFAULT_CLUSTER)
-            if cluster is not None:
-                cluster.lost(env.task_lost, occurred_at(env))
+        """Fold one of placement's decisions: a lost task, and serving's GPUs held and
+        given back, change what is charged. Decisions are not the events log, so they
+        leave its clock and prefix alone."""
+        kind = event_type(env)
+        if kind not in ("task_lost", "serving_held", "serving_released"):
+            return
+        cluster = self._clusters.get(env.cluster or DEFAULT_CLUSTER)
+        if cluster is None:
+            return
+        if kind == "task_lost":
+            cluster.lost(env.task_lost, occurred_at(env))
+        else:
+            cluster.serving(getattr(env, kind), occurred_at(env))
 
     def cluster(self, name: str) -> ClusterUsage | None:
         return self._clusters.get(name or DEFAULT_CLUSTER)

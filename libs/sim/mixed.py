@@ -16,8 +16,9 @@ and its serving core) the way the live stack does, over the workload of
   batch work on the side); a batch task that lands
   on a GPU that caches models evicts them first, as the node agent does;
 * ``UsageSnapshot`` every ``snapshot_s`` from ``WindowedUsage`` fed with every
-  task's start and end (workflow tasks charged as allocated work, one GPU
-  each, as the projector charges them) and a ``Tick`` every ``tick_s``.
+  batch task's start and end and every GPU serving holds, from ``ServingHeld``
+  to ``ServingReleased`` (as the projector charges them), and a ``Tick`` every
+  ``tick_s``.
 
 After the window closes no more work arrives; the run goes on until every
 job and workflow has finished (waits are measured up to the window's end, as
@@ -38,7 +39,7 @@ from typing import Any
 
 from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
-from libs.core.decisions import Cancel, Decision, Planned, Wait
+from libs.core.decisions import Cancel, Decision, Planned, ServingHeld, ServingReleased, Wait
 from libs.core.ids import JobId
 from libs.core.inputs import (
     BudgetSet,
@@ -101,7 +102,8 @@ class Charge:
     entitlement: float  # share of the cluster
     allocated_gpu_h: float  # charged: what fair share counts
     free_gpu_h: float  # free work, not charged
-    serving_gpu_h: float  # of the allocated: workflow tasks
+    serving_held_gpu_h: float  # of the allocated: GPUs serving held for it, busy or idle
+    serving_gpu_h: float  # of those: workflow tasks running
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class MixedRun:
     workflow_jobs: int
     peak_serving_held: int  # the most GPUs serving held at any input, window or not
     peak_serving_active: int  # the most GPUs with serving work, sampled
-    gpu_s_run: dict[str, float]  # whole run, per allocation: what the tasks used
+    gpu_s_run: dict[str, float]  # whole run, per allocation: what the batch tasks used
+    gpu_s_held: float  # whole run: the GPUs serving held (charged to the serving team)
     gpu_s_charged: dict[str, float]  # whole run, per allocation: WindowedUsage at the end
     decisions: int
     inputs: int
@@ -316,9 +319,10 @@ class MixedCluster(ServingCluster, Observer):
             self.running[event.task_id] = (task.spec.allocation, gpus, event.at)
         elif isinstance(event, TaskEnded):
             allocation, gpus, began = self.running.pop(event.task_id)
-            used = gpus * (event.at - began)
-            self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
-            if event.task_id not in self.agents.tasks and event.job_id in self.arrived:
+            if event.job_id not in self.arrived:  # batch work (not a workflow's)
+                used = gpus * (event.at - began)
+                self.gpu_s_run[allocation] = self.gpu_s_run.get(allocation, 0.0) + used
+            else:
                 inside = min(event.at, self.end) - max(began, self.start)
                 self.serving_run_s += max(inside, 0.0)
         super().feed(event)
@@ -339,6 +343,8 @@ class MixedCluster(ServingCluster, Observer):
                 raise SimulationError(f"{job_id} cancelled: nothing asked for that")
             case Wait(job_id=job_id) if job_id in self.arrived:
                 self.waited.add(job_id)
+            case ServingHeld() | ServingReleased():
+                self.world.charge_serving(self.usage, decision)
             case Planned() | Wait():
                 pass
             case _:
@@ -379,7 +385,7 @@ class MixedCluster(ServingCluster, Observer):
         window = length("all")
         busy = self._serving_busy(windows)
         batch_mean = batch_held["all"].mean
-        charges, gpu_s_charged = self._charges()
+        charges, gpu_s_charged = self._charges(serving_held["all"].mean * window / 3600)
         return MixedRun(
             cache_model=CacheModel(self.config.serving_cache_model),
             serving_max_fraction=self.config.serving_max_fraction,
@@ -409,6 +415,7 @@ class MixedCluster(ServingCluster, Observer):
             peak_serving_held=self.peak_held,
             peak_serving_active=self.peak_active,
             gpu_s_run=dict(sorted(self.gpu_s_run.items())),
+            gpu_s_held=sum(v * w for v, w in self.serving_steps.weights([(0.0, self.now)]).items()),
             gpu_s_charged=gpu_s_charged,
             decisions=self.decisions,
             inputs=self.inputs,
@@ -428,7 +435,8 @@ class MixedCluster(ServingCluster, Observer):
                     busy[phase] += sum(max(min(b, hi) - max(a, lo), 0.0) for lo, hi in parts)
         return busy
 
-    def _charges(self) -> tuple[tuple[Charge, ...], dict[str, float]]:
+    def _charges(self, held_h: float) -> tuple[tuple[Charge, ...], dict[str, float]]:
+        """GPU-hours charged in the window; ``held_h``: the serving GPUs held then."""
         first, last = self.marks["start"], self.marks["end"]
         entitlements = self.tree.entitlements()
         serving_h = self.serving_run_s / 3600
@@ -441,6 +449,7 @@ class MixedCluster(ServingCluster, Observer):
                     share,
                     (b.allocated_gpu_s - a.allocated_gpu_s) / 3600,
                     (b.unallocated_gpu_s - a.unallocated_gpu_s) / 3600,
+                    held_h if name == SERVING_TEAM else 0.0,
                     serving_h if name == SERVING_TEAM else 0.0,
                 )
             )

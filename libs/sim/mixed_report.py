@@ -52,7 +52,8 @@ def tables(run: MixedRun) -> dict[str, Table]:
         ("entitlement", lambda c: f"{c.entitlement:.0%}"),
         ("entitled GPU-h", lambda c: f"{c.entitlement * run.capacity * window_h:.0f}"),
         ("charged GPU-h", lambda c: f"{c.allocated_gpu_h:.0f}"),
-        ("of it workflows", lambda c: f"{c.serving_gpu_h:.1f}"),
+        ("of it serving GPUs held", lambda c: f"{c.serving_held_gpu_h:.1f}"),
+        ("workflow tasks ran", lambda c: f"{c.serving_gpu_h:.1f}"),
         ("free GPU-h", lambda c: f"{c.free_gpu_h:.0f}"),
         ("share of use", lambda c: f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}"),
     )

@@ -44,7 +44,7 @@ from libs.core.compass import (
 )
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
-from libs.core.decisions import Decision, Place, Planned, Wait
+from libs.core.decisions import Decision, Place, Planned, ServingHeld, ServingReleased, Wait
 from libs.core.ids import JobId, NodeId
 from libs.core.inputs import Input, JobArrived, NodeJoined, PeerPlaced
 from libs.core.model import JobSpec, NodeSpec
@@ -261,7 +261,7 @@ class ServingCluster:
         if serving is None:
             if self.on_decision is not None:
                 self.on_decision(decision)
-            elif not isinstance(decision, (Planned, Wait)):
+            elif not isinstance(decision, Planned | Wait | ServingHeld | ServingReleased):
                 raise SimulationError(f"unexpected decision {decision}")
             return
         assert isinstance(decision, Place)

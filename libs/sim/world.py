@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from libs.core.compass import CacheModel, GpuWorker
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.compass.worker import Start
-from libs.core.decisions import Place, stop_grace
+from libs.core.decisions import Place, ServingHeld, ServingReleased, stop_grace
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.inputs import (
     Input,
@@ -290,21 +290,34 @@ class World:
         return stop_grace(asked_s, self.stop_grace_s)
 
     def charge(self, usage: WindowedUsage, event: Input) -> None:
-        """What the projector folds from a task's start and end (serving tasks count as
-        allocated work on one GPU)."""
+        """What the projector folds from a task's start and end (a serving task is not
+        charged on its own: its GPU is, while serving holds it, ``charge_serving``)."""
         if isinstance(event, TaskStarted):
             task = self.tasks.get(event.task_id)
-            if task is None:
+            if task is None or task.serving:
                 return
             spec = task.spec
-            allocated = spec.allocated or task.serving
-            gpus = 1 if task.serving else len(task.gpus)
             price = self.prices.get(task.node_id, 1.0)
             usage.start(
-                event.task_id, spec.allocation, gpus, allocated=allocated, at=event.at, price=price
+                event.task_id,
+                spec.allocation,
+                len(task.gpus),
+                allocated=spec.allocated,
+                at=event.at,
+                price=price,
             )
         elif isinstance(event, TaskEnded):
             usage.end(event.task_id, event.at)
+
+    def charge_serving(self, usage: WindowedUsage, change: ServingHeld | ServingReleased) -> None:
+        """What the projector folds from placement's word that serving holds a GPU (from
+        now on, to an allocation) or gave it back."""
+        gpu = (change.node_id, change.gpu_index)
+        if isinstance(change, ServingHeld):
+            price = self.prices.get(change.node_id, 1.0)
+            usage.hold(gpu, change.allocation, at=self.now_s, price=price)
+        else:
+            usage.release(gpu, self.now_s)
 
     # -- serving tasks ---------------------------------------------------------------
 

@@ -63,7 +63,8 @@ async def _serve(
     book = BudgetBook.for_policy(policy_from_env())
     bus = KafkaBus(settings)
     reader = LogReader(bus, topics.events.name, name="budget-events")
-    # Placement's TaskLost ends a charge no agent will end: the ledger folds those too.
+    # Placement's TaskLost ends a charge no agent will end, and its ServingHeld and
+    # ServingReleased charge serving's GPUs: the ledger folds those decisions too.
     decisions = LogReader(bus, topics.decisions.name, name="budget-decisions")
     producer = EventProducer(bus, client_id="budget")
     await reader.start()

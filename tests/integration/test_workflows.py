@@ -89,5 +89,13 @@ def test_a_workflow_runs_on_simulated_gpus_and_its_plans_replay(
     ]
     assert sorted(p.serving.name for p in sent) == ["say", "say", "see", "see"]
     assert all(p.node_id == "sim-0" for p in sent)
+    # The serving GPU is held for vision, and charged to it while held: the ledger folds
+    # this decision (and the release that follows).
+    held = [
+        (d.serving_held.node_id, d.serving_held.allocation)
+        for d in decisions
+        if d.WhichOneof("payload") == "serving_held"
+    ]
+    assert ("sim-0", "vision") in held
 
     assert_audit_reproduces(stack, at_least=len(plans) + len(sent))

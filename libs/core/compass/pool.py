@@ -12,6 +12,15 @@ GPUs and that reserve, and every other idle GPU goes back to batch work
 free, so on a full cluster none of them ever waits: a pool that is backed up
 takes the next GPU batch work frees (``grow``), or the GPUs of a job stopped
 for it (``adopt``; the scheduler picks the job).
+
+Each held GPU is charged to one allocation for as long as it is held, busy or
+idle (``ServingHeld``, ``ServingReleased``): the one it was taken for, or whose
+workflows used it last. Under budget pressure the idle GPUs an allocation holds
+beyond its share go back to a better-ranked job they make room for, as borrowed
+work past its contract would be preempted (the scheduler decides, from
+``idle_by_node``): all but the ``serving_reserve_min`` drained last, which are
+serving's contract, as a minimum runtime is a batch job's. What runs is never
+stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import NamedTuple, Protocol
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.workflow import Workflow
 from libs.core.config import PolicyConfig
+from libs.core.decisions import ServingHeld, ServingReleased
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import Cell, State, Table
@@ -60,11 +70,14 @@ class BatchGpus(Protocol):
     def give(self, key: GpuKey) -> None: ...
 
 
+PoolChange = ServingHeld | ServingReleased
+
+
 class Pool:
-    """The GPUs serving holds (``held``, in the order it took them), since when
-    each has been idle, and what a backed-up pool wants. What it remembers is
-    declared in the scheduler's ``State``; it reads serving's GPUs (``gpus``)
-    for their memory and models."""
+    """The GPUs serving holds (``held``, in the order it took them, with the allocation
+    each is charged to), since when each has been idle, and what a backed-up pool
+    wants. What it remembers is declared in the scheduler's ``State``; it reads
+    serving's GPUs (``gpus``) for their memory and models."""
 
     def __init__(
         self, config: PolicyConfig, state: State, batch: BatchGpus, gpus: Table[GpuKey, Gpu]
@@ -72,7 +85,7 @@ class Pool:
         self.config = config
         self._batch = batch
         self._gpus = gpus
-        self.held: Table[GpuKey, None] = state.table("serving.pool")
+        self.held: Table[GpuKey, str] = state.table("serving.pool")  # -> allocation charged
         self._idle_since: Table[GpuKey, float] = state.table("serving.idle")  # held, queue empty
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
         # work frees joins it (GPU type, model size it must hold, for which allocation).
@@ -137,17 +150,25 @@ class Pool:
 
     # -- taking and giving back ------------------------------------------------
 
-    def take(self, key: GpuKey) -> None:
-        if key not in self.held:
-            self.held[key] = None
+    def take(self, key: GpuKey, allocation: str) -> list[PoolChange]:
+        """Hold the GPU for ``allocation``'s workflows: taken from batch work, or its
+        charge moved from another allocation's (nothing changes if it is theirs)."""
+        holder = self.held.get(key)
+        if holder == allocation:
+            return []
+        if holder is None:
             self._batch.take(key)
+        self.held[key] = allocation
+        return [ServingHeld(*key, allocation)]
 
-    def give_back(self, key: GpuKey) -> None:
+    def give_back(self, key: GpuKey) -> list[PoolChange]:
         """Back to batch work: to its node's capacity, free when the node is."""
         self._idle_since.pop(key)
-        if key in self.held:
-            del self.held[key]
-            self._batch.give(key)
+        holder = self.held.pop(key)
+        if holder is None:
+            return []
+        self._batch.give(key)
+        return [ServingReleased(*key, holder)]
 
     def linger(self, key: GpuKey, busy: bool, now_ms: float | None) -> None:
         """The GPU's queue changed: a busy one is not idle, and a held one that
@@ -157,14 +178,14 @@ class Pool:
         elif now_ms is not None and key in self.held and key not in self._idle_since:
             self._idle_since[key] = now_ms
 
-    def release_idle(self, now_ms: float) -> list[GpuKey]:
+    def release_idle(self, now_ms: float) -> list[PoolChange]:
         """Give back to batch work the GPUs idle past ``serving_linger_s``, and those
         idle past ``serving_lend_s`` beyond the warm reserve (``reserve``), longest
-        idle first; the GPUs given back."""
+        idle first."""
         linger_ms = self.config.serving_linger_s * 1000
         lend_ms = self.config.serving_lend_s * 1000
+        released: list[PoolChange] = []
         keep: int | None = None  # the reserve, counted once and only if asked
-        released: list[GpuKey] = []
         while self._idle_since:
             key, since = self._idle_since.first()
             if since + linger_ms > now_ms:
@@ -173,9 +194,19 @@ class Pool:
                 keep = self.reserve if keep is None else keep
                 if len(self._idle_since) <= keep:
                     break
-            self.give_back(key)
-            released.append(key)
+            released += self.give_back(key)
         return released
+
+    def idle_by_node(self) -> dict[NodeId, list[tuple[GpuKey, str]]]:
+        """The idle GPUs held but the ``serving_reserve_min`` drained last (serving's
+        contract: the warm GPUs it keeps whatever its budget), with the allocation each
+        is charged to, by node (in node order), longest idle first."""
+        by_node: dict[NodeId, list[tuple[GpuKey, str]]] = {}
+        kept = self.config.serving_reserve_min
+        idle = list(self._idle_since)
+        for key in idle[: max(len(idle) - kept, 0)]:
+            by_node.setdefault(node_of(key), []).append((key, self.held[key]))
+        return dict(sorted(by_node.items()))
 
     @property
     def reserve(self) -> int:
@@ -201,31 +232,28 @@ class Pool:
         hungry = self._hungry.value
         return hungry if hungry is not None and len(self.held) < self.cap else None
 
-    def grow(self) -> list[GpuKey]:
-        """Take a freed GPU for a backed-up pool, before batch work can; the GPU taken
-        (none or one)."""
+    def grow(self) -> list[PoolChange]:
+        """Take a freed GPU for a backed-up pool, before batch work can (none or one)."""
         hungry = self.wanted
         if hungry is None:
             return []
         for key in self._batch.free_gpus():
             if self.fits(key, hungry.gpu_type, hungry.need_mb):
-                self.take(key)
                 self._hungry.value = None
-                return [key]
+                return self.take(key, hungry.allocation)
         return []
 
-    def adopt(self, keys: list[GpuKey]) -> list[GpuKey]:
+    def adopt(self, keys: list[GpuKey], allocation: str) -> list[PoolChange]:
         """Take the GPUs a job stopped for this pool just freed, as many as the cap
         allows (a backlog that stopped work wants more than one; the surplus drains
-        back to batch work): the GPUs taken."""
+        back to batch work), for ``allocation``, whose want stopped the job."""
         free = set(self._batch.free_gpus())  # not on a node cordoned or kept for a job
-        taken = []
+        taken: list[PoolChange] = []
         for key in keys:
             if len(self.held) >= self.cap:
                 break
             if key in free and key in self._gpus:
-                self.take(key)
-                taken.append(key)
+                taken += self.take(key, allocation)
         if taken:
             self._hungry.value = None
         return taken

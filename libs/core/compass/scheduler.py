@@ -39,7 +39,7 @@ from libs.core.compass.backlog import Backlogs
 from libs.core.compass.flow import Flow
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
-from libs.core.compass.pool import BatchGpus, Pool, Want
+from libs.core.compass.pool import BatchGpus, Pool, PoolChange, Want
 from libs.core.compass.timeline import GpuState, Pending
 from libs.core.compass.workflow import BYTES_PER_MB, CacheModel, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
@@ -249,22 +249,27 @@ class Serving:
         due = self._due
         return sorted(self.waiting, key=lambda job_id: (due[job_id], job_id))
 
-    def grow(self, now_ms: float) -> None:
+    def grow(self, now_ms: float) -> list[Decision]:
         """Take a freed GPU for a backed-up pool, before batch work can (``Pool.grow``)."""
-        self._joined(self.pool.grow(), now_ms)
+        return self._changed(self.pool.grow(), now_ms)
 
-    def adopt(self, keys: list[GpuKey], now_ms: float) -> None:
-        """Take the GPUs a job stopped for serving freed (``Pool.adopt``)."""
-        self._joined(self.pool.adopt(keys), now_ms)
+    def adopt(self, keys: list[GpuKey], allocation: str, now_ms: float) -> list[Decision]:
+        """Take the GPUs a job stopped for ``allocation``'s serving freed (``Pool.adopt``)."""
+        return self._changed(self.pool.adopt(keys, allocation), now_ms)
 
-    def _joined(self, keys: list[GpuKey], now_ms: float) -> None:
-        for key in keys:
-            self._touch(self._gpus[key], now_ms)  # idle: it lingers unless a plan uses it
-
-    def release_idle(self, now_ms: float) -> None:
+    def release_idle(self, now_ms: float) -> list[Decision]:
         """Give idle GPUs back to batch work (``Pool.release_idle``)."""
-        for key in self.pool.release_idle(now_ms):
-            self._touch(self._gpus[key])
+        return self._changed(self.pool.release_idle(now_ms))
+
+    def give_back(self, keys: list[GpuKey]) -> list[Decision]:
+        """Give these idle GPUs back to batch work now (budget pressure)."""
+        return self._changed([change for key in keys for change in self.pool.give_back(key)])
+
+    def _changed(self, changes: list[PoolChange], now_ms: float | None = None) -> list[Decision]:
+        """GPUs joined (idle: each lingers unless a plan uses it) or left the pool."""
+        for change in changes:
+            self._touch(self._gpus[change.node_id, change.gpu_index], now_ms)
+        return list(changes)
 
     def lose(self, node_id: NodeId, why: str, now_ms: float) -> list[Decision]:
         """A node was lost, or its agent restarted: the tasks sent there are lost, and
@@ -283,8 +288,8 @@ class Serving:
         for job_id in hit:
             decisions += self._lose_flow(self._flows[job_id], node_id, why, now_ms)
         for key in keys:
+            decisions += self.pool.give_back(key)  # to the node's capacity: free when it returns
             gpu = self._gpus[key]
-            self.pool.give_back(key)  # to the node's capacity: free when it returns
             gpu.resident.clear()
             self._touch(gpu)
         return decisions
@@ -376,6 +381,7 @@ class Serving:
             return _NotPlanned.HELD  # the views were copies: nothing to undo
         flow = Flow(job_id, spec, workflow, gpu={a.task_id: by_label[a.gpu_id] for a in plan})
         self._flows[job_id] = flow
+        taken: list[Decision] = []
         for task, assignment in zip(workflow.tasks, plan, strict=True):
             task_id = workflow_task_id(job_id, task.task_id)
             self._tasks[task_id] = (job_id, task)
@@ -384,8 +390,9 @@ class Serving:
             )
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.plan(task_id, task.model, assignment.ready_ms)
-            self._acquire(gpu)
+            taken += self._acquire(gpu, spec.allocation)
         decisions: list[Decision] = [
+            *taken,
             Planned(
                 job_id,
                 self.mode.value,
@@ -393,7 +400,7 @@ class Serving:
                     PlannedTask(a.task_id, *by_label[a.gpu_id], a.start_ms, a.finish_ms, a.load_ms)
                     for a in plan
                 ),
-            )
+            ),
         ]
         for task in workflow.tasks:
             if not task.parents:
@@ -435,9 +442,10 @@ class Serving:
         target, reason = self._adjust(flow, task, planned, now_ms)
         kept = self._backlogs.kept(now_ms, planned.key, target.key)
         self._touch(planned, now_ms)
+        decisions: list[Decision] = []
         if target is not planned:
             flow.move(task.task_id, target.key)
-            self._acquire(target)
+            decisions += self._acquire(target, flow.spec.allocation)
         target.send(task_id, self._backlogs.ready(task_id))
         self._touch(target)
         target.restated.add(task_id)  # its arrival, set below, shows from the next touch
@@ -462,7 +470,10 @@ class Serving:
             planned.key if target is not planned else None,
             reason,
         )
-        return [Place(flow.job_id, task_id, target.key[0], (target.key[1],), flow.spec, serving)]
+        decisions.append(
+            Place(flow.job_id, task_id, target.key[0], (target.key[1],), flow.spec, serving)
+        )
+        return decisions
 
     def _adjust(self, flow: Flow, task: Task, planned: Gpu, now_ms: float) -> tuple[Gpu, str]:
         if self.mode is PlanMode.COMPASS:
@@ -500,9 +511,11 @@ class Serving:
 
     # -- bookkeeping ---------------------------------------------------------
 
-    def _acquire(self, gpu: Gpu) -> None:
-        self.pool.take(gpu.key)
+    def _acquire(self, gpu: Gpu, allocation: str) -> list[Decision]:
+        """A plan uses the GPU: serving holds it, charged to the plan's allocation."""
+        taken = self.pool.take(gpu.key, allocation)
         self._touch(gpu)
+        return list(taken)
 
     def _abandon(self, flow: Flow, now_ms: float) -> None:
         """Stop sending a failed or cancelled flow's tasks; planned ones are dropped.

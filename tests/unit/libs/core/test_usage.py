@@ -54,3 +54,16 @@ def test_gpu_seconds_are_priced_by_gpu_type() -> None:
     usage.end("h/0", 10.0)
     usage.start("c/0", "a", 2, allocated=True, at=0.0)
     assert usage.snapshot(20.0)["a"].allocated_gpu_s == pytest.approx(2 * 10 * 2.5 + 2 * 20)
+
+
+def test_a_serving_gpu_is_charged_while_held_and_moves_with_its_holder() -> None:
+    usage = WindowedUsage(window_s=HOUR)
+    usage.hold(("n1", 0), "serving", at=10.0, price=2.0)
+    assert usage.snapshot(15.0) == {"serving": Usage(allocated_gpu_s=10.0)}  # while held
+    usage.hold(("n1", 0), "other", at=20.0, price=2.0)  # the charge moves: 10 s closed
+    usage.release(("n1", 0), 25.0)
+    usage.release(("n1", 0), 40.0)  # a GPU not held: nothing
+    assert usage.snapshot(50.0) == {
+        "other": Usage(allocated_gpu_s=10.0),
+        "serving": Usage(allocated_gpu_s=20.0),
+    }

@@ -299,31 +299,32 @@ def test_a_snapshot_depends_on_the_log_alone_not_on_when_it_is_taken(
     assert watched.snapshot_due("projector") == left_alone.snapshot_due("projector")
 
 
-def test_a_workflow_is_charged_like_allocated_work_task_by_task() -> None:
+def test_a_workflow_is_charged_by_the_gpus_serving_holds_not_task_by_task() -> None:
     workflow = types_pb2.Workflow(
         name="qa",
         tasks=[
             types_pb2.WorkflowTask(
                 task_id="a", model="m", model_mb=1, run_duration=duration_ms(1), in_kb=1, out_kb=1
-            ),
-            types_pb2.WorkflowTask(
-                task_id="b",
-                model="m",
-                model_mb=1,
-                run_duration=duration_ms(1),
-                in_kb=1,
-                out_kb=1,
-                parents=["a"],
-            ),
+            )
         ],
     )
     spec = types_pb2.JobSpec(allocation="team-s", user="ada", gpus=1, workflow=workflow)
-    usage = folded(
+    ledger = UsageLedger(WEEK)
+    for event in (
         admitted("w", s=spec),
-        started("w", task="w/a", at=T0),
+        started("w", task="w/a", at=T0 + 1),
         finished("w", task="w/a", at=T0 + 2),
-        started("w", task="w/b", at=T0 + 2),
-        finished("w", task="w/b", at=T0 + 5),
-    )
-    # Minimum runtime 0, yet charged: serving GPU time is allocated work.
-    assert charged(usage) == {"team-s": (5.0, 0.0)}
+        tick(T0 + 20),
+    ):
+        ledger.apply(event)
+    held = events_pb2.ServingHeld(node_id="n1", gpu_index=3, allocation="team-s")
+    ledger.decided(env(held, T0))
+    # Another allocation's workflows used it from T0 + 4: the charge moves to them.
+    moved = events_pb2.ServingHeld(node_id="n1", gpu_index=3, allocation="team-t")
+    ledger.decided(env(moved, T0 + 4))
+    released = events_pb2.ServingReleased(node_id="n1", gpu_index=3, allocation="team-t")
+    ledger.decided(env(released, T0 + 10))
+    usage = ledger.cluster("default")
+    assert usage is not None
+    # Held 10 s, busy 1 s of it: every second held is charged, the task not again.
+    assert charged(usage) == {"team-s": (4.0, 0.0), "team-t": (6.0, 0.0)}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from libs.core.compass import CacheModel, PlanMode
-from libs.core.decisions import Place, Planned
+from libs.core.decisions import Place, Planned, ServingHeld, ServingReleased
 from libs.core.inputs import JobArrived
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
@@ -105,7 +105,10 @@ def test_the_core_plans_each_workflow_and_the_workers_report_back(profiles: Prof
     flow = keyed(profiles.workflows[0])
     cluster.feed(JobArrived(0.0, "w1", JobSpec("serving", "sim", 1, (), workflow=flow)))
     cluster.run()
-    assert [type(d) for d in seen] == [Planned]
+    kinds = [type(d) for d in seen]
+    # One plan; the GPUs it used are held for the workflow's allocation (and charged).
+    assert kinds.count(Planned) == 1 and ServingHeld in kinds
+    assert set(kinds) <= {Planned, ServingHeld, ServingReleased}
     assert len(world.ended) == len(flow.tasks) and "w1" in world.done
     # Four tasks with a model on two cold GPUs: OPT, marian and mt5 load at least once.
     counts = hits(world.served)

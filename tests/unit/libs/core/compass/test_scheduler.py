@@ -24,11 +24,14 @@ from libs.core import (
     PolicyConfig,
     Refused,
     Scheduler,
+    ServingHeld,
+    ServingReleased,
     Stop,
     TaskEnded,
     TaskLost,
     TaskStarted,
     Tick,
+    UsageSnapshot,
     Wait,
 )
 from libs.core.compass import Task, Workflow, build_workflow
@@ -163,7 +166,7 @@ def test_a_workflow_waits_for_a_gpu_free_of_batch_work_then_goes_first() -> None
     explanation = s.explain("w1")
     assert explanation is not None and explanation.waiting
     out = run(s, [TaskEnded(100, "b1", "b1/0", "n1")])
-    assert [type(d).__name__ for d in out][:2] == ["Planned", "Place"]
+    assert [type(d).__name__ for d in out][:3] == ["ServingHeld", "Planned", "Place"]
     assert not [d for d in out if isinstance(d, Place) and d.job_id == "b2"]
 
 
@@ -583,7 +586,9 @@ def test_a_backed_up_pool_stops_charged_work_it_outranks_past_its_contract_losin
     resumable: bool,
 ) -> None:
     s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
-    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1}))])
+    # team-a's serving GPU is charged from t=1, team-b's job from 1.5: a weight of 3
+    # keeps team-a ranked first.
+    run(s, [BudgetSet(0, tree(**{"team-a": 3, "team-b": 1}))])
     run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
     other = job(1, allocation="team-b", min_runtime_s=10, resumable=resumable)
     run(s, [JobArrived(1.5, "b1", other), TaskStarted(1.6, "b1", "b1/0", "n1")])
@@ -611,3 +616,85 @@ def test_a_pool_at_its_cap_plans_on_its_idle_gpu_though_free_ones_are_elsewhere(
     run(s, [TaskEnded(1.2, "w1", "w1/a", "n1"), TaskEnded(1.3, "w1", "w1/b", "n1")])
     [sent] = places(run(s, [JobArrived(1.4, "w2", flow())]))
     assert (sent.job_id, sent.gpu_indices) == ("w2", (0,))
+
+
+def holds(decisions: list[Decision]) -> list[Decision]:
+    return [d for d in decisions if isinstance(d, ServingHeld | ServingReleased)]
+
+
+def test_a_serving_gpu_is_charged_from_taken_to_given_back_to_whoever_used_it_last() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0, serving_lend_s=5, serving_reserve=0, serving_reserve_min=0
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    out = run(s, [JobArrived(1, "w1", flow())])
+    assert holds(out) == [ServingHeld("n1", 0, "team-a")]
+    run(s, [TaskEnded(2, "w1", "w1/a", "n1"), TaskEnded(2.1, "w1", "w1/b", "n1")])
+    out = run(s, [JobArrived(3, "w2", job(1, allocation="team-b", workflow=CHAIN))])
+    assert holds(out) == [ServingHeld("n1", 0, "team-b")]  # the charge moves with the GPU
+    assert run(s, [TaskEnded(4, "w2", "w2/a", "n1"), JobArrived(4.1, "w3", flow())]) != []
+    out = run(s, [TaskEnded(5, "w3", "w3/a", "n1"), TaskEnded(5.1, "w3", "w3/b", "n1")])
+    out += run(s, [TaskEnded(5.2, "w2", "w2/b", "n1"), Tick(9), Tick(10.3)])
+    assert holds(out) == [ServingReleased("n1", 0, "team-a")]  # lent back 5 s after
+    assert s.serving_gpus() == 0
+
+
+def test_under_budget_pressure_serving_gives_back_the_idle_gpus_beyond_its_share() -> None:
+    # team-a used far more than team-b this week: team-b ranks above it. team-a's two
+    # serving GPUs (its share is one) drain and stay warm, until team-b's work waits;
+    # the one drained last is the warm GPU serving always keeps (serving_reserve_min).
+    config = PolicyConfig(
+        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve_min=1, debug_headroom=0
+    )
+    s = Scheduler(config)
+    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), week])
+    run(s, [NodeJoined(0, gpu_node("n1", 2))])
+    run(s, [JobArrived(1, "w1", flow()), JobArrived(1, "w2", flow())])
+    ends = [TaskEnded(2, f"w{i}", f"w{i}/{t}", "n1") for i in (1, 2) for t in "ab"]
+    run(s, [*ends, Tick(10)])
+    assert s.serving_gpus() == 2  # kept warm: nothing presses on it
+    run(s, [JobArrived(10.5, "b1", job(1, allocation="team-b", min_runtime_s=7200))])
+    out = run(s, [Tick(20)])  # the next preemption round
+    assert holds(out) == [ServingReleased("n1", 0, "team-a")]  # the one beyond its share
+    assert [d.job_id for d in out if isinstance(d, Place)] == ["b1"]
+    # team-a holds its share now: its last warm GPU stays, and team-b's next job waits.
+    out = run(s, [JobArrived(21, "b2", job(1, allocation="team-b", min_runtime_s=7200))])
+    out += run(s, [Tick(30)])  # a round: nothing for it
+    assert holds(out) == [] and not any(isinstance(d, Place) for d in out)
+    assert s.serving_gpus() == 1
+
+
+def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, serving_lend_s=1000))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), NodeJoined(0, gpu_node("n1", 2))])
+    batch = job(1, allocation="team-b", min_runtime_s=7200)
+    run(s, [JobArrived(1, "w1", flow()), JobArrived(1, "b1", batch)])
+    run(s, [TaskEnded(2, "w1", "w1/a", "n1"), TaskEnded(2.1, "w1", "w1/b", "n1"), Tick(30)])
+    assert s.serving_gpus() == 1  # w1 is done; its GPU idles in the warm reserve
+    explanation = s.explain("b1")
+    assert explanation is not None and explanation.standing is not None
+    # One GPU each since t=1: team-b has used half, what it is owed.
+    assert explanation.standing.ratio == pytest.approx(1.0)
+
+
+def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve_min=2, debug_headroom=0
+    )
+    s = Scheduler(config)
+    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), week])
+    run(s, [NodeJoined(0, gpu_node("n1", 3))])
+    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])
+    ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(3) for t in "ab"]
+    run(s, [*ends, Tick(10)])
+    assert s.serving_gpus() == 3  # its share is 1.5
+    batch = job(1, allocation="team-b", min_runtime_s=7200)
+    run(s, [JobArrived(10.5, "b1", batch), JobArrived(10.6, "b2", batch)])
+    out = run(s, [Tick(20), Tick(30)])
+    # The GPU drained first goes to b1; the two drained last are serving's contract.
+    assert holds(out) == [ServingReleased("n1", 0, "team-a")]
+    assert [d.job_id for d in out if isinstance(d, Place)] == ["b1"]
+    assert s.serving_gpus() == 2
