@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 
 import typer
@@ -197,11 +198,13 @@ def workflow_tasks_table(job: types_pb2.Job) -> Table:
 
 
 def nodes_table(nodes: list[types_pb2.Node]) -> Table:
-    table = _table("NODE", "CLUSTER", "STATE", "GPUS", "FREE", "EXECUTOR", "TASKS")
+    table = _table("NODE", "CLUSTER", "STATE", "GPUS", "FREE", "SERVING", "EXECUTOR", "TASKS")
     for node in nodes:
         inv = node.inventory
         held = {g for task in node.running for g in task.gpu_indices}
+        held |= {gpu.gpu_index for gpu in node.serving}
         free = [gpu.index for gpu in inv.gpus if gpu.index not in held]
+        serving = Counter(gpu.allocation for gpu in node.serving)
         types = sorted({gpu.type for gpu in inv.gpus})
         table.add_row(
             inv.node_id,
@@ -209,6 +212,7 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
             "[red]lost[/]" if node.lost else "[yellow]cordoned[/]" if node.cordoned else "up",
             f"{len(inv.gpus)}×{'/'.join(types) or '?'}",
             "0" if node.lost else str(len(free)),
+            ", ".join(f"{n} {a}" for a, n in sorted(serving.items())) or "-",
             types_pb2.Executor.Name(inv.executor).removeprefix("EXECUTOR_").lower(),
             ", ".join(task.job_id for task in node.running) or "-",
         )

@@ -5,7 +5,9 @@ admission's ``node_cordoned``); its running tasks from
 placement's ``task_placed`` and ``task_lost`` and the agent's task ends. Placement's
 ``node_lost`` marks it lost until its agent registers again; a loss declared for an
 earlier incarnation (one read after the new registration) changes nothing. Running tasks are kept
-sorted by task id, so the same set of tasks always yields the same bytes.
+sorted by task id, so the same set of tasks always yields the same bytes. The GPUs
+workflow serving holds come from placement's ``serving_held`` and ``serving_released``
+(both decisions, so in order), kept sorted by GPU index.
 
 Placements (decisions topic) and task ends (events topic) are not ordered with
 respect to each other, and the Node message has no room to remember an end
@@ -43,6 +45,10 @@ def node_key(env: events_pb2.Envelope) -> str | None:
             node_id = env.node_lost.node_id
         case "node_cordoned":
             node_id = env.node_cordoned.node_id
+        case "serving_held":
+            node_id = env.serving_held.node_id
+        case "serving_released":
+            node_id = env.serving_released.node_id
         case _:
             return None
     return node_id or None
@@ -72,6 +78,7 @@ def apply_node_event(
         "task_lost",
         "node_lost",
         "node_cordoned",
+        "serving_released",
     ):
         return None
     new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
@@ -102,6 +109,12 @@ def apply_node_event(
             _set_running(new, _without(new.running, env.task_finished.task_id))
         case "task_failed":
             _set_running(new, _without(new.running, env.task_failed.task_id))
+        case "serving_held":
+            held = env.serving_held
+            gpu = types_pb2.ServingGpu(gpu_index=held.gpu_index, allocation=held.allocation)
+            _set_serving(new, [*_not_gpu(new.serving, held.gpu_index), gpu])
+        case "serving_released":
+            _set_serving(new, _not_gpu(new.serving, env.serving_released.gpu_index))
     return new
 
 
@@ -138,6 +151,19 @@ def without_ended_tasks(
 
 def _without(running: Iterable[types_pb2.RunningTask], task_id: str) -> list[types_pb2.RunningTask]:
     return [task for task in running if task.task_id != task_id]
+
+
+def _not_gpu(serving: Iterable[types_pb2.ServingGpu], index: int) -> list[types_pb2.ServingGpu]:
+    return [gpu for gpu in serving if gpu.gpu_index != index]
+
+
+def _set_serving(node: types_pb2.Node, serving: list[types_pb2.ServingGpu]) -> None:
+    copies = sorted(
+        (types_pb2.ServingGpu(gpu_index=g.gpu_index, allocation=g.allocation) for g in serving),
+        key=lambda gpu: gpu.gpu_index,
+    )
+    del node.serving[:]
+    node.serving.extend(copies)
 
 
 def _set_running(node: types_pb2.Node, running: list[types_pb2.RunningTask]) -> None:

@@ -105,6 +105,7 @@ _WAITING = frozenset({types_pb2.JOB_STATE_PENDING})
 class GpuCount:
     busy: int = 0
     idle: int = 0
+    serving: int = 0  # held by workflow serving, no task running: its warm GPUs
     free: int = 0
     lost: int = 0
     held_on_lost: int = 0
@@ -129,20 +130,24 @@ def gpu_states(
         tally = tallies.setdefault(node.inventory.cluster, Tally())
         total = len(node.inventory.gpus)
         held = idle = 0
+        running: set[int] = set()
         for task in node.running:
             job = job_of(task.job_id)
             if job is not None and ended_tasks(job)(task.task_id):
                 continue
             held += len(task.gpu_indices)
+            running.update(task.gpu_indices)
             if job is not None and job.idle:
                 idle += len(task.gpu_indices)
+        serving = sum(1 for gpu in node.serving if gpu.gpu_index not in running)
         if node.lost:
             tally["lost"] += total
             tally["held_on_lost"] += held
         else:
             tally["busy"] += held - idle
             tally["idle"] += idle
-            tally["free"] += max(0, total - held)
+            tally["serving"] += serving
+            tally["free"] += max(0, total - held - serving)
     return {cluster: GpuCount(**tally) for cluster, tally in tallies.items()}
 
 
@@ -169,4 +174,4 @@ def allocation_loads(jobs: Iterable[types_pb2.Job]) -> dict[tuple[str, str], All
 
 def live_gpus(states: Mapping[str, GpuCount]) -> dict[str, int]:
     """GPUs on nodes not lost, per cluster: what entitlements are shares of."""
-    return {cluster: c.busy + c.idle + c.free for cluster, c in states.items()}
+    return {cluster: c.busy + c.idle + c.serving + c.free for cluster, c in states.items()}

@@ -52,7 +52,7 @@ def refresh() -> None:
     for gauge in (*_BY_ALLOCATION, GPUS, GPUS_HELD_ON_LOST_NODES):
         gauge.clear()  # an allocation or cluster gone from the views is gone from here
     for cluster, count in states.items():
-        for state in ("busy", "idle", "free", "lost"):
+        for state in ("busy", "idle", "serving", "free", "lost"):
             GPUS.labels(cluster, state).set(getattr(count, state))
         GPUS_HELD_ON_LOST_NODES.labels(cluster).set(count.held_on_lost)
     for (cluster, allocation), load in allocation_loads(records.heads_with_specs()).items():

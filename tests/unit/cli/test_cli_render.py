@@ -27,3 +27,14 @@ def test_a_job_on_one_node_shows_that_node() -> None:
     job.placements.add(task_id="j/0", node_id="n3", gpu_indices=[5])
     assert "n3 GPUs [5]" in text(render.job_detail(job))
     assert "n3" in text(render.jobs_table([job]))
+
+
+def test_the_nodes_table_counts_serving_gpus_apart_from_free_ones() -> None:
+    node = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id="n1"))
+    node.inventory.gpus.add(index=0, type="H100")
+    node.inventory.gpus.add(index=1, type="H100")
+    node.inventory.gpus.add(index=2, type="H100")
+    node.serving.add(gpu_index=1, allocation="vision")
+    row = next(line for line in text(render.nodes_table([node])).splitlines() if "n1" in line)
+    assert "1 vision" in row
+    assert row.split("│")[5].strip() == "2"  # FREE: three GPUs, one serving

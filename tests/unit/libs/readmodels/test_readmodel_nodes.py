@@ -19,6 +19,7 @@ from libs.readmodels import (
 from tests.unit.libs.readmodels.folds import folded_node
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
+    env,
     failed,
     finished,
     pending,
@@ -247,3 +248,15 @@ def test_a_lost_node_is_marked_until_its_agent_registers_again() -> None:
 def test_a_loss_declared_for_an_earlier_incarnation_changes_nothing() -> None:
     node = folded_node([incarnated("n1", "a"), incarnated("n1", "b"), lost("n1", "a")])
     assert not node.lost and node.incarnation == "b"
+
+
+def test_the_gpus_serving_holds_are_kept_by_index_until_released() -> None:
+    def held(index: int, allocation: str) -> events_pb2.Envelope:
+        return env(events_pb2.ServingHeld(node_id="n1", gpu_index=index, allocation=allocation))
+
+    released = env(events_pb2.ServingReleased(node_id="n1", gpu_index=2, allocation="vision"))
+    node = folded_node(
+        [registered("n1"), held(2, "vision"), held(0, "vision"), held(0, "lang"), released]
+    )
+    assert [(g.gpu_index, g.allocation) for g in node.serving] == [(0, "lang")]
+    assert node_key(released) == "n1"

@@ -90,3 +90,14 @@ def test_waiting_jobs_and_demand_per_allocation() -> None:
     assert {key: (load.waiting_jobs, load.demand_gpus) for key, load in loads.items()} == {
         ("default", "team-a"): (2, 2 + 4 + 1)
     }
+
+
+def test_gpus_serving_holds_with_no_task_running_are_not_free() -> None:
+    def held(index: int) -> events_pb2.Envelope:
+        return env(events_pb2.ServingHeld(node_id="n1", gpu_index=index, allocation="vision"))
+
+    jobs = {"w": fold_job(admitted("w"), placed("w", "n1", [0]))}
+    node = fold_node(registered("n1"), held(0), held(1), placed("w", "n1", [0]))
+    states = gpu_states([node], jobs.get)
+    assert states == {"default": GpuCount(busy=1, serving=1, free=2)}
+    assert live_gpus(states) == {"default": 4}

@@ -640,21 +640,30 @@ def test_a_serving_gpu_is_charged_from_taken_to_given_back_to_whoever_used_it_la
     assert s.serving_gpus() == 0
 
 
-def test_under_budget_pressure_serving_gives_back_the_idle_gpus_beyond_its_share() -> None:
-    # team-a used far more than team-b this week: team-b ranks above it. team-a's two
-    # serving GPUs (its share is one) drain and stay warm, until team-b's work waits;
-    # the one drained last is the warm GPU serving always keeps (serving_reserve_min).
+def warm_pool_of_an_over_served_team(gpus: int, reserve_min: int) -> Scheduler:
+    """team-a used far more than team-b this week, so team-b ranks above it; team-a's
+    workflows took every GPU of the one node and drained (GPU 0 first): all stay warm."""
     config = PolicyConfig(
-        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve_min=1, debug_headroom=0
+        serving_max_fraction=1.0,
+        serving_lend_s=100,
+        serving_reserve_min=reserve_min,
+        debug_headroom=0,
     )
     s = Scheduler(config)
     week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
     run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), week])
-    run(s, [NodeJoined(0, gpu_node("n1", 2))])
-    run(s, [JobArrived(1, "w1", flow()), JobArrived(1, "w2", flow())])
-    ends = [TaskEnded(2, f"w{i}", f"w{i}/{t}", "n1") for i in (1, 2) for t in "ab"]
+    run(s, [NodeJoined(0, gpu_node("n1", gpus))])
+    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(gpus)])
+    ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(gpus) for t in "ab"]
     run(s, [*ends, Tick(10)])
-    assert s.serving_gpus() == 2  # kept warm: nothing presses on it
+    assert s.serving_gpus() == gpus  # kept warm: nothing presses on it yet
+    return s
+
+
+def test_under_budget_pressure_serving_gives_back_the_idle_gpus_beyond_its_share() -> None:
+    # Its share is one GPU of two; the one drained last is the warm GPU serving always
+    # keeps (serving_reserve_min).
+    s = warm_pool_of_an_over_served_team(gpus=2, reserve_min=1)
     run(s, [JobArrived(10.5, "b1", job(1, allocation="team-b", min_runtime_s=7200))])
     out = run(s, [Tick(20)])  # the next preemption round
     assert holds(out) == [ServingReleased("n1", 0, "team-a")]  # the one beyond its share
@@ -664,6 +673,17 @@ def test_under_budget_pressure_serving_gives_back_the_idle_gpus_beyond_its_share
     out += run(s, [Tick(30)])  # a round: nothing for it
     assert holds(out) == [] and not any(isinstance(d, Place) for d in out)
     assert s.serving_gpus() == 1
+
+
+def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> None:
+    s = warm_pool_of_an_over_served_team(gpus=3, reserve_min=2)  # its share is 1.5
+    batch = job(1, allocation="team-b", min_runtime_s=7200)
+    run(s, [JobArrived(10.5, "b1", batch), JobArrived(10.6, "b2", batch)])
+    out = run(s, [Tick(20), Tick(30)])
+    # The GPU drained first goes to b1; the two drained last are serving's contract.
+    assert holds(out) == [ServingReleased("n1", 0, "team-a")]
+    assert [d.job_id for d in out if isinstance(d, Place)] == ["b1"]
+    assert s.serving_gpus() == 2
 
 
 def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -> None:
@@ -677,24 +697,3 @@ def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -
     assert explanation is not None and explanation.standing is not None
     # One GPU each since t=1: team-b has used half, what it is owed.
     assert explanation.standing.ratio == pytest.approx(1.0)
-
-
-def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> None:
-    config = PolicyConfig(
-        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve_min=2, debug_headroom=0
-    )
-    s = Scheduler(config)
-    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
-    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), week])
-    run(s, [NodeJoined(0, gpu_node("n1", 3))])
-    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])
-    ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(3) for t in "ab"]
-    run(s, [*ends, Tick(10)])
-    assert s.serving_gpus() == 3  # its share is 1.5
-    batch = job(1, allocation="team-b", min_runtime_s=7200)
-    run(s, [JobArrived(10.5, "b1", batch), JobArrived(10.6, "b2", batch)])
-    out = run(s, [Tick(20), Tick(30)])
-    # The GPU drained first goes to b1; the two drained last are serving's contract.
-    assert holds(out) == [ServingReleased("n1", 0, "team-a")]
-    assert [d.job_id for d in out if isinstance(d, Place)] == ["b1"]
-    assert s.serving_gpus() == 2
