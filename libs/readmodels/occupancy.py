@@ -41,8 +41,9 @@ class Sample:
 
     at: float
     capacity: int  # GPUs of nodes not lost
-    busy: int  # of those, GPUs that tasks hold
-    idle: int  # of the busy ones, those whose job last reported its GPUs idle
+    busy: int  # of those, GPUs that tasks or workflow serving hold
+    idle: int  # of the busy ones, those whose job last reported its GPUs idle, or serving's
+    # with no task running
     lost: int  # GPUs of lost nodes
     held: Mapping[str, int] = field(default_factory=dict)  # charged GPUs held, by allocation
     asked: Mapping[str, int] = field(default_factory=dict)  # charged GPUs waiting
@@ -67,8 +68,13 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
         capacity += gpus
         for gpu in node.inventory.gpus:
             room[gpu.type] = room.get(gpu.type, 0) + 1
+        # A GPU serving holds is held for its allocation, busy or idle (it is charged so),
+        # and counted once: not again for the workflow task that runs there.
+        serving = {gpu.gpu_index: gpu.allocation for gpu in node.serving}
+        running: set[int] = set()
         for task in node.running:
-            count = len(task.gpu_indices)
+            running.update(task.gpu_indices)
+            count = sum(1 for index in task.gpu_indices if index not in serving)
             busy += count
             job = by_id.get(task.job_id)
             if job is None:
@@ -76,6 +82,11 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
             idle += count if job.idle else 0
             into = held if is_charged(job.spec) else held_free
             into[job.spec.allocation] = into.get(job.spec.allocation, 0) + count
+        for index, allocation in serving.items():
+            busy += 1
+            if index not in running:
+                idle += 1
+            held[allocation] = held.get(allocation, 0) + 1
     asked: dict[str, int] = {}
     for job in by_id.values():
         spec = job.spec

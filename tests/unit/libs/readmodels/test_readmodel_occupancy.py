@@ -203,3 +203,13 @@ def test_history_before_the_window_is_the_state_it_starts_in() -> None:
     assert [(s.at, dict(s.held), dict(s.asked)) for s in samples] == [
         (150, {"vision": 4}, {"vision": 2})
     ]
+
+
+def test_gpus_serving_holds_are_held_for_their_allocation_busy_or_idle() -> None:
+    workflow = job("w", "serving", 1, _S.JOB_STATE_RUNNING)
+    n0 = node("n0", 4, running=(("w", 1),))  # its task runs on GPU 0
+    n0.serving.add(gpu_index=0, allocation="serving")
+    n0.serving.add(gpu_index=1, allocation="serving")  # the warm one
+    got = sample(100.0, [n0], [workflow])
+    assert (got.capacity, got.busy, got.idle) == (4, 2, 1)
+    assert got.held == {"serving": 2}  # GPU 0 counted once, not again for its task
