@@ -16,7 +16,7 @@ def test_a_standby_takes_over_a_killed_instance_within_seconds_losing_nothing(
 ) -> None:
     params = FailoverParams(rate=30.0, after_s=6.0, bootstrap=os.environ["QM_KAFKA_BOOTSTRAP"])
     result = scenario(tmp_path, params)
-    assert (result.duplicates, result.lost) == (0, 0)
+    assert (result.duplicates, result.lost) == (0, 0), result.doubled
     assert result.audit_ok
     # The target is 5 s (the benchmark measures it); a loaded CI machine gets slack.
     assert result.seconds < 12, result.per_partition

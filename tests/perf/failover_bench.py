@@ -62,6 +62,9 @@ class FailoverResult:
     jobs: int
     audit_ok: bool
     victim_partitions: list[int] = field(default_factory=list)
+    # What was doubled, to find out why: each event id committed more than once, and each
+    # job placed more than once, with its count.
+    doubled: dict[str, int] = field(default_factory=dict)
 
 
 def clusters() -> list[str]:
@@ -199,12 +202,14 @@ async def _scenario(stack: Stack, params: FailoverParams) -> FailoverResult:
     placed = Counter(
         env.task_placed.job_id for _, env in watcher.arrivals if env.HasField("task_placed")
     )
-    duplicates = sum(n - 1 for n in ids.values()) + sum(n - 1 for n in placed.values())
+    doubled = {k: n for k, n in (*ids.items(), *placed.items()) if n > 1}
+    duplicates = sum(n - 1 for n in doubled.values())
     decided = {env.correlation_id for _, env in watcher.arrivals}
     return FailoverResult(
         seconds=max(per_partition.values()),
         per_partition=per_partition,
         duplicates=duplicates,
+        doubled=doubled,
         lost=len(sent.keys() - decided),
         jobs=len(sent),
         audit_ok=audit(stack),
@@ -252,6 +257,8 @@ def run_failover(params: FailoverParams) -> list[Figure]:
         f"failover: {fmt(result.seconds)} s worst; duplicates {result.duplicates}, "
         f"lost {result.lost}, audit {'reproduces' if result.audit_ok else 'FAILS'}"
     )
+    if result.doubled:
+        console.print(f"failover: doubled (id: times) {result.doubled}")
     return [
         Figure("failover.seconds", result.seconds, "s"),
         Figure("failover.duplicates", result.duplicates, ""),
