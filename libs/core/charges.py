@@ -93,8 +93,7 @@ class Charges:
         if old is not None:
             self._add(old.allocation, -old.price, old.since)
         if isinstance(change, ServingHeld):
-            node = self._capacity.nodes.get(change.node_id)
-            price = self.config.price(node.gpu_type if node is not None else "")
+            price = self.price_of(change.node_id)
             self._holds[key] = Hold(change.allocation, now, price)
             self._add(change.allocation, price, now)
 
@@ -175,11 +174,12 @@ class Charges:
         return priced
 
     def _priced(self, tasks: Tasks) -> float:
-        nodes = self._capacity.nodes
-        return sum(
-            len(g) * self.config.price(nodes[n].gpu_type if n in nodes else "")
-            for n, g in tasks.values()
-        )
+        return sum(len(g) * self.price_of(n) for n, g in tasks.values())
+
+    def price_of(self, node_id: NodeId) -> float:
+        """One GPU-second on the node, by its GPU type (a node gone: the default price)."""
+        node = self._capacity.nodes.get(node_id)
+        return self.config.price(node.gpu_type if node is not None else "")
 
 
 def _snapshot_fact(snapshot: Snapshot) -> str:

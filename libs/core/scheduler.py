@@ -913,7 +913,7 @@ class Scheduler:
             if node_id not in nodes or node_id in blocked:
                 continue
             need = spec.gpus - len(self._capacity.free(node_id))
-            price = self.config.price(self._capacity.nodes[node_id].gpu_type)
+            price = self._charges.price_of(node_id)
             left = {holder: borrowed(holder) for _, holder in held}
             keys: list[GpuKey] = []
             for key, holder in held:
