@@ -15,7 +15,7 @@ from qm.v1 import types_pb2
 from libs.core.service_level import TARGET_DELIVERED_PCT, workflow_slowdown
 from libs.events.convert import workflow_from_proto
 from libs.readmodels.jobs import Scope
-from libs.readmodels.occupancy import WAITING, Timeline, moment
+from libs.readmodels.occupancy import WAITING, Timeline, holdings, moment
 
 _S = types_pb2.JobState
 Json = dict[str, Any]
@@ -68,11 +68,8 @@ def _occupancy(timeline: Timeline) -> Json:
 def _nodes(nodes: Iterable[types_pb2.Node], jobs: Mapping[str, types_pb2.Job]) -> list[Json]:
     listed = []
     for node in nodes:
-        busy = idle = 0
-        for task in node.running:
-            busy += len(task.gpu_indices)
-            job = jobs.get(task.job_id)
-            idle += len(task.gpu_indices) if job is not None and job.idle else 0
+        held = list(holdings(node, jobs))  # as the occupancy counts them
+        busy, idle = sum(h.gpus for h in held), sum(h.idle for h in held)
         types = sorted({gpu.type for gpu in node.inventory.gpus})
         listed.append(
             {

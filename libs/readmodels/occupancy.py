@@ -13,8 +13,9 @@ ran, on today's capacity), so that it covers the window from its first sample on
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
@@ -50,6 +51,34 @@ class Sample:
     held_free: Mapping[str, int] = field(default_factory=dict)  # unallocated GPUs held
 
 
+class Holding(NamedTuple):
+    """GPUs of one node held by one task, or one GPU workflow serving holds."""
+
+    allocation: str | None  # None: a task of a job the job view does not hold
+    charged: bool
+    gpus: int
+    idle: int  # of those: the job last reported them idle, or serving runs nothing there
+
+
+def holdings(node: types_pb2.Node, jobs: Mapping[str, types_pb2.Job]) -> Iterator[Holding]:
+    """Who holds the node's GPUs. A GPU serving holds is held for its allocation, busy or
+    idle (it is charged so), and counted once: not again for the workflow task on it."""
+    serving = {gpu.gpu_index: gpu.allocation for gpu in node.serving}
+    running: set[int] = set()
+    for task in node.running:
+        running.update(task.gpu_indices)
+        count = sum(1 for index in task.gpu_indices if index not in serving)
+        job = jobs.get(task.job_id)
+        if job is None:
+            yield Holding(None, False, count, 0)
+        else:
+            yield Holding(
+                job.spec.allocation, is_charged(job.spec), count, count if job.idle else 0
+            )
+    for index, allocation in serving.items():
+        yield Holding(allocation, True, 1, int(index not in running))
+
+
 def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.Job]) -> Sample:
     """``nodes`` as the projector lists them (ended tasks left out), ``jobs`` every job.
 
@@ -68,25 +97,12 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
         capacity += gpus
         for gpu in node.inventory.gpus:
             room[gpu.type] = room.get(gpu.type, 0) + 1
-        # A GPU serving holds is held for its allocation, busy or idle (it is charged so),
-        # and counted once: not again for the workflow task that runs there.
-        serving = {gpu.gpu_index: gpu.allocation for gpu in node.serving}
-        running: set[int] = set()
-        for task in node.running:
-            running.update(task.gpu_indices)
-            count = sum(1 for index in task.gpu_indices if index not in serving)
-            busy += count
-            job = by_id.get(task.job_id)
-            if job is None:
-                continue
-            idle += count if job.idle else 0
-            into = held if is_charged(job.spec) else held_free
-            into[job.spec.allocation] = into.get(job.spec.allocation, 0) + count
-        for index, allocation in serving.items():
-            busy += 1
-            if index not in running:
-                idle += 1
-            held[allocation] = held.get(allocation, 0) + 1
+        for holding in holdings(node, by_id):
+            busy += holding.gpus
+            idle += holding.idle
+            if holding.allocation is not None:
+                into = held if holding.charged else held_free
+                into[holding.allocation] = into.get(holding.allocation, 0) + holding.gpus
     asked: dict[str, int] = {}
     for job in by_id.values():
         spec = job.spec

@@ -213,3 +213,25 @@ def test_gpus_serving_holds_are_held_for_their_allocation_busy_or_idle() -> None
     got = sample(100.0, [n0], [workflow])
     assert (got.capacity, got.busy, got.idle) == (4, 2, 1)
     assert got.held == {"serving": 2}  # GPU 0 counted once, not again for its task
+
+
+def test_the_node_list_counts_serving_gpus_as_the_occupancy_does() -> None:
+    workflow = job("w", "serving", 1, _S.JOB_STATE_RUNNING)
+    n0 = node("n0", 4, running=(("w", 1),))  # its task runs on GPU 0
+    n0.serving.add(gpu_index=0, allocation="serving")
+    n0.serving.add(gpu_index=1, allocation="serving")  # warm, nothing running
+    timeline = Timeline(window_s=1000.0)
+    timeline.add(sample(0.0, [n0], [workflow]), {"serving": 1.0})
+    page = dashboard(
+        user="carol",
+        scope=None,
+        now=0.0,
+        timeline=timeline,
+        nodes=[n0],
+        jobs=[workflow],
+        entitlements={"serving": 1.0},
+    )
+    listed = page["nodes"][0]
+    assert (listed["busy"], listed["idle"]) == (2, 1)
+    now = page["occupancy"]["now"]
+    assert (now["busy"], now["idle"]) == (listed["busy"], listed["idle"])
