@@ -304,6 +304,13 @@ class Scheduler:
         """GPUs held for workflows now (taken from batch work)."""
         return len(self._serving.pool)
 
+    def free_gpus(self) -> tuple[int, int]:
+        """Free GPUs now: those on nodes kept for a waiting job (being freed for it, or
+        held until it starts), and the others."""
+        capacity = self._capacity
+        kept = sum(len(capacity.free(node_id)) for node_id in self._reservations.reserved)
+        return kept, capacity.total_free - kept
+
     def estimate_s(self, spec: JobSpec) -> float | None:
         """How long a job is expected to run, for planning (never for charging): its
         requested limit, else its user's learned figure, else None."""

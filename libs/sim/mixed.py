@@ -129,6 +129,10 @@ class MixedRun:
     at_cap_pct: float  # of the window with serving at its cap
     serving_busy: dict[str, float]  # mean GPUs running workflow tasks, by phase
     batch_held: dict[str, Held]
+    # Free GPUs by phase: on nodes kept for a waiting job (being freed or held for it),
+    # and the others (free because no job waiting fits them).
+    free_kept: dict[str, Held]
+    free_other: dict[str, Held]
     batch_occupancy_pct: float
     cluster_occupancy_pct: float  # batch + serving held
     busy_occupancy_pct: float  # batch held + serving running
@@ -235,6 +239,8 @@ class MixedCluster(ServingCluster, Observer):
         self.serving_run_s = 0.0  # workflow task time inside the window
         self.waited: set[str] = set()
         self.serving_steps = _Steps()
+        self.kept_steps = _Steps()
+        self.other_steps = _Steps()
         self.peak_held = 0
         self.peak_active = 0
         self.samples: list[Sample] = []
@@ -329,6 +335,9 @@ class MixedCluster(ServingCluster, Observer):
         held = self.scheduler.serving_gpus()
         self.peak_held = max(self.peak_held, held)
         self.serving_steps.set(self.now, held)
+        kept, other = self.scheduler.free_gpus()
+        self.kept_steps.set(self.now, kept)
+        self.other_steps.set(self.now, other)
 
     def held(self, spec: JobSpec, gpus: int) -> None:
         self.batch_by_class[spec.work_class.value] += gpus
@@ -401,6 +410,8 @@ class MixedCluster(ServingCluster, Observer):
             at_cap_pct=100 * at_cap / max(sum(spans.values()), 1e-9),
             serving_busy={p: busy[p] / max(length(p), 1e-9) for p in PHASES},
             batch_held=batch_held,
+            free_kept={p: self.kept_steps.over(windows[p]) for p in PHASES},
+            free_other={p: self.other_steps.over(windows[p]) for p in PHASES},
             batch_occupancy_pct=100 * batch_mean / self.capacity,
             cluster_occupancy_pct=100 * (batch_mean + serving_held["all"].mean) / self.capacity,
             busy_occupancy_pct=100 * (batch_mean + busy["all"] / window) / self.capacity,

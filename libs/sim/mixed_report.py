@@ -29,6 +29,14 @@ def tables(run: MixedRun) -> dict[str, Table]:
         ("batch mean", lambda p: f"{batch[p].mean:.1f}"),
         ("batch occupancy", lambda p: f"{100 * batch[p].mean / run.capacity:.1f}%"),
     )
+    kept, other = run.free_kept, run.free_other
+    idle: Columns[str] = (
+        ("phase", lambda p: p),
+        ("not doing work", lambda p: f"{not_working(run, p):.1f}"),
+        ("serving held, no task running", lambda p: f"{held[p].mean - busy[p]:.1f}"),
+        ("free, on nodes kept for a waiting job", lambda p: f"{kept[p].mean:.1f}"),
+        ("free, elsewhere (no waiting job fits)", lambda p: f"{other[p].mean:.1f}"),
+    )
     flows = run.workflows
     slowdowns: Columns[str] = (
         ("phase", lambda p: p),
@@ -64,6 +72,7 @@ def tables(run: MixedRun) -> dict[str, Table]:
     )
     return {
         f"GPUs held over time ({cap})": table(by_phase, PHASES),
+        "GPUs not doing work, by why (mean GPUs)": table(idle, PHASES),
         "Workflows: slowdown (latency ÷ best case), by arrival phase": table(slowdowns, PHASES),
         "Batch queue wait (minutes), jobs submitted in the window": table(
             waits, run.batch_waits.items()
@@ -85,6 +94,17 @@ def tables(run: MixedRun) -> dict[str, Table]:
             ],
         ),
     }
+
+
+def not_working(run: MixedRun, phase: str) -> float:
+    """Mean GPUs neither held by batch work nor running a workflow task: serving's idle
+    ones and the free ones."""
+    return (
+        run.serving_held[phase].mean
+        - run.serving_busy[phase]
+        + run.free_kept[phase].mean
+        + run.free_other[phase].mean
+    )
 
 
 def _spread(held: Held) -> str:

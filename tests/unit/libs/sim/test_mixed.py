@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from libs.core.model import WorkClass
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import MixedCluster, MixedRun, compare_fractions, simulate_mixed
-from libs.sim.mixed_report import COMPARISON, markdown
+from libs.sim.mixed_report import COMPARISON, markdown, not_working, tables
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
@@ -90,6 +90,26 @@ def test_batch_work_still_gets_gpus(sim: tuple[MixedCluster, MixedRun]) -> None:
     assert all(j.first_start is not None for j in simulation.jobs.values())
     # Serving GPUs went back to batch work, taking their cached models with them.
     assert run.batch_evictions > 0
+
+
+def test_the_gpus_not_doing_work_are_accounted_for_by_why(
+    sim: tuple[MixedCluster, MixedRun],
+) -> None:
+    _, run = sim
+    for phase in ("calm", "burst", "all"):
+        parts = (
+            run.serving_held[phase].mean - run.serving_busy[phase],
+            run.free_kept[phase].mean,
+            run.free_other[phase].mean,
+        )
+        assert all(part >= 0 for part in parts)
+        # Every GPU is held by batch work, running a workflow task, or one of the parts.
+        doing = run.batch_held[phase].mean + run.serving_busy[phase]
+        assert not_working(run, phase) == pytest.approx(run.capacity - doing)
+        assert sum(parts) == pytest.approx(not_working(run, phase))
+    assert run.serving_held["all"].mean > run.serving_busy["all"]  # a warm reserve idles
+    rows = tables(run)["GPUs not doing work, by why (mean GPUs)"][1]
+    assert [row[0] for row in rows] == ["all", "calm", "burst"]
 
 
 def test_charges_per_allocation_add_up_to_the_gpu_time_run(
