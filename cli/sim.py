@@ -600,15 +600,16 @@ def mixed(
     """Batch jobs and workflows on one cluster under one budget: how the policy divides GPUs.
 
     One simulated run through the core Scheduler (GpuWorkers for serving, simulated
-    node agents for batch), then the same workload under each --compare fraction.
+    node agents for batch), then the same workload under each --compare fraction, and
+    the same batch jobs alone (no workflows): the baseline for what serving costs.
 
     -o json|yaml: {"fractions", "cache_model", "wall_s", "tables": [{"title", "rows":
     [{column: cell}]}]}, the tables as printed.
     """
-    from libs.sim.mixed import compare_fractions
+    from libs.sim.mixed import compare_fractions, simulate_mixed
     from libs.sim.mixed_report import COMPARISON, markdown, tables
     from libs.sim.mixed_workload import MixedSettings
-    from libs.sim.workflows import load_profiles
+    from libs.sim.workflows import load_profiles, serving_policy
 
     extra = _items("--compare", compare, float, lambda f: 0 < f <= 1, "fractions in (0, 1]", True)
     if burst_end < burst_start:
@@ -635,23 +636,22 @@ def mixed(
         "caches) for serving_max_fraction " + ", ".join(f"{f:g}" for f in fractions)
     )
     began = time.perf_counter()
+    knobs = {
+        "serving_linger_s": serving_linger,
+        "serving_lend_s": serving_lend,
+        "serving_reserve": serving_reserve,
+        "serving_reserve_min": serving_reserve_min,
+        "serving_cache_model": cache_model.value,
+    }
     with counting(console, "runs", len(fractions)) as advance:
         runs = compare_fractions(
-            loaded,
-            fractions,
-            settings,
-            knobs={
-                "serving_linger_s": serving_linger,
-                "serving_lend_s": serving_lend,
-                "serving_reserve": serving_reserve,
-                "serving_reserve_min": serving_reserve_min,
-                "serving_cache_model": cache_model.value,
-            },
-            parallel=parallel,
-            on_run=lambda _: advance(1),
+            loaded, fractions, settings, knobs=knobs, parallel=parallel, on_run=lambda _: advance(1)
         )
+    # The baseline, measured in the same run: the same batch jobs with no workflows.
+    policy = serving_policy(loaded.costs, serving_max_fraction=fractions[0], **knobs)
+    alone = simulate_mixed(loaded, policy, settings, workflows=False)
     total = time.perf_counter() - began
-    shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0]).items()]
+    shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0], alone).items()]
     side_by_side = "serving_max_fraction side by side (same workload)"
     shown.append((side_by_side, *table(COMPARISON, runs)))
     _show(output, shown, fractions=fractions, cache_model=cache_model.value, wall_s=round(total, 3))
@@ -659,5 +659,5 @@ def mixed(
     if out is not None:
         from libs.sim.plots import write_mixed_plot
 
-        (out / "summary.md").write_text(markdown(runs, settings))
+        (out / "summary.md").write_text(markdown(runs, settings, alone))
         say.print(f"wrote {out / 'summary.md'}, {write_mixed_plot(runs, out / 'mixed.png')}")

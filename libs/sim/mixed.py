@@ -215,7 +215,14 @@ class MixedCluster(ServingCluster, Observer):
     """The serving cluster with batch jobs on the side, and what a run of it measures (it
     observes the batch agents: the GPUs batch work holds, by class and over time)."""
 
-    def __init__(self, profiles: Profiles, config: PolicyConfig, settings: MixedSettings) -> None:
+    def __init__(
+        self,
+        profiles: Profiles,
+        config: PolicyConfig,
+        settings: MixedSettings,
+        *,
+        workflows: bool = True,
+    ) -> None:
         super().__init__([Scheduler(config)], profiles.costs, self._decided, settings.stop_grace_s)
         self.settings = settings
         self.config = config
@@ -229,7 +236,9 @@ class MixedCluster(ServingCluster, Observer):
         rng = random.Random(f"mixed/{settings.seed}")
         flows = [keyed(w) for w in profiles.workflows]
         self.batch = batch_jobs(settings, rng)
-        self.arrivals = workflow_arrivals(settings, flows, rng)
+        # Drawn either way, so that batch work alone (``workflows`` off) is the same jobs.
+        arrivals = workflow_arrivals(settings, flows, rng)
+        self.arrivals = arrivals if workflows else []
         self.agents = BatchAgents(self.world, self)
         self.batch_by_class = dict.fromkeys(CLASSES, 0)
         self.batch_steps = _Steps()
@@ -501,9 +510,16 @@ class MixedCluster(ServingCluster, Observer):
 
 
 def simulate_mixed(
-    profiles: Profiles, config: PolicyConfig, settings: MixedSettings | None = None
+    profiles: Profiles,
+    config: PolicyConfig,
+    settings: MixedSettings | None = None,
+    *,
+    workflows: bool = True,
 ) -> MixedRun:
-    return MixedCluster(profiles, config, settings or MixedSettings()).simulate()
+    """One run; without ``workflows``, the same batch jobs alone (the baseline that shows
+    what serving costs batch work)."""
+    chosen = settings or MixedSettings()
+    return MixedCluster(profiles, config, chosen, workflows=workflows).simulate()
 
 
 def compare_fractions(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from libs.sim.metrics import Distribution
 from libs.sim.mixed import PHASES, Charge, Held, MixedRun
@@ -15,8 +15,9 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
 
-def tables(run: MixedRun) -> dict[str, Table]:
-    """Title -> (header, rows): what ``qm sim mixed`` prints and summary.md holds."""
+def tables(run: MixedRun, alone: MixedRun | None = None) -> dict[str, Table]:
+    """Title -> (header, rows): what ``qm sim mixed`` prints and summary.md holds;
+    ``alone``: the same batch jobs without workflows, the baseline beside it."""
     held, batch, busy = run.serving_held, run.batch_held, run.serving_busy
     by_phase: Columns[str] = (
         ("phase", lambda p: p),
@@ -30,13 +31,15 @@ def tables(run: MixedRun) -> dict[str, Table]:
         ("batch occupancy", lambda p: f"{100 * batch[p].mean / run.capacity:.1f}%"),
     )
     kept, other = run.free_kept, run.free_other
-    idle: Columns[str] = (
+    idle: list[tuple[str, Callable[[str], str]]] = [
         ("phase", lambda p: p),
         ("not doing work", lambda p: f"{not_working(run, p):.1f}"),
         ("serving held, no task running", lambda p: f"{held[p].mean - busy[p]:.1f}"),
         ("free, on nodes kept for a waiting job", lambda p: f"{kept[p].mean:.1f}"),
         ("free, elsewhere (no waiting job fits)", lambda p: f"{other[p].mean:.1f}"),
-    )
+    ]
+    if alone is not None:
+        idle.append(("batch jobs alone: not doing work", lambda p: f"{not_working(alone, p):.1f}"))
     flows = run.workflows
     slowdowns: Columns[str] = (
         ("phase", lambda p: p),
@@ -84,6 +87,11 @@ def tables(run: MixedRun) -> dict[str, Table]:
                 ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
                 ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
                 ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
+                *(
+                    [["busy, batch jobs alone (no workflows)", f"{alone.busy_occupancy_pct:.1f}%"]]
+                    if alone is not None
+                    else []
+                ),
                 ["batch occupancy", f"{run.batch_occupancy_pct:.1f}%"],
                 ["workflow cache hit rate", f"{run.cache_hit_rate:.1%}"],
                 ["models evicted by batch placements", str(run.batch_evictions)],
@@ -142,8 +150,11 @@ COMPARISON: Columns[MixedRun] = (
 )
 
 
-def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
-    """The first run in full, then every run side by side."""
+def markdown(
+    runs: Sequence[MixedRun], settings: MixedSettings, alone: MixedRun | None = None
+) -> str:
+    """The first run in full (beside ``alone``, its batch jobs without workflows), then
+    every run side by side."""
     s, c = settings, settings.cluster
     lines = [
         "# Mixed cluster: batch jobs and workflows under one budget",
@@ -160,7 +171,7 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         f"Model caches: {runs[0].cache_model.value}.",
         "",
     ]
-    for title, (header, rows) in tables(runs[0]).items():
+    for title, (header, rows) in tables(runs[0], alone).items():
         lines += [f"## {title}", "", *markdown_table(header, rows), ""]
     lines += [
         "## serving_max_fraction side by side (same workload)",
@@ -173,7 +184,10 @@ def markdown(runs: Sequence[MixedRun], settings: MixedSettings) -> str:
         "(model loads excluded); *use* is busy ÷ held. Waits run from submission to the first "
         "start, cut at the window's end. Slowdown is a workflow's latency ÷ its published best "
         "case; phases go by arrival. Charges are WindowedUsage over the window, as the "
-        "projector folds the task lifecycle: workflow tasks are allocated work.",
+        "projector folds the task lifecycle and serving's holds: a GPU serving holds is "
+        "charged to one allocation, busy or idle, and the workflow tasks on it are not "
+        "charged again. *Not doing work*: neither held by batch work nor running a "
+        "workflow task.",
         "",
     ]
     return "\n".join(lines)

@@ -112,6 +112,22 @@ def test_the_gpus_not_doing_work_are_accounted_for_by_why(
     assert [row[0] for row in rows] == ["all", "calm", "burst"]
 
 
+def test_batch_jobs_alone_are_the_same_jobs_with_no_workflows(
+    profiles: Profiles, sim: tuple[MixedCluster, MixedRun]
+) -> None:
+    simulation, run = sim
+    baseline = MixedCluster(profiles, serving_policy(profiles.costs), SMALL, workflows=False)
+    alone = baseline.simulate()
+    assert [j.sim for j in baseline.jobs.values()] == [j.sim for j in simulation.jobs.values()]
+    assert alone.workflow_jobs == 0 and alone.serving_held["all"].mean == 0
+    assert alone.jobs == run.jobs
+    doing = alone.busy_occupancy_pct * alone.capacity / 100
+    assert not_working(alone, "all") == pytest.approx(alone.capacity - doing)
+    text = markdown([run], SMALL, alone)
+    assert "batch jobs alone: not doing work" in text
+    assert f"busy, batch jobs alone (no workflows) | {alone.busy_occupancy_pct:.1f}%" in text
+
+
 def test_charges_per_allocation_add_up_to_the_gpu_time_run(
     sim: tuple[MixedCluster, MixedRun],
 ) -> None:
@@ -210,5 +226,6 @@ def test_qm_sim_mixed_prints_the_tables_and_writes_the_report(tmp_path: Path) ->
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "side by side" in result.output and "2 runs in" in result.output
+    assert "busy, batch jobs alone (no workflows)" in result.output
     assert (tmp_path / "summary.md").read_text().startswith("# Mixed cluster")
     assert (tmp_path / "mixed.png").exists()
