@@ -235,10 +235,8 @@ class MixedCluster(ServingCluster, Observer):
         self.start, self.end = settings.warmup_s, settings.end_s
         rng = random.Random(f"mixed/{settings.seed}")
         flows = [keyed(w) for w in profiles.workflows]
-        self.batch = batch_jobs(settings, rng)
-        # Drawn either way, so that batch work alone (``workflows`` off) is the same jobs.
-        arrivals = workflow_arrivals(settings, flows, rng)
-        self.arrivals = arrivals if workflows else []
+        self.batch = batch_jobs(settings, rng)  # first: the same jobs with workflows or not
+        self.arrivals = workflow_arrivals(settings, flows, rng) if workflows else []
         self.agents = BatchAgents(self.world, self)
         self.batch_by_class = dict.fromkeys(CLASSES, 0)
         self.batch_steps = _Steps()
