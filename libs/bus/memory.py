@@ -10,6 +10,11 @@ partitions are shared among its members, revoked from all and assigned again
 (listeners awaited) whenever one joins or leaves; a group resumes from its committed
 offsets, else from ``auto_offset_reset``. It is deterministic: no randomness, no wall
 clock (a keyless record goes round-robin).
+
+With ``lagging_offsets`` it keeps one more broker behaviour: a transaction's commit is
+answered before the group's offsets take it in, so an offset fetch right after it reads
+the offset from before; they take it in when the transaction completes, which starting
+a producer with the same transactional id waits for (``complete_transactions``: all).
 """
 
 from __future__ import annotations
@@ -66,9 +71,17 @@ class MemoryBus:
     ``default_partitions`` on first use, as a broker that auto-creates topics would."""
 
     def __init__(
-        self, partitions: Mapping[str, int] | None = None, *, default_partitions: int = 1
+        self,
+        partitions: Mapping[str, int] | None = None,
+        *,
+        default_partitions: int = 1,
+        lagging_offsets: bool = False,
     ) -> None:
         self._default_partitions = default_partitions
+        self._lagging_offsets = lagging_offsets
+        # Committed transactions' offsets the groups have not taken in yet, by
+        # transactional id (only with ``lagging_offsets``).
+        self._completing: dict[str, list[tuple[str, dict[TopicPartition, int]]]] = {}
         self._logs: dict[str, list[list[_Entry]]] = {}
         self._groups: dict[str, _Group] = {}
         # The producer that holds each transactional id (the latest started).
@@ -83,9 +96,10 @@ class MemoryBus:
             self.create_topic(topic, count)
 
     @classmethod
-    def for_topics(cls, topics: Topics) -> MemoryBus:
+    def for_topics(cls, topics: Topics, *, lagging_offsets: bool = False) -> MemoryBus:
         """The topics of a topics file, with their partition counts."""
-        return cls({spec.name: spec.partitions for spec in topics.all()})
+        partitions = {spec.name: spec.partitions for spec in topics.all()}
+        return cls(partitions, lagging_offsets=lagging_offsets)
 
     def create_topic(self, topic: str, partitions: int) -> None:
         self._logs.setdefault(topic, [[] for _ in range(partitions)])
@@ -128,6 +142,15 @@ class MemoryBus:
     def committed(self, group_id: str) -> dict[TopicPartition, int]:
         """The offsets a consumer group has committed."""
         return dict(self._group(group_id).committed)
+
+    def complete_transactions(self, transactional_id: str | None = None) -> None:
+        """The groups take in the offsets of the committed transactions (of one
+        transactional id, or all)."""
+        ids = list(self._completing) if transactional_id is None else [transactional_id]
+        for completed in ids:
+            for group_id, offsets in self._completing.pop(completed, []):
+                self._group(group_id).committed.update(offsets)
+        self._notify()
 
     async def until(self, condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         """Return once ``condition`` holds, checking after every change to the bus and
@@ -378,6 +401,7 @@ class MemoryProducer:
     async def start(self) -> None:
         if self._transactional_id is None:
             return
+        self._bus.complete_transactions(self._transactional_id)  # InitProducerId waits
         fenced = self._bus._transactional.get(self._transactional_id)
         self._bus._transactional[self._transactional_id] = self
         if fenced is not None and fenced._transaction is not None:
@@ -422,7 +446,8 @@ class MemoryProducer:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
-        if self._transactional_id is None:
+        transactional_id = self._transactional_id
+        if transactional_id is None:
             raise IllegalOperation("the producer has no transactional id")
         if self._transaction is not None:
             raise IllegalOperation("a transaction is already open")
@@ -438,8 +463,10 @@ class MemoryProducer:
         else:
             for entry in transaction.entries:
                 entry.state = "committed"
-            for group_id, offsets in transaction.offsets:
-                self._bus._group(group_id).committed.update(offsets)
+            completing = self._bus._completing.setdefault(transactional_id, [])
+            completing.extend(transaction.offsets)
+            if not self._bus._lagging_offsets:
+                self._bus.complete_transactions(transactional_id)
         finally:
             self._transaction = None
             self._bus._notify()

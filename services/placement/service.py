@@ -5,8 +5,9 @@ instance of the consumer group at a time. Its decisions and the consumer offset 
 produced them are committed in one Kafka transaction of a producer of that partition
 alone (transactional id ``<group>-p<partition>``), so a crash never loses or doubles
 a decision, and an instance that is handed a partition fences whoever decided it
-before: starting the partition's producer aborts the old owner's open transaction
-and refuses it any later commit. Only then is the group's committed offset read, so
+before (itself too, when the partition comes straight back): starting the partition's
+producer aborts the old owner's open transaction, waits for its committing one to
+complete, and refuses it any later commit. Only then is the group's committed offset read, so
 the new owner resumes exactly where the last commit left off, even from a zombie
 that had not yet noticed it lost the partition.
 
@@ -97,7 +98,8 @@ class PlacementService:
     generation: int = 0
     # Set once the group has assigned this instance its partitions (maybe none: a standby).
     ready: bool = False
-    # Given up in a rebalance with a clean state, kept in case they come straight back.
+    # Given up in a rebalance with a clean state, kept in case they come straight back
+    # (the state: the partition is fenced anew all the same, ``_take_over``).
     _released: dict[int, Owned] = field(default_factory=dict)
     _retiring: list[EventProducer] = field(default_factory=list)
     _standby: Standby | None = None
@@ -228,20 +230,26 @@ class PlacementService:
     ) -> Owned | None:
         """Own ``tp``: fence its last owner, then resume from the committed offset
         (None when that is not ``resume``, where this poll's records start: the
-        consumer is moved there, and the next poll reads from it)."""
+        consumer is moved there, and the next poll reads from it).
+
+        A partition that comes straight back is fenced too, though its last owner is this
+        instance: the broker answers a transaction's commit before the group's offsets
+        take it in, and an offset fetch does not wait for them (aiokafka asks without
+        KIP-447's ``require_stable``), so right after a commit it can read the offset
+        from before it, and the records in between would be decided twice. Starting a
+        producer waits until the last transaction of its id is complete, offsets too."""
         assert self._standby is not None
         owned = self._released.pop(tp.partition, None)
-        if owned is None:
-            producer = EventProducer(
-                self.bus,
-                client_id=f"{self.instance}-p{tp.partition}",
-                transactional_id=f"{self.group_id}-p{tp.partition}",
-            )
-            self._retiring.append(producer)  # until it is this partition's
-            await producer.start()  # fences the last owner: it can commit nothing more
-            self._retiring.remove(producer)
-        else:
-            producer = owned.producer  # still this partition's: nobody took it since
+        if owned is not None:
+            self._retiring.append(owned.producer)  # fenced by its successor below
+        producer = EventProducer(
+            self.bus,
+            client_id=f"{self.instance}-p{tp.partition}",
+            transactional_id=f"{self.group_id}-p{tp.partition}",
+        )
+        self._retiring.append(producer)  # until it is this partition's
+        await producer.start()  # fences the last owner: it can commit nothing more
+        self._retiring.remove(producer)
         try:
             return await self._resume(consumer, tp, resume, generation, owned, producer)
         except BaseException:
@@ -271,6 +279,8 @@ class PlacementService:
                 committed=committed,
                 snapshot_offset=warm.snapshot_offset,
             )
+        else:
+            owned.producer = producer  # the state is the committed offset's: kept
         if self.generation != generation:  # the group moved partitions meanwhile
             self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
             raise Rebalanced  # its producer retires with the raise (``_take_over``)

@@ -215,6 +215,26 @@ async def test_a_state_revoked_while_a_record_is_folded_is_not_kept_as_clean() -
     assert kept == folded_afresh(bus)
 
 
+async def test_a_partition_straight_back_is_fenced_before_its_offset_is_read() -> None:
+    # The broker answers a commit before the group's offsets take it in: read at once, the
+    # committed offset is the one before it. Kept by the instance that committed it, the
+    # partition comes straight back in a rebalance: fenced anew (which waits for the last
+    # transaction to complete) before its offset is read, nothing is decided twice.
+    bus = MemoryBus.for_topics(TOPICS, lagging_offsets=True)
+    await write(bus, node(), *(job(i) for i in range(3)))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)) as service:
+        await bus.until(lambda: sum(placed(bus).values()) == 3)
+        everything = set(range(TOPICS.events.partitions))
+        service.revoked(everything)
+        service.assigned(everything)
+        await write(bus, *(job(i) for i in range(3, 6)))
+        await bus.until(lambda: sum(placed(bus).values()) >= 6)
+        await asyncio.sleep(0.05)  # time for a decision made twice to land
+    bus.complete_transactions()
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
+    assert bus.committed(GROUP)[INPUT] == len(bus.records(EVENTS))
+
+
 async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
