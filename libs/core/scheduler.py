@@ -61,6 +61,7 @@ from libs.core.decisions import (
 from libs.core.estimates import LearnedRuntimes
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
+from libs.core.limits import MAX_GANG_NODES
 from libs.core.liveness import Liveness
 from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
@@ -104,7 +105,9 @@ POLICY = "budget"
 # budget pressure a waiting charged job takes, before any batch victim, the idle serving
 # GPUs held beyond their share for allocations ranked below it (all but the
 # ``serving_reserve_min`` warm ones), on a node where they make room for it.
-POLICY_VERSION = 20
+# 21: budget pressure on serving makes room for gangs too: the idle serving GPUs on the
+# nodes a gang lacks, each allocation's share counted over all of them.
+POLICY_VERSION = 21
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -892,17 +895,36 @@ class Scheduler:
         """Budget pressure on serving: a blocked charged job takes idle serving GPUs held
         for allocations past their share (borrowed, as charged work placed there is) and,
         unless it is debug work, ranked below its own (``contract.victims_for``'s rule),
-        on the one node where they make room for it with the fewest given back: the
-        cheapest victims, they lose nothing. Never the ``serving_reserve_min`` warm GPUs
+        on the nodes where they make room for it with the fewest given back: the one
+        node a job that fits on one needs, or the whole nodes a gang lacks
+        (``Capacity.fit``'s rule), each share counted over all of them. The cheapest
+        victims: they lose nothing. Never the ``serving_reserve_min`` warm GPUs
         (``Pool.idle_by_node``). Placed at once, or nothing."""
         spec = job.spec
         idle = self._serving.pool.idle_by_node()
         if not idle or not spec.allocated:
             return []
-        debug = spec.work_class is WorkClass.DEBUG
         nodes = self._capacity.schedulable(spec)
-        if spec.gpus > max(nodes.values(), default=0):
-            return []  # a gang: whole nodes, which preemption plans
+        size = max(nodes.values(), default=0)
+        blocked = self._reservations.blocked_for(job.job_id)
+        per_node, wanted = spec.gpus, 1
+        if spec.gpus > size:  # a gang: whole nodes of the largest size
+            if -(-spec.gpus // size) > MAX_GANG_NODES:
+                return []
+            whole = sum(
+                1
+                for node_id, count in nodes.items()
+                if count == size
+                and node_id not in blocked
+                and len(self._capacity.free(node_id)) == size
+            )
+            per_node, wanted = size, -(-spec.gpus // size) - whole
+        rooms = sorted(
+            (per_node - len(self._capacity.free(node_id)), node_id)
+            for node_id in idle
+            if nodes.get(node_id, 0) >= per_node and node_id not in blocked
+        )
+        debug = spec.work_class is WorkClass.DEBUG
         unknown = len(rank)
         own = rank.get(spec.allocation, unknown)
         beyond: dict[str, float] = {}  # what each holder holds beyond its share, priced
@@ -914,27 +936,28 @@ class Scheduler:
                 beyond[holder] = self._charges.beyond_share(holder)
             return beyond[holder]
 
-        blocked = self._reservations.blocked_for(job.job_id)
-        best: tuple[int, NodeId, list[GpuKey]] | None = None
-        for node_id, held in idle.items():
-            if node_id not in nodes or node_id in blocked:
-                continue
-            need = spec.gpus - len(self._capacity.free(node_id))
+        given: list[GpuKey] = []
+        made = 0  # nodes given room
+        for need, node_id in rooms:
+            if made == wanted:
+                break
             price = self._charges.price_of(node_id)
-            left = {holder: borrowed(holder) for _, holder in held}
+            left = {holder: borrowed(holder) for _, holder in idle[node_id]}
             keys: list[GpuKey] = []
-            for key, holder in held:
+            for key, holder in idle[node_id]:
                 if len(keys) == need:
                     break
                 if left[holder] > 1e-9:
                     left[holder] -= price
                     keys.append(key)
-            if 0 < need == len(keys) and (best is None or (need, node_id) < best[:2]):
-                best = (need, node_id, keys)
-        if best is None:
+            if 0 < need == len(keys):
+                beyond.update(left)
+                given += keys
+                made += 1
+        if made < wanted or not given:
             return []
-        decisions = self._serving.give_back(best[2])
+        decisions = self._serving.give_back(given)
         fit = self._capacity.fit(spec, blocked)
-        if isinstance(fit, Fit):  # always: that node has room for it now
+        if isinstance(fit, Fit):  # always: those nodes have room for it now
             decisions += self._place(job, fit)
         return decisions

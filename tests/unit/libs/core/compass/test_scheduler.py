@@ -686,6 +686,47 @@ def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> Non
     assert s.serving_gpus() == 2
 
 
+def warm_gpus_of_an_over_served_team_on_three_nodes() -> Scheduler:
+    """Three nodes of two GPUs; team-a (one GPU's share of six) used far more than
+    team-b this week, and its drained workflows keep n1's GPUs and n2's first warm."""
+    config = PolicyConfig(
+        serving_max_fraction=1.0,
+        serving_lend_s=100,
+        serving_reserve_min=0,
+        debug_headroom=0,
+    )
+    s = Scheduler(config)
+    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 5})), week])
+    run(s, [NodeJoined(0, gpu_node(f"n{i}", 2)) for i in (1, 2, 3)])
+    run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])
+    ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(2) for t in "ab"]
+    ends += [TaskEnded(4, "w2", "w2/a", "n2"), TaskEnded(4.1, "w2", "w2/b", "n2")]
+    out = run(s, [*ends, Tick(10)])
+    assert holds(out) == [] and s.serving_gpus() == 3  # kept warm: nothing presses on it yet
+    return s
+
+
+def test_under_budget_pressure_serving_makes_room_for_a_gang_on_the_node_it_lacks() -> None:
+    s = warm_gpus_of_an_over_served_team_on_three_nodes()
+    # Two whole nodes: n3 is free, and n2 lacks only the one GPU serving idles on.
+    run(s, [JobArrived(10.5, "gang", job(4, allocation="team-b", min_runtime_s=7200))])
+    out = run(s, [Tick(20)])
+    assert holds(out) == [ServingReleased("n2", 0, "team-a")]  # the fewest given back
+    placed = [(d.job_id, d.node_id) for d in out if isinstance(d, Place)]
+    assert sorted(placed) == [("gang", "n2"), ("gang", "n3")]
+
+
+def test_a_gang_takes_serving_gpus_only_as_far_as_the_share_counted_over_its_nodes() -> None:
+    # All three nodes: n1's two idle GPUs and n2's one, three of team-a's, which
+    # holds only two beyond its share. Taking any would place nothing.
+    s = warm_gpus_of_an_over_served_team_on_three_nodes()
+    run(s, [JobArrived(10.5, "gang", job(6, allocation="team-b", min_runtime_s=7200))])
+    out = run(s, [Tick(20)])
+    assert holds(out) == [] and not any(isinstance(d, Place) for d in out)
+    assert s.serving_gpus() == 3
+
+
 def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -> None:
     s = Scheduler(PolicyConfig(serving_max_fraction=1.0, serving_lend_s=1000))
     run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), NodeJoined(0, gpu_node("n1", 2))])
