@@ -92,6 +92,8 @@ class MemoryBus:
         self.down = False
         # The next this many sends fail, as to a broker that does not answer in time.
         self.refusals = 0
+        # The next this many transactional producers fail to start (InitProducerId).
+        self.failed_starts = 0
         for topic, count in (partitions or {}).items():
             self.create_topic(topic, count)
 
@@ -401,6 +403,9 @@ class MemoryProducer:
     async def start(self) -> None:
         if self._transactional_id is None:
             return
+        if self._bus.failed_starts:
+            self._bus.failed_starts -= 1
+            raise KafkaTimeoutError()
         self._bus.complete_transactions(self._transactional_id)  # InitProducerId waits
         fenced = self._bus._transactional.get(self._transactional_id)
         self._bus._transactional[self._transactional_id] = self

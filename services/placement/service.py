@@ -237,7 +237,9 @@ class PlacementService:
         take it in, and an offset fetch does not wait for them (aiokafka asks without
         KIP-447's ``require_stable``), so right after a commit it can read the offset
         from before it, and the records in between would be decided twice. Starting a
-        producer waits until the last transaction of its id is complete, offsets too."""
+        producer waits until the last transaction of its id is complete, offsets too.
+        Should the broker fail either step, the state kept goes to the standby, for the
+        next takeover to resume from."""
         assert self._standby is not None
         owned = self._released.pop(tp.partition, None)
         if owned is not None:
@@ -248,10 +250,16 @@ class PlacementService:
             transactional_id=f"{self.group_id}-p{tp.partition}",
         )
         self._retiring.append(producer)  # until it is this partition's
-        await producer.start()  # fences the last owner: it can commit nothing more
+        try:
+            await producer.start()  # fences the last owner: it can commit nothing more
+            committed = await consumer.client.committed(tp) or 0
+        except BaseException:
+            if owned is not None:  # still the committed offset's: the next takeover's
+                self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
+            raise
         self._retiring.remove(producer)
         try:
-            return await self._resume(consumer, tp, resume, generation, owned, producer)
+            return await self._resume(consumer, tp, resume, committed, generation, owned, producer)
         except BaseException:
             if tp.partition not in self.owned:
                 self._retiring.append(producer)
@@ -262,12 +270,12 @@ class PlacementService:
         consumer: EventConsumer,
         tp: TopicPartition,
         resume: int,
+        committed: int,
         generation: int,
         owned: Owned | None,
         producer: EventProducer,
     ) -> Owned | None:
         assert self._standby is not None
-        committed = await consumer.client.committed(tp) or 0
         if owned is None or owned.committed != committed:
             if owned is not None:  # another instance decided it meanwhile: start over
                 self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))

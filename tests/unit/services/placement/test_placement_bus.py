@@ -25,6 +25,7 @@ from libs.core import PolicyConfig
 from libs.events import new_envelope
 from libs.events.driver import PartitionSchedulers, step
 from services.placement.service import PlacementService
+from services.placement.standby import Standby, Warm
 from tests.placement_gate import GatedPlacement
 
 TOPICS = load_topic_config()
@@ -233,6 +234,39 @@ async def test_a_partition_straight_back_is_fenced_before_its_offset_is_read() -
     bus.complete_transactions()
     assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
     assert bus.committed(GROUP)[INPUT] == len(bus.records(EVENTS))
+
+
+async def test_a_kept_state_survives_a_failed_fence_and_is_not_folded_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The partition comes straight back, and its new producer fails to start (the
+    # broker does not answer). The state kept for it is still the committed offset's:
+    # the standby keeps it, so the next takeover resumes from it rather than folding
+    # the partition's log from the start.
+    cold: list[int] = []
+    original = Standby._cold
+
+    async def counted(self: Standby, partition: int, upto: int) -> Warm:
+        cold.append(partition)
+        return await original(self, partition, upto)
+
+    monkeypatch.setattr(Standby, "_cold", counted)
+    bus = MemoryBus.for_topics(TOPICS)
+    await write(bus, node(), *(job(i) for i in range(3)))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP)) as service:
+        await bus.until(lambda: sum(placed(bus).values()) == 3)
+        started_cold = list(cold)  # every partition's first takeover
+        everything = set(range(TOPICS.events.partitions))
+        service.revoked(everything)
+        bus.failed_starts = 1
+        service.assigned(everything)
+        await write(bus, *(job(i) for i in range(3, 6)))
+        await bus.until(lambda: sum(placed(bus).values()) >= 6)
+        await bus.until(lambda: len(service.owned) == len(everything))  # taken again
+        await asyncio.sleep(0.05)  # time for a decision made twice to land
+    assert bus.failed_starts == 0  # one takeover did fail
+    assert cold == started_cold
+    assert placed(bus) == {f"j-{i}": 1 for i in range(6)}
 
 
 async def test_a_batch_polled_before_a_rebalance_is_read_again_not_decided(
