@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libs.core import (
     BudgetSet,
@@ -725,6 +728,55 @@ def test_a_gang_takes_serving_gpus_only_as_far_as_the_share_counted_over_its_nod
     out = run(s, [Tick(20)])
     assert holds(out) == [] and not any(isinstance(d, Place) for d in out)
     assert s.serving_gpus() == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.integers(2, 4),
+    node_gpus=st.sampled_from([2, 4]),
+    workflows=st.integers(1, 16),
+    weight=st.integers(1, 9),
+    reserve_min=st.integers(0, 2),
+    asks=st.integers(1, 16),
+)
+def test_budget_pressure_gives_serving_gpus_back_only_to_place_the_job_at_once(
+    nodes: int, node_gpus: int, workflows: int, weight: int, reserve_min: int, asks: int
+) -> None:
+    # Whatever the cluster, the idle serving GPUs and the job (one node's worth or a
+    # gang): a GPU serving gives back is used by the job placed in the same pass, and
+    # the team gives back no more than it holds beyond its share, nor its warm GPUs.
+    total = nodes * node_gpus
+    workflows, asks = min(workflows, total), min(asks, total)
+    config = PolicyConfig(
+        serving_max_fraction=1.0,
+        serving_lend_s=100,
+        serving_reserve_min=reserve_min,
+        debug_headroom=0,
+    )
+    s = Scheduler(config)
+    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": weight})), week])
+    run(s, [NodeJoined(0, gpu_node(f"n{i}", node_gpus)) for i in range(nodes)])
+    arrived = run(s, [JobArrived(1, f"w{i}", flow()) for i in range(workflows)])
+    where = {p.job_id: p.node_id for p in places(arrived)}
+    for at, (job_id, node_id) in enumerate(sorted(where.items())):
+        for task in "ab":  # b is sent where a ran (the plan keeps the chain together)
+            run(s, [TaskEnded(2 + at + 0.1 * (task == "b"), job_id, f"{job_id}/{task}", node_id)])
+    run(s, [Tick(19)])  # all drained and kept warm (lent only after 100 s, gone after 30)
+    held = s.serving_gpus()
+    run(s, [JobArrived(19.5, "b1", job(asks, allocation="team-b", min_runtime_s=7200))])
+    out = run(s, [Tick(25)])  # the next preemption round
+    given = [d for d in out if isinstance(d, ServingReleased)]
+    used = {
+        (d.node_id, i)
+        for d in out
+        if isinstance(d, Place) and d.job_id == "b1"
+        for i in d.gpu_indices
+    }
+    assert {(d.node_id, d.gpu_index) for d in given} <= used
+    beyond = held - total / (1 + weight)  # what team-a holds beyond its share (serving only)
+    assert len(given) <= max(0, math.ceil(beyond - 1e-9))
+    assert s.serving_gpus() >= min(held, reserve_min)
 
 
 def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -> None:
