@@ -643,9 +643,9 @@ def test_a_serving_gpu_is_charged_from_taken_to_given_back_to_whoever_used_it_la
     assert s.serving_gpus() == 0
 
 
-def warm_pool_of_an_over_served_team(gpus: int, reserve_min: int) -> Scheduler:
-    """team-a used far more than team-b this week, so team-b ranks above it; team-a's
-    workflows took every GPU of the one node and drained (GPU 0 first): all stay warm."""
+def over_served_team(reserve_min: int, team_b_weight: int = 1) -> Scheduler:
+    """Serving keeps drained GPUs warm (lent back only after 100 s), and team-a used far
+    more than team-b this week, so team-b ranks above it."""
     config = PolicyConfig(
         serving_max_fraction=1.0,
         serving_lend_s=100,
@@ -654,7 +654,14 @@ def warm_pool_of_an_over_served_team(gpus: int, reserve_min: int) -> Scheduler:
     )
     s = Scheduler(config)
     week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
-    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 1})), week])
+    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": team_b_weight})), week])
+    return s
+
+
+def warm_pool_of_an_over_served_team(gpus: int, reserve_min: int) -> Scheduler:
+    """team-a's workflows took every GPU of the one node and drained (GPU 0 first): all
+    stay warm."""
+    s = over_served_team(reserve_min)
     run(s, [NodeJoined(0, gpu_node("n1", gpus))])
     run(s, [JobArrived(1, f"w{i}", flow()) for i in range(gpus)])
     ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(gpus) for t in "ab"]
@@ -692,15 +699,7 @@ def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> Non
 def warm_gpus_of_an_over_served_team_on_three_nodes() -> Scheduler:
     """Three nodes of two GPUs; team-a (one GPU's share of six) used far more than
     team-b this week, and its drained workflows keep n1's GPUs and n2's first warm."""
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_lend_s=100,
-        serving_reserve_min=0,
-        debug_headroom=0,
-    )
-    s = Scheduler(config)
-    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
-    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": 5})), week])
+    s = over_served_team(reserve_min=0, team_b_weight=5)
     run(s, [NodeJoined(0, gpu_node(f"n{i}", 2)) for i in (1, 2, 3)])
     run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])
     ends = [TaskEnded(2 + i, f"w{i}", f"w{i}/{t}", "n1") for i in range(2) for t in "ab"]
@@ -747,15 +746,7 @@ def test_budget_pressure_gives_serving_gpus_back_only_to_place_the_job_at_once(
     # the team gives back no more than it holds beyond its share, nor its warm GPUs.
     total = nodes * node_gpus
     workflows, asks = min(workflows, total), min(asks, total)
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_lend_s=100,
-        serving_reserve_min=reserve_min,
-        debug_headroom=0,
-    )
-    s = Scheduler(config)
-    week = UsageSnapshot(0, 7 * 86400, (("team-a", 1e6),))
-    run(s, [BudgetSet(0, tree(**{"team-a": 1, "team-b": weight})), week])
+    s = over_served_team(reserve_min, team_b_weight=weight)
     run(s, [NodeJoined(0, gpu_node(f"n{i}", node_gpus)) for i in range(nodes)])
     arrived = run(s, [JobArrived(1, f"w{i}", flow()) for i in range(workflows)])
     where = {p.job_id: p.node_id for p in places(arrived)}
