@@ -905,7 +905,9 @@ class Scheduler:
         if not idle or not spec.allocated:
             return []
         nodes = self._capacity.schedulable(spec)
-        size = max(nodes.values(), default=0)
+        if not nodes:
+            return []  # no node may take it (its type, or all cordoned)
+        size = max(nodes.values())
         blocked = self._reservations.blocked_for(job.job_id)
         per_node, wanted = spec.gpus, 1
         if spec.gpus > size:  # a gang: whole nodes of the largest size
@@ -927,7 +929,8 @@ class Scheduler:
         debug = spec.work_class is WorkClass.DEBUG
         unknown = len(rank)
         own = rank.get(spec.allocation, unknown)
-        beyond: dict[str, float] = {}  # what each holder holds beyond its share, priced
+        # What each holder holds beyond its share, priced, less what this job takes.
+        beyond: dict[str, float] = {}
 
         def borrowed(holder: str) -> float:
             if not debug and rank.get(holder, unknown) <= own:

@@ -696,6 +696,16 @@ def test_budget_pressure_never_takes_the_warm_gpus_serving_always_keeps() -> Non
     assert s.serving_gpus() == 2
 
 
+def test_budget_pressure_passes_over_a_job_no_node_may_take() -> None:
+    # No node has its GPU type: serving has nothing to give it, and the pass goes on.
+    s = warm_pool_of_an_over_served_team(gpus=2, reserve_min=0)
+    other = job(1, allocation="team-b", min_runtime_s=7200, gpu_type="A100")
+    run(s, [JobArrived(10.5, "b1", other)])
+    out = run(s, [Tick(20)])
+    assert holds(out) == [] and not any(isinstance(d, Place) for d in out)
+    assert s.serving_gpus() == 2
+
+
 def warm_gpus_of_an_over_served_team_on_three_nodes() -> Scheduler:
     """Three nodes of two GPUs; team-a (one GPU's share of six) used far more than
     team-b this week, and its drained workflows keep n1's GPUs and n2's first warm."""
