@@ -747,9 +747,16 @@ def test_a_gang_takes_serving_gpus_only_as_far_as_the_share_counted_over_its_nod
     weight=st.integers(1, 9),
     reserve_min=st.integers(0, 2),
     asks=st.integers(1, 16),
+    gpu_type=st.sampled_from(["", "H100", "A100"]),  # A100: no node has it
 )
 def test_budget_pressure_gives_serving_gpus_back_only_to_place_the_job_at_once(
-    nodes: int, node_gpus: int, workflows: int, weight: int, reserve_min: int, asks: int
+    nodes: int,
+    node_gpus: int,
+    workflows: int,
+    weight: int,
+    reserve_min: int,
+    asks: int,
+    gpu_type: str,
 ) -> None:
     # Whatever the cluster, the idle serving GPUs and the job (one node's worth or a
     # gang): a GPU serving gives back is used by the job placed in the same pass, and
@@ -765,7 +772,8 @@ def test_budget_pressure_gives_serving_gpus_back_only_to_place_the_job_at_once(
             run(s, [TaskEnded(2 + at + 0.1 * (task == "b"), job_id, f"{job_id}/{task}", node_id)])
     run(s, [Tick(19)])  # all drained and kept warm (lent only after 100 s, gone after 30)
     held = s.serving_gpus()
-    run(s, [JobArrived(19.5, "b1", job(asks, allocation="team-b", min_runtime_s=7200))])
+    batch = job(asks, allocation="team-b", min_runtime_s=7200, gpu_type=gpu_type)
+    run(s, [JobArrived(19.5, "b1", batch)])
     out = run(s, [Tick(25)])  # the next preemption round
     given = [d for d in out if isinstance(d, ServingReleased)]
     used = {
