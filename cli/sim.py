@@ -606,10 +606,10 @@ def mixed(
     -o json|yaml: {"fractions", "cache_model", "wall_s", "tables": [{"title", "rows":
     [{column: cell}]}]}, the tables as printed.
     """
-    from libs.sim.mixed import compare_fractions, simulate_mixed
+    from libs.sim.mixed import compare_fractions, mixed_policy, simulate_mixed
     from libs.sim.mixed_report import COMPARISON, markdown, tables
     from libs.sim.mixed_workload import MixedSettings
-    from libs.sim.workflows import load_profiles, serving_policy
+    from libs.sim.workflows import load_profiles
 
     extra = _items("--compare", compare, float, lambda f: 0 < f <= 1, "fractions in (0, 1]", True)
     if burst_end < burst_start:
@@ -648,8 +648,9 @@ def mixed(
             loaded, fractions, settings, knobs=knobs, parallel=parallel, on_run=lambda _: advance(1)
         )
     # The baseline, measured in the same run: the same batch jobs with no workflows.
-    policy = serving_policy(loaded.costs, serving_max_fraction=fractions[0], **knobs)
-    alone = simulate_mixed(loaded, policy, settings, workflows=False)
+    alone = simulate_mixed(
+        loaded, mixed_policy(loaded, fractions[0], knobs), settings, workflows=False
+    )
     total = time.perf_counter() - began
     shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0], alone).items()]
     side_by_side = "serving_max_fraction side by side (same workload)"

@@ -911,7 +911,8 @@ class Scheduler:
         blocked = self._reservations.blocked_for(job.job_id)
         per_node, wanted = spec.gpus, 1
         if spec.gpus > size:  # a gang: whole nodes of the largest size
-            if -(-spec.gpus // size) > MAX_GANG_NODES:
+            needed = -(-spec.gpus // size)
+            if needed > MAX_GANG_NODES:
                 return []
             whole = sum(
                 1
@@ -920,7 +921,7 @@ class Scheduler:
                 and node_id not in blocked
                 and len(self._capacity.free(node_id)) == size
             )
-            per_node, wanted = size, -(-spec.gpus // size) - whole
+            per_node, wanted = size, needed - whole
         rooms = sorted(
             (per_node - len(self._capacity.free(node_id)), node_id)
             for node_id in idle

@@ -520,6 +520,14 @@ def simulate_mixed(
     return MixedCluster(profiles, config, chosen, workflows=workflows).simulate()
 
 
+def mixed_policy(
+    profiles: Profiles, fraction: float, knobs: Mapping[str, Any] | None = None
+) -> PolicyConfig:
+    """The policy of a mixed run: ``serving_policy`` with the ``knobs`` and this
+    ``serving_max_fraction``."""
+    return serving_policy(profiles.costs, **{**(knobs or {}), "serving_max_fraction": fraction})
+
+
 def compare_fractions(
     profiles: Profiles,
     fractions: Sequence[float],
@@ -532,10 +540,7 @@ def compare_fractions(
     """The same workload (same seed) under each ``serving_max_fraction``, in that order,
     with the policy ``knobs`` (``serving_policy``'s); ``parallel`` runs them in separate
     processes (the results are the same). ``on_run`` is told of each run as it ends."""
-    configs = [
-        serving_policy(profiles.costs, **{**(knobs or {}), "serving_max_fraction": f})
-        for f in fractions
-    ]
+    configs = [mixed_policy(profiles, f, knobs) for f in fractions]
     told = on_run or (lambda _: None)
     if not parallel or len(configs) < 2:
         runs = []

@@ -7,9 +7,9 @@ alone (transactional id ``<group>-p<partition>``), so a crash never loses or dou
 a decision, and an instance that is handed a partition fences whoever decided it
 before (itself too, when the partition comes straight back): starting the partition's
 producer aborts the old owner's open transaction, waits for its committing one to
-complete, and refuses it any later commit. Only then is the group's committed offset read, so
-the new owner resumes exactly where the last commit left off, even from a zombie
-that had not yet noticed it lost the partition.
+complete, and refuses it any later commit. Only then is the group's committed offset
+read, so the new owner resumes exactly where the last commit left off, even from a
+zombie that had not yet noticed it lost the partition.
 
 Every instance is also a standby (``services/placement/standby.py``): it keeps the
 partitions it does not own folded up to their committed offsets, so a takeover
