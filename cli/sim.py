@@ -344,6 +344,31 @@ def workflows(
             "due = arrival + this × best case (0: oldest first)"
         ),
     ] = PolicyConfig.due_slack,
+    admit_load: Annotated[
+        float,
+        knob(
+            "compass's admit_load policy knob: under overload the workflows with the most "
+            "work wait while the work arriving is more than this × the GPUs' time (0: none)"
+        ),
+    ] = PolicyConfig.admit_load,
+    arrival_window: Annotated[
+        float,
+        duration(
+            "4s",
+            "compass's arrival_window_s policy knob: admit_load counts the work that "
+            "arrived over twice this, the older the less",
+            positive=True,
+        ),
+    ] = PolicyConfig.arrival_window_s,
+    admit_window: Annotated[
+        float,
+        duration(
+            "1s",
+            "compass's admit_window_s policy knob: admit_load counts the work admitted "
+            "over twice this, the older the less",
+            positive=True,
+        ),
+    ] = PolicyConfig.admit_window_s,
     profiles: Annotated[
         Path,
         input_file("Compass profiles"),
@@ -446,6 +471,9 @@ def workflows(
             rate_per_s=rate,
             hold_threshold=hold_threshold,
             due_slack=due_slack,
+            admit_load=admit_load,
+            arrival_window_s=arrival_window,
+            admit_window_s=admit_window,
             cache_model=cache_model,
             staleness_ms=staleness * 1000,
             planners=planners,

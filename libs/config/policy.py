@@ -36,6 +36,9 @@ class PolicyFile(FileModel):
     adjust_joins: bool = _D.adjust_joins
     hold_threshold: float = Field(_D.hold_threshold, ge=0)
     due_slack: float = Field(_D.due_slack, ge=0)
+    admit_load: float = Field(_D.admit_load, ge=0)
+    arrival_window_s: float = Field(_D.arrival_window_s, gt=0)
+    admit_window_s: float = Field(_D.admit_window_s, gt=0)
     host_to_gpu_mb_per_ms: float = Field(_D.host_to_gpu_mb_per_ms, gt=0)
     node_to_node_mb_per_ms: float = Field(_D.node_to_node_mb_per_ms, gt=0)
     serving_max_fraction: float = Field(_D.serving_max_fraction, gt=0, le=1)

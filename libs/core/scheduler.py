@@ -31,7 +31,7 @@ A scheduling pass, in order:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -107,7 +107,9 @@ POLICY = "budget"
 # ``serving_reserve_min`` warm ones), on a node where they make room for it.
 # 21: budget pressure on serving makes room for gangs too: the idle serving GPUs on the
 # nodes a gang lacks, each allocation's share counted over all of them.
-POLICY_VERSION = 21
+# 22: under overload compass keeps the workflows with the most work waiting, till
+# their due time at the most (``admit_load``, ``arrival_window_s``, ``admit_window_s``).
+POLICY_VERSION = 22
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -143,6 +145,9 @@ class _Lender:
             if node_id not in self._reserved and not self._capacity.is_cordoned(node_id):
                 for index in self._capacity.free(node_id):
                     yield node_id, index
+
+    def schedulable(self, spec: JobSpec) -> Mapping[NodeId, int]:
+        return self._capacity.schedulable(spec)
 
     def take(self, key: GpuKey) -> None:
         self._capacity.take(key[0], (key[1],))
@@ -244,7 +249,7 @@ class Scheduler:
                 # Its reports would be taken for this planner's own: never a peer's.
                 return [Refused(event.task_id, "a task of a job this planner schedules")]
             case inputs.PeerPlaced():
-                self._serving.peer_placed(event)
+                self._serving.peer_placed(event, self._now_ms)
             case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
                 reported = True
@@ -330,7 +335,7 @@ class Scheduler:
     def explain(self, job_id: JobId) -> Explanation | None:
         """Why a job waits (or where it runs), computed from the current state."""
         standing = self._charges.standings(self.now).get
-        serving = self._serving.describe(job_id)
+        serving = self._serving.describe(job_id, self._now_ms)
         if serving is not None:
             allocation = self._serving.allocation_of(job_id)
             waiting = job_id in self._serving.waiting

@@ -348,6 +348,9 @@ def simulate(
     share_models: bool = False,
     hold_threshold: float = PolicyConfig.hold_threshold,
     due_slack: float = PolicyConfig.due_slack,
+    admit_load: float = PolicyConfig.admit_load,
+    arrival_window_s: float = PolicyConfig.arrival_window_s,
+    admit_window_s: float = PolicyConfig.admit_window_s,
     cache_model: CacheModel = CacheModel.LOOKAHEAD,
     staleness_ms: float = 0.0,  # how late the workers' reports reach the scheduler
     planners: int = 1,  # planners splitting the arrivals, sharing only what is reported
@@ -361,6 +364,9 @@ def simulate(
         profiles.costs,
         hold_threshold=hold_threshold,
         due_slack=due_slack,
+        admit_load=admit_load,
+        arrival_window_s=arrival_window_s,
+        admit_window_s=admit_window_s,
         serving_cache_model=cache_model.value,
     )
     cluster = ServingCluster(

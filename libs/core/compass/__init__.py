@@ -7,7 +7,8 @@ the estimate, and adjusted as it runs. ``workflow`` checks the DAG;
 forward (``timeline``) and choosing each task's GPU (``choice``); ``scheduler``
 runs plans inside the core, over the GPUs its ``pool`` holds from batch work
 (``gpu``, ``flow`` and ``backlog`` are what it keeps of GPUs, workflows and
-queues); ``worker`` and ``cache`` are one GPU's queue and model cache as the
+queues; ``load`` the work lately arrived and admitted, which under overload keeps
+the largest workflows waiting); ``worker`` and ``cache`` are one GPU's queue and model cache as the
 node agent and the simulators keep them.
 """
 

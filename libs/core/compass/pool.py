@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple, Protocol
 
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
@@ -63,6 +63,10 @@ class BatchGpus(Protocol):
     def free_gpus(self) -> Iterator[GpuKey]:
         """The free GPUs serving may take (none on nodes reserved for batch work),
         in node order."""
+        ...
+
+    def schedulable(self, spec: JobSpec) -> Mapping[NodeId, int]:
+        """The nodes not cordoned that may take ``spec``, with their GPU counts."""
         ...
 
     def take(self, key: GpuKey) -> None: ...

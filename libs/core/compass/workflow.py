@@ -72,6 +72,11 @@ class Workflow:
         return max(done.values(), default=0.0)
 
     @cached_property
+    def work_ms(self) -> float:
+        """The GPU time its tasks run, all together."""
+        return sum(t.run_ms for t in self.tasks)
+
+    @cached_property
     def largest_model_mb(self) -> float:
         """The GPU memory its largest model needs (0: no task has a model)."""
         return max((t.model_mb for t in self.tasks), default=0.0)

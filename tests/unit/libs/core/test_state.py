@@ -19,6 +19,7 @@ from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, Stop
 from libs.core.capacity import Capacity
 from libs.core.charges import Charges
 from libs.core.compass.backlog import Backlogs
+from libs.core.compass.load import Load
 from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
 from libs.core.estimates import LearnedRuntimes
@@ -68,9 +69,11 @@ NOT_STATE: dict[type, set[str]] = {
     Reservations: CONFIG | {"_failed", "_open", "_floors"},
     Liveness: CONFIG,
     LearnedRuntimes: set(),
-    Serving: CONFIG | {"pool", "_backlogs"},  # its parts, checked in turn
+    # Its parts, checked in turn, and the scheduler's capacity it borrows from.
+    Serving: CONFIG | {"pool", "_backlogs", "_load", "_batch"},
     Pool: {"config", "_batch"},  # the scheduler's capacity it borrows from
     Backlogs: {"_planner"},
+    Load: {"arrival_window_ms", "admit_window_ms"},  # config
 }
 
 
@@ -88,6 +91,7 @@ def parts(scheduler: Scheduler) -> list[object]:
         scheduler._serving,
         scheduler._serving.pool,
         scheduler._serving._backlogs,
+        scheduler._serving._load,
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -255,8 +256,8 @@ def drain(s: Scheduler, sent: list[Place], at: float) -> list[Decision]:
 
 def test_compass_holds_new_workflows_while_the_queues_are_deep_then_plans_them_in_order() -> None:
     # CHAIN's best case is about 600 ms: with hold_threshold 1, a plan whose first
-    # task would wait longer than that is held.
-    s = Scheduler(PolicyConfig(hold_threshold=1))
+    # task would wait longer than that is held (no load limit: that rule alone).
+    s = Scheduler(PolicyConfig(hold_threshold=1, admit_load=0))
     run(s, [NodeJoined(0, gpu_node("n1"))])
     out = run(s, [JobArrived(1 + i / 1000, f"w{i}", flow()) for i in range(4)])
     assert [d.job_id for d in out if isinstance(d, Planned)] == ["w0"]
@@ -323,6 +324,98 @@ def test_a_held_workflow_holds_back_only_its_own_gpu_type() -> None:
     out = run(s, [JobArrived(1.1, "a0", job(1, workflow=CHAIN, gpu_type="A100"))])
     [plan] = [d for d in out if isinstance(d, Planned)]
     assert plan.job_id == "a0" and {t.node_id for t in plan.tasks} == {"a1"}
+
+
+def single(name: str, run_ms: float) -> Workflow:
+    return build_workflow(name, [Task("only", name, 1000, run_ms, 1, 1)], gpu_memory_mb=1e9)
+
+
+LONG, SHORT = single("long", 1500), single("short", 100)
+# Two GPUs serve 2,000 ms of work a second; queues never hold a workflow here.
+OVERLOAD = PolicyConfig(
+    hold_threshold=1000,
+    admit_load=1.0,
+    arrival_window_s=1.0,
+    admit_window_s=1.0,
+    serving_max_fraction=1,
+)
+
+
+def planned(decisions: list[Decision]) -> list[str]:
+    return [d.job_id for d in decisions if isinstance(d, Planned)]
+
+
+def test_under_overload_the_workflows_with_the_most_work_wait_and_short_ones_go_on() -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    out = run(s, [JobArrived(1.0, "l0", flow(LONG)), JobArrived(1.01, "s1", flow(SHORT))])
+    assert planned(out) == ["l0", "s1"]
+    # A second long one would bring the work that arrived to 3,100 ms: it waits.
+    out = run(s, [JobArrived(1.02, "l2", flow(LONG))])
+    [wait] = [d for d in out if isinstance(d, Wait)]
+    assert wait.reason.startswith("held while workflows bring more work than the serving GPUs")
+    explanation = s.explain("l2")
+    assert explanation is not None and "held while workflows bring more work" in explanation.text
+    # Short ones still go (their work and what was admitted fit), past the long one.
+    out = run(s, [JobArrived(1.03, "s3", flow(SHORT))])
+    assert planned(out) == ["s3"]
+    # The load falls with time: the long one goes once the arrivals weigh less.
+    out = drain(s, places(out), at=1.5)
+    assert planned(out) == [] and "l2" in s._serving.waiting
+    out = run(s, [TaskStarted(2.2, "l0", "l0/only", "n1"), TaskEnded(2.6, "l0", "l0/only", "n1")])
+    assert planned(out) == ["l2"]
+
+
+def test_a_workflow_held_for_the_load_goes_at_its_due_time_at_the_latest() -> None:
+    # admit_load 0.1: 200 ms of work a second, so the long one waits while anything
+    # runs; with due_slack 1 it is due 1.5 s after it arrived, and goes then.
+    two_steps = build_workflow(
+        "two", [Task("a", "m", 1000, 1000, 1, 1), Task("b", "m", 1000, 1000, 1, 1, ("a",))], 1e9
+    )
+    s = Scheduler(dataclasses.replace(OVERLOAD, admit_load=0.1, due_slack=1.0))
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    out = run(s, [JobArrived(1.0, "t0", flow(two_steps)), JobArrived(1.01, "l1", flow(LONG))])
+    assert planned(out) == ["t0"]
+    assert planned(run(s, [TaskStarted(1.1, "t0", "t0/a", "n1")])) == []
+    # The first step ends after l1's due time; the second still runs: due, not idle.
+    assert planned(run(s, [TaskEnded(2.52, "t0", "t0/a", "n1")])) == ["l1"]
+
+
+def test_other_planners_tasks_count_in_the_load() -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    assert planned(run(s, [JobArrived(1.0, "s0", flow(SHORT))])) == ["s0"]
+    run(s, [PeerPlaced(1.0, "p1", "p1/x", "n2", 0, "llm", 0, 1900, 1000)])
+    # 100 ms of its own and 1,900 of the peer's (a little less, 10-20 ms on): a
+    # workflow of 1,500 ms, or one of 100, would take the work admitted past 2,000.
+    assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == []
+    assert planned(run(s, [JobArrived(1.02, "s2", flow(SHORT))])) == []
+    # Without the peer's task the short one would have gone.
+    alone = Scheduler(OVERLOAD)
+    run(alone, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    run(alone, [JobArrived(1.0, "s0", flow(SHORT))])
+    assert planned(run(alone, [JobArrived(1.02, "s2", flow(SHORT))])) == ["s2"]
+
+
+def test_load_on_one_gpu_type_holds_back_no_workflow_of_another() -> None:
+    s = Scheduler(dataclasses.replace(OVERLOAD, serving_max_fraction=1))
+    run(s, [NodeJoined(0, gpu_node("h1")), NodeJoined(0, NodeSpec("a1", "A100", (0,), GIB_80))])
+    on_h100 = [
+        JobArrived(1 + i / 100, f"h{i}", job(1, workflow=LONG, gpu_type="H100")) for i in range(3)
+    ]
+    assert planned(run(s, on_h100)) == ["h0"]  # one H100 serves 1,000 ms a second
+    out = run(s, [JobArrived(1.1, "a0", job(1, workflow=LONG, gpu_type="A100"))])
+    assert planned(out) == ["a0"]
+
+
+@pytest.mark.parametrize(
+    "config", [dataclasses.replace(OVERLOAD, admit_load=0), PolicyConfig(serving_mode="jit")]
+)
+def test_without_a_load_limit_the_long_ones_wait_only_for_queues(config: PolicyConfig) -> None:
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    arrivals = [JobArrived(1 + i / 100, f"l{i}", flow(LONG)) for i in range(3)]
+    assert planned(run(s, arrivals)) == ["l0", "l1", "l2"]
 
 
 @pytest.mark.parametrize("mode", ["compass", "jit"])
