@@ -54,3 +54,5 @@ MAX_TREE_BYTES = 512 * KIB  # an encoded budget tree: every BudgetChanged carrie
 MAX_REASON_CHARS = 1000  # a reason placement writes; longer ones are cut
 MAX_SERVING_RESERVE = 100.0  # idle serving GPUs per busy one: more is a typo, not a policy
 MAX_SERVING_RESERVE_MIN = 100_000  # idle serving GPUs kept warm: beyond any cluster
+# How far back compass counts serving's load: its state keeps every arrival that long.
+MAX_ADMIT_WINDOW_S = 3600.0

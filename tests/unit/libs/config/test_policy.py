@@ -46,6 +46,10 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
         ({"gpu_prices": ["H100"]}, 'gpu_prices: expected a mapping, got ["H100"]'),
         ({"gpu_prices": {str(i): 1 for i in range(257)}}, "gpu_prices: expected at most 256 items"),
         ({"hold_threshold": -1}, "hold_threshold: expected a number >= 0, got -1"),
+        ({"admit_load": -0.5}, "admit_load: expected a number >= 0, got -0.5"),
+        ({"admit_window_s": 0}, "admit_window_s: expected a number > 0, got 0"),
+        # The load's state keeps every arrival this long: a day of them is a typo's cost.
+        ({"arrival_window_s": 86400}, "arrival_window_s: expected a number <= 3600, got 86400"),
         # 0 would mean "the agent's own grace" on the bus: no shorter grace at all.
         ({"free_stop_grace_s": 0}, "free_stop_grace_s: expected a number > 0, got 0"),
         ({"adjust_threshold": float("nan")}, "adjust_threshold: expected a finite number, got NaN"),
