@@ -154,8 +154,7 @@ class Serving:
         if gpu is None or task_id in self._peers:
             return
         self._peers[task_id] = gpu.key
-        node = self._batch.node(event.node_id)
-        if self._shedding and node is not None:
+        if self._shedding and (node := self._batch.node(event.node_id)) is not None:
             self._load.admit(task_id, Work(now_ms, node.gpu_type, event.run_ms))
         self._backlogs.items[task_id] = Pending(
             event.model, event.model_mb, event.run_ms, event.ready_ms, sent=True
