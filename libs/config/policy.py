@@ -39,6 +39,7 @@ class PolicyFile(FileModel):
     admit_load: float = Field(_D.admit_load, ge=0)
     arrival_window_s: float = Field(_D.arrival_window_s, gt=0, le=L.MAX_ADMIT_WINDOW_S)
     admit_window_s: float = Field(_D.admit_window_s, gt=0, le=L.MAX_ADMIT_WINDOW_S)
+    serving_planner: str = Field(_D.serving_planner, max_length=L.MAX_TEXT_CHARS)
     host_to_gpu_mb_per_ms: float = Field(_D.host_to_gpu_mb_per_ms, gt=0)
     node_to_node_mb_per_ms: float = Field(_D.node_to_node_mb_per_ms, gt=0)
     serving_max_fraction: float = Field(_D.serving_max_fraction, gt=0, le=1)

@@ -67,14 +67,18 @@ class PolicyConfig:
     due_slack: float = 30.0
     # Under overload compass also keeps the workflows with the most work waiting (they
     # lose the least slowdown for the GPU time they free): one waits while it and the
-    # workflows that arrived no larger bring more work (GPU run time) than admit_load ×
-    # the GPUs of its type run, over arrival_window_s; or while admitting it would
-    # take the work admitted (other planners' tasks too) past that over
-    # admit_window_s; and till its due time at the most (libs/core/compass/load.py).
-    # 0: no such limit (nor with hold_threshold 0).
+    # workflows that arrived no larger (other planners' too) bring more work (GPU run
+    # time) than admit_load × the GPUs of its type run, over arrival_window_s; or while
+    # admitting it would take the work this planner admitted past its share of that
+    # (its part of the work that arrived) over admit_window_s; and till its due time
+    # at the most (libs/core/compass/load.py). 0: no such limit (nor with hold_threshold 0).
     admit_load: float = 0.95
     arrival_window_s: float = 4.0
     admit_window_s: float = 1.0
+    # This planner's name when several share the GPUs (each plans a share of the
+    # workflows): GPUs that tie go to each in its own order, not all to the same one
+    # (libs/core/compass/order.py). Empty: one planner, lowest id first.
+    serving_planner: str = ""
     # Loading a model costs size ÷ this (PCIe, MB/ms); outputs cross nodes at the other.
     host_to_gpu_mb_per_ms: float = 10.171
     node_to_node_mb_per_ms: float = 12.583

@@ -111,6 +111,18 @@ class PeerPlaced:
 
 
 @dataclass(frozen=True)
+class PeerArrived:
+    """A workflow another planner was handed, as this planner reads its arrival off
+    the log (late): its work counts in the load here (``compass.load``), as this
+    planner's share of it is what it admits."""
+
+    at: float
+    job_id: JobId
+    gpu_type: str  # "" for any
+    work_ms: float  # the GPU run time of its tasks, all together
+
+
+@dataclass(frozen=True)
 class CancelRequested:
     at: float
     job_id: JobId
@@ -179,6 +191,7 @@ Input = (
     | ModelLoaded
     | ModelEvicted
     | PeerPlaced
+    | PeerArrived
     | CancelRequested
     | NodeCordoned
     | JobHeld

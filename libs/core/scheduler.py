@@ -109,7 +109,10 @@ POLICY = "budget"
 # nodes a gang lacks, each allocation's share counted over all of them.
 # 22: under overload compass keeps the workflows with the most work waiting, till
 # their due time at the most (``admit_load``, ``arrival_window_s``, ``admit_window_s``).
-POLICY_VERSION = 22
+# 23: among several planners each counts the others' arrivals (``PeerArrived``) and
+# admits its share of the work, not the others' sends; a named planner
+# (``serving_planner``) takes GPUs that tie in an order of its own.
+POLICY_VERSION = 23
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -249,7 +252,13 @@ class Scheduler:
                 # Its reports would be taken for this planner's own: never a peer's.
                 return [Refused(event.task_id, "a task of a job this planner schedules")]
             case inputs.PeerPlaced():
-                self._serving.peer_placed(event, self._now_ms)
+                self._serving.peer_placed(event)
+            case inputs.PeerArrived() if not (math.isfinite(event.work_ms) and event.work_ms >= 0):
+                return [Refused(event.job_id, "a peer's workflow needs finite, non-negative work")]
+            case inputs.PeerArrived() if event.job_id in self._seen:
+                return [Refused(event.job_id, "a job this planner schedules")]
+            case inputs.PeerArrived():
+                self._serving.peer_arrived(event, self._now_ms)
             case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
                 reported = True

@@ -46,7 +46,7 @@ from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, ServingHeld, ServingReleased, Wait
 from libs.core.ids import JobId, NodeId
-from libs.core.inputs import Input, JobArrived, NodeJoined, PeerPlaced
+from libs.core.inputs import Input, JobArrived, NodeJoined, PeerArrived, PeerPlaced
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 from libs.core.service_level import workflow_slowdown
@@ -143,10 +143,11 @@ def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Rando
 
 @dataclass(frozen=True)
 class ToPeers:
-    """A planner's ``Place`` as the other planners read it off the log."""
+    """What the other planners read off the log of one planner's work: its ``Place``s,
+    and the workflows handed to it."""
 
-    sender: int  # the planner that decided it
-    event: PeerPlaced
+    sender: int  # the planner that decided it, or was handed it
+    event: PeerPlaced | PeerArrived
 
 
 class ServingCluster:
@@ -159,8 +160,9 @@ class ServingCluster:
     (``on_decision`` sees every decision that is not a serving ``Place``).
 
     Several planners split the workflows that arrive, in turn, and share only what
-    a planner reads off the log: every worker report, and each other's serving
-    ``Place``s (``PeerPlaced``), all ``staleness_ms`` late.
+    a planner reads off the log: every worker report, each other's serving
+    ``Place``s (``PeerPlaced``) and the workflows handed to the others
+    (``PeerArrived``), all ``staleness_ms`` late.
     """
 
     def __init__(
@@ -239,13 +241,18 @@ class ServingCluster:
             self.feed(event)
 
     def feed(self, event: Input) -> None:
-        """A workflow goes to one planner, the next in turn; every other input to all."""
+        """A workflow goes to one planner, the next in turn (the others read of it late);
+        every other input to all."""
         indices = range(len(self.planners))
         if isinstance(event, JobArrived) and event.spec.workflow is not None:
             turn = len(self.arrived) % len(self.planners)
             self.arrived[event.job_id] = (self.world.now, event.spec.workflow)
             self.planned_by[turn] += 1
             indices = range(turn, turn + 1)
+            if len(self.planners) > 1:
+                work = event.spec.workflow.work_ms
+                peer = PeerArrived(event.at, event.job_id, event.spec.gpu_type, work)
+                self.world.at(self.world.now + self.staleness_ms, ToPeers(turn, peer))
         self._decide(event, indices)
 
     def _decide(self, event: Input, indices: Iterable[int]) -> None:
@@ -369,8 +376,12 @@ def simulate(
         admit_window_s=admit_window_s,
         serving_cache_model=cache_model.value,
     )
+    # Several planners each take GPUs that tie in an order of their own (order.py).
+    named = [dataclasses.replace(config, serving_planner=f"p{i}") for i in range(planners)]
     cluster = ServingCluster(
-        [Scheduler(config) for _ in range(planners)], profiles.costs, staleness_ms=staleness_ms
+        [Scheduler(c) for c in (named if planners > 1 else [config])],
+        profiles.costs,
+        staleness_ms=staleness_ms,
     )
     for i in range(gpus):
         cluster.add_gpu_node(f"n{i:04d}", (0,), profiles.costs.gpu_memory_mb)

@@ -3,7 +3,8 @@
 ``Arrivals`` says when the task's inputs reach each node, ``Shortlist`` leaves
 out the GPUs sure not to start it first, and ``Choice`` weighs the rest: the
 earliest start wins (with Compass, the model load and the eviction penalty
-added to when the GPU would take it), ties to the lowest GPU id.
+added to when the GPU would take it), ties to the GPU first in the planner's
+order (``order``: the lowest id, unless several planners share the GPUs).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from libs.core.compass.cache import load_ms, penalty_ms
+from libs.core.compass.order import GpuOrder
 from libs.core.compass.timeline import GpuState, Timeline
 from libs.core.compass.workflow import Costs, Task
 from libs.core.ids import NodeId
@@ -51,19 +53,22 @@ class Shortlist:
     """The GPUs a plan weighs for a task, less those sure not to start it first.
 
     Weighing every GPU for every task costs tasks × GPUs; this leaves out, without
-    changing any choice (the earliest start wins, ties the lowest id):
+    changing any choice (the earliest start wins, ties the first in ``order``):
     - of GPUs with nothing queued that are alike (models, memory, when free) and
       get the task's inputs at the same time (on the same node, or on none of its
-      parents' nodes), all but the lowest id: they would start it alike;
+      parents' nodes), all but the first in order: they would start it alike;
     - GPUs with a queue that would take the task later than the best start found
       (``Timeline.earliest_begin``, weighed in that order): a load and an eviction
       only add to it.
     """
 
-    def __init__(self, gpus: Sequence[GpuState], lines: dict[str, Timeline]) -> None:
+    def __init__(
+        self, gpus: Sequence[GpuState], lines: dict[str, Timeline], order: GpuOrder
+    ) -> None:
         self.lines = lines
         self.node_of = {g.gpu_id: g.node_id for g in gpus}
-        # alike -> node -> ids with nothing queued, lowest first
+        self.order = order
+        # alike -> node -> ids with nothing queued, first in order first
         self.idle: dict[tuple[object, ...], dict[NodeId, list[str]]] = {}
         self.queued: dict[str, None] = {}
         for gpu in gpus:
@@ -72,20 +77,21 @@ class Shortlist:
             else:
                 alike = (gpu.free_at_ms, tuple(gpu.resident.items()), lines[gpu.gpu_id].memory_mb)
                 on_node = self.idle.setdefault(alike, {}).setdefault(gpu.node_id, [])
-                bisect.insort(on_node, gpu.gpu_id)
+                bisect.insort(on_node, gpu.gpu_id, key=order.key)
 
     def weigh(self, task: Task, arrivals: Arrivals, start: Callable[[str, float], float]) -> None:
         """Call ``start(gpu id, best start so far)`` for each GPU on the shortlist;
         it returns the best start after weighing that GPU."""
         best = math.inf
+        key = self.order.key
         for by_node in self.idle.values():
-            elsewhere = ""  # the lowest id off the parents' nodes
+            elsewhere = ""  # the first in order off the parents' nodes
             for node, ids in by_node.items():
                 if not ids:
                     continue
                 if node in arrivals.local:
                     best = start(ids[0], best)
-                elif not elsewhere or ids[0] < elsewhere:
+                elif not elsewhere or key(ids[0]) < key(elsewhere):
                     elsewhere = ids[0]
             if elsewhere:
                 best = start(elsewhere, best)
@@ -109,7 +115,7 @@ class Shortlist:
 
 @dataclass
 class Choice:
-    """The GPU a plan gives one task: the earliest start, ties to the lowest id."""
+    """The GPU a plan gives one task: the earliest start, ties to the first in order."""
 
     costs: Costs
     aware: bool  # of loads and caches (all but heft)
@@ -118,6 +124,7 @@ class Choice:
     lines: dict[str, Timeline]
     node_of: dict[str, NodeId]
     insertion: bool
+    order: GpuOrder
     # (start, gpu id, place in its timeline, ready, begin, load)
     best: tuple[float, str, int, float, float, float] | None = None
 
@@ -136,6 +143,7 @@ class Choice:
         load = load_ms(self.costs, task, cache, line.memory_mb)
         if self.aware:
             start += load + penalty_ms(self.costs, task, cache, line.memory_mb)
-        if self.best is None or (start, gpu_id) < self.best[:2]:
+        key = self.order.key
+        if self.best is None or (start, key(gpu_id)) < (self.best[0], key(self.best[1])):
             self.best = (start, gpu_id, k, ready, begin, load)
         return self.best[0]

@@ -3,18 +3,24 @@
 When workflows bring more work than the GPUs can run, someone must wait, and
 compass makes it the workflows with the most work: holding one back frees the
 most GPU time for the least slowdown (its wait over its long best case).
-``Load`` remembers the work (GPU run time) of each workflow that arrived here
-and of what was admitted (this planner's workflows when planned, other
-planners' tasks as it reads their sends), with the GPU type each asked for or
-ran on. A workflow waits (``sheds``) while, on the GPUs of its type,
+``Load`` remembers the work (GPU run time) of each workflow that arrived (this
+planner's, and those of other planners as it reads them off the log) and of
+each it admitted, with the GPU type each asked for. A workflow waits
+(``sheds``) while, on the GPUs of its type,
 
 - it and the workflows that arrived no larger than it bring more work than
   ``admit_load`` × those GPUs can run (it is among the largest that do not
   fit), counted over ``arrival_window_s``: long enough to tell overload from a
   few arrivals close together; or
-- admitting it would take the work admitted over ``admit_window_s`` past that:
-  when the load dips, the workflows held back go in at the rate the GPUs serve
-  them, not all at once.
+- admitting it would take the work admitted over ``admit_window_s`` past this
+  planner's share of that: when the load dips, the workflows held back go in
+  at the rate the GPUs serve them, not all at once.
+
+Among several planners each admits its share, its part of the work that
+arrived: they learn of each other's admissions only late, and counting them
+would let all of them fill the same dip at once (at 40 GPUs in the paper's
+setting, four planners counting each other's sends admitted 1.3 × what the
+GPUs run in some two-second spans). One planner's share is all of it.
 
 A workflow waits only for others' work: one too large to fit alone goes when
 nothing else is counted. Work counts over twice a window, the older the less (a
@@ -36,6 +42,7 @@ class Work(NamedTuple):
     at_ms: float
     gpu_type: str  # "" for any
     work_ms: float
+    peer: bool = False  # another planner's workflow (arrivals only)
 
 
 class Load:
@@ -45,33 +52,54 @@ class Load:
         self.arrival_window_ms = arrival_window_ms
         self.admit_window_ms = admit_window_ms
         self._arrived: Table[str, Work] = state.table("serving.arrived")
-        # Under a job id (this planner's workflow) or a task id (a peer's task).
         self._admitted: Table[str, Work] = state.table("serving.admitted")
 
     def arrive(self, job_id: str, work: Work) -> None:
+        """A workflow arrived (``work.peer``: another planner's, read off the log; a
+        second word of it changes nothing). The table stays in time order."""
         _expire(self._arrived, work.at_ms, self.arrival_window_ms)
-        self._arrived[job_id] = work
+        if not work.peer:
+            self._arrived.pop(job_id)  # a peer's word on it came first: it is this one's
+        self._arrived.setdefault(job_id, work)
 
-    def admit(self, key: str, work: Work) -> None:
+    def admit(self, job_id: str, work: Work) -> None:
         _expire(self._admitted, work.at_ms, self.admit_window_ms)
-        self._admitted[key] = work
+        self._admitted[job_id] = work
 
     def sheds(self, job_id: str, work: Work, gpus: float) -> bool:
         """Whether the workflow (``work``, as it is now) waits, ``gpus`` being what the
         GPUs of its type may run at once. A read: entries past their window are left
         for the next write to drop."""
         admitted = _weighed(self._admitted, job_id, work, self.admit_window_ms, math.inf)
-        if admitted and admitted + work.work_ms > gpus * self.admit_window_ms:
+        share = self._share(job_id, work)
+        if admitted and admitted + work.work_ms > share * gpus * self.admit_window_ms:
             return True
         arrived = _weighed(self._arrived, job_id, work, self.arrival_window_ms, work.work_ms)
         return bool(arrived) and arrived + work.work_ms > gpus * self.arrival_window_ms
 
+    def _share(self, job_id: str, work: Work) -> float:
+        """This planner's part of the others' work that arrived on ``work``'s GPU type,
+        weighed as the arrivals' test weighs it; 1 when no peer's counts. The
+        workflow's own work is left out: a larger one must not earn a larger share."""
+        window = self.arrival_window_ms
+        peers = _weighed(self._arrived, job_id, work, window, math.inf, peer=True)
+        if not peers:
+            return 1.0
+        own = _weighed(self._arrived, job_id, work, window, math.inf, peer=False)
+        return own / (own + peers)
+
 
 def _weighed(
-    entries: Table[str, Work], job_id: str, work: Work, window_ms: float, most_ms: float
+    entries: Table[str, Work],
+    job_id: str,
+    work: Work,
+    window_ms: float,
+    most_ms: float,
+    peer: bool | None = None,
 ) -> float:
     """The work of the others' entries no larger than ``most_ms`` on ``work``'s GPU
-    type, each weighed by its age: 1 new, 0 two windows old."""
+    type (only peers' or only its own with ``peer``), each weighed by its age: 1 new,
+    0 two windows old."""
     width = 2 * window_ms
     now_ms = work.at_ms
     return sum(
@@ -81,6 +109,7 @@ def _weighed(
         and now_ms - w.at_ms < width
         and w.work_ms <= most_ms
         and (not work.gpu_type or w.gpu_type == work.gpu_type)
+        and (peer is None or w.peer is peer)
     )
 
 

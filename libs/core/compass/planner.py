@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from libs.core.compass.cache import load_ms, penalty_ms
 from libs.core.compass.choice import Arrivals, Choice, Shortlist
+from libs.core.compass.order import GpuOrder
 from libs.core.compass.timeline import GpuState, Pending, Timeline
 from libs.core.compass.workflow import Costs, Task, Workflow
 from libs.core.ids import JobId, NodeId
@@ -65,9 +66,12 @@ class Input:
 
 
 class Planner:
-    def __init__(self, costs: Costs, mode: PlanMode = PlanMode.COMPASS) -> None:
+    def __init__(
+        self, costs: Costs, mode: PlanMode = PlanMode.COMPASS, order: GpuOrder | None = None
+    ) -> None:
         self.costs = costs
         self.mode = mode
+        self.order = GpuOrder() if order is None else order  # who takes GPUs that tie
 
     def upward_ranks(self, workflow: Workflow) -> dict[str, float]:
         ranks: dict[str, float] = {}
@@ -101,14 +105,16 @@ class Planner:
         node_of = {g.gpu_id: g.node_id for g in gpus}
         by_id = {g.gpu_id: g for g in gpus}
         hashed = self.mode.hashed
-        shortlist = None if hashed else Shortlist(gpus, timelines)
+        shortlist = None if hashed else Shortlist(gpus, timelines, self.order)
         insertion = not hashed  # compass and heft
         aware = self.mode is not PlanMode.HEFT
         done: dict[str, Assignment] = {}
         added: dict[str, list[Pending]] = {}  # gpu id -> what this plan puts in its backlog
         for task in (workflow.tasks[i] for i in order):
             arrivals = self._arrivals(task, done, node_of, now_ms)
-            choose = Choice(self.costs, aware, task, arrivals, timelines, node_of, insertion)
+            choose = Choice(
+                self.costs, aware, task, arrivals, timelines, node_of, insertion, self.order
+            )
             if shortlist is None:
                 key = f"{job_id or ''}/{workflow.name}/{task.task_id}"
                 choose.weigh(gpus[_stable_hash(key) % len(gpus)].gpu_id, math.inf)
@@ -171,8 +177,9 @@ class Planner:
             load = load_ms(self.costs, task, cache, line.memory_mb)
             return load + penalty_ms(self.costs, task, cache, line.memory_mb) if aware else load
 
-        # The earliest start wins; ties keep the planned GPU, then go to the lowest id.
-        best = (own.begin(k, own_ready) + cost(own, k), False, own.gpu_id)
+        # The earliest start wins; ties keep the planned GPU, then go by the order.
+        key = self.order.key
+        best = (own.begin(k, own_ready) + cost(own, k), False, key(own.gpu_id))
         chosen = own
         others = [
             (self.ready_at(task, line.node_id, ready_ms, inputs) if aware else ready_ms, line)
@@ -180,7 +187,7 @@ class Planner:
             if line is not own
         ]
         if insertion:  # the GPUs that may take it soonest first (see Timeline.earliest_begin)
-            others.sort(key=lambda other: (other[1].earliest_begin(other[0]), other[1].gpu_id))
+            others.sort(key=lambda other: (other[1].earliest_begin(other[0]), key(other[1].gpu_id)))
         for ready, line in others:
             if insertion:
                 bound = line.earliest_begin(ready)
@@ -191,7 +198,7 @@ class Planner:
             if found is None:
                 continue
             j, begin = found
-            candidate = (begin + cost(line, j), True, line.gpu_id)
+            candidate = (begin + cost(line, j), True, key(line.gpu_id))
             if candidate < best:
                 best, chosen = candidate, line
         return chosen

@@ -43,6 +43,7 @@ from libs.core.compass.backlog import Backlogs
 from libs.core.compass.flow import Flow
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.load import Load, Work
+from libs.core.compass.order import GpuOrder
 from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
 from libs.core.compass.pool import BatchGpus, Pool, PoolChange, Want
 from libs.core.compass.timeline import GpuState, Pending
@@ -62,7 +63,7 @@ from libs.core.decisions import (
     Wait,
 )
 from libs.core.ids import JobId, NodeId, TaskId, workflow_task_id
-from libs.core.inputs import PeerPlaced
+from libs.core.inputs import PeerArrived, PeerPlaced
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
 
@@ -96,7 +97,7 @@ class Serving:
             0.0,
             CacheModel(config.serving_cache_model),
         )
-        self._planner = Planner(self._costs, self.mode)
+        self._planner = Planner(self._costs, self.mode, GpuOrder(config.serving_planner))
         self._batch = gpus
         self._gpus: Table[GpuKey, Gpu] = state.table("serving.gpus", Gpu.fact)
         self.pool = Pool(config, state, gpus, self._gpus)  # the GPUs held from batch work
@@ -145,22 +146,25 @@ class Serving:
         known = self._tasks.get(task_id)
         return known is not None and self._flows[known[0]].gpu[known[1].task_id][0] == node_id
 
-    def peer_placed(self, event: PeerPlaced, now_ms: float) -> None:
-        """Another planner sent a task to a GPU: it is in that GPU's queue, here too,
-        and its work in the load admitted. One it knows already, or has no GPU for,
-        changes nothing (the scheduler refuses one of its own jobs')."""
+    def peer_placed(self, event: PeerPlaced) -> None:
+        """Another planner sent a task to a GPU: it is in that GPU's queue, here too.
+        One it knows already, or has no GPU for, changes nothing (the scheduler
+        refuses one of its own jobs')."""
         task_id = TaskId(event.task_id)
         gpu = self._gpus.get((event.node_id, event.gpu_index))
         if gpu is None or task_id in self._peers:
             return
         self._peers[task_id] = gpu.key
-        if self._shedding and (node := self._batch.node(event.node_id)) is not None:
-            self._load.admit(task_id, Work(now_ms, node.gpu_type, event.run_ms))
         self._backlogs.items[task_id] = Pending(
             event.model, event.model_mb, event.run_ms, event.ready_ms, sent=True
         )
         gpu.send(task_id, event.ready_ms)
         self._touch(gpu)
+
+    def peer_arrived(self, event: PeerArrived, now_ms: float) -> None:
+        """A workflow arrived at another planner: its work counts in the load."""
+        if self._shedding:
+            self._load.arrive(event.job_id, Work(now_ms, event.gpu_type, event.work_ms, peer=True))
 
     def loaded(self, node_id: NodeId, gpu_index: int, model: str, size_mb: float) -> None:
         gpu = self._gpus.get((node_id, gpu_index))

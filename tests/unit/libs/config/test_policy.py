@@ -29,13 +29,13 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(
         "lookback_window_s: 3600\ngpu_prices: {H100: 2, A100: 1.5}\nserving_mode: jit\n"
-        "serving_cache_model: fifo-cost\n"
+        "serving_cache_model: fifo-cost\nserving_planner: east-2\n"
     )
     config = load_policy(path)
     assert config.lookback_window_s == 3600.0
     assert config.gpu_prices == (("A100", 1.5), ("H100", 2.0))
     assert (config.price("H100"), config.price("T4"), config.serving_mode) == (2.0, 1.0, "jit")
-    assert config.serving_cache_model == "fifo-cost"
+    assert (config.serving_cache_model, config.serving_planner) == ("fifo-cost", "east-2")
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,8 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
             {"serving_cache_model": "lru"},
             "serving_cache_model: expected one of 'lookahead' or 'fifo-cost', got \"lru\"",
         ),
+        ({"serving_planner": "p" * 129}, "serving_planner: expected at most 128 characters"),
+        ({"serving_planner": 3}, "serving_planner: expected a string, got 3"),
         ([1], "expected a mapping, got [1]"),
     ],
 )

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import random
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
 from libs.core.compass import CacheModel, PlanMode
 from libs.core.decisions import Place, Planned, ServingHeld, ServingReleased
-from libs.core.inputs import JobArrived
+from libs.core.inputs import Input, JobArrived, PeerArrived
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.sim import workflows
@@ -184,11 +186,14 @@ def test_stale_reports_reach_the_planner_late_and_cost_each_hop(profiles: Profil
     assert run(profiles, PlanMode.COMPASS, 64, jobs=60, staleness_ms=50.0) == stale
 
 
-def two_planners_place(profiles: Profiles, staleness_ms: float) -> list[tuple[str, str]]:
+def two_planners_place(
+    profiles: Profiles, staleness_ms: float, names: tuple[str, str] = ("", "")
+) -> list[tuple[str, str]]:
     """Two planners, two GPUs, two translations arriving 5 ms apart: where each root went."""
     sent: list[tuple[str, str]] = []
+    config = policy(PlanMode.COMPASS, profiles.costs)
     cluster = ServingCluster(
-        [Scheduler(policy(PlanMode.COMPASS, profiles.costs)) for _ in range(2)],
+        [Scheduler(dataclasses.replace(config, serving_planner=name)) for name in names],
         profiles.costs,
         staleness_ms=staleness_ms,
     )
@@ -217,6 +222,39 @@ def test_planners_share_their_placements_off_the_log_late(profiles: Profiles) ->
     # 10 ms late, it has not heard of it yet when its workflow arrives: both pick n0.
     [(_, first), (_, second)] = two_planners_place(profiles, staleness_ms=10.0)
     assert first == second
+    # Named as the simulation names them, each takes idle GPUs in its own order: p0
+    # n0 first, p1 n1 first (order.py), and they keep apart without hearing.
+    [(_, first), (_, second)] = two_planners_place(profiles, 10.0, names=("p0", "p1"))
+    assert (first, second) == ("n0", "n1")
+
+
+def test_each_planner_reads_the_others_arrivals_late(profiles: Profiles) -> None:
+    heard: list[tuple[int, Input, float]] = []
+    cluster = ServingCluster(
+        [Scheduler(policy(PlanMode.COMPASS, profiles.costs)) for _ in range(3)],
+        profiles.costs,
+        staleness_ms=10.0,
+    )
+    decide = cluster._decide
+
+    def record(event: Input, indices: Iterable[int]) -> None:
+        indices = list(indices)
+        heard.extend((i, event, cluster.world.now) for i in indices)
+        decide(event, indices)
+
+    cluster._decide = record  # type: ignore[method-assign]
+    cluster.add_gpu_node("n0", (0,), profiles.costs.gpu_memory_mb)
+    flow = keyed(profiles.workflows[0])
+    cluster.world.at(0.0, JobArrived(0.0, "w0", JobSpec("serving", "sim", 1, (), workflow=flow)))
+    cluster.run()
+    arrivals = [(i, e, at) for i, e, at in heard if isinstance(e, JobArrived | PeerArrived)]
+    assert [(i, type(e).__name__, at) for i, e, at in arrivals] == [
+        (0, "JobArrived", 0.0),
+        (1, "PeerArrived", 10.0),
+        (2, "PeerArrived", 10.0),
+    ]
+    peer = arrivals[1][1]
+    assert isinstance(peer, PeerArrived) and (peer.job_id, peer.work_ms) == ("w0", flow.work_ms)
 
 
 def test_several_planners_finish_every_workflow_deterministically(profiles: Profiles) -> None:

@@ -66,9 +66,33 @@ def test_a_write_drops_the_entries_past_their_window() -> None:
     assert list(book._arrived) == list(book._admitted) == ["new"]
 
 
+def test_a_planner_among_several_admits_its_share_of_the_work_that_arrived() -> None:
+    # 1,000 ms arrived here and 3,000 at peers: this planner admits a quarter of the
+    # 2,000 ms the GPUs run. 400 admitted: 200 more is past 500, 50 is not.
+    book = load()
+    book.arrive("mine", Work(0, "", 1000))
+    book.arrive("theirs", Work(0, "", 3000, peer=True))
+    book.admit("mine", Work(0, "", 400))
+    assert book.sheds("x", Work(0, "", 200), gpus=2)
+    assert not book.sheds("y", Work(0, "", 50), gpus=2)
+    alone = load()
+    alone.arrive("mine", Work(0, "", 1000))
+    alone.admit("mine", Work(0, "", 400))
+    assert not alone.sheds("x", Work(0, "", 200), gpus=2)
+
+
+def test_a_peers_word_on_a_job_counts_once_and_yields_to_the_planners_own() -> None:
+    book = load()
+    book.arrive("p", Work(0, "", 100, peer=True))
+    book.arrive("p", Work(500, "", 900, peer=True))  # read again: nothing changes
+    assert dict(book._arrived) == {"p": Work(0, "", 100, peer=True)}
+    book.arrive("p", Work(600, "", 100))  # handed to this planner after all: its own
+    assert dict(book._arrived) == {"p": Work(600, "", 100)}
+
+
 entries = st.lists(
     st.tuples(
-        st.booleans(),
+        st.sampled_from(["admit", "arrive", "peer"]),
         st.floats(0, 3000),
         st.sampled_from(["", "H100", "A100"]),
         st.floats(0, 5000),
@@ -79,11 +103,15 @@ entries = st.lists(
 
 @given(entries, st.floats(0, 5000), st.floats(0, 5000), st.sampled_from(["", "H100"]))
 def test_a_larger_workflow_waits_whenever_a_smaller_one_does(
-    written: list[tuple[bool, float, str, float]], small: float, more: float, gpu_type: str
+    written: list[tuple[str, float, str, float]], small: float, more: float, gpu_type: str
 ) -> None:
     book = load()
-    for i, (admitted, at, kind, work) in enumerate(sorted(written, key=lambda e: e[1])):
-        (book.admit if admitted else book.arrive)(f"e{i}", Work(at, kind, work))
+    for i, (how, at, kind, work) in enumerate(sorted(written, key=lambda e: e[1])):
+        if how == "admit":
+            book.admit(f"e{i}", Work(at, kind, work))
+        else:
+            book.arrive(f"e{i}", Work(at, kind, work, peer=how == "peer"))
     now = 3000.0
+    book.arrive("x", Work(now, gpu_type, small))  # as the scheduler does before asking
     if book.sheds("x", Work(now, gpu_type, small), gpus=2):
         assert book.sheds("x", Work(now, gpu_type, small + more), gpus=2)

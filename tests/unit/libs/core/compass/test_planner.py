@@ -17,6 +17,7 @@ from libs.core.compass import (
     build_workflow,
     evict_for,
 )
+from libs.core.compass.order import GpuOrder
 from libs.core.compass.planner import Input
 from libs.core.compass.timeline import Pending
 from libs.sim.workflows import PROFILES, load_profiles
@@ -140,6 +141,32 @@ def test_heft_is_blind_to_loads_and_hash_is_stable() -> None:
     first = Planner(COSTS, PlanMode.HASH).plan(workflow, gpus(4), 0)
     again = Planner(COSTS, PlanMode.HASH).plan(workflow, gpus(4), 0)
     assert [a.gpu_id for a in first] == [a.gpu_id for a in again]
+
+
+def test_planners_named_apart_take_idle_gpus_that_tie_in_orders_of_their_own() -> None:
+    # Several planners read each other's sends late: in that moment each must not
+    # take the same idle GPU. One unnamed planner takes the lowest id.
+    qa = parse_workflow("qa", QA, MODELS, COSTS)
+    firsts = {}
+    for name in ("", "p0", "p1", "p2", "p3"):
+        order = GpuOrder(name)
+        plan = Planner(COSTS, order=order).plan(qa, gpus(16), now_ms=0)
+        firsts[name] = plan[0].gpu_id
+        assert firsts[name] == min((f"g{i}" for i in range(16)), key=order.key)
+    assert firsts[""] == "g0"
+    assert len({firsts[name] for name in ("p0", "p1", "p2", "p3")}) > 1
+    # Its own order each time: a replay chooses as the planner did.
+    assert Planner(COSTS, order=GpuOrder("p1")).plan(qa, gpus(16), 0)[0].gpu_id == firsts["p1"]
+
+
+def test_adjust_sends_a_task_to_the_idle_gpu_first_in_the_planners_order() -> None:
+    marian = parse_workflow("translation", TRANSLATION, MODELS, COSTS).task("marian")
+    busy = GpuState("busy", "n0", 5000.0)
+    idle = [GpuState(f"idle{i}", f"n{i + 1}", 0.0) for i in range(8)]
+    for name in ("", "p0", "p1"):
+        order = GpuOrder(name)
+        chosen = adjust(Planner(COSTS, order=order), marian, busy, idle, ready_ms=1000)
+        assert chosen == min((g.gpu_id for g in idle), key=order.key)
 
 
 def test_adjust_moves_a_task_whose_gpu_is_backed_up() -> None:

@@ -22,6 +22,7 @@ from libs.core import (
     NodeHeartbeat,
     NodeJoined,
     NodeSpec,
+    PeerArrived,
     PeerPlaced,
     Place,
     Planned,
@@ -381,20 +382,40 @@ def test_a_workflow_held_for_the_load_goes_at_its_due_time_at_the_latest() -> No
     assert planned(run(s, [TaskEnded(2.52, "t0", "t0/a", "n1")])) == ["l1"]
 
 
-def test_other_planners_tasks_count_in_the_load() -> None:
+def test_other_planners_arrivals_count_in_the_load() -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    assert planned(run(s, [JobArrived(1.0, "s0", flow(SHORT))])) == ["s0"]
+    assert run(s, [PeerArrived(1.0, "p1", "H100", 1000)]) == []
+    # 100 ms of its own, 1,000 of the peer's and its 1,500: past the 2,000 ms the
+    # GPUs run in a second (and past this planner's share of it). Alone it goes.
+    assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == []
+    alone = Scheduler(OVERLOAD)
+    run(alone, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    run(alone, [JobArrived(1.0, "s0", flow(SHORT))])
+    assert planned(run(alone, [JobArrived(1.01, "l1", flow(LONG))])) == ["l1"]
+
+
+def test_among_planners_each_admits_its_share_of_the_work_that_arrived() -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    assert planned(run(s, [JobArrived(1.0, "s0", flow(SHORT))])) == ["s0"]
+    # A peer's 1,900 ms workflow, larger than the long one: no part of its test.
+    run(s, [PeerArrived(1.0, "p1", "H100", 1900)])
+    # But this planner brought 1,600 of the 3,500 ms that arrived: it admits 46 % of
+    # 2,000 ms, and 100 + 1,500 is past that.
+    assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == []
+    # A short one fits in its share (200 ms of some 950).
+    assert planned(run(s, [JobArrived(1.02, "s2", flow(SHORT))])) == ["s2"]
+
+
+def test_a_peers_tasks_are_no_work_this_planner_admitted() -> None:
+    # Their work counted when they arrived there; its sends are queues here.
     s = Scheduler(OVERLOAD)
     run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
     assert planned(run(s, [JobArrived(1.0, "s0", flow(SHORT))])) == ["s0"]
     run(s, [PeerPlaced(1.0, "p1", "p1/x", "n2", 0, "llm", 0, 1900, 1000)])
-    # 100 ms of its own and 1,900 of the peer's (a little less, 10-20 ms on): a
-    # workflow of 1,500 ms, or one of 100, would take the work admitted past 2,000.
-    assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == []
-    assert planned(run(s, [JobArrived(1.02, "s2", flow(SHORT))])) == []
-    # Without the peer's task the short one would have gone.
-    alone = Scheduler(OVERLOAD)
-    run(alone, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
-    run(alone, [JobArrived(1.0, "s0", flow(SHORT))])
-    assert planned(run(alone, [JobArrived(1.02, "s2", flow(SHORT))])) == ["s2"]
+    assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == ["l1"]
 
 
 def test_load_on_one_gpu_type_holds_back_no_workflow_of_another() -> None:
@@ -573,6 +594,26 @@ def test_a_peer_task_of_a_job_this_planner_schedules_is_refused() -> None:
         peer = PeerPlaced(1, place.job_id, place.task_id, "n1", 0, "llm", 5000, 500, 1000)
         [refused] = s.handle(peer)
         assert isinstance(refused, Refused) and "a job this planner schedules" in refused.reason
+    assert s.digest() == before
+
+
+@pytest.mark.parametrize("work_ms", [float("nan"), float("inf"), -1.0])
+def test_a_peers_arrival_with_bad_work_is_refused_and_changes_nothing(work_ms: float) -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    before = s.digest()
+    [refused] = s.handle(PeerArrived(1, "p1", "H100", work_ms))
+    assert isinstance(refused, Refused) and "finite" in refused.reason
+    assert s.digest() == before
+
+
+def test_a_peers_arrival_of_a_job_this_planner_schedules_is_refused() -> None:
+    s = Scheduler(OVERLOAD)
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    run(s, [JobArrived(1, "w1", flow(SHORT))])
+    before = s.digest()
+    [refused] = s.handle(PeerArrived(1, "w1", "H100", 100))
+    assert isinstance(refused, Refused) and "a job this planner schedules" in refused.reason
     assert s.digest() == before
 
 

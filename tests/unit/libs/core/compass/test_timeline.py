@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from libs.core.compass import CacheModel, Costs, GpuState, PlanMode, Planner, Task, build_workflow
 from libs.core.compass.cache import load_ms
 from libs.core.compass.choice import Shortlist
+from libs.core.compass.order import GpuOrder
 from libs.core.compass.timeline import Pending, Timeline
 
 Weigh = Callable[[str, float], float]
@@ -152,13 +153,19 @@ def clusters(draw: st.DrawFn) -> list[GpuState]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(workflows(), clusters(), st.sampled_from([PlanMode.COMPASS, PlanMode.HEFT]), costs)
+@given(
+    workflows(),
+    clusters(),
+    st.sampled_from([PlanMode.COMPASS, PlanMode.HEFT]),
+    costs,
+    st.sampled_from(["", "p1"]),
+)
 def test_a_plan_chooses_as_weighing_every_gpu_fully_would(
-    tasks: list[Task], cluster: list[GpuState], mode: PlanMode, with_costs: Costs
+    tasks: list[Task], cluster: list[GpuState], mode: PlanMode, with_costs: Costs, name: str
 ) -> None:
     """The plan leaves out GPUs sure not to start a task first (alike idle ones, busy
     ones, those past the best start so far); weighing all of them, each in full,
-    must choose the same GPUs and times."""
+    must choose the same GPUs and times, in the planner's order of ties too."""
     workflow = build_workflow("w", tasks, gpu_memory_mb=10_000)
 
     def weigh_all(self: object, task: Task, arrivals: object, start: Weigh) -> None:
@@ -166,9 +173,10 @@ def test_a_plan_chooses_as_weighing_every_gpu_fully_would(
             start(gpu.gpu_id, math.inf)
 
     short = [dataclasses.replace(g) for g in cluster]
-    plan = Planner(with_costs, mode).plan(workflow, short, NOW, job_id="j")
+    plan = Planner(with_costs, mode, GpuOrder(name)).plan(workflow, short, NOW, job_id="j")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Shortlist, "weigh", weigh_all)
         full = [dataclasses.replace(g) for g in cluster]
-        assert Planner(with_costs, mode).plan(workflow, full, NOW, job_id="j") == plan
+        planner = Planner(with_costs, mode, GpuOrder(name))
+        assert planner.plan(workflow, full, NOW, job_id="j") == plan
     assert [g.backlog for g in short] == [g.backlog for g in full]
