@@ -4,7 +4,8 @@ GPU memory is a model cache; a workflow (a DAG of model-serving tasks) is
 planned HEFT-style on arrival, with model loads, cache hits and transfers in
 the estimate, and adjusted as it runs. ``workflow`` checks the DAG;
 ``planner`` plans (Compass and its baselines), playing each GPU's backlog
-forward (``timeline``) and choosing each task's GPU (``choice``); ``scheduler``
+forward (``timeline``) and choosing each task's GPU (``choice``, ties in the
+planner's ``order``); ``scheduler``
 runs plans inside the core, over the GPUs its ``pool`` holds from batch work
 (``gpu``, ``flow`` and ``backlog`` are what it keeps of GPUs, workflows and
 queues; ``load`` the work lately arrived and admitted, which under overload keeps
