@@ -42,7 +42,6 @@ class Work(NamedTuple):
     at_ms: float
     gpu_type: str  # "" for any
     work_ms: float
-    peer: bool = False  # another planner's workflow (arrivals only)
 
 
 class Load:
@@ -52,15 +51,23 @@ class Load:
         self.arrival_window_ms = arrival_window_ms
         self.admit_window_ms = admit_window_ms
         self._arrived: Table[str, Work] = state.table("serving.arrived")
+        # Other planners' workflows, as this one reads their arrivals off the log.
+        self._peers: Table[str, Work] = state.table("serving.peers_arrived")
         self._admitted: Table[str, Work] = state.table("serving.admitted")
 
     def arrive(self, job_id: str, work: Work) -> None:
-        """A workflow arrived (``work.peer``: another planner's, read off the log; a
-        second word of it changes nothing). The table stays in time order."""
+        """A workflow of this planner's arrived (one a peer's word named first is this
+        planner's after all)."""
         _expire(self._arrived, work.at_ms, self.arrival_window_ms)
-        if not work.peer:
-            self._arrived.pop(job_id)  # a peer's word on it came first: it is this one's
-        self._arrived.setdefault(job_id, work)
+        self._peers.pop(job_id)
+        self._arrived[job_id] = work
+
+    def peer_arrived(self, job_id: str, work: Work) -> None:
+        """Another planner's workflow arrived there; a second word of it changes nothing
+        (the table stays in time order)."""
+        _expire(self._peers, work.at_ms, self.arrival_window_ms)
+        if job_id not in self._arrived:
+            self._peers.setdefault(job_id, work)
 
     def admit(self, job_id: str, work: Work) -> None:
         _expire(self._admitted, work.at_ms, self.admit_window_ms)
@@ -74,32 +81,30 @@ class Load:
         share = self._share(job_id, work)
         if admitted and admitted + work.work_ms > share * gpus * self.admit_window_ms:
             return True
-        arrived = _weighed(self._arrived, job_id, work, self.arrival_window_ms, work.work_ms)
-        return bool(arrived) and arrived + work.work_ms > gpus * self.arrival_window_ms
+        window = self.arrival_window_ms
+        arrived = _weighed(self._arrived, job_id, work, window, work.work_ms)
+        arrived += _weighed(self._peers, job_id, work, window, work.work_ms)
+        return bool(arrived) and arrived + work.work_ms > gpus * window
 
     def _share(self, job_id: str, work: Work) -> float:
         """This planner's part of the others' work that arrived on ``work``'s GPU type,
         weighed as the arrivals' test weighs it; 1 when no peer's counts. The
         workflow's own work is left out: a larger one must not earn a larger share."""
+        if not self._peers:
+            return 1.0
         window = self.arrival_window_ms
-        peers = _weighed(self._arrived, job_id, work, window, math.inf, peer=True)
+        peers = _weighed(self._peers, job_id, work, window, math.inf)
         if not peers:
             return 1.0
-        own = _weighed(self._arrived, job_id, work, window, math.inf, peer=False)
+        own = _weighed(self._arrived, job_id, work, window, math.inf)
         return own / (own + peers)
 
 
 def _weighed(
-    entries: Table[str, Work],
-    job_id: str,
-    work: Work,
-    window_ms: float,
-    most_ms: float,
-    peer: bool | None = None,
+    entries: Table[str, Work], job_id: str, work: Work, window_ms: float, most_ms: float
 ) -> float:
     """The work of the others' entries no larger than ``most_ms`` on ``work``'s GPU
-    type (only peers' or only its own with ``peer``), each weighed by its age: 1 new,
-    0 two windows old."""
+    type, each weighed by its age: 1 new, 0 two windows old."""
     width = 2 * window_ms
     now_ms = work.at_ms
     return sum(
@@ -109,7 +114,6 @@ def _weighed(
         and now_ms - w.at_ms < width
         and w.work_ms <= most_ms
         and (not work.gpu_type or w.gpu_type == work.gpu_type)
-        and (peer is None or w.peer is peer)
     )
 
 

@@ -164,7 +164,7 @@ class Serving:
     def peer_arrived(self, event: PeerArrived, now_ms: float) -> None:
         """A workflow arrived at another planner: its work counts in the load."""
         if self._shedding:
-            self._load.arrive(event.job_id, Work(now_ms, event.gpu_type, event.work_ms, peer=True))
+            self._load.peer_arrived(event.job_id, Work(now_ms, event.gpu_type, event.work_ms))
 
     def loaded(self, node_id: NodeId, gpu_index: int, model: str, size_mb: float) -> None:
         gpu = self._gpus.get((node_id, gpu_index))

@@ -61,9 +61,12 @@ def test_a_write_drops_the_entries_past_their_window() -> None:
     book = load()
     book.arrive("old", Work(0, "", 100))
     book.admit("old", Work(0, "", 100))
+    book.peer_arrived("theirs", Work(0, "", 100))
     book.arrive("new", Work(2 * SECOND, "", 100))
     book.admit("new", Work(2 * SECOND, "", 100))
+    book.peer_arrived("newer", Work(2 * SECOND, "", 100))
     assert list(book._arrived) == list(book._admitted) == ["new"]
+    assert list(book._peers) == ["newer"]
 
 
 def test_a_planner_among_several_admits_its_share_of_the_work_that_arrived() -> None:
@@ -71,7 +74,7 @@ def test_a_planner_among_several_admits_its_share_of_the_work_that_arrived() -> 
     # 2,000 ms the GPUs run. 400 admitted: 200 more is past 500, 50 is not.
     book = load()
     book.arrive("mine", Work(0, "", 1000))
-    book.arrive("theirs", Work(0, "", 3000, peer=True))
+    book.peer_arrived("theirs", Work(0, "", 3000))
     book.admit("mine", Work(0, "", 400))
     assert book.sheds("x", Work(0, "", 200), gpus=2)
     assert not book.sheds("y", Work(0, "", 50), gpus=2)
@@ -83,11 +86,13 @@ def test_a_planner_among_several_admits_its_share_of_the_work_that_arrived() -> 
 
 def test_a_peers_word_on_a_job_counts_once_and_yields_to_the_planners_own() -> None:
     book = load()
-    book.arrive("p", Work(0, "", 100, peer=True))
-    book.arrive("p", Work(500, "", 900, peer=True))  # read again: nothing changes
-    assert dict(book._arrived) == {"p": Work(0, "", 100, peer=True)}
+    book.peer_arrived("p", Work(0, "", 100))
+    book.peer_arrived("p", Work(500, "", 900))  # read again: nothing changes
+    assert (dict(book._peers), dict(book._arrived)) == ({"p": Work(0, "", 100)}, {})
     book.arrive("p", Work(600, "", 100))  # handed to this planner after all: its own
-    assert dict(book._arrived) == {"p": Work(600, "", 100)}
+    assert (dict(book._peers), dict(book._arrived)) == ({}, {"p": Work(600, "", 100)})
+    book.peer_arrived("p", Work(700, "", 100))  # late news of the peer's: still its own
+    assert (dict(book._peers), dict(book._arrived)) == ({}, {"p": Work(600, "", 100)})
 
 
 entries = st.lists(
@@ -107,10 +112,8 @@ def test_a_larger_workflow_waits_whenever_a_smaller_one_does(
 ) -> None:
     book = load()
     for i, (how, at, kind, work) in enumerate(sorted(written, key=lambda e: e[1])):
-        if how == "admit":
-            book.admit(f"e{i}", Work(at, kind, work))
-        else:
-            book.arrive(f"e{i}", Work(at, kind, work, peer=how == "peer"))
+        write = {"admit": book.admit, "arrive": book.arrive, "peer": book.peer_arrived}[how]
+        write(f"e{i}", Work(at, kind, work))
     now = 3000.0
     book.arrive("x", Work(now, gpu_type, small))  # as the scheduler does before asking
     if book.sheds("x", Work(now, gpu_type, small), gpus=2):
