@@ -377,9 +377,11 @@ def simulate(
         serving_cache_model=cache_model.value,
     )
     # Several planners each take GPUs that tie in an order of their own (order.py).
-    named = [dataclasses.replace(config, serving_planner=f"p{i}") for i in range(planners)]
+    configs = [config]
+    if planners > 1:
+        configs = [dataclasses.replace(config, serving_planner=f"p{i}") for i in range(planners)]
     cluster = ServingCluster(
-        [Scheduler(c) for c in (named if planners > 1 else [config])],
+        [Scheduler(c) for c in configs],
         profiles.costs,
         staleness_ms=staleness_ms,
     )

@@ -78,9 +78,10 @@ class Load:
         GPUs of its type may run at once. A read: entries past their window are left
         for the next write to drop."""
         admitted = _weighed(self._admitted, job_id, work, self.admit_window_ms, math.inf)
-        share = self._share(job_id, work)
-        if admitted and admitted + work.work_ms > share * gpus * self.admit_window_ms:
-            return True
+        if admitted:  # the share only when it matters: it reads every arrival
+            cap = self._share(job_id, work) * gpus * self.admit_window_ms
+            if admitted + work.work_ms > cap:
+                return True
         window = self.arrival_window_ms
         arrived = _weighed(self._arrived, job_id, work, window, work.work_ms)
         arrived += _weighed(self._peers, job_id, work, window, work.work_ms)

@@ -228,8 +228,7 @@ class Serving:
             assert spec.workflow is not None
             self._due[job_id] = now_ms + self.config.due_slack * self._best_ms(spec.workflow)
         if self._shedding:
-            assert spec.workflow is not None
-            self._load.arrive(job_id, Work(now_ms, spec.gpu_type, spec.workflow.work_ms))
+            self._load.arrive(job_id, _work(spec, now_ms))
         decisions = self.retry(now_ms)  # those due first first
         if job_id in self.waiting:
             decisions.append(Wait(job_id, self._why_waiting(job_id, spec, now_ms)))
@@ -258,8 +257,7 @@ class Serving:
                 del self.waiting[job_id]
                 self._due.pop(job_id)
                 if self._shedding:
-                    assert spec.workflow is not None
-                    self._load.admit(job_id, Work(now_ms, spec.gpu_type, spec.workflow.work_ms))
+                    self._load.admit(job_id, _work(spec, now_ms))
                 decisions += planned
         return decisions
 
@@ -277,10 +275,8 @@ class Serving:
         is in flight (its tasks' ends retry the ones waiting)."""
         if not (self._shedding and self._flows) or now_ms >= self._due[job_id]:
             return False
-        assert spec.workflow is not None
         gpus = min(self.pool.cap, sum(self._batch.schedulable(spec).values()))
-        work = Work(now_ms, spec.gpu_type, spec.workflow.work_ms)
-        return self._load.sheds(job_id, work, self.config.admit_load * gpus)
+        return self._load.sheds(job_id, _work(spec, now_ms), self.config.admit_load * gpus)
 
     def _why_waiting(self, job_id: JobId, spec: JobSpec, now_ms: float) -> str:
         if self._sheds(job_id, spec, now_ms):
@@ -617,6 +613,12 @@ class Serving:
 
     def _touch_flow(self, flow: Flow) -> None:
         self._flows.touch(flow.job_id)
+
+
+def _work(spec: JobSpec, now_ms: float) -> Work:
+    """A workflow's work as the load counts it (``load``)."""
+    assert spec.workflow is not None
+    return Work(now_ms, spec.gpu_type, spec.workflow.work_ms)
 
 
 def _want(spec: JobSpec) -> Want:
