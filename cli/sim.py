@@ -581,17 +581,23 @@ def mixed(
     serving_lend: Annotated[
         float,
         duration(
-            "3s", "Policy: a drained serving GPU beyond the warm reserve goes back after this"
+            "0s", "Policy: a drained serving GPU beyond the warm reserve goes back after this"
         ),
     ] = PolicyConfig.serving_lend_s,
     serving_reserve: Annotated[
         float,
         knob(
-            "Policy: idle serving GPUs kept warm per busy one (GPUs batch work leaves "
-            "free count too)",
+            "Policy: spare serving GPUs per square root of its load (the pool holds its "
+            "load and these; GPUs batch work leaves free count too)",
             maximum=MAX_SERVING_RESERVE,
         ),
     ] = PolicyConfig.serving_reserve,
+    serving_load_window: Annotated[
+        float,
+        duration(
+            "30s", "Policy: serving's load is the mean of its busy GPUs over this", positive=True
+        ),
+    ] = PolicyConfig.serving_load_window_s,
     serving_reserve_min: Annotated[
         int, knob("Policy: the warm reserve's least size", maximum=MAX_SERVING_RESERVE_MIN)
     ] = PolicyConfig.serving_reserve_min,
@@ -669,6 +675,7 @@ def mixed(
         "serving_lend_s": serving_lend,
         "serving_reserve": serving_reserve,
         "serving_reserve_min": serving_reserve_min,
+        "serving_load_window_s": serving_load_window,
         "serving_cache_model": cache_model.value,
     }
     with counting(console, "runs", len(fractions)) as advance:

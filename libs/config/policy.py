@@ -45,6 +45,9 @@ class PolicyFile(FileModel):
     serving_max_fraction: float = Field(_D.serving_max_fraction, gt=0, le=1)
     serving_reserve: float = Field(_D.serving_reserve, ge=0, le=L.MAX_SERVING_RESERVE)
     serving_reserve_min: int = Field(_D.serving_reserve_min, ge=0, le=L.MAX_SERVING_RESERVE_MIN)
+    serving_load_window_s: float = Field(
+        _D.serving_load_window_s, gt=0, le=L.MAX_SERVING_LOAD_WINDOW_S
+    )
     serving_lend_s: float = Field(_D.serving_lend_s, ge=0)
     serving_linger_s: float = Field(_D.serving_linger_s, ge=0)
     node_lost_timeout_s: float = Field(_D.node_lost_timeout_s, gt=0)

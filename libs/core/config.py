@@ -85,15 +85,18 @@ class PolicyConfig:
     # The most of the cluster's GPUs that workflows may hold at once; the rest
     # stays with batch work whatever the serving load.
     serving_max_fraction: float = 0.5
-    # Serving keeps a warm reserve of idle GPUs for the next arrivals: this × the GPUs
-    # busy with workflows now, at least serving_reserve_min. Plans use the busy GPUs and
-    # the reserve (those drained most recently); other idle GPUs go back to batch work
-    # serving_lend_s after their queue drained, so the pool shrinks with its load, and
-    # every idle one goes back after serving_linger_s. Under budget pressure a waiting
-    # job may take the reserve's idle GPUs but serving_reserve_min (serving's contract).
-    serving_reserve: float = 1.0
+    # Serving keeps a warm reserve of idle GPUs for the next arrivals: enough that the
+    # pool holds its load (the mean of its busy GPUs over serving_load_window_s) plus
+    # serving_reserve × the load's square root, at least serving_reserve_min idle. Plans
+    # use the busy GPUs and the reserve (those drained most recently); other idle GPUs
+    # go back to batch work serving_lend_s (0: at once) after their queue drained, so the
+    # pool shrinks with its load, and every idle one goes back after serving_linger_s. Under
+    # budget pressure a waiting job may take the reserve's idle GPUs but
+    # serving_reserve_min (serving's contract).
+    serving_reserve: float = 2.0
     serving_reserve_min: int = 2
-    serving_lend_s: float = 3.0
+    serving_load_window_s: float = 30.0
+    serving_lend_s: float = 0.0
     serving_linger_s: float = 30.0
     # A node that heartbeats is declared lost once it has been silent this long (on
     # the log's clock): its tasks end LOST or requeue, its GPUs leave the pool.

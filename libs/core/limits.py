@@ -52,7 +52,9 @@ MAX_BUDGET_USERS = 10_000  # members or managers of one node
 MAX_TREE_BYTES = 512 * KIB  # an encoded budget tree: every BudgetChanged carries it whole
 
 MAX_REASON_CHARS = 1000  # a reason placement writes; longer ones are cut
-MAX_SERVING_RESERVE = 100.0  # idle serving GPUs per busy one: more is a typo, not a policy
+MAX_SERVING_RESERVE = 100.0  # spare serving GPUs per √ of its load: more is a typo
+# How far back the serving pool averages its busy GPUs: its state keeps a mark a second.
+MAX_SERVING_LOAD_WINDOW_S = 3600.0
 MAX_SERVING_RESERVE_MIN = 100_000  # idle serving GPUs kept warm: beyond any cluster
 # How far back compass counts serving's load: its state keeps every arrival that long.
 MAX_ADMIT_WINDOW_S = 3600.0

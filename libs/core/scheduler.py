@@ -112,7 +112,10 @@ POLICY = "budget"
 # 23: among several planners each counts the others' arrivals (``PeerArrived``) and
 # admits its share of the work, not the others' sends; a named planner
 # (``serving_planner``) takes GPUs that tie in an order of its own.
-POLICY_VERSION = 23
+# 24: the serving pool holds its load (the mean of its busy GPUs over
+# ``serving_load_window_s``, 30 s) plus ``serving_reserve`` (2) × the load's square
+# root, not a reserve per GPU busy now; ``serving_lend_s`` 3 -> 0 (at once).
+POLICY_VERSION = 24
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -198,6 +201,11 @@ class Scheduler:
     def handle(self, event: inputs.Input) -> list[Decision]:
         """Fold one input; never raises: an input it cannot act on is answered with a
         ``Reject`` (a job) or a ``Refused`` (anything else), and changes nothing."""
+        decisions = self._fold(event)
+        self._serving.pool.measure(self._now_ms)  # the GPUs serving keeps busy from now
+        return decisions
+
+    def _fold(self, event: inputs.Input) -> list[Decision]:
         self._liveness.excuse_silence(event.at - self.now)
         clock_moved = event.at > self.now
         self.now = max(self.now, event.at)

@@ -121,6 +121,7 @@ class MixedRun:
     serving_lend_s: float
     serving_reserve: float
     serving_reserve_min: int
+    serving_load_window_s: float
     capacity: int
     serving_cap: int  # GPUs
     window_s: float
@@ -409,6 +410,7 @@ class MixedCluster(ServingCluster, Observer):
             serving_lend_s=self.config.serving_lend_s,
             serving_reserve=self.config.serving_reserve,
             serving_reserve_min=self.config.serving_reserve_min,
+            serving_load_window_s=self.config.serving_load_window_s,
             capacity=self.capacity,
             serving_cap=self.cap,
             window_s=window,

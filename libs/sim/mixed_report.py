@@ -69,8 +69,9 @@ def tables(run: MixedRun, alone: MixedRun | None = None) -> dict[str, Table]:
         ("share of use", lambda c: f"{(c.allocated_gpu_h + c.free_gpu_h) / total:.1%}"),
     )
     cap = (
-        f"serving cap {run.serving_cap} of {run.capacity}; warm reserve "
-        f"{run.serving_reserve:g}× busy, at least {run.serving_reserve_min}; the rest lent "
+        f"serving cap {run.serving_cap} of {run.capacity}; holds its load (mean busy over "
+        f"{run.serving_load_window_s:g} s) + {run.serving_reserve:g}×√load, at least "
+        f"{run.serving_reserve_min} idle; the rest lent "
         f"back after {run.serving_lend_s:g} s idle, all after {run.serving_linger_s:g} s"
     )
     return {

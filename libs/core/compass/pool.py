@@ -5,10 +5,10 @@ holds at most ``serving_max_fraction`` of the cluster. A GPU joins the pool
 when a plan first uses it (it is taken from the batch ``Capacity``, through
 ``BatchGpus``, the scheduler's narrow view of it). The pool grows and shrinks
 with its load: it keeps a warm reserve of idle GPUs (``reserve``: the ones
-drained most recently, sized by the GPUs busy now), plans use only the busy
-GPUs and that reserve, and every other idle GPU goes back to batch work
-``serving_lend_s`` after its queue drained (all of them after
-``serving_linger_s``). Workflows plan onto the pool's queues when no GPU is
+drained most recently), enough to hold its recent load and a margin of its
+square root, plans use only the busy GPUs and that reserve, and every other idle
+GPU goes back to batch work ``serving_lend_s`` after its queue drained (all of
+them after ``serving_linger_s``). Workflows plan onto the pool's queues when no GPU is
 free, so on a full cluster none of them ever waits: a pool that is backed up
 takes the next GPU batch work frees (``grow``), or the GPUs of a job stopped
 for it (``adopt``; the scheduler picks the job).
@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple, Protocol
 
+from libs.core.compass.busy import BusyMeter
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.workflow import Workflow
 from libs.core.config import PolicyConfig
@@ -94,6 +95,7 @@ class Pool:
         # The pool is backed up and had no free GPU to grow onto: the next GPU batch
         # work frees joins it (GPU type, model size it must hold, for which allocation).
         self._hungry: Cell[Want | None] = state.cell("serving.hungry", None)
+        self._meter = BusyMeter(state, config.serving_load_window_s * 1000)
 
     def __len__(self) -> int:
         return len(self.held)
@@ -112,13 +114,14 @@ class Pool:
         return {index for node, index in self.held if node == node_id}
 
     def candidates(
-        self, spec: JobSpec, workflow: Workflow, need_mb: float, *, spread: bool
+        self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float, *, spread: bool
     ) -> list[GpuKey]:
         """The GPUs a plan may use: those held now, then free ones while the pool
         has room: first those already holding one of its models, then in node
         order, at most one per task unless ``spread`` (the hash baselines spread
         over every eligible GPU)."""
-        chosen = [key for key in self._offered() if self.fits(key, spec.gpu_type, need_mb)]
+        offered = self._offered(now_ms)
+        chosen = [key for key in offered if self.fits(key, spec.gpu_type, need_mb)]
         room = self.cap - len(self.held)
         if room > 0:
             models = workflow.models
@@ -134,10 +137,10 @@ class Pool:
             chosen = [key for key in self.held if self.fits(key, spec.gpu_type, need_mb)]
         return sorted(chosen)
 
-    def _offered(self) -> list[GpuKey]:
+    def _offered(self, now_ms: float) -> list[GpuKey]:
         """The held GPUs plans may use: the busy ones and the warm reserve (those
         drained most recently). The other idle ones are left to drain back to batch."""
-        idle, size = self._idle_since, self.reserve
+        idle, size = self._idle_since, self.reserve(now_ms)
         reserve = list(idle)[-size:] if size else []
         return [key for key in self.held if key not in idle] + reserve
 
@@ -174,6 +177,11 @@ class Pool:
         self._batch.give(key)
         return [ServingReleased(*key, holder)]
 
+    @property
+    def busy(self) -> int:
+        """The held GPUs with workflow tasks queued or running."""
+        return len(self.held) - len(self._idle_since)
+
     def linger(self, key: GpuKey, busy: bool, now_ms: float | None) -> None:
         """The GPU's queue changed: a busy one is not idle, and a held one that
         drained (at ``now_ms``) starts lingering."""
@@ -181,6 +189,11 @@ class Pool:
             self._idle_since.pop(key)
         elif now_ms is not None and key in self.held and key not in self._idle_since:
             self._idle_since[key] = now_ms
+
+    def measure(self, now_ms: float) -> None:
+        """An input at ``now_ms`` is folded: the load's meter reads the GPUs busy now
+        (they stay so till the next input)."""
+        self._meter.count(now_ms, self.busy)
 
     def release_idle(self, now_ms: float) -> list[PoolChange]:
         """Give back to batch work the GPUs idle past ``serving_linger_s``, and those
@@ -195,7 +208,7 @@ class Pool:
             if since + linger_ms > now_ms:
                 if since + lend_ms > now_ms:
                     break
-                keep = self.reserve if keep is None else keep
+                keep = self.reserve(now_ms) if keep is None else keep
                 if len(self._idle_since) <= keep:
                     break
             released += self.give_back(key)
@@ -212,14 +225,22 @@ class Pool:
             by_node.setdefault(node_of(key), []).append((key, self.held[key]))
         return dict(sorted(by_node.items()))
 
-    @property
-    def reserve(self) -> int:
-        """The idle GPUs serving keeps warm for the next arrivals: ``serving_reserve``
-        × those busy now, at least ``serving_reserve_min``, less the GPUs batch work
-        leaves free that serving may take (plans use those too, and one lent back keeps
-        its models until a batch task lands there)."""
-        busy = len(self.held) - len(self._idle_since)
-        wanted = max(self.config.serving_reserve_min, math.ceil(self.config.serving_reserve * busy))
+    def reserve(self, now_ms: float) -> int:
+        """The idle GPUs serving keeps warm for the next arrivals: enough that the pool
+        holds its load (the mean of its busy GPUs over ``serving_load_window_s``) and
+        ``serving_reserve`` × the load's square root, at least ``serving_reserve_min``;
+        less the GPUs batch work leaves free that serving may take (plans use those
+        too, and one lent back keeps its models until a batch task lands there).
+
+        Square-root staffing: the spare GPUs that keep queueing rare grow with the
+        square root of the load, not with the load. The pool is sized by the mean, not
+        the count busy now, so that it stays put while that count swings with every
+        task; a pool that lent its GPUs in each lull would have to stop batch work to
+        get them back."""
+        config = self.config
+        load = self._meter.mean(now_ms)
+        staffed = math.ceil(load + config.serving_reserve * math.sqrt(load))
+        wanted = max(config.serving_reserve_min, staffed - self.busy)
         room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
         if not (room > 0 and self._batch.total_free):
             return wanted  # the usual full cluster: no walk over its nodes on every plan

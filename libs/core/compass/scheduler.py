@@ -474,11 +474,13 @@ class Serving:
         """The GPUs a plan may use (``Pool.candidates``), as the planner sees them."""
         return {
             key: self._backlogs.view(self._gpus[key], now_ms)
-            for key in self._candidates(spec, workflow, need_mb)
+            for key in self._candidates(spec, workflow, need_mb, now_ms)
         }
 
-    def _candidates(self, spec: JobSpec, workflow: Workflow, need_mb: float) -> list[GpuKey]:
-        return self.pool.candidates(spec, workflow, need_mb, spread=self.mode.hashed)
+    def _candidates(
+        self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
+    ) -> list[GpuKey]:
+        return self.pool.candidates(spec, workflow, need_mb, now_ms, spread=self.mode.hashed)
 
     def _send(self, flow: Flow, task: Task, now_ms: float) -> list[Decision]:
         """Send a ready task to its GPU, adjusting first when the plan went stale."""
@@ -540,7 +542,7 @@ class Serving:
         self._backlogs.leave_behind(own, task_id, task, now_ms, inputs)
         lines = {
             self._backlogs.line(self._gpus[key], now_ms).timeline: key
-            for key in self._candidates(flow.spec, flow.workflow, task.model_mb)
+            for key in self._candidates(flow.spec, flow.workflow, task.model_mb, now_ms)
         }
         chosen = self._planner.adjust(
             task, own.timeline, list(lines), now_ms, threshold, inputs=inputs

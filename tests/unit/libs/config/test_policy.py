@@ -29,13 +29,14 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(
         "lookback_window_s: 3600\ngpu_prices: {H100: 2, A100: 1.5}\nserving_mode: jit\n"
-        "serving_cache_model: fifo-cost\nserving_planner: east-2\n"
+        "serving_cache_model: fifo-cost\nserving_planner: east-2\nserving_load_window_s: 60\n"
     )
     config = load_policy(path)
     assert config.lookback_window_s == 3600.0
     assert config.gpu_prices == (("A100", 1.5), ("H100", 2.0))
     assert (config.price("H100"), config.price("T4"), config.serving_mode) == (2.0, 1.0, "jit")
     assert (config.serving_cache_model, config.serving_planner) == ("fifo-cost", "east-2")
+    assert config.serving_load_window_s == 60.0
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,12 @@ def test_knobs_come_from_a_file(tmp_path: Path) -> None:
         ({"admit_window_s": 0}, "admit_window_s: expected a number > 0, got 0"),
         # The load's state keeps every arrival this long: a day of them is a typo's cost.
         ({"arrival_window_s": 86400}, "arrival_window_s: expected a number <= 3600, got 86400"),
+        # So does the serving pool's meter, a mark a second.
+        ({"serving_load_window_s": 0}, "serving_load_window_s: expected a number > 0, got 0"),
+        (
+            {"serving_load_window_s": 86400},
+            "serving_load_window_s: expected a number <= 3600, got 86400",
+        ),
         # 0 would mean "the agent's own grace" on the bus: no shorter grace at all.
         ({"free_stop_grace_s": 0}, "free_stop_grace_s: expected a number > 0, got 0"),
         ({"adjust_threshold": float("nan")}, "adjust_threshold: expected a finite number, got NaN"),
@@ -95,7 +102,7 @@ def _another(value: object) -> object:
     if isinstance(value, bool):
         return not value
     if isinstance(value, float):
-        return value / 2
+        return value / 2 if value else 1.0
     return "heft" if isinstance(value, str) else (("H100", 2.0),)
 
 

@@ -19,6 +19,7 @@ from libs.core import Decision, Input, Planned, Refused, Reject, Scheduler, Stop
 from libs.core.capacity import Capacity
 from libs.core.charges import Charges
 from libs.core.compass.backlog import Backlogs
+from libs.core.compass.busy import BusyMeter
 from libs.core.compass.load import Load
 from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
@@ -71,9 +72,11 @@ NOT_STATE: dict[type, set[str]] = {
     LearnedRuntimes: set(),
     # Its parts, checked in turn, and the scheduler's capacity it borrows from.
     Serving: CONFIG | {"pool", "_backlogs", "_load", "_batch"},
-    Pool: {"config", "_batch"},  # the scheduler's capacity it borrows from
+    # The scheduler's capacity it borrows from; its meter, checked in turn.
+    Pool: {"config", "_batch", "_meter"},
     Backlogs: {"_planner"},
     Load: {"arrival_window_ms", "admit_window_ms"},  # config
+    BusyMeter: {"window_ms"},  # config
 }
 
 
@@ -92,6 +95,7 @@ def parts(scheduler: Scheduler) -> list[object]:
         scheduler._serving.pool,
         scheduler._serving._backlogs,
         scheduler._serving._load,
+        scheduler._serving.pool._meter,
     ]
 
 

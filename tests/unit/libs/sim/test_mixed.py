@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from libs.core.model import WorkClass
+from libs.sim.batch import FINISHED, LOST
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import MixedCluster, MixedRun, compare_fractions, simulate_mixed
 from libs.sim.mixed_report import COMPARISON, markdown, not_working, tables
@@ -138,11 +139,14 @@ def test_charges_per_allocation_add_up_to_the_gpu_time_run(
     for name, used in run.gpu_s_run.items():
         assert run.gpu_s_charged[name] == pytest.approx(used + held.get(name, 0.0))
     needed: dict[str, float] = {}
-    for job in simulation.batch:
-        team = job.spec.allocation
-        needed[team] = needed.get(team, 0.0) + job.spec.gpus * job.runtime_s
+    for job in simulation.jobs.values():
+        spec = job.sim.spec
+        if job.state != FINISHED:  # preempted (borrowed or free work) and cannot resume
+            assert (job.state, spec.resumable) == (LOST, False)
+            continue
+        needed[spec.allocation] = needed.get(spec.allocation, 0.0) + spec.gpus * job.sim.runtime_s
     for name, work in needed.items():
-        assert run.gpu_s_run[name] >= work - 1e-6  # preempted work runs again
+        assert run.gpu_s_run[name] >= work - 1e-6  # preempted work that resumes runs again
     workflows = sum(t.run_ms for _, flow in simulation.arrivals for t in flow.tasks) / 1000
     assert run.gpu_s_held >= workflows  # every workflow task ran on a GPU serving held
     serving = next(c for c in run.charges if c.allocation == SERVING_TEAM)

@@ -645,6 +645,7 @@ def test_idle_serving_gpus_beyond_the_warm_reserve_go_back_after_the_lend_delay(
         serving_lend_s=2,
         serving_reserve=0,
         serving_reserve_min=1,
+        serving_load_window_s=1,  # the load is what the last second's was
     )
     s = Scheduler(config)
     run(s, [NodeJoined(0, gpu_node("n1", 3))])
@@ -664,9 +665,36 @@ def test_idle_serving_gpus_beyond_the_warm_reserve_go_back_after_the_lend_delay(
     assert s.serving_gpus() == 0  # ...until it has lingered
 
 
+def test_the_pool_holds_its_load_through_a_lull_and_gives_it_back_when_the_load_is_gone() -> None:
+    config = PolicyConfig(
+        serving_max_fraction=1.0,
+        serving_lend_s=0.5,
+        serving_linger_s=1000,
+        serving_reserve=0,  # the load alone
+        serving_reserve_min=0,
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1", 2))])
+    run(s, [JobArrived(1, "w0", flow()), JobArrived(1, "w1", flow())])  # a GPU each
+    run(s, [TaskEnded(10, f"w{i}", f"w{i}/a", "n1") for i in range(2)])
+    run(s, [TaskEnded(21, f"w{i}", f"w{i}/b", "n1") for i in range(2)])
+    run(s, [JobArrived(21.2, "batch", job(2))])
+    # Both drained a second ago, but 2 GPUs were busy for 20 of the last 30 s: a load of
+    # 1.33 holds 2 GPUs. The GPUs busy now (none) would have given both back.
+    assert [d for d in run(s, [Tick(22)]) if isinstance(d, Place)] == []
+    assert s.serving_gpus() == 2
+    out = run(s, [Tick(60)])  # nothing busy for a whole window: the load is 0
+    assert [d.job_id for d in out if isinstance(d, Place)] == ["batch"]
+    assert s.serving_gpus() == 0
+
+
 def test_gpus_batch_work_leaves_free_count_toward_the_warm_reserve() -> None:
     config = PolicyConfig(
-        serving_max_fraction=1.0, serving_lend_s=2, serving_reserve=0, serving_reserve_min=1
+        serving_max_fraction=1.0,
+        serving_lend_s=2,
+        serving_reserve=0,
+        serving_reserve_min=1,
+        serving_load_window_s=1,
     )
     s = Scheduler(config)
     run(s, [NodeJoined(0, gpu_node("n1", 3))])
@@ -678,7 +706,11 @@ def test_gpus_batch_work_leaves_free_count_toward_the_warm_reserve() -> None:
 
 def test_plans_use_the_warm_reserve_not_the_gpus_left_to_drain() -> None:
     config = PolicyConfig(
-        serving_max_fraction=1.0, serving_lend_s=100, serving_reserve=0, serving_reserve_min=1
+        serving_max_fraction=1.0,
+        serving_lend_s=100,
+        serving_reserve=0,
+        serving_reserve_min=1,
+        serving_load_window_s=1,
     )
     s = Scheduler(config)
     run(s, [NodeJoined(0, gpu_node("n1", 2))])
@@ -761,7 +793,11 @@ def holds(decisions: list[Decision]) -> list[Decision]:
 
 def test_a_serving_gpu_is_charged_from_taken_to_given_back_to_whoever_used_it_last() -> None:
     config = PolicyConfig(
-        serving_max_fraction=1.0, serving_lend_s=5, serving_reserve=0, serving_reserve_min=0
+        serving_max_fraction=1.0,
+        serving_lend_s=5,
+        serving_reserve=0,
+        serving_reserve_min=0,
+        serving_load_window_s=1,
     )
     s = Scheduler(config)
     run(s, [NodeJoined(0, gpu_node("n1"))])
