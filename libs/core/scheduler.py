@@ -115,7 +115,9 @@ POLICY = "budget"
 # 24: the serving pool holds its load (the mean of its busy GPUs over
 # ``serving_load_window_s``, 30 s) plus ``serving_reserve`` (2) × the load's square
 # root, not a reserve per GPU busy now; ``serving_lend_s`` 3 -> 0 (at once).
-POLICY_VERSION = 24
+# 25: a backed-up pool stops charged work only if it resumes (work that cannot resume
+# and had just started lost nothing, but ended).
+POLICY_VERSION = 25
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -661,8 +663,8 @@ class Scheduler:
     def _reclaim(self) -> list[Decision]:
         """A backed-up serving pool with no free GPU to grow onto stops one job on a
         GPU it can use, as its allocation's own work could (free work at once, charged
-        work ranked below it and past its contract, losing nothing); the pool takes
-        that GPU as it frees. One at a time: none while the last one stops."""
+        work ranked below it and past its contract that resumes, losing nothing); the
+        pool takes that GPU as it frees. One at a time: none while the last one stops."""
         wanted = self._serving.pool.wanted
         if wanted is None or self._reclaiming.value is not None:
             return []
@@ -692,7 +694,8 @@ class Scheduler:
         if not victims and usable:
             rank = self._charges.rank(self.now)
             may_take = victims_for(wanted.allocation, rank, self.now)
-            victims = [v for v in usable if may_take(v) and not v.lost_gpu_s(self.now)]
+            # Only work that resumes: one that cannot ends when stopped, even as it starts.
+            victims = [v for v in usable if may_take(v) and v.spec.resumable]
         if not victims:
             self._no_victim.value = tried
             return []

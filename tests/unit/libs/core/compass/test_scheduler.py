@@ -767,6 +767,19 @@ def test_a_backed_up_pool_stops_charged_work_it_outranks_past_its_contract_losin
     assert stops == ([("b1", 0.0)] if resumable else [])
 
 
+def test_a_backed_up_pool_never_stops_charged_work_that_cannot_resume_even_as_it_starts() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [BudgetSet(0, tree(**{"team-a": 3, "team-b": 1}))])
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
+    # Allocated work beyond team-b's share (a quarter of 2 GPUs): borrowed, unprotected.
+    run(s, [JobArrived(1.5, "b1", job(1, allocation="team-b", min_runtime_s=3600))])
+    # It starts as the backlog arrives: stopping it now throws away no work, but it
+    # would end (it cannot resume), not wait to run again.
+    run(s, [TaskStarted(20, "b1", "b1/0", "n1")])
+    out = run(s, [JobArrived(20, f"w{i + 1}", flow()) for i in range(6)])
+    assert not [d for d in out if isinstance(d, Stop)]
+
+
 def test_a_workflow_on_a_cluster_full_of_free_work_has_a_gpu_freed_for_it() -> None:
     s = Scheduler(PolicyConfig(debug_headroom=0))
     run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "free", job(2))])
