@@ -117,7 +117,9 @@ POLICY = "budget"
 # root, not a reserve per GPU busy now; ``serving_lend_s`` 3 -> 0 (at once).
 # 25: a backed-up pool stops charged work only if it resumes (work that cannot resume
 # and had just started lost nothing, but ended).
-POLICY_VERSION = 25
+# 26: of the jobs a backed-up pool may stop that lose the least, the one that frees the
+# most of the GPUs it is short goes first (not the fewest GPUs, as batch preemption does).
+POLICY_VERSION = 26
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -664,7 +666,10 @@ class Scheduler:
         """A backed-up serving pool with no free GPU to grow onto stops one job on a
         GPU it can use, as its allocation's own work could (free work at once, charged
         work ranked below it and past its contract that resumes, losing nothing); the
-        pool takes that GPU as it frees. One at a time: none while the last one stops."""
+        pool takes its GPUs as they free. One at a time: none while the last one stops.
+        Among those that lose the least, the one that frees the most of what the pool
+        is short (``Pool.shortfall``) goes first: a burst is met in a grace or two, not
+        a grace per GPU."""
         wanted = self._serving.pool.wanted
         if wanted is None or self._reclaiming.value is not None:
             return []
@@ -673,22 +678,24 @@ class Scheduler:
             return []
         fits, reserved = self._serving.pool.fits, self._reservations.reserved
 
-        def on_usable_gpu(victim: RunningJob) -> bool:
-            node_id = victim.node_id
-            return any(
+        def open_node(node_id: NodeId) -> bool:
+            return node_id not in reserved and not self._capacity.is_cordoned(node_id)
+
+        def usable_gpus(job_id: JobId) -> int:
+            """The GPUs stopping the job frees that the pool can take."""
+            return sum(
                 fits((node_id, index), wanted.gpu_type, wanted.need_mb)
-                for task_node, gpus in self._running.jobs[victim.job_id].tasks.values()
-                if task_node == node_id
+                for node_id, gpus in self._running.jobs[job_id].tasks.values()
+                if open_node(node_id)
                 for index in gpus
             )
 
-        usable = [
-            victim
-            for node_id, jobs in self._running.preemptible_by_node().items()
-            if node_id not in reserved and not self._capacity.is_cordoned(node_id)
-            for victim in jobs
-            if on_usable_gpu(victim)
-        ]
+        frees: dict[JobId, tuple[RunningJob, int]] = {}  # a gang is listed on each node
+        for node_id, jobs in self._running.preemptible_by_node().items():
+            for victim in jobs if open_node(node_id) else ():
+                if victim.job_id not in frees and (gpus := usable_gpus(victim.job_id)):
+                    frees[victim.job_id] = (victim, gpus)
+        usable = [victim for victim, _ in frees.values()]
         victims = [v for v in usable if not v.spec.allocated]  # no rank needed: the common case
         rank: dict[str, int] = {}
         if not victims and usable:
@@ -699,7 +706,15 @@ class Scheduler:
         if not victims:
             self._no_victim.value = tried
             return []
-        victim = min(victims, key=lambda v: victim_order(v, rank, self.now))
+        short = self._serving.pool.shortfall()
+        victim = min(
+            victims,
+            key=lambda v: (
+                v.lost_gpu_s(self.now),
+                -min(frees[v.job_id][1], short),
+                victim_order(v, rank, self.now),
+            ),
+        )
         self._reclaiming.value = Reclaim(victim.job_id, wanted.allocation)
         why = f"preempted for workflow serving of {wanted.allocation} (its GPUs backed up)"
         return self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)

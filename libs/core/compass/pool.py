@@ -247,6 +247,14 @@ class Pool:
         counted = itertools.islice(self._batch.free_gpus(), min(wanted, room))
         return wanted - sum(1 for _ in counted)
 
+    def shortfall(self) -> int:
+        """The GPUs a backed-up pool lacks: what its load calls for, as ``reserve``
+        sizes it, less those it holds; at least one. From the GPUs busy now, not the
+        load's mean, which lags a burst (a backed-up pool is busy through and through)."""
+        busy = self.busy
+        staffed = math.ceil(busy + self.config.serving_reserve * math.sqrt(busy))
+        return max(1, staffed - len(self.held))
+
     def want(self, want: Want) -> None:
         """The pool is backed up: the next GPU batch work frees that fits joins it."""
         self._hungry.value = want

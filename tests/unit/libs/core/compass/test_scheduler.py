@@ -740,6 +740,21 @@ def test_a_backed_up_pool_with_no_free_gpu_stops_one_free_job_and_takes_its_gpus
     assert not [d for d in out if isinstance(d, Place) and d.serving is None]
 
 
+def test_a_backed_up_pool_stops_the_free_job_that_frees_what_it_lacks() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 4)), JobArrived(1, "w0", flow())])
+    for name, gpus in (("one", 1), ("two", 2)):  # free work that resumes: neither loses
+        spec = job(gpus, resumable=True)
+        run(s, [JobArrived(1.5, name, spec), TaskStarted(1.6, name, f"{name}/0", "n1")])
+    assert s.serving_gpus() == 1
+    out = run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
+    # One busy GPU calls for 1 + 2 √1 = 3: the pool lacks 2, and the 2-GPU job frees
+    # both in one grace (batch preemption would stop the smaller one).
+    assert [d.job_id for d in out if isinstance(d, Stop)] == ["two"]
+    run(s, [TaskEnded(5, "two", "two/0", "n1", exit_code=-15)])
+    assert s.serving_gpus() == 3
+
+
 def test_a_backed_up_pool_stops_no_charged_work_its_contract_protects() -> None:
     s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
     run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
