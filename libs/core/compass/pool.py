@@ -237,10 +237,8 @@ class Pool:
         the count busy now, so that it stays put while that count swings with every
         task; a pool that lent its GPUs in each lull would have to stop batch work to
         get them back."""
-        config = self.config
-        load = self._meter.mean(now_ms)
-        staffed = math.ceil(load + config.serving_reserve * math.sqrt(load))
-        wanted = max(config.serving_reserve_min, staffed - self.busy)
+        staffed = self._staffed(self._meter.mean(now_ms))
+        wanted = max(self.config.serving_reserve_min, staffed - self.busy)
         room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
         if not (room > 0 and self._batch.total_free):
             return wanted  # the usual full cluster: no walk over its nodes on every plan
@@ -251,9 +249,11 @@ class Pool:
         """The GPUs a backed-up pool lacks: what its load calls for, as ``reserve``
         sizes it, less those it holds; at least one. From the GPUs busy now, not the
         load's mean, which lags a burst (a backed-up pool is busy through and through)."""
-        busy = self.busy
-        staffed = math.ceil(busy + self.config.serving_reserve * math.sqrt(busy))
-        return max(1, staffed - len(self.held))
+        return max(1, self._staffed(self.busy) - len(self.held))
+
+    def _staffed(self, load: float) -> int:
+        """The GPUs a load calls for: itself and ``serving_reserve`` × its square root."""
+        return math.ceil(load + self.config.serving_reserve * math.sqrt(load))
 
     def want(self, want: Want) -> None:
         """The pool is backed up: the next GPU batch work frees that fits joins it."""
