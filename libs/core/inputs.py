@@ -93,21 +93,44 @@ class ModelEvicted:
 
 
 @dataclass(frozen=True)
-class PeerPlaced:
-    """A workflow task another planner sent to a GPU, as this planner reads that
-    planner's ``Place`` off the log (late): it counts in the GPU's queue here until
-    the task ends. With several planners each plans a share of the arrivals, and
-    this, with the node agents' reports, is all they share."""
+class PeerTask:
+    """A workflow task of another planner's on one GPU: what it takes there, and when
+    it is expected there."""
 
-    at: float
-    job_id: JobId
     task_id: TaskId
     node_id: NodeId
     gpu_index: int
     model: str  # empty: none
     model_mb: float
     run_ms: float
-    ready_ms: float  # when its inputs arrive at the GPU (ms on the input clock)
+    ready_ms: float  # ms on the input clock; see PeerPlaced and PeerPlanned
+
+
+@dataclass(frozen=True)
+class PeerPlaced:
+    """A workflow task another planner sent to a GPU, as this planner reads that
+    planner's ``Place`` off the log (late): it counts in the GPU's queue here until
+    the task ends (its ``ready_ms``: when its inputs arrive at the GPU). With several
+    planners each plans a share of the arrivals, and this, their plans
+    (``PeerPlanned``) and arrivals (``PeerArrived``), with the node agents' reports,
+    is all they share."""
+
+    at: float
+    job_id: JobId
+    task: PeerTask
+
+
+@dataclass(frozen=True)
+class PeerPlanned:
+    """A workflow another planner planned, as this planner reads that planner's
+    ``Planned`` off the log (late): each task not yet sent holds its place in its
+    GPU's queue here, as this planner's own planned tasks do, till the peer sends it
+    (``PeerPlaced``, perhaps elsewhere). A task's ``ready_ms`` is when the plan has
+    the GPU take it: its estimated start less its load."""
+
+    at: float
+    job_id: JobId
+    tasks: tuple[PeerTask, ...]
 
 
 @dataclass(frozen=True)
@@ -191,6 +214,7 @@ Input = (
     | ModelLoaded
     | ModelEvicted
     | PeerPlaced
+    | PeerPlanned
     | PeerArrived
     | CancelRequested
     | NodeCordoned

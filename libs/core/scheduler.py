@@ -61,7 +61,7 @@ from libs.core.decisions import (
 from libs.core.estimates import LearnedRuntimes
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
-from libs.core.limits import MAX_GANG_NODES
+from libs.core.limits import MAX_GANG_NODES, MAX_WORKFLOW_TASKS
 from libs.core.liveness import Liveness
 from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
@@ -119,7 +119,9 @@ POLICY = "budget"
 # and had just started lost nothing, but ended).
 # 26: of the jobs a backed-up pool may stop that lose the least, the one that frees the
 # most of the GPUs it is short goes first (not the fewest GPUs, as batch preemption does).
-POLICY_VERSION = 26
+# 27: among several planners each reads the others' plans (``PeerPlanned``): their tasks
+# not yet sent hold their GPUs' queues; a plan weighs every free GPU the others keep busy.
+POLICY_VERSION = 27
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -256,15 +258,29 @@ class Scheduler:
                 self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
             case inputs.ModelEvicted():
                 self._serving.evicted(event.node_id, event.gpu_index, event.model)
-            case inputs.PeerPlaced() if not all(
-                math.isfinite(v) and v >= 0 for v in (event.model_mb, event.run_ms, event.ready_ms)
-            ):
-                return [Refused(event.task_id, "a peer's task needs finite, non-negative times")]
+            case inputs.PeerPlaced() if not _finite_times(event.task):
+                return [
+                    Refused(event.task.task_id, "a peer's task needs finite, non-negative times")
+                ]
             case inputs.PeerPlaced() if event.job_id in self._seen:
                 # Its reports would be taken for this planner's own: never a peer's.
-                return [Refused(event.task_id, "a task of a job this planner schedules")]
+                return [Refused(event.task.task_id, "a task of a job this planner schedules")]
             case inputs.PeerPlaced():
-                self._serving.peer_placed(event)
+                self._serving.peer_placed(event, self._now_ms)
+            case inputs.PeerPlanned() if len(event.tasks) > MAX_WORKFLOW_TASKS or not all(
+                _finite_times(task) for task in event.tasks
+            ):
+                return [
+                    Refused(
+                        event.job_id,
+                        f"a peer's plan needs at most {MAX_WORKFLOW_TASKS} tasks, with "
+                        "finite, non-negative sizes and times",
+                    )
+                ]
+            case inputs.PeerPlanned() if event.job_id in self._seen:
+                return [Refused(event.job_id, "a job this planner schedules")]
+            case inputs.PeerPlanned():
+                self._serving.peer_planned(event)
             case inputs.PeerArrived() if not (math.isfinite(event.work_ms) and event.work_ms >= 0):
                 return [Refused(event.job_id, "a peer's workflow needs finite, non-negative work")]
             case inputs.PeerArrived() if event.job_id in self._seen:
@@ -1005,3 +1021,8 @@ class Scheduler:
         if isinstance(fit, Fit):  # always: those nodes have room for it now
             decisions += self._place(job, fit)
         return decisions
+
+
+def _finite_times(task: inputs.PeerTask) -> bool:
+    """A peer's task states finite, non-negative sizes and times."""
+    return all(math.isfinite(v) and v >= 0 for v in (task.model_mb, task.run_ms, task.ready_ms))

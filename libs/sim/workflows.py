@@ -45,8 +45,16 @@ from libs.core.compass import (
 from libs.core.compass.scheduler import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, ServingHeld, ServingReleased, Wait
-from libs.core.ids import JobId, NodeId
-from libs.core.inputs import Input, JobArrived, NodeJoined, PeerArrived, PeerPlaced
+from libs.core.ids import JobId, NodeId, workflow_task_id
+from libs.core.inputs import (
+    Input,
+    JobArrived,
+    NodeJoined,
+    PeerArrived,
+    PeerPlaced,
+    PeerPlanned,
+    PeerTask,
+)
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 from libs.core.service_level import workflow_slowdown
@@ -143,11 +151,11 @@ def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Rando
 
 @dataclass(frozen=True)
 class ToPeers:
-    """What the other planners read off the log of one planner's work: its ``Place``s,
-    and the workflows handed to it."""
+    """What the other planners read off the log of one planner's work: its ``Place``s
+    and ``Planned``s, and the workflows handed to it."""
 
     sender: int  # the planner that decided it, or was handed it
-    event: PeerPlaced | PeerArrived
+    event: PeerPlaced | PeerPlanned | PeerArrived
 
 
 class ServingCluster:
@@ -160,9 +168,9 @@ class ServingCluster:
     (``on_decision`` sees every decision that is not a serving ``Place``).
 
     Several planners split the workflows that arrive, in turn, and share only what
-    a planner reads off the log: every worker report, each other's serving
-    ``Place``s (``PeerPlaced``) and the workflows handed to the others
-    (``PeerArrived``), all ``staleness_ms`` late.
+    a planner reads off the log: every worker report, each other's plans
+    (``PeerPlanned``) and serving ``Place``s (``PeerPlaced``), and the workflows
+    handed to the others (``PeerArrived``), all ``staleness_ms`` late.
     """
 
     def __init__(
@@ -261,9 +269,32 @@ class ServingCluster:
                 self.decisions += 1
                 self._act(decision, i)
 
+    def _share_plan(self, decision: Planned, by: int) -> None:
+        """The others read the plan off the log, late: with the workflow (its
+        submission is on the log too) it says what each task will take where."""
+        workflow = self.arrived[decision.job_id][1]
+        tasks = []
+        for planned in decision.tasks:
+            task = workflow.task(planned.name)
+            tasks.append(
+                PeerTask(
+                    workflow_task_id(decision.job_id, planned.name),
+                    planned.node_id,
+                    planned.gpu_index,
+                    task.model,
+                    task.model_mb,
+                    task.run_ms,
+                    planned.start_ms - planned.load_ms,
+                )
+            )
+        peer = PeerPlanned(self.world.now / 1000, decision.job_id, tuple(tasks))
+        self.world.at(self.world.now + self.staleness_ms, ToPeers(by, peer))
+
     def _act(self, decision: Decision, by: int = 0) -> None:
         if isinstance(decision, Planned):
             self.planned_ms[decision.job_id] = self.world.now
+            if len(self.planners) > 1:
+                self._share_plan(decision, by)
         serving = decision.serving if isinstance(decision, Place) else None
         if serving is None:
             if self.on_decision is not None:
@@ -276,9 +307,7 @@ class ServingCluster:
             self.adjusted += 1
         if len(self.planners) > 1:  # the others read it off the log, late
             now = self.world.now
-            peer = PeerPlaced(
-                now / 1000,
-                decision.job_id,
+            task = PeerTask(
                 decision.task_id,
                 decision.node_id,
                 decision.gpu_indices[0],
@@ -287,6 +316,7 @@ class ServingCluster:
                 serving.run_ms,
                 now + serving.input_delay_ms,
             )
+            peer = PeerPlaced(now / 1000, decision.job_id, task)
             self.world.at(now + self.staleness_ms, ToPeers(by, peer))
         self.world.send(decision)
 

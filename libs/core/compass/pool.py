@@ -117,16 +117,23 @@ class Pool:
         self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float, *, spread: bool
     ) -> list[GpuKey]:
         """The GPUs a plan may use: those held now, then free ones while the pool
-        has room: first those already holding one of its models, then in node
-        order, at most one per task unless ``spread`` (the hash baselines spread
-        over every eligible GPU)."""
+        has room: first those already holding one of its models or kept busy by
+        other planners, then idle ones in node order, at most one per task unless
+        ``spread`` (the hash baselines spread over every eligible GPU)."""
         offered = self._offered(now_ms)
         chosen = [key for key in offered if self.fits(key, spec.gpu_type, need_mb)]
         room = self.cap - len(self.held)
         if room > 0:
             models = workflow.models
             free = [k for k in self._batch.free_gpus() if self.fits(k, spec.gpu_type, need_mb)]
-            warm = [key for key in free if models & self._gpus[key].resident.keys()]
+            # Every free GPU that holds one of its models, or that other planners keep
+            # busy (it serves, so it is weighed as this pool's busy ones are; a planner
+            # alone has none), then idle ones.
+            warm = [
+                key
+                for key in free
+                if self._gpus[key].busy or models & self._gpus[key].resident.keys()
+            ]
             wanted = room if spread else len(workflow.tasks)
             taken = set(warm)
             cold = [key for key in free if key not in taken][:wanted]

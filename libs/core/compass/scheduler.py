@@ -38,6 +38,7 @@ scheduler's ``State`` (prefixed ``serving.``), so its digest covers them.
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 from libs.core.compass.backlog import Backlogs
 from libs.core.compass.flow import Flow
@@ -63,13 +64,20 @@ from libs.core.decisions import (
     Wait,
 )
 from libs.core.ids import JobId, NodeId, TaskId, workflow_task_id
-from libs.core.inputs import PeerArrived, PeerPlaced
+from libs.core.inputs import PeerArrived, PeerPlaced, PeerPlanned
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
 
 __all__ = ["MB_PER_GIB", "BatchGpus", "GpuKey", "Serving"]
 
 MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
+
+
+class Peer(NamedTuple):
+    """Another planner's task in this one's GPU queues: where, and whose."""
+
+    gpu: GpuKey
+    job_id: JobId
 
 
 class _NotPlanned(enum.Enum):
@@ -111,8 +119,12 @@ class Serving:
         # The work that arrived and was admitted lately: under overload the workflows
         # with the most work wait (``load``).
         self._load = Load(state, config.arrival_window_s * 1000, config.admit_window_s * 1000)
-        # Other planners' tasks in this one's GPU queues (``PeerPlaced``), till they end.
-        self._peers: Table[TaskId, GpuKey] = state.table("serving.peers")
+        # Other planners' tasks in this one's GPU queues, planned (``PeerPlanned``) or
+        # sent (``PeerPlaced``), till they end.
+        self._peers: Table[TaskId, Peer] = state.table("serving.peers")
+        # Each peer's workflow with tasks planned and not yet sent: dropped at once when
+        # the peer gives up on it (a task failed or was lost, it was cancelled).
+        self._peer_plans: Table[JobId, tuple[TaskId, ...]] = state.table("serving.peer_plans")
         # Derived (see ``derived``): task id -> (job id, task), in flight.
         self._tasks: dict[TaskId, tuple[JobId, Task]] = {}
 
@@ -142,24 +154,70 @@ class Serving:
         this planner or a peer; a report from any other node is not believed."""
         peer = self._peers.get(task_id)
         if peer is not None:
-            return node_of(peer) == node_id
+            return node_of(peer.gpu) == node_id
         known = self._tasks.get(task_id)
         return known is not None and self._flows[known[0]].gpu[known[1].task_id][0] == node_id
 
-    def peer_placed(self, event: PeerPlaced) -> None:
-        """Another planner sent a task to a GPU: it is in that GPU's queue, here too.
-        One it knows already, or has no GPU for, changes nothing (the scheduler
-        refuses one of its own jobs')."""
-        task_id = TaskId(event.task_id)
-        gpu = self._gpus.get((event.node_id, event.gpu_index))
-        if gpu is None or task_id in self._peers:
+    def peer_placed(self, event: PeerPlaced, now_ms: float) -> None:
+        """Another planner sent a task to a GPU: it is in that GPU's queue, here too,
+        and no longer where the peer's plan had it. One it knows as sent already, or
+        has no GPU for, changes nothing (the scheduler refuses one of its own jobs')."""
+        task = event.task
+        task_id = TaskId(task.task_id)
+        gpu = self._gpus.get((task.node_id, task.gpu_index))
+        if gpu is None or task_id in self._tasks:
             return
-        self._peers[task_id] = gpu.key
+        if task_id in self._peers and not self._unplan_peer(task_id, now_ms):
+            return  # sent already
+        self._peers[task_id] = Peer(gpu.key, JobId(event.job_id))
         self._backlogs.items[task_id] = Pending(
-            event.model, event.model_mb, event.run_ms, event.ready_ms, sent=True
+            task.model, task.model_mb, task.run_ms, task.ready_ms, sent=True
         )
-        gpu.send(task_id, event.ready_ms)
+        gpu.send(task_id, task.ready_ms)
         self._touch(gpu)
+
+    def peer_planned(self, event: PeerPlanned) -> None:
+        """Another planner planned a workflow: its tasks not yet sent hold their places
+        in their GPUs' queues here, as this planner's own planned tasks do, so that
+        its plans do not count on GPUs a peer has already promised. A task it knows,
+        or has no GPU for, is left out (a second word of the plan changes nothing)."""
+        job_id = JobId(event.job_id)
+        planned: list[TaskId] = []
+        for task in event.tasks:
+            task_id = TaskId(task.task_id)
+            gpu = self._gpus.get((task.node_id, task.gpu_index))
+            if gpu is None or task_id in self._peers or task_id in self._tasks:
+                continue
+            self._peers[task_id] = Peer(gpu.key, job_id)
+            self._backlogs.items[task_id] = Pending(
+                task.model, task.model_mb, task.run_ms, task.ready_ms, sent=False
+            )
+            gpu.plan(task_id, task.model, task.ready_ms)
+            self._touch(gpu)
+            planned.append(task_id)
+        if planned:
+            self._peer_plans[job_id] = (*self._peer_plans.get(job_id, ()), *planned)
+
+    def _unplan_peer(self, task_id: TaskId, now_ms: float) -> bool:
+        """A peer's task leaves the GPU its plan had it on (it was sent, or dropped);
+        False if it was not planned there (it was sent already)."""
+        key, job_id = self._peers[task_id]
+        gpu = self._gpus[key]
+        if task_id not in gpu.planned:
+            return False
+        gpu.unplan(task_id, self._backlogs.items[task_id].model)
+        self._touch(gpu, now_ms)
+        left = tuple(t for t in self._peer_plans.get(job_id, ()) if t != task_id)
+        if left:
+            self._peer_plans[job_id] = left
+        else:
+            self._peer_plans.pop(job_id)
+        return True
+
+    def _drop_peer_plan(self, job_id: JobId, now_ms: float) -> None:
+        """The peer gave up on its workflow: the tasks it planned and never sent go."""
+        for task_id in self._peer_plans.get(job_id, ()):
+            self._drop_peer(task_id, now_ms)
 
     def peer_arrived(self, event: PeerArrived, now_ms: float) -> None:
         """A workflow arrived at another planner: its work counts in the load."""
@@ -180,7 +238,7 @@ class Serving:
     def started(self, task_id: TaskId, now_ms: float) -> None:
         peer = self._peers.get(task_id)
         if peer is not None:
-            gpu = self._gpus[peer]
+            gpu = self._gpus[peer.gpu]
         else:
             job_id, task = self._tasks[task_id]
             gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
@@ -196,8 +254,11 @@ class Serving:
     def ended(self, task_id: TaskId, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow
         (a peer's task only leaves its GPU's queue: its successors are the peer's)."""
-        if task_id in self._peers:
+        peer = self._peers.get(task_id)
+        if peer is not None:
             self._drop_peer(task_id, now_ms)
+            if exit_code != 0:  # its planner abandons the workflow
+                self._drop_peer_plan(peer.job_id, now_ms)
             return []
         job_id, task = self._tasks.pop(task_id)
         self._backlogs.items.pop(task_id)
@@ -322,13 +383,17 @@ class Serving:
         under way are stopped); the node's GPUs leave the pool, their models gone."""
         keys = sorted(key for key in self._gpus if key[0] == node_id)
         hit: dict[JobId, None] = {}  # the workflows lost, in a deterministic order
+        peers: dict[JobId, None] = {}  # and the peers' (their planners hear of it too)
         for key in keys:
             gpu = self._gpus[key]
             for task_id in (*gpu.dispatched, *gpu.planned):
-                if task_id in self._peers:
-                    self._drop_peer(task_id, now_ms)  # its planner hears of the loss too
+                if (peer := self._peers.get(task_id)) is not None:
+                    self._drop_peer(task_id, now_ms)
+                    peers[peer.job_id] = None
                 else:
                     hit[self._tasks[task_id][0]] = None
+        for job_id in peers:
+            self._drop_peer_plan(job_id, now_ms)
         decisions: list[Decision] = []
         for job_id in hit:
             decisions += self._lose_flow(self._flows[job_id], node_id, why, now_ms)
@@ -363,8 +428,10 @@ class Serving:
         return decisions
 
     def cancel(self, job_id: JobId, now_ms: float) -> list[Decision] | None:
-        """Withdraw a workflow; None when the job is not a workflow this knows."""
+        """Withdraw a workflow; None when the job is not a workflow this knows (a
+        peer's: what its planner had planned and not sent goes from the queues here)."""
         job = job_id
+        self._drop_peer_plan(job, now_ms)
         if self.waiting.pop(job) is not None:
             self._due.pop(job)
             return [Cancel(job, "cancelled before it started")]
@@ -590,7 +657,9 @@ class Serving:
         flow.abandoned = tuple(abandoned)
 
     def _drop_peer(self, task_id: TaskId, now_ms: float) -> None:
-        gpu = self._gpus[self._peers[task_id]]
+        """A peer's task ended, or will never be sent: it leaves its GPU's queue."""
+        self._unplan_peer(task_id, now_ms)
+        gpu = self._gpus[self._peers[task_id].gpu]
         del self._peers[task_id]
         self._backlogs.items.pop(task_id)
         gpu.dispatched.pop(task_id, None)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from libs.core.compass import CacheModel, PlanMode
+from libs.core.compass import CacheModel, PlanMode, Workflow
 from libs.core.decisions import Place, Planned, ServingHeld, ServingReleased
-from libs.core.inputs import Input, JobArrived, PeerArrived
+from libs.core.inputs import Input, JobArrived, PeerArrived, PeerPlanned
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
 from libs.sim import workflows
@@ -228,7 +228,8 @@ def test_planners_share_their_placements_off_the_log_late(profiles: Profiles) ->
     assert (first, second) == ("n0", "n1")
 
 
-def test_each_planner_reads_the_others_arrivals_late(profiles: Profiles) -> None:
+def three_planners_hear(profiles: Profiles) -> tuple[Workflow, list[tuple[int, Input, float]]]:
+    """Three planners, one workflow handed to the first: what each heard, and when."""
     heard: list[tuple[int, Input, float]] = []
     cluster = ServingCluster(
         [Scheduler(policy(PlanMode.COMPASS, profiles.costs)) for _ in range(3)],
@@ -247,6 +248,11 @@ def test_each_planner_reads_the_others_arrivals_late(profiles: Profiles) -> None
     flow = keyed(profiles.workflows[0])
     cluster.world.at(0.0, JobArrived(0.0, "w0", JobSpec("serving", "sim", 1, (), workflow=flow)))
     cluster.run()
+    return flow, heard
+
+
+def test_each_planner_reads_the_others_arrivals_late(profiles: Profiles) -> None:
+    flow, heard = three_planners_hear(profiles)
     arrivals = [(i, e, at) for i, e, at in heard if isinstance(e, JobArrived | PeerArrived)]
     assert [(i, type(e).__name__, at) for i, e, at in arrivals] == [
         (0, "JobArrived", 0.0),
@@ -255,6 +261,21 @@ def test_each_planner_reads_the_others_arrivals_late(profiles: Profiles) -> None
     ]
     peer = arrivals[1][1]
     assert isinstance(peer, PeerArrived) and (peer.job_id, peer.work_ms) == ("w0", flow.work_ms)
+
+
+def test_each_planner_reads_the_others_plans_late(profiles: Profiles) -> None:
+    flow, heard = three_planners_hear(profiles)
+    plans = [(i, e, at) for i, e, at in heard if isinstance(e, PeerPlanned)]
+    assert [(i, at) for i, _, at in plans] == [(1, 10.0), (2, 10.0)]
+    plan = plans[0][1]
+    assert isinstance(plan, PeerPlanned) and plan.job_id == "w0"
+    # Every task, on the one GPU, with what it takes there from the workflow.
+    assert [(t.task_id, t.node_id, t.gpu_index) for t in plan.tasks] == [
+        (f"w0/{task.task_id}", "n0", 0) for task in flow.tasks
+    ]
+    assert [(t.model, t.run_ms) for t in plan.tasks] == [(t.model, t.run_ms) for t in flow.tasks]
+    # The first task is expected at once (its model's load is the plan's too).
+    assert plan.tasks[0].ready_ms == 0.0
 
 
 def test_several_planners_finish_every_workflow_deterministically(profiles: Profiles) -> None:

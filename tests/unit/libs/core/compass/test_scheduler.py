@@ -24,6 +24,8 @@ from libs.core import (
     NodeSpec,
     PeerArrived,
     PeerPlaced,
+    PeerPlanned,
+    PeerTask,
     Place,
     Planned,
     PolicyConfig,
@@ -414,7 +416,7 @@ def test_a_peers_tasks_are_no_work_this_planner_admitted() -> None:
     s = Scheduler(OVERLOAD)
     run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
     assert planned(run(s, [JobArrived(1.0, "s0", flow(SHORT))])) == ["s0"]
-    run(s, [PeerPlaced(1.0, "p1", "p1/x", "n2", 0, "llm", 0, 1900, 1000)])
+    run(s, [PeerPlaced(1.0, "p1", PeerTask("p1/x", "n2", 0, "llm", 0, 1900, 1000))])
     assert planned(run(s, [JobArrived(1.01, "l1", flow(LONG))])) == ["l1"]
 
 
@@ -536,7 +538,7 @@ def test_a_task_report_from_another_node_is_not_believed() -> None:
 def peer_task(at: float, run_ms: float = 10_000, **bad: float) -> PeerPlaced:
     """Another planner's task on n1's GPU, its inputs there at 1 s, its model ``llm``."""
     times = {"model_mb": 5000.0, "run_ms": run_ms, "ready_ms": 1000.0, **bad}
-    return PeerPlaced(at, "p1", "p1/x", "n1", 0, "llm", **times)
+    return PeerPlaced(at, "p1", PeerTask("p1/x", "n1", 0, "llm", **times))
 
 
 def first_start_ms(decisions: list[Decision]) -> float:
@@ -591,7 +593,7 @@ def test_a_peer_task_of_a_job_this_planner_schedules_is_refused() -> None:
     [batch] = [d for d in s.handle(JobArrived(1, "b1", job(1))) if isinstance(d, Place)]
     before = s.digest()
     for place in (sent, batch):
-        peer = PeerPlaced(1, place.job_id, place.task_id, "n1", 0, "llm", 5000, 500, 1000)
+        peer = PeerPlaced(1, place.job_id, PeerTask(place.task_id, "n1", 0, "llm", 5000, 500, 1000))
         [refused] = s.handle(peer)
         assert isinstance(refused, Refused) and "a job this planner schedules" in refused.reason
     assert s.digest() == before
@@ -621,8 +623,108 @@ def test_a_peer_task_on_a_gpu_this_planner_does_not_know_changes_nothing() -> No
     s = Scheduler(PolicyConfig(serving_max_fraction=1.0))
     run(s, [NodeJoined(0, gpu_node("n1"))])
     before = s.digest()
-    assert s.handle(PeerPlaced(1, "p1", "p1/x", "n9", 0, "llm", 5000, 500, 1000)) == []
+    assert s.handle(PeerPlaced(1, "p1", PeerTask("p1/x", "n9", 0, "llm", 5000, 500, 1000))) == []
     assert s.digest() == before
+
+
+def peer_plan(*tasks: tuple[str, str], run_ms: float = 10_000, job_id: str = "p1") -> PeerPlanned:
+    """Another planner's plan: each (task, node) a task of ``run_ms`` on the node's GPU,
+    expected there at 1 s."""
+    return PeerPlanned(
+        1,
+        job_id,
+        tuple(PeerTask(f"{job_id}/{t}", n, 0, "llm", 5000, run_ms, 1000) for t, n in tasks),
+    )
+
+
+def two_gpus() -> Scheduler:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+    run(s, [NodeJoined(0, gpu_node("n1")), NodeJoined(0, gpu_node("n2"))])
+    return s
+
+
+def test_a_peers_planned_tasks_hold_their_gpus_until_it_sends_them_elsewhere() -> None:
+    s = two_gpus()
+    assert s.handle(peer_plan(("x", "n1"), ("y", "n2"))) == []
+    # Both GPUs are promised for 10 s: the new workflow starts after a peer's task.
+    assert first_start_ms(s.handle(JobArrived(1, "w1", flow()))) >= 11_000
+    # The peer sent x to n2 after all: n1 is free of it.
+    run(s, [PeerPlaced(1.1, "p1", PeerTask("p1/x", "n2", 0, "llm", 5000, 10_000, 1000))])
+    assert first_start_ms(s.handle(JobArrived(1.1, "w2", flow()))) < 3_000
+
+
+@pytest.mark.parametrize(
+    "gives_up",
+    [
+        [TaskStarted(1.2, "p1", "p1/x", "n1"), TaskEnded(1.3, "p1", "p1/x", "n1", exit_code=1)],
+        [CancelRequested(1.2, "p1")],
+        [NodeJoined(1.2, gpu_node("n1"), "two", 5)],  # its agent restarted: x is lost
+    ],
+    ids=["a task failed", "cancelled", "a task lost"],
+)
+def test_what_a_peer_planned_and_gave_up_on_leaves_the_queues(gives_up: list[Input]) -> None:
+    def after(plan: PeerPlanned, then: list[Input]) -> str:
+        s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+        run(s, [NodeJoined(0, gpu_node("n1"), "one", 5), NodeJoined(0, gpu_node("n2"))])
+        run(s, [plan, peer_task(1.1, run_ms=100), *then])  # x sent, then perhaps given up on
+        return s.digest()
+
+    both, alone = peer_plan(("x", "n1"), ("y", "n2")), peer_plan(("x", "n1"))
+    # y, never sent, leaves no trace: as if the peer had planned x alone.
+    assert after(both, gives_up) == after(alone, gives_up)
+    # Had the peer gone on, y would still hold n2.
+    assert after(both, []) != after(alone, [])
+
+
+def test_a_plan_weighs_every_gpu_its_peers_keep_busy_not_the_first_in_node_order() -> None:
+    # Every free GPU serves a peer's work: n1 and n2 for 10 s, n3 for 10 ms.
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+    run(s, [NodeJoined(0, gpu_node(n)) for n in ("n1", "n2", "n3")])
+    run(s, [peer_plan(("x", "n1"), ("y", "n2")), peer_plan(("z", "n3"), run_ms=10, job_id="p2")])
+    [plan] = [d for d in s.handle(JobArrived(1, "w1", flow())) if isinstance(d, Planned)]
+    assert plan.tasks[0].node_id == "n3" and plan.tasks[0].start_ms < 3_000
+
+
+def test_a_second_word_of_a_peers_plan_changes_nothing() -> None:
+    s = two_gpus()
+    run(s, [peer_plan(("x", "n1"))])
+    before = s.digest()
+    assert s.handle(peer_plan(("x", "n1"))) == []
+    assert s.digest() == before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        peer_plan(("x", "n1"), run_ms=float("nan")),
+        peer_plan(("x", "n1"), run_ms=-1),
+        PeerPlanned(1, "p1", tuple(PeerTask(f"p1/{i}", "n1", 0, "", 0, 1, 0) for i in range(4097))),
+        peer_plan(("x", "n1"), job_id="w1"),  # a job this planner schedules
+    ],
+    ids=["nan", "negative", "too many tasks", "its own job"],
+)
+def test_a_bad_peer_plan_is_refused_and_changes_nothing(bad: PeerPlanned) -> None:
+    s = two_gpus()
+    run(s, [JobArrived(1, "w1", flow())])
+    before = s.digest()
+    [refused] = s.handle(bad)
+    assert isinstance(refused, Refused) and refused.subject == bad.job_id
+    assert s.digest() == before
+
+
+def test_a_peer_naming_this_planners_own_task_changes_nothing() -> None:
+    # Else the task's reports would be taken for the peer's, and its successors never sent.
+    s = two_gpus()
+    [sent] = places(s.handle(JobArrived(1, "w1", flow())))
+    before = s.digest()
+    own = PeerTask(sent.task_id, "n2", 0, "llm", 5000, 10, 1000)
+    assert s.handle(PeerPlanned(1, "p1", (own,))) == []
+    assert s.handle(PeerPlaced(1, "p1", own)) == []
+    assert s.digest() == before
+    [child] = places(
+        run(s, [TaskStarted(1.5, "w1", "w1/a", "n1"), TaskEnded(2, "w1", "w1/a", "n1")])
+    )
+    assert child.task_id == "w1/b"
 
 
 def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_by_name() -> None:
