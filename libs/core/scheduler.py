@@ -121,7 +121,9 @@ POLICY = "budget"
 # most of the GPUs it is short goes first (not the fewest GPUs, as batch preemption does).
 # 27: among several planners each reads the others' plans (``PeerPlanned``): their tasks
 # not yet sent hold their GPUs' queues; a plan weighs every free GPU the others keep busy.
-POLICY_VERSION = 27
+# 28: the serving pool's warm reserve counts only the free GPUs batch work left free at
+# its last pass, not GPUs a batch job freed since (waiting batch work takes those).
+POLICY_VERSION = 28
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -321,6 +323,7 @@ class Scheduler:
         if self._serving.waiting:
             decisions += self._serving.retry(self._now_ms)
         decisions += self._schedule(preempt)
+        self._serving.pool.settle()
         if isinstance(event, inputs.JobArrived | inputs.JobHeld | inputs.JobUpdated) and (
             event.job_id not in self._reasons
         ):

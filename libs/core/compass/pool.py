@@ -96,6 +96,11 @@ class Pool:
         # work frees joins it (GPU type, model size it must hold, for which allocation).
         self._hungry: Cell[Want | None] = state.cell("serving.hungry", None)
         self._meter = BusyMeter(state, config.serving_load_window_s * 1000)
+        # The free GPUs as batch work left them at its last pass (``settle``), give or
+        # take what this pool took and gave back since: GPUs freed after it (a batch job
+        # ended) may go to waiting batch work in this very pass, so the reserve does
+        # not count them.
+        self._settled: Cell[int] = state.cell("serving.settled_free", 0)
 
     def __len__(self) -> int:
         return len(self.held)
@@ -172,6 +177,7 @@ class Pool:
             return []
         if holder is None:
             self._batch.take(key)
+            self._settled.value -= 1
         self.held[key] = allocation
         return [ServingHeld(*key, allocation)]
 
@@ -182,6 +188,7 @@ class Pool:
         if holder is None:
             return []
         self._batch.give(key)
+        self._settled.value += 1
         return [ServingReleased(*key, holder)]
 
     @property
@@ -237,7 +244,9 @@ class Pool:
         holds its load (the mean of its busy GPUs over ``serving_load_window_s``) and
         ``serving_reserve`` × the load's square root, at least ``serving_reserve_min``;
         less the GPUs batch work leaves free that serving may take (plans use those
-        too, and one lent back keeps its models until a batch task lands there).
+        too, and one lent back keeps its models until a batch task lands there):
+        those it left free at its last pass, not one a batch job freed since, which
+        waiting batch work may take in this very pass (``settle``).
 
         Square-root staffing: the spare GPUs that keep queueing rare grow with the
         square root of the load, not with the load. The pool is sized by the mean, not
@@ -249,8 +258,13 @@ class Pool:
         room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
         if not (room > 0 and self._batch.total_free):
             return wanted  # the usual full cluster: no walk over its nodes on every plan
-        counted = itertools.islice(self._batch.free_gpus(), min(wanted, room))
+        left = max(0, self._settled.value)  # free after batch work's last pass
+        counted = itertools.islice(self._batch.free_gpus(), min(wanted, room, left))
         return wanted - sum(1 for _ in counted)
+
+    def settle(self) -> None:
+        """Batch work was placed: the GPUs it left free are free for the reserve."""
+        self._settled.value = self._batch.total_free
 
     def shortfall(self) -> int:
         """The GPUs a backed-up pool lacks: what its load calls for, as ``reserve``

@@ -1104,3 +1104,32 @@ def test_an_idle_serving_gpu_is_charged_to_its_allocation_as_running_work_is() -
     assert explanation is not None and explanation.standing is not None
     # One GPU each since t=1: team-b has used half, what it is owed.
     assert explanation.standing.ratio == pytest.approx(1.0)
+
+
+def test_gpus_a_batch_job_just_freed_are_no_warm_reserve_batch_work_would_take_them() -> None:
+    # A full node: a batch job on GPU 0, the pool's one warm GPU idle on GPU 1, and a
+    # 2-GPU batch job waiting. When the first ends, the GPU it frees goes to waiting
+    # batch work in the same pass: counted as the reserve, it would let the pool lend
+    # its own GPU too, and the waiting job would take both, leaving serving none.
+    config = PolicyConfig(
+        serving_max_fraction=1.0,
+        serving_lend_s=0,
+        serving_reserve=0,
+        serving_reserve_min=1,
+        serving_load_window_s=1,
+    )
+    s = Scheduler(config)
+    run(s, [NodeJoined(0, gpu_node("n1", 2))])
+    [first] = [d for d in s.handle(JobArrived(0.5, "b0", job(1))) if isinstance(d, Place)]
+    assert places(s.handle(JobArrived(1, "w0", flow())))
+    assert not [d for d in s.handle(JobArrived(1.2, "b1", job(2))) if isinstance(d, Place)]
+    run(s, [TaskEnded(3, "w0", "w0/a", "n1"), TaskEnded(3, "w0", "w0/b", "n1")])
+    assert s.serving_gpus() == 1
+    out = s.handle(TaskEnded(10, "b0", first.task_id, "n1"))
+    assert [d.job_id for d in out if isinstance(d, Place)] == []  # b1 still waits
+    assert s.serving_gpus() == 1
+    # Batch work left the GPU free: from the next pass on it counts as the reserve, and
+    # then lending the warm GPU lets b1 fit after all (a known gap: holes and lent GPUs
+    # together may fit a waiting job).
+    run(s, [Tick(11)])
+    assert s.serving_gpus() == 0
