@@ -740,16 +740,19 @@ def test_a_node_whose_agent_keeps_its_caches_otherwise_is_refused_by_name() -> N
     assert places(s.handle(JobArrived(3, "w1", flow())))[0].node_id in {"n2", "n3"}
 
 
+def pool_config(**knobs: Any) -> PolicyConfig:
+    """Serving may take every GPU and keeps one warm; its load is the last second's."""
+    defaults: dict[str, Any] = {
+        "serving_max_fraction": 1.0,
+        "serving_reserve": 0,
+        "serving_reserve_min": 1,
+        "serving_load_window_s": 1,
+    }
+    return PolicyConfig(**{**defaults, **knobs})
+
+
 def test_idle_serving_gpus_beyond_the_warm_reserve_go_back_after_the_lend_delay() -> None:
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_linger_s=30,
-        serving_lend_s=2,
-        serving_reserve=0,
-        serving_reserve_min=1,
-        serving_load_window_s=1,  # the load is what the last second's was
-    )
-    s = Scheduler(config)
+    s = Scheduler(pool_config(serving_linger_s=30, serving_lend_s=2))
     run(s, [NodeJoined(0, gpu_node("n1", 3))])
     run(s, [JobArrived(1, f"w{i}", flow()) for i in range(3)])  # at once: a GPU each
     assert s.serving_gpus() == 3
@@ -791,14 +794,7 @@ def test_the_pool_holds_its_load_through_a_lull_and_gives_it_back_when_the_load_
 
 
 def test_gpus_batch_work_leaves_free_count_toward_the_warm_reserve() -> None:
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_lend_s=2,
-        serving_reserve=0,
-        serving_reserve_min=1,
-        serving_load_window_s=1,
-    )
-    s = Scheduler(config)
+    s = Scheduler(pool_config(serving_lend_s=2))
     run(s, [NodeJoined(0, gpu_node("n1", 3))])
     run(s, [JobArrived(1, f"w{i}", flow()) for i in range(2)])
     ends = [TaskEnded(3, f"w{i}", f"w{i}/{t}", "n1") for i in range(2) for t in "ab"]
@@ -807,14 +803,7 @@ def test_gpus_batch_work_leaves_free_count_toward_the_warm_reserve() -> None:
 
 
 def test_plans_use_the_warm_reserve_not_the_gpus_left_to_drain() -> None:
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_lend_s=100,
-        serving_reserve=0,
-        serving_reserve_min=1,
-        serving_load_window_s=1,
-    )
-    s = Scheduler(config)
+    s = Scheduler(pool_config(serving_lend_s=100))
     run(s, [NodeJoined(0, gpu_node("n1", 2))])
     out = run(s, [JobArrived(1, "w0", flow()), JobArrived(1, "w1", flow())])
     gpu = {p.job_id: p.gpu_indices for p in places(out)}
@@ -1111,14 +1100,7 @@ def test_gpus_a_batch_job_just_freed_are_no_warm_reserve_batch_work_would_take_t
     # 2-GPU batch job waiting. When the first ends, the GPU it frees goes to waiting
     # batch work in the same pass: counted as the reserve, it would let the pool lend
     # its own GPU too, and the waiting job would take both, leaving serving none.
-    config = PolicyConfig(
-        serving_max_fraction=1.0,
-        serving_lend_s=0,
-        serving_reserve=0,
-        serving_reserve_min=1,
-        serving_load_window_s=1,
-    )
-    s = Scheduler(config)
+    s = Scheduler(pool_config(serving_lend_s=0))
     run(s, [NodeJoined(0, gpu_node("n1", 2))])
     [first] = [d for d in s.handle(JobArrived(0.5, "b0", job(1))) if isinstance(d, Place)]
     assert places(s.handle(JobArrived(1, "w0", flow())))
