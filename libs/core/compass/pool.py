@@ -263,8 +263,10 @@ class Pool:
         return wanted - sum(1 for _ in counted)
 
     def settle(self) -> None:
-        """Batch work was placed: the GPUs it left free are free for the reserve."""
-        self._settled.value = self._batch.total_free
+        """Batch work was placed: the GPUs it left free are free for the reserve (a
+        write only when that changed: this runs on every pass)."""
+        if self._settled.value != (free := self._batch.total_free):
+            self._settled.value = free
 
     def shortfall(self) -> int:
         """The GPUs a backed-up pool lacks: what its load calls for, as ``reserve``

@@ -122,9 +122,6 @@ class Serving:
         # Other planners' tasks in this one's GPU queues, planned (``PeerPlanned``) or
         # sent (``PeerPlaced``), till they end.
         self._peers: Table[TaskId, Peer] = state.table("serving.peers")
-        # Each peer's workflow with tasks planned and not yet sent: dropped at once when
-        # the peer gives up on it (a task failed or was lost, it was cancelled).
-        self._peer_plans: Table[JobId, tuple[TaskId, ...]] = state.table("serving.peer_plans")
         # Derived (see ``derived``): task id -> (job id, task), in flight.
         self._tasks: dict[TaskId, tuple[JobId, Task]] = {}
 
@@ -182,7 +179,6 @@ class Serving:
         its plans do not count on GPUs a peer has already promised. A task it knows,
         or has no GPU for, is left out (a second word of the plan changes nothing)."""
         job_id = JobId(event.job_id)
-        planned: list[TaskId] = []
         for task in event.tasks:
             task_id = TaskId(task.task_id)
             gpu = self._gpus.get((task.node_id, task.gpu_index))
@@ -194,29 +190,26 @@ class Serving:
             )
             gpu.plan(task_id, task.model, task.ready_ms)
             self._touch(gpu)
-            planned.append(task_id)
-        if planned:
-            self._peer_plans[job_id] = (*self._peer_plans.get(job_id, ()), *planned)
 
     def _unplan_peer(self, task_id: TaskId, now_ms: float) -> bool:
         """A peer's task leaves the GPU its plan had it on (it was sent, or dropped);
         False if it was not planned there (it was sent already)."""
-        key, job_id = self._peers[task_id]
-        gpu = self._gpus[key]
+        gpu = self._gpus[self._peers[task_id].gpu]
         if task_id not in gpu.planned:
             return False
         gpu.unplan(task_id, self._backlogs.items[task_id].model)
         self._touch(gpu, now_ms)
-        left = tuple(t for t in self._peer_plans.get(job_id, ()) if t != task_id)
-        if left:
-            self._peer_plans[job_id] = left
-        else:
-            self._peer_plans.pop(job_id)
         return True
 
     def _drop_peer_plan(self, job_id: JobId, now_ms: float) -> None:
-        """The peer gave up on its workflow: the tasks it planned and never sent go."""
-        for task_id in self._peer_plans.get(job_id, ()):
+        """The peer gave up on its workflow: the tasks it planned and never sent go
+        (a scan of the peers' tasks, on a failure, a loss or a cancel only)."""
+        unsent = [
+            task_id
+            for task_id, peer in self._peers.items()
+            if peer.job_id == job_id and task_id in self._gpus[peer.gpu].planned
+        ]
+        for task_id in unsent:
             self._drop_peer(task_id, now_ms)
 
     def peer_arrived(self, event: PeerArrived, now_ms: float) -> None:
