@@ -123,7 +123,9 @@ POLICY = "budget"
 # not yet sent hold their GPUs' queues; a plan weighs every free GPU the others keep busy.
 # 28: the serving pool's warm reserve counts only the free GPUs batch work left free at
 # its last pass, not GPUs a batch job freed since (waiting batch work takes those).
-POLICY_VERSION = 28
+# 29: a load's staffing is rounded to 9 decimals before it is rounded up to GPUs, so a
+# mean a few float roundings over a whole square (9.000000000000002) staffs no GPU more.
+POLICY_VERSION = 29
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 

@@ -77,6 +77,18 @@ class BatchGpus(Protocol):
 
 PoolChange = ServingHeld | ServingReleased
 
+# A load's staffing is rounded to this many decimals before it is rounded up to GPUs:
+# a mean over a window carries float error (9 GPUs busy all window can read
+# 9.000000000000002), and rounding up a hair over a whole number would staff one GPU
+# more. The digits are far above that error and far below any real load's.
+STAFFED_DECIMALS = 9
+
+
+def staffed(load: float, reserve: float) -> int:
+    """The GPUs a load calls for: itself and ``reserve`` × its square root (square-root
+    staffing), rounded up."""
+    return math.ceil(round(load + reserve * math.sqrt(load), STAFFED_DECIMALS))
+
 
 class Pool:
     """The GPUs serving holds (``held``, in the order it took them, with the allocation
@@ -253,8 +265,8 @@ class Pool:
         the count busy now, so that it stays put while that count swings with every
         task; a pool that lent its GPUs in each lull would have to stop batch work to
         get them back."""
-        staffed = self._staffed(self._meter.mean(now_ms))
-        wanted = max(self.config.serving_reserve_min, staffed - self.busy)
+        needed = staffed(self._meter.mean(now_ms), self.config.serving_reserve)
+        wanted = max(self.config.serving_reserve_min, needed - self.busy)
         room = self.cap - len(self.held)  # plans use free GPUs only while the pool has room
         if not (room > 0 and self._batch.total_free):
             return wanted  # the usual full cluster: no walk over its nodes on every plan
@@ -272,11 +284,7 @@ class Pool:
         """The GPUs a backed-up pool lacks: what its load calls for, as ``reserve``
         sizes it, less those it holds; at least one. From the GPUs busy now, not the
         load's mean, which lags a burst (a backed-up pool is busy through and through)."""
-        return max(1, self._staffed(self.busy) - len(self.held))
-
-    def _staffed(self, load: float) -> int:
-        """The GPUs a load calls for: itself and ``serving_reserve`` × its square root."""
-        return math.ceil(load + self.config.serving_reserve * math.sqrt(load))
+        return max(1, staffed(self.busy, self.config.serving_reserve) - len(self.held))
 
     def want(self, want: Want) -> None:
         """The pool is backed up: the next GPU batch work frees that fits joins it."""

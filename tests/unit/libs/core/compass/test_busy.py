@@ -1,4 +1,5 @@
-"""The serving pool's busy meter: a time-weighted mean over a window, kept replayable."""
+"""The serving pool's busy meter (a time-weighted mean over a window, kept replayable)
+and the staffing it feeds."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.core.compass.busy import MARK_MS, BusyMeter
+from libs.core.compass.pool import staffed
 from libs.core.state import State
 
 
@@ -88,3 +90,28 @@ def test_the_mean_is_between_the_counts_of_its_window_and_the_marks_stay_few(
     # 4,946.97... ms came out 53.00000000000001), never by a count.
     assert min(seen) - 1e-9 <= busy.mean(now) <= max(seen) + 1e-9
     assert state.digest() == state.recomputed()
+
+
+def test_a_window_of_nine_busy_gpus_is_staffed_as_nine_not_as_a_hair_more() -> None:
+    busy, _ = meter()
+    busy.count(3846.6, 9)
+    # A backlog starts and is gone in the same millisecond: nine held all window.
+    busy.count(21_496.8, 12)
+    busy.count(21_496.8, 9)
+    load = busy.mean(37_540.9)
+    assert load != 9 and abs(load - 9) < 1e-12  # the float error the staffing absorbs
+    assert staffed(load, 2.0) == staffed(9, 2.0) == 15  # 9 + 2 × 3
+
+
+@given(st.integers(0, 1000), st.integers(0, 4), st.floats(-4e-16, 4e-16))
+def test_a_square_load_off_by_a_few_ulps_is_staffed_as_the_square(
+    root: int, reserve: int, error: float
+) -> None:
+    load = root * root * (1 + error)  # a mean a few roundings off a whole square
+    assert staffed(load, reserve) == root * root + reserve * root
+
+
+@given(st.floats(0, 1e6), st.floats(0, 4), st.floats(1e-3, 10))
+def test_more_load_never_calls_for_fewer_gpus(load: float, reserve: float, more: float) -> None:
+    # Never fewer GPUs than the load (but a nanoGPU's worth, which rounds away).
+    assert load - 1e-9 <= staffed(load, reserve) <= staffed(load + more, reserve)
