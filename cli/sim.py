@@ -620,6 +620,15 @@ def mixed(
     ] = 2.0,
     warmup: Annotated[float, duration("30m", "Batch work alone before the window")] = 1800.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seeds both arrival streams")] = 7,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="Several seeds instead of --seed, a comma list or a range (1-12): each seed "
+            "runs every fraction and its batch jobs alone, and one table shows them all, "
+            "with the mean and the worst seed",
+            show_default=False,
+        ),
+    ] = "",
     parallel: Annotated[bool, typer.Option(help="Run the compared settings side by side")] = True,
     cache_model: CacheModelFlag = CacheModel.LOOKAHEAD,
     profiles: Annotated[
@@ -637,15 +646,26 @@ def mixed(
     node agents for batch), then the same workload under each --compare fraction, and
     the same batch jobs alone (no workflows): the baseline for what serving costs.
 
+    With --seeds, each seed's runs and baseline, and a single table over them, with the
+    mean and the worst seed (--out: seeds.md).
+
     -o json|yaml: {"fractions", "cache_model", "wall_s", "tables": [{"title", "rows":
-    [{column: cell}]}]}, the tables as printed.
+    [{column: cell}]}]}, the tables as printed (with --seeds, "seeds" too).
     """
-    from libs.sim.mixed import compare_fractions, mixed_policy, simulate_mixed
-    from libs.sim.mixed_report import COMPARISON, markdown, tables
+    from libs.sim.mixed import compare_fractions, mixed_policy, run_seeds, simulate_mixed
+    from libs.sim.mixed_report import (
+        COMPARISON,
+        SEEDS_TITLE,
+        markdown,
+        seeds_markdown,
+        seeds_table,
+        tables,
+    )
     from libs.sim.mixed_workload import MixedSettings
     from libs.sim.workflows import load_profiles
 
     extra = _items("--compare", compare, float, lambda f: 0 < f <= 1, "fractions in (0, 1]", True)
+    several = _seed_list(seeds) if seeds else []
     if burst_end < burst_start:
         raise typer.BadParameter("the burst ends before it begins", param_hint="--burst-end")
     out = _out_dir(out) if out is not None else None
@@ -678,6 +698,33 @@ def mixed(
         "serving_load_window_s": serving_load_window,
         "serving_cache_model": cache_model.value,
     }
+    if several:
+        count = len(several) * (len(fractions) + 1)
+        with counting(console, "runs", count) as advance:
+            results = run_seeds(
+                loaded,
+                fractions,
+                settings,
+                several,
+                knobs=knobs,
+                parallel=parallel,
+                on_run=lambda _: advance(1),
+            )
+        total = time.perf_counter() - began
+        header, rows = seeds_table(results)
+        _show(
+            output,
+            [(SEEDS_TITLE, header, rows)],
+            fractions=fractions,
+            seeds=several,
+            cache_model=cache_model.value,
+            wall_s=round(total, 3),
+        )
+        say.print(f"{count} runs in {total:.1f} s")
+        if out is not None:
+            (out / "seeds.md").write_text(seeds_markdown(results, settings))
+            say.print(f"wrote {out / 'seeds.md'}")
+        return
     with counting(console, "runs", len(fractions)) as advance:
         runs = compare_fractions(
             loaded, fractions, settings, knobs=knobs, parallel=parallel, on_run=lambda _: advance(1)

@@ -30,6 +30,7 @@ at equal times in the order they were made. ``libs.sim.mixed_report`` shows a ru
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
@@ -542,18 +543,78 @@ def compare_fractions(
     """The same workload (same seed) under each ``serving_max_fraction``, in that order,
     with the policy ``knobs`` (``serving_policy``'s); ``parallel`` runs them in separate
     processes (the results are the same). ``on_run`` is told of each run as it ends."""
-    configs = [mixed_policy(profiles, f, knobs) for f in fractions]
+    chosen = settings or MixedSettings()
+    runs = [Run(mixed_policy(profiles, f, knobs), chosen) for f in fractions]
+    return run_all(profiles, runs, parallel=parallel, on_run=on_run)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One mixed run to make: its policy and workload, with workflows or without."""
+
+    config: PolicyConfig
+    settings: MixedSettings
+    workflows: bool = True
+
+
+def run_all(
+    profiles: Profiles,
+    runs: Sequence[Run],
+    *,
+    parallel: bool = False,
+    on_run: Callable[[MixedRun], None] | None = None,
+) -> list[MixedRun]:
+    """Each run's result, in order; ``parallel``: in a process per core (the results are
+    the same). ``on_run`` is told of each as it ends."""
     told = on_run or (lambda _: None)
-    if not parallel or len(configs) < 2:
-        runs = []
-        for config in configs:
-            runs.append(simulate_mixed(profiles, config, settings))
-            told(runs[-1])
-        return runs
+    if not parallel or len(runs) < 2:
+        done = []
+        for run in runs:
+            done.append(_simulate(profiles, run))
+            told(done[-1])
+        return done
+    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=len(configs)) as pool:
-        futures = [pool.submit(simulate_mixed, profiles, c, settings) for c in configs]
+    with ProcessPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(_simulate, profiles, run) for run in runs]
         for future in as_completed(futures):
             told(future.result())
         return [f.result() for f in futures]
+
+
+def _simulate(profiles: Profiles, run: Run) -> MixedRun:
+    return simulate_mixed(profiles, run.config, run.settings, workflows=run.workflows)
+
+
+@dataclass(frozen=True)
+class SeedRuns:
+    """One seed's runs: one per ``serving_max_fraction``, and its batch jobs alone."""
+
+    seed: int
+    runs: tuple[MixedRun, ...]
+    alone: MixedRun
+
+
+def run_seeds(
+    profiles: Profiles,
+    fractions: Sequence[float],
+    settings: MixedSettings,
+    seeds: Sequence[int],
+    *,
+    knobs: Mapping[str, Any] | None = None,
+    parallel: bool = False,
+    on_run: Callable[[MixedRun], None] | None = None,
+) -> list[SeedRuns]:
+    """``compare_fractions`` and the batch jobs alone (``fractions[0]``'s policy) for
+    each seed: the same policy judged on workloads it was not tuned on."""
+    configs = [mixed_policy(profiles, f, knobs) for f in fractions]
+    runs = []
+    for seed in seeds:
+        seeded = dataclasses.replace(settings, seed=seed)
+        runs += [Run(config, seeded) for config in configs]
+        runs.append(Run(configs[0], seeded, workflows=False))
+    done = iter(run_all(profiles, runs, parallel=parallel, on_run=on_run))
+    return [
+        SeedRuns(seed, tuple(itertools.islice(done, len(configs))), next(done)) for seed in seeds
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from libs.sim.metrics import Distribution
-from libs.sim.mixed import PHASES, Charge, Held, MixedRun
+from libs.sim.mixed import PHASES, Charge, Held, MixedRun, SeedRuns
 from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
 from libs.sim.tables import Columns, Table, markdown_table, table
 
@@ -149,6 +149,61 @@ COMPARISON: Columns[MixedRun] = (
     ),
     ("wall s", lambda r: f"{r.wall_s:.1f}"),
 )
+
+
+SEEDS_TITLE = "Over the seeds: the same policy on each seed's workload"
+
+# Each column over the seeds: its header, its figure for a run (beside the same batch
+# jobs alone), its format, and whether the worst seed has the least of it (else the most).
+_SEED_FIGURES: tuple[tuple[str, Callable[[MixedRun, MixedRun], float], str, bool], ...] = (
+    ("GPUs doing work", lambda run, _: run.busy_occupancy_pct, "{:.2f}%", True),
+    ("batch jobs alone", lambda _, alone: alone.busy_occupancy_pct, "{:.2f}%", True),
+    ("wf median burst", lambda run, _: run.workflows["burst"].median, "{:.3f}", False),
+    ("wf p99 burst", lambda run, _: run.workflows["burst"].p99, "{:.2f}", False),
+    ("wf p99 calm", lambda run, _: run.workflows["calm"].p99, "{:.2f}", False),
+    ("serving held mean", lambda run, _: run.serving_held["all"].mean, "{:.1f}", False),
+)
+
+
+def seeds_table(results: Sequence[SeedRuns]) -> Table:
+    """A row per seed and ``serving_max_fraction``, then, per fraction, the mean over the
+    seeds and the worst seed's figure in each column (a headline over seeds hides no
+    seed: the worst is beside the mean)."""
+    header = ["seed", "serving_max_fraction", *(name for name, *_ in _SEED_FIGURES)]
+    rows: list[list[str]] = []
+    for i in range(len(results[0].runs) if results else 0):
+        fraction = f"{results[0].runs[i].serving_max_fraction:g}"
+        figures = [
+            [figure(seed.runs[i], seed.alone) for _, figure, _, _ in _SEED_FIGURES]
+            for seed in results
+        ]
+        columns = list(zip(*figures, strict=True))
+        mean = [sum(column) / len(column) for column in columns]
+        worst = [
+            min(column) if least else max(column)
+            for column, (*_, least) in zip(columns, _SEED_FIGURES, strict=True)
+        ]
+        labels = [str(seed.seed) for seed in results] + ["mean", "worst"]
+        for label, values in zip(labels, [*figures, mean, worst], strict=True):
+            cells = [f.format(v) for v, (_, _, f, _) in zip(values, _SEED_FIGURES, strict=True)]
+            rows.append([label, fraction, *cells])
+    return header, rows
+
+
+def seeds_markdown(results: Sequence[SeedRuns], settings: MixedSettings) -> str:
+    """seeds.md: the table over the seeds, under the workload they share."""
+    c = settings.cluster
+    lines = [
+        f"# {SEEDS_TITLE}",
+        "",
+        f"{c.describe()}, {settings.hours:g} h window, seeds "
+        + ", ".join(str(seed.seed) for seed in results)
+        + "; GPUs doing work: batch held + serving running.",
+        "",
+        *markdown_table(*seeds_table(results)),
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def markdown(

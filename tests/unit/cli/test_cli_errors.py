@@ -156,6 +156,8 @@ def extra_cases() -> Iterator[Case]:
     for value in ("2", "0", "nan", "half"):
         yield Case(("sim", "mixed"), ("--compare", value), ("--compare",))
     yield Case(("sim", "mixed"), ("--burst-start", "2h", "--burst-end", "1h"), ("--burst-end",))
+    for value in ("x", "5-1", "1-5000", ","):
+        yield Case(("sim", "mixed"), ("--seeds", value), ("--seeds",))
 
 
 def environment_cases() -> Iterator[Case]:

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from libs.core.model import WorkClass
 from libs.sim.batch import FINISHED, LOST
 from libs.sim.cluster import ClusterSpec
-from libs.sim.mixed import MixedCluster, MixedRun, compare_fractions, simulate_mixed
-from libs.sim.mixed_report import COMPARISON, markdown, not_working, tables
+from libs.sim.mixed import (
+    MixedCluster,
+    MixedRun,
+    compare_fractions,
+    mixed_policy,
+    run_seeds,
+    simulate_mixed,
+)
+from libs.sim.mixed_report import (
+    COMPARISON,
+    SEEDS_TITLE,
+    markdown,
+    not_working,
+    seeds_markdown,
+    seeds_table,
+    tables,
+)
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
@@ -38,6 +54,7 @@ SMALL = MixedSettings(
     snapshot_s=60.0,
     sample_s=5.0,
 )
+TINY = dataclasses.replace(SMALL, hours=0.02, burst_s=(20.0, 40.0))  # a minute of workflows
 
 
 @pytest.fixture(scope="module")
@@ -202,13 +219,12 @@ def test_the_report_and_the_plot(
 
 
 def test_runs_in_processes_match_runs_in_turn(profiles: Profiles) -> None:
-    tiny = dataclasses.replace(SMALL, hours=0.02, burst_s=(20.0, 40.0))
     told: list[MixedRun] = []
-    alone = compare_fractions(profiles, [0.5, 0.25], tiny, on_run=told.append)
+    alone = compare_fractions(profiles, [0.5, 0.25], TINY, on_run=told.append)
     assert told == alone  # each run as it ended
     told.clear()
     assert (
-        compare_fractions(profiles, [0.5, 0.25], tiny, parallel=True, on_run=told.append) == alone
+        compare_fractions(profiles, [0.5, 0.25], TINY, parallel=True, on_run=told.append) == alone
     )
     assert sorted(told, key=lambda r: r.serving_max_fraction) == sorted(
         alone, key=lambda r: r.serving_max_fraction
@@ -216,7 +232,39 @@ def test_runs_in_processes_match_runs_in_turn(profiles: Profiles) -> None:
     assert [r.serving_max_fraction for r in alone] == [0.5, 0.25]
 
 
-def test_qm_sim_mixed_prints_the_tables_and_writes_the_report(tmp_path: Path) -> None:
+def test_each_seed_runs_every_fraction_and_its_batch_jobs_alone(profiles: Profiles) -> None:
+    results = run_seeds(profiles, [0.5, 0.25], TINY, [3, 1], parallel=True)
+    assert [r.seed for r in results] == [3, 1]
+    for result in results:
+        seeded = dataclasses.replace(TINY, seed=result.seed)
+        assert list(result.runs) == compare_fractions(profiles, [0.5, 0.25], seeded)
+        policy = mixed_policy(profiles, 0.5)
+        assert result.alone == simulate_mixed(profiles, policy, seeded, workflows=False)
+    assert results[0].runs[0] != results[1].runs[0]  # the seeds' workloads differ
+
+
+def test_the_table_over_the_seeds_puts_the_worst_seed_beside_the_mean(
+    profiles: Profiles,
+) -> None:
+    results = run_seeds(profiles, [0.5], TINY, [1, 2, 3])
+    header, rows = seeds_table(results)
+    assert [row[0] for row in rows] == ["1", "2", "3", "mean", "worst"]
+    column = {name: [row[i] for row in rows] for i, name in enumerate(header)}
+    doing = [r.runs[0].busy_occupancy_pct for r in results]
+    assert column["GPUs doing work"] == [
+        *(f"{v:.2f}%" for v in doing),
+        f"{sum(doing) / 3:.2f}%",
+        f"{min(doing):.2f}%",  # the worst is the least doing work...
+    ]
+    p99 = [r.runs[0].workflows["burst"].p99 for r in results]
+    assert column["wf p99 burst"][-1] == f"{max(p99):.2f}"  # ...and the largest tail
+    assert column["batch jobs alone"][0] == f"{results[0].alone.busy_occupancy_pct:.2f}%"
+    text = seeds_markdown(results, TINY)
+    assert text.startswith(f"# {SEEDS_TITLE}") and "| worst | 0.5 |" in text
+
+
+def qm_sim_mixed(out: Path, *flags: str) -> Result:
+    """``qm sim mixed`` on two nodes for a minute of workflows, writing to ``out``."""
     from cli.sim import sim_app
 
     result = CliRunner().invoke(
@@ -224,12 +272,27 @@ def test_qm_sim_mixed_prints_the_tables_and_writes_the_report(tmp_path: Path) ->
         [
             "mixed",
             "--hours", "0.02", "--nodes", "2", "--warmup", "60s",
-            "--burst-start", "20s", "--burst-end", "40s", "--compare", "0.25", "--rate", "0.5",
-            "--no-parallel", "--profiles", str(PROFILES), "--out", str(tmp_path),
+            "--burst-start", "20s", "--burst-end", "40s", "--rate", "0.5",
+            "--no-parallel", "--profiles", str(PROFILES), "--out", str(out), *flags,
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_qm_sim_mixed_prints_the_tables_and_writes_the_report(tmp_path: Path) -> None:
+    result = qm_sim_mixed(tmp_path, "--compare", "0.25")
     assert "side by side" in result.output and "2 runs in" in result.output
     assert "busy, batch jobs alone (no workflows)" in result.output
     assert (tmp_path / "summary.md").read_text().startswith("# Mixed cluster")
     assert (tmp_path / "mixed.png").exists()
+
+
+def test_qm_sim_mixed_over_seeds_shows_each_seed_the_mean_and_the_worst(tmp_path: Path) -> None:
+    result = qm_sim_mixed(tmp_path, "--compare", "", "--seeds", "2,1", "-o", "json")
+    shown = json.loads(result.stdout)
+    assert shown["seeds"] == [2, 1] and shown["fractions"] == [0.5]
+    [over] = shown["tables"]
+    assert over["title"] == SEEDS_TITLE
+    assert [row["seed"] for row in over["rows"]] == ["2", "1", "mean", "worst"]
+    assert (tmp_path / "seeds.md").read_text().startswith(f"# {SEEDS_TITLE}")
