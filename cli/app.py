@@ -31,7 +31,16 @@ from cli.budget import NodeEdit, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.export import export
 from cli.output import Format, OutputFlag, emit, emit_one, message
-from cli.params import INT32, JOB_STATES, UINT32_MAX, duration, input_file, job_states, key_value
+from cli.params import (
+    INT32,
+    JOB_STATES,
+    UINT32_MAX,
+    duration,
+    input_file,
+    job_states,
+    key_value,
+    number,
+)
 from cli.progress import counting
 from cli.secrets import secret_app
 from cli.sim import sim_app
@@ -116,7 +125,7 @@ def submit(
     ] = 0,
     sim_utilization: Annotated[
         float,
-        typer.Option(min=0, max=1, help="Simulated nodes: GPU utilisation the task reports"),
+        number("Simulated nodes: GPU utilisation the task reports", least=0, most=1),
     ] = 1.0,
     workflow: Annotated[
         Path | None,
@@ -478,7 +487,7 @@ def budget_set(
         str | None, typer.Option(help="Parent node (a new node needs one, unless root)")
     ] = None,
     weight: Annotated[
-        float | None, typer.Option(min=1e-6, max=1e9, help="Share among siblings (new: 1)")
+        float | None, number("Share among siblings (new: 1)", least=1e-6, most=1e9)
     ] = None,
     member: Annotated[
         list[str] | None, typer.Option(help="The members, all of them (repeat)")

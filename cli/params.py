@@ -1,13 +1,16 @@
 """Flag types of ``qm`` that typer has no words for, and the bounds every number flag declares.
 
-A number flag declares ``min`` and ``max`` (typer checks both, which also refuses NaN
-and infinities); these are the limits of what a request can carry, the service judges
-the rest. A parser raises ``PydanticCustomError`` so that typer shows its message as
-written, after the flag's name.
+A number flag declares its bounds: the limits of what a request can carry (the service
+judges the rest). An integer flag declares typer's ``min`` and ``max``; a real-valued
+one is a ``number`` flag, whose parser also says when a value is not finite (typer's
+own check would answer ``nan`` with a bound it broke). A parser raises
+``PydanticCustomError`` so that typer shows its message as written, after the flag's
+name.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,32 @@ class Duration:
             days = self.most_s / DAY_S
             raise _error(f"the duration must be {low} and at most {days:g} days, got {value:g} s")
         return value
+
+
+@dataclass(frozen=True)
+class Number:
+    """A real-valued flag: a finite number from ``least`` to ``most``."""
+
+    least: float
+    most: float
+
+    def __call__(self, value: str | float) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise _error(f"{value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise _error(f"{value!r} is not a finite number")
+        if not self.least <= number <= self.most:
+            raise _error(f"must be from {self.least:g} to {self.most:g}, got {number:g}")
+        return number
+
+
+def number(help: str, *, least: float, most: float, **options: Any) -> Any:
+    """A real-valued flag, finite and from ``least`` to ``most`` (shown as typer shows a
+    range)."""
+    shown = f"<number> [{least:g}<=x<={most:g}]"
+    return typer.Option(parser=Number(least, most), metavar=shown, help=help, **options)
 
 
 # The states a job can be in, as ``qm status --state`` takes them.
@@ -83,8 +112,8 @@ def input_file(help: str, **options: Any) -> Any:
 
 
 def knob(help: str, *, maximum: float = 1e6) -> Any:
-    """A flag setting a policy knob that may be zero, up to ``maximum``."""
-    return typer.Option(min=0, max=maximum, help=help)
+    """A flag setting a real-valued policy knob that may be zero, up to ``maximum``."""
+    return number(help, least=0, most=maximum)
 
 
 def duration(shown: str, help: str, *, positive: bool = False) -> Any:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.output import Format, OutputFlag, notes, records, write
-from cli.params import SEED_MAX, duration, input_file, knob
+from cli.params import SEED_MAX, duration, input_file, knob, number
 from cli.progress import counting, fractions
 from cli.render import errors, fail
 from libs.config.document import ConfigError
@@ -95,11 +95,11 @@ def run(
     ] = None,
     start: Annotated[
         float | None,
-        typer.Option(min=0, max=TRACE_TIME_MAX, help="First submission time kept, s"),
+        number("First submission time kept, s", least=0, most=TRACE_TIME_MAX),
     ] = None,
     end: Annotated[
         float | None,
-        typer.Option(min=0, max=TRACE_TIME_MAX, help="Submissions before this time, s"),
+        number("Submissions before this time, s", least=0, most=TRACE_TIME_MAX),
     ] = None,
     nodes: Annotated[int | None, typer.Option(min=1, max=100_000, help="Cluster: nodes")] = None,
     gpus_per_node: Annotated[
@@ -315,13 +315,11 @@ def workflows(
         int, typer.Option(min=10, max=MANY, help="Jobs per run (the first 10% are warm-up)")
     ] = 1000,
     rate: Annotated[
-        float, typer.Option(min=0.001, max=1e6, help="Arrivals per second, all workflows")
+        float, number("Arrivals per second, all workflows", least=0.001, most=1e6)
     ] = 40.0,
     burst: Annotated[
         float,
-        typer.Option(
-            min=0.001, max=1000, help="Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)"
-        ),
+        number("Gamma shape of the bursty inter-arrivals (CV = 1/sqrt)", least=0.001, most=1000),
     ] = 0.25,
     seed: Annotated[
         int, typer.Option(min=0, max=SEED_MAX, help="Seeds the arrivals and the workflow mix")
@@ -567,13 +565,13 @@ def workflows(
 @sim_app.command()
 def mixed(
     hours: Annotated[
-        float, typer.Option(min=0.01, max=10_000, help="Measured window; workflows arrive in it")
+        float, number("Measured window; workflows arrive in it", least=0.01, most=10_000)
     ] = 2.0,
     nodes: Annotated[int, typer.Option(min=1, max=100_000, help="Cluster: node count")] = 16,
     gpus_per_node: Annotated[int, typer.Option(min=1, max=1024, help="Cluster: GPUs per node")] = 8,
     serving_max_fraction: Annotated[
         float,
-        typer.Option(min=0.001, max=1, help="Policy: the most of the cluster serving may hold"),
+        number("Policy: the most of the cluster serving may hold", least=0.001, most=1),
     ] = 0.5,
     serving_linger: Annotated[
         float, duration("30s", "Policy: a drained serving GPU goes back to batch after this")
@@ -599,24 +597,27 @@ def mixed(
         ),
     ] = PolicyConfig.serving_load_window_s,
     serving_reserve_min: Annotated[
-        int, knob("Policy: the warm reserve's least size", maximum=MAX_SERVING_RESERVE_MIN)
+        int,
+        typer.Option(
+            min=0, max=MAX_SERVING_RESERVE_MIN, help="Policy: the warm reserve's least size"
+        ),
     ] = PolicyConfig.serving_reserve_min,
     compare: Annotated[
         str, typer.Option(help="Also run these serving_max_fraction values ('' for none)")
     ] = "0.1",
     rate: Annotated[
         float,
-        typer.Option(min=0.001, max=1e6, help="Workflow arrivals per second outside the burst"),
+        number("Workflow arrivals per second outside the burst", least=0.001, most=1e6),
     ] = 2.0,
     burst: Annotated[
-        float, typer.Option(min=0.001, max=1000, help="Arrival rate × this during the burst")
+        float, number("Arrival rate × this during the burst", least=0.001, most=1000)
     ] = 4.0,
     burst_start: Annotated[
         float, duration("40m", "Burst begins this far into the window")
     ] = 2400.0,
     burst_end: Annotated[float, duration("80m", "Burst ends this far into the window")] = 4800.0,
     batch_load: Annotated[
-        float, typer.Option(min=0.001, max=1000, help="Batch GPU time offered ÷ the cluster's")
+        float, number("Batch GPU time offered ÷ the cluster's", least=0.001, most=1000)
     ] = 2.0,
     warmup: Annotated[float, duration("30m", "Batch work alone before the window")] = 1800.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seeds both arrival streams")] = 7,

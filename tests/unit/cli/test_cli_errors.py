@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from cli import connection
 from cli.app import app
-from cli.params import Duration, key_value
+from cli.params import Duration, Number, key_value
 
 Path_ = tuple[str, ...]
 
@@ -114,15 +114,16 @@ def flag_cases() -> Iterator[Case]:
             info = param.type_descriptor.parameter_info
             values: list[str] = []
             if kind in (int, float) and parser is None:
+                assert kind is int, f"qm {' '.join(path)} {flag}: a real-valued flag is a number()"
                 assert param.min is not None and param.max is not None, (
                     f"qm {' '.join(path)} {flag}: a number flag declares min and max"
                 )
-                values = ["abc", f"{param.min - 1}", f"{param.max + 1}"]
-                if kind is float:
-                    values += ["nan", "inf", "-inf", "1e400"]
-                    values += ["0"] if param.min > 0 else []
-                else:
-                    values += ["1.5"]
+                values = ["abc", f"{param.min - 1}", f"{param.max + 1}", "1.5"]
+            elif isinstance(parser, Number):
+                values = ["abc", f"{parser.least - 1}", f"{parser.most + 1}", "-inf", "1e400"]
+                values += ["0"] if parser.least > 0 else []
+                for value in ("nan", "inf"):  # said as such, not as a bound it broke
+                    yield Case(path, (*REQUIRED.get(path, ()), flag, value), (flag, "finite"))
             elif isinstance(parser, Duration):
                 values = ["soon", "-5m", "nan", "1e400", "99999999d", "5x"]
                 values += ["0"] if parser.positive else []
