@@ -653,7 +653,7 @@ def mixed(
     -o json|yaml: {"fractions", "cache_model", "wall_s", "tables": [{"title", "rows":
     [{column: cell}]}]}, the tables as printed (with --seeds, "seeds" too).
     """
-    from libs.sim.mixed import compare_fractions, mixed_policy, run_seeds, simulate_mixed
+    from libs.sim.mixed import run_seeds
     from libs.sim.mixed_report import (
         COMPARISON,
         SEEDS_TITLE,
@@ -699,23 +699,24 @@ def mixed(
         "serving_load_window_s": serving_load_window,
         "serving_cache_model": cache_model.value,
     }
+    # Each seed's runs and, measured beside them, the baseline: its batch jobs alone.
+    chosen = several or [seed]
+    count = len(chosen) * (len(fractions) + 1)
+    with counting(console, "runs", count) as advance:
+        results = run_seeds(
+            loaded,
+            fractions,
+            settings,
+            chosen,
+            knobs=knobs,
+            parallel=parallel,
+            on_run=lambda _: advance(1),
+        )
+    total = time.perf_counter() - began
     if several:
-        count = len(several) * (len(fractions) + 1)
-        with counting(console, "runs", count) as advance:
-            results = run_seeds(
-                loaded,
-                fractions,
-                settings,
-                several,
-                knobs=knobs,
-                parallel=parallel,
-                on_run=lambda _: advance(1),
-            )
-        total = time.perf_counter() - began
-        header, rows = seeds_table(results)
         _show(
             output,
-            [(SEEDS_TITLE, header, rows)],
+            [(SEEDS_TITLE, *seeds_table(results))],
             fractions=fractions,
             seeds=several,
             cache_model=cache_model.value,
@@ -726,15 +727,8 @@ def mixed(
             (out / "seeds.md").write_text(seeds_markdown(results, settings))
             say.print(f"wrote {out / 'seeds.md'}")
         return
-    with counting(console, "runs", len(fractions)) as advance:
-        runs = compare_fractions(
-            loaded, fractions, settings, knobs=knobs, parallel=parallel, on_run=lambda _: advance(1)
-        )
-    # The baseline, measured in the same run: the same batch jobs with no workflows.
-    alone = simulate_mixed(
-        loaded, mixed_policy(loaded, fractions[0], knobs), settings, workflows=False
-    )
-    total = time.perf_counter() - began
+    [one] = results
+    runs, alone = list(one.runs), one.alone
     shown: list[Shown] = [(title, *rows) for title, rows in tables(runs[0], alone).items()]
     side_by_side = "serving_max_fraction side by side (same workload)"
     shown.append((side_by_side, *table(COMPARISON, runs)))

@@ -531,23 +531,6 @@ def mixed_policy(
     return serving_policy(profiles.costs, **{**(knobs or {}), "serving_max_fraction": fraction})
 
 
-def compare_fractions(
-    profiles: Profiles,
-    fractions: Sequence[float],
-    settings: MixedSettings | None = None,
-    *,
-    knobs: Mapping[str, Any] | None = None,
-    parallel: bool = False,
-    on_run: Callable[[MixedRun], None] | None = None,
-) -> list[MixedRun]:
-    """The same workload (same seed) under each ``serving_max_fraction``, in that order,
-    with the policy ``knobs`` (``serving_policy``'s); ``parallel`` runs them in separate
-    processes (the results are the same). ``on_run`` is told of each run as it ends."""
-    chosen = settings or MixedSettings()
-    runs = [Run(mixed_policy(profiles, f, knobs), chosen) for f in fractions]
-    return run_all(profiles, runs, parallel=parallel, on_run=on_run)
-
-
 @dataclass(frozen=True)
 class Run:
     """One mixed run to make: its policy and workload, with workflows or without."""
@@ -606,8 +589,10 @@ def run_seeds(
     parallel: bool = False,
     on_run: Callable[[MixedRun], None] | None = None,
 ) -> list[SeedRuns]:
-    """``compare_fractions`` and the batch jobs alone (``fractions[0]``'s policy) for
-    each seed: the same policy judged on workloads it was not tuned on."""
+    """For each seed, the same workload under each ``serving_max_fraction`` (in that
+    order, with the policy ``knobs``: ``serving_policy``'s) and its batch jobs alone
+    (``fractions[0]``'s policy): the baseline for what serving costs, and the same policy
+    judged on workloads it was not tuned on. ``parallel`` and ``on_run`` as ``run_all``."""
     configs = [mixed_policy(profiles, f, knobs) for f in fractions]
     runs = []
     for seed in seeds:

@@ -16,8 +16,9 @@ from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import (
     MixedCluster,
     MixedRun,
-    compare_fractions,
+    Run,
     mixed_policy,
+    run_all,
     run_seeds,
     simulate_mixed,
 )
@@ -219,13 +220,12 @@ def test_the_report_and_the_plot(
 
 
 def test_runs_in_processes_match_runs_in_turn(profiles: Profiles) -> None:
+    runs = [Run(mixed_policy(profiles, f), TINY) for f in (0.5, 0.25)]
     told: list[MixedRun] = []
-    alone = compare_fractions(profiles, [0.5, 0.25], TINY, on_run=told.append)
+    alone = run_all(profiles, runs, on_run=told.append)
     assert told == alone  # each run as it ended
     told.clear()
-    assert (
-        compare_fractions(profiles, [0.5, 0.25], TINY, parallel=True, on_run=told.append) == alone
-    )
+    assert run_all(profiles, runs, parallel=True, on_run=told.append) == alone
     assert sorted(told, key=lambda r: r.serving_max_fraction) == sorted(
         alone, key=lambda r: r.serving_max_fraction
     )
@@ -237,9 +237,9 @@ def test_each_seed_runs_every_fraction_and_its_batch_jobs_alone(profiles: Profil
     assert [r.seed for r in results] == [3, 1]
     for result in results:
         seeded = dataclasses.replace(TINY, seed=result.seed)
-        assert list(result.runs) == compare_fractions(profiles, [0.5, 0.25], seeded)
-        policy = mixed_policy(profiles, 0.5)
-        assert result.alone == simulate_mixed(profiles, policy, seeded, workflows=False)
+        policies = [mixed_policy(profiles, f) for f in (0.5, 0.25)]
+        assert list(result.runs) == [simulate_mixed(profiles, p, seeded) for p in policies]
+        assert result.alone == simulate_mixed(profiles, policies[0], seeded, workflows=False)
     assert results[0].runs[0] != results[1].runs[0]  # the seeds' workloads differ
 
 
