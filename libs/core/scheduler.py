@@ -354,6 +354,19 @@ class Scheduler:
         """GPUs held for workflows now (taken from batch work)."""
         return len(self._serving.pool)
 
+    def serving_stalled(self) -> bool:
+        """Whether the serving pool is backed up and its last look for a job it may stop
+        found none (and none is stopping for it): it grows only onto GPUs batch work
+        frees. Work that started since is looked at in the next pass."""
+        wanted = self._serving.pool.wanted
+        last = self._no_victim.value
+        return (
+            wanted is not None
+            and self._reclaiming.value is None
+            and last is not None
+            and last[0] == wanted
+        )
+
     def free_gpus(self) -> tuple[int, int]:
         """Free GPUs now: those on nodes kept for a waiting job (being freed for it, or
         held until it starts), and the others."""

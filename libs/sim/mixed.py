@@ -146,6 +146,10 @@ class MixedRun:
     preemptions: int
     jobs: int  # batch jobs submitted in the window
     workflow_jobs: int
+    # The pool backed up with no job it may stop (it grows only onto GPUs batch work
+    # frees), within the window: seconds in all, and the longest such spell.
+    stalled_s: float
+    longest_stall_s: float
     peak_serving_held: int  # the most GPUs serving held at any input, window or not
     peak_serving_active: int  # the most GPUs with serving work, sampled
     gpu_s_run: dict[str, float]  # whole run, per allocation: what the batch tasks used
@@ -187,6 +191,19 @@ class _Steps:
                 if span > 0:
                     weight[value] = weight.get(value, 0.0) + span
         return weight
+
+    def longest(self, value: int, window: tuple[float, float]) -> float:
+        """The longest unbroken span within ``window`` [start, end) that held ``value``."""
+        start, end = window
+        longest = run = 0.0
+        for i, held in enumerate(self.values):
+            until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
+            span = min(until, end) - max(self.times[i], start)
+            if span <= 0:
+                continue
+            run = run + span if held == value else 0.0
+            longest = max(longest, run)
+        return longest
 
     def over(self, windows: Sequence[tuple[float, float]]) -> Held:
         weight = self.weights(windows)
@@ -250,6 +267,7 @@ class MixedCluster(ServingCluster, Observer):
         self.serving_steps = _Steps()
         self.kept_steps = _Steps()
         self.other_steps = _Steps()
+        self.stalled_steps = _Steps()
         self.peak_held = 0
         self.peak_active = 0
         self.samples: list[Sample] = []
@@ -347,6 +365,7 @@ class MixedCluster(ServingCluster, Observer):
         kept, other = self.scheduler.free_gpus()
         self.kept_steps.set(self.now, kept)
         self.other_steps.set(self.now, other)
+        self.stalled_steps.set(self.now, int(self.scheduler.serving_stalled()))
 
     def held(self, spec: JobSpec, gpus: int) -> None:
         self.batch_by_class[spec.work_class.value] += gpus
@@ -433,6 +452,8 @@ class MixedCluster(ServingCluster, Observer):
             preemptions=self.preemptions,
             jobs=sum(1 for j in self.batch if self.start <= j.at < self.end),
             workflow_jobs=len(self.arrivals),
+            stalled_s=self.stalled_steps.weights(windows["all"]).get(1, 0.0),
+            longest_stall_s=self.stalled_steps.longest(1, windows["all"][0]),
             peak_serving_held=self.peak_held,
             peak_serving_active=self.peak_active,
             gpu_s_run=dict(sorted(self.gpu_s_run.items())),

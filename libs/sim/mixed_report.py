@@ -87,6 +87,10 @@ def tables(run: MixedRun, alone: MixedRun | None = None) -> dict[str, Table]:
             [
                 ["cluster occupancy (batch + serving held)", f"{run.cluster_occupancy_pct:.1f}%"],
                 ["serving at its cap", f"{run.at_cap_pct:.1f}% of the window"],
+                [
+                    "serving stalled (backed up, no job it may stop)",
+                    f"{run.stalled_s:.0f} s in all, the longest {run.longest_stall_s:.0f} s",
+                ],
                 ["busy (batch held + serving running)", f"{run.busy_occupancy_pct:.1f}%"],
                 *(
                     [["busy, batch jobs alone (no workflows)", f"{alone.busy_occupancy_pct:.1f}%"]]
@@ -162,6 +166,7 @@ _SEED_FIGURES: tuple[tuple[str, Callable[[MixedRun, MixedRun], float], str, bool
     ("wf p99 burst", lambda run, _: run.workflows["burst"].p99, "{:.2f}", False),
     ("wf p99 calm", lambda run, _: run.workflows["calm"].p99, "{:.2f}", False),
     ("serving held mean", lambda run, _: run.serving_held["all"].mean, "{:.1f}", False),
+    ("longest stall s", lambda run, _: run.longest_stall_s, "{:.0f}", False),
 )
 
 

@@ -17,6 +17,7 @@ from libs.sim.mixed import (
     MixedCluster,
     MixedRun,
     Run,
+    _Steps,
     mixed_policy,
     run_all,
     run_seeds,
@@ -129,6 +130,22 @@ def test_the_gpus_not_doing_work_are_accounted_for_by_why(
     assert run.serving_held["all"].mean > run.serving_busy["all"]  # a warm reserve idles
     rows = tables(run)["GPUs not doing work, by why (mean GPUs)"][1]
     assert [row[0] for row in rows] == ["all", "calm", "burst"]
+
+
+def test_the_pool_s_stalls_lie_within_the_window(sim: tuple[MixedCluster, MixedRun]) -> None:
+    _, run = sim
+    assert 0 <= run.longest_stall_s <= run.stalled_s <= run.window_s
+
+
+def test_the_longest_spell_is_unbroken_and_cut_at_the_window() -> None:
+    steps = _Steps()  # 0 from time 0
+    for at, value in ((10, 1), (20, 0), (25, 1), (40, 1), (60, 0), (70, 1)):
+        steps.set(at, value)
+    assert steps.longest(1, (0, 100)) == 35  # 25-60: setting 1 again at 40 breaks nothing
+    assert steps.longest(1, (0, 50)) == 25  # cut at the window's end
+    assert steps.longest(1, (65, 100)) == 30  # the last spell runs on past its last change
+    assert steps.longest(0, (0, 100)) == 10  # 0-10 and 60-70, not 20-25
+    assert steps.longest(2, (0, 100)) == 0
 
 
 def test_batch_jobs_alone_are_the_same_jobs_with_no_workflows(

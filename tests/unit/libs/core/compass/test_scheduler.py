@@ -825,6 +825,7 @@ def test_a_backed_up_pool_with_no_free_gpu_stops_one_free_job_and_takes_its_gpus
     out = run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
     [stop] = [d for d in out if isinstance(d, Stop)]  # one at a time
     assert (stop.job_id, stop.grace_s) == ("free", s.config.free_stop_grace_s)
+    assert not s.serving_stalled()  # a job is stopping for it
     assert "workflow serving" in stop.reason
     out = run(s, [TaskEnded(5, "free", "free/0", "n1", exit_code=-15)])
     assert s.serving_gpus() == 3  # both its GPUs: the backlog wants more than one
@@ -854,6 +855,20 @@ def test_a_backed_up_pool_stops_no_charged_work_its_contract_protects() -> None:
     out = run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
     assert not [d for d in out if isinstance(d, Stop)]
     assert s.serving_gpus() == 1
+
+
+def test_a_backed_up_pool_with_nothing_it_may_stop_is_stalled_till_batch_work_frees_a_gpu() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, debug_headroom=0))
+    run(s, [NodeJoined(0, gpu_node("n1", 2)), JobArrived(1, "w0", flow())])
+    charged = job(1, min_runtime_s=3600)
+    run(s, [JobArrived(1.5, "b1", charged), TaskStarted(1.6, "b1", "b1/0", "n1")])
+    assert not s.serving_stalled()  # not backed up
+    run(s, [JobArrived(2 + i / 100, f"w{i + 1}", flow()) for i in range(6)])
+    assert s.serving_stalled()  # the only other job's contract protects it
+    run(s, [Tick(10)])
+    assert s.serving_stalled()  # a pass that finds nothing new leaves it so
+    run(s, [TaskEnded(30, "b1", "b1/0", "n1")])
+    assert s.serving_gpus() == 2 and not s.serving_stalled()  # it grew onto the GPU
 
 
 @pytest.mark.parametrize("resumable", [True, False])
