@@ -32,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,26 +182,27 @@ class _Steps:
             self.times.append(at)
             self.values.append(value)
 
+    def _spans(self, window: tuple[float, float]) -> Iterator[tuple[int, float]]:
+        """Each value in turn with how long it held within ``window`` [start, end)."""
+        start, end = window
+        for i, value in enumerate(self.values):
+            until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
+            span = min(until, end) - max(self.times[i], start)
+            if span > 0:
+                yield value, span
+
     def weights(self, windows: Sequence[tuple[float, float]]) -> dict[int, float]:
-        """Value -> how long it held within the windows, each [start, end)."""
+        """Value -> how long it held within the windows."""
         weight: dict[int, float] = {}
-        for start, end in windows:
-            for i, value in enumerate(self.values):
-                until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
-                span = min(until, end) - max(self.times[i], start)
-                if span > 0:
-                    weight[value] = weight.get(value, 0.0) + span
+        for window in windows:
+            for value, span in self._spans(window):
+                weight[value] = weight.get(value, 0.0) + span
         return weight
 
     def longest(self, value: int, window: tuple[float, float]) -> float:
-        """The longest unbroken span within ``window`` [start, end) that held ``value``."""
-        start, end = window
+        """The longest unbroken span within ``window`` that held ``value``."""
         longest = run = 0.0
-        for i, held in enumerate(self.values):
-            until = self.times[i + 1] if i + 1 < len(self.times) else math.inf
-            span = min(until, end) - max(self.times[i], start)
-            if span <= 0:
-                continue
+        for held, span in self._spans(window):
             run = run + span if held == value else 0.0
             longest = max(longest, run)
         return longest
@@ -577,10 +579,10 @@ def run_all(
             done.append(_simulate(profiles, run))
             told(done[-1])
         return done
-    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1)) as pool:
+    cores = len(os.sched_getaffinity(0))  # those this process may use, as the sweeps count
+    with ProcessPoolExecutor(max_workers=min(len(runs), cores)) as pool:
         futures = [pool.submit(_simulate, profiles, run) for run in runs]
         for future in as_completed(futures):
             told(future.result())
