@@ -7,6 +7,7 @@ runs never see each other's events even on a reused broker.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -74,10 +75,37 @@ POLICY = {"serving_max_fraction": 0.0625, "serving_linger_s": 1, "node_lost_time
 HEARTBEAT_S = "1"
 
 
+# Where the kernel numbers outgoing connections from (Linux's default if unreadable).
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Listen ports come from here up to that range: above the fixed ports the test brokers
+# and the chaos run take (19092-19095 for make test; 29400-29404 for the chaos run).
+LOWEST_PORT = 30_000
+_handed_out: set[int] = set()
+_pick = random.Random()  # seeded from the OS: processes pick apart
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a service to listen on, below the kernel's
+    ephemeral range: a free port from that range can be given to an outgoing connection
+    (a Kafka client's) before the service binds it, and the service then fails to
+    start. Never the same port twice in one process."""
+    try:
+        ephemeral = int(EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32_768
+    highest = max(ephemeral, LOWEST_PORT + 1_000)  # a machine with a low range: share it
+    for _ in range(1000):
+        port = _pick.randrange(LOWEST_PORT, highest)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port from {LOWEST_PORT} to {highest}")
 
 
 @dataclass
