@@ -34,6 +34,7 @@ class PolicyFile(FileModel):
     serving_cache_model: Annotated[CacheModel, Strict(False)] = CacheModel(_D.serving_cache_model)
     adjust_threshold: float = Field(_D.adjust_threshold, ge=0)
     adjust_joins: bool = _D.adjust_joins
+    refuse_margin: float = Field(_D.refuse_margin, ge=0)
     hold_threshold: float = Field(_D.hold_threshold, ge=0)
     due_slack: float = Field(_D.due_slack, ge=0)
     admit_load: float = Field(_D.admit_load, ge=0)

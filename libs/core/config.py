@@ -55,6 +55,12 @@ class PolicyConfig:
     # run time; join tasks (several parents) are adjusted only if adjust_joins.
     adjust_threshold: float = 1.5
     adjust_joins: bool = True
+    # compass sends each task with a wait limit: the wait it expects at the GPU plus
+    # this × the task's run time. A GPU that would keep it waiting longer refuses it
+    # (TaskRefused) and the planner sends it elsewhere (at most MAX_REFUSALS times):
+    # the GPU knows at once what its planner learns late, another planner's sends
+    # above all. 0: no limit.
+    refuse_margin: float = 0.2
     # compass holds a new workflow in the scheduler's queue while a plan would keep
     # its first task waiting longer than this × the workflow's best-case time: under
     # overload, tasks of workflows already under way then meet short GPU queues
@@ -69,8 +75,8 @@ class PolicyConfig:
     # lose the least slowdown for the GPU time they free): one waits while it and the
     # workflows that arrived no larger (other planners' too) bring more work (GPU run
     # time) than admit_load × the GPUs of its type run, over arrival_window_s; or while
-    # admitting it would take the work this planner admitted past its share of that
-    # (its part of the work that arrived) over admit_window_s; and till its due time
+    # admitting it would take the work this planner admitted past its share (its part
+    # of the work that arrived) of what those GPUs run over admit_window_s; and till its due time
     # at the most (libs/core/compass/load.py). 0: no such limit (nor with hold_threshold 0).
     admit_load: float = 0.95
     arrival_window_s: float = 4.0

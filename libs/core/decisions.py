@@ -21,6 +21,10 @@ class ServingTask:
     upcoming: tuple[str, ...]  # models planned next on this GPU, soonest first: look-ahead
     planned: tuple[str, int] | None = None  # (node, GPU) of the plan, when adjusted away
     reason: str = ""  # why it was adjusted
+    # The longest the GPU may keep it waiting (its queue and running task ahead of it,
+    # as the node agent counts them); longer: it refuses the task (TaskRefused). None:
+    # it never refuses.
+    wait_limit_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,19 @@ class TaskEnded:
 
 
 @dataclass(frozen=True)
+class TaskRefused:
+    """A GPU refused a workflow task: it would have kept it waiting ``wait_ms``, past
+    the task's ``wait_limit_ms``. The task never queued there."""
+
+    at: float
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
+    gpu_index: int
+    wait_ms: float
+
+
+@dataclass(frozen=True)
 class TaskIdle:
     """A task's GPUs went idle (``idle``) or busy again, as its node agent measured."""
 
@@ -210,6 +223,7 @@ Input = (
     | NodeHeartbeat
     | TaskStarted
     | TaskEnded
+    | TaskRefused
     | TaskIdle
     | ModelLoaded
     | ModelEvicted

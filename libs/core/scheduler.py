@@ -125,7 +125,11 @@ POLICY = "budget"
 # its last pass, not GPUs a batch job freed since (waiting batch work takes those).
 # 29: a load's staffing is rounded to 9 decimals before it is rounded up to GPUs, so a
 # mean a few float roundings over a whole square (9.000000000000002) staffs no GPU more.
-POLICY_VERSION = 29
+# 30: compass sends each task with a wait limit (the wait it expects there plus
+# ``refuse_margin`` × its run time); a GPU that would keep it waiting longer refuses it
+# (``TaskRefused``) and it goes where it starts first, elsewhere. A planner's share of
+# admissions is of the GPUs' whole time, not ``admit_load`` of it.
+POLICY_VERSION = 30
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -258,6 +262,11 @@ class Scheduler:
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case inputs.TaskEnded():
                 decisions += self._ended(event.job_id, event.task_id, event.node_id, event.at)
+            case inputs.TaskRefused():
+                refused = self._serving.refused(event, self._now_ms)
+                if refused is None:
+                    return [Refused(event.task_id, "a refusal of a task not queued on that GPU")]
+                decisions += refused
             case inputs.ModelLoaded():
                 self._serving.loaded(event.node_id, event.gpu_index, event.model, event.size_mb)
             case inputs.ModelEvicted():

@@ -57,6 +57,7 @@ from libs.core import (
     TaskEnded,
     TaskIdle,
     TaskLost,
+    TaskRefused,
     TaskStarted,
     Tick,
     UsageSnapshot,
@@ -310,6 +311,9 @@ def to_input(env: events_pb2.Envelope) -> Input | Reject | Refused | None:
                 return BudgetSet(at, tree_from_proto(env.budget_changed.tree))
             except InvalidTree as exc:
                 return Refused(f"budget tree version {env.budget_changed.tree.version}", str(exc))
+        case "task_refused":
+            refused = env.task_refused
+            return _from_message(TaskRefused, refused, at=at, wait_ms=milliseconds(refused.wait))
         case "usage_snapshot":
             u = env.usage_snapshot
             usage = tuple(sorted((a.allocation, a.allocated_gpu_s) for a in u.usage))
@@ -384,21 +388,25 @@ def _cut(reason: str) -> str:
 def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:
     """``planned`` None (the task runs where it was planned) leaves planned_node_id empty."""
     node_id, gpu_index = serving.planned if serving.planned is not None else ("", 0)
+    limit = serving.wait_limit_ms
     return events_pb2.ServingTask(
-        **_fields(serving, "planned", "run_ms", "input_delay_ms"),
+        **_fields(serving, "planned", "run_ms", "input_delay_ms", "wait_limit_ms"),
         run_duration=_duration_ms(serving.run_ms),
         input_delay=_duration_ms(serving.input_delay_ms),
         planned_node_id=node_id,
         planned_gpu_index=gpu_index,
+        wait_limit=None if limit is None else duration_ms(limit),
     )
 
 
 def serving_from_proto(serving: events_pb2.ServingTask) -> ServingTask:
     planned = (serving.planned_node_id, serving.planned_gpu_index)
+    limit = milliseconds(serving.wait_limit) if serving.HasField("wait_limit") else None
     return _from_message(
         ServingTask,
         serving,
         run_ms=milliseconds(serving.run_duration),
         input_delay_ms=milliseconds(serving.input_delay),
         planned=planned if serving.planned_node_id else None,
+        wait_limit_ms=limit,
     )

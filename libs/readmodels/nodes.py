@@ -2,7 +2,7 @@
 
 A node's inventory comes from its agent's registrations (an operator's cordon, from
 admission's ``node_cordoned``); its running tasks from
-placement's ``task_placed`` and ``task_lost`` and the agent's task ends. Placement's
+placement's ``task_placed`` and ``task_lost`` and the agent's task ends (and refusals). Placement's
 ``node_lost`` marks it lost until its agent registers again; a loss declared for an
 earlier incarnation (one read after the new registration) changes nothing. Running tasks are kept
 sorted by task id, so the same set of tasks always yields the same bytes. The GPUs
@@ -39,6 +39,8 @@ def node_key(env: events_pb2.Envelope) -> str | None:
             node_id = env.task_finished.node_id
         case "task_failed":
             node_id = env.task_failed.node_id
+        case "task_refused":
+            node_id = env.task_refused.node_id
         case "task_lost":
             node_id = env.task_lost.node_id
         case "node_lost":
@@ -75,6 +77,7 @@ def apply_node_event(
     if node is None and kind in (
         "task_finished",
         "task_failed",
+        "task_refused",
         "task_lost",
         "node_lost",
         "node_cordoned",
@@ -109,6 +112,8 @@ def apply_node_event(
             _set_running(new, _without(new.running, env.task_finished.task_id))
         case "task_failed":
             _set_running(new, _without(new.running, env.task_failed.task_id))
+        case "task_refused":  # never queued: placement sends it elsewhere
+            _set_running(new, _without(new.running, env.task_refused.task_id))
         case "serving_held":
             held = env.serving_held
             gpu = types_pb2.ServingGpu(gpu_index=held.gpu_index, allocation=held.allocation)

@@ -116,7 +116,8 @@ class WorkflowRun:
     held_ms: float
     # (workflow, task) -> mean queue, load, transfer, run (ms)
     task_breakdown_ms: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
-    adjusted: int = 0  # tasks sent elsewhere than planned
+    adjusted: int = 0  # tasks sent elsewhere than planned (or than a GPU that refused them)
+    refused: int = 0  # sends a GPU refused: it would have kept the task waiting too long
     decisions: int = 0  # decisions the core made
     cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
     staleness_ms: float = 0.0  # how late the workers' reports reached the scheduler
@@ -284,7 +285,8 @@ class ServingCluster:
                     task.model,
                     task.model_mb,
                     task.run_ms,
-                    planned.start_ms - planned.load_ms,
+                    # heft's start leaves the load out: none is taken before the plan
+                    max(planned.start_ms - planned.load_ms, self.world.now),
                 )
             )
         peer = PeerPlanned(self.world.now / 1000, decision.job_id, tuple(tasks))
@@ -462,6 +464,7 @@ def simulate(
             for key, p in sorted(parts.items())
         },
         adjusted=cluster.adjusted,
+        refused=cluster.world.refused,
         decisions=cluster.decisions,
         cache_model=cache_model,
         staleness_ms=staleness_ms,
@@ -722,8 +725,8 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
             "",
             "| GPUs | mode | seed | median slowdown | p99 slowdown | median latency ms | "
             "p99 latency ms | cache hits | GPUs used | held ms | queue ms | load ms | "
-            "transfer ms | run ms | adjusted | s |",
-            "|" + " --- |" * 16,
+            "transfer ms | run ms | adjusted | refused | s |",
+            "|" + " --- |" * 17,
         ]
         for s in mine:
             r = s.run
@@ -734,7 +737,7 @@ def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
                 f"| {r.median_latency_ms:.0f} | {r.p99_latency_ms:.0f} | {r.cache_hit_rate:.1%} "
                 f"| {r.gpus_used} | {r.held_ms:.1f} | {b['queue']:.1f} | {b['load']:.1f} "
                 f"| {b['transfer']:.2f} "
-                f"| {b['run']:.1f} | {r.adjusted} | {s.wall_s:.1f} |"
+                f"| {b['run']:.1f} | {r.adjusted} | {r.refused} | {s.wall_s:.1f} |"
             )
         lines += [
             "",

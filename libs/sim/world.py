@@ -15,9 +15,11 @@ is decided once:
   ``stopped_exit`` (``stop``); trace jobs end when their work runs out
   (``libs.sim.batch``).
 * A serving ``Place`` enters its GPU's queue (a ``GpuWorker``) when its inputs have
-  arrived, ``input_delay_ms`` later. When the GPU takes it: ``ModelEvicted`` at once for
-  each model it makes room with, ``ModelLoaded`` when the load is done, ``TaskStarted``
-  then, and ``TaskEnded`` ``run_ms`` later; the GPU then takes its next task.
+  arrived, ``input_delay_ms`` later; a GPU whose queue would keep it waiting past its
+  ``wait_limit_ms`` refuses it instead (``TaskRefused``, at once). When the GPU takes
+  it: ``ModelEvicted`` at once for each model it makes room with, ``ModelLoaded`` when
+  the load is done, ``TaskStarted`` then, and ``TaskEnded`` ``run_ms`` later; the GPU
+  then takes its next task.
 
 Time runs in the driver's unit, ``per_s`` to a second (1: seconds, 1000: ms); inputs
 carry seconds and GPU workers milliseconds, each converted where it is made, so every
@@ -45,6 +47,7 @@ from libs.core.inputs import (
     ModelEvicted,
     ModelLoaded,
     TaskEnded,
+    TaskRefused,
     TaskStarted,
     UsageSnapshot,
 )
@@ -141,6 +144,7 @@ class World:
         self.ended: dict[str, float] = {}  # serving task -> when it ended
         self.done: dict[str, float] = {}  # workflow job -> when its last task ended
         self.evicted_by_batch = 0
+        self.refused = 0  # serving tasks a GPU refused
         self._left: dict[str, int] = {}  # workflow job -> tasks not ended
         self._sent: dict[str, tuple[str, float]] = {}  # serving task -> (name, transfer ms)
 
@@ -322,14 +326,22 @@ class World:
     # -- serving tasks ---------------------------------------------------------------
 
     def send(self, place: Place) -> None:
-        """A serving task joins its GPU's queue once its inputs are there."""
+        """A serving task joins its GPU's queue once its inputs are there, unless the
+        GPU refuses it (``TaskRefused``, at once): then it is not here at all."""
         serving = place.serving
         if serving is None or len(place.gpu_indices) != 1:
             raise SimulationError(f"{place.task_id}: a serving task on {place.gpu_indices}")
         key = (place.node_id, place.gpu_indices[0])
         now_ms = self._ms(self.now)
+        worker = self.workers[key]
+        wait = worker.refuses(serving, now_ms)
+        if wait is not None:
+            self.refused += 1
+            ids = JobId(place.job_id), TaskId(place.task_id), NodeId(place.node_id)
+            self.deliver(TaskRefused(self.now_s, *ids, key[1], wait))
+            return
         ready = now_ms + max(serving.input_delay_ms, 0.0)
-        if not self.workers[key].enqueue(place.task_id, serving, ready):
+        if not worker.enqueue(place.task_id, serving, ready):
             raise SimulationError(f"{place.task_id} sent twice to {key}")
         self.tasks[place.task_id] = _task(place, serving=True)
         self._sent[place.task_id] = (serving.name, ready - now_ms)

@@ -134,11 +134,13 @@ class NodeAgent:
         await asyncio.gather(*self._waiters, *drivers, return_exceptions=True)
 
     async def _start(self, task: events_pb2.TaskPlaced, delivery: Delivery) -> None:
-        if not self._runs.claim(task.task_id):
-            log.info("task %s already started here; ignoring the redelivery", task.task_id)
+        placed_event_id = delivery.envelope.event_id
+        if not self._runs.claim(task.task_id, placed_event_id):
+            log.info(
+                "task %s already started or refused here; ignoring the redelivery", task.task_id
+            )
             return
         node = self._registrations.nodes[task.node_id]
-        placed_event_id = delivery.envelope.event_id
         # One span for the whole run, child of the decision's consumer span: ended once
         # the task has.
         span = self._tracer.start_span(

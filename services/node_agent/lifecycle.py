@@ -93,6 +93,10 @@ def model_loaded(
     )
 
 
+def refused(task: events_pb2.TaskPlaced, gpu_index: int, wait_ms: float) -> events_pb2.TaskRefused:
+    return events_pb2.TaskRefused(**_ref(task), gpu_index=gpu_index, wait=duration_ms(wait_ms))
+
+
 def idle_changed(
     task: events_pb2.TaskPlaced, idle: bool, utilization: float
 ) -> events_pb2.TaskIdle:

@@ -1,6 +1,7 @@
 """Tasks running on the agent's nodes: launched on their executor, reported started,
 watched until they end and reported ended; stopped on request. Also which tasks were
-started here, so that a redelivered placement does not run twice."""
+started here, and which placements a GPU here refused, so that a redelivered placement
+does not run twice."""
 
 from __future__ import annotations
 
@@ -53,13 +54,26 @@ class RunningTasks:
         self._started: set[str] = set()
         self._ended: deque[str] = deque()
         self._remember_ended = remember_ended
+        # Placements (event ids) of workflow tasks a GPU here refused, lately.
+        self._refused: set[str] = set()
+        self._refused_order: deque[str] = deque()
 
-    def claim(self, task_id: str) -> bool:
-        """Note that the task starts here; False if it already has (a redelivery)."""
-        if task_id in self._started:
+    def claim(self, task_id: str, placed_event_id: str) -> bool:
+        """Note that the task starts here; False if it already has, or if this placement
+        was refused here (a redelivery either way)."""
+        if task_id in self._started or placed_event_id in self._refused:
             return False
         self._started.add(task_id)
         return True
+
+    def refused(self, task_id: str, placed_event_id: str) -> None:
+        """A GPU here refused the task: a new placement of it may start here, this one
+        never (its redelivery is ignored)."""
+        self._started.discard(task_id)
+        self._refused.add(placed_event_id)
+        self._refused_order.append(placed_event_id)
+        if len(self._refused_order) > self._remember_ended:
+            self._refused.discard(self._refused_order.popleft())
 
     def forget_later(self, task_id: str) -> None:
         """The task has ended: it may be forgotten once enough others have."""

@@ -3,7 +3,9 @@
 Each GPU with serving tasks has a pure ``GpuWorker`` (its model cache and queue) and a
 loop here that runs its tasks one at a time, in the worker's order, once their inputs
 have arrived (``input_delay`` after the placement is read); GPUs run side by side.
-A serving task reports, in this order::
+A task whose placement carries a ``wait_limit`` is refused instead (``TaskRefused``,
+nothing queued) when the work ahead of it on its GPU would keep it waiting longer:
+placement sends it elsewhere. Otherwise a serving task reports, in this order::
 
     ModelEvicted*  (each model the worker chose to make room, with why)
     ModelLoaded    (only on a cache miss, once the model is on the GPU)
@@ -39,6 +41,7 @@ from services.node_agent.lifecycle import (
     launch_failed,
     model_evicted,
     model_loaded,
+    refused,
     stopped_before_start,
 )
 from services.node_agent.reports import Reporter
@@ -122,7 +125,22 @@ class ServingQueues:
             return
         gpu = self._gpu(node, task.gpu_indices[0])
         served = serving_from_proto(task.serving)
-        ready_ms = _now_ms() + max(served.input_delay_ms, 0.0)
+        now = _now_ms()
+        wait = gpu.worker.refuses(served, now)
+        if wait is not None:
+            log.info(
+                "task %s refused on %s GPU %d: %.0f ms of work ahead of it, %.0f ms allowed",
+                task.task_id,
+                node.node_id,
+                gpu.index,
+                wait,
+                served.wait_limit_ms,
+            )
+            with trace.use_span(span, end_on_exit=True):
+                await self._report(node, refused(task, gpu.index, wait), task, placed_event_id)
+            self._runs.refused(task.task_id, placed_event_id)
+            return
+        ready_ms = now + max(served.input_delay_ms, 0.0)
         gpu.worker.enqueue(task.task_id, served, ready_ms)
         self._pending[task.task_id] = _Pending(gpu, task, placed_event_id, span)
         log.info(

@@ -45,6 +45,7 @@ from libs.core import (
     Scheduler,
     TaskEnded,
     TaskId,
+    TaskRefused,
     TaskStarted,
     simulated,
 )
@@ -55,7 +56,7 @@ from libs.events.convert import node_from_proto, serving_from_proto, spec_from_p
 from libs.events.driver import decide, policy_configured
 from libs.events.logfile import write_log
 from libs.sim.world import World
-from services.node_agent.lifecycle import model_evicted, model_loaded
+from services.node_agent.lifecycle import model_evicted, model_loaded, refused
 
 HERE = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -278,6 +279,9 @@ class Scenario:
                 message = model_loaded(self._live[begun.task_id], index, begun)
             case ModelEvicted(node_id=node_id, gpu_index=index, model=model):
                 message = model_evicted(node_id, index, self._eviction(node_id, index, model))
+            case TaskRefused(task_id=task_id, gpu_index=index, wait_ms=wait):
+                self._pids.pop(task_id)  # never started: placement sends it anew
+                message = refused(self._live.pop(task_id), index, wait)
             case _:
                 raise TypeError(f"unexpected report {report!r}")
         return _Record("node-agent", message)

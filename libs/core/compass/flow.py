@@ -42,6 +42,12 @@ class Flow:
         self.in_flight[name] = None
         self._dispatched_parts[self._index[name]] = repr(name)
 
+    def recall(self, name: str) -> None:
+        """A sent task is back, unsent (its GPU refused it): it is sent again at once."""
+        self.dispatched.discard(name)
+        self.in_flight.pop(name, None)
+        self._dispatched_parts[self._index[name]] = None
+
     def finish(self, name: str, at_ms: float) -> None:
         self.finished[name] = at_ms
         self.in_flight.pop(name, None)

@@ -13,8 +13,10 @@ each it admitted, with the GPU type each asked for. A workflow waits
   fit), counted over ``arrival_window_s``: long enough to tell overload from a
   few arrivals close together; or
 - admitting it would take the work admitted over ``admit_window_s`` past this
-  planner's share of that: when the load dips, the workflows held back go in
-  at the rate the GPUs serve them, not all at once.
+  planner's share of what the GPUs run in it: when the load dips, the workflows
+  held back go in at the rate the GPUs serve them, not all at once. The share
+  is of the GPUs' whole time, not ``admit_load`` of it: that margin is the
+  arrivals' test's, and a planner's share is small beside a large workflow.
 
 Among several planners each admits its share, its part of the work that
 arrived: they learn of each other's admissions only late, and counting them
@@ -73,10 +75,11 @@ class Load:
         _expire(self._admitted, work.at_ms, self.admit_window_ms)
         self._admitted[job_id] = work
 
-    def sheds(self, job_id: str, work: Work, gpus: float) -> bool:
-        """Whether the workflow (``work``, as it is now) waits, ``gpus`` being what the
-        GPUs of its type may run at once. A read: entries past their window are left
-        for the next write to drop."""
+    def sheds(self, job_id: str, work: Work, gpus: float, admit_load: float = 1.0) -> bool:
+        """Whether the workflow (``work``, as it is now) waits, ``gpus`` being the GPUs
+        of its type that may run it and ``admit_load`` the part of them arrivals may
+        keep busy. A read: entries past their window are left for the next write to
+        drop."""
         admitted = _weighed(self._admitted, job_id, work, self.admit_window_ms, math.inf)
         if admitted:  # the share only when it matters: it reads every arrival
             cap = self._share(job_id, work) * gpus * self.admit_window_ms
@@ -85,7 +88,7 @@ class Load:
         window = self.arrival_window_ms
         arrived = _weighed(self._arrived, job_id, work, window, work.work_ms)
         arrived += _weighed(self._peers, job_id, work, window, work.work_ms)
-        return bool(arrived) and arrived + work.work_ms > gpus * window
+        return bool(arrived) and arrived + work.work_ms > admit_load * gpus * window
 
     def _share(self, job_id: str, work: Work) -> float:
         """This planner's part of the others' work that arrived on ``work``'s GPU type,

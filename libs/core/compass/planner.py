@@ -149,6 +149,7 @@ class Planner:
         threshold: float = 1.5,
         *,
         inputs: Sequence[Input] = (),
+        leave: bool = False,
     ) -> Timeline:
         """Re-place a ready task whose planned GPU would keep it waiting longer than
         ``threshold`` × its run time (``threshold`` 0: always take the GPU where it
@@ -161,14 +162,20 @@ class Planner:
         the task is weighed as in ``plan``: when the GPU would take it (its inputs
         moved from the parents' nodes, ``inputs``), the model load and the eviction
         penalty; ``compass`` moves it only into gaps that delay nothing planned.
-        Ties keep the planned GPU. The timelines are not changed.
+        Ties keep the planned GPU. ``leave``: the planned GPU refused the task, so
+        the earliest start elsewhere wins, whatever the threshold (``own`` only when
+        no other GPU may take it). The timelines are not changed.
         """
         # jit re-routes to the lowest wait plus load; compass weighs what it plans by:
         # input transfers, the load and the eviction penalty, reservations kept.
         aware = self.mode is not PlanMode.JIT
         own_ready = self.ready_at(task, own.node_id, ready_ms, inputs) if aware else ready_ms
         k = own.slot(own_ready)
-        if threshold and own.begin(k, own_ready) - own_ready <= threshold * task.run_ms:
+        if (
+            not leave
+            and threshold
+            and own.begin(k, own_ready) - own_ready <= threshold * task.run_ms
+        ):
             return own
         insertion = self.mode is PlanMode.COMPASS
 
@@ -179,7 +186,10 @@ class Planner:
 
         # The earliest start wins; ties keep the planned GPU, then go by the order.
         key = self.order.key
-        best = (own.begin(k, own_ready) + cost(own, k), False, key(own.gpu_id))
+        if leave:
+            best = (math.inf, False, key(own.gpu_id))
+        else:
+            best = (own.begin(k, own_ready) + cost(own, k), False, key(own.gpu_id))
         chosen = own
         others = [
             (self.ready_at(task, line.node_id, ready_ms, inputs) if aware else ready_ms, line)

@@ -47,7 +47,8 @@ from libs.core.compass.load import Load, Work
 from libs.core.compass.order import GpuOrder
 from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
 from libs.core.compass.pool import BatchGpus, Pool, PoolChange, Want
-from libs.core.compass.timeline import GpuState, Pending
+from libs.core.compass.timeline import GpuState, Pending, Timeline
+from libs.core.compass.worker import Ahead, queue_wait
 from libs.core.compass.workflow import BYTES_PER_MB, CacheModel, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
@@ -64,13 +65,15 @@ from libs.core.decisions import (
     Wait,
 )
 from libs.core.ids import JobId, NodeId, TaskId, workflow_task_id
-from libs.core.inputs import PeerArrived, PeerPlaced, PeerPlanned
+from libs.core.inputs import PeerArrived, PeerPlaced, PeerPlanned, TaskRefused
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
 
 __all__ = ["MB_PER_GIB", "BatchGpus", "GpuKey", "Serving"]
 
 MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
+# A task refused this often is sent without a wait limit: it goes somewhere at last.
+MAX_REFUSALS = 3
 
 
 class Peer(NamedTuple):
@@ -122,6 +125,8 @@ class Serving:
         # Other planners' tasks in this one's GPU queues, planned (``PeerPlanned``) or
         # sent (``PeerPlaced``), till they end.
         self._peers: Table[TaskId, Peer] = state.table("serving.peers")
+        # This planner's tasks that GPUs refused, and how often, till they end.
+        self._refusals: Table[TaskId, int] = state.table("serving.refusals")
         # Derived (see ``derived``): task id -> (job id, task), in flight.
         self._tasks: dict[TaskId, tuple[JobId, Task]] = {}
 
@@ -255,6 +260,7 @@ class Serving:
             return []
         job_id, task = self._tasks.pop(task_id)
         self._backlogs.items.pop(task_id)
+        self._refusals.pop(task_id)
         flow = self._flows[job_id]
         gpu = self._gpus[flow.gpu[task.task_id]]
         gpu.dispatched.pop(task_id, None)
@@ -273,6 +279,39 @@ class Serving:
         if flow.done:
             self._forget(flow)
         return decisions
+
+    def refused(self, event: TaskRefused, now_ms: float) -> list[Decision] | None:
+        """A GPU refused a task: the work queued there would have kept it waiting past
+        its limit. A peer's leaves that GPU's queue here (its planner sends it on);
+        this planner's own goes where it would start first, another GPU (``_send``).
+        One of a workflow given up on is done with. None: no such task was sent to
+        that GPU with a wait limit (or it started there), and nothing changes."""
+        task_id = TaskId(event.task_id)
+        key = (NodeId(event.node_id), event.gpu_index)
+        peer = self._peers.get(task_id)
+        if peer is not None:
+            gpu = self._gpus[peer.gpu]
+        elif task_id in self._tasks:
+            job_id, task = self._tasks[task_id]
+            gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
+        else:
+            return None
+        if gpu.key != key or task_id not in gpu.dispatched or task_id in gpu.started:
+            return None
+        if peer is not None:  # its planner knows whether it had a limit
+            self._drop_peer(task_id, now_ms)
+            return []
+        if not self._limited(task_id):
+            return None
+        flow = self._flows[job_id]
+        if flow.ended:  # never to run: it is over, as if it had ended
+            return self.ended(task_id, 0, now_ms)
+        gpu.dispatched.pop(task_id)
+        flow.recall(task.task_id)
+        self._touch(gpu, now_ms)
+        self._touch_flow(flow)
+        self._refusals[task_id] = self._refusals.get(task_id, 0) + 1
+        return self._send(flow, task, now_ms, refused=event)
 
     # -- decisions -----------------------------------------------------------
 
@@ -330,7 +369,7 @@ class Serving:
         if not (self._shedding and self._flows) or now_ms >= self._due[job_id]:
             return False
         gpus = min(self.pool.cap, sum(self._batch.schedulable(spec).values()))
-        return self._load.sheds(job_id, _work(spec, now_ms), self.config.admit_load * gpus)
+        return self._load.sheds(job_id, _work(spec, now_ms), gpus, self.config.admit_load)
 
     def _why_waiting(self, job_id: JobId, spec: JobSpec, now_ms: float) -> str:
         if self._sheds(job_id, spec, now_ms):
@@ -542,12 +581,19 @@ class Serving:
     ) -> list[GpuKey]:
         return self.pool.candidates(spec, workflow, need_mb, now_ms, spread=self.mode.hashed)
 
-    def _send(self, flow: Flow, task: Task, now_ms: float) -> list[Decision]:
-        """Send a ready task to its GPU, adjusting first when the plan went stale."""
+    def _send(
+        self, flow: Flow, task: Task, now_ms: float, refused: TaskRefused | None = None
+    ) -> list[Decision]:
+        """Send a ready task to its GPU, adjusting first when the plan went stale (or
+        elsewhere, when that GPU ``refused`` it), with the wait it may take there."""
         task_id = workflow_task_id(flow.job_id, task.task_id)
         planned = self._gpus[flow.gpu[task.task_id]]
         planned.unplan(task_id, task.model)
-        target, reason = self._adjust(flow, task, planned, now_ms)
+        if refused is None:
+            target, reason = self._adjust(flow, task, planned, now_ms)
+        else:
+            target, reason = self._leave(flow, task, planned, refused, now_ms)
+        limit = self._wait_limit(task_id, task, target, flow, now_ms)
         kept = self._backlogs.kept(now_ms, planned.key, target.key)
         self._touch(planned, now_ms)
         decisions: list[Decision] = []
@@ -558,14 +604,7 @@ class Serving:
         self._touch(target)
         target.restated.add(task_id)  # its arrival, set below, shows from the next touch
         flow.dispatch(task.task_id)
-        arrival = max(
-            (
-                flow.finished[p]
-                + self._costs.transfer_ms(task.in_kb, flow.gpu[p][0] == target.key[0])
-                for p in task.parents
-            ),
-            default=now_ms,
-        )
+        arrival = self._arrival(flow, task, target, now_ms)
         item = Pending(task.model, task.model_mb, task.run_ms, arrival, sent=True)
         self._backlogs.sent(task_id, item, kept, target.key)
         serving = ServingTask(
@@ -577,11 +616,79 @@ class Serving:
             self._backlogs.upcoming(target),
             planned.key if target is not planned else None,
             reason,
+            limit,
         )
         decisions.append(
             Place(flow.job_id, task_id, target.key[0], (target.key[1],), flow.spec, serving)
         )
         return decisions
+
+    def _wait_limit(
+        self, task_id: TaskId, task: Task, target: Gpu, flow: Flow, now_ms: float
+    ) -> float | None:
+        """compass: the wait this planner expects at the GPU for the task sent now, as
+        its node agent will count it (``queue_wait``, over what was sent there before
+        it), plus ``refuse_margin`` × its run time; None (no limit) in the other
+        modes, with no margin, and for a task refused ``MAX_REFUSALS`` times."""
+        if not self._limited(task_id):
+            return None
+        sent = self._backlogs.view(target, now_ms, sent_only=True)
+        ahead = [Ahead(p.ready_ms, p.model, p.model_mb, p.run_ms) for p in sent.backlog]
+        ready = max(now_ms, self._arrival(flow, task, target, now_ms))
+        mb_per_ms = self._costs.host_to_gpu_mb_per_ms
+        wait = queue_wait(sent.free_at_ms, sent.resident, ahead, ready, mb_per_ms)
+        return wait + self.config.refuse_margin * task.run_ms
+
+    def _arrival(self, flow: Flow, task: Task, target: Gpu, now_ms: float) -> float:
+        """When the task's inputs reach ``target``: the last parent's end and transfer."""
+        return max(
+            (
+                flow.finished[p]
+                + self._costs.transfer_ms(task.in_kb, flow.gpu[p][0] == target.key[0])
+                for p in task.parents
+            ),
+            default=now_ms,
+        )
+
+    def _limited(self, task_id: TaskId) -> bool:
+        """Whether the task is sent with a wait limit (so it may be refused)."""
+        return (
+            self.mode is PlanMode.COMPASS
+            and bool(self.config.refuse_margin)
+            and self._refusals.get(task_id, 0) < MAX_REFUSALS
+        )
+
+    def _leave(
+        self, flow: Flow, task: Task, refusing: Gpu, refused: TaskRefused, now_ms: float
+    ) -> tuple[Gpu, str]:
+        """The GPU where the refused task would start first, other than the one that
+        refused it (that one only if no other may take it)."""
+        own = self._backlogs.line(refusing, now_ms).timeline
+        target = self._elsewhere(flow, task, own, now_ms, 0.0, leave=True)
+        if target is None:
+            return refusing, ""
+        return target, f"refused by {refusing.label}: {refused.wait_ms:.0f} ms of work queued there"
+
+    def _elsewhere(
+        self,
+        flow: Flow,
+        task: Task,
+        own: Timeline,
+        now_ms: float,
+        threshold: float,
+        *,
+        leave: bool = False,
+    ) -> Gpu | None:
+        """The GPU ``Planner.adjust`` moves the task to from ``own`` (its GPU's timeline),
+        among the plan's candidates; None when it stays."""
+        lines = {
+            self._backlogs.line(self._gpus[key], now_ms).timeline: key
+            for key in self._candidates(flow.spec, flow.workflow, task.model_mb, now_ms)
+        }
+        chosen = self._planner.adjust(
+            task, own, list(lines), now_ms, threshold, inputs=_inputs(flow, task), leave=leave
+        )
+        return None if chosen is own else self._gpus[lines[chosen]]
 
     def _adjust(self, flow: Flow, task: Task, planned: Gpu, now_ms: float) -> tuple[Gpu, str]:
         if self.mode is PlanMode.COMPASS:
@@ -596,20 +703,12 @@ class Serving:
         wait = self._backlogs.wait(planned, now_ms)
         if threshold and wait <= threshold * task.run_ms:
             return planned, ""  # the common case: no need to look at other GPUs
-        inputs = [Input(node_of(flow.gpu[p]), flow.finished[p]) for p in task.parents]
         own = self._backlogs.line(planned, now_ms)
         task_id = workflow_task_id(flow.job_id, task.task_id)
-        self._backlogs.leave_behind(own, task_id, task, now_ms, inputs)
-        lines = {
-            self._backlogs.line(self._gpus[key], now_ms).timeline: key
-            for key in self._candidates(flow.spec, flow.workflow, task.model_mb, now_ms)
-        }
-        chosen = self._planner.adjust(
-            task, own.timeline, list(lines), now_ms, threshold, inputs=inputs
-        )
-        if chosen is own.timeline:
+        self._backlogs.leave_behind(own, task_id, task, now_ms, _inputs(flow, task))
+        target = self._elsewhere(flow, task, own.timeline, now_ms, threshold)
+        if target is None:
             return planned, ""
-        target = self._gpus[lines[chosen]]
         if self.mode is PlanMode.JIT:
             return target, "re-routed at run time (jit)"
         return target, (
@@ -662,8 +761,10 @@ class Serving:
     def _forget(self, flow: Flow) -> None:
         del self._flows[flow.job_id]
         for task in flow.workflow.tasks:
-            self._tasks.pop(workflow_task_id(flow.job_id, task.task_id), None)
-            self._backlogs.items.pop(workflow_task_id(flow.job_id, task.task_id))
+            task_id = workflow_task_id(flow.job_id, task.task_id)
+            self._tasks.pop(task_id, None)
+            self._backlogs.items.pop(task_id)
+            self._refusals.pop(task_id)
 
     def _touch(self, gpu: Gpu, now_ms: float | None = None) -> None:
         """Fold a GPU's change into the digest; a drained pool GPU starts lingering.
@@ -677,6 +778,11 @@ class Serving:
 
     def _touch_flow(self, flow: Flow) -> None:
         self._flows.touch(flow.job_id)
+
+
+def _inputs(flow: Flow, task: Task) -> list[Input]:
+    """Where the task's inputs come from, and when: each parent's node and end."""
+    return [Input(node_of(flow.gpu[p]), flow.finished[p]) for p in task.parents]
 
 
 def _work(spec: JobSpec, now_ms: float) -> Work:

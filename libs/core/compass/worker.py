@@ -5,6 +5,10 @@ The node agent (and the simulator) drive a ``GpuWorker`` per GPU: they
 whenever the GPU is idle, and ``finish`` when the running task ends. No I/O and
 no clock: every time is a float in ms given by the caller.
 
+A task sent with a ``wait_limit_ms`` is refused (``refuses``) when the work ahead
+of it here would keep it waiting longer: its planner counted on a shorter queue,
+and sends it elsewhere.
+
 Order: one task at a time; ``start`` takes the earliest-enqueued task whose
 inputs have arrived. When its model is not resident, the worker makes room as its
 ``CacheModel`` says: by look-ahead (``evict_for``), models that no queued task and
@@ -21,9 +25,9 @@ task then fails in its own load (out of memory) and reports it like any task.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from libs.core.compass.cache import evict_for
 from libs.core.compass.workflow import CacheModel
@@ -75,6 +79,45 @@ class Start:
         return bool(self.serving.model) and not self.loaded
 
 
+class Ahead(NamedTuple):
+    """A task queued on a GPU, as ``queue_wait`` plays it."""
+
+    ready_ms: float
+    model: str
+    model_mb: float
+    run_ms: float
+
+
+def queue_wait(
+    free_ms: float,
+    resident: Iterable[str],
+    ahead: Sequence[Ahead],
+    ready_ms: float,
+    mb_per_ms: float,
+) -> float:
+    """How long a task enqueued after ``ahead`` (in enqueue order), its inputs there at
+    ``ready_ms``, waits for a GPU free at ``free_ms``: the queue played forward as
+    ``GpuWorker.start`` takes it (the earliest enqueued of the tasks ready, the new
+    one last), each task taking its run and, if its model is not resident (nor loaded
+    by one before it), its load. The node agent's worker asks it of its queue, and
+    the planner of the GPU as it sees it, so that they differ only in what they know."""
+    at = free_ms
+    models = set(resident)
+    queue = list(ahead)
+    while True:
+        due = next((q for q in queue if q.ready_ms <= at), None)
+        if due is not None:
+            queue.remove(due)
+            if due.model and due.model not in models:
+                models.add(due.model)
+                at += due.model_mb / mb_per_ms
+            at += due.run_ms
+        elif ready_ms <= at:
+            return at - ready_ms
+        else:  # the GPU idles till the next inputs arrive
+            at = min([ready_ms, *(q.ready_ms for q in queue)])
+
+
 class GpuWorker:
     """One GPU: ``capacity_mb`` of model cache, a serving queue, at most one task running."""
 
@@ -119,6 +162,26 @@ class GpuWorker:
         return model_mb / self.host_to_gpu_mb_per_ms
 
     # -- what drives it ------------------------------------------------------
+
+    def wait_ms(self, now_ms: float, ready_ms: float | None = None) -> float:
+        """How long a task queued now, its inputs there at ``ready_ms`` (now if None),
+        would wait for the GPU (``queue_wait`` over this queue)."""
+        free = now_ms if self._running is None else max(now_ms, self._running.finish_ms)
+        ahead = [
+            Ahead(q.ready_ms, q.serving.model, q.serving.model_mb, q.serving.run_ms)
+            for q in sorted(self._queue, key=lambda q: q.seq)
+        ]
+        ready = now_ms if ready_ms is None else ready_ms
+        return queue_wait(free, self._resident, ahead, ready, self.host_to_gpu_mb_per_ms)
+
+    def refuses(self, serving: ServingTask, now_ms: float) -> float | None:
+        """The wait (``wait_ms``, its inputs there ``input_delay_ms`` from now) when it
+        exceeds the task's ``wait_limit_ms``: the GPU refuses the task rather than
+        queue it; None when it takes it."""
+        if serving.wait_limit_ms is None:
+            return None
+        wait = self.wait_ms(now_ms, now_ms + max(serving.input_delay_ms, 0.0))
+        return wait if wait > serving.wait_limit_ms else None
 
     def enqueue(self, task_id: str, serving: ServingTask, ready_ms: float) -> bool:
         """Queue a dispatched task (as the decision names it); False (and nothing

@@ -17,6 +17,7 @@ from libs.core import (
     PlannedTask,
     Reject,
     ServingTask,
+    TaskRefused,
 )
 from libs.core.compass.workflow import Task, Workflow, build_workflow
 from libs.events import decode, encode, new_envelope
@@ -164,12 +165,28 @@ def test_a_plan_becomes_workflow_planned() -> None:
     assert decode(encode(env)).workflow_planned == payload
 
 
+def test_a_refusal_becomes_a_core_input() -> None:
+    refused = events_pb2.TaskRefused(
+        job_id="j", task_id="j/a", node_id="n1", gpu_index=2, wait=duration_ms(1234.5)
+    )
+    env = new_envelope(refused, producer="node-agent", occurred=datetime.fromtimestamp(T0, UTC))
+    assert to_input(env) == TaskRefused(T0, "j", "j/a", "n1", 2, 1234.5)
+
+
 @pytest.mark.parametrize(
-    ("planned", "reason"),
-    [(None, ""), (("n2", 4), "wait on n2 GPU 4 exceeds 1.5 × run time")],
+    ("planned", "reason", "limit"),
+    [
+        (None, "", None),
+        (("n2", 4), "wait on n2 GPU 4 exceeds 1.5 × run time", 0.0),  # 0 is a limit too
+        (None, "", 233.4),
+    ],
 )
-def test_a_serving_place_carries_its_task(planned: tuple[str, int] | None, reason: str) -> None:
-    serving = ServingTask("mt5_a", "mt5", 2000.0, 778.0, 0.5, ("OPT", "mt5"), planned, reason)
+def test_a_serving_place_carries_its_task(
+    planned: tuple[str, int] | None, reason: str, limit: float | None
+) -> None:
+    serving = ServingTask(
+        "mt5_a", "mt5", 2000.0, 778.0, 0.5, ("OPT", "mt5"), planned, reason, limit
+    )
     spec = job(1, command=(), workflow=TRANSLATION)
     place = Place("j-1", "j-1/mt5_a", "n1", (2,), spec, serving)
     payload = decision_payload(place, PROVENANCE)
@@ -196,6 +213,7 @@ def test_a_serving_place_carries_its_task(planned: tuple[str, int] | None, reaso
     assert got.planned_node_id == (planned[0] if planned else "")
     assert got.planned_gpu_index == (planned[1] if planned else 0)
     assert got.reason == reason
+    assert got.HasField("wait_limit") == (limit is not None)
     assert serving_from_proto(got) == serving
 
 

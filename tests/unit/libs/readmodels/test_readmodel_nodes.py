@@ -60,6 +60,12 @@ def test_placements_add_and_task_ends_remove_running_tasks() -> None:
     assert running(node) == [("a", "a/0", [0])]
 
 
+def test_a_refused_task_leaves_the_node_that_refused_it() -> None:
+    refused = events_pb2.TaskRefused(job_id="w", task_id="w/a", node_id="n1", gpu_index=0)
+    node = folded_node([registered("n1"), placed("w", "n1", [0], task="w/a"), env(refused)])
+    assert running(node) == []
+
+
 def test_reregistration_replaces_inventory_and_keeps_running_tasks() -> None:
     node = folded_node([registered("n1", gpus=4), placed("a", "n1", [3]), registered("n1", gpus=8)])
     assert len(node.inventory.gpus) == 8

@@ -282,6 +282,18 @@ def test_several_planners_finish_every_workflow_deterministically(profiles: Prof
     four = run(profiles, PlanMode.COMPASS, 32, jobs=100, planners=4, staleness_ms=10.0)
     assert four.planners == 4 and four.jobs == 90
     assert run(profiles, PlanMode.COMPASS, 32, jobs=100, planners=4, staleness_ms=10.0) == four
+    # GPUs refused sends the planners did not know to be backed up; each went elsewhere.
+    assert 0 < four.refused <= four.adjusted
+
+
+@pytest.mark.parametrize("mode", list(PlanMode))
+def test_every_mode_runs_with_several_planners_and_only_compass_is_refused(
+    profiles: Profiles, mode: PlanMode
+) -> None:
+    # heft's plan leaves the loads out of its starts: its peers still read no negative time.
+    four = run(profiles, mode, 16, jobs=60, planners=4, staleness_ms=10.0)
+    assert four.jobs == 54
+    assert (four.refused > 0) == (mode is PlanMode.COMPASS)
 
 
 def test_fifo_cost_caches_charge_evictions_the_lookahead_ones_do_not(profiles: Profiles) -> None:

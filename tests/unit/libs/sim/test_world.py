@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from libs.core import JobSpec, NodeSpec
 from libs.core.decisions import Place, ServingTask
-from libs.core.inputs import Input, ModelEvicted, TaskEnded, TaskStarted
+from libs.core.inputs import Input, ModelEvicted, TaskEnded, TaskRefused, TaskStarted
 from libs.core.usage import WindowedUsage
 from libs.sim.world import SIGTERM_EXIT, SimulationError, World
 
@@ -124,6 +126,24 @@ def test_a_serving_task_loads_its_model_runs_and_the_next_one_evicts_it() -> Non
     assert [s.begun.loaded for s in w.served] == [True, True, True]
     assert w.ended == {"w/a": 3100.0, "w/b": 6200.0, "w/c": 9300.0}
     assert isinstance(heard[-1], TaskEnded) and heard[-1].at == 9.3
+
+
+def test_a_gpu_refuses_a_task_it_would_keep_waiting_past_its_limit() -> None:
+    w, heard = world(per_s=1000.0, host_to_gpu_mb_per_ms=10.0)
+    w.send(serving("w/a", "m1"))  # 3,000 ms of load and 100 of run ahead of the next
+    late = serving("w/b", "m1")
+    assert late.serving is not None
+    w.send(
+        dataclasses.replace(late, serving=dataclasses.replace(late.serving, wait_limit_ms=3000.0))
+    )
+    [refused] = heard
+    assert refused == TaskRefused(0.0, "w", "w/b", "n0", 0, 3100.0)
+    assert "w/b" not in w.tasks and w.refused == 1
+    assert not w.workers[("n0", 0)].queue  # it never queued
+    w.send(
+        dataclasses.replace(late, serving=dataclasses.replace(late.serving, wait_limit_ms=3100.0))
+    )
+    assert w.refused == 1 and "w/b" in w.tasks  # within its limit: queued
 
 
 def test_a_batch_task_on_a_caching_gpu_evicts_its_models_first() -> None:

@@ -300,6 +300,28 @@ async def test_a_redelivered_serving_placement_is_queued_once(
     assert emitted.types() == ["model_loaded", "task_started", "task_finished"]
 
 
+async def test_a_task_that_would_wait_past_its_limit_is_refused_and_may_come_back(
+    agent: NodeAgent, emitted: Recorder
+) -> None:
+    # 10 ms of load and 200 ms of run ahead on GPU 0: a task allowed 50 ms is refused.
+    await agent.handle(delivery(serving("a", "m1", run_ms=200)))
+    limited = serving("b", "m1")
+    limited.serving.wait_limit.CopyFrom(duration_ms(50))
+    refused = delivery(limited)
+    await agent.handle(refused)
+    [report] = emitted.of("task_refused")
+    assert report.causation_id == refused.envelope.event_id
+    got = report.task_refused
+    assert (got.task_id, got.node_id, got.gpu_index) == ("wf-1/b", "sim-0", 0)
+    assert 150 < milliseconds(got.wait) <= 210
+    await agent.handle(refused)  # a redelivery of the refused placement: still refused
+    # Placement sends it anew (here, back to the same GPU without a limit): it runs.
+    await agent.handle(delivery(serving("b", "m1")))
+    await emitted.until(2, "task_finished")
+    assert [e.task_finished.task_id for e in emitted.of("task_finished")] == ["wf-1/a", "wf-1/b"]
+    assert len(emitted.of("task_refused")) == 1
+
+
 async def test_a_serving_task_needs_one_gpu(agent: NodeAgent, emitted: Recorder) -> None:
     placed = serving("a", "m1")
     placed.gpu_indices.append(1)

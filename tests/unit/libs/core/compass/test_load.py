@@ -48,6 +48,18 @@ def test_work_admitted_counts_for_every_workflow_larger_or_not() -> None:
     assert not book.sheds("tiny", Work(0, "", 100), gpus=2)
 
 
+def test_admit_load_narrows_the_arrivals_test_not_the_share_of_admissions() -> None:
+    # Arrivals may keep admit_load of the GPUs busy; admissions, all of their time.
+    arrivals = load()
+    arrivals.arrive("a", Work(0, "", 900))
+    assert not arrivals.sheds("b", Work(0, "", 1000), gpus=2, admit_load=1.0)  # 1,900
+    assert arrivals.sheds("b", Work(0, "", 1000), gpus=2, admit_load=0.9)  # > 1,800
+    admissions = load()
+    admissions.admit("a", Work(0, "", 900))
+    assert not admissions.sheds("b", Work(0, "", 1000), gpus=2, admit_load=0.9)
+    assert admissions.sheds("b", Work(0, "", 1200), gpus=2, admit_load=0.9)  # 2,100 > 2,000
+
+
 def test_only_the_workflows_gpu_type_counts_and_any_type_counts_all() -> None:
     book = load()
     book.arrive("h", Work(0, "H100", 900))

@@ -36,6 +36,7 @@ from libs.core import (
     Stop,
     TaskEnded,
     TaskLost,
+    TaskRefused,
     TaskStarted,
     Tick,
     UsageSnapshot,
@@ -1130,3 +1131,107 @@ def test_gpus_a_batch_job_just_freed_are_no_warm_reserve_batch_work_would_take_t
     # together may fit a waiting job).
     run(s, [Tick(11)])
     assert s.serving_gpus() == 0
+
+
+# -- a GPU refuses a task it would keep waiting past its limit ------------------------
+
+
+def sent_root(s: Scheduler) -> Place:
+    """w1 (a chain) on the first of two idle GPUs: its root sent there, with a limit."""
+    [root] = places(run(s, [JobArrived(1, "w1", flow())]))
+    return root
+
+
+def test_compass_sends_each_task_with_the_wait_it_expects_plus_a_margin() -> None:
+    s = two_gpus()
+    [root] = places(run(s, [JobArrived(1, "w1", flow())]))
+    assert root.serving is not None
+    # Nothing is queued there as far as it knows: the limit is the margin alone.
+    assert root.serving.wait_limit_ms == pytest.approx(0.2 * 500)
+    heft = Scheduler(PolicyConfig(serving_mode="heft", serving_max_fraction=1.0))
+    run(heft, [NodeJoined(0, gpu_node("n1"))])
+    [fixed] = places(run(heft, [JobArrived(1, "w1", flow())]))
+    assert fixed.serving is not None and fixed.serving.wait_limit_ms is None  # as planned
+
+
+def refusal(place: Place, at: float = 1.01, wait_ms: float = 9000) -> TaskRefused:
+    return TaskRefused(
+        at, place.job_id, place.task_id, place.node_id, place.gpu_indices[0], wait_ms
+    )
+
+
+def test_a_refused_task_goes_to_another_gpu_with_why() -> None:
+    s = two_gpus()
+    root = sent_root(s)
+    [again] = places(s.handle(refusal(root)))
+    assert again.task_id == root.task_id and again.node_id != root.node_id
+    assert again.serving is not None
+    assert again.serving.planned == (root.node_id, 0)
+    assert again.serving.reason == f"refused by {root.node_id}/0: 9000 ms of work queued there"
+    # It runs there and the workflow goes on as if it had been sent there first.
+    out = run(s, [TaskStarted(1.1, "w1", again.task_id, again.node_id)])
+    out += run(s, [TaskEnded(1.6, "w1", again.task_id, again.node_id)])
+    assert [p.task_id for p in places(out)] == ["w1/b"]
+
+
+def test_a_task_refused_everywhere_is_sent_at_last_without_a_limit() -> None:
+    s = Scheduler(PolicyConfig(serving_max_fraction=1.0, hold_threshold=0))
+    run(s, [NodeJoined(0, gpu_node("n1"))])
+    place = sent_root(s)
+    for at in (1.01, 1.02, 1.03):
+        [place] = places(s.handle(refusal(place, at)))
+        assert place.node_id == "n1"  # the only GPU: back to it
+    assert place.serving is not None and place.serving.wait_limit_ms is None
+    # Sent without a limit, it cannot be refused: a refusal now is not believed.
+    [refused] = s.handle(refusal(place, 1.04))
+    assert isinstance(refused, Refused)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"gpu_index": 1},  # another GPU of its node
+        {"node_id": "n9"},
+        {"task_id": "w1/b"},  # planned, not sent
+        {"task_id": "nope/a"},
+    ],
+    ids=["another GPU", "another node", "not sent", "unknown"],
+)
+def test_a_refusal_of_a_task_not_queued_on_that_gpu_is_refused_and_changes_nothing(
+    wrong: dict[str, Any],
+) -> None:
+    s = two_gpus()
+    root = sent_root(s)
+    before = s.digest()
+    [refused] = s.handle(dataclasses.replace(refusal(root), **wrong))
+    assert isinstance(refused, Refused)
+    assert s.digest() == before
+
+
+def test_a_started_task_cannot_be_refused() -> None:
+    s = two_gpus()
+    root = sent_root(s)
+    run(s, [TaskStarted(1.01, "w1", root.task_id, root.node_id)])
+    [refused] = s.handle(refusal(root, 1.02))
+    assert isinstance(refused, Refused)
+
+
+def test_a_refused_task_of_a_cancelled_workflow_is_over_and_so_is_the_workflow() -> None:
+    s = two_gpus()
+    root = sent_root(s)
+    out = run(s, [CancelRequested(1.01, "w1")])
+    assert [type(d) for d in out] == [Cancel, Stop]
+    assert s.handle(refusal(root, 1.02)) == []  # never to run: nothing sent again
+    assert s.explain("w1") is None  # nothing left of it
+
+
+def test_a_peers_refused_task_leaves_that_gpus_queue_here() -> None:
+    s = two_gpus()
+    run(s, [peer_task(1)])
+    assert first_start_ms(s.handle(JobArrived(1, "w1", flow()))) < 3_000  # n2 is free
+    peer = PeerTask("p1/x", "n1", 0, "llm", 5000, 10_000, 1000)
+    assert s.handle(TaskRefused(1.1, "p1", peer.task_id, "n1", 0, 50_000)) == []
+    # n1 is free of the peer's 10 s task: a new workflow may start there at once.
+    [plan] = [d for d in s.handle(JobArrived(1.1, "w2", flow())) if isinstance(d, Planned)]
+    assert {t.node_id for t in plan.tasks} == {"n1"}
+    assert plan.tasks[0].start_ms < 3_000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from libs.core.compass import CacheModel, GpuWorker
@@ -193,3 +195,28 @@ def test_fifo_cost_evicts_the_first_loaded_and_charges_each_eviction() -> None:
     # Each eviction moves its 1000 MB off the GPU (100 ms each) before the 200 ms load.
     assert (s.load_ms, s.start_ms, s.finish_ms) == (400.0, 500.0, 600.0)
     assert dict(w.resident) == {"new": 1000, "big": 2000}
+
+
+def test_the_wait_plays_the_queue_forward_as_the_gpu_would_take_it() -> None:
+    w = GpuWorker(4000, BW)
+    assert w.wait_ms(0) == w.wait_ms(0, ready_ms=50) == 0
+    w.enqueue("a", task("a", "m1", 1000, run_ms=50), ready_ms=0)
+    assert w.start(0) is not None  # m1 loads (100 ms), runs till 150
+    w.enqueue("b", task("b", "m2", 500, run_ms=70), ready_ms=0)  # loads m2 (50 ms) first
+    w.enqueue("c", task("c", "m2", 500, run_ms=30), ready_ms=400)  # m2 is there by then
+    # Ready at 100: after a's rest (50), b's load and run (120); c's inputs come later.
+    assert w.wait_ms(100) == pytest.approx(50 + 50 + 70)
+    # Ready at 400: c's inputs are there too, and it was queued first; m2 is loaded.
+    assert w.wait_ms(100, ready_ms=400) == pytest.approx(30)
+    # Ready at 300, when the GPU is idle: at once.
+    assert w.wait_ms(100, ready_ms=300) == 0
+
+
+def test_a_task_is_refused_only_past_its_wait_limit() -> None:
+    w = GpuWorker(4000, BW)
+    w.enqueue("a", task("a", "", run_ms=200), ready_ms=0)
+    limited = dataclasses.replace(task("b", ""), wait_limit_ms=150.0)
+    assert w.refuses(limited, 0) == 200  # 200 ms ahead of it
+    assert w.refuses(limited, 0) is not None and [q.task_id for q in w.queue] == ["a"]
+    assert w.refuses(dataclasses.replace(limited, wait_limit_ms=200.0), 0) is None
+    assert w.refuses(task("b", ""), 0) is None  # no limit: never refused
