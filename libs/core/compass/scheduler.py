@@ -233,13 +233,20 @@ class Serving:
         if gpu is not None and gpu.resident.pop(model, None) is not None:
             self._touch(gpu)
 
-    def started(self, task_id: TaskId, now_ms: float) -> None:
+    def _gpu_of(self, task_id: TaskId) -> Gpu | None:
+        """The GPU a known task (a peer's or this planner's) is planned on or sent to."""
         peer = self._peers.get(task_id)
         if peer is not None:
-            gpu = self._gpus[peer.gpu]
-        else:
-            job_id, task = self._tasks[task_id]
-            gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
+            return self._gpus[peer.gpu]
+        known = self._tasks.get(task_id)
+        if known is None:
+            return None
+        job_id, task = known
+        return self._gpus[self._flows[job_id].gpu[task.task_id]]
+
+    def started(self, task_id: TaskId, now_ms: float) -> None:
+        gpu = self._gpu_of(task_id)
+        assert gpu is not None  # a report the scheduler believed (``owns``)
         if task_id in gpu.dispatched:
             gpu.started[task_id] = now_ms
             model = self._backlogs.items[task_id].model
@@ -287,22 +294,20 @@ class Serving:
         One of a workflow given up on is done with. None: no such task was sent to
         that GPU with a wait limit (or it started there), and nothing changes."""
         task_id = TaskId(event.task_id)
-        key = (NodeId(event.node_id), event.gpu_index)
-        peer = self._peers.get(task_id)
-        if peer is not None:
-            gpu = self._gpus[peer.gpu]
-        elif task_id in self._tasks:
-            job_id, task = self._tasks[task_id]
-            gpu = self._gpus[self._flows[job_id].gpu[task.task_id]]
-        else:
+        gpu = self._gpu_of(task_id)
+        if (
+            gpu is None
+            or gpu.key != (NodeId(event.node_id), event.gpu_index)
+            or task_id not in gpu.dispatched
+            or task_id in gpu.started
+        ):
             return None
-        if gpu.key != key or task_id not in gpu.dispatched or task_id in gpu.started:
-            return None
-        if peer is not None:  # its planner knows whether it had a limit
+        if task_id in self._peers:  # its planner knows whether it had a limit
             self._drop_peer(task_id, now_ms)
             return []
         if not self._limited(task_id):
             return None
+        job_id, task = self._tasks[task_id]
         flow = self._flows[job_id]
         if flow.ended:  # never to run: it is over, as if it had ended
             return self.ended(task_id, 0, now_ms)

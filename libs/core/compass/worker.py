@@ -167,9 +167,9 @@ class GpuWorker:
         """How long a task queued now, its inputs there at ``ready_ms`` (now if None),
         would wait for the GPU (``queue_wait`` over this queue)."""
         free = now_ms if self._running is None else max(now_ms, self._running.finish_ms)
-        ahead = [
+        ahead = [  # the queue is kept in enqueue order
             Ahead(q.ready_ms, q.serving.model, q.serving.model_mb, q.serving.run_ms)
-            for q in sorted(self._queue, key=lambda q: q.seq)
+            for q in self._queue
         ]
         ready = now_ms if ready_ms is None else ready_ms
         return queue_wait(free, self._resident, ahead, ready, self.host_to_gpu_mb_per_ms)
