@@ -22,15 +22,15 @@ from qm.v1 import (
 )
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
-from rich.console import Console
 
 from cli import render
 from cli.arrays import array_indexes, element_request_id
 from cli.audit import audit_app
-from cli.budget import NodeEdit, edited_node
+from cli.budget import NodeEdit, changes, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
 from cli.export import export
-from cli.output import Format, OutputFlag, emit, emit_one, message
+from cli.groups import group
+from cli.output import Format, OutputFlag, emit, emit_one, message, stdout_console
 from cli.params import (
     INT32,
     JOB_STATES,
@@ -48,13 +48,14 @@ from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
 from libs.core import simulated
+from libs.core.ids import name_in_job
 from libs.core.simulated import SimulatedRun
 from libs.events import wire_time
 
-app = typer.Typer(no_args_is_help=True, help="Quartermaster: budget-based GPU scheduling.")
-budget_app = typer.Typer(no_args_is_help=True, help="The budget tree and balances.")
+app = group("Quartermaster: budget-based GPU scheduling.")
+budget_app = group("The budget tree and balances.")
 app.add_typer(budget_app, name="budget")
-node_app = typer.Typer(no_args_is_help=True, help="Steer nodes (operators only).")
+node_app = group("Steer nodes (operators only).")
 app.add_typer(node_app, name="node")
 app.add_typer(token_app, name="token")
 app.add_typer(secret_app, name="secret")
@@ -62,8 +63,7 @@ app.command()(login)
 app.add_typer(audit_app, name="audit")
 app.command()(export)
 app.add_typer(sim_app, name="sim")
-# In a pipe or a file, every column whole: rich would cut lines to 80 columns.
-console = Console() if sys.stdout.isatty() else Console(width=1 << 16)
+console = stdout_console()
 
 
 @contextmanager
@@ -125,7 +125,12 @@ def submit(
     ] = 0,
     sim_utilization: Annotated[
         float,
-        number("Simulated nodes: GPU utilisation the task reports", least=0, most=1),
+        number(
+            "Simulated nodes: GPU utilisation the task reports (with --sim-duration or "
+            "--sim-exit-code, which ask for a simulated run)",
+            least=0,
+            most=1,
+        ),
     ] = 1.0,
     workflow: Annotated[
         Path | None,
@@ -166,9 +171,14 @@ def submit(
         command=command or [],
         # gRPC resends this very request on a retry: the id makes the retries one job.
         client_request_id=request_id or uuid.uuid4().hex,
-        # A simulated node reads how to "run" the job from its environment.
+        # A simulated node reads how to "run" the job from its environment; a job that
+        # asks for no simulated run carries none of it (its command must really run).
         env=dict(item.split("=", 1) for item in env or [])
-        | simulated.to_env(SimulatedRun(sim_duration, sim_exit_code, sim_utilization)),
+        | (
+            simulated.to_env(SimulatedRun(sim_duration, sim_exit_code, sim_utilization))
+            if sim_duration or sim_exit_code
+            else {}
+        ),
         secrets=secret or [],
     )
     if workflow is not None:
@@ -183,6 +193,8 @@ def submit(
         reply = conn.call(conn.admission, _jobs(conn).SubmitJob, js.SubmitJobRequest(spec=spec))
         note = " (already submitted with this request id)" if reply.duplicate else ""
         console.print(f"submitted [bold]{reply.job_id}[/]{note}")
+        if not reply.duplicate:
+            console.print(render.protection_at_submission(spec), highlight=False)
         if wait:
             _follow(conn, reply.job_id)
         else:
@@ -291,21 +303,58 @@ def _follow(conn: Connection, job_id: str, output: Format = Format.TABLE) -> Non
 def logs(
     job_id: str,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Wait for it to start; stream until it ends")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Wait for it to start; stream until it ends (requeues too)"
+        ),
     ] = False,
+    attempt: Annotated[
+        int | None,
+        typer.Option(min=1, max=UINT32_MAX, help="Only this attempt (1: its first placement)"),
+    ] = None,
 ) -> None:
-    """Print a job's output (stdout and stderr, as its tasks wrote them)."""
+    """Print a job's output (stdout and stderr, in whole lines, as its tasks wrote them):
+    every attempt in order, and every part of a gang's attempt, each under a header
+    (=== attempt 2, part 1 (j-x/1.0) on node-1 ===). Following, the parts running at once
+    interleave, a header before each change of task."""
     with _rpc() as conn:
+        _has_logs(conn, job_id)
         started = time.monotonic()
-        request = js.StreamLogsRequest(job_id=job_id, follow=follow)
+        request = js.StreamLogsRequest(job_id=job_id, follow=follow, attempt=attempt or 0)
         stream = _jobs(conn).StreamLogs(request, metadata=conn.metadata)
         out = sys.stdout.buffer
+        task, line_start = "", True
         try:
-            for chunk in stream:
-                out.write(chunk.data)
+            for piece in stream:
+                if piece.task_id != task:
+                    out.write((b"" if line_start else b"\n") + _log_header(job_id, piece))
+                    task = piece.task_id
+                out.write(piece.data)
                 out.flush()
+                line_start = piece.data.endswith(b"\n") if piece.data else line_start
         except grpc.RpcError as exc:
             raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
+
+
+def _has_logs(conn: Connection, job_id: str) -> None:
+    """Refuse a workflow, whose tasks keep no output to show (an empty answer would
+    look like a job that printed nothing)."""
+    job = conn.call(conn.admission, _jobs(conn).GetJob, js.GetJobRequest(job_id=job_id)).job
+    if job.spec.HasField("workflow"):
+        raise render.fail(
+            f"{job_id} is a workflow: its tasks run on serving nodes, which keep no output "
+            f"to show; `qm status {job_id}` lists its tasks and how each ended",
+            1,
+        )
+
+
+def _log_header(job_id: str, piece: js.StreamLogsResponse) -> bytes:
+    """The line that names the task whose output follows."""
+    if piece.attempt:
+        what = f"attempt {piece.attempt}" + (f", part {piece.part}" if piece.part else "")
+    else:
+        what = f"task {name_in_job(job_id, piece.task_id)}"
+    return f"=== {what} ({piece.task_id}) on {piece.node_id} ===\n".encode()
 
 
 @app.command()
@@ -480,6 +529,30 @@ def budget_tree(output: OutputFlag = Format.TABLE) -> None:
         )
 
 
+@budget_app.command("usage")
+def budget_usage(output: OutputFlag = Format.TABLE) -> None:
+    """Owed against delivered GPU-hours of each allocation you may see, over the lookback
+    window (the console's figures; members see their allocations, managers their subtree,
+    operators and the root's managers all).
+
+    Owed: at every moment, an allocation is owed the smaller of its entitlement times the
+    GPUs of the nodes not lost, and the GPUs its charged work holds plus those its
+    charged waiting jobs ask for (a job no node could fit asks for nothing). Delivered:
+    the GPUs its charged (allocated: minimum runtime > 0) work held; free (unallocated)
+    work is delivered too but owed to nobody, shown apart. DELIVERED/OWED is the share
+    of owed delivered ("-": nothing was owed); the target is 97%.
+
+    -o json|yaml: a qm.v1.GetUsageResponse: {"window", "covered", "as_of", "target_pct",
+    "allocations": [{"allocation", "entitlement", "owed_gpu_hours",
+    "allocated_gpu_hours", "unallocated_gpu_hours", "delivered_pct"}]}; delivered_pct is
+    absent when nothing was owed.
+    """
+    with _rpc() as conn:
+        stub = _budget(conn)
+        usage = conn.call(conn.budget, stub.GetUsage, budget_service_pb2.GetUsageRequest())
+        emit(console, output, lambda: message(usage), lambda: render.usage_table(usage))
+
+
 @budget_app.command("set")
 def budget_set(
     name: str,
@@ -504,7 +577,11 @@ def budget_set(
         list[str] | None, typer.Option(help="Remove a manager (repeat)")
     ] = None,
 ) -> None:
-    """Add a node to the budget tree, or change what you name of one (managers only)."""
+    """Add a node to the budget tree, or change what you name of one (managers only).
+
+    Prints what changed, field by field (weight: 1 -> 2, members: +bob); a change to
+    what the node already is changes nothing ("no change"), and the tree keeps its version.
+    """
     edit = NodeEdit(
         parent=parent,
         weight=weight,
@@ -522,7 +599,15 @@ def budget_set(
             node=edited_node(current, name, edit), expected_version=current.version
         )
         tree = conn.call(conn.budget, stub.SetAllocation, request).tree
-        console.print(f"budget tree is now version {tree.version}")
+    before = next((n for n in current.nodes if n.name == name), None)
+    after = next(n for n in tree.nodes if n.name == name)
+    if tree.version == current.version:
+        console.print(f"no change: {name} is already so (budget tree version {tree.version})")
+        return
+    verb = "added" if before is None else "changed"
+    console.print(f"{verb} {name}; budget tree version {current.version} -> {tree.version}")
+    for line in changes(before, after):
+        console.print(f"  {line}", highlight=False, markup=False)
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from aiokafka.errors import KafkaError
 from google.protobuf import text_format
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
@@ -19,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cli.groups import group
+from cli.log_access import reading_the_log
 from cli.output import Document, Format, OutputFlag, message, write
 from cli.params import input_file
 from cli.progress import tallies
@@ -30,7 +31,7 @@ from libs.config.policy import load_policy
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 from libs.events.snapshot import SnapshotError
 
-audit_app = typer.Typer(no_args_is_help=True, help="Replay the log and check the decisions.")
+audit_app = group("Replay the log and check the decisions.")
 console = Console()
 
 
@@ -93,7 +94,8 @@ def verify(
     started = time.monotonic()
     try:
         # A bar for a person watching: not under -o json|yaml, nor into a pipe.
-        with tallies(console, shown=console.is_terminal and output is Format.TABLE) as progress:
+        shown = console.is_terminal and output is Format.TABLE
+        with reading_the_log(kafka), tallies(console, shown=shown) as progress:
             result = audit_parallel(
                 kafka,
                 topics,
@@ -108,8 +110,6 @@ def verify(
         raise fail(
             f"placement's snapshot does not load: {exc}; audit without --from-snapshot"
         ) from exc
-    except (KafkaError, RuntimeError) as exc:
-        raise fail(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)") from exc
     elapsed = time.monotonic() - started
     rate = (result.inputs + result.checked) / elapsed if elapsed > 0 else 0.0
     starts = ", ".join(f"partition {p} from offset {o}" for p, o in result.started_from)

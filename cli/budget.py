@@ -3,7 +3,9 @@
 Only what the command names changes: a weight, a parent, members or managers (whole
 lists with ``--member``/``--manager``, one at a time with ``--add-…``/``--remove-…``);
 the rest of the node stays as it is. The service replaces a node whole, so the node is
-read first and sent back with the tree's version, which the service checks.
+read first and sent back with the tree's version, which the service checks. What the
+service made of it is said field by field (``changes``); a node sent back as it was
+changes nothing, and the tree keeps its version.
 """
 
 from __future__ import annotations
@@ -55,3 +57,22 @@ def _edit_list(
     kept += [n for n in add if n not in kept]
     gone = set(remove)
     names[:] = [n for n in kept if n not in gone]
+
+
+def changes(before: types_pb2.BudgetNode | None, after: types_pb2.BudgetNode) -> list[str]:
+    """What differs from ``before`` (None: a new node) to ``after``, a line per field:
+    ``weight: 1 -> 2``, ``members: +bob, -carol``; nothing when they are the same."""
+    lines = []
+    if before is None or before.parent != after.parent:
+        was = "" if before is None else f"{before.parent or '(root)'} -> "
+        lines.append(f"parent: {was}{after.parent or '(root)'}")
+    if before is None or before.weight != after.weight:
+        was = "" if before is None else f"{before.weight:g} -> "
+        lines.append(f"weight: {was}{after.weight:g}")
+    for field in ("members", "managers"):
+        old = [] if before is None else list(getattr(before, field))
+        new = list(getattr(after, field))
+        moved = [f"+{n}" for n in new if n not in old] + [f"-{n}" for n in old if n not in new]
+        if moved:
+            lines.append(f"{field}: {', '.join(moved)}")
+    return lines

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from aiokafka.errors import KafkaError
 from qm.v1 import events_pb2
 from rich.console import Console
 
+from cli.log_access import reading_the_log
 from cli.progress import counting
 from cli.render import fail
 from libs.bus import KafkaBus, KafkaSettings, LogReader, load_topic_config
@@ -69,11 +69,8 @@ def export(
     except ConfigError as exc:
         raise fail(exc) from exc
     window = Excerpt(start, end)  # cut as it is read: only what it keeps is held
-    try:
-        with counting(console, "events read", None) as advance:
-            asyncio.run(_read(kafka, topics.events.name, window, advance))
-    except (KafkaError, RuntimeError) as exc:
-        raise fail(f"{exc} (is Kafka reachable at {kafka.bootstrap}?)") from exc
+    with reading_the_log(kafka), counting(console, "events read", None) as advance:
+        asyncio.run(_read(kafka, topics.events.name, window, advance))
     cut = window.envelopes()
     jobs = sum(event_type(env) == "job_admitted" for env in cut)
     if not jobs:
@@ -97,8 +94,8 @@ async def _read(
         advance(1)
 
     reader = LogReader(KafkaBus(kafka), topic)
-    await reader.start()
-    try:
+    try:  # stopped even when it does not start: no client is left open
+        await reader.start()
         await reader.catch_up(keep)
     finally:
         await reader.stop()

@@ -43,6 +43,12 @@ OutputFlag = Annotated[
 ]
 
 
+def stdout_console() -> Console:
+    """Where a command prints for a person: a terminal's width, else (a pipe, a file)
+    every line whole, as rich would cut it to 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=1 << 16)
+
+
 def message(msg: Message) -> dict[str, Any]:
     """A protobuf message as a document, every field present, names as in the proto."""
     return json_format.MessageToDict(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -12,7 +13,10 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from libs.config.duration import format_duration
 from libs.events import wire_time
+from libs.events.convert import preemption_from_proto
+from libs.readmodels import has_ended
 
 _STYLE = {
     "FINISHED": "green",
@@ -65,7 +69,52 @@ def change(job: types_pb2.Job) -> str:
         detail = workflow_progress(job)
     if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
         detail = f"exit code {job.exit_code}"
+    if job.state == types_pb2.JOB_STATE_RUNNING and job.protection:
+        detail = f"{detail}; {protection(job)}"
     return f"{job.job_id} {styled_state(job.state)} {detail}"
+
+
+def protection_at_submission(spec: types_pb2.JobSpec) -> str:
+    """What will protect a job from preemption once it starts, as its spec asks."""
+    share = f"{spec.allocation}'s share" if spec.allocation else "its allocation's share"
+    min_runtime = wire_time.seconds(spec.min_runtime)
+    if not min_runtime and not spec.HasField("workflow"):
+        return (
+            "free work: it runs on idle GPUs and yields them whenever charged work needs "
+            "them (--min-runtime to be protected)"
+        )
+    if spec.HasField("workflow"):
+        return f"a workflow: its tasks run on GPUs serving holds, charged to {share}"
+    return (
+        f"charged: protected for {format_duration(round(min_runtime))} from its start if "
+        f"placed within {share}; beyond it, on borrowed GPUs, a team below its share may "
+        "take them back at once"
+    )
+
+
+def protection(job: types_pb2.Job) -> str:
+    """How the job's latest placement is protected from preemption, and until when."""
+    share = f"{job.spec.allocation}'s share"
+    match job.protection:
+        case types_pb2.PROTECTION_FREE:
+            return "free work: it yields its GPUs whenever charged work needs them"
+        case types_pb2.PROTECTION_BORROWED:
+            return (
+                f"unprotected: on GPUs borrowed beyond {share}; a team below its share "
+                "may take them back at once"
+            )
+        case types_pb2.PROTECTION_CONTRACT if job.HasField("protected_until"):
+            return f"protected until {when(job.protected_until)} (within {share})"
+        case types_pb2.PROTECTION_CONTRACT:
+            protected_s = round(wire_time.seconds(job.protected_for))
+            return f"protected for {format_duration(protected_s)} from its start (within {share})"
+    return f"once it starts: {protection_at_submission(job.spec)}"
+
+
+def preempted(job: types_pb2.Job) -> str:
+    """Who the job was last preempted for and by which rule; empty if it never was."""
+    last = preemption_from_proto(job.preemption) if job.HasField("preemption") else None
+    return str(last) if last is not None else ""
 
 
 def explanation(answer: job_service_pb2.ExplainJobResponse) -> RenderableType:
@@ -143,7 +192,7 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
         ),
         ("contract", f"min runtime {min_runtime:g} s, resumable {job.spec.resumable}"),
         ("estimate", f"{estimate:g} s" if estimate else "-"),
-        ("command", " ".join(job.spec.command) or "-"),
+        ("command", escape(shlex.join(job.spec.command)) or "-"),  # as a shell reads it
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
             if workflow
@@ -155,6 +204,10 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     ]
     if job.state in (types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED):
         rows.append(("exit code", str(job.exit_code)))
+    if not workflow and not has_ended(job):
+        rows.append(("protection", protection(job)))
+    if job.HasField("preemption"):
+        rows.append(("preempted", preempted(job)))
     if job.reason:
         rows.append(("reason", job.reason))
     for key, value in rows:
@@ -242,4 +295,32 @@ def tree_table(
             walk(node.name, depth + 1)
 
     walk("", 0)
+    return table
+
+
+def usage_table(usage: budget_service_pb2.GetUsageResponse) -> Table:
+    """``qm budget usage``: owed against delivered GPU-hours, one allocation a row."""
+    window, covered = (round(wire_time.seconds(d)) for d in (usage.window, usage.covered))
+    span = format_duration(window)
+    if covered < window:
+        span += f" (the log covers {format_duration(covered)})"
+    table = _table(
+        "ALLOCATION", "ENTITLED", "OWED GPU-H", "DELIVERED GPU-H", "FREE GPU-H", "DELIVERED/OWED"
+    )
+    end = f", to {when(usage.as_of)} UTC" if usage.as_of.seconds else " (the log is empty)"
+    table.caption = f"over the last {span}{end}; target: {usage.target_pct:g}% of owed delivered"
+    for level in usage.allocations:
+        owed = level.owed_gpu_hours
+        pct = level.delivered_pct if level.HasField("delivered_pct") else None
+        shown = "-" if pct is None else f"{pct:.1f}%"
+        if pct is not None and pct < usage.target_pct:
+            shown = f"[yellow]{shown}[/]"
+        table.add_row(
+            level.allocation,
+            f"{level.entitlement:.1%}",
+            f"{owed:.2f}",
+            f"{level.allocated_gpu_hours:.2f}",
+            f"{level.unallocated_gpu_hours:.2f}",
+            shown,
+        )
     return table

@@ -15,9 +15,10 @@ from typing import Annotated
 
 import typer
 
+from cli.groups import group
 from cli.render import fail
 
-secret_app = typer.Typer(no_args_is_help=True, help="Operator tools for the secret store.")
+secret_app = group("Operator tools for the secret store.")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 

@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.output import Format, OutputFlag, notes, records, write
+from cli.groups import group
+from cli.output import Format, OutputFlag, notes, records, stdout_console, write
 from cli.params import SEED_MAX, duration, input_file, knob, number
 from cli.progress import counting, fractions
 from cli.render import errors, fail
@@ -27,14 +28,14 @@ from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
 from libs.sim.metrics import Metrics
-from libs.sim.report import SUMMARY, RunInfo, write_report
+from libs.sim.report import SUMMARY, RunInfo, left_out_note, write_report
 from libs.sim.scenario import Trace
 from libs.sim.tables import table
 from libs.sim.traces import TraceError
 from libs.sim.workflows import PROFILES
 
-sim_app = typer.Typer(no_args_is_help=True, help="Simulate scheduling policies on cluster traces.")
-console = Console()
+sim_app = group("Simulate scheduling policies on cluster traces.")
+console = stdout_console()
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "deploy" / "sim"
 # Trace times: seconds from the trace's start (or epoch seconds in a recorded log).
@@ -67,9 +68,8 @@ def _show(output: Format, tables: list[Shown], **facts: object) -> None:
     """The report's tables: printed whole (a terminal gets its width), or, under json and
     yaml, {**facts, "tables": [{"title", "rows": [{column: cell}]}]}."""
     if output is Format.TABLE:
-        wide = console if console.is_terminal else Console(width=1 << 16)
         for table in tables:
-            _print(wide, *table)
+            _print(console, *table)
         return
     shown = [{"title": title, "rows": records(header, rows)} for title, header, rows in tables]
     write(output, {**facts, "tables": shown})
@@ -80,8 +80,12 @@ def run(
     trace: Annotated[Trace, typer.Option(help="The trace to replay")] = "philly",
     policy: Annotated[str, typer.Option(help=f"{', '.join(POLICIES)}, or all")] = "all",
     out: Annotated[
-        Path, typer.Option(file_okay=False, help="Folder for metrics.json, summary.md, plots/")
-    ] = Path("sim-out"),
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Folder for metrics.json, summary.md, plots/ (without it, nothing is written)",
+        ),
+    ] = None,
     scenario: Annotated[
         Path | None,
         input_file("Scenario YAML (default: deploy/sim/TRACE.yaml)"),
@@ -145,9 +149,14 @@ def run(
 ) -> None:
     """Simulate: qm sim run --trace philly --policy all --out sim-out
 
-    -o json|yaml: {"trace", "jobs", "gpus", "nodes", "offered_load", "wrote": [paths],
-    "tables": [{"title", "rows": [{column: cell}]}]}, the summary table as printed;
-    metrics.json in --out holds every number.
+    Prints the summary table; --out writes the whole report there. A recorded log
+    (--trace eventlog) replays each job's recorded run: a job without one (still running
+    or waiting when the log ends, cancelled before it started) is left out, and the
+    report counts those and says why.
+
+    -o json|yaml: {"trace", "jobs", "left_out": [{"job_id", "why"}], "gpus", "nodes",
+    "offered_load", "wrote": [paths], "tables": [{"title", "rows": [{column: cell}]}]},
+    the summary table as printed; metrics.json in --out holds every number.
     """
     say = notes(console, errors, output)
     names = POLICIES if policy == "all" else tuple(policy.split(","))
@@ -207,7 +216,7 @@ def run(
         drain_s=drain,
         warmup_s=sc.warmup_s,
     )
-    out = _out_dir(out)
+    out = _out_dir(out) if out is not None else None
     try:
         workload = build_workload(sc, config.max_min_runtime_s)
     except (TraceError, ConfigError) as exc:
@@ -218,6 +227,8 @@ def run(
         f"{len(workload.jobs)} jobs, {workload.capacity} GPUs on {len(workload.nodes)} nodes, "
         f"offered load {workload.offered_load():.2f}× capacity"
     )
+    if left_out := left_out_note(workload):
+        say.print(left_out + (f" (listed in {out / 'summary.md'})" if out else ""))
 
     def done(m: Metrics) -> None:
         say.print(f"  {m.policy}: simulated in {m.sim_wall_s:.1f} s ({m.sim_cpu_s:.1f} s CPU)")
@@ -226,23 +237,29 @@ def run(
         results = run_policies(
             workload, names, config, settings, on_done=done, on_progress=progress
         )
-    written = []
-    if plots:
-        from libs.sim.plots import write_plots  # matplotlib is slow to import
+    wrote: list[Path] = []
+    if out is not None:
+        plotted: list[Path] = []
+        if plots:
+            from libs.sim.plots import write_plots  # matplotlib is slow to import
 
-        written = write_plots(results, out / "plots")
-    write_report(out, RunInfo(sc, config, settings), workload, results, written)
-    wrote = [out / "metrics.json", out / "summary.md", *written]
+            plotted = write_plots(results, out / "plots")
+        write_report(out, RunInfo(sc, config, settings), workload, results, plotted)
+        wrote = [out / "metrics.json", out / "summary.md", *plotted]
     _show(
         output,
         [(f"{sc.trace}: {workload.capacity} GPUs", *table(SUMMARY, results))],
         trace=sc.trace,
         jobs=len(workload.jobs),
+        left_out=[{"job_id": job.job_id, "why": job.why} for job in workload.left_out],
         gpus=workload.capacity,
         nodes=len(workload.nodes),
         offered_load=workload.offered_load(),
         wrote=[str(path) for path in wrote],
     )
+    if out is None:
+        say.print("nothing written: --out DIR writes metrics.json, summary.md and plots/")
+        return
     say.print(f"wrote {out / 'metrics.json'}, {out / 'summary.md'}" + (", plots/" if plots else ""))
 
 

@@ -18,13 +18,14 @@ import jwt
 import typer
 
 from cli.connection import TokenSettings
+from cli.groups import group
 from cli.params import duration
 from cli.render import fail
 from libs.auth import Keys, issue_token, load_keys
 from libs.auth.tokens import DEFAULT_TTL_S
 from libs.config.document import ConfigError
 
-token_app = typer.Typer(no_args_is_help=True, help="Operator tools for tokens.")
+token_app = group("Operator tools for tokens.")
 LOCAL_SECRET = Path(".local") / "auth-secret"
 TTL = Annotated[
     float, duration("12h", "How long the token is valid (e.g. 30m, 12h, 7d)", positive=True)

@@ -11,7 +11,9 @@ Settings: ``QM_METRICS_HOST`` (default 127.0.0.1), ``QM_METRICS_PORT`` (each ser
 has its own default, ``DEFAULT_PORTS``; 0 picks a free one), ``QM_METRICS_CLIENTS``.
 Placement, the ticker and node agents check no other tokens: without a signing secret
 (``metrics_keys``) their ``/metrics`` answers 503 and their probes still work, so that a
-node need not hold the installation's key to run tasks.
+node need not hold the installation's key to run tasks. No request is logged: probes and
+scrapes come every few seconds, and aiohttp's own access log would write each request's
+query and ``Referer`` (``services.access_log`` says what a server of ours may log).
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@
 # ACL allows. The first start creates the superuser `admin` (password in
 # $QM_KAFKA_DIR/users/admin, readable only by its owner); `python -m libs.bus`, run
 # as admin, then creates one principal per service and their ACLs (libs/bus/access.py).
+# All it writes is its account's alone (umask 077): the configuration holds the admin's
+# password, and the data every job's command and environment.
 set -euo pipefail
+umask 077
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

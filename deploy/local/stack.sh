@@ -5,8 +5,13 @@
 # Each service runs under deploy/local/supervise.py, which starts it again with
 # backoff when it exits (as Kubernetes would); .local/run/<service>.pid is the
 # supervisor's pid, <service>.child.pid the service's while it runs.
-# Logs: .local/logs/<service>.log (restarts included). Task output: .local/logs/tasks/<job>.log.
+# Logs: .local/logs/<service>.log (restarts included). Task output: .local/logs/tasks/.
+# .local is this account's alone (0700, and nothing the stack writes there is readable by
+# others: umask 077): it holds the signing key, the broker's passwords, tokens and every
+# service's log, and tasks run as other accounts (deploy/local/sandbox.yaml). What tasks
+# must reach lies outside it: their scratch folders (the sandbox file's scratch.root).
 set -euo pipefail
+umask 077
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -52,7 +57,14 @@ wait_for() {
   }
 }
 
+# .local and all in it: this account's only, even what an earlier version left readable.
+private_state() {
+  mkdir -p "$root/.local"
+  chmod -R go= "$root/.local"
+}
+
 up() {
+  private_state
   mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
   "$py" deploy/local/certs.py "$tls"
   # Its TLS listener (9094) uses the same CA; the services here use the loopback one.
@@ -85,7 +97,7 @@ up() {
 Quartermaster is up (deploy/local/nodes.yaml): 4 nodes of 8 H100 that run tasks as
 processes, and 2 simulated serving nodes of 4 T4 for workflows.
   source .venv/bin/activate
-  qm submit --gpus 2 --gpu-type H100 -- python3 -c 'print(42)'
+  qm submit --gpus 2 -- python3 -c 'print(42)'
   qm logs -f JOB       # its output: 42
   qm status            # then: qm status JOB, qm why JOB, qm nodes, qm budget tree
 Console: http://127.0.0.1:8080/ (sign in with the token that this prints: qm token issue alice)
@@ -164,7 +176,22 @@ down() {
   local i
   stop_pid prometheus
   for ((i = ${#services[@]} - 1; i >= 0; i--)); do stop_pid "${services[$i]}"; done
+  forget_agent_state
   deploy/local/kafka.sh stop
+}
+
+# A node agent's ledger of its task processes (.local/run/node-agent-NAME, made per task:
+# services/node_agent/orphans.py) is empty once it has stopped its tasks, and goes; one
+# that still names a task process is kept, for the next agent to kill that process.
+forget_agent_state() {
+  local ledger
+  for ledger in "$run"/node-agent-*/; do
+    [ -d "$ledger" ] || continue
+    if ! rmdir "$ledger" 2>/dev/null; then
+      echo "node agent: kept ${ledger%/}: task process groups that may still run" \
+        "($(ls "$ledger" | sed 's/\.pgid$//' | paste -sd ' ' -)); the next agent kills them" >&2
+    fi
+  done
 }
 
 status() {

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import NoError, TopicAuthorizationFailedError, for_code
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from google.protobuf.message import DecodeError as ProtoDecodeError
@@ -70,8 +71,8 @@ async def audit_topics(
     bus = KafkaBus(settings)
     admin = bus.admin()
     consumer = bus.consumer(max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
-    await admin.start()
-    try:
+    try:  # both closed whatever fails, their start too: no client is left open
+        await admin.start()
         await consumer.start()
         inputs = await _partitions(admin, topics.events.name, clusters)
         if partitions is not None:
@@ -125,8 +126,8 @@ async def input_partitions(
 ) -> list[int]:
     """The input partitions an audit of ``clusters`` (all when empty) replays."""
     admin = KafkaBus(settings).admin()
-    await admin.start()
     try:
+        await admin.start()
         return [tp.partition for tp in await _partitions(admin, topics.events.name, clusters)]
     finally:
         await admin.close()
@@ -136,7 +137,10 @@ async def _partitions(
     admin: AIOKafkaAdminClient, topic: str, clusters: Collection[str]
 ) -> list[TopicPartition]:
     [described] = await admin.describe_topics([topic])
-    if described["error_code"]:
+    error = for_code(described["error_code"])
+    if error is TopicAuthorizationFailedError:
+        raise error(f"topic {topic}")
+    if error is not NoError:
         raise RuntimeError(f"topic {topic} does not exist (is QM_TOPICS right?)")
     partitions = sorted(p["partition"] for p in described["partitions"])
     if clusters:

@@ -1,8 +1,9 @@
 """The declared node inventory (``deploy/local/nodes.yaml``, ``QM_NODES``): nodes without NVML.
 
 Each node under ``nodes:`` has ``node_id``, ``gpu_type``, ``gpu_count`` and
-``gpu_memory_gib``, and optionally ``cluster`` and ``executor`` (``process`` or
-``simulated``). Node ids are unique.
+``gpu_memory_gib``, and optionally ``cluster``, ``executor`` (``process`` or
+``simulated``) and ``workflows_only`` (a serving node: it takes workflow tasks, never a
+batch job). Node ids are unique.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class DeclaredNode(FileModel):
     gpu_memory_gib: Annotated[float, Field(gt=0)]
     cluster: Text = DEFAULT_CLUSTER
     executor: Literal["process", "simulated"] = "process"
+    workflows_only: bool = False
 
 
 class InventoryFile(FileModel):

@@ -11,17 +11,32 @@ may make cgroups in, a cgroup v2 folder delegated to it or, on cgroup v1, one pe
 controller (``.../memory/qm``, ``.../devices/qm``); each task gets its own cgroup in
 each, limited to ``memory_per_gpu_gib`` times its GPUs (v1 and v2) and, on v1's devices
 controller, to the GPU devices it was given.
+
+``scratch``: where each job gets a folder of its own on the node (``<root>/<job id>``,
+its account's, 0700): the task's temporary folder, and its working directory and home
+when its account has no home it can use. It is kept across the job's attempts here and
+removed once the job ends; a job that has not run here for ``expire_after_s`` (it was
+requeued and ran elsewhere, or the agent stopped while it ran) loses it too. Every
+account that runs tasks must be able to reach ``root`` (each folder above it searchable).
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import AfterValidator, Field, StringConstraints, field_validator
 
 from libs.config.document import FileModel
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError(f"expected an absolute path, got {path!r}")
+    return path
+
+
 Account = Annotated[int, Field(ge=1)] | Name
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
@@ -33,11 +48,17 @@ class CgroupsEntry(FileModel):
     memory_per_gpu_gib: Annotated[float, Field(gt=0)] | None = None
 
 
+class ScratchEntry(FileModel):
+    root: Annotated[Name, AfterValidator(_absolute)] = "/var/tmp/qm-scratch"
+    expire_after_s: Annotated[float, Field(gt=0)] = 7 * 86_400.0
+
+
 class SandboxFile(FileModel):
     users: dict[Name, Account] = Field(default_factory=dict)
     default: Account | None = "nobody"
     environment: list[EnvName] = Field(default_factory=lambda: list(DEFAULT_ENVIRONMENT))
     cgroups: CgroupsEntry | None = None
+    scratch: ScratchEntry = Field(default_factory=ScratchEntry)
 
     @field_validator("users", mode="after")
     @classmethod

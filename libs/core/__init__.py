@@ -19,6 +19,9 @@ from libs.core.decisions import (
     Planned,
     PlannedTask,
     Preempted,
+    Preemption,
+    PreemptionRule,
+    Protection,
     Refused,
     Reject,
     Requeue,
@@ -54,7 +57,7 @@ from libs.core.inputs import (
     Tick,
     UsageSnapshot,
 )
-from libs.core.model import JobSpec, NodeSpec, WorkClass
+from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
 from libs.core.scheduler import POLICY, POLICY_VERSION, Scheduler
 from libs.core.validation import Limits, Violation, validate_job, validate_node
 
@@ -80,6 +83,7 @@ __all__ = [
     "NodeHeartbeat",
     "NodeId",
     "NodeJoined",
+    "NodeKind",
     "NodeLost",
     "NodeSpec",
     "PeerArrived",
@@ -91,6 +95,9 @@ __all__ = [
     "PlannedTask",
     "PolicyConfig",
     "Preempted",
+    "Preemption",
+    "PreemptionRule",
+    "Protection",
     "Refused",
     "Reject",
     "Requeue",

@@ -14,10 +14,34 @@ from typing import NamedTuple
 
 from libs.core.ids import NodeId
 from libs.core.limits import MAX_GANG_NODES
-from libs.core.model import JobSpec, NodeSpec
+from libs.core.model import JobSpec, NodeKind, NodeSpec
 from libs.core.state import State, Table
 
-_NodeClass = tuple[str, float]  # (GPU type, GPU memory in GiB)
+_NodeClass = tuple[str, float, NodeKind]  # (GPU type, GPU memory in GiB, what it runs)
+
+
+def node_class(node: NodeSpec) -> _NodeClass:
+    return node.gpu_type, node.gpu_memory_gib, node.kind
+
+
+_Asked = tuple[str, float, frozenset[NodeKind]]  # what a job asks of a node's class
+
+
+def _asked(spec: JobSpec) -> _Asked:
+    return spec.gpu_type, spec.min_gpu_memory_gib, spec.node_kinds
+
+
+def _class_order(cls: _NodeClass) -> tuple[str, float, str]:
+    return cls[0], cls[1], cls[2].value
+
+
+def _matches(spec: JobSpec, cls: _NodeClass) -> bool:
+    gpu_type, memory, kind = cls
+    return (
+        (not spec.gpu_type or gpu_type == spec.gpu_type)
+        and memory >= spec.min_gpu_memory_gib
+        and kind in spec.node_kinds
+    )
 
 
 @dataclass(frozen=True)
@@ -71,8 +95,11 @@ class Capacity:
         # allocation of a pass asks it, mostly of the same nodes.
         self._shape: tuple[frozenset[NodeId], tuple[int, int, int]] | None = None
         # Memos, dropped as nodes join, leave, change or are cordoned: per (GPU type,
-        # memory) asked, the nodes that match (every preemption plan reads them, sorted).
-        self._schedulable: dict[_NodeClass, dict[NodeId, int]] = {}
+        # memory, node kinds) asked, the nodes that match (every preemption plan reads
+        # them, sorted).
+        self._schedulable: dict[_Asked, dict[NodeId, int]] = {}
+        # ... and the node classes that match (every fit asks, of a handful of classes).
+        self._matching: dict[_Asked, list[_NodeClass]] = {}
         # Moves as nodes join, change or leave: what is priced by node (``Charges``) keys on it.
         self.generation = 0
 
@@ -87,7 +114,7 @@ class Capacity:
         self.total_gpus += node.gpu_count
         self.total_free += self._usable(node.node_id, len(free))
         self._index(node.node_id, free)
-        cls = (node.gpu_type, node.gpu_memory_gib)
+        cls = node_class(node)
         self._class_size[cls] = max(self._class_size.get(cls, 0), node.gpu_count)
         self._class_total[cls] = self._class_total.get(cls, 0) + node.gpu_count
 
@@ -100,13 +127,13 @@ class Capacity:
             self._nodes_changed()
 
     def _nodes_changed(self) -> None:
-        self._schedulable = {}
+        self._schedulable, self._matching = {}, {}
         self.generation += 1
 
     def _uncount(self, node: NodeSpec) -> None:
         """Take a node out of the indexes and totals (its class too, if it was the last)."""
         self._unindex(node.node_id)
-        cls = (node.gpu_type, node.gpu_memory_gib)
+        cls = node_class(node)
         if not self._by_class.get(cls):
             self._by_class.pop(cls, None)
         self.total_gpus -= node.gpu_count
@@ -115,7 +142,7 @@ class Capacity:
         sizes = [
             n.gpu_count
             for n in self.nodes.values()
-            if (n.gpu_type, n.gpu_memory_gib) == cls and n.node_id != node.node_id
+            if node_class(n) == cls and n.node_id != node.node_id
         ]
         if sizes:
             self._class_size[cls] = max(sizes)
@@ -127,7 +154,7 @@ class Capacity:
         runs on, and the GPUs it frees stay out of use until the node is uncordoned."""
         if (node_id in self._cordoned) == cordoned:
             return
-        self._schedulable = {}
+        self._schedulable, self._matching = {}, {}
         known = node_id in self.nodes
         if cordoned:
             if known:
@@ -154,15 +181,13 @@ class Capacity:
     def schedulable(self, spec: JobSpec) -> Mapping[NodeId, int]:
         """The nodes not cordoned that match ``spec``, in node id order, with their GPU
         counts (what preemption plans over: kept until nodes change)."""
-        key = (spec.gpu_type, spec.min_gpu_memory_gib)
+        key = _asked(spec)
         nodes = self._schedulable.get(key)
         if nodes is None:
             nodes = self._schedulable[key] = {
                 node_id: node.gpu_count
                 for node_id, node in sorted(self.nodes.items())
-                if node_id not in self._cordoned
-                and (not spec.gpu_type or node.gpu_type == spec.gpu_type)
-                and node.gpu_memory_gib >= spec.min_gpu_memory_gib
+                if node_id not in self._cordoned and _matches(spec, node_class(node))
             }
         return nodes
 
@@ -194,11 +219,14 @@ class Capacity:
         self._index(node_id, tuple(sorted((*before, *back))))
 
     def matching(self, spec: JobSpec) -> list[_NodeClass]:
-        return sorted(
-            cls
-            for cls in self._by_class
-            if (not spec.gpu_type or cls[0] == spec.gpu_type) and cls[1] >= spec.min_gpu_memory_gib
-        )
+        """The node classes ``spec`` may use, in a fixed order (kept until nodes change)."""
+        key = _asked(spec)
+        classes = self._matching.get(key)
+        if classes is None:
+            classes = self._matching[key] = sorted(
+                (cls for cls in self._by_class if _matches(spec, cls)), key=_class_order
+            )
+        return classes
 
     def fit(self, spec: JobSpec, blocked: Collection[NodeId] = ()) -> Fit | NoFit:
         classes = self.matching(spec)
@@ -206,7 +234,7 @@ class Capacity:
         if largest_node == 0:
             if not self.nodes:
                 return NoFit(f"needs {describe(spec)}; no node has registered yet")
-            return NoFit(f"needs {describe(spec)}; no registered node has that type")
+            return NoFit(f"needs {describe(spec)}; {self._none_takes(spec)}")
         if spec.gpus > largest_node:
             total = sum(self._class_total[c] for c in classes)
             if spec.gpus > total:
@@ -233,6 +261,25 @@ class Capacity:
             )
         node_id = best[1]
         return Fit(((node_id, self.free(node_id)[: spec.gpus]),))
+
+    def _none_takes(self, spec: JobSpec) -> str:
+        """Why no registered node may take the job: none has its type (and memory), or
+        those that do run other work than it needs."""
+        kinds = {
+            kind
+            for gpu_type, memory, kind in self._class_size
+            if (not spec.gpu_type or gpu_type == spec.gpu_type)
+            and memory >= spec.min_gpu_memory_gib
+        }
+        if not kinds or kinds & spec.node_kinds:
+            return "no registered node has that type"
+        nodes = f"the {spec.gpu_type} nodes" if spec.gpu_type else "the nodes"
+        if kinds == {NodeKind.SERVING}:
+            return f"{nodes} take workflows only"
+        return (
+            f"{nodes} run no command (simulated; QM_SIMULATED_SECONDS in its env asks "
+            "for a simulated run)"
+        )
 
     def shape(self, blocked: Set[NodeId] = frozenset()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
@@ -309,7 +356,7 @@ class Capacity:
         totals: dict[_NodeClass, int] = {}
         for node_id, free in sorted(self._free.items(), key=lambda item: item[1].since):
             node = self.nodes[node_id]
-            cls = (node.gpu_type, node.gpu_memory_gib)
+            cls = node_class(node)
             if node_id not in self._cordoned:
                 by_class.setdefault(cls, {}).setdefault(len(free.gpus), {})[node_id] = None
             sizes[cls] = max(sizes.get(cls, 0), node.gpu_count)
@@ -328,7 +375,7 @@ class Capacity:
     def _index(self, node_id: NodeId, free: tuple[int, ...]) -> None:
         node = self.nodes[node_id]
         if node_id not in self._cordoned:
-            buckets = self._by_class.setdefault((node.gpu_type, node.gpu_memory_gib), {})
+            buckets = self._by_class.setdefault(node_class(node), {})
             buckets.setdefault(len(free), {})[node_id] = None
         self._shape = None
         self._moves.value += 1
@@ -338,8 +385,7 @@ class Capacity:
         self._shape = None
         if node_id in self._cordoned:
             return  # in no index
-        node = self.nodes[node_id]
-        buckets = self._by_class[(node.gpu_type, node.gpu_memory_gib)]
+        buckets = self._by_class[node_class(self.nodes[node_id])]
         count = len(self.free(node_id))
         del buckets[count][node_id]
         if not buckets[count]:

@@ -27,11 +27,21 @@ class ServingTask:
     wait_limit_ms: float | None = None
 
 
+class Protection(enum.Enum):
+    """How a placed batch job is protected from preemption, decided as it is placed."""
+
+    FREE = "free"  # no minimum runtime: it yields its GPUs whenever charged work needs them
+    CONTRACT = "contract"  # charged, within its share: protected for its minimum runtime
+    BORROWED = "borrowed"  # charged, beyond its share: a team below its share takes them back
+
+
 @dataclass(frozen=True)
 class Place:
     """Start one task of a job on one node (a gang spanning nodes is one Place per node).
 
-    A workflow task carries ``serving``: it runs on the one GPU in ``gpu_indices``.
+    A workflow task carries ``serving``: it runs on the one GPU in ``gpu_indices``. A
+    batch task carries its job's ``protection``, and for ``CONTRACT`` how long from its
+    start (``protected_s``).
     """
 
     job_id: JobId
@@ -43,6 +53,8 @@ class Place:
     # The agent incarnation the node registered with last: an agent ignores placements
     # made for an earlier one, whose tasks the scheduler has already counted as lost.
     node_incarnation: str = ""
+    protection: Protection | None = None
+    protected_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,10 +91,37 @@ class StopCause(enum.Enum):
     DRAINED = "drained"  # an operator drained a node it runs on: it is requeued
 
 
+class PreemptionRule(enum.Enum):
+    """The rule that let a job be stopped for other work."""
+
+    FREE_WORK = "free work yields its GPUs to charged work"
+    BORROWED = "its GPUs were borrowed beyond its allocation's share and are taken back"
+    CONTRACT_ENDED = "past its minimum runtime, it yields to higher-ranked work"
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Who a job was preempted for: a waiting job (empty for workflow serving) of
+    ``allocation``, and by which rule."""
+
+    job_id: str
+    allocation: str
+    rule: PreemptionRule
+
+    def __str__(self) -> str:
+        whom = (
+            f"{self.job_id} of {self.allocation}"
+            if self.job_id
+            else (f"workflow serving of {self.allocation} (its GPUs backed up)")
+        )
+        return f"preempted for {whom}: {self.rule.value}"
+
+
 @dataclass(frozen=True)
 class Stop:
     """Ask a node agent to stop a running task: SIGTERM, then SIGKILL after at most
-    ``grace_s`` (0: the agent's own grace; ``stop_grace``)."""
+    ``grace_s`` (0: the agent's own grace; ``stop_grace``). A preempted task says for
+    whom and by which rule (``preemption``)."""
 
     job_id: JobId
     task_id: TaskId
@@ -90,6 +129,7 @@ class Stop:
     cause: StopCause
     reason: str
     grace_s: float = 0.0
+    preemption: Preemption | None = None
 
 
 def stop_grace(asked_s: float, own_s: float) -> float:

@@ -37,6 +37,12 @@ def attempt_of(task_id: str) -> int:
     return int(number) if number.isascii() and number.isdigit() else 0
 
 
+def gang_rank(task_id: str) -> int | None:
+    """A batch task's rank in its gang (``j-1/2.3`` -> 3); None for a task on one node."""
+    rank = task_id.rpartition("/")[2].partition(".")[2]
+    return int(rank) if rank.isascii() and rank.isdigit() else None
+
+
 def name_in_job(job_id: str, task_id: str) -> str:
     """What follows the job id: ``2.0`` for a batch task, ``encode`` for a workflow task."""
     return task_id.removeprefix(f"{job_id}/")

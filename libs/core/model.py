@@ -26,6 +26,22 @@ class WorkClass(enum.Enum):
     __hash__ = object.__hash__
 
 
+class NodeKind(enum.Enum):
+    """What a node runs, and so which jobs it takes: a job's command runs only where
+    processes run, so that nothing reports success it did not have."""
+
+    PROCESS = "process"  # the job's command, as processes: any job
+    SIMULATED = "simulated"  # nothing (it times the run): simulated batch jobs, workflows
+    SERVING = "serving"  # workflow tasks only, whatever runs them
+
+    __hash__ = object.__hash__  # as WorkClass: looked up on every fit
+
+
+_ANY_KIND = frozenset(NodeKind)
+_BATCH_KINDS = frozenset({NodeKind.PROCESS, NodeKind.SIMULATED})
+_PROCESS_ONLY = frozenset({NodeKind.PROCESS})
+
+
 @dataclass(frozen=True)
 class JobSpec:
     allocation: str
@@ -66,6 +82,24 @@ class JobSpec:
         return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
 
     @cached_property
+    def simulated(self) -> bool:
+        """It asks a simulated node for a run (``QM_SIMULATED_SECONDS`` or ``_EXIT``): no
+        command of it runs. The utilisation alone asks for none: it only says what a
+        simulated run reports."""
+        return bool(self.simulated_duration_s or self.simulated_exit_code)
+
+    @cached_property
+    def node_kinds(self) -> frozenset[NodeKind]:
+        """The nodes that may take it: a workflow's tasks any; a batch job whose command
+        must really run only process nodes; one that asks for a simulated run (or has no
+        command to run) process or simulated nodes, never serving-only ones."""
+        if self.workflow is not None:
+            return _ANY_KIND
+        if self.command and not self.simulated:
+            return _PROCESS_ONLY
+        return _BATCH_KINDS
+
+    @cached_property
     def work_class(self) -> WorkClass:
         if not self.allocated:
             return WorkClass.UNALLOCATED
@@ -80,6 +114,7 @@ class NodeSpec:
     gpu_type: str
     gpu_indices: tuple[int, ...] = field(default=())
     gpu_memory_gib: float = 0.0
+    kind: NodeKind = NodeKind.PROCESS
 
     @property
     def gpu_count(self) -> int:

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob
-from libs.core.decisions import StopCause
+from libs.core.decisions import PreemptionRule, Protection, StopCause
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
 from libs.core.queues import Waiting
@@ -39,6 +39,7 @@ class Running:
     lost: str = ""  # why its node was lost, when it was
     estimate_s: float | None = None  # how long it was expected to run when placed
     borrowed: bool = False  # placed beyond its allocation's share (``contract.borrows``)
+    stop_reason: str = ""  # why it is being stopped, for people: its end repeats it
 
     def but(self, **changes: object) -> Running:
         """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
@@ -60,7 +61,7 @@ class Running:
         return (
             f"{self.seq}|{self.attempt}|{self.placed_at}|{self._tasks_text}|{self.started_at}"
             f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
-            f"|{self.borrowed}"
+            f"|{self.borrowed}|{self.stop_reason}"
             f"|{self.spec.fact}"
         )
 
@@ -74,6 +75,24 @@ class Running:
         if self.unprotected_borrower(config):
             return 0.0
         return min(self.spec.min_runtime_s, config.max_min_runtime_s)
+
+    def protection(self, config: PolicyConfig) -> Protection:
+        """What protects it from preemption, as it is placed."""
+        if not self.spec.allocated:
+            return Protection.FREE
+        return Protection.BORROWED if self.unprotected_borrower(config) else Protection.CONTRACT
+
+    def preemption_rule(self, config: PolicyConfig, now: float) -> PreemptionRule:
+        """The rule that lets other work stop it ``now`` (planning has checked one does):
+        free work always yields; charged work on borrowed GPUs, within the runtime its
+        contract would otherwise protect, is taken back; the rest is past its contract."""
+        if not self.spec.allocated:
+            return PreemptionRule.FREE_WORK
+        contract_s = min(self.spec.min_runtime_s, config.max_min_runtime_s)
+        within = self.started_at is None or now < self.started_at + contract_s
+        if self.unprotected_borrower(config) and within:
+            return PreemptionRule.BORROWED
+        return PreemptionRule.CONTRACT_ENDED
 
     def protected_until(self, config: PolicyConfig) -> float | None:
         if not self.spec.allocated or self.started_at is None:

@@ -49,6 +49,8 @@ from libs.core.decisions import (
     NodeLost,
     Place,
     Preempted,
+    Preemption,
+    Protection,
     Refused,
     Requeue,
     ServingHeld,
@@ -63,7 +65,7 @@ from libs.core.explain import Explanation, explain_running, explain_serving, exp
 from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
 from libs.core.limits import MAX_GANG_NODES, MAX_WORKFLOW_TASKS
 from libs.core.liveness import Liveness
-from libs.core.model import JobSpec, NodeSpec, WorkClass
+from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork, Tasks
@@ -129,7 +131,13 @@ POLICY = "budget"
 # ``refuse_margin`` × its run time); a GPU that would keep it waiting longer refuses it
 # (``TaskRefused``) and it goes where it starts first, elsewhere. A planner's share of
 # admissions is of the GPUs' whole time, not ``admit_load`` of it.
-POLICY_VERSION = 30
+# 31: a batch job whose command must really run is placed on process nodes only, and
+# nodes that take workflows only take no batch job (``NodeKind``); each placement says
+# how the job is protected (``Protection``), and each preemption for whom and by which
+# rule (``Preemption``), which the job's requeue or end repeats.
+POLICY_VERSION = 31
+# What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, backfills).
+_Shape = tuple[str, float, frozenset[NodeKind], int, bool]
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -488,7 +496,7 @@ class Scheduler:
         if run.stopping is None and run.started_at is not None:  # it ran to its end
             self._learned.completed(run.spec.user, at - run.started_at)
         if run.stopping is StopCause.PREEMPTED:
-            what = "preempted"
+            what = run.stop_reason or "preempted"
         elif run.stopping is StopCause.NODE_LOST:
             what = run.lost
         elif run.stopping is StopCause.DRAINED:
@@ -515,15 +523,24 @@ class Scheduler:
             return self._stop(run, StopCause.CANCELLED, "cancelled by user")
         return []
 
-    def _stop(self, run: Running, cause: StopCause, reason: str) -> list[Decision]:
-        self._running.update(run.job_id, stopping=cause)
+    def _stop(
+        self, run: Running, cause: StopCause, reason: str, preemption: Preemption | None = None
+    ) -> list[Decision]:
+        self._running.update(run.job_id, stopping=cause, stop_reason=reason)
         preempted_free = cause is StopCause.PREEMPTED and not run.spec.allocated
         grace_s = self.config.free_stop_grace_s if preempted_free else 0.0
         return [
-            Stop(run.job_id, task_id, node_id, cause, reason, grace_s)
+            Stop(run.job_id, task_id, node_id, cause, reason, grace_s, preemption)
             for task_id, (node_id, _) in sorted(run.tasks.items())
             if task_id not in run.ended
         ]
+
+    def _preempt(self, victim: JobId, for_job: str, allocation: str) -> list[Decision]:
+        """Stop ``victim`` for ``for_job`` (empty: for workflow serving) of ``allocation``,
+        saying by which rule (its requeue or end repeats it)."""
+        run = self._running.jobs[victim]
+        preemption = Preemption(for_job, allocation, run.preemption_rule(self.config, self.now))
+        return self._stop(run, StopCause.PREEMPTED, str(preemption), preemption)
 
     def _hold(self, event: inputs.JobHeld) -> list[Decision]:
         """Hold a waiting job back, or release it into its old place in line."""
@@ -655,7 +672,7 @@ class Scheduler:
         decisions += self._place_nominated(held=False)
         # Shapes (type, memory, GPUs, may use held nodes) that did not fit: capacity
         # only shrinks during a pass, so jobs of the same shape need not be tried again.
-        failed: set[tuple[str, float, int, bool]] = set()
+        failed: set[_Shape] = set()
         for tier in TIERS:
             if tier is WorkClass.ALLOCATED:  # after the fast path, a hold's turn
                 decisions += self._place_nominated(held=True)
@@ -759,8 +776,7 @@ class Scheduler:
             ),
         )
         self._reclaiming.value = Reclaim(victim.job_id, wanted.allocation)
-        why = f"preempted for workflow serving of {wanted.allocation} (its GPUs backed up)"
-        return self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)
+        return self._preempt(victim.job_id, "", wanted.allocation)
 
     def _tell_heads(self) -> list[Decision]:
         """``_tell_head`` for every allocation, tier by tier in rank order; the rank is
@@ -835,7 +851,7 @@ class Scheduler:
         self,
         tier: WorkClass,
         allocation: str,
-        failed: set[tuple[str, float, int, bool]],
+        failed: set[_Shape],
         rank: dict[str, int],
         *,
         headroom: bool = True,
@@ -868,13 +884,11 @@ class Scheduler:
                 break
             spec = job.spec
             may_backfill = bool(held) and tier is WorkClass.ALLOCATED
-            if (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, False) in failed and (
-                not may_backfill
-                or (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, True) in failed
-            ):
+            asks = (spec.gpu_type, spec.min_gpu_memory_gib, spec.node_kinds, spec.gpus)
+            if (*asks, False) in failed and (not may_backfill or (*asks, True) in failed):
                 continue  # its shape failed whether it backfills or not: no need to ask
             backfills = may_backfill and self._backfills(job, rank)
-            shape = (spec.gpu_type, spec.min_gpu_memory_gib, spec.gpus, backfills)
+            shape = (*asks, backfills)
             if shape in failed:
                 continue
             fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
@@ -918,18 +932,22 @@ class Scheduler:
         return self._capacity.total_free - gpus + free_work >= headroom
 
     def _place(self, job: Waiting, fit: Fit) -> list[Decision]:
+        """Start the job where it fits; each task says how the job is protected."""
         self._dequeue(job.job_id)
         tasks: Tasks = {}
-        decisions: list[Decision] = []
         for rank, (node_id, gpus) in enumerate(fit.tasks):
             task_id = batch_task_id(job.job_id, job.attempt, rank if len(fit.tasks) > 1 else None)
             tasks[task_id] = (node_id, gpus)
             self._capacity.take(node_id, gpus)
-            decisions.append(Place(job.job_id, task_id, node_id, gpus, job.spec))
         borrowed = self._charges.borrows(job.spec, tasks)
         run = self._running.place(job, tasks, self.now, self.estimate_s(job.spec), borrowed)
         self._charges.count(run, +1)
-        return decisions
+        protection = run.protection(self.config)
+        protected_s = run.protect_s(self.config) if protection is Protection.CONTRACT else 0.0
+        return [
+            Place(job.job_id, task_id, node_id, gpus, job.spec, None, "", protection, protected_s)
+            for task_id, (node_id, gpus) in tasks.items()
+        ]
 
     def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
         """Tell a waiting job why, when the reason changed."""
@@ -968,10 +986,9 @@ class Scheduler:
         if yielded:
             return yielded
         victims = self._reservations.plan_for(job, self._capacity, self._running, rank, self.now)
-        why = f"preempted for {job.job_id} of {job.spec.allocation}"
         decisions: list[Decision] = []
         for victim in victims:
-            decisions += self._stop(self._running.jobs[victim.job_id], StopCause.PREEMPTED, why)
+            decisions += self._preempt(victim.job_id, job.job_id, job.spec.allocation)
         return decisions
 
     def _yield_serving(self, job: Waiting, rank: dict[str, int]) -> list[Decision]:

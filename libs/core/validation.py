@@ -16,7 +16,7 @@ from libs.core import simulated
 from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
 from libs.core.decisions import Reject
 from libs.core.ids import JobId
-from libs.core.model import JobSpec, NodeSpec
+from libs.core.model import JobSpec, NodeKind, NodeSpec
 
 HOUR = 3600
 
@@ -27,10 +27,16 @@ class Limits:
 
     max_gpus: int = 64
     max_min_runtime_s: int = 8 * HOUR
-    gpu_types: frozenset[str] = frozenset()  # empty: any type is accepted
+    # GPU types accepted before any node of them registers (an operator's word that
+    # such nodes are coming); the types the cluster's nodes offer are accepted anyway.
+    gpu_types: frozenset[str] = frozenset()
     # The largest GPU a workflow's model may need, in MB (10^6 bytes); inf: unknown,
     # any size is accepted (a model too large for every GPU then waits for one).
     gpu_memory_mb: float = math.inf
+    # Every node the cluster has registered, now or ever (lost ones too), as the core
+    # sees them: a job none of them can take is refused, not left waiting forever.
+    # Empty: unknown (no node yet, or no view of them), nothing is refused for it.
+    nodes: tuple[NodeSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,11 +111,8 @@ def validate_node(node: NodeSpec) -> list[Violation]:
 
 
 def _site(spec: JobSpec, limits: Limits) -> list[Violation]:
-    """A site's own rules: its GPU types and its cap on the contract."""
-    found: list[Violation] = []
-    if spec.gpu_type and limits.gpu_types and spec.gpu_type not in limits.gpu_types:
-        types = ", ".join(sorted(limits.gpu_types))
-        found.append(Violation("gpu_type", f"unknown type {spec.gpu_type!r}; known: {types}"))
+    """A site's own rules: what its nodes offer and its cap on the contract."""
+    found = _unoffered(spec, limits.nodes, limits.gpu_types)
     if not 0 <= spec.min_runtime_s <= limits.max_min_runtime_s:
         found.append(
             Violation(
@@ -119,6 +122,49 @@ def _site(spec: JobSpec, limits: Limits) -> list[Violation]:
             )
         )
     return found
+
+
+def _unoffered(
+    spec: JobSpec, nodes: Collection[NodeSpec], allowed: frozenset[str]
+) -> list[Violation]:
+    """A GPU type, or a memory size, that no registered node offers the job (by what the
+    nodes run: ``JobSpec.node_kinds``), naming what they do offer. ``allowed`` types are
+    accepted whatever has registered."""
+    if not nodes or spec.gpu_type in allowed:
+        return []
+    takes = [n for n in nodes if n.kind in spec.node_kinds]
+    typed = [n for n in takes if not spec.gpu_type or n.gpu_type == spec.gpu_type]
+    if not typed:
+        nodes_of = f"{spec.gpu_type} node" if spec.gpu_type else "node"
+        rule = f"no {nodes_of} here takes {_work(spec)}"
+        return [Violation("gpu_type", f"{rule}; {offered(nodes, allowed)}")]
+    largest = max(n.gpu_memory_gib for n in typed)
+    if spec.min_gpu_memory_gib > largest:
+        rule = f"no node here has {spec.min_gpu_memory_gib:g} GiB per GPU for {_work(spec)}"
+        return [Violation("min_gpu_memory_gib", f"{rule}; {offered(nodes, allowed)}")]
+    return []
+
+
+def _work(spec: JobSpec) -> str:
+    if spec.workflow is not None:
+        return "workflow tasks"
+    return "a job's command" if NodeKind.SIMULATED not in spec.node_kinds else "batch jobs"
+
+
+def offered(nodes: Iterable[NodeSpec], allowed: Collection[str] = ()) -> str:
+    """What the nodes offer, for people: each GPU type with its memory and GPUs, and
+    what its nodes take when that is not every job."""
+    gpus: dict[tuple[str, float, NodeKind], int] = {}
+    for node in nodes:
+        key = (node.gpu_type, node.gpu_memory_gib, node.kind)
+        gpus[key] = gpus.get(key, 0) + node.gpu_count
+    notes = {NodeKind.SIMULATED: ", simulated", NodeKind.SERVING: ", workflows only"}
+    types = [
+        f"{gpu_type} ({memory:g} GiB, {count} GPUs{notes.get(kind, '')})"
+        for (gpu_type, memory, kind), count in sorted(gpus.items(), key=lambda i: i[0][:2])
+    ]
+    types += [f"{gpu_type} (no node yet)" for gpu_type in sorted(allowed)]
+    return "GPU types here: " + ", ".join(types)
 
 
 def _ids(spec: JobSpec, allocations: Collection[str] | None) -> list[Violation]:

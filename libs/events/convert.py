@@ -40,12 +40,16 @@ from libs.core import (
     NodeCordoned,
     NodeHeartbeat,
     NodeJoined,
+    NodeKind,
     NodeLost,
     NodeSpec,
     Place,
     Planned,
     PlannedTask,
     Preempted,
+    Preemption,
+    PreemptionRule,
+    Protection,
     Refused,
     Reject,
     Requeue,
@@ -66,7 +70,6 @@ from libs.core import (
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree, InvalidTree
 from libs.core.compass.workflow import (
-    BYTES_PER_MB,
     Task,
     Workflow,
     WorkflowError,
@@ -97,6 +100,18 @@ _STOP_CAUSES = {
     StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
     StopCause.NODE_LOST: types_pb2.STOP_CAUSE_NODE_LOST,
     StopCause.DRAINED: types_pb2.STOP_CAUSE_DRAINED,
+}
+
+_PROTECTIONS = {
+    Protection.FREE: types_pb2.PROTECTION_FREE,
+    Protection.CONTRACT: types_pb2.PROTECTION_CONTRACT,
+    Protection.BORROWED: types_pb2.PROTECTION_BORROWED,
+}
+
+_PREEMPTION_RULES = {
+    PreemptionRule.FREE_WORK: types_pb2.PREEMPTION_RULE_FREE_WORK,
+    PreemptionRule.BORROWED: types_pb2.PREEMPTION_RULE_BORROWED,
+    PreemptionRule.CONTRACT_ENDED: types_pb2.PREEMPTION_RULE_CONTRACT_ENDED,
 }
 
 # The inputs whose every field but ``at`` is the event's field of the same name.
@@ -248,15 +263,6 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
     )
 
 
-def gpu_memory_mb(inventory: types_pb2.NodeInventory, gpu_type: str = "") -> float:
-    """A node's largest GPU in MB (10^6 bytes, as model sizes); 0 when it has none.
-
-    ``gpu_type``: only GPUs of that type (empty: any).
-    """
-    sizes = (g.memory_bytes for g in inventory.gpus if not gpu_type or g.type == gpu_type)
-    return max(sizes, default=0) / BYTES_PER_MB
-
-
 def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
     types = sorted({gpu.type for gpu in inventory.gpus})
     memory = min((gpu.memory_bytes for gpu in inventory.gpus), default=0)
@@ -265,7 +271,18 @@ def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
         gpu_type="/".join(types),
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
         gpu_memory_gib=memory / GIB,
+        kind=node_kind(inventory),
     )
+
+
+def node_kind(inventory: types_pb2.NodeInventory) -> NodeKind:
+    """What the node runs: workflows only, nothing (simulated) or processes (an executor
+    not reported is a process node, as the API says)."""
+    if inventory.workflows_only:
+        return NodeKind.SERVING
+    if inventory.executor == types_pb2.EXECUTOR_SIMULATED:
+        return NodeKind.SIMULATED
+    return NodeKind.PROCESS
 
 
 def budget_node_from_proto(node: types_pb2.BudgetNode) -> BudgetNode:
@@ -352,13 +369,29 @@ def decision_payload(
             if decision.serving is not None:
                 placed_spec = replace(placed_spec, workflow=None)
                 serving = serving_to_proto(decision.serving)
-            values.update(spec=spec_to_proto(placed_spec), serving=serving)
+            protection, protected_s = values.pop("protection"), values.pop("protected_s")
+            values.update(
+                spec=spec_to_proto(placed_spec),
+                serving=serving,
+                protection=_PROTECTIONS[protection] if protection is not None else None,
+                protected_for=duration(protected_s) if protected_s else None,
+            )
         case Planned():
             values["tasks"] = [_planned_task(t) for t in decision.tasks]
         case Stop():
             values["cause"] = _STOP_CAUSES[decision.cause]
             grace_s = values.pop("grace_s")
             values["grace"] = duration(grace_s) if grace_s else None
+            preemption = decision.preemption
+            values["preemption"] = (
+                None
+                if preemption is None
+                else types_pb2.Preemption(
+                    job_id=preemption.job_id,
+                    allocation=preemption.allocation,
+                    rule=_PREEMPTION_RULES[preemption.rule],
+                )
+            )
         case Reject() if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
             values["spec"] = spec
     return _EVENTS[type(decision)](**values, provenance=provenance)
@@ -383,6 +416,14 @@ def _cut(reason: str) -> str:
     if len(reason) <= MAX_REASON_CHARS:
         return reason
     return reason[: MAX_REASON_CHARS - 1] + "…"
+
+
+def preemption_from_proto(preemption: types_pb2.Preemption) -> Preemption | None:
+    """The core's preemption (its ``str`` says it for people); None for a rule this
+    release does not know."""
+    rules = {wire: rule for rule, wire in _PREEMPTION_RULES.items()}
+    rule = rules.get(preemption.rule)
+    return None if rule is None else Preemption(preemption.job_id, preemption.allocation, rule)
 
 
 def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:

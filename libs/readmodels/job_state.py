@@ -54,7 +54,7 @@ from typing import TypeAlias
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core.ids import attempt_of, is_batch_task_id, name_in_job
+from libs.core.ids import attempt_of, gang_rank, is_batch_task_id, name_in_job
 from libs.events.convert import workflow_from_proto
 
 State: TypeAlias = types_pb2.JobState.ValueType
@@ -182,27 +182,33 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             advance(new, _S.JOB_STATE_PLACED)
             new.held = False
             _place(new, env.task_placed)
+            _protect(new, env.task_placed)
         case "task_started":
-            _fill_node(new, env.task_started.node_id)
+            begun = env.task_started
+            _fill_node(new, begun.node_id)
             advance(new, _S.JOB_STATE_RUNNING)
-            new.started_at.CopyFrom(at)
+            advance_task(_part(new, begun.task_id, begun.node_id), _S.JOB_STATE_RUNNING)
+            if not new.HasField("started_at") or _time(at) < _time(new.started_at):
+                new.started_at.CopyFrom(at)  # a gang's contract runs from its first start
+            _protect(new)
         case "task_finished":
             finished = env.task_finished
             _fill_node(new, finished.node_id)
-            _end_task(new, _S.JOB_STATE_FINISHED, finished.exit_code, at)
+            part = _part(new, finished.task_id, finished.node_id)
+            _end_part(new, part, _S.JOB_STATE_FINISHED, finished.exit_code, "", at)
         case "task_failed":
             failed = env.task_failed
             _fill_node(new, failed.node_id)
-            _end_task(new, _S.JOB_STATE_FAILED, failed.exit_code, at)
-            # Why a preempted job ended is the preemption, not the signal that carried it out.
-            if new.state != _S.JOB_STATE_PREEMPTED:
-                new.reason = failed.reason
+            part = _part(new, failed.task_id, failed.node_id)
+            _end_part(new, part, _S.JOB_STATE_FAILED, failed.exit_code, failed.reason, at)
         case "task_stop_requested":
             stop = env.task_stop_requested
             _fill_node(new, stop.node_id)
             advance(new, _S.JOB_STATE_PLACED)  # only a placed task is stopped
             new.stop_reason = stop.reason
             new.stop_cause = stop.cause
+            if stop.HasField("preemption"):
+                new.preemption.CopyFrom(stop.preemption)
             _cancel_if_stopped(new)
         case "task_lost":
             gone = env.task_lost
@@ -210,9 +216,8 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             if not new.stop_cause:  # a stop already on its way says why it ends
                 new.stop_cause = types_pb2.STOP_CAUSE_NODE_LOST
                 new.stop_reason = gone.reason
-            _end_task(new, _S.JOB_STATE_FAILED, -1, at)
-            if new.state == _S.JOB_STATE_FAILED:
-                new.reason = gone.reason
+            part = _part(new, gone.task_id, gone.node_id)
+            _end_part(new, part, _S.JOB_STATE_FAILED, -1, gone.reason, at)
         case "task_idle":
             idle = env.task_idle
             _fill_node(new, idle.node_id)
@@ -295,32 +300,110 @@ def _clear_task(job: types_pb2.Job) -> None:
         "stop_cause",
         "idle",
         "placements",
+        "protection",
+        "protected_for",
+        "protected_until",
     ):
         job.ClearField(name)
 
 
 def _place(job: types_pb2.Job, placed: events_pb2.TaskPlaced) -> None:
     """Keep where one task of the latest placement runs, in rank order (a gang's tasks
-    may be seen in any order); the job's own node is its first task's."""
-    kept = {p.task_id: _placement(p) for p in job.placements}
-    kept[placed.task_id] = _placement(placed)
-    ordered = sorted(kept.values(), key=lambda p: (_gang_rank(p.task_id), p.task_id))
+    may be seen in any order, their ends before their placements); the job's own node
+    is its first task's."""
+    part = _part(job, placed.task_id, placed.node_id)
+    part.node_id = placed.node_id
+    part.gpu_indices[:] = placed.gpu_indices
+    advance_task(part, _S.JOB_STATE_PLACED)
+    first = job.placements[0]
+    job.node_id = first.node_id
+    job.gpu_indices[:] = first.gpu_indices
+    job.parts = _parts(job, placed.spec.gpus)
+    _settle_parts(job)
+
+
+def _parts(job: types_pb2.Job, gpus: int) -> int:
+    """How many tasks the placement has: one, or for a gang of ``gpus`` one per whole node
+    (each part but the last has a node's GPUs, so the largest part seen gives the count;
+    seeing only the last one counts more, and the job waits for parts that exist)."""
+    if gang_rank(job.placements[0].task_id) is None:
+        return 1
+    largest = max(len(p.gpu_indices) for p in job.placements)
+    return -(-gpus // largest) if largest else 0
+
+
+def note_placed(job: types_pb2.Job, placed: events_pb2.TaskPlaced) -> None:
+    """Keep every node a task of the job was placed on, over all its attempts (where its
+    output may be), from any placement, stale or not: sorted, so any order agrees. None
+    is placed after the end (``enter_task``)."""
+    after_the_end = job.state in _FINAL and 0 < job.attempts <= attempt_of(placed.task_id)
+    if placed.node_id not in job.placed_on and not after_the_end:
+        job.placed_on[:] = sorted((*job.placed_on, placed.node_id))
+
+
+def _part(job: types_pb2.Job, task_id: str, node_id: str) -> types_pb2.JobPlacement:
+    """The latest placement's task ``task_id``, kept in rank order; added (on ``node_id``)
+    when its placement has not been seen yet."""
+    for part in job.placements:
+        if part.task_id == task_id:
+            return part
+    kept = [*job.placements, types_pb2.JobPlacement(task_id=task_id, node_id=node_id)]
+    kept.sort(key=lambda p: (gang_rank(p.task_id) or 0, p.task_id))
     del job.placements[:]
-    job.placements.extend(ordered)
-    job.node_id = ordered[0].node_id
-    job.gpu_indices[:] = ordered[0].gpu_indices
+    job.placements.extend(kept)
+    return next(p for p in job.placements if p.task_id == task_id)
 
 
-def _placement(task: types_pb2.JobPlacement | events_pb2.TaskPlaced) -> types_pb2.JobPlacement:
-    return types_pb2.JobPlacement(
-        task_id=task.task_id, node_id=task.node_id, gpu_indices=task.gpu_indices
-    )
+def _end_part(
+    job: types_pb2.Job,
+    part: types_pb2.JobPlacement,
+    state: State,
+    exit_code: int,
+    reason: str,
+    at: Timestamp,
+) -> None:
+    """One task of the job ended; the job ends with its last (a gang's parts end one by
+    one): FAILED if any part failed, with the first failed part's exit code and reason
+    (by rank), else FINISHED; at the last end. Until then it runs on."""
+    if advance_task(part, state):
+        part.exit_code, part.reason = exit_code, reason
+        part.finished_at.CopyFrom(at)
+    advance(job, _S.JOB_STATE_RUNNING)  # a part ran
+    _settle_parts(job)
 
 
-def _gang_rank(task_id: str) -> int:
-    """A gang task's rank: ``j-1/2.3`` -> 3; 0 for a task on one node."""
-    rank = task_id.rpartition("/")[2].partition(".")[2]
-    return int(rank) if rank.isascii() and rank.isdigit() else 0
+def _settle_parts(job: types_pb2.Job) -> None:
+    """End the job once every task of its placement has: FAILED if any part failed, with
+    the first failed part's exit code and reason (by rank), else FINISHED; at the last
+    end. A gang's parts end one by one, in any order of their records."""
+    ended = (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
+    single = bool(job.placements) and gang_rank(job.placements[0].task_id) is None
+    parts = 1 if single else job.parts
+    if not parts or len(job.placements) < parts:
+        return  # a part not seen placed yet
+    if any(p.state not in ended for p in job.placements):
+        return
+    failed = [p for p in job.placements if p.state == _S.JOB_STATE_FAILED]
+    says = failed[0] if failed else job.placements[0]
+    advance(job, says.state)
+    job.exit_code = says.exit_code
+    # Why a preempted (or lost) job ended is that, not the signal that carried it out.
+    if job.state == _S.JOB_STATE_FAILED:
+        job.reason = says.reason
+    job.finished_at.CopyFrom(max((p.finished_at for p in job.placements), key=_time))
+    _cancel_if_stopped(job)
+
+
+def _protect(job: types_pb2.Job, placed: events_pb2.TaskPlaced | None = None) -> None:
+    """Keep how the latest placement is protected (every task of a gang says the same),
+    and until when once it started (its placement and start arrive in either order)."""
+    if placed is not None:
+        job.protection = placed.protection
+        if placed.HasField("protected_for"):
+            job.protected_for.CopyFrom(placed.protected_for)
+    if job.HasField("protected_for") and job.HasField("started_at"):
+        until = job.started_at.ToNanoseconds() + job.protected_for.ToNanoseconds()
+        job.protected_until.FromNanoseconds(until)
 
 
 def advance(job: types_pb2.Job, state: State) -> None:
@@ -332,13 +415,6 @@ def advance(job: types_pb2.Job, state: State) -> None:
     if _RANK[state] > _RANK[_S.JOB_STATE_RUNNING]:
         job.idle = False  # only a running task holds GPUs that can sit idle
     job.state = state
-
-
-def _end_task(job: types_pb2.Job, state: State, exit_code: int, at: Timestamp) -> None:
-    advance(job, state)
-    job.exit_code = exit_code
-    job.finished_at.CopyFrom(at)
-    _cancel_if_stopped(job)
 
 
 def _cancel_if_stopped(job: types_pb2.Job) -> None:
@@ -373,7 +449,7 @@ def is_workflow_task(job: types_pb2.Job, task_id: str) -> bool:
     return bool(job.tasks) or not is_batch_task_id(job.job_id, task_id)
 
 
-def advance_task(task: types_pb2.JobTask, state: State) -> bool:
+def advance_task(task: types_pb2.JobTask | types_pb2.JobPlacement, state: State) -> bool:
     """Raise a task's state; whether it is now ``state`` (False: it was already beyond)."""
     if _RANK[state] > _RANK[task.state]:
         task.state = state

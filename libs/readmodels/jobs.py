@@ -46,6 +46,7 @@ from libs.readmodels.job_state import (
     fill_task_node,
     fold_event,
     is_workflow_task,
+    note_placed,
     settle_workflow,
     workflow_names,
 )
@@ -218,6 +219,8 @@ class JobRecords:
             else:
                 fold_event(head, kind, env)
         elif kind in TASK_EVENTS:
+            if kind == "task_placed":
+                note_placed(head, env.task_placed)
             if enter_task(head, attempt_of(getattr(env, kind).task_id)):
                 fold_event(head, kind, env)
         elif kind != "workflow_planned":  # a plan names a workflow; a spec saying otherwise wins

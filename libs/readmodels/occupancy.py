@@ -1,18 +1,20 @@
 """The cluster's occupancy over time, and each allocation's owed and delivered GPUs.
 
-Pure: the console samples the projector's node and job views (``sample``) and feeds each
-sample to a ``Timeline``, which integrates the state held since the previous sample (as
-the simulator's recorder does between events) with ``libs.core.service_level``'s
-definitions: owed is ``min(entitlement x capacity, held + asked)`` of charged work,
-delivered is what charged work holds, free (unallocated) work is counted apart. The
-integrals slide over the lookback window in buckets of 1/``BUCKETS`` of it. A timeline
-starts from the jobs' history (``history``: when each job the job view holds waited and
-ran, on today's capacity), so that it covers the window from its first sample on.
+Pure: the console samples the projector's node and job views (``sample``), GPUs counted
+by type (a cluster mixes types, simulated serving nodes among real ones: a total alone
+describes neither), and feeds each sample to a ``Timeline``, which integrates the state
+held since the previous sample (as the simulator's recorder does between events) with
+``libs.core.service_level``'s definitions: owed is ``min(entitlement x capacity, held +
+asked)`` of charged work, delivered is what charged work holds, free (unallocated) work is
+counted apart. The integrals slide over the lookback window in buckets of 1/``BUCKETS`` of
+it. A timeline starts from the jobs' history (``history``: when each job the job view
+holds waited and ran, on today's nodes), so that it covers the window from its first
+sample on.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -37,46 +39,71 @@ def is_charged(spec: types_pb2.JobSpec) -> bool:
 
 
 @dataclass(frozen=True)
+class Gpus:
+    """GPUs of one type (or of all) at one moment."""
+
+    capacity: int = 0  # on nodes not lost
+    busy: int = 0  # of those, held by tasks or workflow serving
+    idle: int = 0  # of the busy ones, those whose job last reported them idle, or serving's
+    # with no task running
+    lost: int = 0  # on lost nodes
+
+    def __add__(self, other: Gpus) -> Gpus:
+        return Gpus(
+            self.capacity + other.capacity,
+            self.busy + other.busy,
+            self.idle + other.idle,
+            self.lost + other.lost,
+        )
+
+
+@dataclass(frozen=True)
 class Sample:
     """The cluster at one moment (seconds since the epoch)."""
 
     at: float
-    capacity: int  # GPUs of nodes not lost
-    busy: int  # of those, GPUs that tasks or workflow serving hold
-    idle: int  # of the busy ones, those whose job last reported its GPUs idle, or serving's
-    # with no task running
-    lost: int  # GPUs of lost nodes
+    by_type: Mapping[str, Gpus]  # GPUs by type
     held: Mapping[str, int] = field(default_factory=dict)  # charged GPUs held, by allocation
     asked: Mapping[str, int] = field(default_factory=dict)  # charged GPUs waiting
     held_free: Mapping[str, int] = field(default_factory=dict)  # unallocated GPUs held
 
+    @property
+    def total(self) -> Gpus:
+        return sum(self.by_type.values(), Gpus())
+
+    @property
+    def capacity(self) -> int:
+        return self.total.capacity
+
 
 class Holding(NamedTuple):
-    """GPUs of one node held by one task, or one GPU workflow serving holds."""
+    """GPUs of one type on one node held by one task, or one GPU workflow serving holds."""
 
     allocation: str | None  # None: a task of a job the job view does not hold
     charged: bool
     gpus: int
     idle: int  # of those: the job last reported them idle, or serving runs nothing there
+    gpu_type: str
 
 
 def holdings(node: types_pb2.Node, jobs: Mapping[str, types_pb2.Job]) -> Iterator[Holding]:
     """Who holds the node's GPUs. A GPU serving holds is held for its allocation, busy or
     idle (it is charged so), and counted once: not again for the workflow task on it."""
+    types = {gpu.index: gpu.type for gpu in node.inventory.gpus}
     serving = {gpu.gpu_index: gpu.allocation for gpu in node.serving}
     running: set[int] = set()
     for task in node.running:
         running.update(task.gpu_indices)
-        count = sum(1 for index in task.gpu_indices if index not in serving)
+        by_type = Counter(types.get(i, "") for i in task.gpu_indices if i not in serving)
         job = jobs.get(task.job_id)
-        if job is None:
-            yield Holding(None, False, count, 0)
-        else:
-            yield Holding(
-                job.spec.allocation, is_charged(job.spec), count, count if job.idle else 0
-            )
+        for gpu_type, count in sorted(by_type.items()):
+            if job is None:
+                yield Holding(None, False, count, 0, gpu_type)
+            else:
+                idle = count if job.idle else 0
+                yield Holding(job.spec.allocation, is_charged(job.spec), count, idle, gpu_type)
     for index, allocation in serving.items():
-        yield Holding(allocation, True, 1, int(index not in running))
+        yield Holding(allocation, True, 1, int(index not in running), types.get(index, ""))
 
 
 def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.Job]) -> Sample:
@@ -85,37 +112,49 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
     A waiting job larger than any placement the cluster could give it is no demand (as in
     the simulator: no scheduler could serve it)."""
     by_id = {job.job_id: job for job in jobs}
-    capacity = busy = idle = lost = 0
-    room: dict[str, int] = {}  # GPUs of each type, on nodes not lost
+    by_type: dict[str, Gpus] = {}
     held: dict[str, int] = {}
     held_free: dict[str, int] = {}
     for node in nodes:
-        gpus = len(node.inventory.gpus)
-        if node.lost:
-            lost += gpus
-            continue
-        capacity += gpus
         for gpu in node.inventory.gpus:
-            room[gpu.type] = room.get(gpu.type, 0) + 1
+            counted = Gpus(lost=1) if node.lost else Gpus(capacity=1)
+            by_type[gpu.type] = by_type.get(gpu.type, Gpus()) + counted
+        if node.lost:
+            continue
         for holding in holdings(node, by_id):
-            busy += holding.gpus
-            idle += holding.idle
+            counted = Gpus(busy=holding.gpus, idle=holding.idle)
+            by_type[holding.gpu_type] = by_type.get(holding.gpu_type, Gpus()) + counted
             if holding.allocation is not None:
                 into = held if holding.charged else held_free
                 into[holding.allocation] = into.get(holding.allocation, 0) + holding.gpus
+    room = {gpu_type: gpus.capacity for gpu_type, gpus in by_type.items()}
+    capacity = sum(room.values())
     asked: dict[str, int] = {}
     for job in by_id.values():
         spec = job.spec
-        fits = 1 <= spec.gpus <= (room.get(spec.gpu_type, 0) if spec.gpu_type else capacity)
+        fits = could_place(spec.gpus, spec.gpu_type, room, capacity)
         if job.state in WAITING and is_charged(spec) and fits:
             asked[spec.allocation] = asked.get(spec.allocation, 0) + spec.gpus
-    return Sample(at, capacity, busy, idle, lost, held, asked, held_free)
+    return Sample(at, by_type, held, asked, held_free)
 
 
-def history(jobs: Iterable[types_pb2.Job], capacity: int, since: float, now: float) -> list[Sample]:
+def could_place(gpus: int, gpu_type: str, room: Mapping[str, int], capacity: int) -> bool:
+    """Whether some placement on the nodes not lost (``room``: their GPUs by type) could
+    give a job ``gpus`` GPUs of ``gpu_type`` (any type when empty)."""
+    return 1 <= gpus <= (room.get(gpu_type, 0) if gpu_type else capacity)
+
+
+def history(
+    jobs: Iterable[types_pb2.Job], nodes: Iterable[types_pb2.Node], since: float, now: float
+) -> list[Sample]:
     """Samples at each moment between ``since`` and ``now`` that a job began to wait, began
-    to run or ended, from the jobs' times (their latest attempt's), on ``capacity`` GPUs."""
-    steps: list[tuple[float, str, str, int]] = []  # (at, which, allocation, GPUs + or -)
+    to run or ended, from the jobs' times (their latest attempt's), on today's ``nodes``:
+    a job's GPUs are of its node's type (else of the type it asked for)."""
+    nodes = list(nodes)
+    room = {t: gpus.capacity for t, gpus in sample(now, nodes, ()).by_type.items()}
+    node_types = {n.inventory.node_id: n.inventory.gpus[0].type for n in nodes if n.inventory.gpus}
+    # (at, which, key, GPUs + or -): the key is an allocation, or for "busy" a GPU type.
+    steps: list[tuple[float, str, str, int]] = []
     for job in jobs:
         spec = job.spec
         submitted, started, ended = (moment(t) for t in (job.submitted_at, job.started_at,
@@ -124,21 +163,23 @@ def history(jobs: Iterable[types_pb2.Job], capacity: int, since: float, now: flo
             continue
         charged = is_charged(spec)
         waited_until = started or ended or now
-        if charged and spec.gpus <= capacity:
+        if charged and could_place(spec.gpus, spec.gpu_type, room, sum(room.values())):
             steps += [(submitted, "asked", spec.allocation, spec.gpus),
                       (waited_until, "asked", spec.allocation, -spec.gpus)]  # fmt: skip
         if started is not None:
             which = "held" if charged else "held_free"
-            steps += [(started, which, spec.allocation, spec.gpus),
-                      (ended or now, which, spec.allocation, -spec.gpus)]  # fmt: skip
-    state: dict[str, dict[str, int]] = {"held": {}, "asked": {}, "held_free": {}}
+            gpu_type = node_types.get(job.node_id, spec.gpu_type)
+            for key, name in ((which, spec.allocation), ("busy", gpu_type)):
+                steps += [(started, key, name, spec.gpus), (ended or now, key, name, -spec.gpus)]
+    state: dict[str, dict[str, int]] = {"held": {}, "asked": {}, "held_free": {}, "busy": {}}
     samples: list[Sample] = []
-    for at, which, allocation, gpus in sorted(steps):
+    for at, which, key, gpus in sorted(steps):
         counts = state[which]
-        counts[allocation] = counts.get(allocation, 0) + gpus
+        counts[key] = counts.get(key, 0) + gpus
         if since <= at < now:
-            busy = sum(state["held"].values()) + sum(state["held_free"].values())
-            point = Sample(max(at, since), capacity, busy, 0, 0,
+            busy = {t: n for t, n in state["busy"].items() if n}
+            point = Sample(max(at, since),
+                           {t: Gpus(room.get(t, 0), busy.get(t, 0)) for t in room.keys() | busy},
                            {a: n for a, n in state["held"].items() if n},
                            {a: n for a, n in state["asked"].items() if n},
                            {a: n for a, n in state["held_free"].items() if n})  # fmt: skip

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -47,7 +49,7 @@ def _occupancy(results: Sequence[Metrics]) -> Figure:
         ax.set_ylim(0, m.capacity * 1.1)
         ax.set_ylabel("GPUs held")
         ax.set_title(f"{m.policy}: occupancy {m.occupancy_pct:.1f}%")
-        ax.legend(loc="lower right", fontsize=8)
+        _legend(ax, loc="lower right", fontsize=8)
     axes[-1, 0].set_xlabel("hours into the measured window")
     fig.tight_layout()
     return fig
@@ -69,7 +71,7 @@ def _owed_delivered(results: Sequence[Metrics]) -> Figure:
         ax.set_xticks(list(xs), names, rotation=45, ha="right", fontsize=8)
         ax.set_ylabel("GPU-hours")
         ax.set_title(f"{m.policy} (* enough demand)")
-        ax.legend(fontsize=8)
+        _legend(ax, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -87,7 +89,7 @@ def _owed_by_day(results: Sequence[Metrics]) -> Figure:
         ax.set_ylim(bottom=0)
         ax.set_ylabel("delivered ÷ owed, %")
         ax.set_title(f"{m.policy}: owed delivered per day (target {TARGET_DELIVERED_PCT:.0f}%)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     axes[-1, 0].set_xlabel("day of the measured window")
     fig.tight_layout()
     return fig
@@ -106,7 +108,7 @@ def _cdfs(results: Sequence[Metrics], field: str, title: str) -> Figure:
         ax.set_xlabel("seconds")
         ax.set_ylabel("percent of jobs")
         ax.set_title(f"{work_class}")
-        ax.legend(fontsize=8)
+        _legend(ax, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -121,14 +123,14 @@ def _preemptions(results: Sequence[Metrics]) -> Figure:
         timeline.plot(hours, s.preemptions, label=m.policy)
     timeline.set_xlabel("hours into the measured window")
     timeline.set_ylabel("preemptions so far")
-    timeline.legend(fontsize=8)
+    _legend(timeline, fontsize=8)
     width = 0.8 / max(len(results), 1)
     for i, m in enumerate(results):
         xs = [c + i * width for c in range(len(CLASSES))]
         by_class.bar(xs, [m.preemptions[c] for c in CLASSES], width, label=m.policy)
     by_class.set_xticks([c + 0.4 - width / 2 for c in range(len(CLASSES))], CLASSES)
     by_class.set_ylabel("jobs preempted, by their class")
-    by_class.legend(fontsize=8)
+    _legend(by_class, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -155,7 +157,7 @@ def write_sweep_plot(runs: Sequence[SweepRun], path: Path) -> Path:
             ax.set_yscale("log")
             ax.set_title(f"{title} ({name} arrivals)")
             ax.grid(True, alpha=0.3)
-            ax.legend()
+            _legend(ax)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -195,10 +197,18 @@ def write_mixed_plot(runs: Sequence[MixedRun], path: Path) -> Path:
             f"serving held mean {run.serving_held['all'].mean:.1f}, "
             f"batch occupancy {run.batch_occupancy_pct:.1f}%"
         )
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     axes[-1, 0].set_xlabel("hours into the measured window")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _legend(ax: Axes, **options: Any) -> None:
+    """A legend of what the axes drew, if they drew anything labelled: a team with no
+    day owed, or a class with no jobs, leaves an empty panel, not an empty legend (which
+    matplotlib warns of)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
 
 
 def _figure(width: float, height: float) -> Figure:

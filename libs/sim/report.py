@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,20 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
         "teams": dict(sorted(teams.items())),
         "cpu_only": cpu_only,
         "placed_by_hash": by_hash,
+        "left_out": [{"job_id": job.job_id, "why": job.why} for job in workload.left_out],
     }
+
+
+def left_out_note(workload: Workload) -> str:
+    """How many of a recorded log's jobs the replay leaves out, and why; empty if none."""
+    if not workload.left_out:
+        return ""
+    whys = Counter(job.why for job in workload.left_out)
+    recorded = len(workload.jobs) + len(workload.left_out)
+    return (
+        f"{len(workload.left_out)} of the log's {recorded} jobs left out, with no run to "
+        f"replay: " + "; ".join(f"{count} {why}" for why, count in sorted(whys.items()))
+    )
 
 
 def _team(entitlement: float) -> dict[str, Any]:
@@ -240,6 +254,10 @@ def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
     profile = workload_profile(workload)
     r, by_hash = info.scenario.rules, profile["placed_by_hash"]
     lines = ["## From trace jobs to Quartermaster jobs", ""]
+    if workload.left_out:
+        lines += [f"- **Left out**: {left_out_note(workload)}.", ""]
+        lines += markdown_table(("job", "why"), [(j.job_id, j.why) for j in workload.left_out])
+        lines += [""]
     if info.scenario.trace != "eventlog":
         lines += [
             "- **Team**: the one the trace names (a CSV row's `team`), else the budget-tree "

@@ -67,7 +67,8 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
         jobs = _window(log.jobs, scenario)
         known = {job.job_id for job in jobs}
         cancels = tuple(c for c in log.cancels if c[1] in known)
-        return Workload(tuple(jobs), tuple(nodes), tree, cancels)
+        left_out = select(log.left_out, start_s=scenario.start_s, end_s=scenario.end_s)
+        return Workload(tuple(jobs), tuple(nodes), tree, cancels, left_out=tuple(left_out))
     if scenario.tree_path is None or scenario.cluster is None:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
     tree = load_budget_tree(scenario.tree_path)

@@ -17,12 +17,22 @@ class SimJob:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A job of a recorded log that the replay leaves out: it has no run to replay."""
+
+    at: float  # submission time
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Workload:
     jobs: tuple[SimJob, ...]  # in submission order
     nodes: tuple[NodeSpec, ...]  # all join when the simulation starts
     tree: BudgetTree
     cancels: tuple[tuple[float, str], ...] = ()  # (time, job id) from a recorded log
     hashed: frozenset[str] = frozenset()  # jobs whose team only a hash of the user chose
+    left_out: tuple[LeftOut, ...] = ()  # a recorded log's jobs in the window, not replayed
 
     @property
     def capacity(self) -> int:

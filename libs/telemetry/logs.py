@@ -1,11 +1,13 @@
 """One log format for every service, through structlog: the standard library's records
 (ours and the libraries') rendered as lines for people (``text``) or as JSON objects
 for a log pipeline (``json``), each with the service, and the trace and span it was
-written in, so that a log line leads to its trace."""
+written in, so that a log line leads to its trace. A line never carries a token: one that
+a library logs (in a request it echoes, an error it explains) is written as ``[token]``."""
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Literal
 
 import structlog
@@ -13,6 +15,8 @@ from opentelemetry import trace
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 LogFormat = Literal["text", "json"]
+# A JWT: its header and payload are base64url JSON ('{"' is "eyJ"), then its signature.
+_TOKEN = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*)?")
 
 
 def configure_logs(service: str, level: str = "INFO", form: LogFormat = "text") -> None:
@@ -29,7 +33,7 @@ def configure_logs(service: str, level: str = "INFO", form: LogFormat = "text") 
         if form == "json"
         else structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)
     )
-    formatter = structlog.stdlib.ProcessorFormatter(
+    formatter = _Redacting(
         foreign_pre_chain=shared,
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
@@ -45,6 +49,16 @@ def configure_logs(service: str, level: str = "INFO", form: LogFormat = "text") 
     # The Kafka clients narrate every rebalance at INFO; keep their warnings only.
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def redact(line: str) -> str:
+    """``line`` with every token in it replaced by ``[token]``."""
+    return _TOKEN.sub("[token]", line)
+
+
+class _Redacting(structlog.stdlib.ProcessorFormatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def _add(**fields: str) -> Processor:

@@ -3,7 +3,8 @@
 Settings: ``QM_ADMISSION_ADDR`` (listen, default 127.0.0.1:50051),
 ``QM_BUDGET_TARGET`` (default 127.0.0.1:50052), ``QM_PROJECTOR_URL`` (default
 http://127.0.0.1:6066), ``QM_MAX_GPUS``, ``QM_MAX_MIN_RUNTIME_S``,
-``QM_GPU_TYPES`` (comma-separated; empty accepts any), ``QM_GPU_MEMORY_MB`` (the
+``QM_GPU_TYPES`` (comma-separated GPU types accepted before any node of them has
+registered; the types the nodes offer are accepted anyway), ``QM_GPU_MEMORY_MB`` (the
 largest GPU a workflow's model may need; unset: the largest GPU of the registered
 nodes, as the projector lists them), ``QM_OPERATORS`` (comma-separated users who see
 every job), ``QM_NODE_LOG_TLS_NAME`` (the name node agents' certificates carry, when
@@ -56,7 +57,7 @@ class AdmissionSettings(EnvSettings):
     node_log_tls_name: str | None = Field(None, alias="QM_NODE_LOG_TLS_NAME")
     max_gpus: int = Field(Limits().max_gpus, ge=1, le=MAX_GPUS, alias="QM_MAX_GPUS")
     max_min_runtime_s: int = Field(Limits().max_min_runtime_s, ge=0, alias="QM_MAX_MIN_RUNTIME_S")
-    # Empty accepts any type.
+    # Accepted before their nodes register (an operator's word that they are coming).
     gpu_types: Annotated[frozenset[str], BeforeValidator(_types)] = Field(
         frozenset(), alias="QM_GPU_TYPES"
     )

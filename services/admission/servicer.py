@@ -23,21 +23,25 @@ from libs.auth import Keys
 from libs.bus import EventProducer
 from libs.core import Limits, Violation, validate_job
 from libs.core.budget_tree import BudgetTree
+from libs.core.compass.workflow import BYTES_PER_MB
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
 from libs.events import new_envelope
-from libs.events.convert import gpu_memory_mb, spec_from_proto
+from libs.events.convert import GIB, preemption_from_proto, spec_from_proto
 from libs.readmodels import DEFAULT_LIST_LIMIT, JobFilter, Scope, has_ended, scope_of
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
+from services.admission.node_view import NodeView
 from services.admission.requests import RequestLog
-from services.admission.tasklogs import TaskLogReader, job_nodes, log_sources
+from services.admission.tasklogs import NoOutput, TaskLogReader, job_output
 from services.authn import caller
-from services.projector.client import ProjectorClient, ProjectorError
+from services.projector.client import ProjectorClient
 from services.status import Unavailable, bounded
 
 log = logging.getLogger("admission")
 
+# What a refusal for the nodes' offer names: checked again against a fresh view first.
+_OFFERED_FIELDS = frozenset({"gpu_type", "min_gpu_memory_gib"})
 # The states a list may ask for: every one a job can be in.
 _LISTED_STATES = frozenset(types_pb2.JobState.values()) - {types_pb2.JOB_STATE_UNSPECIFIED}
 
@@ -93,6 +97,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         self._topic = topic
         self._budget = budget
         self._projector = projector
+        self._nodes = NodeView(projector)
         self._limits = limits
         self._keys = keys
         self._watch_interval_s = watch_interval_s
@@ -236,8 +241,10 @@ class JobServicer(js_grpc.JobServiceServicer):
             return grpc.StatusCode.INVALID_ARGUMENT, "allocation", _membership(spec.user, "", mine)
         # As submitted: a workflow's DAG is checked by validate_job, naming the task.
         submitted = spec_from_proto(spec, workflow_as_given=True)
-        limits = await self._limits_for(spec) if spec.HasField("workflow") else self._limits
-        violations = validate_job(submitted, limits, tree.leaves())
+        violations = validate_job(submitted, await self._limits_for(spec), tree.leaves())
+        if any(v.field in _OFFERED_FIELDS for v in violations):  # a node may be brand new
+            limits = await self._limits_for(spec, fresh=True)
+            violations = validate_job(submitted, limits, tree.leaves())
         if violations:
             message = "; ".join(str(v) for v in violations)
             return grpc.StatusCode.INVALID_ARGUMENT, violations[0].field, message
@@ -400,34 +407,26 @@ class JobServicer(js_grpc.JobServiceServicer):
         while request.follow and not _has_output_to_follow(job):
             await asyncio.sleep(self._watch_interval_s)
             job = await self._lookup(job.job_id) or job
-        nodes = job_nodes(job)
-        if not nodes:
-            state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-            never = "never ran" if has_ended(job) else "has not started yet"
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {job.job_id} {never} ({state}: {job.reason or 'no reason given'})"
-                + ("" if has_ended(job) else "; qm logs -f waits for it"),
-            )
-        known = await self._projector.list_nodes(job.spec.cluster)
-        sources = log_sources(nodes, [n for n in known if not n.lost])
-        lost = sorted({n.inventory.node_id for n in known if n.lost} & set(nodes))
-        if not sources and lost:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"the output of job {job.job_id} is on node(s) {', '.join(lost)}, which were "
-                "lost: their agents do not answer (it is back once they register again)",
-            )
-        if not sources:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"no output of job {job.job_id} is kept: its nodes ({', '.join(nodes)}) "
-                "serve no task logs (simulated nodes run nothing)",
-            )
-        # One agent after another: a gang's output under several agents reads agent by agent.
-        for source in sources:
-            async for data in self._logs.read(source, job.job_id, follow=request.follow):
-                yield js.StreamLogsResponse(data=data, source=source)
+        pieces = job_output(
+            self._logs,
+            job,
+            nodes=lambda job: self._projector.list_nodes(job.spec.cluster),
+            lookup=self._lookup,
+            attempt=request.attempt,
+            follow=request.follow,
+        )
+        try:
+            async for task, data in pieces:
+                yield js.StreamLogsResponse(
+                    data=data,
+                    source=task.endpoint,
+                    task_id=task.task_id,
+                    node_id=task.node_id,
+                    attempt=task.attempt,
+                    part=task.part,
+                )
+        except NoOutput as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     async def ExplainJob(
         self, request: js.ExplainJobRequest, context: grpc.aio.ServicerContext
@@ -442,6 +441,9 @@ class JobServicer(js_grpc.JobServiceServicer):
             answer.reason = _explain(job)
             return answer
         answer.reason = why.text
+        last = preemption_from_proto(job.preemption) if job.HasField("preemption") else None
+        if last is not None:  # it waits again, or runs again: say what stopped it before
+            answer.reason += f"; earlier {last}"
         answer.jobs_ahead = why.jobs_ahead
         if why.starts_at is not None:
             answer.estimated_start.FromNanoseconds(int(why.starts_at * 1e9))
@@ -451,19 +453,19 @@ class JobServicer(js_grpc.JobServiceServicer):
             answer.fair_share_ratio = why.standing.ratio
         return answer
 
-    async def _limits_for(self, spec: types_pb2.JobSpec) -> Limits:
-        """The limits with the largest GPU of the job's cluster (and GPU type), as the
-        projector's node view has it; unknown (any model fits) without nodes or projector.
-        """
-        if math.isfinite(self._limits.gpu_memory_mb):
-            return self._limits  # configured
-        try:
-            nodes = await self._projector.list_nodes(spec.cluster)
-        except ProjectorError as exc:
-            log.warning("cannot check workflow model sizes against GPU memory: %s", exc)
-            return self._limits
-        largest = max((gpu_memory_mb(n.inventory, spec.gpu_type) for n in nodes), default=0.0)
-        return replace(self._limits, gpu_memory_mb=largest) if largest > 0 else self._limits
+    async def _limits_for(self, spec: types_pb2.JobSpec, *, fresh: bool = False) -> Limits:
+        """The limits with the nodes of the job's cluster (``NodeView``; ``fresh``: asked
+        now) and, for a workflow, their largest GPU of its type; unknown (anything fits)
+        without nodes or projector."""
+        nodes = await self._nodes.nodes(spec.cluster, fresh=fresh)
+        limits = replace(self._limits, nodes=nodes)
+        if not spec.HasField("workflow") or math.isfinite(limits.gpu_memory_mb) or not nodes:
+            return limits  # no workflow, or its largest GPU configured (or unknown)
+        largest = max(
+            (n.gpu_memory_gib for n in nodes if not spec.gpu_type or n.gpu_type == spec.gpu_type),
+            default=0.0,
+        )
+        return replace(limits, gpu_memory_mb=largest * GIB / BYTES_PER_MB) if largest else limits
 
     async def _job_or_abort(self, job_id: str, context: grpc.aio.ServicerContext) -> types_pb2.Job:
         await bounded(context, "job_id", job_id, MAX_NAME_CHARS)
@@ -693,4 +695,6 @@ def _explain(job: types_pb2.Job) -> str:
     if job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING):
         gpus = ",".join(str(g) for g in job.gpu_indices)
         return f"{state} on {job.node_id} (GPUs {gpus})"
+    if job.reason.startswith(state):  # "preempted for ...": it says so itself
+        return job.reason
     return f"{state}" + (f": {job.reason}" if job.reason else "")

@@ -3,8 +3,9 @@
 Settings: ``QM_BUDGET_ADDR`` (listen address, default 127.0.0.1:50052),
 ``QM_BUDGET_TREE`` (YAML that seeds an empty log; default
 deploy/local/budget.yaml), ``QM_CLUSTERS`` (comma-separated, default
-``default``), the metrics settings of ``services.metrics_http``, plus the Kafka and
-auth settings.
+``default``), ``QM_OPERATORS`` (comma-separated users who see every allocation's
+usage, as in admission), the metrics settings of ``services.metrics_http``, plus the
+Kafka and auth settings.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class BudgetSettings(EnvSettings):
     address: Address = Field("127.0.0.1:50052", alias="QM_BUDGET_ADDR")
     tree: Path = Field(_DEFAULT_TREE, alias="QM_BUDGET_TREE")
     clusters: Names = Field(("default",), alias="QM_CLUSTERS")
+    # Users who see every allocation's usage without managing the root, as in admission.
+    operators: Names = Field((), alias="QM_OPERATORS")
 
 
 async def serve() -> None:
@@ -72,7 +75,7 @@ async def _serve(
     await producer.start()
     try:
         replayed = await reader.catch_up(book.apply)
-        await decisions.catch_up(book.ledger.decided)
+        await decisions.catch_up(book.decided)
         log.info("folded %d events; tree version %d", replayed, book.version)
         if book.tree is None:
             tree = load_budget_tree(own.tree)
@@ -82,9 +85,14 @@ async def _serve(
             book.adopt(tree, 1)
             log.info("seeded the budget tree from %s", own.tree)
         servicer = BudgetServicer(
-            book, producer, topic=topics.events.name, clusters=clusters, keys=keys
+            book,
+            producer,
+            topic=topics.events.name,
+            clusters=clusters,
+            keys=keys,
+            operators=own.operators,
         )
-        followers = asyncio.gather(reader.follow(book.apply), decisions.follow(book.ledger.decided))
+        followers = asyncio.gather(reader.follow(book.apply), decisions.follow(book.decided))
         try:
             await serve_until_cancelled(
                 own.address,

@@ -1,8 +1,10 @@
-"""BudgetService over gRPC: anyone signed in reads; only managers change the tree."""
+"""BudgetService over gRPC: anyone signed in reads the tree and balances, and the owed and
+delivered GPU-hours of the allocations they may see; only managers change the tree."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 import grpc
 from qm.v1 import budget_service_pb2, budget_service_pb2_grpc, events_pb2
@@ -13,6 +15,8 @@ from libs.core.budget_tree import BudgetTree, InvalidTree
 from libs.core.limits import MAX_TREE_BYTES
 from libs.events import new_envelope
 from libs.events.convert import budget_node_from_proto, tree_to_proto
+from libs.readmodels import scope_of
+from libs.readmodels.delivery import service_levels
 from services.authn import caller
 from services.budget.book import BudgetBook
 
@@ -28,12 +32,14 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
         topic: str,
         clusters: list[str],
         keys: Keys,
+        operators: Collection[str] = (),
     ) -> None:
         self._book = book
         self._producer = producer
         self._topic = topic
         self._clusters = clusters
         self._keys = keys
+        self._operators = operators  # see every allocation, as in admission
         self._lock = asyncio.Lock()  # one change at a time: no lost updates
 
     async def GetTree(
@@ -67,6 +73,10 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{user} does not manage {denied[0]!r}; ask one of its managers",
+                )
+            if existing == node:  # nothing to change: no new version, nothing written
+                return budget_service_pb2.SetAllocationResponse(
+                    tree=tree_to_proto(tree, self._book.version)
                 )
             try:
                 changed = tree.with_node(node)
@@ -107,6 +117,14 @@ class BudgetServicer(budget_service_pb2_grpc.BudgetServiceServicer):
                 for leaf, share in self._tree().entitlements().items()
             ]
         )
+
+    async def GetUsage(
+        self, request: budget_service_pb2.GetUsageRequest, context: grpc.aio.ServicerContext
+    ) -> budget_service_pb2.GetUsageResponse:
+        user = await caller(context, self._keys)
+        tree = self._tree()
+        scope = scope_of(user, tree, self._operators)
+        return service_levels(self._book.delivery, tree.entitlements(), scope)
 
     def _tree(self) -> BudgetTree:
         if self._book.tree is None:

@@ -26,14 +26,13 @@ from libs.config.env import Address, EnvSettings, Port
 from services.admission.budget_view import BudgetView
 from services.console.feed import Feed
 from services.console.starts import StartEstimates
-from services.console.web_app import make_app
+from services.console.web_app import RUNNER_OPTIONS, make_app
 from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import cancel_and_wait, run_service
 from services.tls import TlsSettings
 
 log = logging.getLogger("qm.console")
-STOP_GRACE_S = 3.0
 
 
 class ConsoleSettings(EnvSettings):
@@ -86,8 +85,7 @@ async def serve() -> None:
     )
     context = own.ssl_context()
     app = make_app(feed, keys, starts, secure=context is not None or own.secure_cookie)
-    # Event streams stay open: on a stop, give them a moment, not aiohttp's minute.
-    runner = web.AppRunner(app, shutdown_timeout=STOP_GRACE_S)
+    runner = web.AppRunner(app, **RUNNER_OPTIONS)
     await runner.setup()
     refreshing = asyncio.create_task(feed.run())
     try:

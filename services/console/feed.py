@@ -78,7 +78,7 @@ class Feed:
         now, entitlements = self._clock(), tree.entitlements()
         current = sample(now, nodes, jobs)
         if self.version == 0:  # the first sample: the timeline starts from the jobs' history
-            for past in history(jobs, current.capacity, now - self.timeline.window_s, now):
+            for past in history(jobs, nodes, now - self.timeline.window_s, now):
                 self.timeline.add(past, entitlements)
         self.timeline.add(current, entitlements)
         self.problem = ""

@@ -2,8 +2,12 @@
 
 ``GET /`` the page (``web/static/index.html``, one script and one stylesheet), ``GET
 /api/view`` its data as JSON, ``GET /events`` the same as server-sent events whenever the
-feed refreshes, ``GET /login`` and ``POST /login`` (a pasted token, or ``/?token=`` once),
-``POST /logout``; ``/healthz`` and ``/readyz`` for probes, ``/static/`` for assets.
+feed refreshes, ``GET /login`` and ``POST /login`` (a pasted token), ``POST /logout``;
+``/healthz`` and ``/readyz`` for probes, ``/static/`` for assets.
+
+A token is taken from a POST's body only: one in an address (``?token=``) would stay in
+the browser's history, proxies' logs and ``Referer`` headers, so such a request signs no
+one in and is answered with the sign-in form.
 
 Every response forbids inline script and style, framing and other origins (``CSP``);
 the page builds its DOM with ``textContent`` only, so nothing shown is read as markup.
@@ -16,6 +20,7 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from aiohttp import web
 from aiohttp_sse import sse_response
@@ -23,6 +28,7 @@ from aiohttp_sse import sse_response
 from libs.auth import Keys
 from libs.config.document import ConfigError
 from libs.readmodels.dashboard import Json
+from services.access_log import AccessLog
 from services.console import session
 from services.console.feed import Feed
 from services.console.starts import StartEstimates
@@ -38,6 +44,13 @@ CSP = (
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 KEEPALIVE_S = 15.0  # a stream re-checks its token and resends at least this often
+# How the app is served (web.AppRunner's options): event streams stay open, so a stop
+# gives them a moment, not aiohttp's minute; requests are logged without their query.
+RUNNER_OPTIONS: dict[str, Any] = {"shutdown_timeout": 3.0, "access_log_class": AccessLog}
+TOKEN_IN_ADDRESS = (
+    "a token in the address signs no one in (it would stay in logs and the browser's "
+    "history): paste it here"
+)
 _OPEN = frozenset({"/healthz", "/readyz", "/login"})
 
 FEED = web.AppKey("feed", Feed)
@@ -75,11 +88,12 @@ def make_app(feed: Feed, keys: Keys, starts: StartEstimates, *, secure: bool) ->
 
 @web.middleware
 async def _signed_in(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Everything but the probes, sign-in and assets wants a signed-in user."""
+    """Everything but the probes, sign-in and assets wants a signed-in user; nothing
+    answers a request with a token in its address but the refusal."""
+    if "token" in request.query:
+        return _login_form(TOKEN_IN_ADDRESS, status=400)
     if request.path in _OPEN or request.path.startswith("/static/"):
         return await handler(request)
-    if request.path == "/" and "token" in request.query:
-        return _sign_in(request, request.query["token"])
     user = session.user_of(request, request.app[KEYS])
     if user is None:
         if request.path == "/":
@@ -150,15 +164,11 @@ async def _login(request: web.Request) -> web.StreamResponse:
         return _login_form("sign in from the console's own page", status=403)
     form = await request.post()
     token = form.get("token", "")
-    return _sign_in(request, token if isinstance(token, str) else "")
-
-
-def _sign_in(request: web.Request, token: str) -> web.StreamResponse:
+    token = token if isinstance(token, str) else ""
     try:
         session.check_token(token, request.app[KEYS])
     except session.SignInError as exc:
         return _login_form(str(exc), status=401)
-    # Back to the page at a clean address: the token leaves the address bar and history.
     response = _see_other("/")
     session.keep(response, token, secure=request.app[SECURE] or request.secure)
     return response

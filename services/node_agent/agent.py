@@ -83,9 +83,9 @@ class NodeAgent:
         # Work the agent started in the background: shutdown waits for each to end.
         self._waiters: set[asyncio.Task[None]] = set()
 
-    def runs_job(self, job_id: str) -> bool:
-        """Whether a task of ``job_id`` runs here."""
-        return self._runs.runs_job(job_id)
+    def runs_task(self, task_id: str) -> bool:
+        """Whether the task runs (or is starting) here."""
+        return self._runs.runs_task(task_id)
 
     async def register(self) -> None:
         await self._registrations.register_all()
@@ -119,7 +119,9 @@ class NodeAgent:
         log.warning("node %s declared lost (%s): stopping its tasks", node_id, lost.reason)
         await self._serving.stop_on(node_id, LOST_REASON, event_id)
         for run in self._runs.on(node_id):
-            self._runs.request_stop(run, LOST_REASON, event_id)
+            self._runs.request_stop(
+                run, LOST_REASON, event_id, cause=types_pb2.STOP_CAUSE_NODE_LOST
+            )
         while self._runs.on(node_id) or self._serving.any_on(node_id):
             await asyncio.sleep(0.1)
         await self._registrations.register_anew(node_id)
@@ -167,7 +169,9 @@ class NodeAgent:
         run = self._runs.get(request.task_id)
         if run is not None:
             # A decision may shorten the grace (free work); 0 leaves the agent's own.
-            self._runs.request_stop(run, stop_reason(request), event_id, seconds(request.grace))
+            self._runs.request_stop(
+                run, stop_reason(request), event_id, seconds(request.grace), request.cause
+            )
         elif not await self._serving.stop(request.task_id, stop_reason(request), event_id):
             log.info("stop for task %s, which is not running here: nothing to do", request.task_id)
 

@@ -1,7 +1,7 @@
 """Command line: which nodes to host, where their inventory comes from, then serve.
 
 Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, default
-``.local/logs/tasks``), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
+``.local/logs/tasks``: the agent's alone, 0700), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
 ``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection),
 ``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads),
 ``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
@@ -63,6 +63,7 @@ from services.node_agent.registration import DEFAULT_HEARTBEAT_S
 from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
 from services.node_agent.serving import DEFAULT_HOST_TO_GPU_MB_PER_MS
+from services.node_agent.tasklogs import TaskLogs
 from services.node_agent.utilization import nvml_session, sampler_for
 from services.runtime import configure_logging
 
@@ -142,6 +143,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--cluster", default=DEFAULT_CLUSTER, help="the NVML node's cluster (default: %(default)s)"
     )
     parser.add_argument(
+        "--workflows-only",
+        action="store_true",
+        help="the NVML node is a serving node: it takes workflow tasks, never a batch job "
+        "(a declared node says so in its inventory: workflows_only)",
+    )
+    parser.add_argument(
         "--name",
         default=socket.gethostname(),
         help="this agent's name; its consumer group is qm-node-agent-NAME (default: hostname)",
@@ -209,8 +216,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         nodes = _nodes(args)
         settings, topics = KafkaSettings.from_env(), load_topic_config()
-        sandbox = Sandbox.from_env()
         logs, metrics = LogSettings.from_env(), MetricsSettings.from_env()
+        sandbox = Sandbox.from_env()
+        ledger = ProcessLedger(
+            Path(os.environ.get("QM_NODE_STATE_DIR") or f".local/run/node-agent-{args.name}")
+        )
+        processes = ProcessExecutor(
+            TaskLogs(
+                Path(os.environ.get("QM_TASK_LOG_DIR", DEFAULT_LOG_DIR)), max_bytes=logs.max_bytes
+            ),
+            sandbox=sandbox,
+            grace_s=args.grace_seconds,
+            secrets=SecretStore.from_env(),
+            ledger=ledger,
+        )
+        processes.prepare()
         # Who may read its task logs and metrics (None: no secret here, neither is served).
         keys = metrics_keys()
         tracing = setup_tracing("node-agent")
@@ -220,7 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
-            asyncio.run(_run(args, nodes, settings, topics, sandbox, logs, keys, metrics))
+            asyncio.run(
+                _run(args, nodes, settings, topics, sandbox, processes, ledger, logs, keys, metrics)
+            )
     finally:
         tracing.shutdown()
     return 0
@@ -229,7 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _nodes(args: argparse.Namespace) -> list[types_pb2.NodeInventory]:
     if args.nvml:
         node_id = args.node[0] if args.node else args.name
-        return [nvml_inventory(node_id, cluster=args.cluster, nvml=pynvml)]
+        return [
+            nvml_inventory(
+                node_id, cluster=args.cluster, nvml=pynvml, workflows_only=args.workflows_only
+            )
+        ]
     return select_nodes(load_inventory(args.nodes), args.node)
 
 
@@ -239,6 +265,8 @@ async def _run(
     settings: KafkaSettings,
     topics: Topics,
     sandbox: Sandbox,
+    processes: ProcessExecutor,
+    ledger: ProcessLedger,
     logs: LogSettings,
     keys: Keys | None,
     metrics: MetricsSettings,
@@ -248,10 +276,6 @@ async def _run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     client = f"qm-node-agent-{args.name}"
-    log_dir = Path(os.environ.get("QM_TASK_LOG_DIR", DEFAULT_LOG_DIR))
-    ledger = ProcessLedger(
-        Path(os.environ.get("QM_NODE_STATE_DIR") or f".local/run/node-agent-{args.name}")
-    )
     # Before registering: the new incarnation tells placement those tasks are gone.
     ledger.kill_leftovers()
     if os.geteuid() == 0:
@@ -260,7 +284,7 @@ async def _run(
         logging.getLogger(__name__).info("root: kept only capabilities %s", sorted(kept))
     agent: NodeAgent | None = None
     serving_logs = await serve_logs(
-        logs, log_dir, lambda job_id: agent is not None and agent.runs_job(job_id), keys
+        logs, processes.logs, lambda task_id: agent is not None and agent.runs_task(task_id), keys
     )
     bus = KafkaBus(settings)
     async with (
@@ -276,14 +300,7 @@ async def _run(
         agent = NodeAgent(
             nodes,
             executors={
-                types_pb2.EXECUTOR_PROCESS: ProcessExecutor(
-                    log_dir,
-                    grace_s=args.grace_seconds,
-                    log_max_bytes=logs.max_bytes,
-                    sandbox=sandbox,
-                    secrets=SecretStore.from_env(),
-                    ledger=ledger,
-                ),
+                types_pb2.EXECUTOR_PROCESS: processes,
                 types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
             },
             emit=emit,

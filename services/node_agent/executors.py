@@ -25,14 +25,16 @@ from typing import Any, Protocol
 
 from qm.v1 import events_pb2
 
+from libs.config.document import ConfigError
 from libs.core import simulated
 from libs.core.decisions import stop_grace
 from libs.events import wire_time
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
+from services.node_agent.scratch import ScratchFolders
 from services.node_agent.secrets import MissingSecret, SecretStore
-from services.node_agent.tasklogs import DEFAULT_MAX_BYTES, OutputPipe, TaskLog, log_file_name
+from services.node_agent.tasklogs import OutputPipes, TaskLogs
 from services.runtime import cancel_and_wait
 
 # How long a task's output may take to reach its log after the task ended.
@@ -61,6 +63,12 @@ class Execution(Protocol):
     async def stop(self, grace_s: float = 0.0) -> None:
         """Ask the task to end, and make sure it does, after at most ``grace_s`` (0: the
         executor's grace; ``stop_grace``); ``wait`` then returns its exit code."""
+        ...
+
+    async def cleanup(self, may_return: bool) -> None:
+        """The task has ended and its end is reported: let go of what it used here (its
+        job's scratch folder goes with the job's last task here, unless the job
+        ``may_return``: ``scratch.may_return``)."""
         ...
 
 
@@ -116,32 +124,51 @@ def task_environment(
 
 
 class ProcessExecutor:
-    """Runs ``spec.command`` without a shell, its output appended to its job's log
-    (``tasklogs``: ``<log_dir>/<job_id>.log``, at most twice ``log_max_bytes``).
+    """Runs ``spec.command`` without a shell, its output in a log of its own (``logs``:
+    ``<log_dir>/<job>/<task>.log``, bounded and rotated), in its job's scratch folder or
+    its account's home.
 
-    ``sandbox`` says whose account runs the task and what environment it starts from
-    (default: the agent's own account, a clean environment). A task that runs as its
-    user's account gets a log only that account reads, a private umask and its home as
-    working directory. ``ledger`` records each running task's process group, for the
-    next agent to kill if this one dies with its tasks still running.
+    ``sandbox`` says whose account runs the task, what environment it starts from and
+    where its job's scratch folder is. A task that runs as its user's account gets a
+    log of its account's, a private umask and no group of the agent's. ``ledger``
+    records each running task's process group, for the next agent to kill if this one
+    dies with its tasks still running.
     """
 
     def __init__(
         self,
-        log_dir: Path,
+        logs: TaskLogs,
         *,
+        sandbox: Sandbox,
         grace_s: float = 10.0,
-        log_max_bytes: int = DEFAULT_MAX_BYTES,
-        sandbox: Sandbox | None = None,
         secrets: SecretStore | None = None,
         ledger: ProcessLedger | None = None,
     ) -> None:
-        self._log_dir = log_dir
+        self.logs = logs
         self._grace_s = grace_s
-        self._log_max_bytes = log_max_bytes
-        self._sandbox = sandbox or Sandbox.as_agent()
+        self._sandbox = sandbox
+        self._scratch = ScratchFolders(
+            Path(sandbox.scratch.root), expire_after_s=sandbox.scratch.expire_after_s
+        )
         self._secrets = secrets or SecretStore(None)
         self._ledger = ledger
+
+    def prepare(self) -> None:
+        """Make the folders of task logs and scratch folders, as the agent starts;
+        ``ConfigError`` if one cannot be made, or an account that runs tasks cannot
+        reach the scratch folders."""
+        try:
+            self.logs.prepare()
+            self._scratch.prepare()
+        except OSError as exc:
+            raise ConfigError(f"node agent: {exc}") from exc
+        closed = self._sandbox.closed_to(str(self._scratch.root))
+        if closed is not None:
+            raise ConfigError(
+                f"sandbox: scratch.root: account {closed.name} (uid {closed.uid}) cannot "
+                f"reach {self._scratch.root}: a folder above it is closed to it; name a "
+                "folder every account that runs tasks can reach, such as /var/tmp/qm-scratch"
+            )
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         """Nothing to do here: the task loads its model itself when it starts."""
@@ -157,11 +184,32 @@ class ProcessExecutor:
             secrets = self._secrets.values(task.spec.user, task.spec.secrets)
         except (Refused, MissingSecret) as exc:
             raise LaunchError(str(exc), 126) from None
-        log_path = self._log_dir / log_file_name(task.job_id)
         try:
-            log = TaskLog(log_path, max_bytes=self._log_max_bytes, owner=runs_as)
+            scratch = await self._scratch.enter(task.job_id, runs_as)
         except OSError as exc:
-            raise LaunchError(f"cannot open the task log {log_path}: {exc.strerror}", 126) from exc
+            raise LaunchError(f"cannot make the job's scratch folder: {exc}", 126) from exc
+        try:
+            return await self._launch(task, argv, runs_as, scratch, secrets, model_resident)
+        except BaseException as exc:
+            # A task that cannot start fails its job: nothing of it comes back here. One
+            # cut short otherwise (the agent stops) may: the sweep decides.
+            await self._scratch.leave(task.job_id, may_return=not isinstance(exc, LaunchError))
+            raise
+
+    async def _launch(
+        self,
+        task: events_pb2.TaskPlaced,
+        argv: list[str],
+        runs_as: Account | None,
+        scratch: Path,
+        secrets: dict[str, str],
+        model_resident: bool,
+    ) -> ProcessExecution:
+        try:
+            log = self.logs.open(task, runs_as)
+        except OSError as exc:
+            path = self.logs.path(task.job_id, task.task_id)
+            raise LaunchError(f"cannot open the task log {path}: {exc}", 126) from exc
         confinement = None
         spawned = argv
         if runs_as is not None and self._sandbox.cgroups is not None:
@@ -171,24 +219,24 @@ class ProcessExecutor:
                 log.close()
                 raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
             spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
-        # A header per attempt: a job that is preempted and requeued appends again.
         gpus = ",".join(str(index) for index in task.gpu_indices)
         command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
         log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {command}\n".encode())
+        home = self._sandbox.home(runs_as)
         env = task_environment(
-            self._sandbox.environment(runs_as),
+            self._sandbox.environment(runs_as, home=home, scratch=scratch),
             task,
             model_resident=model_resident,
             secrets=secrets,
         )
-        output = await OutputPipe.into(log, runs_as)
+        output = await OutputPipes.into(log, runs_as)
         try:
             process = await _spawn(
                 spawned,
                 argv[0],
-                output.write_fd,
+                (output.stdout, output.stderr),
                 env,
-                _identity(runs_as, switch=confinement is None),
+                _identity(runs_as, home or str(scratch), switch=confinement is None),
             )
         except LaunchError as exc:
             log.write(f"--- not started: {exc.reason}\n".encode())
@@ -196,7 +244,9 @@ class ProcessExecutor:
                 confinement.release()
             raise
         finally:
-            os.close(output.write_fd)  # the task has its copy: EOF once it (and its own) end
+            # The task has its copies: EOF once it (and its own) end.
+            os.close(output.stdout)
+            os.close(output.stderr)
         if self._ledger is not None:
             self._ledger.record(process.pid)
         return ProcessExecution(
@@ -205,21 +255,27 @@ class ProcessExecutor:
             grace_s=self._grace_s,
             ledger=self._ledger,
             confinement=confinement,
+            scratch=self._scratch,
+            job_id=task.job_id,
         )
 
 
 async def _spawn(
-    argv: list[str], command: str, output: int, env: dict[str, str], identity: dict[str, Any]
+    argv: list[str],
+    command: str,
+    output: tuple[int, int],
+    env: dict[str, str],
+    identity: dict[str, Any],
 ) -> asyncio.subprocess.Process:
-    """Start ``argv`` with its stdout and stderr on the ``output`` descriptor;
+    """Start ``argv`` with its stdout and stderr on the ``output`` descriptors;
     ``LaunchError`` naming ``command`` (the task's own, whatever runs before it) when it
     cannot start."""
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=output,
-            stderr=asyncio.subprocess.STDOUT,
+            stdout=output[0],
+            stderr=output[1],
             env=env,
             # Its own process group: stop() reaches the task's children too, and a
             # Ctrl-C meant for the agent does not hit tasks before their grace period.
@@ -238,15 +294,14 @@ async def _spawn(
         raise LaunchError(f"cannot run {command}: {exc}", 126) from None
 
 
-def _identity(runs_as: Account | None, *, switch: bool) -> dict[str, Any]:
-    """The subprocess options that make the task its account's: files it creates private
-    to it, its home (if it has one) as working directory and, with ``switch``, its
-    account with no groups of the agent's (else ``spawn_prefix`` switches, after joining
-    the task's cgroups)."""
+def _identity(runs_as: Account | None, cwd: str, *, switch: bool) -> dict[str, Any]:
+    """The subprocess options that start the task in ``cwd`` and make it its account's:
+    files it creates private to it and, with ``switch``, its account with no groups of
+    the agent's (else ``spawn_prefix`` switches, after joining the task's cgroups)."""
+    options: dict[str, Any] = {"cwd": cwd}
     if runs_as is None:
-        return {}
-    home = runs_as.home if os.path.isdir(runs_as.home) else "/"
-    options: dict[str, Any] = {"umask": 0o077, "cwd": home}
+        return options
+    options["umask"] = 0o077
     if switch:
         options |= {"user": runs_as.uid, "group": runs_as.gid, "extra_groups": []}
     return options
@@ -260,6 +315,8 @@ class ProcessExecution:
     process: asyncio.subprocess.Process
     copying: asyncio.Task[None]
     grace_s: float
+    scratch: ScratchFolders  # its job's folder is there
+    job_id: str
     ledger: ProcessLedger | None = None
     confinement: Confinement | None = None
 
@@ -292,6 +349,9 @@ class ProcessExecution:
         except TimeoutError:
             self._signal(signal.SIGKILL)
             await self.process.wait()
+
+    async def cleanup(self, may_return: bool) -> None:
+        await self.scratch.leave(self.job_id, may_return=may_return)
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
@@ -335,3 +395,6 @@ class SimulatedExecution:
 
     async def stop(self, grace_s: float = 0.0) -> None:
         self._stopped.set()
+
+    async def cleanup(self, may_return: bool) -> None:
+        """Nothing was used."""

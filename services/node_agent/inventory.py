@@ -62,6 +62,7 @@ def _declared(node: DeclaredNode) -> types_pb2.NodeInventory:
         node_id=node.node_id,
         cluster=node.cluster,
         executor=EXECUTORS[node.executor],
+        workflows_only=node.workflows_only,
         source="declared",
         gpus=[
             types_pb2.Gpu(
@@ -95,8 +96,11 @@ class Nvml(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> _MemoryInfo: ...
 
 
-def nvml_inventory(node_id: str, *, cluster: str, nvml: Nvml) -> types_pb2.NodeInventory:
-    """This machine's GPUs as NVML reports them; runs tasks as processes."""
+def nvml_inventory(
+    node_id: str, *, cluster: str, nvml: Nvml, workflows_only: bool = False
+) -> types_pb2.NodeInventory:
+    """This machine's GPUs as NVML reports them; runs tasks as processes (``workflows_only``:
+    workflow tasks only, a serving node)."""
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -127,6 +131,7 @@ def nvml_inventory(node_id: str, *, cluster: str, nvml: Nvml) -> types_pb2.NodeI
         cluster=cluster,
         gpus=gpus,
         executor=types_pb2.EXECUTOR_PROCESS,
+        workflows_only=workflows_only,
         source="nvml",
     )
 

@@ -3,11 +3,13 @@
 Root is needed to run each task as its user's account and to manage the task's
 processes, logs and cgroups, not for anything else: once started, the agent drops every
 other capability from its effective, permitted and bounding sets (so nothing it runs
-later, as root or not, regains them). Kept: SETUID and SETGID (switch accounts), KILL
-(signal tasks of other accounts), CHOWN and FOWNER (hand a task its log),
-DAC_READ_SEARCH (read the secret store and config whoever wrote them) and, with task
-cgroups, SYS_ADMIN (the v1 devices controller wants it). NVML needs none: it opens
-``/dev/nvidia*``, which the driver leaves open to all.
+later, as root or not, regains them). Kept: SETUID and SETGID (switch accounts: to run a
+task, and to empty its job's scratch folder as its account, which the agent may not do
+as itself), KILL (signal tasks of other accounts), CHOWN and FOWNER (hand a task its
+log and its job's scratch folder), DAC_READ_SEARCH (read the secret store and config
+whoever wrote them, and the tasks' logs) and, with task cgroups, SYS_ADMIN (the v1
+devices controller wants it). NVML needs none: it opens ``/dev/nvidia*``, which the
+driver leaves open to all.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from qm.v1 import events_pb2, types_pb2
 from services.node_agent.executors import Execution, Executor, LaunchError
 from services.node_agent.lifecycle import ended, launch_failed, started
 from services.node_agent.reports import Reporter
+from services.node_agent.scratch import may_return
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Run:
     span: Span
     stopped_because: str = ""
     stop_event_id: str = ""
+    stop_cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_UNSPECIFIED
     stopper: asyncio.Task[None] | None = None
 
 
@@ -50,6 +52,7 @@ class RunningTasks:
         self._executors = executors
         self._report = report
         self._runs: dict[str, Run] = {}
+        self._launching: set[str] = set()  # tasks between their claim and their run
         # Tasks started here and not long ended; _ended says which to forget first.
         self._started: set[str] = set()
         self._ended: deque[str] = deque()
@@ -91,9 +94,9 @@ class RunningTasks:
     def all(self) -> list[Run]:
         return list(self._runs.values())
 
-    def runs_job(self, job_id: str) -> bool:
-        """Whether a task of ``job_id`` runs here (its output may still grow)."""
-        return any(run.task.job_id == job_id for run in self._runs.values())
+    def runs_task(self, task_id: str) -> bool:
+        """Whether the task runs here, or is starting (its output may still grow)."""
+        return task_id in self._runs or task_id in self._launching
 
     async def launch(
         self,
@@ -106,21 +109,27 @@ class RunningTasks:
     ) -> Run | None:
         """Start the task and report it started; None (its failure reported) if it cannot."""
         with trace.use_span(span):
+            self._launching.add(task.task_id)
             try:
-                execution = await self._executors[node.executor].start(
-                    task, model_resident=model_resident
+                try:
+                    execution = await self._executors[node.executor].start(
+                        task, model_resident=model_resident
+                    )
+                except LaunchError as exc:
+                    log.warning("task %s could not start: %s", task.task_id, exc.reason)
+                    span.set_status(Status(StatusCode.ERROR, exc.reason))
+                    await self._report(node, launch_failed(task, exc), task, placed_event_id)
+                    span.end()
+                    self.forget_later(task.task_id)
+                    return None
+                await self._report(node, started(task, execution.pid), task, placed_event_id)
+                log.info(
+                    "task %s started on %s GPUs %s", task.task_id, node.node_id, task.gpu_indices
                 )
-            except LaunchError as exc:
-                log.warning("task %s could not start: %s", task.task_id, exc.reason)
-                span.set_status(Status(StatusCode.ERROR, exc.reason))
-                await self._report(node, launch_failed(task, exc), task, placed_event_id)
-                span.end()
-                self.forget_later(task.task_id)
-                return None
-            await self._report(node, started(task, execution.pid), task, placed_event_id)
-        log.info("task %s started on %s GPUs %s", task.task_id, node.node_id, task.gpu_indices)
-        run = Run(node, task, placed_event_id, execution, span)
-        self._runs[task.task_id] = run
+                run = Run(node, task, placed_event_id, execution, span)
+                self._runs[task.task_id] = run
+            finally:
+                self._launching.discard(task.task_id)
         return run
 
     async def await_exit(self, run: Run) -> None:
@@ -138,12 +147,24 @@ class RunningTasks:
         finally:
             del self._runs[run.task.task_id]
             self.forget_later(run.task.task_id)
+            stopped = bool(run.stopped_because)
+            await run.execution.cleanup(
+                may_return(stopped, run.stop_cause, run.task.spec.resumable)
+            )
 
-    def request_stop(self, run: Run, reason: str, event_id: str, grace_s: float = 0.0) -> None:
-        """``grace_s``: SIGKILL after at most this long (0: the executor's grace)."""
+    def request_stop(
+        self,
+        run: Run,
+        reason: str,
+        event_id: str,
+        grace_s: float = 0.0,
+        cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_UNSPECIFIED,
+    ) -> None:
+        """``grace_s``: SIGKILL after at most this long (0: the executor's grace);
+        ``cause``: why, as placement said (whether the job may come back here)."""
         if run.stopper is not None:
             return  # already stopping; the first reason stands
-        run.stopped_because, run.stop_event_id = reason, event_id
+        run.stopped_because, run.stop_event_id, run.stop_cause = reason, event_id, cause
         log.info("stopping task %s: %s", run.task.task_id, reason)
         # In the background: one task's grace period must not hold up other decisions.
         run.stopper = asyncio.create_task(run.execution.stop(grace_s))

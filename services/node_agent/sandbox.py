@@ -5,6 +5,12 @@ A root agent runs each task as the local account its user maps to (``QM_SANDBOX`
 its environment in ``/proc``) and other users' task logs are out of the task's reach.
 An agent that is not root cannot switch accounts; it says so once and runs tasks as
 itself, still with a clean environment.
+
+A task starts in its account's home if the account can use it (reach it and write in
+it), else in its job's scratch folder (``scratch.py``), which is its ``HOME`` then and
+its ``TMPDIR`` always. Its ``PATH`` keeps only the folders its account can search
+(``reach.py``), and Python's output is unbuffered unless the job says otherwise, so
+that its lines reach the log (and ``qm logs -f``) as they are printed.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.document import ConfigError, load
-from libs.config.sandbox import SandboxFile
+from libs.config.sandbox import SandboxFile, ScratchEntry
 from services.node_agent.cgroups import TaskCgroups
+from services.node_agent.reach import SEARCH, WRITE, Ids, look_up, reachable, usable_path
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ class Sandbox:
         """``cgroups``: instead of the ones ``config`` names (tests give their own)."""
         self._env = {name: agent_env[name] for name in config.environment if name in agent_env}
         self._switch = switch
+        self.scratch: ScratchEntry = config.scratch
         self._users = {user: account(spec) for user, spec in config.users.items()}
         self._default = account(config.default) if config.default is not None else None
         # Only a root agent makes cgroups (and then switches accounts inside them).
@@ -85,10 +93,15 @@ class Sandbox:
             )
         return cls(config, env, switch=switch)
 
-    @classmethod
-    def as_agent(cls) -> Sandbox:
-        """Tasks run as the agent itself, with the default clean environment."""
-        return cls(SandboxFile(), os.environ, switch=False)
+    def closed_to(self, folder: str) -> Account | None:
+        """An account tasks run as here (the agent's own, if it does not switch) that
+        cannot reach ``folder``; None: every one can."""
+        if not self._switch:
+            ok = reachable(os.path.realpath(folder), _ids(None), look_up)
+            return None if ok else account(os.geteuid())
+        mapped = [*self._users.values(), *([self._default] if self._default else [])]
+        closed = (a for a in mapped if not reachable(os.path.realpath(folder), _ids(a), look_up))
+        return next(closed, None)
 
     def account_for(self, user: str) -> Account | None:
         """The account ``user``'s tasks run as; ``None``: as the agent (it cannot switch)."""
@@ -102,8 +115,36 @@ class Sandbox:
             )
         return found
 
-    def environment(self, runs_as: Account | None) -> dict[str, str]:
-        """What a task starts with, before its job's variables and the agent's own."""
-        if runs_as is None:
-            return dict(self._env)
-        return {**self._env, "HOME": runs_as.home, "USER": runs_as.name, "LOGNAME": runs_as.name}
+    def home(self, runs_as: Account | None) -> str | None:
+        """The account's home if it can enter it and write in it; None: it has none."""
+        home = os.path.expanduser("~") if runs_as is None else runs_as.home
+        if reachable(os.path.realpath(home), _ids(runs_as), look_up, SEARCH | WRITE):
+            return home
+        return None
+
+    def environment(
+        self, runs_as: Account | None, *, home: str | None, scratch: Path
+    ) -> dict[str, str]:
+        """What a task starts with, before its job's variables and the agent's own:
+        ``home`` is its account's usable home (``home``), ``scratch`` its job's scratch
+        folder."""
+        ids = _ids(runs_as)
+        path = usable_path(self._env.get("PATH", "").split(":"), ids, look_up, os.path.realpath)
+        env = {
+            "PYTHONUNBUFFERED": "1",  # unless the agent passes its own
+            **self._env,
+            "PATH": ":".join(path),
+            "HOME": home or str(scratch),
+            "TMPDIR": str(scratch),
+        }
+        if runs_as is not None:
+            env |= {"USER": runs_as.name, "LOGNAME": runs_as.name}
+        return env
+
+
+def _ids(runs_as: Account | None) -> Ids:
+    """Whom the kernel checks for a task: its account with its primary group alone (it
+    runs with no other), or the agent itself."""
+    if runs_as is None:
+        return Ids(os.geteuid(), frozenset({os.getegid(), *os.getgroups()}))
+    return Ids(runs_as.uid, frozenset({runs_as.gid}))

@@ -1,40 +1,142 @@
 """A task's output on its node: written by the agent with a size bound, read back (and
 followed) for admission's ``qm logs``.
 
-A job's output goes to ``<log_dir>/<job_id>.log``, every attempt and every task of the
-job that ran under this agent appended with a header line. The task writes into a pipe,
-not the file, so that the agent can bound it: past ``max_bytes`` the file moves to
-``<job_id>.log.1`` (replacing an older one) and a new one starts, as container runtimes
-rotate logs, so a job keeps at most twice ``max_bytes`` on the node whatever it prints,
-and its last words are kept.
+Each task has a log of its own: ``<log_dir>/<job>/<task>.log``, where ``<task>`` is what
+follows the job's id in the task's id (``1`` for attempt 2, ``1.0`` for its part 1 in a
+gang, a workflow task's name), so attempts and parts never share a file. The log is the
+task's account's (0600, so that the agent, which may not override file permissions,
+never has to open another account's file), but the folders above it are the agent's
+(0700): no task reaches any log, its own included. Beside it, ``<task>.task`` says which
+task and node it is and when it started, for ``ListTaskLogs``. Names are escaped
+(``safe_name``), so no id leaves its folder, and nothing is opened through a link.
+
+The task writes into pipes, not the file, so that the agent can bound it: past
+``max_bytes`` the file moves to ``<task>.log.1`` (replacing an older one) and a new one
+starts, as container runtimes rotate logs, so a task keeps at most twice ``max_bytes``
+on the node whatever it prints, and its last words are kept. stdout and stderr have a
+pipe each and reach the log in whole lines (``lines.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
-import re
-from collections.abc import AsyncIterator, Callable, Iterator
+import stat
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from qm.v1 import events_pb2
+
+from libs.core.ids import name_in_job
+from services.node_agent.lines import LineJoiner
+from services.node_agent.names import safe_name
 from services.node_agent.sandbox import Account
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-
-
-def log_file_name(job_id: str) -> str:
-    """``<job_id>.log``, with anything that could leave the log folder replaced."""
-    return re.sub(r"[^A-Za-z0-9_.-]|^\.+", "_", job_id) + ".log"
+# A stream's unfinished line goes to the log once the stream has been quiet this long.
+QUIET_S = 0.5
+_STREAMS = ("stdout", "stderr")
 
 
 def rotated(path: Path) -> Path:
     """Where the older part of a rotated log is kept."""
     return path.with_name(path.name + ".1")
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """A task whose log the agent keeps."""
+
+    task_id: str
+    node_id: str
+    started: float  # seconds since the epoch
+
+
+class TaskLogs:
+    """The agent's task logs under ``root``: one per task, in a folder per job."""
+
+    def __init__(self, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.root = root
+        self._max_bytes = max_bytes
+
+    def prepare(self) -> None:
+        """Make the root folder the agent's alone (0700), as it starts."""
+        _private_folder(self.root, parents=True)
+
+    def path(self, job_id: str, task_id: str) -> Path:
+        """Where the task's log is (or would be)."""
+        return self._folder(job_id) / f"{safe_name(name_in_job(job_id, task_id))}.log"
+
+    def open(self, task: events_pb2.TaskPlaced, owner: Account | None) -> TaskLog:
+        """A new log for the task, ``owner``'s (None: the agent's); ``OSError`` if it
+        cannot be made. A log the same task id left (an agent restarted as it ran) is
+        kept as its older part."""
+        _private_folder(self.root, parents=True)
+        _private_folder(self._folder(task.job_id), parents=False)
+        path = self.path(task.job_id, task.task_id)
+        sink = TaskLog(path, max_bytes=self._max_bytes, owner=owner)
+        entry = {"task_id": task.task_id, "node_id": task.node_id, "started": time.time()}
+        try:
+            _write_new(path.with_suffix(".task"), json.dumps(entry).encode())
+        except OSError:
+            sink.close()
+            raise
+        return sink
+
+    def entries(self, job_id: str) -> list[LogEntry]:
+        """The job's tasks with a log here; records that do not read back are skipped."""
+        folder = self._folder(job_id)
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".task"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = []
+        for name in names:
+            entry = _read_entry(folder / name)
+            # A record that names another task than its file's is not this task's.
+            if entry is not None and self.path(job_id, entry.task_id).stem == name[:-5]:
+                found.append(entry)
+        return found
+
+    def _folder(self, job_id: str) -> Path:
+        return self.root / safe_name(job_id)
+
+
+def _private_folder(path: Path, *, parents: bool) -> None:
+    """Make ``path`` a folder only its owner enters, or check that it is one of ours:
+    never a link (whoever could plant one there could send the logs elsewhere)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=parents)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise OSError(f"{path} is not a folder of this agent's")
+    if stat.S_IMODE(found.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write a small file of the agent's, replacing one there, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
+def _read_entry(path: Path) -> LogEntry | None:
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as file:
+            raw = json.loads(file.read(64 * 1024))
+        return LogEntry(str(raw["task_id"]), str(raw["node_id"]), float(raw["started"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class TaskLog:
@@ -51,11 +153,17 @@ class TaskLog:
         self._path = path
         self._max_bytes = max_bytes
         self._owner = owner
-        self._file = _open_private(path, owner)
-        self._size = self._file.seek(0, os.SEEK_END)
+        try:
+            self._file = _create_private(path, owner)
+        except FileExistsError:
+            os.replace(path, rotated(path))
+            self._file = _create_private(path, owner)
+        self._size = 0
         self._failed = False
 
     def write(self, data: bytes) -> None:
+        if not data:
+            return
         try:
             if self._size and self._size + len(data) > self._max_bytes:
                 self._rotate()
@@ -73,15 +181,15 @@ class TaskLog:
     def _rotate(self) -> None:
         self._file.close()
         os.replace(self._path, rotated(self._path))
-        self._file = _open_private(self._path, self._owner)
+        self._file = _create_private(self._path, self._owner)
         self._size = 0
 
 
-def _open_private(path: Path, owner: Account | None) -> BinaryIO:
-    """The log, appended to; readable by its own account only (and the agent). Never
-    through a link: the folder is the agent's, but a link is not followed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _create_private(path: Path, owner: Account | None) -> BinaryIO:
+    """A new file at ``path`` (``FileExistsError`` if there is one: the agent, which may
+    not override permissions, could not open another account's file), readable by its
+    own account only (and the agent)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         if owner is not None:
             os.fchown(fd, owner.uid, owner.gid)
@@ -92,42 +200,73 @@ def _open_private(path: Path, owner: Account | None) -> BinaryIO:
     return os.fdopen(fd, "ab")
 
 
-class OutputPipe:
-    """The pipe a task writes its output into, its read end copied into the task's log.
+class OutputPipes:
+    """The pipes a task writes its stdout and stderr into, their read ends copied into the
+    task's log in whole lines.
 
-    The pipe is the agent's own, not asyncio's subprocess pipe: asyncio waits for its
+    The pipes are the agent's own, not asyncio's subprocess pipes: asyncio waits for its
     pipes to close before it reports the process ended, and whatever the task left
     running may hold them open (the cgroup that kills those is released only once
     the task has ended)."""
 
-    def __init__(self, write_fd: int, copying: asyncio.Task[None]) -> None:
-        self.write_fd = write_fd  # the child's stdout and stderr; close it once spawned
+    def __init__(self, write_fds: tuple[int, int], copying: asyncio.Task[None]) -> None:
+        self.stdout, self.stderr = write_fds  # the child's; close them once it is spawned
         self.copying = copying
 
     @classmethod
-    async def into(cls, sink: TaskLog, owner: Account | None) -> OutputPipe:
-        """A pipe into ``sink``; ``owner`` (the task's account) may reopen it, as
+    async def into(cls, sink: TaskLog, owner: Account | None) -> OutputPipes:
+        """Pipes into ``sink``; ``owner`` (the task's account) may reopen them, as
         programs do through /dev/stdout and /dev/stderr."""
-        read_fd, write_fd = os.pipe()
-        if owner is not None:
-            os.fchown(write_fd, owner.uid, owner.gid)
-        reader = asyncio.StreamReader()
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
-        )
-        return cls(write_fd, asyncio.create_task(_copy(reader, transport, sink)))
+        joiner = LineJoiner()
+        write_fds, copies = [], []
+        for stream in _STREAMS:
+            read_fd, write_fd = os.pipe()
+            if owner is not None:
+                os.fchown(write_fd, owner.uid, owner.gid)
+            reader = asyncio.StreamReader()
+            transport, _ = await loop.connect_read_pipe(
+                lambda reader=reader: asyncio.StreamReaderProtocol(reader),  # type: ignore[misc]
+                os.fdopen(read_fd, "rb", 0),
+            )
+            write_fds.append(write_fd)
+            copies.append(_copy(stream, reader, transport, joiner, sink))
+        copying = asyncio.create_task(_copy_all(copies, sink))
+        return cls((write_fds[0], write_fds[1]), copying)
 
 
-async def _copy(output: asyncio.StreamReader, pipe: asyncio.BaseTransport, sink: TaskLog) -> None:
-    """Copy a task's output into its log until every writer closed the pipe (the task
-    and whatever it started); the log and the pipe are closed then, or when cancelled."""
+async def _copy_all(copies: list[Coroutine[Any, Any, None]], sink: TaskLog) -> None:
+    """Both streams until each ended; the log is closed then, or when cancelled."""
     try:
-        while chunk := await output.read(CHUNK_BYTES):
-            sink.write(chunk)
+        await asyncio.gather(*copies)
+    finally:
+        sink.close()
+
+
+async def _copy(
+    stream: str,
+    output: asyncio.StreamReader,
+    pipe: asyncio.BaseTransport,
+    joiner: LineJoiner,
+    sink: TaskLog,
+) -> None:
+    """Copy one stream into the log until every writer closed its pipe (the task and
+    whatever it started); an unfinished line goes once the stream is quiet for
+    ``QUIET_S``, or ends."""
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(QUIET_S if joiner.holds(stream) else None):
+                    chunk = await output.read(CHUNK_BYTES)
+            except TimeoutError:
+                sink.write(joiner.flush(stream))
+                continue
+            if not chunk:
+                break
+            sink.write(joiner.feed(stream, chunk))
+        sink.write(joiner.flush(stream))
     finally:
         pipe.close()
-        sink.close()
 
 
 async def read_log(
@@ -135,7 +274,7 @@ async def read_log(
 ) -> AsyncIterator[bytes]:
     """The log from its oldest kept byte (``<name>.1``, then ``<name>``); with ``follow``,
     what is appended next, across rotations (as ``tail -F``), until ``active()`` says
-    the job's tasks here have ended and everything they wrote has been read."""
+    the task has ended and everything it wrote has been read."""
     current = _open_reading(path)
     # Opened after the current file: if a rotation came in between, both are the same.
     older = _open_reading(rotated(path))

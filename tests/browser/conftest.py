@@ -44,7 +44,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
         "--no-sandbox",  # CI runs as root
         "--disable-gpu",
         "--disable-dev-shm-usage",
-        "--window-size=1500,1700",
+        "--window-size=1500,2100",  # the whole page, for the screenshots
         f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
     ):
         options.add_argument(argument)

@@ -1,7 +1,9 @@
 """The console in a real browser against a real stack: it signs users in with the CLI's
-tokens, draws its charts, shows what the API says, hides other teams' jobs, and updates
-without a reload. Its screenshots (console-*.png) go to a temporary folder, or to
-``QM_CONSOLE_SCREENSHOTS`` (``QM_CONSOLE_SCREENSHOTS=docs`` refreshes the README's)."""
+tokens (pasted, never from the address), draws a chart per GPU type whose legend reads
+the latest figures, shows what the API says (waiting, running and ended jobs), hides
+other teams' jobs, and updates without a reload. Its screenshots (console-*.png) go to a
+temporary folder, or to ``QM_CONSOLE_SCREENSHOTS`` (``QM_CONSOLE_SCREENSHOTS=docs``
+refreshes the README's)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from tests.integration.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 WAITING = {types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING}
+RUNNING = {types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING}
+ENDED = {types_pb2.JOB_STATE_FINISHED, types_pb2.JOB_STATE_FAILED}
+A100_CHART = '#occupancy-charts figure[data-gpu-type="A100"]'  # the simulated node's type
 T = TypeVar("T")
 
 # Short: a workflow that finishes in a second on the simulated A100 node.
@@ -102,6 +107,22 @@ def text(browser: webdriver.Chrome, element_id: str) -> str:
     return str(browser.execute_script(script, element_id)).strip()
 
 
+def row(browser: webdriver.Chrome, tbody_id: str, first: str) -> list[str]:
+    """The cells of the row whose first cell is ``first`` ([] while there is none)."""
+    script = (
+        "const tr = [...document.querySelectorAll(`#${arguments[0]} tr`)]"
+        ".find((r) => r.cells[0]?.textContent === arguments[1]);"
+        "return tr ? [...tr.cells].map((td) => td.textContent) : [];"
+    )
+    return list(browser.execute_script(script, tbody_id, first))
+
+
+def legend(browser: webdriver.Chrome, chart: str) -> list[str]:
+    """The values a chart's legend shows (under ``chart``, a CSS selector)."""
+    script = "return [...document.querySelectorAll(`${arguments[0]} .u-legend .u-value`)]"
+    return [str(v) for v in browser.execute_script(script + ".map((td) => td.textContent)", chart)]
+
+
 def first_column(browser: webdriver.Chrome, tbody_id: str) -> set[str]:
     """The first cell of every row, read in one go (the page replaces rows as it updates)."""
     script = (
@@ -127,8 +148,8 @@ def errors(browser: webdriver.Chrome) -> list[str]:
 
 # Pixels in a chart's canvas of a series' colour (not the axes' grey): the series drew.
 _SERIES_PIXELS = """
-const [id, r, g, b] = arguments;
-const canvas = document.querySelector(`#${id} canvas`);
+const [chart, r, g, b] = arguments;
+const canvas = document.querySelector(`${chart} canvas`);
 if (!canvas) return 0;
 const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
 let n = 0;
@@ -145,15 +166,22 @@ def series_pixels(browser: webdriver.Chrome, chart: str, rgb: tuple[int, int, in
 
 
 def shows_what_the_api_says(browser: webdriver.Chrome, stack: Stack, user: str) -> bool:
-    waiting = {job.job_id for job in api_jobs(stack, user) if job.state in WAITING}
+    jobs = api_jobs(stack, user)
+    waiting = {job.job_id for job in jobs if job.state in WAITING}
+    batch = [job for job in jobs if not job.spec.HasField("workflow")]
+    running = {job.job_id for job in batch if job.state in RUNNING}
+    ended = {job.job_id for job in batch if job.state in ENDED}
     up = [node for node in api_nodes(stack, user) if not node.lost]
     gpus = sum(len(node.inventory.gpus) for node in up)
     busy = sum(len(task.gpu_indices) for node in up for task in node.running)
     return (
         text(browser, "waiting-count") == str(len(waiting))
         and first_column(browser, "waiting-rows") == waiting
+        and first_column(browser, "running-rows") == running
+        and ended <= first_column(browser, "ended-rows")
         and text(browser, "gpus-total") == str(gpus)
         and text(browser, "gpus-busy") == str(busy)
+        and first_column(browser, "occupancy-rows") == {"A100", "H100"}
         and first_column(browser, "node-rows") == {n.inventory.node_id for n in up}
     )
 
@@ -189,6 +217,16 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
         ),
         "the workflow to finish",
     )
+    # Two commands that run as processes on the H100 nodes: one succeeds, one fails.
+    done, failed = (
+        submit(stack, "alice", allocation="vision", gpus=1, gpu_type="H100",
+               command=["python3", "-c", code])
+        for code in ("print(42)", "raise SystemExit(3)")
+    )  # fmt: skip
+    until(
+        lambda: {j.job_id for j in api_jobs(stack, "alice") if j.state in ENDED} >= {done, failed},
+        "the process jobs to end",
+    )
     hold_a100(stack, "alice", "vision", 4)
     hold_a100(stack, "bob", "nlp", 4)
     until(
@@ -204,25 +242,42 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     until(lambda: shows_what_the_api_says(browser, stack, "alice"), "alice's page to match")
     assert alices in first_column(browser, "waiting-rows")
     assert flow in first_column(browser, "workflow-rows")
-    # Charts: the busy line and the delivered bars (and the target line) are drawn.
-    until(lambda: series_pixels(browser, "occupancy-chart", (31, 111, 235)) > 50, "occupancy")
-    until(lambda: series_pixels(browser, "delivered-chart", (26, 127, 55)) > 50, "delivered")
-    assert series_pixels(browser, "delivered-chart", (207, 34, 46)) > 20  # the target line
+    # The A100 node (simulated) is full, the H100 nodes (processes) idle: each type apart.
+    assert row(browser, "occupancy-rows", "A100")[1:] == ["simulated", "8", "8", "0", "0", "100.0%"]
+    assert row(browser, "occupancy-rows", "H100")[1:] == ["processes", "8", "0", "0", "0", "0.0%"]
+    # How each job ended, and which run now, within alice's scope.
+    assert row(browser, "ended-rows", done)[4:6] == ["finished", "exit 0"]
+    assert row(browser, "ended-rows", failed)[4] == "failed"
+    assert row(browser, "ended-rows", failed)[5].startswith("exit 3")
+    assert len(first_column(browser, "running-rows")) == 2  # both teams' A100 jobs
+    # Charts: the busy line and the delivered bars (and the target line) are drawn; the
+    # legend reads the latest figures, not uPlot's "--".
+    until(lambda: series_pixels(browser, A100_CHART, (31, 111, 235)) > 50, "occupancy")
+    until(lambda: series_pixels(browser, "#delivered-chart", (26, 127, 55)) > 50, "delivered")
+    assert series_pixels(browser, "#delivered-chart", (207, 34, 46)) > 20  # the target line
+    values = legend(browser, A100_CHART)
+    assert values[1:] == ["8", "0", "8"] and "--" not in values  # busy, idle, capacity
     assert {"vision", "nlp"} <= first_column(browser, "allocations-rows")
     time.sleep(3)  # a few more samples on the occupancy chart, for the picture
     browser.save_screenshot(str(shots / "console-overview.png"))
     assert errors(browser) == []
 
-    # Bob (nlp only) signs in by address once; he does not see alice's vision job.
+    # A token in the address signs no one in: bob is asked to paste it.
     browser.delete_all_cookies()
     browser.get(f"{stack.console_url}/?token={issue_token('bob', stack.keys)}")
-    assert "token=" not in browser.current_url
+    until(lambda: "signs no one in" in text(browser, "error"), "the refusal")
+    browser.get(f"{stack.console_url}/api/view")
+    assert "not signed in" in browser.page_source
+    browser.get_log("browser")  # the refusals' 400 and 401 are the point
+    # Bob (nlp only) signs in with the form; he does not see alice's vision jobs.
+    sign_in_with_form(browser, stack, issue_token("bob", stack.keys))
     loaded(browser)
     until(lambda: shows_what_the_api_says(browser, stack, "bob"), "bob's page to match")
     assert alices not in first_column(browser, "waiting-rows")
     assert flow not in first_column(browser, "workflow-rows")
+    assert not {done, failed} & first_column(browser, "ended-rows")
     assert first_column(browser, "allocations-rows") == {"nlp"}
-    until(lambda: series_pixels(browser, "delivered-chart", (207, 34, 46)) > 20, "the target")
+    until(lambda: series_pixels(browser, "#delivered-chart", (207, 34, 46)) > 20, "the target")
 
     # A job bob submits now appears on the open page, which is not reloaded.
     browser.execute_script("window.stillTheSamePage = true")

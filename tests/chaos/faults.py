@@ -9,6 +9,10 @@ kill the next kill waits until the first has recovered (or its probe timed out).
 Recovery is measured from the kill to the first sign of service: the next clock
 tick, decision, accepted submission, answered call or node registration, and for
 node agents until the tasks it ran leave ``ListNodes`` (their GPUs are free again).
+
+One fault is an operator's: a process node is drained under resumable charged jobs
+(and uncordoned once their tasks there ended); it is over when each has started its
+next attempt, which must find nothing of the last one in its way.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tests.chaos.workload import Workload
 log = logging.getLogger("chaos.faults")
 PROBE_TIMEOUT_S = 120.0
 PROBE_INTERVAL_S = 0.25
+DRAINED = AGENTS["p"][0]["node_id"]  # a process node, drained under resumable jobs
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Faults:
             ("projector", lambda: self.kill("projector", "ListJobs answers", self.lists_jobs)),
             ("placement", lambda: self.kill("placement", "next decision", self._decides)),
             ("node agent a", lambda: self.kill_agent("a")),
+            ("drain " + DRAINED, self.drain),
             ("node agent p", lambda: self.kill_agent("p", "on-process-node")),
             # The broker before the node lost for good: its outage would stop the log's
             # clock while the node's lease runs out (placement does not count a silent
@@ -156,6 +162,59 @@ class Faults:
         await asyncio.to_thread(self.stack.kill_for_good, name)
         self._watch_release(f"kill -9 {name} and its supervisor", killed_at, running, nodes)
 
+    async def drain(self) -> None:
+        """Drain a process node under resumable charged jobs; uncordon it once their
+        tasks there ended; recovered when each job's next attempt has started."""
+        # Enough to fill both process nodes: some run on the one drained. Only theirs are
+        # waited for: other jobs drained with them may be cancelled meanwhile.
+        occupied = await self._occupy({n["node_id"] for n in AGENTS["p"]}, "drained", jobs=4)
+        running = await self._running_on({DRAINED})
+        jobs = {task.partition("/")[0] for task in running} & occupied
+        carol = self.stack.auth("carol")  # an operator: the budget root's manager
+        drained_at = time.time()
+        recovery = Recovery(f"drain {DRAINED}", "its jobs' next attempts start", drained_at)
+        recovery.detail = f"{len(running)} tasks, {len(jobs)} of resumable charged jobs"
+        self.recoveries.append(recovery)
+        if not jobs:
+            recovery.seconds, recovery.detail = 0.0, "n/a: none of its jobs ran there"
+            return
+        await _until_answered(
+            lambda: self.clients.cluster.CordonNode(
+                cs.CordonNodeRequest(node_id=DRAINED, drain=True), metadata=carol, timeout=5
+            ),
+            drained_at,
+            PROBE_TIMEOUT_S,
+        )
+        ended = await self.observer.first_after(
+            drained_at,
+            lambda s: s.task_id in running and s.kind in ENDS,
+            PROBE_TIMEOUT_S,
+        )
+        await _until_answered(
+            lambda: self.clients.cluster.UncordonNode(
+                cs.UncordonNodeRequest(node_id=DRAINED), metadata=carol, timeout=5
+            ),
+            drained_at,
+            PROBE_TIMEOUT_S,
+        )
+        if ended is None:
+            recovery.detail += "; not ended after the drain"
+            return
+        waiting = set(jobs)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            waiting = jobs - {
+                s.job_id
+                for s in self.observer.seen
+                if s.kind == "task_started" and s.at > drained_at and s.task_id not in running
+            }
+            await asyncio.sleep(PROBE_INTERVAL_S)
+        if waiting:
+            recovery.detail += f"; {len(waiting)} jobs not started again"
+        else:
+            recovery.seconds = time.time() - drained_at
+        log.info("%s: recovered in %s s", recovery.fault, recovery.seconds)
+
     async def kill_broker(self) -> None:
         killed_at = time.time()
         await asyncio.to_thread(self.stack.kill_kafka)
@@ -217,8 +276,11 @@ class Faults:
             asyncio.create_task(gone_from_view()),
         ]
 
-    async def _occupy(self, nodes: set[str], kind: str, jobs: int = 2, timeout: float = 20) -> None:
-        """Submit jobs that only these nodes run; wait (a while) until they run there."""
+    async def _occupy(
+        self, nodes: set[str], kind: str, jobs: int = 2, timeout: float = 20
+    ) -> set[str]:
+        """Submit jobs that only these nodes run; wait (a while) until they run there.
+        Returns those the API accepted."""
         subs = [self.workload.new_submission(kind) for _ in range(jobs)]
         await asyncio.gather(*(self.workload.submit(sub, give_up_s=timeout) for sub in subs))
         wanted = {sub.job_id for sub in subs if sub.accepted}
@@ -226,9 +288,10 @@ class Faults:
         while time.monotonic() < deadline:
             running = {task.partition("/")[0] for task in await self._running_on(nodes)}
             if wanted <= running:
-                return
+                return wanted
             await asyncio.sleep(0.5)
         log.warning("jobs %s were not all running on %s in %g s", wanted, nodes, timeout)
+        return wanted
 
     async def _running_on(self, nodes: set[str]) -> dict[str, list[int]]:
         """Task id -> GPUs, of the tasks ListNodes shows on these nodes ({} if it fails)."""

@@ -14,7 +14,10 @@
   (workflow tasks queue on their GPU, so two of them may share one);
 - GPUs held twice, by the node agents' reports: two tasks started on one GPU and
   neither ended in between;
-- GPUs still held at the end, by the same bookkeeping.
+- GPUs still held at the end, by the same bookkeeping;
+- attempts that failed to start on the nodes that run processes: a task the agent
+  reported failed without having started it (its ``LaunchError``: exit 126 or 127 and
+  why), such as a requeued job's next attempt that cannot open its log.
 """
 
 from __future__ import annotations
@@ -273,3 +276,34 @@ def start_delays(log: Log) -> dict[str, list[float]]:
             if started.task_id in placed:
                 delays[started.node_id].append((r.timestamp_ms - placed[started.task_id]) / 1000)
     return delays
+
+
+def launch_failures(log: Log, jobs: Iterable[str], nodes: Iterable[str]) -> list[Finding]:
+    """Tasks of ``jobs`` on ``nodes`` that failed without having started."""
+    wanted, on = set(jobs), set(nodes)
+    started = {
+        r.envelope.task_started.task_id
+        for r in log.events
+        if event_type(r.envelope) == "task_started"
+    }
+    found = []
+    for record in log.events:
+        if event_type(record.envelope) != "task_failed":
+            continue
+        failed = record.envelope.task_failed
+        if failed.job_id in wanted and failed.node_id in on and failed.task_id not in started:
+            why = f"never started on {failed.node_id}: exit {failed.exit_code}: {failed.reason}"
+            found.append(Finding(failed.task_id, why, failed.node_id))
+    return found
+
+
+def requeued_starts(log: Log, nodes: Iterable[str]) -> int:
+    """Attempts after a job's first (a requeue's) that started on ``nodes``."""
+    on = set(nodes)
+    return sum(
+        1
+        for r in log.events
+        if event_type(r.envelope) == "task_started"
+        and r.envelope.task_started.node_id in on
+        and attempt_of(r.envelope.task_started.task_id) > 0
+    )

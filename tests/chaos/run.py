@@ -61,6 +61,7 @@ BROKER_BOUND_S = 90.0
 FAULT_SHARE = 0.4  # of the load time; the fuzzer gets the rest
 RETRYABLE_NAMES = frozenset(code.name for code in RETRYABLE)
 AGENT_OF = {node["node_id"]: agent for agent, nodes in AGENTS.items() for node in nodes}
+PROCESS_NODES = frozenset(node["node_id"] for node in AGENTS["p"])
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,17 @@ def _judge_load(
         _cap(invariants.reported_conflicts(snapshot)),
     )
     report.count("GPUs still held after the run (log)", _cap(invariants.held_at_end(snapshot)))
+    report.count(
+        "attempts that failed to start on process nodes",
+        _cap(invariants.launch_failures(snapshot, {s.job_id for s in ok}, PROCESS_NODES)),
+    )
+    requeued = invariants.requeued_starts(snapshot, PROCESS_NODES)
+    report.add(
+        "requeued attempts started on process nodes",
+        requeued,
+        ">= 1",
+        requeued >= 1 if "faults" in settings.phases else None,  # the drain requeues some
+    )
     report.add(
         f"tasks on GPUs in ListNodes {settings.node_loss_timeout_s + 10:g} s after the run",
         len(busy),

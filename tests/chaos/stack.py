@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,8 +95,7 @@ class ChaosStack(Stack):
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
         # Tasks see only what the sandbox passes on: the run's mark too, so that the
         # teardown finds every process the run started (tests/chaos/processes.py).
-        sandbox = {"environment": [*DEFAULT_ENVIRONMENT, MARK]}
-        (self.workdir / "sandbox.yaml").write_text(yaml.safe_dump(sandbox))
+        self.write_sandbox({"environment": [*DEFAULT_ENVIRONMENT, MARK]})
         for agent, nodes in AGENTS.items():
             (self.workdir / f"nodes-{agent}.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
 
@@ -104,7 +104,6 @@ class ChaosStack(Stack):
         return {
             **super().env,
             MARK: self.run_id,
-            "QM_SANDBOX": str(self.workdir / "sandbox.yaml"),
             "OTEL_TRACES_EXPORTER": "none",
             "QM_KAFKA_DIR": str(self.kafka_dir),
             "QM_KAFKA_PORT": str(self.port_base),
@@ -222,6 +221,7 @@ class ChaosStack(Stack):
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -13,9 +13,11 @@ from tests.chaos.invariants import (
     double_runs,
     duplicate_admissions,
     held_at_end,
+    launch_failures,
     lost_jobs,
     replay_holdings,
     reported_conflicts,
+    requeued_starts,
     start_delays,
 )
 
@@ -62,6 +64,13 @@ class Builder:
     def finish(self, task_id: str) -> Builder:
         job_id = task_id.split("/")[0]
         return self.event(events_pb2.TaskFinished(job_id=job_id, task_id=task_id, node_id="n"))
+
+    def fail(self, task_id: str, exit_code: int, reason: str, node_id: str = "n") -> Builder:
+        job_id = task_id.split("/")[0]
+        failed = events_pb2.TaskFailed(
+            job_id=job_id, task_id=task_id, node_id=node_id, exit_code=exit_code, reason=reason
+        )
+        return self.event(failed)
 
     def tick(self) -> Builder:
         return self.event(events_pb2.ClockTick())
@@ -151,3 +160,17 @@ def test_lost_jobs_are_those_never_admitted_or_stuck_but_not_those_waiting_with_
         "none": "accepted, but never admitted; the log has: nothing",
         "stuck": "still RUNNING on n ''",
     }
+
+
+def test_an_attempt_that_failed_without_starting_on_a_process_node_is_a_launch_failure() -> None:
+    b = Builder().admit("j").place("j/0", [0]).start("j/0").fail("j/0", -15, "drained")
+    b.place("j/1", [0]).fail("j/1", 126, "cannot open the task log: Permission denied")
+    b.admit("other").place("other/0", [1]).fail("other/0", 127, "command not found: x")
+    b.admit("elsewhere").place("elsewhere/0", [2]).fail("elsewhere/0", 126, "x", node_id="m")
+    found = launch_failures(b.log, ["j", "elsewhere"], ["n"])
+    assert [str(f) for f in found] == [
+        "j/1: never started on n: exit 126: cannot open the task log: Permission denied"
+    ]
+    assert requeued_starts(b.log, ["n"]) == 0
+    b.start("j/1")
+    assert launch_failures(b.log, ["j"], ["n"]) == [] and requeued_starts(b.log, ["n"]) == 1

@@ -1,8 +1,10 @@
 """The jobs a chaos run submits through the gRPC API, as careful users would.
 
 A seeded mix: short simulated batch jobs of 1-8 GPUs, gangs over several nodes,
-jobs with a minimum runtime (some resumable), short commands on the process nodes,
-Compass workflows on the serving nodes, and a few invalid jobs. Every submission
+jobs with a minimum runtime (some resumable), short commands on the process nodes (free
+work, some resumable, and resumable charged work that preempts it and is preempted or
+drained in turn: their next attempts start on the same agent), Compass workflows on the
+serving nodes, and a few invalid jobs. Every submission
 has a client request id. A submission that fails with a status that leaves the
 outcome unknown (UNAVAILABLE, UNKNOWN, DEADLINE_EXCEEDED, INTERNAL) is retried
 with the same id, with backoff; some accepted jobs are submitted again on purpose
@@ -46,11 +48,12 @@ GIVE_UP_AFTER_S = 120.0
 USERS = (("alice", 50), ("bob", 35), ("erin", 15))
 # kind -> share of submissions
 KINDS = {
-    "small": 55,
+    "small": 50,
     "node": 8,
     "gang": 5,
     "contract": 10,
     "process": 10,
+    "resumable": 5,
     "workflow": 10,
     "invalid": 2,
 }
@@ -134,7 +137,15 @@ def make_spec(rng: random.Random, kind: str, flows: list[types_pb2.Workflow]) ->
     elif kind == "process":  # real processes on the process nodes, marked for teardown
         spec.gpu_type = "H100"
         spec.gpus = rng.choice((1, 2))
+        spec.resumable = rng.random() < 0.5  # free work: preempted for charged work
         spec.command[:] = ["sh", "-c", f"sleep {rng.uniform(0.2, 2.0):.2f}", TASK_MARK]
+    elif kind in ("resumable", "drained"):  # charged, requeued when preempted or drained
+        spec.gpu_type = "H100"
+        spec.gpus = rng.choice((1, 2)) if kind == "resumable" else 2
+        spec.resumable = True
+        spec.min_runtime.FromSeconds(1)
+        seconds = rng.uniform(2.0, 6.0) if kind == "resumable" else 15.0
+        spec.command[:] = ["sh", "-c", f"sleep {seconds:.2f}", TASK_MARK]
     elif kind == "workflow":
         spec.gpu_type = "T4"
         spec.gpus = 1

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -152,6 +154,14 @@ class Stack:
         (self.workdir / "budget.yaml").write_text(yaml.safe_dump(BUDGET_TREE))
         (self.workdir / "nodes.yaml").write_text(yaml.safe_dump(NODES))
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+        # Jobs' scratch folders, where every task account reaches them (pytest's are root's).
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"qm-scratch-{self.run_id}-"))
+        self.write_sandbox({})
+
+    def write_sandbox(self, settings: Mapping[str, object]) -> None:
+        """The node agents' sandbox file: ``settings`` and the stack's scratch folders."""
+        sandbox = {**settings, "scratch": {"root": str(self.scratch)}}
+        (self.workdir / "sandbox.yaml").write_text(yaml.safe_dump(sandbox))
 
     @property
     def env(self) -> dict[str, str]:
@@ -179,6 +189,7 @@ class Stack:
             "QM_CONSOLE_PORT": str(self.console_port),
             "QM_CONSOLE_POLL_S": "0.5",
             "QM_TASK_LOG_DIR": str(self.task_logs),
+            "QM_SANDBOX": str(self.workdir / "sandbox.yaml"),
             "QM_NODE_STATE_DIR": str(self.workdir / "node-state"),
             "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
             "QM_PLACEMENT_GROUP": f"qm-placement-t{self.run_id}",
@@ -221,7 +232,10 @@ class Stack:
         self._spawn(key, name, (), env)
 
     def _spawn(self, key: str, name: str, args: tuple[str, ...], env: Mapping[str, str]) -> None:
-        log = (self.logs / f"{key}.log").open("ab")
+        # As deploy/local/stack.sh runs a service: its log, and all it writes, are the
+        # stack's account's alone (umask 077).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        log = os.fdopen(os.open(self.logs / f"{key}.log", flags, 0o600), "ab")
         self.metrics_ports[key] = free_port()
         self.processes[key] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}", *args],
@@ -233,6 +247,7 @@ class Stack:
             },
             stdout=log,
             stderr=subprocess.STDOUT,
+            umask=0o077,
         )
 
     def kill(self, name: str) -> None:
@@ -306,6 +321,7 @@ class Stack:
     def down(self) -> None:
         for name in list(self.processes):
             self.stop(name)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"

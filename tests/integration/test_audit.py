@@ -25,7 +25,7 @@ from typer.testing import CliRunner, Result
 from cli.app import app
 from libs.audit import Difference, audit_parallel, audit_topics
 from libs.bus import KafkaSettings, Topics, load_topic_config
-from libs.core import knobs
+from libs.core import knobs, simulated
 from libs.events import decode, encode, event_type
 from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario
@@ -42,6 +42,8 @@ def test_every_decision_of_a_random_workload_reproduces(
     for _ in range(16):
         gpu_type = rng.choice(("", "H100", "A100"))
         command = rng.choice((["true"], ["false"], ["sleep", f"0.{rng.randint(1, 9)}"]))
+        # The A100 node is simulated: a job there asks for a simulated run.
+        env = {simulated.SECONDS: f"0.{rng.randint(1, 9)}"} if gpu_type == "A100" else {}
         job_id = submit(
             stack,
             jobs,
@@ -49,6 +51,7 @@ def test_every_decision_of_a_random_workload_reproduces(
             gpus=rng.choice((1, 1, 2, 3, 4)),
             gpu_type=gpu_type,
             command=command,
+            env=env,
         )
         submitted.append(job_id)
     cancelled = [submit(stack, jobs, command=["sleep", "30"]) for _ in range(2)]

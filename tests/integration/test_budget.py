@@ -1,6 +1,10 @@
-"""The budget service: managers change the tree, usage is charged from the log."""
+"""The budget service: managers change the tree, usage is charged from the log, and
+``qm budget usage`` shows owed against delivered GPU-hours to those who may see them."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import grpc
 import pytest
@@ -13,6 +17,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from libs.events import decode, event_type
 from tests.integration.conftest import eventually, read_topic, wait_for_end
 from tests.integration.stack import Stack
+from tests.integration.test_cli_scripting import qm
 from tests.integration.test_job_lifecycle import submit
 
 
@@ -61,3 +66,51 @@ def test_allocated_work_is_charged(
         return sum(b.gpu_seconds for b in balances.balances if b.allocation == "vision")
 
     assert eventually(charged, what="a charge for vision") >= 2 * 0.4
+
+
+def test_usage_shows_owed_and_delivered_hours_to_those_who_may_see_them(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    job_id = submit(stack, jobs, gpus=2, min_runtime=Duration(seconds=60), command=["sleep", "1"])
+    assert wait_for_end(stack, jobs, job_id).state == types_pb2.JOB_STATE_FINISHED
+
+    def usage(user: str) -> dict[str, dict[str, Any]]:
+        document = json.loads(qm(stack, user, "budget", "usage", "-o", "json"))
+        return {level["allocation"]: level for level in document["allocations"]}
+
+    def vision_delivered() -> dict[str, Any] | None:
+        vision = usage("alice")["vision"]
+        return vision if vision["allocated_gpu_hours"] >= 2 * 0.8 / 3600 else None
+
+    vision = eventually(vision_delivered, what="vision's job delivered in qm budget usage")
+    assert vision["owed_gpu_hours"] > 0 and vision["delivered_pct"] > 0
+    assert vision["entitlement"] == pytest.approx(0.6, abs=0.1)
+    # alice is a member of both teams; bob of nlp only; carol manages the root.
+    assert usage("alice").keys() == {"vision", "nlp"}
+    assert usage("bob").keys() == {"nlp"}
+    assert usage("carol").keys() == {"vision", "nlp"}
+    assert usage("mallory") == {}
+    table = qm(stack, "alice", "budget", "usage")
+    assert "DELIVERED/OWED" in table and "vision" in table
+
+
+def test_budget_set_says_what_changed_and_a_no_op_changes_nothing(
+    stack: Stack, budget: bs_grpc.BudgetServiceStub
+) -> None:
+    def nlp() -> tuple[int, types_pb2.BudgetNode]:
+        tree = budget.GetTree(bs.GetTreeRequest(), metadata=stack.auth("carol")).tree
+        return tree.version, next(n for n in tree.nodes if n.name == "nlp")
+
+    version, before = nlp()
+    member = before.members[0]
+    for flags in (["--add-member", member], ["--weight", f"{before.weight:g}"]):
+        said = qm(stack, "carol", "budget", "set", "nlp", *flags)
+        assert said.startswith("no change: nlp is already so"), said
+        assert nlp()[0] == version
+    said = qm(stack, "carol", "budget", "set", "nlp", "--weight", "41", "--add-member", "erin")
+    assert said.splitlines() == [
+        f"changed nlp; budget tree version {version} -> {version + 1}",
+        f"  weight: {before.weight:g} -> 41",
+        "  members: +erin",
+    ]
+    assert nlp()[0] == version + 1

@@ -1,5 +1,6 @@
 """``qm`` for scripts against the real stack: list filters applied by admission within the
-caller's scope, and ``qm export`` of real history replayed by the simulator."""
+caller's scope, and ``qm export`` of real history replayed by the simulator (a job still
+running left out, saying so)."""
 
 from __future__ import annotations
 
@@ -118,9 +119,20 @@ def test_an_export_of_real_history_replays_under_two_policies(
     }
     ended = {job_id: wait_for_end(stack, jobs, job_id) for job_id in wanted}
     assert all(job.state == S.JOB_STATE_FINISHED for job in ended.values())
+    # A process that runs on: its run has no end to replay yet.
+    spec = types_pb2.JobSpec(allocation="vision", gpus=1, gpu_type="H100", command=["sleep", "600"])
+    running = jobs.SubmitJob(
+        js.SubmitJobRequest(spec=spec), metadata=stack.auth("alice"), timeout=30
+    ).job_id
+    until_running(stack, jobs, running)
     out = tmp_path / "history.qmlog"
     env = {**stack.env, **stack.principal_env("auditor")}  # reads the log as the auditor
-    exported = CliRunner().invoke(app, ["export", "--since", since, "--out", str(out)], env=env)
+    try:
+        exported = CliRunner().invoke(app, ["export", "--since", since, "--out", str(out)], env=env)
+    finally:
+        jobs.CancelJob(
+            js.CancelJobRequest(job_id=running), metadata=stack.auth("alice"), timeout=30
+        )
     assert exported.exit_code == 0, exported.output
     assert exported.stdout == ""  # what it says goes to stderr
     assert "replay them with: qm sim run --trace eventlog" in exported.stderr
@@ -142,6 +154,7 @@ def test_an_export_of_real_history_replays_under_two_policies(
         args = [*flags, "--no-plots", "--out", str(replay / policy), "-o", "json"]
         report = json.loads(qm(stack, "alice", "sim", "run", *args))
         assert (report["jobs"], report["gpus"], report["nodes"]) == (3, 16, 3)
+        assert report["left_out"] == [{"job_id": running, "why": "still running when the log ends"}]
         (summary,) = report["tables"]
         assert [row["policy"] for row in summary["rows"]] == [policy]
         metrics = json.loads((replay / policy / "metrics.json").read_text())

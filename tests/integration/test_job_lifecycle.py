@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc, types_pb2
@@ -11,6 +13,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 from libs.core import simulated
 from libs.events import decode, event_type
 from services.admission.servicer import job_id_for
+from services.node_agent.tasklogs import TaskLogs
 from tests.integration.conftest import eventually, read_topic, wait_for_end
 from tests.integration.stack import Stack
 
@@ -26,12 +29,17 @@ def submit(stack: Stack, jobs: js_grpc.JobServiceStub, user: str = "alice", **sp
     return str(reply.job_id)
 
 
+def first_log(stack: Stack, job_id: str) -> Path:
+    """Where the agent keeps the log of the job's first attempt."""
+    return TaskLogs(stack.task_logs).path(job_id, f"{job_id}/0")
+
+
 def test_a_job_runs_and_finishes(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
     job_id = submit(stack, jobs, gpus=2, command=["python3", "-c", "print(42)"])
     job = wait_for_end(stack, jobs, job_id)
     assert types_pb2.JobState.Name(job.state) == "JOB_STATE_FINISHED", job
     assert job.exit_code == 0 and len(job.gpu_indices) == 2 and job.node_id.startswith("proc-")
-    assert (stack.task_logs / f"{job_id}.log").read_text().strip().endswith("42")
+    assert first_log(stack, job_id).read_text().strip().endswith("42")
     # vision's manager sees it too (bob, of nlp only, would be told it does not exist)
     got = jobs.GetJob(js.GetJobRequest(job_id=job_id), metadata=stack.auth("dana")).job
     assert got.state == types_pb2.JOB_STATE_FINISHED
@@ -42,7 +50,7 @@ def test_the_task_sees_its_gpus(stack: Stack, jobs: js_grpc.JobServiceStub) -> N
     job_id = submit(stack, jobs, gpus=3, command=["python3", "-c", script])
     job = wait_for_end(stack, jobs, job_id)
     expected = ",".join(str(g) for g in job.gpu_indices)
-    assert f"gpus={expected}" in (stack.task_logs / f"{job_id}.log").read_text()
+    assert f"gpus={expected}" in first_log(stack, job_id).read_text()
 
 
 def test_a_failing_command_ends_failed_with_its_exit_code(
@@ -149,7 +157,8 @@ def test_a_job_too_big_for_any_node_explains_why(
         ),
         what="a pending explanation",
     )
-    assert "needs 64×GPU; the cluster has only 16 such GPUs" in explanation.reason
+    # Its command runs only where processes run: the 8 GPUs of the two process nodes.
+    assert "needs 64×GPU; the cluster has only 8 such GPUs" in explanation.reason
     # The scheduler's own reasoning: the allocation's fair-share standing.
     assert (explanation.allocation, explanation.ranks) == ("vision", 2)
     assert explanation.rank in (1, 2)

@@ -19,17 +19,21 @@ from tests.integration.stack import ROOT, Stack
 from tests.integration.test_job_lifecycle import submit
 
 
-def qm(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real command line, as a user runs it."""
-    env = {
+def qm_env(stack: Stack, user: str) -> dict[str, str]:
+    """The environment of ``qm`` run by ``user`` against the stack."""
+    return {
         **os.environ,
         "QM_ADDR": f"127.0.0.1:{stack.admission_port}",
         "QM_TOKEN": issue_token(user, stack.keys),
         "QM_TLS_CA": "",
     }
+
+
+def qm(stack: Stack, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=qm_env(stack, user), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
 
@@ -46,8 +50,10 @@ def test_the_readme_job_prints_42_through_qm_logs(
     wait_for_end(stack, jobs, job_id)
     shown = qm(stack, "alice", "logs", job_id)
     assert shown.returncode == 0, shown.stderr
-    header, printed = shown.stdout.splitlines()
-    assert header.startswith(f"--- task {job_id}/") and printed == "42"
+    node = wait_for_end(stack, jobs, job_id).node_id
+    attempt, task, printed = shown.stdout.splitlines()
+    assert attempt == f"=== attempt 1 ({job_id}/0) on {node} ==="
+    assert task.startswith(f"--- task {job_id}/0 on GPUs [") and printed == "42"
 
 
 def test_following_a_waiting_job_streams_its_output_until_it_ends(

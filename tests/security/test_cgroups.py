@@ -18,10 +18,11 @@ import pytest
 from qm.v1 import events_pb2, types_pb2
 
 from libs.config.document import ConfigError
-from libs.config.sandbox import CgroupsEntry, SandboxFile
+from libs.config.sandbox import CgroupsEntry, SandboxFile, ScratchEntry
 from services.node_agent.cgroups import TaskCgroups, char_major, device_rules
 from services.node_agent.executors import ProcessExecutor
 from services.node_agent.sandbox import Sandbox
+from services.node_agent.tasklogs import TaskLogs
 from tests.integration.test_node_liveness import alive
 
 ROOT = Path("/sys/fs/cgroup")
@@ -74,9 +75,14 @@ def devices_parent() -> Iterator[Path]:
     yield from parent_for("devices", "devices.deny")  # cgroup v1 only
 
 
-def runner(logs: Path, cgroups: TaskCgroups) -> ProcessExecutor:
-    config = SandboxFile(default="nobody")
-    return ProcessExecutor(logs, sandbox=Sandbox(config, os.environ, switch=True, cgroups=cgroups))
+def runner(folder: Path, cgroups: TaskCgroups) -> ProcessExecutor:
+    config = SandboxFile(default="nobody", scratch=ScratchEntry(root=str(folder / "scratch")))
+    sandbox = Sandbox(config, os.environ, switch=True, cgroups=cgroups)
+    return ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox)
+
+
+def log_of(folder: Path, job_id: str) -> Path:
+    return TaskLogs(folder / "logs").path(job_id, f"{job_id}/0")
 
 
 def task(job_id: str, command: str, gpus: tuple[int, ...] = (0,)) -> events_pb2.TaskPlaced:
@@ -96,7 +102,7 @@ async def test_a_task_gets_the_memory_its_gpus_come_with(memory_parent: Path, sh
     # dd holds one block of bs bytes: 32 MB fits in 64 MB (1 GPU), 200 MB does not
     fits = task("fits", "dd if=/dev/zero of=/dev/null bs=32M count=1 2>&1; id -u")
     assert await outcome(executor, shared, fits) == 0
-    assert "65534" in (shared / "fits.log").read_text()
+    assert "65534" in log_of(shared, "fits").read_text()
     greedy = task("greedy", "dd if=/dev/zero of=/dev/null bs=200M count=1")
     assert await outcome(executor, shared, greedy) in (-9, 137)  # the kernel's OOM kill
     block = "dd if=/dev/zero of=/dev/null bs=100M count=1"
@@ -112,10 +118,10 @@ async def test_a_task_opens_only_the_gpu_devices_it_was_given(
     executor = runner(shared, cgroups)
     given = task("given", "head -c 3 /dev/zero | wc -c", gpus=(5,))  # 1:5 is /dev/zero
     assert await outcome(executor, shared, given) == 0
-    assert (shared / "given.log").read_text().split()[-1] == "3"
+    assert log_of(shared, "given").read_text().split()[-1] == "3"
     other = task("other", "echo x > /dev/null", gpus=(5,))  # 1:3, not given
     assert await outcome(executor, shared, other) != 0
-    assert "Operation not permitted" in (shared / "other.log").read_text()
+    assert "Operation not permitted" in log_of(shared, "other").read_text()
 
 
 async def test_nothing_a_task_started_outlives_it(memory_parent: Path, shared: Path) -> None:
@@ -123,7 +129,7 @@ async def test_nothing_a_task_started_outlives_it(memory_parent: Path, shared: P
     left = task("left", "sleep 300 & echo $! > /dev/stderr; exec sleep 0.5")
     execution = await runner(shared, cgroups).start(left)
     assert await execution.wait() == 0
-    child = int((shared / "left.log").read_text().split()[-1])  # what it left running
+    child = int(log_of(shared, "left").read_text().split()[-1])  # what it left running
     for _ in range(100):
         if not alive(child):
             break

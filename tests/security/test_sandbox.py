@@ -11,17 +11,20 @@ import grp
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from qm.v1 import events_pb2, types_pb2
 
 from libs.config.document import ConfigError, validate
-from libs.config.sandbox import SandboxFile
+from libs.config.sandbox import SandboxFile, ScratchEntry
 from services.node_agent import privileges
 from services.node_agent.executors import LaunchError, ProcessExecutor
 from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
+from services.node_agent.tasklogs import TaskLogs
 
 NOBODY = 65534
 OTHER = 65533  # a second unprivileged uid, without a passwd entry
@@ -37,14 +40,30 @@ def task(job_id: str, user: str, *command: str) -> events_pb2.TaskPlaced:
     )  # fmt: skip
 
 
-def executor(logs: Path, *, switch: bool) -> ProcessExecutor:
+def executor(folder: Path, *, switch: bool) -> ProcessExecutor:
+    """Task logs in ``folder/logs``, scratch folders in ``folder/scratch``."""
     config = SandboxFile(users={"alice": NOBODY, "bob": OTHER}, default=None)
-    return ProcessExecutor(logs, sandbox=Sandbox(config, os.environ, switch=switch))
+    return runs_in(folder, config, os.environ, switch=switch)
+
+
+def runs_in(
+    folder: Path, config: SandboxFile, env: Mapping[str, str], *, switch: bool, **options: Any
+) -> ProcessExecutor:
+    config = config.model_copy(update={"scratch": ScratchEntry(root=str(folder / "scratch"))})
+    sandbox = Sandbox(config, env, switch=switch)
+    return ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox, **options)
+
+
+def log_of(folder: Path, job: events_pb2.TaskPlaced) -> Path:
+    return TaskLogs(folder / "logs").path(job.job_id, job.task_id)
 
 
 async def run(runner: ProcessExecutor, logs: Path, job: events_pb2.TaskPlaced) -> tuple[int, str]:
-    code = await (await runner.start(job)).wait()
-    return code, (logs / f"{job.job_id}.log").read_text().split("\n", 1)[1]
+    """Start the task, wait for it to end, let go of its job's folder as the agent does."""
+    execution = await runner.start(job)
+    code = await execution.wait()
+    await execution.cleanup(may_return=False)
+    return code, log_of(logs, job).read_text().split("\n", 1)[1]
 
 
 async def test_a_task_sees_none_of_the_agents_environment(tmp_path: Path) -> None:
@@ -52,12 +71,13 @@ async def test_a_task_sees_none_of_the_agents_environment(tmp_path: Path) -> Non
         "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "QM_AUTH_SECRET": "signing-key",
         "QM_KAFKA_SASL_PASSWORD": "bus-password", "AWS_SECRET_ACCESS_KEY": "cloud",
     }  # fmt: skip
-    runner = ProcessExecutor(tmp_path, sandbox=Sandbox(SandboxFile(), agent_env, switch=False))
+    runner = runs_in(tmp_path, SandboxFile(), agent_env, switch=False)
     code, output = await run(runner, tmp_path, task("env", "alice", "env"))
     seen = dict(line.split("=", 1) for line in output.splitlines())
     assert code == 0
     assert set(seen) == {
         "PATH", "LANG", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "QM_JOB_ID", "QM_TASK_ID",
+        "HOME", "TMPDIR", "PYTHONUNBUFFERED",
     }  # fmt: skip
 
 
@@ -109,16 +129,45 @@ async def test_a_task_cannot_read_the_agents_environment_in_proc(shared: Path) -
 
 
 @as_root
-async def test_one_users_task_cannot_read_anothers_task_log(shared: Path) -> None:
+async def test_no_task_reads_a_task_log_not_even_its_own(shared: Path) -> None:
+    """Each log is its task's account's, in folders only the agent enters: the next task,
+    of another account or of the same one, reads none."""
     runner = executor(shared, switch=True)
-    code, _ = await run(runner, shared, task("alice-job", "alice", "echo", "alice's results"))
+    written = task("alice-job", "alice", "echo", "alice's results")
+    code, _ = await run(runner, shared, written)
     assert code == 0
-    log = shared / "alice-job.log"
+    log = log_of(shared, written)
     assert (log.stat().st_uid, log.stat().st_mode & 0o777) == (NOBODY, 0o600)
-    code, output = await run(runner, shared, task("bob-job", "bob", "cat", str(log)))
-    assert code != 0 and "Permission denied" in output and "results" not in output
-    code, output = await run(runner, shared, task("alice-2", "alice", "cat", str(log)))
-    assert code == 0 and "alice's results" in output
+    for folder in (log.parent, log.parent.parent):
+        assert (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (0, 0o700)
+    for job_id, user in (("bob-job", "bob"), ("alice-2", "alice")):
+        code, output = await run(runner, shared, task(job_id, user, "cat", str(log)))
+        assert code != 0 and "Permission denied" in output and "results" not in output
+
+
+@as_root
+async def test_a_task_without_a_home_runs_in_its_jobs_scratch_folder_with_a_path_it_can_use(
+    shared: Path, tmp_path: Path
+) -> None:
+    """nobody has no home: its task starts in its job's scratch folder (its own, 0700),
+    there as HOME and TMPDIR, and finds in PATH only folders it may enter (not root's)."""
+    private = tmp_path / "bin"  # under pytest's folder, which only root enters
+    private.mkdir()
+    config = SandboxFile(default=NOBODY)
+    runner = runs_in(shared, config, {"PATH": f"{private}:/usr/bin:/bin"}, switch=True)
+    script = (
+        'echo "$PATH"; pwd; echo "$HOME $TMPDIR"; mkdir -p ro/x && chmod 500 ro && stat -c %u:%a .'
+    )
+    code, output = await run(runner, shared, task("home", "alice", "sh", "-c", script))
+    scratch = shared / "scratch" / "home"
+    assert code == 0
+    assert output.splitlines() == [
+        "/usr/bin:/bin",
+        str(scratch),
+        f"{scratch} {scratch}",
+        f"{NOBODY}:700",
+    ]
+    assert not scratch.exists(), "its job ended: its folder, read-only parts too, is removed"
 
 
 @as_root
@@ -154,7 +203,7 @@ async def test_a_task_gets_its_users_secret_and_no_one_elses(
     shared: Path, store: SecretStore
 ) -> None:
     """The job names the secret; the agent reads the value for the job's own user."""
-    runner = ProcessExecutor(shared, secrets=store)
+    runner = runs_in(shared, SandboxFile(), os.environ, switch=False, secrets=store)
     show = ("sh", "-c", "echo $WANDB_API_KEY")
     assert await run(runner, shared, secret_task("a", "alice", *show)) == (0, "alice-wandb-key\n")
     assert await run(runner, shared, secret_task("b", "bob", *show)) == (0, "bob-wandb-key\n")
@@ -167,9 +216,7 @@ async def test_a_task_gets_its_users_secret_and_no_one_elses(
 @as_root
 async def test_a_task_cannot_read_the_secret_store(shared: Path, store: SecretStore) -> None:
     config = SandboxFile(users={"bob": OTHER}, default=None)
-    runner = ProcessExecutor(
-        shared, sandbox=Sandbox(config, os.environ, switch=True), secrets=store
-    )
+    runner = runs_in(shared, config, os.environ, switch=True, secrets=store)
     steal = task("steal", "bob", "cat", str(shared / "secrets" / "alice" / "WANDB_API_KEY"))
     code, output = await run(runner, shared, steal)
     assert code != 0 and "Permission denied" in output and "alice-wandb-key" not in output
@@ -177,11 +224,13 @@ async def test_a_task_cannot_read_the_secret_store(shared: Path, store: SecretSt
 
 _AGENT_AFTER_DROPPING = """
 import asyncio, os, socket, sys
+from pathlib import Path
 from qm.v1 import events_pb2, types_pb2
-from libs.config.sandbox import SandboxFile
+from libs.config.sandbox import SandboxFile, ScratchEntry
 from services.node_agent import privileges
 from services.node_agent.executors import ProcessExecutor
 from services.node_agent.sandbox import Sandbox
+from services.node_agent.tasklogs import TaskLogs
 
 privileges.keep_only(privileges.needed(cgroups=False))
 print("effective", privileges.capabilities("CapEff"), "bounding", privileges.capabilities("CapBnd"))
@@ -190,21 +239,25 @@ try:
     print("bound port 80")
 except PermissionError:
     print("port 80 refused")
-logs = sys.argv[1]
-run = ProcessExecutor(__import__("pathlib").Path(logs),
-                      sandbox=Sandbox(SandboxFile(), os.environ, switch=True))
-placed = events_pb2.TaskPlaced(job_id="j", task_id="j/0", gpu_indices=[0],
-                               spec=types_pb2.JobSpec(user="alice", command=["id", "-u"]))
+folder = Path(sys.argv[1])
+config = SandboxFile(scratch=ScratchEntry(root=str(folder / "scratch")))
+run = ProcessExecutor(TaskLogs(folder / "logs"), sandbox=Sandbox(config, os.environ, switch=True))
 async def main():
-    print("task exit", await (await run.start(placed)).wait())
+    for task_id, why in (("j/0", "drained"), ("j/1", "")):  # attempt 2, after a drain
+        placed = events_pb2.TaskPlaced(job_id="j", task_id=task_id, gpu_indices=[0],
+            spec=types_pb2.JobSpec(user="alice", command=["sh", "-c", "id -u; ls; touch f"]))
+        execution = await run.start(placed)
+        print("task exit", await execution.wait())
+        await execution.cleanup(may_return=bool(why))
 asyncio.run(main())
 """
 
 
 @as_root
 def test_a_root_agent_keeps_only_the_capabilities_tasks_need(shared: Path) -> None:
-    """Switching accounts still works; anything else root could do (here: bind a
-    privileged port) is gone, for the agent and whatever it runs."""
+    """Switching accounts, a second attempt's log and its job's scratch folder (kept for
+    it, then removed as its account) still work; anything else root could do (here: bind
+    a privileged port) is gone, for the agent and whatever it runs."""
     done = subprocess.run(
         [sys.executable, "-c", _AGENT_AFTER_DROPPING, str(shared)],
         capture_output=True, text=True, timeout=60, check=True,
@@ -213,5 +266,9 @@ def test_a_root_agent_keeps_only_the_capabilities_tasks_need(shared: Path) -> No
     lines = done.stdout.splitlines()
     kept = sum(1 << cap for cap in privileges.needed(cgroups=False))
     assert lines[0] == f"effective {kept} bounding {kept}"
-    assert lines[1:] == ["port 80 refused", "task exit 0"]
-    assert (shared / "j.log").read_text().split()[-1] == str(NOBODY)
+    assert lines[1:] == ["port 80 refused", "task exit 0", "task exit 0"]
+    logs = TaskLogs(shared / "logs")
+    # Attempt 2 found the file attempt 1 left in its working directory; then it was removed.
+    assert logs.path("j", "j/0").read_text().splitlines()[1:] == [str(NOBODY)]
+    assert logs.path("j", "j/1").read_text().splitlines()[1:] == [str(NOBODY), "f"]
+    assert not (shared / "scratch" / "j").exists()

@@ -5,7 +5,9 @@ Each record is a base-128 varint byte length followed by the encoded envelope
 ``to_input`` the placement service uses. The simulator makes its own task
 lifecycle, so the log contributes submissions, cancellations, nodes and the
 budget; a job's runtime is its ``simulated_duration_s``, or else the longest
-task run the log recorded for it.
+task run the log recorded for it. A job with neither has no run to replay and is left
+out, with why (``LeftOut``): still running or still waiting when the log ends,
+cancelled before it started, or its tasks ended without starting (a launch that failed).
 
 ``excerpt`` cuts such a log out of a live one (``qm export``): a window of real
 history to replay under another policy.
@@ -35,7 +37,14 @@ from libs.events import DecodeError, event_type, logfile, occurred_at
 from libs.events.convert import to_input
 from libs.readmodels import job_key
 from libs.sim.traces.raw import TraceError
-from libs.sim.workload import SimJob
+from libs.sim.workload import LeftOut, SimJob
+
+# Why a recorded job has no run to replay.
+STILL_RUNNING = "still running when the log ends"
+STILL_WAITING = "still waiting when the log ends"
+CANCELLED = "cancelled before it started"
+NEVER_STARTED = "its tasks ended without starting"
+NO_TIME = "its tasks ended as they started"
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class RecordedLog:
     cancels: tuple[tuple[float, str], ...]
     nodes: tuple[NodeSpec, ...]  # as last registered
     tree: BudgetTree | None  # the last budget set, if any
-    dropped: tuple[str, ...]  # jobs with no runtime to replay
+    left_out: tuple[LeftOut, ...]  # jobs with no runtime to replay, by submission
 
 
 def read_envelopes(data: bytes) -> Iterator[events_pb2.Envelope]:
@@ -58,6 +67,9 @@ def load_event_log(path: Path) -> RecordedLog:
     arrivals: dict[JobId, JobArrived] = {}
     started: dict[str, float] = {}
     longest: dict[str, float] = {}
+    running: dict[str, str] = {}  # task id -> job id, of tasks started and not ended
+    ran: set[str] = set()  # jobs a task of which started
+    ended: set[str] = set()  # jobs a task of which ended
     cancels: list[tuple[float, str]] = []
     nodes: dict[str, NodeSpec] = {}
     tree: BudgetTree | None = None
@@ -71,25 +83,40 @@ def load_event_log(path: Path) -> RecordedLog:
                 tree = budget.tree
             case CancelRequested(at=at, job_id=job_id):
                 cancels.append((at, job_id))
-            case TaskStarted(at=at, task_id=task_id):
+            case TaskStarted(at=at, job_id=job_id, task_id=task_id):
                 started.setdefault(task_id, at)
-            case TaskEnded(at=at, job_id=job_id, task_id=task_id) if task_id in started:
-                run = at - started[task_id]
-                longest[job_id] = max(longest.get(job_id, 0.0), run)
+                running[task_id] = job_id
+                ran.add(job_id)
+            case TaskEnded(at=at, job_id=job_id, task_id=task_id):
+                ended.add(job_id)
+                running.pop(task_id, None)
+                if task_id in started:
+                    run = at - started[task_id]
+                    longest[job_id] = max(longest.get(job_id, 0.0), run)
     jobs: list[SimJob] = []
-    dropped: list[str] = []
+    left_out: list[LeftOut] = []
+    cancelled = {job_id for _, job_id in cancels}
+    still_running = set(running.values())
     for job_id, arrived in sorted(arrivals.items(), key=lambda item: item[1].at):
         runtime = arrived.spec.simulated_duration_s or longest.get(job_id, 0.0)
         if runtime > 0:
             jobs.append(SimJob(arrived.at, job_id, arrived.spec, runtime))
+            continue
+        if job_id in still_running:
+            why = STILL_RUNNING
+        elif job_id in ran:
+            why = NO_TIME
+        elif job_id in ended:
+            why = NEVER_STARTED
         else:
-            dropped.append(job_id)
+            why = CANCELLED if job_id in cancelled else STILL_WAITING
+        left_out.append(LeftOut(arrived.at, job_id, why))
     return RecordedLog(
         jobs=tuple(jobs),
         cancels=tuple(sorted(cancels)),
         nodes=tuple(nodes[k] for k in sorted(nodes)),
         tree=tree,
-        dropped=tuple(dropped),
+        left_out=tuple(left_out),
     )
 
 

@@ -1,10 +1,14 @@
-"""`qm budget set` changes only what it names of a node."""
+"""`qm budget set` changes only what it names of a node, and says what changed;
+`qm budget usage` shows owed against delivered hours."""
 
 from __future__ import annotations
 
-from qm.v1 import types_pb2
+from qm.v1 import budget_service_pb2, types_pb2
 
-from cli.budget import NodeEdit, edited_node
+from cli import render
+from cli.budget import NodeEdit, changes, edited_node
+from libs.events.wire_time import duration
+from tests.unit.cli.conftest import text
 
 TREE = types_pb2.BudgetTree(
     version=7,
@@ -37,3 +41,45 @@ def test_a_new_node_takes_what_it_is_given_and_weight_one() -> None:
     node = edited_node(TREE, "nlp", NodeEdit(parent="lab", members=["bob"]))
     assert (node.name, node.parent, node.weight, list(node.members)) == ("nlp", "lab", 1, ["bob"])
     assert "nlp" not in {n.name for n in TREE.nodes}, "the tree read is left as it was"
+
+
+def test_a_change_is_said_field_by_field() -> None:
+    vision = TREE.nodes[1]
+    edited = edited_node(TREE, "vision", NodeEdit(weight=30, add_members=["bob"]))
+    edited.members.remove("eve")
+    assert changes(vision, edited) == ["weight: 60 -> 30", "members: +bob, -eve"]
+    moved = edited_node(TREE, "vision", NodeEdit(parent="other", remove_managers=["dana"]))
+    assert changes(vision, moved) == ["parent: lab -> other", "managers: -dana"]
+
+
+def test_a_node_edited_to_what_it_is_has_no_changes() -> None:
+    vision = TREE.nodes[1]
+    for edit in (NodeEdit(add_members=["alice"]), NodeEdit(weight=60), NodeEdit(parent="lab")):
+        assert changes(vision, edited_node(TREE, "vision", edit)) == []
+
+
+def test_a_new_node_is_said_whole() -> None:
+    node = edited_node(TREE, "nlp", NodeEdit(parent="lab", members=["bob"]))
+    assert changes(None, node) == ["parent: lab", "weight: 1", "members: +bob"]
+
+
+def test_usage_shows_the_share_of_owed_delivered_and_the_window() -> None:
+    usage = budget_service_pb2.GetUsageResponse(
+        window=duration(7 * 86400), covered=duration(2 * 3600), target_pct=97
+    )
+    usage.allocations.add(
+        allocation="vision",
+        entitlement=0.6,
+        owed_gpu_hours=10,
+        allocated_gpu_hours=8.5,
+        unallocated_gpu_hours=1.25,
+        delivered_pct=85,
+    )
+    usage.allocations.add(allocation="nlp", entitlement=0.4)  # nothing owed
+    shown = text(render.usage_table(usage))
+    assert "over the last 7d (the log covers 2h)" in shown
+    vision = next(line for line in shown.splitlines() if "vision" in line)
+    cells = [cell.strip() for cell in vision.split("│")[1:-1]]
+    assert cells == ["vision", "60.0%", "10.00", "8.50", "1.25", "85.0%"]
+    nlp = next(line for line in shown.splitlines() if "nlp" in line)
+    assert nlp.split("│")[-2].strip() == "-"

@@ -38,3 +38,50 @@ def test_the_nodes_table_counts_serving_gpus_apart_from_free_ones() -> None:
     row = next(line for line in text(render.nodes_table([node])).splitlines() if "n1" in line)
     assert "1 vision" in row
     assert row.split("│")[5].strip() == "2"  # FREE: three GPUs, one serving
+
+
+# --- protection and preemption ------------------------------------------------
+
+
+def charged(protection: types_pb2.Protection.ValueType) -> types_pb2.Job:
+    job = types_pb2.Job(job_id="j", state=types_pb2.JOB_STATE_RUNNING, protection=protection)
+    job.spec.allocation = "nlp"
+    job.spec.min_runtime.FromSeconds(600)
+    return job
+
+
+def test_a_submission_says_what_will_protect_the_job() -> None:
+    free = types_pb2.JobSpec(gpus=1)
+    assert render.protection_at_submission(free).startswith("free work")
+    paid = types_pb2.JobSpec(gpus=1, allocation="nlp")
+    paid.min_runtime.FromSeconds(600)
+    told = render.protection_at_submission(paid)
+    assert "protected for 10m from its start if placed within nlp's share" in told
+    assert "borrowed" in told
+
+
+def test_a_running_job_says_until_when_it_is_protected_or_that_it_is_not() -> None:
+    contract = charged(types_pb2.PROTECTION_CONTRACT)
+    contract.protected_until.FromSeconds(1_800_000_000)
+    assert "protected until 2027-01-15 08:00:00 (within nlp's share)" in text(
+        render.job_detail(contract)
+    )
+    borrowed = text(render.job_detail(charged(types_pb2.PROTECTION_BORROWED)))
+    assert "unprotected: on GPUs borrowed beyond nlp's share" in " ".join(borrowed.split())
+    assert "free work" in render.protection(charged(types_pb2.PROTECTION_FREE))
+    waiting = charged(types_pb2.PROTECTION_UNSPECIFIED)
+    assert render.protection(waiting).startswith("once it starts: charged: protected for 10m")
+    assert "free work" in render.change(charged(types_pb2.PROTECTION_FREE))
+
+
+def test_a_preempted_job_says_for_whom_and_by_which_rule() -> None:
+    job = charged(types_pb2.PROTECTION_BORROWED)
+    job.state = types_pb2.JOB_STATE_PREEMPTED
+    job.preemption.CopyFrom(
+        types_pb2.Preemption(
+            job_id="j-9", allocation="vision", rule=types_pb2.PREEMPTION_RULE_BORROWED
+        )
+    )
+    shown = " ".join(text(render.job_detail(job)).split())
+    assert "preempted for j-9 of vision: its GPUs were borrowed beyond its allocation's" in shown
+    assert "protection" not in shown  # it ended: nothing protects it any more

@@ -206,3 +206,13 @@ def test_a_batch_job_shows_no_task_table() -> None:
     job = types_pb2.Job(job_id="j-2", spec=types_pb2.JobSpec(gpus=2, command=["train"]))
     shown = text(render.job_detail(job))
     assert "TASK" not in shown and "train" in shown
+
+
+def test_logs_of_a_workflow_say_where_to_look_instead_of_printing_nothing(
+    admission: Admission,
+) -> None:
+    admission.jobs.listed = [workflow_job()]
+    result = CliRunner().invoke(app, ["logs", "j-1"], env=admission.env)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "j-1 is a workflow: its tasks run on serving nodes" in result.stderr
+    assert "`qm status j-1` lists its tasks" in result.stderr

@@ -3,6 +3,8 @@ served for real on a free port."""
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -103,3 +105,21 @@ def test_a_weak_signing_secret_still_stops_the_service(monkeypatch: pytest.Monke
     monkeypatch.setenv("QM_AUTH_SECRET", "short")
     with pytest.raises(ConfigError, match="fewer than 32"):
         metrics_keys()
+
+
+async def test_no_request_leaves_a_token_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """The side door logs no requests (probes and scrapes every few seconds would bury the
+    log): a token sent in the address or the header is written nowhere, refused or not."""
+    caplog.set_level(logging.DEBUG)
+    secret = issue_token("svc-prometheus", OTHER)
+    async with (
+        metrics_server("budget", KEYS, lambda: True, SETTINGS) as port,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http,
+    ):
+        for path in ("/metrics", "/healthz", "/nowhere"):
+            headers = {"Authorization": f"Bearer {secret}"}
+            async with http.get(path, params={"token": secret}, headers=headers) as response:
+                assert response.status in (200, 401, 404)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "metrics, health and readiness on" in logged  # the log was captured
+    assert secret not in logged

@@ -22,6 +22,7 @@ const (
 	BudgetService_GetTree_FullMethodName       = "/qm.v1.BudgetService/GetTree"
 	BudgetService_SetAllocation_FullMethodName = "/qm.v1.BudgetService/SetAllocation"
 	BudgetService_GetBalances_FullMethodName   = "/qm.v1.BudgetService/GetBalances"
+	BudgetService_GetUsage_FullMethodName      = "/qm.v1.BudgetService/GetUsage"
 )
 
 // BudgetServiceClient is the client API for BudgetService service.
@@ -38,6 +39,10 @@ type BudgetServiceClient interface {
 	SetAllocation(ctx context.Context, in *SetAllocationRequest, opts ...grpc.CallOption) (*SetAllocationResponse, error)
 	// Every allocation's entitlement and charged usage.
 	GetBalances(ctx context.Context, in *GetBalancesRequest, opts ...grpc.CallOption) (*GetBalancesResponse, error)
+	// Each allocation's owed and delivered GPU-hours over the lookback window, by the
+	// console's definitions (libs/core/service_level.py). Members see their allocations,
+	// managers their subtree, operators (QM_OPERATORS) and the root's managers all.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
 }
 
 type budgetServiceClient struct {
@@ -78,6 +83,16 @@ func (c *budgetServiceClient) GetBalances(ctx context.Context, in *GetBalancesRe
 	return out, nil
 }
 
+func (c *budgetServiceClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetUsageResponse)
+	err := c.cc.Invoke(ctx, BudgetService_GetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BudgetServiceServer is the server API for BudgetService service.
 // All implementations must embed UnimplementedBudgetServiceServer
 // for forward compatibility.
@@ -92,6 +107,10 @@ type BudgetServiceServer interface {
 	SetAllocation(context.Context, *SetAllocationRequest) (*SetAllocationResponse, error)
 	// Every allocation's entitlement and charged usage.
 	GetBalances(context.Context, *GetBalancesRequest) (*GetBalancesResponse, error)
+	// Each allocation's owed and delivered GPU-hours over the lookback window, by the
+	// console's definitions (libs/core/service_level.py). Members see their allocations,
+	// managers their subtree, operators (QM_OPERATORS) and the root's managers all.
+	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
 	mustEmbedUnimplementedBudgetServiceServer()
 }
 
@@ -110,6 +129,9 @@ func (UnimplementedBudgetServiceServer) SetAllocation(context.Context, *SetAlloc
 }
 func (UnimplementedBudgetServiceServer) GetBalances(context.Context, *GetBalancesRequest) (*GetBalancesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetBalances not implemented")
+}
+func (UnimplementedBudgetServiceServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetUsage not implemented")
 }
 func (UnimplementedBudgetServiceServer) mustEmbedUnimplementedBudgetServiceServer() {}
 func (UnimplementedBudgetServiceServer) testEmbeddedByValue()                       {}
@@ -186,6 +208,24 @@ func _BudgetService_GetBalances_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BudgetService_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BudgetServiceServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BudgetService_GetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BudgetServiceServer).GetUsage(ctx, req.(*GetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BudgetService_ServiceDesc is the grpc.ServiceDesc for BudgetService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -204,6 +244,10 @@ var BudgetService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBalances",
 			Handler:    _BudgetService_GetBalances_Handler,
+		},
+		{
+			MethodName: "GetUsage",
+			Handler:    _BudgetService_GetUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

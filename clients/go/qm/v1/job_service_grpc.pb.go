@@ -55,9 +55,10 @@ type JobServiceClient interface {
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchJobResponse], error)
 	// Why the job is where it is: what it waits for, its allocation's fair-share rank.
 	ExplainJob(ctx context.Context, in *ExplainJobRequest, opts ...grpc.CallOption) (*ExplainJobResponse, error)
-	// The job's output (stdout and stderr), from the agents that ran it; with follow,
-	// until its tasks end. Same access rules as GetJob; FAILED_PRECONDITION (saying why)
-	// when there is none to read: it has not started, or its node was lost.
+	// The job's output (stdout and stderr), each task's (every attempt, every part of a
+	// gang) from the agent that ran it; with follow, until its tasks end. Same access
+	// rules as GetJob; FAILED_PRECONDITION (saying why) when there is none to read: it
+	// has not started, has no output yet, ran on simulated nodes, or its node was lost.
 	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
 	// Holds a waiting job back: it does not start until released. Its submitter or a
 	// manager of its allocation, as for CancelJob; FAILED_PRECONDITION once it started.
@@ -219,9 +220,10 @@ type JobServiceServer interface {
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error
 	// Why the job is where it is: what it waits for, its allocation's fair-share rank.
 	ExplainJob(context.Context, *ExplainJobRequest) (*ExplainJobResponse, error)
-	// The job's output (stdout and stderr), from the agents that ran it; with follow,
-	// until its tasks end. Same access rules as GetJob; FAILED_PRECONDITION (saying why)
-	// when there is none to read: it has not started, or its node was lost.
+	// The job's output (stdout and stderr), each task's (every attempt, every part of a
+	// gang) from the agent that ran it; with follow, until its tasks end. Same access
+	// rules as GetJob; FAILED_PRECONDITION (saying why) when there is none to read: it
+	// has not started, has no output yet, ran on simulated nodes, or its node was lost.
 	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
 	// Holds a waiting job back: it does not start until released. Its submitter or a
 	// manager of its allocation, as for CancelJob; FAILED_PRECONDITION once it started.

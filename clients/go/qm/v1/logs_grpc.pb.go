@@ -19,19 +19,25 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodeLogService_ReadTaskLog_FullMethodName = "/qm.v1.NodeLogService/ReadTaskLog"
+	NodeLogService_ListTaskLogs_FullMethodName = "/qm.v1.NodeLogService/ListTaskLogs"
+	NodeLogService_ReadTaskLog_FullMethodName  = "/qm.v1.NodeLogService/ReadTaskLog"
 )
 
 // NodeLogServiceClient is the client API for NodeLogService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// A task's output, as its node agent keeps it: each agent serves the logs of the tasks
-// it ran, to admission only (which applies the job's access rules and relays them to
-// users as JobService.StreamLogs). Calls carry admission's bearer token over TLS.
+// A task's output, as its node agent keeps it: one log per task (a job's attempts, and
+// the parts of a gang, each have their own). Each agent serves the logs of the tasks it
+// ran, to admission only (which applies the job's access rules, orders the tasks of
+// every agent that ran the job and relays them to users as JobService.StreamLogs).
+// Calls carry admission's bearer token over TLS.
 type NodeLogServiceClient interface {
-	// The job's output on this agent's nodes, oldest byte first; PERMISSION_DENIED for
-	// any caller but admission's log reader.
+	// The job's tasks whose output this agent keeps; PERMISSION_DENIED for any caller
+	// but admission's log reader.
+	ListTaskLogs(ctx context.Context, in *ListTaskLogsRequest, opts ...grpc.CallOption) (*ListTaskLogsResponse, error)
+	// One task's output on this agent, oldest byte first; PERMISSION_DENIED for any caller
+	// but admission's log reader, INVALID_ARGUMENT for a task of another job.
 	ReadTaskLog(ctx context.Context, in *ReadTaskLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadTaskLogResponse], error)
 }
 
@@ -41,6 +47,16 @@ type nodeLogServiceClient struct {
 
 func NewNodeLogServiceClient(cc grpc.ClientConnInterface) NodeLogServiceClient {
 	return &nodeLogServiceClient{cc}
+}
+
+func (c *nodeLogServiceClient) ListTaskLogs(ctx context.Context, in *ListTaskLogsRequest, opts ...grpc.CallOption) (*ListTaskLogsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTaskLogsResponse)
+	err := c.cc.Invoke(ctx, NodeLogService_ListTaskLogs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *nodeLogServiceClient) ReadTaskLog(ctx context.Context, in *ReadTaskLogRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadTaskLogResponse], error) {
@@ -66,12 +82,17 @@ type NodeLogService_ReadTaskLogClient = grpc.ServerStreamingClient[ReadTaskLogRe
 // All implementations must embed UnimplementedNodeLogServiceServer
 // for forward compatibility.
 //
-// A task's output, as its node agent keeps it: each agent serves the logs of the tasks
-// it ran, to admission only (which applies the job's access rules and relays them to
-// users as JobService.StreamLogs). Calls carry admission's bearer token over TLS.
+// A task's output, as its node agent keeps it: one log per task (a job's attempts, and
+// the parts of a gang, each have their own). Each agent serves the logs of the tasks it
+// ran, to admission only (which applies the job's access rules, orders the tasks of
+// every agent that ran the job and relays them to users as JobService.StreamLogs).
+// Calls carry admission's bearer token over TLS.
 type NodeLogServiceServer interface {
-	// The job's output on this agent's nodes, oldest byte first; PERMISSION_DENIED for
-	// any caller but admission's log reader.
+	// The job's tasks whose output this agent keeps; PERMISSION_DENIED for any caller
+	// but admission's log reader.
+	ListTaskLogs(context.Context, *ListTaskLogsRequest) (*ListTaskLogsResponse, error)
+	// One task's output on this agent, oldest byte first; PERMISSION_DENIED for any caller
+	// but admission's log reader, INVALID_ARGUMENT for a task of another job.
 	ReadTaskLog(*ReadTaskLogRequest, grpc.ServerStreamingServer[ReadTaskLogResponse]) error
 	mustEmbedUnimplementedNodeLogServiceServer()
 }
@@ -83,6 +104,9 @@ type NodeLogServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedNodeLogServiceServer struct{}
 
+func (UnimplementedNodeLogServiceServer) ListTaskLogs(context.Context, *ListTaskLogsRequest) (*ListTaskLogsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListTaskLogs not implemented")
+}
 func (UnimplementedNodeLogServiceServer) ReadTaskLog(*ReadTaskLogRequest, grpc.ServerStreamingServer[ReadTaskLogResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method ReadTaskLog not implemented")
 }
@@ -107,6 +131,24 @@ func RegisterNodeLogServiceServer(s grpc.ServiceRegistrar, srv NodeLogServiceSer
 	s.RegisterService(&NodeLogService_ServiceDesc, srv)
 }
 
+func _NodeLogService_ListTaskLogs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTaskLogsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeLogServiceServer).ListTaskLogs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeLogService_ListTaskLogs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeLogServiceServer).ListTaskLogs(ctx, req.(*ListTaskLogsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _NodeLogService_ReadTaskLog_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadTaskLogRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -124,7 +166,12 @@ type NodeLogService_ReadTaskLogServer = grpc.ServerStreamingServer[ReadTaskLogRe
 var NodeLogService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "qm.v1.NodeLogService",
 	HandlerType: (*NodeLogServiceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListTaskLogs",
+			Handler:    _NodeLogService_ListTaskLogs_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "ReadTaskLog",

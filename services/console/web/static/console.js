@@ -17,6 +17,34 @@ function duration(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+// A moment (seconds since the epoch): its time of day, and its date unless it is today.
+function moment(epochSeconds) {
+  if (epochSeconds === null || epochSeconds === undefined) return "—";
+  const at = new Date(epochSeconds * 1000);
+  const today = at.toDateString() === new Date().toDateString();
+  return today ? at.toLocaleTimeString() : at.toLocaleString();
+}
+
+const ON_NODES = { processes: "on nodes that run processes", simulated: "on simulated nodes" };
+const gpusOf = (j) => (j.gpu_type ? `${j.gpus}×${j.gpu_type}` : j.gpus);
+const occupied = (g) => (g.capacity ? percent((100 * g.busy) / g.capacity) : "—");
+
+// How a job ended: its exit code where its command ran to an end, and why.
+function outcome(job) {
+  const parts = [];
+  if (job.exit_code !== null) parts.push(`exit ${job.exit_code}`);
+  if (job.reason) parts.push(job.reason);
+  return parts.join(": ") || "—";
+}
+
+// A legend shows the value under the cursor; with the cursor elsewhere, the latest one
+// (uPlot's default there is "--").
+const latest = (format) => (u, value, series, index) => {
+  const values = u.data[series];
+  const shown = index === null ? values[values.length - 1] : value;
+  return shown === undefined || shown === null ? "—" : format(shown);
+};
+
 // An estimated start (seconds since the epoch): its time, and how far off it is.
 function startAt(epochSeconds) {
   if (epochSeconds === null || epochSeconds === undefined) return "—";
@@ -58,28 +86,70 @@ function chart(id, options, data) {
   }
 }
 
-function renderOccupancy(occupancy) {
-  const now = occupancy.now;
-  $("gpus-total").textContent = now.capacity;
-  $("gpus-busy").textContent = now.busy;
-  $("gpus-idle").textContent = now.idle;
-  $("gpus-lost").textContent = now.lost;
-  $("occupancy-pct").textContent = now.capacity ? percent((100 * now.busy) / now.capacity) : "—";
-  chart(
-    "occupancy-chart",
-    {
-      series: [
-        {},
-        { label: "busy GPUs", stroke: "#1f6feb", fill: "rgba(31,111,235,0.15)", width: 2,
-          points: { show: false } },
-        { label: "idle-flagged", stroke: "#d29922", width: 2, points: { show: false } },
-        { label: "capacity", stroke: "#57606a", dash: [6, 4], width: 1, points: { show: false } },
-      ],
-      scales: { y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
-      axes: [{}, { label: "GPUs" }],
-    },
-    [occupancy.at, occupancy.busy, occupancy.idle, occupancy.capacity],
+// One chart per GPU type, made when the types change (the page is updated in place).
+let chartedTypes = "";
+
+function typeCharts(types) {
+  const key = JSON.stringify(types.map((t) => t.gpu_type));
+  if (key === chartedTypes) return;
+  chartedTypes = key;
+  for (const id of Object.keys(charts).filter((id) => id.startsWith("occupancy-chart-"))) {
+    charts[id].destroy();
+    delete charts[id];
+  }
+  $("occupancy-charts").replaceChildren(
+    ...types.map((type, i) => {
+      const figure = document.createElement("figure");
+      figure.dataset.gpuType = type.gpu_type;
+      const caption = document.createElement("figcaption");
+      const plot = document.createElement("div");
+      plot.id = `occupancy-chart-${i}`;
+      plot.className = "chart";
+      figure.append(caption, plot);
+      return figure;
+    }),
   );
+}
+
+function renderOccupancy(occupancy) {
+  const all = occupancy.now;
+  $("gpus-total").textContent = all.capacity;
+  $("gpus-busy").textContent = all.busy;
+  $("gpus-idle").textContent = all.idle;
+  $("gpus-lost").textContent = all.lost;
+  $("occupancy-pct").textContent = occupied(all);
+  fill(
+    "occupancy-rows",
+    occupancy.types.map((t) => [
+      t.gpu_type, t.runs || "—", t.now.capacity, t.now.busy, t.now.idle, t.now.lost,
+      occupied(t.now),
+    ]),
+    "no node registered",
+  );
+  typeCharts(occupancy.types);
+  const count = latest((n) => String(n));
+  occupancy.types.forEach((type, i) => {
+    const caption = $("occupancy-charts").children[i].firstChild;
+    caption.textContent = `${type.gpu_type}: ${type.now.busy} of ${type.now.capacity} GPUs busy` +
+      ` (${occupied(type.now)}) ${ON_NODES[type.runs] ?? `on nodes that run ${type.runs}`}`;
+    chart(
+      `occupancy-chart-${i}`,
+      {
+        series: [
+          { value: latest((at) => new Date(at * 1000).toLocaleTimeString()) },
+          { label: `busy ${type.gpu_type}`, stroke: "#1f6feb", fill: "rgba(31,111,235,0.15)",
+            width: 2, points: { show: false }, value: count },
+          { label: "idle-flagged", stroke: "#d29922", width: 2, points: { show: false },
+            value: count },
+          { label: "capacity", stroke: "#57606a", dash: [6, 4], width: 1,
+            points: { show: false }, value: count },
+        ],
+        scales: { y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
+        axes: [{}, { label: `${type.gpu_type} GPUs` }],
+      },
+      [occupancy.at, type.busy, type.idle, type.capacity],
+    );
+  });
 }
 
 // The target, a dashed red line across the whole plot (a series would need two bars).
@@ -127,6 +197,8 @@ function renderAllocations(view) {
         },
       ],
       hooks: { draw: [drawTarget] },
+      // Labels only: one value per bar, which the table lists (no "--" when not hovered).
+      legend: { live: false },
     },
     [xs, rows.map((a) => a.delivered_pct)],
   );
@@ -155,16 +227,34 @@ function render(view) {
   fill(
     "waiting-rows",
     view.waiting.map((j) => [
-      j.job_id, j.user, j.allocation, j.gpu_type ? `${j.gpus}×${j.gpu_type}` : j.gpus,
-      j.state, j.reason || "—", duration(j.waited_s), startAt(j.estimated_start),
+      j.job_id, j.user, j.allocation, gpusOf(j), j.state, j.reason || "—", duration(j.waited_s),
+      startAt(j.estimated_start),
     ]),
     "nothing waiting",
+  );
+  $("running-count").textContent = view.running.length;
+  fill(
+    "running-rows",
+    view.running.map((j) => [
+      j.job_id, j.user, j.allocation, gpusOf(j), j.nodes.join(", ") || "—",
+      j.idle ? `${j.state} (GPUs idle)` : j.state, j.attempt, moment(j.started_at),
+      duration(j.ran_s),
+    ]),
+    "nothing running",
+  );
+  fill(
+    "ended-rows",
+    view.ended.map((j) => [
+      j.job_id, j.user, j.allocation, gpusOf(j), j.state, outcome(j), moment(j.submitted_at),
+      moment(j.started_at), moment(j.finished_at), duration(j.ran_s),
+    ]),
+    "nothing ended yet",
   );
   fill(
     "node-rows",
     view.nodes.map((n) => [
-      n.node_id, n.gpu_type, n.gpus, n.busy, n.idle,
-      n.lost ? `lost${n.lost_reason ? `: ${n.lost_reason}` : ""}` : "up",
+      n.node_id, n.gpu_type, n.workflows_only ? `${n.runs}, workflows only` : n.runs, n.gpus,
+      n.busy, n.idle, n.lost ? `lost${n.lost_reason ? `: ${n.lost_reason}` : ""}` : "up",
     ]),
     "no node registered",
   );

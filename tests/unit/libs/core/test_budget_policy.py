@@ -15,6 +15,9 @@ from libs.core import (
     NodeJoined,
     Place,
     Preempted,
+    Preemption,
+    PreemptionRule,
+    Protection,
     Requeue,
     Scheduler,
     Stop,
@@ -261,3 +264,63 @@ def test_the_debug_headroom_never_idles_gpus_nobody_else_wants() -> None:
     for i in range(4):
         d = s.handle(JobArrived(i, f"j{i}", job(8, allocation="a", min_runtime_s=HOUR)))
         assert placed(d) == [f"j{i}"]
+
+
+# --- what a job is told: how it is protected, and who preempted it by which rule ----
+
+
+def stops(decisions: list[Decision]) -> dict[str, Preemption | None]:
+    return {d.job_id: d.preemption for d in decisions if isinstance(d, Stop)}
+
+
+def protections(decisions: list[Decision]) -> list[tuple[str, Protection | None, float]]:
+    return [(d.job_id, d.protection, d.protected_s) for d in decisions if isinstance(d, Place)]
+
+
+def test_each_placement_says_how_the_job_is_protected() -> None:
+    s = cluster(4, a=1, b=1)
+    capped = PolicyConfig().max_min_runtime_s
+    assert protections(s.handle(JobArrived(1, "free", job(1, allocation="a")))) == [
+        ("free", Protection.FREE, 0.0)
+    ]
+    mine = s.handle(JobArrived(2, "mine", job(2, allocation="a", min_runtime_s=100 * HOUR)))
+    assert protections(mine) == [("mine", Protection.CONTRACT, capped)]  # within the cap
+    beyond = s.handle(JobArrived(3, "beyond", job(1, allocation="a", min_runtime_s=HOUR * 2)))
+    assert protections(beyond) == [("beyond", Protection.BORROWED, 0.0)]  # past a's 2 GPUs
+
+
+def test_free_work_is_told_it_yielded_to_whom() -> None:
+    s = cluster(2, a=1)
+    run_job(s, 0, "free", job(2, allocation="a", min_runtime_s=0, resumable=True))
+    s.handle(JobArrived(1, "paid", job(2, allocation="a", min_runtime_s=HOUR)))
+    d = s.handle(Tick(PREEMPTION_ROUND_S))
+    assert stops(d) == {"free": Preemption("paid", "a", PreemptionRule.FREE_WORK)}
+    [stop] = [x for x in d if isinstance(x, Stop)]
+    assert stop.reason == "preempted for paid of a: free work yields its GPUs to charged work"
+    [requeue] = [
+        x for x in s.handle(TaskEnded(2, "free", "free/0", "n0")) if isinstance(x, Requeue)
+    ]
+    assert requeue.reason == f"{stop.reason}; requeued (resumable)"
+
+
+def test_borrowed_work_is_told_its_gpus_were_taken_back() -> None:
+    s = over_share()
+    d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
+    assert stops(d) == {"b-borrowed": Preemption("a-job", "a", PreemptionRule.BORROWED)}
+
+
+def test_work_past_its_contract_is_told_it_ended() -> None:
+    s = cluster(2, a=1, b=1)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-job", job(1, allocation="b", min_runtime_s=HOUR))
+    run_job(s, 0, "a-first", job(1, allocation="a", min_runtime_s=HOUR))
+    s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=2 * HOUR)))
+    d = s.handle(Tick(HOUR + 61))
+    assert stops(d) == {"b-job": Preemption("a-job", "a", PreemptionRule.CONTRACT_ENDED)}
+    [ended] = [
+        x
+        for x in s.handle(TaskEnded(HOUR + 70, "b-job", "b-job/0", "n0"))
+        if isinstance(x, Preempted)
+    ]
+    assert ended.reason.startswith("preempted for a-job of a: past its minimum runtime")
+    assert ended.reason.endswith("; not resumable")

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.limits import MAX_GANG_NODES
-from libs.core.model import NodeSpec
+from libs.core.model import NodeKind, NodeSpec
 from tests.builders import job, node
 
 
@@ -54,6 +54,44 @@ def test_the_gpu_type_is_a_constraint() -> None:
     assert c.fit(job(2, gpu_type="H100")) == Fit((("h", (0, 1)),))
     assert c.fit(job(2, gpu_type="")) == Fit((("a", (0, 1)),))  # any type
     assert c.fit(job(2, gpu_type="T4")) == NoFit("needs 2×T4; no registered node has that type")
+
+
+def kinded(node_id: str, kind: NodeKind, gpu_type: str = "H100") -> NodeSpec:
+    return NodeSpec(node_id, gpu_type, tuple(range(4)), 80.0, kind)
+
+
+def test_a_command_that_must_really_run_goes_to_process_nodes_only() -> None:
+    # Filled first by best fit, the simulated and serving nodes would take it otherwise.
+    c = capacity(
+        kinded("serve", NodeKind.SERVING), kinded("sim", NodeKind.SIMULATED), node("proc", 8)
+    )
+    assert c.fit(job(2)) == Fit((("proc", (0, 1)),))
+    c.take("proc", tuple(range(8)))
+    full = c.fit(job(2))
+    assert isinstance(full, NoFit) and full.reason.endswith("the largest free block is 0")
+
+
+def test_a_simulated_run_may_go_to_simulated_nodes_never_to_serving_ones() -> None:
+    simulated = job(2, simulated_duration_s=5.0)
+    assert simulated.simulated and NodeKind.SIMULATED in simulated.node_kinds
+    reporting = job(2, simulated_utilization=0.9)  # says what a run reports, asks for none
+    assert not reporting.simulated and reporting.node_kinds == {NodeKind.PROCESS}
+    c = capacity(kinded("serve", NodeKind.SERVING), kinded("sim", NodeKind.SIMULATED))
+    assert c.fit(simulated) == Fit((("sim", (0, 1)),))
+    assert c.fit(job(2, simulated_duration_s=5.0, gpu_type="T4")) == NoFit(
+        "needs 2×T4; no registered node has that type"
+    )
+
+
+def test_a_job_no_node_may_take_is_told_what_the_nodes_of_its_type_run() -> None:
+    c = capacity(kinded("serve", NodeKind.SERVING, "T4"), kinded("sim", NodeKind.SIMULATED, "A100"))
+    assert c.fit(job(1, gpu_type="T4")) == NoFit("needs 1×T4; the T4 nodes take workflows only")
+    assert c.fit(job(1, gpu_type="A100", simulated_duration_s=1.0)) == Fit((("sim", (0,)),))
+    refused = c.fit(job(1, gpu_type="A100"))
+    assert isinstance(refused, NoFit) and "the A100 nodes run no command" in refused.reason
+    assert not refused.possible
+    assert c.schedulable(job(1, gpu_type="A100")) == {}
+    assert c.schedulable(job(1, gpu_type="A100", simulated_duration_s=1.0)) == {"sim": 4}
 
 
 def test_the_gpu_memory_is_a_lower_bound() -> None:

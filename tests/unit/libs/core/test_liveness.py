@@ -12,6 +12,7 @@ from libs.core import (
     NodeLost,
     Place,
     PolicyConfig,
+    Protection,
     Requeue,
     Scheduler,
     Stop,
@@ -59,7 +60,14 @@ def test_a_silent_node_is_declared_lost_on_the_logs_clock() -> None:
     # Its GPUs left with it: the requeued job waits for a node.
     assert placed(decisions) == []
     assert s.handle(joined("n2", at=TIMEOUT + 2))[0] == Place(
-        "j1", "j1/1", "n2", (0, 1), job(2, min_runtime_s=3600, resumable=True), None, "one"
+        "j1",
+        "j1/1",
+        "n2",
+        (0, 1),
+        job(2, min_runtime_s=3600, resumable=True),
+        None,
+        "one",
+        Protection.BORROWED,  # no budget tree: no share of its own
     )
 
 

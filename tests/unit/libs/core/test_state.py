@@ -55,9 +55,10 @@ NOT_STATE: dict[type, set[str]] = {
         "_learned",
         "_serving",
     },
-    # Memos: the last shape, dropped as the indexes change; the nodes plans read, dropped
-    # as nodes change; and the count of those changes, which prices key on.
-    Capacity: {"_shape", "_schedulable", "generation"},
+    # Memos: the last shape, dropped as the indexes change; the nodes plans read and the
+    # node classes fits read, dropped as nodes change; and the count of those changes,
+    # which prices key on.
+    Capacity: {"_shape", "_schedulable", "_matching", "generation"},
     # The heads asked since each queue changed, and the queues changed since their heads
     # last heard why they wait (both checked below).
     Queues: {"_heads", "_moved"},

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from libs.core import JobSpec, Limits, validate_job
+from libs.core import JobSpec, Limits, NodeId, NodeKind, NodeSpec, validate_job
 from libs.core.compass.workflow import Task, Workflow
 from tests.builders import job
 
@@ -70,10 +70,59 @@ def test_each_rule_names_its_field(spec: object, field: str, rule: str) -> None:
     assert (violation.field, violation.rule) == (field, rule)
 
 
-def test_unknown_gpu_types_are_refused_when_types_are_configured() -> None:
-    limits = Limits(gpu_types=frozenset({"H100", "A100"}))
+LOCAL = (  # the local stack's nodes: processes on H100s, simulated serving T4s
+    NodeSpec(NodeId("gpu-0"), "H100", tuple(range(8)), 80.0),
+    NodeSpec(NodeId("gpu-1"), "H100", tuple(range(8)), 80.0),
+    NodeSpec(NodeId("serve-0"), "T4", tuple(range(4)), 15.0, NodeKind.SERVING),
+)
+HERE = "GPU types here: H100 (80 GiB, 16 GPUs), T4 (15 GiB, 4 GPUs, workflows only)"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "rule"),
+    [
+        (job(1, gpu_type="NOPE"), "gpu_type", f"no NOPE node here takes a job's command; {HERE}"),
+        (job(1, gpu_type="T4"), "gpu_type", f"no T4 node here takes a job's command; {HERE}"),
+        (
+            job(1, gpu_type="T4", simulated_duration_s=1.0),
+            "gpu_type",
+            f"no T4 node here takes batch jobs; {HERE}",
+        ),
+        (
+            job(1, min_gpu_memory_gib=141),
+            "min_gpu_memory_gib",
+            f"no node here has 141 GiB per GPU for a job's command; {HERE}",
+        ),
+        (
+            job(1, gpu_type="H100", min_gpu_memory_gib=81),
+            "min_gpu_memory_gib",
+            f"no node here has 81 GiB per GPU for a job's command; {HERE}",
+        ),
+    ],
+)
+def test_what_no_registered_node_offers_is_refused_naming_what_they_do(
+    spec: JobSpec, field: str, rule: str
+) -> None:
+    [violation] = validate_job(spec, Limits(nodes=LOCAL), LEAVES)
+    assert (violation.field, violation.rule) == (field, rule)
+
+
+def test_what_registered_nodes_offer_is_accepted() -> None:
+    for spec in (job(1), job(8, gpu_type="H100", min_gpu_memory_gib=80)):
+        assert validate_job(spec, Limits(nodes=LOCAL), LEAVES) == []
+    on_t4 = replace(flow(wf_task("a")), gpu_type="T4")
+    assert validate_job(on_t4, Limits(nodes=LOCAL), LEAVES) == []  # serving nodes take it
+
+
+def test_an_operator_may_allow_types_no_node_has_yet() -> None:
+    limits = Limits(gpu_types=frozenset({"B200"}), nodes=LOCAL)
+    assert validate_job(job(1, gpu_type="B200"), limits, LEAVES) == []
     [violation] = validate_job(job(1, gpu_type="V100"), limits, LEAVES)
-    assert str(violation) == "gpu_type: unknown type 'V100'; known: A100, H100"
+    assert violation.rule.endswith(f"{HERE}, B200 (no node yet)")
+
+
+def test_without_a_view_of_the_nodes_no_type_is_refused() -> None:
+    assert validate_job(job(1, gpu_type="V100"), Limits(), LEAVES) == []
 
 
 # -- workflows ---------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 import pytest
@@ -12,6 +11,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.core import (
     ModelEvicted,
     ModelLoaded,
+    NodeKind,
     Place,
     Planned,
     PlannedTask,
@@ -23,7 +23,7 @@ from libs.core.compass.workflow import Task, Workflow, build_workflow
 from libs.events import decode, encode, new_envelope
 from libs.events.convert import (
     decision_payload,
-    gpu_memory_mb,
+    node_from_proto,
     serving_from_proto,
     spec_from_proto,
     spec_to_proto,
@@ -222,18 +222,30 @@ def test_a_batch_place_has_no_serving() -> None:
     assert isinstance(payload, events_pb2.TaskPlaced) and not payload.HasField("serving")
 
 
-def test_the_largest_gpu_in_mb() -> None:
+@pytest.mark.parametrize(
+    ("executor", "workflows_only", "kind"),
+    [
+        (types_pb2.EXECUTOR_UNSPECIFIED, False, NodeKind.PROCESS),
+        (types_pb2.EXECUTOR_PROCESS, False, NodeKind.PROCESS),
+        (types_pb2.EXECUTOR_SIMULATED, False, NodeKind.SIMULATED),
+        (types_pb2.EXECUTOR_SIMULATED, True, NodeKind.SERVING),
+        (types_pb2.EXECUTOR_PROCESS, True, NodeKind.SERVING),
+    ],
+)
+def test_a_node_is_what_it_runs_and_its_smallest_gpu(
+    executor: types_pb2.Executor.ValueType, workflows_only: bool, kind: NodeKind
+) -> None:
     inventory = types_pb2.NodeInventory(
         node_id="n1",
+        executor=executor,
+        workflows_only=workflows_only,
         gpus=[
-            types_pb2.Gpu(index=0, type="T4", memory_bytes=16_000_000_000),
-            types_pb2.Gpu(index=1, type="H100", memory_bytes=80_000_000_000),
+            types_pb2.Gpu(index=0, type="T4", memory_bytes=16 << 30),
+            types_pb2.Gpu(index=1, type="H100", memory_bytes=80 << 30),
         ],
     )
-    assert gpu_memory_mb(inventory) == 80_000
-    assert gpu_memory_mb(inventory, "T4") == 16_000
-    assert gpu_memory_mb(inventory, "A100") == 0
-    assert math.isclose(gpu_memory_mb(types_pb2.NodeInventory()), 0)
+    node = node_from_proto(inventory)
+    assert (node.kind, node.gpu_type, node.gpu_memory_gib) == (kind, "H100/T4", 16.0)
 
 
 def test_every_task_placed_carries_its_spec_whole_and_apart() -> None:

@@ -49,7 +49,8 @@ def pending(job: str, reason: str, at: float = T0) -> events_pb2.Envelope:
 def placed(
     job: str, node: str = "n1", gpus: Iterable[int] = (0,), **where: Any
 ) -> events_pb2.Envelope:
-    return _task_event(events_pb2.TaskPlaced, job, node, gpu_indices=gpus, spec=spec(), **where)
+    where.setdefault("spec", spec())
+    return _task_event(events_pb2.TaskPlaced, job, node, gpu_indices=gpus, **where)
 
 
 def started(job: str, node: str = "n1", **where: Any) -> events_pb2.Envelope:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import reduce
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
@@ -426,13 +428,28 @@ def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.Jo
         return events, OUTCOMES[outcome]
     node = draw(st.sampled_from(["n1", "n2"]))
     gpus = draw(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True))
-    events.append(placed(j, node, gpus, at=next(clock)))
+    protected_for = draw(st.sampled_from([None, Duration(seconds=600)]))
+    events.append(
+        placed(
+            j,
+            node,
+            gpus,
+            at=next(clock),
+            protection=types_pb2.PROTECTION_CONTRACT
+            if protected_for
+            else types_pb2.PROTECTION_FREE,
+            protected_for=protected_for,
+        )
+    )
     if outcome != "placed":
         events.append(started(j, node, at=next(clock)))
     if outcome == "idle" or (outcome != "placed" and draw(st.booleans())):
         events.append(idle(j, node=node, at=next(clock)))  # one report: see the module doc
     if outcome in PREEMPTING:
-        events.append(stop(j, "preempted by team-b", node, at=next(clock)))
+        by = types_pb2.Preemption(
+            job_id="j-b", allocation="team-b", rule=types_pb2.PREEMPTION_RULE_CONTRACT_ENDED
+        )
+        events.append(stop(j, "preempted by team-b", node, at=next(clock), preemption=by))
     if outcome == "cancelled_while_running":
         events.append(stop(j, "cancelled by user", node, at=next(clock), cause=CANCELLED))
     code = draw(st.integers(-15, 255))
@@ -635,3 +652,67 @@ def test_a_requeued_gang_forgets_where_its_last_placement_ran() -> None:
 def test_a_job_on_one_node_has_one_placement() -> None:
     job = folded_job([submitted("j"), placed("j", "n1", [2, 3])])
     assert where(job) == [("j/0", "n1", [2, 3])]
+
+
+# --- protection and preemption --------------------------------------------------
+
+
+def test_a_contract_protects_from_the_start_whichever_arrives_first() -> None:
+    contract = placed(
+        "j", protection=types_pb2.PROTECTION_CONTRACT, protected_for=Duration(seconds=600)
+    )
+    begun = started("j", at=T0 + 10)
+    for events in ([contract, begun], [begun, contract]):
+        job = folded_job(events)
+        assert job.protection == types_pb2.PROTECTION_CONTRACT
+        assert job.protected_until.seconds == int(T0) + 10 + 600
+    assert not folded_job([contract]).HasField("protected_until")  # not started yet
+
+
+def test_a_requeued_job_forgets_how_its_last_placement_was_protected_not_why_it_stopped() -> None:
+    by = types_pb2.Preemption(
+        job_id="j2", allocation="team-b", rule=types_pb2.PREEMPTION_RULE_BORROWED
+    )
+    borrowed = placed("j", protection=types_pb2.PROTECTION_BORROWED)
+    job = folded_job([borrowed, started("j"), stop("j", "preempted for j2", preemption=by)])
+    assert job.protection == types_pb2.PROTECTION_BORROWED
+    assert job.preemption == by
+    again = folded_job(
+        [borrowed, started("j"), stop("j", "x", preemption=by), failed("j"), requeued("j")]
+    )
+    assert again.state == S.JOB_STATE_PENDING
+    assert again.preemption == by  # why it waits again
+    assert again.protection == types_pb2.PROTECTION_UNSPECIFIED
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_a_gang_whose_part_failed_reads_that_parts_exit_code(order: tuple[int, ...]) -> None:
+    gang = [placed("g", f"n{r}", [0], task=f"g/0.{r}", spec=spec(gpus=2)) for r in (0, 1)]
+    ends = [
+        finished("g", node="n0", exit_code=0, task="g/0.0"),
+        failed("g", "cannot start", node="n1", exit_code=126, task="g/0.1"),
+    ]
+    job = folded_job([*gang, *(ends[i] for i in order)])
+    assert (job.state, job.exit_code, job.reason) == (S.JOB_STATE_FAILED, 126, "cannot start")
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
+def test_a_gang_runs_until_its_last_part_ends(order: tuple[int, ...]) -> None:
+    two = spec(gpus=2)
+    events = [
+        placed("g", "n0", [0], task="g/0.0", spec=two),
+        placed("g", "n1", [0], task="g/0.1", spec=two),
+        started("g", "n0", task="g/0.0", at=T0 + 1),
+        finished("g", node="n0", task="g/0.0", at=T0 + 5),
+    ]
+    job = folded_job([events[i] for i in order])
+    assert job.state == S.JOB_STATE_RUNNING  # part 1 has not ended: nothing says it did
+    assert [p.state for p in job.placements] == [S.JOB_STATE_FINISHED, S.JOB_STATE_PLACED]
+    done = folded_job([*events, finished("g", node="n1", task="g/0.1", at=T0 + 9)])
+    assert (done.state, done.finished_at.seconds) == (S.JOB_STATE_FINISHED, int(T0) + 9)
+
+
+def test_every_node_an_attempt_ran_on_is_kept_for_its_output_in_any_order() -> None:
+    history = [*preempted_once(), requeued("j"), placed("j", "n2", task=T1)]
+    for events in (history, history[::-1]):
+        assert list(folded_job(events).placed_on) == ["n1", "n2"]

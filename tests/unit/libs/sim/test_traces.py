@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,14 @@ from libs.sim.traces import (
     parse_dirlab,
     select,
 )
-from libs.sim.traces.eventlog import excerpt
+from libs.sim.traces.eventlog import (
+    CANCELLED,
+    NEVER_STARTED,
+    NO_TIME,
+    STILL_RUNNING,
+    STILL_WAITING,
+    excerpt,
+)
 
 DATA = Path(__file__).resolve().parents[5] / "shared" / "data"
 DIRLAB_HEADER = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\r\n"
@@ -176,10 +184,47 @@ def test_a_recorded_log_gives_submissions_nodes_budget_and_cancellations(tmp_pat
     write_log(path, envelopes)
     log = load_event_log(path)
     assert [(j.job_id, j.runtime_s) for j in log.jobs] == [("j1", 10.0)]
-    assert log.dropped == ("j2",)
+    assert [(j.job_id, j.why) for j in log.left_out] == [("j2", CANCELLED)]
     assert [n.node_id for n in log.nodes] == ["n1"]
     assert log.tree is not None and log.tree.leaves() == ["a"]
     assert [job for _, job in log.cancels] == ["j2"]
+
+
+def test_a_recorded_job_with_no_run_to_replay_is_left_out_saying_why(tmp_path: Path) -> None:
+    def env(payload: Message, second: int) -> events_pb2.Envelope:
+        at = datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
+        return new_envelope(payload, producer="test", occurred=at, event_id=f"e{second}")
+
+    def task(message: Callable[..., Message], job: str, n: int, second: int) -> events_pb2.Envelope:
+        return env(message(job_id=job, task_id=f"{job}/{n}", node_id="n1"), second)
+
+    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["x"])
+    envelopes = [
+        env(events_pb2.JobAdmitted(job_id=j, spec=spec), i) for i, j in enumerate("abcdef")
+    ]
+    envelopes += [
+        task(events_pb2.TaskStarted, "a", 0, 10),
+        task(events_pb2.TaskFinished, "a", 0, 20),  # ran 10 s: replayed
+        task(events_pb2.TaskFailed, "b", 0, 21),  # could not start (exit 126)
+        task(events_pb2.TaskFailed, "b", 1, 22),
+        task(events_pb2.TaskStarted, "c", 0, 23),  # requeued: its next run is on its way
+        task(events_pb2.TaskFinished, "c", 0, 23),
+        task(events_pb2.TaskStarted, "c", 1, 24),
+        env(events_pb2.JobCancelRequested(job_id="d"), 25),
+        task(events_pb2.TaskStarted, "f", 0, 26),
+        task(events_pb2.TaskFinished, "f", 0, 26),
+    ]  # e waits
+    path = tmp_path / "run.qmlog"
+    write_log(path, envelopes)
+    log = load_event_log(path)
+    assert [job.job_id for job in log.jobs] == ["a"]
+    assert [(j.job_id, j.why) for j in log.left_out] == [
+        ("b", NEVER_STARTED),
+        ("c", STILL_RUNNING),
+        ("d", CANCELLED),
+        ("e", STILL_WAITING),
+        ("f", NO_TIME),
+    ]
 
 
 def test_an_excerpt_replays_the_window_s_jobs_on_the_cluster_of_its_start(tmp_path: Path) -> None:
@@ -234,7 +279,7 @@ def test_an_excerpt_replays_the_window_s_jobs_on_the_cluster_of_its_start(tmp_pa
     write_log(path, cut)
     log = load_event_log(path)
     assert [(j.job_id, j.spec.user, j.runtime_s) for j in log.jobs] == [("j1", "ada", 20.0)]
-    assert log.dropped == ("j2",)
+    assert [(j.job_id, j.why) for j in log.left_out] == [("j2", CANCELLED)]
     assert [(n.node_id, len(n.gpu_indices)) for n in log.nodes] == [("n1", 8), ("n2", 8), ("n3", 2)]
     assert log.tree is not None and log.tree.leaves() == ["b"]
     assert [job for _, job in log.cancels] == ["j2"]

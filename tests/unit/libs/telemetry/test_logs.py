@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from libs.telemetry.logs import configure_logs
+from libs.auth import Keys, issue_token
+from libs.telemetry.logs import LogFormat, configure_logs
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +43,19 @@ def test_text_lines_read_as_one_line_per_record(capsys: pytest.CaptureFixture[st
     logging.getLogger("services.budget").debug("not shown")
     [line] = capsys.readouterr().err.splitlines()
     assert "serving on 50052" in line and "info" in line and "service=budget" in line
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_a_token_a_library_logs_is_written_as_token(
+    capsys: pytest.CaptureFixture[str], form: LogFormat
+) -> None:
+    token = issue_token("carol", Keys((b"a-logging-test-secret-of-32-bytes!",)))
+    configure_logs("console", "INFO", form)
+    logging.getLogger("aiohttp.access").info('"GET /?token=%s HTTP/1.1" 303', token)
+    try:
+        raise ValueError(f"bad header: Bearer {token}")
+    except ValueError:
+        logging.getLogger("services.console").exception("failed")
+    written = capsys.readouterr().err
+    assert "GET /?token=[token] HTTP/1.1" in written and "Bearer [token]" in written
+    assert token not in written and "eyJ" not in written

@@ -132,7 +132,7 @@ async def test_without_a_node_view_any_model_size_is_admitted() -> None:
 async def test_a_configured_gpu_memory_wins_over_the_node_view() -> None:
     projector = Projector(CLUSTER)
     reply, _ = await rejected(wf_spec(translation()), projector, Limits(gpu_memory_mb=4_000))
-    assert "the largest holds 4000 MB" in reply.details and projector.asked == []
+    assert "the largest holds 4000 MB" in reply.details
 
 
 async def test_a_workflow_takes_one_gpu_per_task() -> None:
@@ -140,9 +140,26 @@ async def test_a_workflow_takes_one_gpu_per_task() -> None:
     assert event.field == "gpus" and "must be 1 for a workflow" in reply.details
 
 
-async def test_batch_jobs_still_need_a_command_and_do_not_ask_for_nodes() -> None:
-    projector = Projector(CLUSTER)
+async def test_batch_jobs_still_need_a_command() -> None:
     spec = types_pb2.JobSpec(allocation="team-a", gpus=1)
-    reply, event = await rejected(spec, projector)
-    assert event.field == "command" and projector.asked == []
+    reply, event = await rejected(spec)
+    assert event.field == "command"
     assert reply.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_gpu_type_no_node_has_is_refused_after_a_fresh_look_naming_the_types() -> None:
+    projector = Projector(CLUSTER)
+    spec = types_pb2.JobSpec(allocation="team-a", gpus=1, gpu_type="A100", command=["true"])
+    reply, event = await rejected(spec, projector)
+    assert event.field == "gpu_type" and reply.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert reply.details == (
+        "invalid job: gpu_type: no A100 node here takes a job's command; "
+        "GPU types here: H100 (74.5058 GiB, 2 GPUs), T4 (14.9012 GiB, 2 GPUs)"
+    )
+    assert projector.asked == ["default", "default"]  # the kept view, then afresh
+
+
+async def test_an_operator_may_allow_a_type_before_its_nodes_register() -> None:
+    spec = types_pb2.JobSpec(allocation="team-a", gpus=1, gpu_type="A100", command=["true"])
+    reply, _ = await submit(spec, limits=Limits(gpu_types=frozenset({"A100"})))
+    assert isinstance(reply, js.SubmitJobResponse)

@@ -107,3 +107,41 @@ async def test_a_change_read_from_an_older_tree_is_refused_not_merged() -> None:
     assert refused.value.code == grpc.StatusCode.ABORTED
     assert "changed meanwhile (version 2, not 1)" in refused.value.details
     assert [e.budget_changed.tree.version for e in bus.envelopes(EVENTS)] == [2, 2]  # 2 clusters
+
+
+async def test_a_change_that_changes_nothing_keeps_the_version_and_writes_nothing() -> None:
+    bus = MemoryBus.for_topics(TOPICS)
+    budget = servicer(bus)
+    same = budget_service_pb2.SetAllocationRequest(
+        node=types_pb2.BudgetNode(name="team-b", parent="root", weight=1.0), expected_version=1
+    )
+    assert (await budget.SetAllocation(same, Context("boss"))).tree.version == 1
+    assert bus.records(EVENTS) == []
+    with pytest.raises(Aborted) as refused:  # still only a manager's to ask
+        await budget.SetAllocation(same, Context("nobody"))
+    assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_usage_shows_each_caller_the_allocations_they_may_see() -> None:
+    tree = tree_from_mapping(
+        {
+            "name": "root",
+            "managers": ["boss"],
+            "children": [{"name": "team-a", "members": ["ann"]}, {"name": "team-b"}],
+        }
+    )
+    book = BudgetBook.for_policy(PolicyConfig())
+    book.adopt(tree, 1)
+    producer = EventProducer(MemoryBus.for_topics(TOPICS), client_id="budget")
+    budget = BudgetServicer(
+        book, producer, topic=EVENTS, clusters=CLUSTERS, keys=KEYS, operators={"olga"}
+    )
+    request = budget_service_pb2.GetUsageRequest()
+
+    async def seen(user: str) -> list[str]:
+        reply = await budget.GetUsage(request, Context(user))
+        return [level.allocation for level in reply.allocations]
+
+    assert await seen("ann") == ["team-a"]
+    assert await seen("boss") == await seen("olga") == ["team-a", "team-b"]
+    assert await seen("stranger") == []

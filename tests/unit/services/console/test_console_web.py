@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -25,7 +26,7 @@ from services.authn import caller
 from services.console.feed import Feed
 from services.console.session import COOKIE
 from services.console.starts import StartEstimates
-from services.console.web_app import make_app
+from services.console.web_app import RUNNER_OPTIONS, make_app
 from services.projector.client import ProjectorUnavailable
 from services.tls import TlsSettings
 
@@ -122,7 +123,7 @@ async def console(
     )
     starts = StartEstimates(admission[1], TlsSettings())
     server = TestServer(make_app(feed, KEYS, starts, secure=False))
-    await server.start_server()
+    await server.start_server(**RUNNER_OPTIONS)  # served as the console serves it
     try:
         yield server, feed, projector
     finally:
@@ -181,11 +182,36 @@ async def test_signing_in_sets_a_strict_http_only_cookie(console) -> None:  # ty
     server, feed, _ = console
     await feed.refresh()
     async with ClientSession() as http:
-        url = server.make_url("/").with_query(token=token("alice"))
-        async with http.get(url, allow_redirects=False) as response:
+        origin = {"Origin": str(server.make_url("")).rstrip("/")}
+        async with http.post(
+            server.make_url("/login"), data={"token": token("alice")}, headers=origin,
+            allow_redirects=False,
+        ) as response:  # fmt: skip
             assert response.status == 303 and response.headers["Location"] == "/"
             cookie = response.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
+
+
+async def test_a_token_in_the_address_signs_no_one_in_and_is_not_logged(  # type: ignore[no-untyped-def]
+    console, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither ``?token=`` nor an ``Authorization`` header reaches the access log, which
+    logs each request's method, path and status."""
+    server, feed, _ = console
+    await feed.refresh()
+    secret = token("alice")
+    caplog.set_level(logging.DEBUG)
+    async with ClientSession() as http:
+        for path in ("/", "/api/view", "/login"):
+            url = server.make_url(path).with_query(token=secret)
+            headers = {"Authorization": f"Bearer {secret}", "Referer": str(url)}
+            async with http.get(url, headers=headers, allow_redirects=False) as response:
+                assert response.status == 400 and "Set-Cookie" not in response.headers
+                assert "a token in the address signs no one in" in await response.text()
+        assert not http.cookie_jar.filter_cookies(server.make_url("/"))
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "GET /api/view 400" in logged
+    assert secret not in logged and "token=" not in logged
 
 
 async def test_each_user_sees_their_scope_and_operators_see_all(console) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,9 @@ the executors it runs tasks on."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -12,9 +14,12 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
+from libs.config.sandbox import SandboxFile, ScratchEntry
 from libs.events import event_type, new_envelope
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.running import Executors
+from services.node_agent.sandbox import Sandbox
+from services.node_agent.tasklogs import TaskLogs
 
 # The trace of each decision, and the span that consumed it (the agent's Kafka consumer).
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -73,9 +78,22 @@ def delivery(payload: Message, offset: int = 0) -> Delivery:
     )
 
 
-def executors(log_dir: Path) -> Executors:
-    """Real processes (task logs in ``log_dir``, a second's grace) and simulated ones."""
+def process_executor(folder: Path, **options: Any) -> ProcessExecutor:
+    """Tasks run as the agent: their logs in ``folder/logs``, their jobs' scratch folders
+    in ``folder/scratch``."""
+    config = SandboxFile(scratch=ScratchEntry(root=str(folder / "scratch")))
+    sandbox = Sandbox(config, os.environ, switch=False)
+    return ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox, **options)
+
+
+def task_log(folder: Path, job_id: str = "job-1", task_id: str = "job-1/0") -> Path:
+    """Where ``process_executor(folder)`` keeps a task's log."""
+    return TaskLogs(folder / "logs").path(job_id, task_id)
+
+
+def executors(folder: Path) -> Executors:
+    """Real processes (``process_executor(folder)``, a second's grace) and simulated ones."""
     return {
-        types_pb2.EXECUTOR_PROCESS: ProcessExecutor(log_dir, grace_s=1),
+        types_pb2.EXECUTOR_PROCESS: process_executor(folder, grace_s=1),
         types_pb2.EXECUTOR_SIMULATED: SimulatedExecutor(),
     }

@@ -18,7 +18,6 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.core import simulated
 from services.node_agent.agent import NodeAgent
-from services.node_agent.executors import ProcessExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import parse_inventory
 from services.node_agent.utilization import DeclaredSampler, Sample, SamplingError
@@ -28,6 +27,8 @@ from tests.unit.services.node_agent.doubles import (
     Recorder,
     delivery,
     executors,
+    process_executor,
+    task_log,
 )
 
 NODES = parse_inventory(
@@ -155,12 +156,13 @@ async def test_a_stop_request_ends_the_task_as_failed(agent: NodeAgent, emitted:
 async def test_a_stop_requests_grace_reaches_the_process(
     tmp_path: Path, emitted: Recorder, tracer: Tracer
 ) -> None:
-    slow = {types_pb2.EXECUTOR_PROCESS: ProcessExecutor(tmp_path, grace_s=60)}
+    slow = {types_pb2.EXECUTOR_PROCESS: process_executor(tmp_path, grace_s=60)}
     agent = NodeAgent(NODES, executors=slow, emit=emitted, tracer=tracer)
     ignores_sigterm = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     code = ignores_sigterm + "print('ready', flush=True); time.sleep(60)"
     await agent.handle(delivery(placement("proc-0", sys.executable, "-c", code)))
-    while "ready" not in (tmp_path / "job-1.log").read_text().splitlines():
+    log = task_log(tmp_path)
+    while not log.exists() or "ready" not in log.read_text().splitlines():
         await asyncio.sleep(0.02)
     stop = stop_request()
     stop.node_id = "proc-0"

@@ -15,11 +15,10 @@ from libs.events.wire_time import duration_ms
 from services.node_agent.executors import (
     LaunchError,
     ProcessExecution,
-    ProcessExecutor,
     SimulatedExecutor,
     task_environment,
 )
-from services.node_agent.tasklogs import log_file_name
+from tests.unit.services.node_agent.doubles import process_executor, task_log
 
 
 def placed(
@@ -58,37 +57,34 @@ def test_task_environment_puts_the_agent_last() -> None:
     }
 
 
-def test_log_file_name_stays_in_the_log_folder() -> None:
-    assert log_file_name("job-1") == "job-1.log"
-    assert "/" not in log_file_name("../../etc/passwd")
-    assert not log_file_name("..hidden").startswith(".")
-
-
 async def test_process_exit_code_is_reported(tmp_path: Path) -> None:
-    execution = await ProcessExecutor(tmp_path).start(placed(*python("import sys; sys.exit(3)")))
+    execution = await process_executor(tmp_path).start(placed(*python("import sys; sys.exit(3)")))
     assert execution.pid > 0
     assert await execution.wait() == 3
 
 
-async def test_process_sees_its_gpus_and_ids_and_logs_to_the_job_file(tmp_path: Path) -> None:
+async def test_process_sees_its_gpus_and_ids_and_each_attempt_has_its_own_log(
+    tmp_path: Path,
+) -> None:
     code = (
         "import os, sys; e = os.environ; "
         "print(e['CUDA_VISIBLE_DEVICES'], e['QM_JOB_ID'], e['QM_TASK_ID'], e['EXTRA'], "
         "flush=True); "
         "print('oops', file=sys.stderr)"
     )
-    executor = ProcessExecutor(tmp_path / "logs")
+    executor = process_executor(tmp_path)
     task = placed(*python(code), gpus=(1, 3), env={"EXTRA": "yes"})
-    for _ in range(2):
-        assert await (await executor.start(task)).wait() == 0
-    lines = (tmp_path / "logs" / "job-1.log").read_text().splitlines()
-    assert lines[1:3] == ["1,3 job-1 job-1/0 yes", "oops"]
-    assert lines[0].startswith("--- task job-1/0 on GPUs [1,3]: ")
-    assert lines[3:] == lines[:3], "a second attempt appends to the same log"
+    assert await (await executor.start(task)).wait() == 0
+    task.task_id = "job-1/1"  # the job's second attempt
+    assert await (await executor.start(task)).wait() == 0
+    for attempt in ("job-1/0", "job-1/1"):
+        lines = task_log(tmp_path, task_id=attempt).read_text().splitlines()
+        assert lines[0].startswith(f"--- task {attempt} on GPUs [1,3]: ")
+        assert sorted(lines[1:]) == sorted([f"1,3 job-1 {attempt} yes", "oops"])
 
 
 async def test_stop_terminates_a_sleeping_process(tmp_path: Path) -> None:
-    execution = await ProcessExecutor(tmp_path).start(
+    execution = await process_executor(tmp_path).start(
         placed(*python("import time; time.sleep(60)"))
     )
     began = time.monotonic()
@@ -102,10 +98,10 @@ async def ignoring_sigterm(tmp_path: Path, grace_s: float) -> ProcessExecution:
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "print('ready', flush=True); time.sleep(60)"
     )
-    execution = await ProcessExecutor(tmp_path, grace_s=grace_s).start(placed(*python(code)))
-    log = tmp_path / "job-1.log"
+    execution = await process_executor(tmp_path, grace_s=grace_s).start(placed(*python(code)))
+    log = task_log(tmp_path)
     # A SIGTERM sent before the handler is in place would end it at once.
-    while "ready" not in log.read_text().splitlines():
+    while not log.exists() or "ready" not in log.read_text().splitlines():
         await asyncio.sleep(0.02)
     return execution
 
@@ -130,7 +126,7 @@ async def test_a_stops_grace_shortens_the_executors_never_lengthens_it(tmp_path:
 
 
 async def test_stop_after_exit_is_harmless(tmp_path: Path) -> None:
-    execution = await ProcessExecutor(tmp_path).start(placed(*python("pass")))
+    execution = await process_executor(tmp_path).start(placed(*python("pass")))
     assert await execution.wait() == 0
     await execution.stop()
     assert await execution.wait() == 0
@@ -147,7 +143,7 @@ async def test_unstartable_commands_say_why(
     tmp_path: Path, command: tuple[str, ...], reason: str, exit_code: int
 ) -> None:
     with pytest.raises(LaunchError) as caught:
-        await ProcessExecutor(tmp_path).start(placed(*command))
+        await process_executor(tmp_path).start(placed(*command))
     assert (caught.value.reason, caught.value.exit_code) == (reason, exit_code)
 
 
@@ -155,7 +151,7 @@ async def test_a_file_without_execute_permission_is_refused(tmp_path: Path) -> N
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\n")
     with pytest.raises(LaunchError) as caught:
-        await ProcessExecutor(tmp_path).start(placed(str(script)))
+        await process_executor(tmp_path).start(placed(str(script)))
     assert (caught.value.reason, caught.value.exit_code) == (f"permission denied: {script}", 126)
 
 
@@ -170,9 +166,9 @@ async def test_a_child_that_dies_before_it_can_say_why_fails_the_task_not_the_ag
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", dies)
     with pytest.raises(LaunchError) as caught:
-        await ProcessExecutor(tmp_path).start(placed("true"))
+        await process_executor(tmp_path).start(placed("true"))
     assert caught.value.exit_code == 126 and "Bad exception data" in caught.value.reason
-    assert "not started" in (tmp_path / "job-1.log").read_text()
+    assert "not started" in task_log(tmp_path).read_text()
 
 
 async def test_simulated_task_runs_for_its_duration_and_exits_as_told() -> None:
@@ -225,5 +221,43 @@ async def test_a_simulated_serving_task_loads_then_runs_for_run_ms() -> None:
 
 async def test_a_process_loads_its_model_itself(tmp_path: Path) -> None:
     began = time.monotonic()
-    await ProcessExecutor(tmp_path).load_model(serving_task(), 60_000)
+    await process_executor(tmp_path).load_model(serving_task(), 60_000)
     assert time.monotonic() - began < 1
+
+
+async def test_a_task_without_a_usable_home_starts_in_its_jobs_scratch_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It writes there, finds it as HOME and TMPDIR, and Python does not buffer its output."""
+    monkeypatch.setenv("HOME", "/nonexistent")
+    code = (
+        "import os; e = os.environ; open('probe', 'w').write('ok'); "
+        "print(os.getcwd(), e['HOME'], e['TMPDIR'], e['PYTHONUNBUFFERED'], open('probe').read())"
+    )
+    execution = await process_executor(tmp_path).start(placed(*python(code)))
+    assert await execution.wait() == 0
+    scratch = tmp_path / "scratch" / "job-1"
+    printed = task_log(tmp_path).read_text().splitlines()[1]
+    assert printed == f"{scratch} {scratch} {scratch} 1 ok"
+    await execution.cleanup(may_return=False)
+    assert not scratch.exists()
+
+
+async def test_a_job_that_sets_pythonunbuffered_keeps_its_own(tmp_path: Path) -> None:
+    code = "import os; print(repr(os.environ['PYTHONUNBUFFERED']))"
+    task = placed(*python(code), env={"PYTHONUNBUFFERED": ""})
+    assert await (await process_executor(tmp_path).start(task)).wait() == 0
+    assert task_log(tmp_path).read_text().splitlines()[1] == "''"
+
+
+async def test_python_output_reaches_the_log_as_it_is_printed(tmp_path: Path) -> None:
+    """print() without flush: without PYTHONUNBUFFERED a pipe holds it until the end."""
+    execution = await process_executor(tmp_path).start(
+        placed(*python("import time; print('early'); time.sleep(60)"))
+    )
+    log = task_log(tmp_path)
+    async with asyncio.timeout(5):
+        while "early" not in log.read_text().splitlines():
+            await asyncio.sleep(0.02)
+    await execution.stop()
+    assert await execution.wait() == -15

@@ -63,12 +63,12 @@ def test_local_stack_declares_four_h100_nodes_and_two_serving_nodes() -> None:
     batch, serving = nodes[:4], nodes[4:]
     assert [node.node_id for node in batch] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     for node in batch:
-        assert node.executor == types_pb2.EXECUTOR_PROCESS
+        assert node.executor == types_pb2.EXECUTOR_PROCESS and not node.workflows_only
         assert [g.index for g in node.gpus] == list(range(8))
         assert {(g.type, g.memory_bytes) for g in node.gpus} == {("H100", 80 * GIB)}
     assert [node.node_id for node in serving] == ["serve-0", "serve-1"]
-    for node in serving:
-        assert node.executor == types_pb2.EXECUTOR_SIMULATED
+    for node in serving:  # simulated, so they take workflows only: nothing "runs" there
+        assert node.executor == types_pb2.EXECUTOR_SIMULATED and node.workflows_only
         assert {(g.type, g.memory_bytes) for g in node.gpus} == {("T4", 15 * GIB)}
 
 
@@ -206,6 +206,9 @@ def test_nvml_inventory_lists_the_gpus() -> None:
         (1, "GPU-1", "H100", 80 * GIB),
     ]
     assert nvml.shut_down
+    assert not node.workflows_only
+    serving = nvml_inventory("host-2", cluster="west", nvml=nvml, workflows_only=True)
+    assert serving.workflows_only
 
 
 def test_nvml_absence_is_a_clear_error() -> None:

@@ -16,7 +16,7 @@ from libs.events.wire_time import duration_ms, milliseconds
 from services.node_agent.agent import NodeAgent
 from services.node_agent.executors import SimulatedExecutor
 from services.node_agent.serving import gpu_memory_mb
-from tests.unit.services.node_agent.doubles import Recorder, delivery, executors
+from tests.unit.services.node_agent.doubles import Recorder, delivery, executors, task_log
 
 MB = 1_000_000
 BW = 100.0  # MB per ms: a 1000 MB model loads in 10 ms
@@ -352,8 +352,5 @@ async def test_a_process_learns_its_model_and_whether_it_is_cached(
     assert milliseconds(emitted.events[0].model_loaded.load_duration) == pytest.approx(
         57.2
     )  # the estimate
-    log = (tmp_path / "wf-1.log").read_text().splitlines()
-    assert [line for line in log if not line.startswith("---")] == [
-        "a opt 5720 0",
-        "b opt 5720 1",
-    ]
+    printed = [task_log(tmp_path, "wf-1", f"wf-1/{name}").read_text() for name in "ab"]
+    assert [text.splitlines()[1:] for text in printed] == [["a opt 5720 0"], ["b opt 5720 1"]]

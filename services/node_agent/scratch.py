@@ -1,0 +1,182 @@
+"""Each job's scratch folder on its node: where its tasks may write.
+
+``<root>/<job>`` (the job's id escaped as a file name) belongs to the task's account,
+mode 0700; ``root`` is the agent's, mode 0711, so accounts pass through it to their own
+folder but list nothing. A task gets it as ``TMPDIR``, and as its working directory and
+``HOME`` when its account has no home it can use (``sandbox.py``).
+
+The folder is kept while a task of the job runs here, and after its last task here ended
+if the job may come back (a requeued job that lands here again finds its files): the
+job was drained, or preempted or lost and is resumable (``may_return``). Otherwise it is
+removed then. A job that never comes back although it might (it ran elsewhere after a
+requeue, or the agent stopped under it) leaves a folder that nothing uses: the sweep
+removes those unused for ``expire_after_s``, when a task's end here finds the last
+sweep over an hour old.
+
+The agent may not override file permissions (``privileges.py``), so it cannot delete
+what a task wrote: a child process running as the folder's account does (it makes its
+own files writable first, as a read-only tree such as Go's module cache needs), and the
+agent removes the emptied folder, which lies in its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from qm.v1 import types_pb2
+
+from services.node_agent.names import safe_name
+from services.node_agent.sandbox import Account
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY_S = 3600.0
+# Where the child that empties a folder finds its tools, whatever the task's PATH.
+_TOOLS_PATH = "/usr/bin:/bin"
+
+
+def may_return(stopped: bool, cause: types_pb2.StopCause.ValueType, resumable: bool) -> bool:
+    """Whether a job whose task just ended here may be placed again: a drained job is
+    always requeued, a preempted or lost one if it is resumable; a task that ended on its
+    own (finished or failed) or was cancelled ends its job. A stop whose cause the agent
+    does not know (it is shutting down) may be followed by a requeue: kept, for the sweep
+    to decide."""
+    if not stopped:
+        return False
+    if cause == types_pb2.STOP_CAUSE_DRAINED:
+        return True
+    if cause in (types_pb2.STOP_CAUSE_PREEMPTED, types_pb2.STOP_CAUSE_NODE_LOST):
+        return resumable
+    return cause != types_pb2.STOP_CAUSE_CANCELLED
+
+
+class ScratchFolders:
+    """The jobs' scratch folders under ``root``, and which of them tasks here use."""
+
+    def __init__(self, root: Path, *, expire_after_s: float) -> None:
+        self.root = root
+        self._expire_after_s = expire_after_s
+        self._using: Counter[str] = Counter()  # folder name -> tasks running with it
+        self._removing: dict[str, asyncio.Task[None]] = {}
+        self._next_sweep = 0.0
+
+    def prepare(self) -> None:
+        """Make the root folder (the agent's, 0711) if it is not there."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        found = os.lstat(self.root)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+            raise OSError(f"scratch root {self.root} is not a folder of this agent's")
+        os.chmod(self.root, 0o711)
+
+    async def enter(self, job_id: str, owner: Account | None) -> Path:
+        """The job's folder, made ``owner``'s (None: the agent's) if it is not yet, for a
+        task about to start; ``OSError`` if it cannot be."""
+        name = safe_name(job_id)
+        removing = self._removing.get(name)
+        if removing is not None:  # an old folder of the job's being swept: a new one then
+            await asyncio.shield(removing)
+        self.prepare()
+        path = self.root / name
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        found = os.lstat(path)
+        if not stat.S_ISDIR(found.st_mode):
+            raise OSError(f"{path} is not a folder")
+        if owner is not None and (found.st_uid, found.st_gid) != (owner.uid, owner.gid):
+            os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+        os.chmod(path, 0o700)  # a folder (not a link): checked above
+        os.utime(path, follow_symlinks=False)  # in use: the sweep measures from here
+        self._using[name] += 1
+        return path
+
+    async def leave(self, job_id: str, *, may_return: bool) -> None:
+        """A task of the job ended here: the folder goes with the job's last task here,
+        unless the job ``may_return``."""
+        name = safe_name(job_id)
+        self._using[name] -= 1
+        if self._using[name] > 0:
+            return
+        del self._using[name]
+        if may_return:
+            with contextlib.suppress(OSError):
+                os.utime(self.root / name, follow_symlinks=False)
+        else:
+            await self._remove(name)
+        if time.monotonic() >= self._next_sweep:
+            await self.sweep()
+
+    async def sweep(self) -> None:
+        """Remove the folders no task here uses that have not been used for
+        ``expire_after_s``."""
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+        oldest = time.time() - self._expire_after_s
+        try:
+            names = os.listdir(self.root)
+        except OSError as exc:
+            log.warning("cannot sweep scratch folders in %s: %s", self.root, exc.strerror)
+            return
+        for name in names:
+            with contextlib.suppress(OSError):
+                if name not in self._using and os.lstat(self.root / name).st_mtime < oldest:
+                    log.info("removing scratch folder %s: unused since its job ran here", name)
+                    await self._remove(name)
+
+    async def _remove(self, name: str) -> None:
+        removing = self._removing.get(name)
+        if removing is None:
+            removing = asyncio.create_task(_remove(self.root / name))
+            self._removing[name] = removing
+            removing.add_done_callback(lambda _: self._removing.pop(name, None))
+        await asyncio.shield(removing)
+
+
+async def _remove(path: Path) -> None:
+    """Empty ``path`` as its owner, then remove it; what cannot be removed is logged."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(found.st_mode):
+        path.unlink()
+        return
+    identity: dict[str, Any] = {}
+    if found.st_uid != os.geteuid():
+        identity = {"user": found.st_uid, "group": found.st_gid, "extra_groups": []}
+    chmod, find = shutil.which("chmod", path=_TOOLS_PATH), shutil.which("find", path=_TOOLS_PATH)
+    if chmod is None or find is None:
+        log.warning("cannot remove scratch folder %s: no chmod or find in %s", path, _TOOLS_PATH)
+        return
+    # Never through a link: chmod -R ignores those it meets, find deletes links themselves.
+    own = [chmod, "-R", "u+rwx", "--", str(path)]
+    empty = [find, str(path), "-mindepth", "1", "-delete"]
+    for argv in (own, empty):
+        try:
+            child = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env={"PATH": _TOOLS_PATH, "LC_ALL": "C"},
+                cwd="/",
+                **identity,
+            )
+            _, errors = await child.communicate()
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("cannot remove scratch folder %s: %s", path, exc)
+            return
+        if child.returncode != 0:
+            log.warning("scratch folder %s: %s", path, errors.decode(errors="replace").strip())
+    try:
+        path.rmdir()
+    except OSError as exc:
+        log.warning("cannot remove scratch folder %s: %s", path, exc.strerror)

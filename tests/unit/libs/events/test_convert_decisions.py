@@ -1,0 +1,57 @@
+"""A batch decision's record says how a job is protected, and who it was preempted for."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from qm.v1 import events_pb2, types_pb2
+
+from libs.core import Place, Preemption, PreemptionRule, Protection, Stop, StopCause
+from libs.events.convert import decision_payload, preemption_from_proto
+from tests.builders import job
+
+PROVENANCE = types_pb2.Provenance(policy="budget", policy_version=1)
+
+
+@pytest.mark.parametrize(
+    ("protection", "protected_s", "wire"),
+    [
+        (None, 0.0, types_pb2.PROTECTION_UNSPECIFIED),
+        (Protection.FREE, 0.0, types_pb2.PROTECTION_FREE),
+        (Protection.CONTRACT, 600.0, types_pb2.PROTECTION_CONTRACT),
+        (Protection.BORROWED, 0.0, types_pb2.PROTECTION_BORROWED),
+    ],
+)
+def test_a_placement_records_its_protection(
+    protection: Protection | None, protected_s: float, wire: types_pb2.Protection.ValueType
+) -> None:
+    place = Place("j", "j/0", "n1", (0,), job(1), None, "", protection, protected_s)
+    record = decision_payload(place, PROVENANCE)
+    assert isinstance(record, events_pb2.TaskPlaced)
+    assert record.protection == wire
+    assert record.HasField("protected_for") == bool(protected_s)
+    if protected_s:
+        assert record.protected_for == Duration(seconds=600)
+
+
+@pytest.mark.parametrize("rule", list(PreemptionRule))
+def test_a_preemption_round_trips_for_whom_and_by_which_rule(rule: PreemptionRule) -> None:
+    preemption = Preemption("j-2", "nlp", rule)
+    stop = Stop("j", "j/0", "n1", StopCause.PREEMPTED, str(preemption), 5.0, preemption)
+    record = decision_payload(stop, PROVENANCE)
+    assert isinstance(record, events_pb2.TaskStopRequested)
+    assert preemption_from_proto(record.preemption) == preemption
+    assert str(preemption) == f"preempted for j-2 of nlp: {rule.value}"
+
+
+def test_a_stop_that_is_no_preemption_records_none() -> None:
+    stop = Stop("j", "j/0", "n1", StopCause.CANCELLED, "cancelled by user")
+    record = decision_payload(stop, PROVENANCE)
+    assert isinstance(record, events_pb2.TaskStopRequested)
+    assert not record.HasField("preemption")
+    assert preemption_from_proto(record.preemption) is None  # no rule said
+
+
+def test_a_preemption_for_workflow_serving_names_the_allocation() -> None:
+    serving = Preemption("", "vision", PreemptionRule.FREE_WORK)
+    assert str(serving).startswith("preempted for workflow serving of vision")
