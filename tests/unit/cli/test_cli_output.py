@@ -127,6 +127,7 @@ def test_a_simulation_report_for_scripts_holds_the_document_alone(tmp_path: Path
     assert "10 jobs, 48 GPUs" in result.stderr
 
 
+@pytest.mark.shared_data  # the Compass profiles
 def test_a_workflow_sweep_for_scripts_states_its_cache_model_staleness_and_planners() -> None:
     args = ["sim", "workflows", "--gpus", "16", "--modes", "hash", "--arrivals", "poisson"]
     result = CliRunner().invoke(
@@ -150,6 +151,7 @@ def test_a_workflow_sweep_for_scripts_states_its_cache_model_staleness_and_plann
     assert "[1/1] poisson   16 GPUs hash" in result.stderr
 
 
+@pytest.mark.shared_data  # the Compass profiles
 def test_a_sweep_over_seeds_adds_each_settings_spread_and_claims_on_the_medians() -> None:
     args = ["sim", "workflows", "--gpus", "16", "--modes", "compass,hash", "--jobs", "60"]
     result = CliRunner().invoke(
