@@ -203,7 +203,7 @@ def submit(
 
 def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...]) -> None:
     """A job per index, each with its own request id (a retry makes the same jobs)."""
-    submitted = []
+    replies = []
     with counting(console, "jobs submitted", len(indexes)) as advance:
         for index in indexes:
             element = types_pb2.JobSpec()
@@ -211,9 +211,11 @@ def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int,
             element.env["QM_ARRAY_INDEX"] = str(index)
             element.client_request_id = element_request_id(spec.client_request_id, index)
             request = js.SubmitJobRequest(spec=element)
-            submitted.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request).job_id)
+            replies.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request))
             advance(1)
-    console.print(f"submitted {len(submitted)} jobs: {' '.join(submitted)}")
+    console.print(f"submitted {len(replies)} jobs: {' '.join(r.job_id for r in replies)}")
+    if not all(reply.duplicate for reply in replies):  # every element is protected alike
+        console.print(render.protection_at_submission(spec), highlight=False)
 
 
 def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
@@ -318,7 +320,6 @@ def logs(
     (=== attempt 2, part 1 (j-x/1.0) on node-1 ===). Following, the parts running at once
     interleave, a header before each change of task."""
     with _rpc() as conn:
-        _has_logs(conn, job_id)
         started = time.monotonic()
         request = js.StreamLogsRequest(job_id=job_id, follow=follow, attempt=attempt or 0)
         stream = _jobs(conn).StreamLogs(request, metadata=conn.metadata)
@@ -334,18 +335,6 @@ def logs(
                 line_start = piece.data.endswith(b"\n") if piece.data else line_start
         except grpc.RpcError as exc:
             raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
-
-
-def _has_logs(conn: Connection, job_id: str) -> None:
-    """Refuse a workflow, whose tasks keep no output to show (an empty answer would
-    look like a job that printed nothing)."""
-    job = conn.call(conn.admission, _jobs(conn).GetJob, js.GetJobRequest(job_id=job_id)).job
-    if job.spec.HasField("workflow"):
-        raise render.fail(
-            f"{job_id} is a workflow: its tasks run on serving nodes, which keep no output "
-            f"to show; `qm status {job_id}` lists its tasks and how each ended",
-            1,
-        )
 
 
 def _log_header(job_id: str, piece: js.StreamLogsResponse) -> bytes:
@@ -540,7 +529,8 @@ def budget_usage(output: OutputFlag = Format.TABLE) -> None:
     charged waiting jobs ask for (a job no node could fit asks for nothing). Delivered:
     the GPUs its charged (allocated: minimum runtime > 0) work held; free (unallocated)
     work is delivered too but owed to nobody, shown apart. DELIVERED/OWED is the share
-    of owed delivered ("-": nothing was owed); the target is 97%.
+    of owed delivered ("-": nothing was owed); the table's caption gives the target
+    (target_pct).
 
     -o json|yaml: a qm.v1.GetUsageResponse: {"window", "covered", "as_of", "target_pct",
     "allocations": [{"allocation", "entitlement", "owed_gpu_hours",
@@ -595,11 +585,11 @@ def budget_set(
     with _rpc() as conn:
         stub = _budget(conn)
         current = conn.call(conn.budget, stub.GetTree, budget_service_pb2.GetTreeRequest()).tree
+        before = next((n for n in current.nodes if n.name == name), None)
         request = budget_service_pb2.SetAllocationRequest(
-            node=edited_node(current, name, edit), expected_version=current.version
+            node=edited_node(before, name, edit), expected_version=current.version
         )
         tree = conn.call(conn.budget, stub.SetAllocation, request).tree
-    before = next((n for n in current.nodes if n.name == name), None)
     after = next(n for n in tree.nodes if n.name == name)
     if tree.version == current.version:
         console.print(f"no change: {name} is already so (budget tree version {tree.version})")

@@ -14,13 +14,12 @@ import typer
 from google.protobuf import text_format
 from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from cli.groups import group
 from cli.log_access import reading_the_log
-from cli.output import Document, Format, OutputFlag, message, write
+from cli.output import Document, Format, OutputFlag, message, stdout_console, write
 from cli.params import input_file
 from cli.progress import tallies
 from cli.render import errors, fail
@@ -32,7 +31,7 @@ from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 from libs.events.snapshot import SnapshotError
 
 audit_app = group("Replay the log and check the decisions.")
-console = Console()
+console = stdout_console()
 
 
 @audit_app.command()

@@ -31,10 +31,11 @@ class NodeEdit:
     remove_managers: Sequence[str] = ()
 
 
-def edited_node(tree: types_pb2.BudgetTree, name: str, edit: NodeEdit) -> types_pb2.BudgetNode:
-    """The node ``name`` of ``tree`` with ``edit`` applied; a new node (weight 1 unless
-    given) when there is none of that name."""
-    current = next((n for n in tree.nodes if n.name == name), None)
+def edited_node(
+    current: types_pb2.BudgetNode | None, name: str, edit: NodeEdit
+) -> types_pb2.BudgetNode:
+    """A copy of ``current``, the node ``name`` as read, with ``edit`` applied; a new node
+    (weight 1 unless given) when there is none (None)."""
     node = types_pb2.BudgetNode(name=name, weight=1.0)
     if current is not None:
         node.CopyFrom(current)

@@ -51,7 +51,8 @@ def export(
     """Write the jobs submitted in a window, with the cluster and budget tree at its start,
     as an event log: replay it with qm sim run --trace eventlog --trace-path FILE --policy P.
 
-    A job's runtime is its recorded run: one that has not ended is left out of the replay.
+    A job replays its recorded run, one that ends after --until too; qm sim run leaves out
+    a job with none to replay, and says why.
     """
     now = time.time()
     try:

@@ -76,20 +76,23 @@ def change(job: types_pb2.Job) -> str:
 
 def protection_at_submission(spec: types_pb2.JobSpec) -> str:
     """What will protect a job from preemption once it starts, as its spec asks."""
-    share = f"{spec.allocation}'s share" if spec.allocation else "its allocation's share"
+    if spec.HasField("workflow"):
+        return f"a workflow: its tasks run on GPUs serving holds, charged to {_share(spec)}"
     min_runtime = wire_time.seconds(spec.min_runtime)
-    if not min_runtime and not spec.HasField("workflow"):
+    if not min_runtime:
         return (
             "free work: it runs on idle GPUs and yields them whenever charged work needs "
             "them (--min-runtime to be protected)"
         )
-    if spec.HasField("workflow"):
-        return f"a workflow: its tasks run on GPUs serving holds, charged to {share}"
     return (
         f"charged: protected for {format_duration(round(min_runtime))} from its start if "
-        f"placed within {share}; beyond it, on borrowed GPUs, a team below its share may "
-        "take them back at once"
+        f"placed within {_share(spec)}; beyond it, on borrowed GPUs, a team below its share "
+        "may take them back at once"
     )
+
+
+def _share(spec: types_pb2.JobSpec) -> str:
+    return f"{spec.allocation}'s share" if spec.allocation else "its allocation's share"
 
 
 def protection(job: types_pb2.Job) -> str:

@@ -28,7 +28,7 @@ from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
 from libs.sim.metrics import Metrics
-from libs.sim.report import SUMMARY, RunInfo, left_out_note, write_report
+from libs.sim.report import SUMMARY, RunInfo, left_out_note, left_out_records, write_report
 from libs.sim.scenario import Trace
 from libs.sim.tables import table
 from libs.sim.traces import TraceError
@@ -144,15 +144,14 @@ def run(
         float | None,
         duration("the scenario's", "Measure from this long after the first submission"),
     ] = None,
-    plots: Annotated[bool, typer.Option(help="Write PNG plots")] = True,
+    plots: Annotated[bool, typer.Option(help="With --out: write PNG plots in its plots/")] = True,
     output: OutputFlag = Format.TABLE,
 ) -> None:
     """Simulate: qm sim run --trace philly --policy all --out sim-out
 
     Prints the summary table; --out writes the whole report there. A recorded log
-    (--trace eventlog) replays each job's recorded run: a job without one (still running
-    or waiting when the log ends, cancelled before it started) is left out, and the
-    report counts those and says why.
+    (--trace eventlog) replays each job's recorded run: a job without one is left out,
+    and the report counts those and says why.
 
     -o json|yaml: {"trace", "jobs", "left_out": [{"job_id", "why"}], "gpus", "nodes",
     "offered_load", "wrote": [paths], "tables": [{"title", "rows": [{column: cell}]}]},
@@ -251,7 +250,7 @@ def run(
         [(f"{sc.trace}: {workload.capacity} GPUs", *table(SUMMARY, results))],
         trace=sc.trace,
         jobs=len(workload.jobs),
-        left_out=[{"job_id": job.job_id, "why": job.why} for job in workload.left_out],
+        left_out=left_out_records(workload),
         gpus=workload.capacity,
         nodes=len(workload.nodes),
         offered_load=workload.offered_load(),

@@ -57,10 +57,11 @@ wait_for() {
   }
 }
 
-# .local and all in it: this account's only, even what an earlier version left readable.
+# .local is this account's only: no other account reaches anything in it (not even what
+# an earlier version left readable), and what the stack writes there is private (umask).
 private_state() {
   mkdir -p "$root/.local"
-  chmod -R go= "$root/.local"
+  chmod 700 "$root/.local"
 }
 
 up() {

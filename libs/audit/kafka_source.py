@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from qm.v1 import snapshot_pb2
 
 from libs.audit.replay import AuditResult, Replay
-from libs.bus import KafkaBus, KafkaSettings, Topics
+from libs.bus import KafkaBus, KafkaSettings, TopicMissing, Topics
 from libs.bus.compacted import CompactedTopic
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
@@ -141,7 +141,7 @@ async def _partitions(
     if error is TopicAuthorizationFailedError:
         raise error(f"topic {topic}")
     if error is not NoError:
-        raise RuntimeError(f"topic {topic} does not exist (is QM_TOPICS right?)")
+        raise TopicMissing(f"topic {topic} does not exist (is QM_TOPICS right?)")
     partitions = sorted(p["partition"] for p in described["partitions"])
     if clusters:
         # Where the producers' default partitioner puts each cluster's key.

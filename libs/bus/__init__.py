@@ -5,7 +5,7 @@ from libs.bus.consumer import Delivery, EventConsumer
 from libs.bus.kafka import KafkaBus
 from libs.bus.ports import Bus
 from libs.bus.producer import EventProducer
-from libs.bus.reader import LogReader
+from libs.bus.reader import LogReader, TopicMissing
 from libs.bus.settings import KafkaSettings
 from libs.bus.topics import Topics, TopicSpec, ensure_topics, load_topic_config
 
@@ -17,6 +17,7 @@ __all__ = [
     "KafkaBus",
     "KafkaSettings",
     "LogReader",
+    "TopicMissing",
     "TopicSpec",
     "Topics",
     "ensure_topics",

@@ -20,6 +20,10 @@ from libs.telemetry import replaying
 Apply = Callable[[events_pb2.Envelope], None]
 
 
+class TopicMissing(RuntimeError):
+    """A topic to read is not on the cluster (or not visible to this client's account)."""
+
+
 class LogReader:
     def __init__(self, bus: Bus, topic: str, *, name: str | None = None) -> None:
         self._topic = topic
@@ -38,7 +42,7 @@ class LogReader:
         await self._consumer.start()
         if self._topic not in await self._consumer.topics():
             await self._consumer.stop()
-            raise RuntimeError(f"topic {self._topic} does not exist; run `python -m libs.bus`")
+            raise TopicMissing(f"topic {self._topic} does not exist; run `python -m libs.bus`")
         # Without a group, subscribing assigns every partition, from the earliest offset.
         self._consumer.subscribe([self._topic])
         while not self._consumer.assignment():

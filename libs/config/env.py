@@ -41,11 +41,18 @@ def _names(value: object) -> object:
 Names = Annotated[tuple[str, ...], BeforeValidator(_names), Field(min_length=1)]
 
 
-def address(value: str) -> str:
-    """``value`` if it is HOST:PORT, else a ``ValueError`` saying so."""
+def host_port(value: str) -> tuple[str, int]:
+    """The host (an IPv6 one without its brackets) and port of HOST:PORT, else a
+    ``ValueError`` saying so."""
     host, _, port = value.rpartition(":")
     if not (port.isdigit() and 0 <= int(port) <= 65535) or any(c.isspace() for c in host):
         raise ValueError(f"expected HOST:PORT such as 127.0.0.1:50051, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def address(value: str) -> str:
+    """``value`` if it is HOST:PORT, else a ``ValueError`` saying so."""
+    host_port(value)
     return value
 
 

@@ -38,9 +38,7 @@ def _class_order(cls: _NodeClass) -> tuple[str, float, str]:
 def _matches(spec: JobSpec, cls: _NodeClass) -> bool:
     gpu_type, memory, kind = cls
     return (
-        (not spec.gpu_type or gpu_type == spec.gpu_type)
-        and memory >= spec.min_gpu_memory_gib
-        and kind in spec.node_kinds
+        spec.wants_type(gpu_type) and memory >= spec.min_gpu_memory_gib and kind in spec.node_kinds
     )
 
 
@@ -268,8 +266,7 @@ class Capacity:
         kinds = {
             kind
             for gpu_type, memory, kind in self._class_size
-            if (not spec.gpu_type or gpu_type == spec.gpu_type)
-            and memory >= spec.min_gpu_memory_gib
+            if spec.wants_type(gpu_type) and memory >= spec.min_gpu_memory_gib
         }
         if not kinds or kinds & spec.node_kinds:
             return "no registered node has that type"

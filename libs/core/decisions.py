@@ -91,6 +91,15 @@ class StopCause(enum.Enum):
     DRAINED = "drained"  # an operator drained a node it runs on: it is requeued
 
 
+def requeues(cause: StopCause | None, resumable: bool) -> bool:
+    """Whether a job waits again once its tasks ended, stopped for ``cause``: a drained
+    job always (a drain moves work elsewhere; what cannot resume starts over), a preempted
+    or lost one if it resumes; one that ended on its own or was cancelled never."""
+    if cause is StopCause.DRAINED:
+        return True
+    return resumable and cause in (StopCause.PREEMPTED, StopCause.NODE_LOST)
+
+
 class PreemptionRule(enum.Enum):
     """The rule that let a job be stopped for other work."""
 

@@ -43,6 +43,11 @@ def gang_rank(task_id: str) -> int | None:
     return int(rank) if rank.isascii() and rank.isdigit() else None
 
 
+def in_job(job_id: str, task_id: str) -> bool:
+    """Whether the task id names one of the job's tasks."""
+    return task_id.startswith(f"{job_id}/")
+
+
 def name_in_job(job_id: str, task_id: str) -> str:
     """What follows the job id: ``2.0`` for a batch task, ``encode`` for a workflow task."""
     return task_id.removeprefix(f"{job_id}/")

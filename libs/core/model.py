@@ -81,6 +81,10 @@ class JobSpec:
         (a waiting or running job's fact is written out many times)."""
         return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
 
+    def wants_type(self, gpu_type: str) -> bool:
+        """Whether GPUs of ``gpu_type`` are of the type it asks for (any, when it names none)."""
+        return not self.gpu_type or gpu_type == self.gpu_type
+
     @cached_property
     def simulated(self) -> bool:
         """It asks a simulated node for a run (``QM_SIMULATED_SECONDS`` or ``_EXIT``): no

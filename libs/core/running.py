@@ -69,12 +69,14 @@ class Running:
         """On borrowed GPUs, which the policy does not protect (``protect_borrowed``)."""
         return self.borrowed and not config.protect_borrowed
 
-    def protect_s(self, config: PolicyConfig) -> float:
-        """How long its contract protects it from its start: its minimum runtime, capped;
-        none on borrowed GPUs unless the policy protects those too."""
-        if self.unprotected_borrower(config):
-            return 0.0
+    def contract_s(self, config: PolicyConfig) -> float:
+        """How long its contract runs from its start: its minimum runtime, capped."""
         return min(self.spec.min_runtime_s, config.max_min_runtime_s)
+
+    def protect_s(self, config: PolicyConfig) -> float:
+        """How long its contract protects it from its start; none on borrowed GPUs unless
+        the policy protects those too."""
+        return 0.0 if self.unprotected_borrower(config) else self.contract_s(config)
 
     def protection(self, config: PolicyConfig) -> Protection:
         """What protects it from preemption, as it is placed."""
@@ -88,8 +90,7 @@ class Running:
         contract would otherwise protect, is taken back; the rest is past its contract."""
         if not self.spec.allocated:
             return PreemptionRule.FREE_WORK
-        contract_s = min(self.spec.min_runtime_s, config.max_min_runtime_s)
-        within = self.started_at is None or now < self.started_at + contract_s
+        within = self.started_at is None or now < self.started_at + self.contract_s(config)
         if self.unprotected_borrower(config) and within:
             return PreemptionRule.BORROWED
         return PreemptionRule.CONTRACT_ENDED

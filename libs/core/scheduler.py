@@ -59,6 +59,7 @@ from libs.core.decisions import (
     StopCause,
     TaskLost,
     Wait,
+    requeues,
 )
 from libs.core.estimates import LearnedRuntimes
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
@@ -503,8 +504,7 @@ class Scheduler:
             what = "its node was drained"
         else:
             return []
-        if run.spec.resumable or run.stopping is StopCause.DRAINED:
-            # A drain moves work elsewhere; what cannot resume starts over there.
+        if requeues(run.stopping, run.spec.resumable):
             how = "resumable" if run.spec.resumable else "it starts over: not resumable"
             self._queues.push(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, at))
             return [Requeue(run.job_id, f"{what}; requeued ({how})")]
@@ -884,11 +884,18 @@ class Scheduler:
                 break
             spec = job.spec
             may_backfill = bool(held) and tier is WorkClass.ALLOCATED
-            asks = (spec.gpu_type, spec.min_gpu_memory_gib, spec.node_kinds, spec.gpus)
-            if (*asks, False) in failed and (not may_backfill or (*asks, True) in failed):
+            gpu_type, memory, kinds, gpus = (
+                spec.gpu_type,
+                spec.min_gpu_memory_gib,
+                spec.node_kinds,
+                spec.gpus,
+            )
+            if (gpu_type, memory, kinds, gpus, False) in failed and (
+                not may_backfill or (gpu_type, memory, kinds, gpus, True) in failed
+            ):
                 continue  # its shape failed whether it backfills or not: no need to ask
             backfills = may_backfill and self._backfills(job, rank)
-            shape = (*asks, backfills)
+            shape = (gpu_type, memory, kinds, gpus, backfills)
             if shape in failed:
                 continue
             fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
@@ -945,7 +952,15 @@ class Scheduler:
         protection = run.protection(self.config)
         protected_s = run.protect_s(self.config) if protection is Protection.CONTRACT else 0.0
         return [
-            Place(job.job_id, task_id, node_id, gpus, job.spec, None, "", protection, protected_s)
+            Place(
+                job.job_id,
+                task_id,
+                node_id,
+                gpus,
+                job.spec,
+                protection=protection,
+                protected_s=protected_s,
+            )
             for task_id, (node_id, gpus) in tasks.items()
         ]
 

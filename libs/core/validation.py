@@ -133,7 +133,7 @@ def _unoffered(
     if not nodes or spec.gpu_type in allowed:
         return []
     takes = [n for n in nodes if n.kind in spec.node_kinds]
-    typed = [n for n in takes if not spec.gpu_type or n.gpu_type == spec.gpu_type]
+    typed = [n for n in takes if spec.wants_type(n.gpu_type)]
     if not typed:
         nodes_of = f"{spec.gpu_type} node" if spec.gpu_type else "node"
         rule = f"no {nodes_of} here takes {_work(spec)}"

@@ -114,6 +114,9 @@ _PREEMPTION_RULES = {
     PreemptionRule.CONTRACT_ENDED: types_pb2.PREEMPTION_RULE_CONTRACT_ENDED,
 }
 
+_RULES_FROM_WIRE = {wire: rule for rule, wire in _PREEMPTION_RULES.items()}
+_CAUSES_FROM_WIRE = {wire: cause for cause, wire in _STOP_CAUSES.items()}
+
 # The inputs whose every field but ``at`` is the event's field of the same name.
 _PLAIN_INPUTS: dict[str, type[Input]] = {
     "node_heartbeat": NodeHeartbeat,
@@ -421,9 +424,13 @@ def _cut(reason: str) -> str:
 def preemption_from_proto(preemption: types_pb2.Preemption) -> Preemption | None:
     """The core's preemption (its ``str`` says it for people); None for a rule this
     release does not know."""
-    rules = {wire: rule for rule, wire in _PREEMPTION_RULES.items()}
-    rule = rules.get(preemption.rule)
+    rule = _RULES_FROM_WIRE.get(preemption.rule)
     return None if rule is None else Preemption(preemption.job_id, preemption.allocation, rule)
+
+
+def stop_cause_from_proto(cause: types_pb2.StopCause.ValueType) -> StopCause | None:
+    """The core's stop cause; None when none is said, or for one this release does not know."""
+    return _CAUSES_FROM_WIRE.get(cause)
 
 
 def serving_to_proto(serving: ServingTask) -> events_pb2.ServingTask:

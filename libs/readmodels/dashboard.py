@@ -77,7 +77,7 @@ def _occupancy(timeline: Timeline, nodes: list[types_pb2.Node]) -> Json:
     )
     return {
         "at": [p.at for p in points],
-        "now": _figures(sum(latest.values(), Gpus())),
+        "now": _figures(points[-1].total if points else Gpus()),
         "types": [
             {
                 "gpu_type": gpu_type,

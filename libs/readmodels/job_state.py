@@ -362,9 +362,7 @@ def _end_part(
     reason: str,
     at: Timestamp,
 ) -> None:
-    """One task of the job ended; the job ends with its last (a gang's parts end one by
-    one): FAILED if any part failed, with the first failed part's exit code and reason
-    (by rank), else FINISHED; at the last end. Until then it runs on."""
+    """One task of the job ended; the job ends with its last (``_settle_parts``)."""
     if advance_task(part, state):
         part.exit_code, part.reason = exit_code, reason
         part.finished_at.CopyFrom(at)

@@ -101,8 +101,13 @@ def workload_profile(workload: Workload) -> dict[str, Any]:
         "teams": dict(sorted(teams.items())),
         "cpu_only": cpu_only,
         "placed_by_hash": by_hash,
-        "left_out": [{"job_id": job.job_id, "why": job.why} for job in workload.left_out],
+        "left_out": left_out_records(workload),
     }
+
+
+def left_out_records(workload: Workload) -> list[dict[str, str]]:
+    """A recorded log's jobs the replay leaves out, as metrics.json and -o json list them."""
+    return [{"job_id": job.job_id, "why": job.why} for job in workload.left_out]
 
 
 def left_out_note(workload: Workload) -> str:
@@ -121,7 +126,10 @@ def _team(entitlement: float) -> dict[str, Any]:
     return {"entitlement": entitlement, "users": set(), "jobs": 0, "charged_gpu_h": 0.0}
 
 
-def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) -> dict[str, Any]:
+def metrics_json(
+    info: RunInfo, workload: Workload, profile: dict[str, Any], results: Sequence[Metrics]
+) -> dict[str, Any]:
+    """``profile``: the workload's ``workload_profile``."""
     policies = {}
     for m in results:
         entry = dataclasses.asdict(m)
@@ -138,7 +146,7 @@ def metrics_json(info: RunInfo, workload: Workload, results: Sequence[Metrics]) 
             "capacity_gpus": workload.capacity,
             "nodes": len(workload.nodes),
             "offered_load": workload.offered_load(),
-            **workload_profile(workload),
+            **profile,
         },
         "policies": policies,
     }
@@ -152,19 +160,23 @@ def write_report(
     plots: Sequence[Path] = (),
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    data = metrics_json(info, workload, results)
+    profile = workload_profile(workload)
+    data = metrics_json(info, workload, profile, results)
     text = json.dumps(data, indent=1, sort_keys=True, default=str)  # paths as text
     (out / "metrics.json").write_text(text + "\n")
-    (out / "summary.md").write_text(summary_markdown(info, workload, results, plots, out))
+    summary = summary_markdown(info, workload, profile, results, plots, out)
+    (out / "summary.md").write_text(summary)
 
 
 def summary_markdown(
     info: RunInfo,
     workload: Workload,
+    profile: dict[str, Any],
     results: Sequence[Metrics],
     plots: Sequence[Path] = (),
     out: Path | None = None,
 ) -> str:
+    """``profile``: the workload's ``workload_profile``."""
     sc, cfg, st = info.scenario, info.config, info.settings
     first = results[0] if results else None
     lines = [f"# Simulation: {sc.trace}", ""]
@@ -177,7 +189,7 @@ def summary_markdown(
         f"- Cluster: {len(workload.nodes)} nodes, {workload.capacity} GPUs. Offered load "
         f"(GPU time submitted, cut at the last submission, over capacity × window): "
         f"**{workload.offered_load():.2f}×** capacity.",
-        _cpu_only_line(workload),
+        _cpu_only_line(workload, profile["cpu_only"]),
         f"- Knobs: lookback {duration(cfg.lookback_window_s)}, minimum-runtime cap "
         f"{duration(cfg.max_min_runtime_s)}, tick {duration(st.tick_s)}, usage snapshot every "
         f"{duration(st.snapshot_s)}, stop grace {duration(st.stop_grace_s)} (free work "
@@ -224,7 +236,7 @@ def summary_markdown(
         " **Slowdown**: JCT ÷ max(runtime, 10 s).",
         "- **Preemptions**: stops with cause *preempted* (a gang counts once).",
         "",
-        *_mapping_section(info, workload),
+        *_mapping_section(info, workload, profile),
         *_allocations_section(results),
         *_waits_section(results),
         *_sizes_section(results),
@@ -237,8 +249,7 @@ def summary_markdown(
     return "\n".join(lines)
 
 
-def _cpu_only_line(workload: Workload) -> str:
-    cpu_only = workload_profile(workload)["cpu_only"]
+def _cpu_only_line(workload: Workload, cpu_only: dict[str, Any]) -> str:
     if not cpu_only["jobs"]:
         return "- CPU-only jobs: none in the trace."
     share = cpu_only["jobs"] / len(workload.jobs)
@@ -250,8 +261,7 @@ def _cpu_only_line(workload: Workload) -> str:
     )
 
 
-def _mapping_section(info: RunInfo, workload: Workload) -> list[str]:
-    profile = workload_profile(workload)
+def _mapping_section(info: RunInfo, workload: Workload, profile: dict[str, Any]) -> list[str]:
     r, by_hash = info.scenario.rules, profile["placed_by_hash"]
     lines = ["## From trace jobs to Quartermaster jobs", ""]
     if workload.left_out:

@@ -24,7 +24,7 @@ from libs.sim.traces import (
     select,
 )
 from libs.sim.traces.raw import J, RawJob, TraceError
-from libs.sim.workload import Workload
+from libs.sim.workload import LeftOut, SimJob, Workload
 
 Trace = Literal["philly", "alibaba", "bluewaters", "theta", "csv", "eventlog"]
 TRACES: tuple[Trace, ...] = get_args(Trace)
@@ -64,11 +64,14 @@ def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:
         nodes = scenario.cluster.node_specs() if scenario.cluster else log.nodes
         if tree is None or not nodes:
             raise TraceError(f"{scenario.path}: the log sets no budget or nodes; give them")
-        jobs = _window(log.jobs, scenario)
+        # Every submission counts for the window (--skip-head too), replayed or not.
+        submitted: list[SimJob | LeftOut] = sorted((*log.jobs, *log.left_out), key=lambda a: a.at)
+        arrivals = _window(submitted, scenario)
+        jobs = [a for a in arrivals if isinstance(a, SimJob)]
         known = {job.job_id for job in jobs}
         cancels = tuple(c for c in log.cancels if c[1] in known)
-        left_out = select(log.left_out, start_s=scenario.start_s, end_s=scenario.end_s)
-        return Workload(tuple(jobs), tuple(nodes), tree, cancels, left_out=tuple(left_out))
+        left_out = tuple(a for a in arrivals if isinstance(a, LeftOut))
+        return Workload(tuple(jobs), tuple(nodes), tree, cancels, left_out=left_out)
     if scenario.tree_path is None or scenario.cluster is None:
         raise TraceError(f"the {scenario.trace} trace needs a budget tree and a cluster")
     tree = load_budget_tree(scenario.tree_path)

@@ -16,7 +16,8 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 LogFormat = Literal["text", "json"]
 # A JWT: its header and payload are base64url JSON ('{"' is "eyJ"), then its signature.
-_TOKEN = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*)?")
+TOKEN_PATTERN = r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*)?"
+_TOKEN = re.compile(TOKEN_PATTERN)
 
 
 def configure_logs(service: str, level: str = "INFO", form: LogFormat = "text") -> None:

@@ -9,12 +9,11 @@ and only for minutes.
 Every task keeps a log of its own: each attempt, each part of a gang, each workflow
 task. Admission asks the agents which tasks of the job they kept (``ListTaskLogs``),
 orders them (attempt, then part) and reads each (``ReadTaskLog``). The agents it asks
-are those of the job's latest placement and, once the job has been requeued, every
-agent of its cluster: the job's read model keeps only the latest placement, and an
-earlier attempt may have run anywhere. Following, it asks again every
-``LIST_EVERY_S`` (a requeued job's next attempt, a gang's part that starts late) and
-reads the running tasks side by side, until the job has ended (or the attempt asked
-for has) and every task's log has been read to its end.
+are those of every node a task of the job was placed on, by any attempt
+(``Job.placed_on``) or as a workflow's task (``Job.tasks``), unless lost. Following, it
+asks again every ``LIST_EVERY_S`` (a requeued job's next attempt, a gang's part that
+starts late) and reads the running tasks side by side, until the job has ended (or the
+attempt asked for has) and every task's log has been read to its end.
 """
 
 from __future__ import annotations

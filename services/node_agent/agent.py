@@ -68,6 +68,7 @@ class NodeAgent:
         log_endpoint: str = "",
     ) -> None:
         self._report = Reporter(emit)
+        self._executors = executors
         self._runs = RunningTasks(executors, self._report, remember_ended)
         self._serving = ServingQueues(
             self._runs, executors, self._report, host_to_gpu_mb_per_ms, cache_model
@@ -127,13 +128,16 @@ class NodeAgent:
         await self._registrations.register_anew(node_id)
 
     async def shutdown(self) -> None:
-        """Stop every running or queued task and wait until each has reported how it ended."""
+        """Stop every running or queued task, wait until each has reported how it ended,
+        then for what the executors do in the background."""
         self._report.closing = True
         drivers = await self._serving.close(SHUTDOWN_REASON)
         for run in self._runs.all():
             self._runs.request_stop(run, SHUTDOWN_REASON, run.placed_event_id)
         # Failures are logged by _waiter_done; one must not keep the others from ending.
         await asyncio.gather(*self._waiters, *drivers, return_exceptions=True)
+        for executor in self._executors.values():
+            await executor.close()
 
     async def _start(self, task: events_pb2.TaskPlaced, delivery: Delivery) -> None:
         placed_event_id = delivery.envelope.event_id

@@ -230,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             secrets=SecretStore.from_env(),
             ledger=ledger,
         )
-        processes.prepare()
+        if any(node.executor == types_pb2.EXECUTOR_PROCESS for node in nodes):
+            processes.prepare()  # simulated nodes run no command: no folder, no account
         # Who may read its task logs and metrics (None: no secret here, neither is served).
         keys = metrics_keys()
         tracing = setup_tracing("node-agent")

@@ -32,7 +32,7 @@ from libs.events import wire_time
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
-from services.node_agent.scratch import ScratchFolders
+from services.node_agent.scratch import ScratchFolders, may_return
 from services.node_agent.secrets import MissingSecret, SecretStore
 from services.node_agent.tasklogs import OutputPipes, TaskLogs
 from services.runtime import cancel_and_wait
@@ -65,10 +65,10 @@ class Execution(Protocol):
         executor's grace; ``stop_grace``); ``wait`` then returns its exit code."""
         ...
 
-    async def cleanup(self, may_return: bool) -> None:
+    def cleanup(self, may_return: bool) -> None:
         """The task has ended and its end is reported: let go of what it used here (its
         job's scratch folder goes with the job's last task here, unless the job
-        ``may_return``: ``scratch.may_return``)."""
+        ``may_return``: ``scratch.may_return``), in the background (``Executor.close``)."""
         ...
 
 
@@ -84,6 +84,10 @@ class Executor(Protocol):
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         """Bring a serving task's model onto its GPU before ``start``; cancellable."""
+        ...
+
+    async def close(self) -> None:
+        """The agent stops and its tasks have ended: finish what ``cleanup`` began."""
         ...
 
 
@@ -173,6 +177,9 @@ class ProcessExecutor:
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         """Nothing to do here: the task loads its model itself when it starts."""
 
+    async def close(self) -> None:
+        await self._scratch.close()
+
     async def start(
         self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
     ) -> ProcessExecution:
@@ -191,9 +198,10 @@ class ProcessExecutor:
         try:
             return await self._launch(task, argv, runs_as, scratch, secrets, model_resident)
         except BaseException as exc:
-            # A task that cannot start fails its job: nothing of it comes back here. One
-            # cut short otherwise (the agent stops) may: the sweep decides.
-            await self._scratch.leave(task.job_id, may_return=not isinstance(exc, LaunchError))
+            # A task that cannot start ended on its own; one cut short otherwise (the
+            # agent stops) was stopped for a cause the agent does not know.
+            stopped = not isinstance(exc, LaunchError)
+            self._scratch.leave(task.job_id, may_return=may_return(task, stopped))
             raise
 
     async def _launch(
@@ -210,43 +218,49 @@ class ProcessExecutor:
         except OSError as exc:
             path = self.logs.path(task.job_id, task.task_id)
             raise LaunchError(f"cannot open the task log {path}: {exc}", 126) from exc
-        confinement = None
-        spawned = argv
-        if runs_as is not None and self._sandbox.cgroups is not None:
-            try:
-                confinement = self._sandbox.cgroups.confine(task.task_id, task.gpu_indices)
-            except OSError as exc:
-                log.close()
-                raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
-            spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
-        gpus = ",".join(str(index) for index in task.gpu_indices)
-        command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
-        log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {command}\n".encode())
-        home = self._sandbox.home(runs_as)
-        env = task_environment(
-            self._sandbox.environment(runs_as, home=home, scratch=scratch),
-            task,
-            model_resident=model_resident,
-            secrets=secrets,
-        )
-        output = await OutputPipes.into(log, runs_as)
-        try:
-            process = await _spawn(
-                spawned,
-                argv[0],
-                (output.stdout, output.stderr),
-                env,
-                _identity(runs_as, home or str(scratch), switch=confinement is None),
+        with contextlib.ExitStack() as undo:  # what a launch that fails lets go of
+            closing = undo.enter_context(contextlib.ExitStack())  # the log, until it is copied into
+            closing.callback(log.close)
+            confinement = None
+            spawned = argv
+            if runs_as is not None and self._sandbox.cgroups is not None:
+                try:
+                    confinement = self._sandbox.cgroups.confine(task.task_id, task.gpu_indices)
+                except OSError as exc:
+                    raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
+                undo.callback(confinement.release)
+                spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
+            gpus = ",".join(str(index) for index in task.gpu_indices)
+            command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
+            log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {command}\n".encode())
+            home = self._sandbox.home(runs_as)
+            env = task_environment(
+                self._sandbox.environment(runs_as, home=home, scratch=scratch),
+                task,
+                model_resident=model_resident,
+                secrets=secrets,
             )
-        except LaunchError as exc:
-            log.write(f"--- not started: {exc.reason}\n".encode())
-            if confinement is not None:
-                confinement.release()
-            raise
-        finally:
-            # The task has its copies: EOF once it (and its own) end.
-            os.close(output.stdout)
-            os.close(output.stderr)
+            try:
+                output = await OutputPipes.into(log, runs_as)
+            except OSError as exc:
+                raise LaunchError(f"cannot make the task's output pipes: {exc}", 126) from exc
+            closing.pop_all()  # the copying of its output closes the log once it ends
+            try:
+                process = await _spawn(
+                    spawned,
+                    argv[0],
+                    (output.stdout, output.stderr),
+                    env,
+                    _identity(runs_as, home or str(scratch), switch=confinement is None),
+                )
+            except LaunchError as exc:
+                log.write(f"--- not started: {exc.reason}\n".encode())
+                raise
+            finally:
+                # The task has its copies: EOF once it (and its own) end.
+                os.close(output.stdout)
+                os.close(output.stderr)
+            undo.pop_all()  # started: its cgroup goes once it ends
         if self._ledger is not None:
             self._ledger.record(process.pid)
         return ProcessExecution(
@@ -350,8 +364,8 @@ class ProcessExecution:
             self._signal(signal.SIGKILL)
             await self.process.wait()
 
-    async def cleanup(self, may_return: bool) -> None:
-        await self.scratch.leave(self.job_id, may_return=may_return)
+    def cleanup(self, may_return: bool) -> None:
+        self.scratch.leave(self.job_id, may_return=may_return)
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
@@ -367,6 +381,9 @@ class SimulatedExecutor:
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         await asyncio.sleep(max(load_ms, 0.0) / 1000)
+
+    async def close(self) -> None:
+        """Nothing runs in the background."""
 
     async def start(
         self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
@@ -396,5 +413,5 @@ class SimulatedExecution:
     async def stop(self, grace_s: float = 0.0) -> None:
         self._stopped.set()
 
-    async def cleanup(self, may_return: bool) -> None:
+    def cleanup(self, may_return: bool) -> None:
         """Nothing was used."""

@@ -13,6 +13,7 @@ from qm.v1 import logs_pb2, logs_pb2_grpc
 
 from libs.auth import Keys
 from libs.config.env import Address, EnvSettings, Names
+from libs.core.ids import in_job
 from libs.core.limits import MAX_NAME_CHARS
 from services.authn import caller
 from services.grpc_server import start_server
@@ -107,7 +108,7 @@ class NodeLogServicer(logs_pb2_grpc.NodeLogServiceServicer):
         await bounded(context, "job_id", request.job_id, MAX_NAME_CHARS)
         await bounded(context, "task_id", request.task_id, MAX_TASK_ID_CHARS)
         job_id, task_id = request.job_id, request.task_id
-        if not task_id.startswith(f"{job_id}/"):
+        if not in_job(job_id, task_id):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"task_id {task_id!r} is not one of job {job_id}'s (ListTaskLogs names them)",

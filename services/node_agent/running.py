@@ -147,10 +147,7 @@ class RunningTasks:
         finally:
             del self._runs[run.task.task_id]
             self.forget_later(run.task.task_id)
-            stopped = bool(run.stopped_because)
-            await run.execution.cleanup(
-                may_return(stopped, run.stop_cause, run.task.spec.resumable)
-            )
+            run.execution.cleanup(may_return(run.task, bool(run.stopped_because), run.stop_cause))
 
     def request_stop(
         self,

@@ -6,12 +6,14 @@ folder but list nothing. A task gets it as ``TMPDIR``, and as its working direct
 ``HOME`` when its account has no home it can use (``sandbox.py``).
 
 The folder is kept while a task of the job runs here, and after its last task here ended
-if the job may come back (a requeued job that lands here again finds its files): the
-job was drained, or preempted or lost and is resumable (``may_return``). Otherwise it is
-removed then. A job that never comes back although it might (it ran elsewhere after a
-requeue, or the agent stopped under it) leaves a folder that nothing uses: the sweep
-removes those unused for ``expire_after_s``, when a task's end here finds the last
-sweep over an hour old.
+if the job may come back (``may_return``): a workflow's next task may come at any time,
+and a requeued job that lands here again finds its files. Otherwise it is removed then.
+A job that never comes back although it might (a workflow that ended, a job that ran
+elsewhere after a requeue, or one the agent stopped under) leaves a folder that nothing
+uses: the sweep removes those unused for ``expire_after_s``, when a task's end here
+finds the last sweep over an hour old. Removal and the sweep run in the background, so
+that neither holds up the report of a task's end or the start of the next one; a new
+task of a job whose folder is being removed waits for that, then has a new one.
 
 The agent may not override file permissions (``privileges.py``), so it cannot delete
 what a task wrote: a child process running as the folder's account does (it makes its
@@ -33,10 +35,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from qm.v1 import types_pb2
+from qm.v1 import events_pb2, types_pb2
 
+from libs.core.decisions import requeues
+from libs.events.convert import stop_cause_from_proto
 from services.node_agent.names import safe_name
 from services.node_agent.sandbox import Account
+from services.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +50,22 @@ SWEEP_EVERY_S = 3600.0
 _TOOLS_PATH = "/usr/bin:/bin"
 
 
-def may_return(stopped: bool, cause: types_pb2.StopCause.ValueType, resumable: bool) -> bool:
-    """Whether a job whose task just ended here may be placed again: a drained job is
-    always requeued, a preempted or lost one if it is resumable; a task that ended on its
-    own (finished or failed) or was cancelled ends its job. A stop whose cause the agent
-    does not know (it is shutting down) may be followed by a requeue: kept, for the sweep
-    to decide."""
+def may_return(
+    task: events_pb2.TaskPlaced,
+    stopped: bool,
+    cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_UNSPECIFIED,
+) -> bool:
+    """Whether the job of a task that just ended here (``stopped`` for ``cause``) may run
+    here again: a workflow's always (its tasks come one after another); a batch job's
+    that ended on its own (finished or failed) never, one stopped as placement requeues
+    it (``requeues``). A stop whose cause the agent does not know (it is shutting down)
+    may be followed by a requeue: kept, for the sweep to decide."""
+    if task.HasField("serving"):
+        return True
     if not stopped:
         return False
-    if cause == types_pb2.STOP_CAUSE_DRAINED:
-        return True
-    if cause in (types_pb2.STOP_CAUSE_PREEMPTED, types_pb2.STOP_CAUSE_NODE_LOST):
-        return resumable
-    return cause != types_pb2.STOP_CAUSE_CANCELLED
+    known = stop_cause_from_proto(cause)
+    return known is None or requeues(known, task.spec.resumable)
 
 
 class ScratchFolders:
@@ -68,6 +76,7 @@ class ScratchFolders:
         self._expire_after_s = expire_after_s
         self._using: Counter[str] = Counter()  # folder name -> tasks running with it
         self._removing: dict[str, asyncio.Task[None]] = {}
+        self._sweeping: asyncio.Task[None] | None = None
         self._next_sweep = 0.0
 
     def prepare(self) -> None:
@@ -99,9 +108,9 @@ class ScratchFolders:
         self._using[name] += 1
         return path
 
-    async def leave(self, job_id: str, *, may_return: bool) -> None:
-        """A task of the job ended here: the folder goes with the job's last task here,
-        unless the job ``may_return``."""
+    def leave(self, job_id: str, *, may_return: bool) -> None:
+        """A task of the job ended here: the folder goes with the job's last task here
+        (in the background), unless the job ``may_return``."""
         name = safe_name(job_id)
         self._using[name] -= 1
         if self._using[name] > 0:
@@ -111,14 +120,21 @@ class ScratchFolders:
             with contextlib.suppress(OSError):
                 os.utime(self.root / name, follow_symlinks=False)
         else:
-            await self._remove(name)
+            self._remove(name)
         if time.monotonic() >= self._next_sweep:
-            await self.sweep()
+            self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+            self._sweeping = asyncio.create_task(self.sweep(), name="sweep scratch folders")
+
+    async def close(self) -> None:
+        """The agent stops: the sweep stops (the next agent sweeps at its first task's
+        end) and removals under way finish."""
+        if self._sweeping is not None:
+            await cancel_and_wait(self._sweeping)
+        await asyncio.gather(*self._removing.values())
 
     async def sweep(self) -> None:
         """Remove the folders no task here uses that have not been used for
         ``expire_after_s``."""
-        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         oldest = time.time() - self._expire_after_s
         try:
             names = os.listdir(self.root)
@@ -129,15 +145,16 @@ class ScratchFolders:
             with contextlib.suppress(OSError):
                 if name not in self._using and os.lstat(self.root / name).st_mtime < oldest:
                     log.info("removing scratch folder %s: unused since its job ran here", name)
-                    await self._remove(name)
+                    await asyncio.shield(self._remove(name))  # stopping the sweep stops no removal
 
-    async def _remove(self, name: str) -> None:
+    def _remove(self, name: str) -> asyncio.Task[None]:
+        """The folder's removal, started now unless it is under way."""
         removing = self._removing.get(name)
         if removing is None:
-            removing = asyncio.create_task(_remove(self.root / name))
+            removing = asyncio.create_task(_remove(self.root / name), name=f"remove {name}")
             self._removing[name] = removing
             removing.add_done_callback(lambda _: self._removing.pop(name, None))
-        await asyncio.shield(removing)
+        return removing
 
 
 async def _remove(path: Path) -> None:
@@ -147,7 +164,10 @@ async def _remove(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(found.st_mode):
-        path.unlink()
+        try:
+            path.unlink()
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", path, exc.strerror)
         return
     identity: dict[str, Any] = {}
     if found.st_uid != os.geteuid():

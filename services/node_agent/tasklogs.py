@@ -4,9 +4,10 @@ followed) for admission's ``qm logs``.
 Each task has a log of its own: ``<log_dir>/<job>/<task>.log``, where ``<task>`` is what
 follows the job's id in the task's id (``1`` for attempt 2, ``1.0`` for its part 1 in a
 gang, a workflow task's name), so attempts and parts never share a file. The log is the
-task's account's (0600, so that the agent, which may not override file permissions,
-never has to open another account's file), but the folders above it are the agent's
-(0700): no task reaches any log, its own included. Beside it, ``<task>.task`` says which
+task's account's, 0600, as issue 41 asks (a task's output is its user's); the agent
+writes it through the descriptor it created it with, and reads it back for ``qm logs``
+with DAC_READ_SEARCH (``privileges.py``). The folders above it are the agent's (0700):
+no task reaches any log, its own included. Beside it, ``<task>.task`` says which
 task and node it is and when it started, for ``ListTaskLogs``. Names are escaped
 (``safe_name``), so no id leaves its folder, and nothing is opened through a link.
 
@@ -218,19 +219,25 @@ class OutputPipes:
         """Pipes into ``sink``; ``owner`` (the task's account) may reopen them, as
         programs do through /dev/stdout and /dev/stderr."""
         loop = asyncio.get_running_loop()
+        write_fds, reading = [], []
+        with contextlib.ExitStack() as undo:  # what a failure here lets go of
+            for stream in _STREAMS:
+                read_fd, write_fd = os.pipe()
+                undo.callback(os.close, write_fd)
+                read_end = undo.enter_context(os.fdopen(read_fd, "rb", 0))
+                if owner is not None:
+                    os.fchown(write_fd, owner.uid, owner.gid)
+                reader = asyncio.StreamReader()
+                transport, _ = await loop.connect_read_pipe(
+                    lambda reader=reader: asyncio.StreamReaderProtocol(reader),  # type: ignore[misc]
+                    read_end,
+                )
+                undo.callback(transport.close)
+                write_fds.append(write_fd)
+                reading.append((stream, reader, transport))
+            undo.pop_all()  # the write ends are the caller's, the read ends the copying's
         joiner = LineJoiner()
-        write_fds, copies = [], []
-        for stream in _STREAMS:
-            read_fd, write_fd = os.pipe()
-            if owner is not None:
-                os.fchown(write_fd, owner.uid, owner.gid)
-            reader = asyncio.StreamReader()
-            transport, _ = await loop.connect_read_pipe(
-                lambda reader=reader: asyncio.StreamReaderProtocol(reader),  # type: ignore[misc]
-                os.fdopen(read_fd, "rb", 0),
-            )
-            write_fds.append(write_fd)
-            copies.append(_copy(stream, reader, transport, joiner, sink))
+        copies = [_copy(*read, joiner, sink) for read in reading]
         copying = asyncio.create_task(_copy_all(copies, sink))
         return cls((write_fds[0], write_fds[1]), copying)
 

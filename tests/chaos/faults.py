@@ -73,6 +73,7 @@ class Faults:
     node_loss_timeout_s: float
     recoveries: list[Recovery] = field(default_factory=list)
     killed_pids: set[int] = field(default_factory=set)
+    drained_jobs: set[str] = field(default_factory=set)  # the drain's: each is requeued
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -169,7 +170,7 @@ class Faults:
         # waited for: other jobs drained with them may be cancelled meanwhile.
         occupied = await self._occupy({n["node_id"] for n in AGENTS["p"]}, "drained", jobs=4)
         running = await self._running_on({DRAINED})
-        jobs = {task.partition("/")[0] for task in running} & occupied
+        jobs = self.drained_jobs = {task.partition("/")[0] for task in running} & occupied
         carol = self.stack.auth("carol")  # an operator: the budget root's manager
         drained_at = time.time()
         recovery = Recovery(f"drain {DRAINED}", "its jobs' next attempts start", drained_at)
@@ -185,11 +186,8 @@ class Faults:
             drained_at,
             PROBE_TIMEOUT_S,
         )
-        ended = await self.observer.first_after(
-            drained_at,
-            lambda s: s.task_id in running and s.kind in ENDS,
-            PROBE_TIMEOUT_S,
-        )
+        theirs = {task for task in running if task.partition("/")[0] in jobs}
+        ended = await self._ended(theirs, PROBE_TIMEOUT_S)
         await _until_answered(
             lambda: self.clients.cluster.UncordonNode(
                 cs.UncordonNodeRequest(node_id=DRAINED), metadata=carol, timeout=5
@@ -197,8 +195,8 @@ class Faults:
             drained_at,
             PROBE_TIMEOUT_S,
         )
-        if ended is None:
-            recovery.detail += "; not ended after the drain"
+        if not ended:
+            recovery.detail += f"; not all ended {PROBE_TIMEOUT_S:g} s after the drain"
             return
         waiting = set(jobs)
         deadline = time.monotonic() + PROBE_TIMEOUT_S
@@ -275,6 +273,15 @@ class Faults:
             asyncio.create_task(ended_in_log()),
             asyncio.create_task(gone_from_view()),
         ]
+
+    async def _ended(self, tasks: set[str], timeout: float) -> bool:
+        """Whether each of the tasks ends in the log within ``timeout`` (any end counts)."""
+        deadline = time.monotonic() + timeout
+        while not tasks <= {s.task_id for s in self.observer.seen if s.kind in ENDS}:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(PROBE_INTERVAL_S)
+        return True
 
     async def _occupy(
         self, nodes: set[str], kind: str, jobs: int = 2, timeout: float = 20

@@ -166,7 +166,7 @@ def test_the_readmes_array_example_works_as_written(
     args = shlex.split(line, comments=True)[1:]
     submitted = qm(stack, "bob", *args)  # bob has one allocation: the README names none
     assert submitted.returncode == 0, submitted.stderr
-    job_ids = submitted.stdout.split(":", 1)[1].split()
+    job_ids = submitted.stdout.splitlines()[0].split(":", 1)[1].split()  # then its protection
     assert len(job_ids) == 10
     for index, job_id in enumerate(job_ids):
         request = js.GetJobRequest(job_id=job_id)

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.telemetry.logs import TOKEN_PATTERN
 from tests.integration.stack import Stack
 
-TOKEN = re.compile(rb"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}")  # header.payload
+TOKEN = re.compile(TOKEN_PATTERN.encode())  # what every service's log lines redact
 PRIVATE_KEY = b"PRIVATE KEY-----"
 
 # Run as the task's account with a file of paths: prints each path it could open to read.

@@ -62,7 +62,8 @@ async def run(runner: ProcessExecutor, logs: Path, job: events_pb2.TaskPlaced) -
     """Start the task, wait for it to end, let go of its job's folder as the agent does."""
     execution = await runner.start(job)
     code = await execution.wait()
-    await execution.cleanup(may_return=False)
+    execution.cleanup(may_return=False)
+    await runner.close()  # the folder's removal runs in the background: until it is done
     return code, log_of(logs, job).read_text().split("\n", 1)[1]
 
 
@@ -248,7 +249,8 @@ async def main():
             spec=types_pb2.JobSpec(user="alice", command=["sh", "-c", "id -u; ls; touch f"]))
         execution = await run.start(placed)
         print("task exit", await execution.wait())
-        await execution.cleanup(may_return=bool(why))
+        execution.cleanup(may_return=bool(why))
+    await run.close()
 asyncio.run(main())
 """
 

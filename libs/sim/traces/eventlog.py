@@ -7,7 +7,8 @@ lifecycle, so the log contributes submissions, cancellations, nodes and the
 budget; a job's runtime is its ``simulated_duration_s``, or else the longest
 task run the log recorded for it. A job with neither has no run to replay and is left
 out, with why (``LeftOut``): still running or still waiting when the log ends,
-cancelled before it started, or its tasks ended without starting (a launch that failed).
+cancelled before it started, or its tasks ended without starting (a launch that failed)
+or as they started.
 
 ``excerpt`` cuts such a log out of a live one (``qm export``): a window of real
 history to replay under another policy.

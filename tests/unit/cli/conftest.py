@@ -53,6 +53,19 @@ class RecordingJobs(js_grpc.JobServiceServicer):
                 return js.GetJobResponse(job=job)
         context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
 
+    def StreamLogs(
+        self, request: js.StreamLogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[js.StreamLogsResponse]:
+        """As admission answers for a job whose tasks all ran on simulated nodes (this
+        fake's nodes all are): FAILED_PRECONDITION, saying why there is no output."""
+        job = self.GetJob(js.GetJobRequest(job_id=request.job_id), context).job
+        nodes = dict.fromkeys(task.node_id for task in job.tasks if task.node_id)
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"job {job.job_id} has no output: it ran on simulated node(s) {', '.join(nodes)}, "
+            "which run no command",
+        )
+
 
 class Admission:
     def __init__(self, jobs: RecordingJobs, address: str) -> None:

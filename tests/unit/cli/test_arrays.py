@@ -1,12 +1,15 @@
-"""Job array indexes, written as Slurm users write them."""
+"""Job array indexes, written as Slurm users write them; qm submit --array."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from cli.app import app
 from cli.arrays import MAX_JOBS, array_indexes, element_request_id
+from tests.unit.cli.conftest import Admission
 
 
 @pytest.mark.parametrize(
@@ -47,3 +50,12 @@ def test_any_list_of_indexes_reads_back(chosen: set[int]) -> None:
 def test_each_element_has_a_request_id_of_its_own_that_a_retry_repeats() -> None:
     ids = {element_request_id("r", i) for i in range(3)}
     assert len(ids) == 3 and element_request_id("r", 1) == element_request_id("r", 1)
+
+
+def test_an_array_says_once_what_will_protect_its_jobs(admission: Admission) -> None:
+    args = ["submit", "--array", "0-2", "--allocation", "nlp", "--min-runtime", "10m", "--", "x"]
+    result = CliRunner().invoke(app, args, env=admission.env)
+    assert result.exit_code == 0, result.output
+    submitted, told = result.stdout.splitlines()
+    assert submitted == "submitted 3 jobs: j-1 j-1 j-1"  # the fake names every job j-1
+    assert told.startswith("charged: protected for 10m from its start if placed within nlp's")

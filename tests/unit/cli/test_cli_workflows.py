@@ -208,11 +208,15 @@ def test_a_batch_job_shows_no_task_table() -> None:
     assert "TASK" not in shown and "train" in shown
 
 
-def test_logs_of_a_workflow_say_where_to_look_instead_of_printing_nothing(
+def test_logs_of_a_workflow_that_ran_on_simulated_nodes_say_why_there_is_none(
     admission: Admission,
 ) -> None:
+    """qm logs asks admission for any job, a workflow too (its tasks on process nodes
+    keep output); where there is none, admission's reason is the one line shown."""
     admission.jobs.listed = [workflow_job()]
     result = CliRunner().invoke(app, ["logs", "j-1"], env=admission.env)
     assert result.exit_code == 1 and result.stdout == ""
-    assert "j-1 is a workflow: its tasks run on serving nodes" in result.stderr
-    assert "`qm status j-1` lists its tasks" in result.stderr
+    assert (
+        "FAILED_PRECONDITION: job j-1 has no output: it ran on simulated node(s) n1, n2, "
+        "which run no command"
+    ) in result.stderr

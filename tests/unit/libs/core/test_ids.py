@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.core.ids import attempt_of, batch_task_id, workflow_task_id
+from libs.core.ids import attempt_of, batch_task_id, in_job, workflow_task_id
 
 job_ids = st.text(min_size=1, max_size=20)
 
@@ -24,3 +24,9 @@ def test_ids_have_the_logged_shape() -> None:
 def test_an_id_without_an_attempt_reads_as_zero() -> None:
     ids = ("j/0", "j/12", "j/2.1", "a/b/3", "j", "j/x", "j/²", "j/.1", "")
     assert [attempt_of(t) for t in ids] == [0, 12, 2, 3, 0, 0, 0, 0, 0]
+
+
+def test_a_task_is_in_its_job_only() -> None:
+    assert in_job("j-1", batch_task_id("j-1", 2, 0))
+    assert in_job("j-1", workflow_task_id("j-1", "encode"))
+    assert not any(in_job("j-1", t) for t in ("j-10/0", "j-1", "j/1", "x/j-1/0", ""))

@@ -7,7 +7,7 @@ from google.protobuf.duration_pb2 import Duration
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core import Place, Preemption, PreemptionRule, Protection, Stop, StopCause
-from libs.events.convert import decision_payload, preemption_from_proto
+from libs.events.convert import decision_payload, preemption_from_proto, stop_cause_from_proto
 from tests.builders import job
 
 PROVENANCE = types_pb2.Provenance(policy="budget", policy_version=1)
@@ -50,6 +50,17 @@ def test_a_stop_that_is_no_preemption_records_none() -> None:
     assert isinstance(record, events_pb2.TaskStopRequested)
     assert not record.HasField("preemption")
     assert preemption_from_proto(record.preemption) is None  # no rule said
+
+
+@pytest.mark.parametrize("cause", list(StopCause))
+def test_a_stop_cause_round_trips(cause: StopCause) -> None:
+    record = decision_payload(Stop("j", "j/0", "n1", cause, "why"), PROVENANCE)
+    assert isinstance(record, events_pb2.TaskStopRequested)
+    assert stop_cause_from_proto(record.cause) is cause
+
+
+def test_an_unsaid_stop_cause_is_none() -> None:
+    assert stop_cause_from_proto(types_pb2.STOP_CAUSE_UNSPECIFIED) is None
 
 
 def test_a_preemption_for_workflow_serving_names_the_allocation() -> None:

@@ -15,6 +15,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.events import new_envelope
 from libs.events.logfile import write_log
+from libs.sim.scenario import Scenario, build_workload
 from libs.sim.traces import (
     RawJob,
     TraceError,
@@ -225,6 +226,41 @@ def test_a_recorded_job_with_no_run_to_replay_is_left_out_saying_why(tmp_path: P
         ("e", STILL_WAITING),
         ("f", NO_TIME),
     ]
+
+
+def test_a_window_cuts_a_recorded_logs_submissions_alike_replayed_or_left_out(
+    tmp_path: Path,
+) -> None:
+    def env(payload: Message, second: int) -> events_pb2.Envelope:
+        at = datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
+        return new_envelope(payload, producer="test", occurred=at, event_id=f"e{second}")
+
+    spec = types_pb2.JobSpec(allocation="a", user="u", gpus=1, command=["x"])
+    tree = types_pb2.BudgetTree(
+        nodes=[
+            types_pb2.BudgetNode(name="root", weight=1),
+            types_pb2.BudgetNode(name="a", parent="root", weight=1),
+        ]
+    )
+    inventory = types_pb2.NodeInventory(node_id="n1", gpus=[types_pb2.Gpu(index=0, type="H100")])
+    envelopes = [
+        env(events_pb2.BudgetChanged(tree=tree), 0),
+        env(events_pb2.NodeRegistered(inventory=inventory), 1),
+    ]
+    envelopes += [
+        env(events_pb2.JobAdmitted(job_id=j, spec=spec), 10 + i) for i, j in enumerate("abcde")
+    ]
+    for i, job in enumerate("bc"):  # a, d and e wait: left out
+        started = events_pb2.TaskStarted(job_id=job, task_id=f"{job}/0", node_id="n1")
+        ended = events_pb2.TaskFinished(job_id=job, task_id=f"{job}/0", node_id="n1")
+        envelopes += [env(started, 20 + i), env(ended, 30 + i)]
+    path = tmp_path / "run.qmlog"
+    write_log(path, sorted(envelopes, key=lambda e: e.occurred_at.seconds))
+    end = datetime(2026, 1, 1, 0, 0, 14, tzinfo=UTC).timestamp()  # e's submission
+    workload = build_workload(Scenario("eventlog", path, skip_head=1, end_s=end), 3600.0)
+    # The head skipped is the log's first submission, a; the window ends before e.
+    assert [job.job_id for job in workload.jobs] == ["b", "c"]
+    assert [job.job_id for job in workload.left_out] == ["d"]
 
 
 def test_an_excerpt_replays_the_window_s_jobs_on_the_cluster_of_its_start(tmp_path: Path) -> None:

@@ -148,3 +148,14 @@ async def test_no_output_says_why() -> None:
     wiped = job(S.JOB_STATE_FINISHED, 1, ("j/0", "n-a"))  # its agent lost its logs
     with pytest.raises(NoOutput, match="no output of job j is kept: the agents of n-a have no"):
         await output(agents, wiped)
+
+
+@pytest.mark.parametrize("follow", [False, True])
+async def test_a_workflow_served_on_a_simulated_node_says_it_ran_no_command(follow: bool) -> None:
+    """Its tasks (no placements) name the node; its agent serves logs, but kept none."""
+    served = S.Job(job_id="j", state=S.JOB_STATE_FINISHED)
+    for name in ("encode", "decode"):
+        served.tasks.add(name=name, node_id="serve-1", state=S.JOB_STATE_FINISHED)
+    simulated = [*NODES, node("serve-1", "s:1", S.EXECUTOR_SIMULATED)]
+    with pytest.raises(NoOutput, match=r"ran on simulated node\(s\) serve-1, which run no command"):
+        await output(Agents(), served, known=simulated, follow=follow)

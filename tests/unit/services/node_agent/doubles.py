@@ -78,12 +78,25 @@ def delivery(payload: Message, offset: int = 0) -> Delivery:
     )
 
 
+# The executors a test made: closed once it ends (``close_executors``).
+_made: list[ProcessExecutor] = []
+
+
 def process_executor(folder: Path, **options: Any) -> ProcessExecutor:
     """Tasks run as the agent: their logs in ``folder/logs``, their jobs' scratch folders
     in ``folder/scratch``."""
     config = SandboxFile(scratch=ScratchEntry(root=str(folder / "scratch")))
     sandbox = Sandbox(config, os.environ, switch=False)
-    return ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox, **options)
+    executor = ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox, **options)
+    _made.append(executor)
+    return executor
+
+
+async def close_executors() -> None:
+    """Finish what the executors made since the last call do in the background (a
+    folder's removal): a child process still starting as the loop closes hangs it."""
+    while _made:
+        await _made.pop().close()
 
 
 def task_log(folder: Path, job_id: str = "job-1", task_id: str = "job-1/0") -> Path:

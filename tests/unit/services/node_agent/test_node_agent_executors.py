@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from qm.v1 import events_pb2, types_pb2
@@ -171,6 +175,46 @@ async def test_a_child_that_dies_before_it_can_say_why_fails_the_task_not_the_ag
     assert "not started" in task_log(tmp_path).read_text()
 
 
+async def test_a_launch_whose_output_pipes_fail_closes_what_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second pipe cannot be watched (the agent is out of descriptors, say): the task
+    fails to start, and both pipes and its log are closed."""
+    this, made = asyncio.current_task(), list[int]()  # the pipes this launch made
+    loop, pipe = asyncio.get_running_loop(), os.pipe
+    connect = loop.connect_read_pipe
+
+    def recorded() -> tuple[int, int]:
+        ends = pipe()
+        if asyncio.current_task() is this:  # not a removal of an earlier test's
+            made.extend(ends)
+        return ends
+
+    async def second_fails(*args: Any) -> Any:
+        if asyncio.current_task() is this and len(made) == 4:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return await connect(*args)
+
+    monkeypatch.setattr(os, "pipe", recorded)
+    monkeypatch.setattr(loop, "connect_read_pipe", second_fails)
+    with pytest.raises(LaunchError, match=r"cannot make the task's output pipes: .* Too many"):
+        await process_executor(tmp_path).start(placed("true"))
+    assert len(made) == 4
+    for fd in made:
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(fd)
+    assert str(task_log(tmp_path)) not in open_files()
+
+
+def open_files() -> set[str]:
+    """What this process has open (the listing's own descriptor is gone once read)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
 async def test_simulated_task_runs_for_its_duration_and_exits_as_told() -> None:
     began = time.monotonic()
     execution = await SimulatedExecutor().start(placed(duration_s=0.2, exit_code=4))
@@ -234,12 +278,14 @@ async def test_a_task_without_a_usable_home_starts_in_its_jobs_scratch_folder(
         "import os; e = os.environ; open('probe', 'w').write('ok'); "
         "print(os.getcwd(), e['HOME'], e['TMPDIR'], e['PYTHONUNBUFFERED'], open('probe').read())"
     )
-    execution = await process_executor(tmp_path).start(placed(*python(code)))
+    executor = process_executor(tmp_path)
+    execution = await executor.start(placed(*python(code)))
     assert await execution.wait() == 0
     scratch = tmp_path / "scratch" / "job-1"
     printed = task_log(tmp_path).read_text().splitlines()[1]
     assert printed == f"{scratch} {scratch} {scratch} 1 ok"
-    await execution.cleanup(may_return=False)
+    execution.cleanup(may_return=False)
+    await executor.close()  # the folder's removal runs in the background: until done
     assert not scratch.exists()
 
 
