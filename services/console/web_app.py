@@ -51,7 +51,7 @@ TOKEN_IN_ADDRESS = (
     "a token in the address signs no one in (it would stay in logs and the browser's "
     "history): paste it here"
 )
-_OPEN = frozenset({"/healthz", "/readyz", "/login"})
+_OPEN = frozenset({"/healthz", "/readyz", "/login", "/favicon.ico"})
 
 FEED = web.AppKey("feed", Feed)
 STARTS = web.AppKey("starts", StartEstimates)
@@ -79,6 +79,8 @@ def make_app(feed: Feed, keys: Keys, starts: StartEstimates, *, secure: bool) ->
     app.router.add_get("/login", _login_page)
     app.router.add_post("/login", _login)
     app.router.add_post("/logout", _logout)
+    # Browsers ask for it on any page without an icon of its own (a JSON answer).
+    app.router.add_get("/favicon.ico", _favicon)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_static("/static/charts/", CHARTS)
@@ -148,6 +150,10 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 continue
             await stream.send(json.dumps(view), event="view")
     return stream
+
+
+async def _favicon(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPMovedPermanently("/static/favicon.svg")
 
 
 def _login_form(error: str = "", status: int = 200) -> web.Response:

@@ -27,6 +27,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("console-stack"))
     try:
         stack.up()
+        stack.wait_registered()
         stack.start_console()
         yield stack
     finally:

@@ -33,6 +33,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("stack"))
     try:
         stack.up()
+        stack.wait_registered()
         yield stack
     finally:
         stack.down()

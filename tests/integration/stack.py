@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import yaml
+from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc
 
 from libs.auth import Keys, issue_token
 from libs.bus import KafkaSettings
@@ -307,6 +308,23 @@ class Stack:
         self.start_node_agent()
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
+
+    def wait_registered(self, timeout: float = 60) -> None:
+        """Until every declared node is in admission's view of the cluster: a job is
+        judged against the nodes registered so far, and a type none of them has yet is
+        refused."""
+        declared = {str(node["node_id"]) for node in NODES["nodes"]}
+        stub = cluster_service_pb2_grpc.ClusterServiceStub(self.channel())
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = stub.ListNodes(
+                cluster_service_pb2.ListNodesRequest(), metadata=self.auth("alice"), timeout=10
+            )
+            if declared <= {node.inventory.node_id for node in reply.nodes}:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not registered in {timeout:g} s: {sorted(declared)}")
+            time.sleep(0.2)
 
     def start_console(self) -> None:
         """The web console (after ``up``): it reads the projector, the budget service and

@@ -156,6 +156,9 @@ async def test_without_a_token_the_page_sends_you_to_sign_in(console) -> None:  
             csp = login.headers["Content-Security-Policy"]
             assert "script-src 'self'" in csp and "unsafe-inline" not in csp
             assert login.headers["X-Content-Type-Options"] == "nosniff"
+        # A browser asks for it on a page without an icon: the icon, not a refusal.
+        async with http.get(server.make_url("/favicon.ico")) as icon:
+            assert icon.status == 200 and icon.url.path == "/static/favicon.svg"
 
 
 async def test_a_bad_or_expired_token_is_refused_in_words(console) -> None:  # type: ignore[no-untyped-def]
