@@ -34,7 +34,7 @@ PROTOC_GEN_GO_GRPC := $(GO_TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSIO
 GO_GENERATE := PATH=$(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$$PATH $(BUF) generate
 
 .PHONY: install protos up down test test-unit chaos lint typecheck bench kafka-start kafka-stop clean \
-  api-tools buf-lint go-client go-client-check k8s-validate
+  api-tools buf-lint go-client go-client-check k8s-validate example-image
 
 WEB := services/console/web
 WEB_STAMP := $(WEB)/node_modules/.package-lock.json
@@ -107,6 +107,14 @@ kafka-start:
 
 kafka-stop:
 	deploy/local/kafka.sh stop
+
+# localhost/qm-example:1 for jobs' --image, from Debian's busybox-static (apt; no registry),
+# into the node agent's podman storage: PODMAN_ROOT and PODMAN_DRIVER as its sandbox file's
+# containers storage_root and storage_driver (docs/containers.md). As root; once.
+PODMAN_ROOT ?= $(CURDIR)/.local/podman
+PODMAN_DRIVER ?= overlay
+example-image: install
+	deploy/images/example.sh $(PODMAN_ROOT) $(PODMAN_DRIVER)
 
 # Starts a broker of its own (separate port and data folder), runs every test,
 # and stops the broker whatever the outcome.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import uuid
@@ -23,7 +24,7 @@ from qm.v1 import (
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
-from cli import render
+from cli import exits, render
 from cli.arrays import array_indexes, element_request_id
 from cli.audit import audit_app
 from cli.budget import NodeEdit, changes, edited_node
@@ -35,11 +36,16 @@ from cli.params import (
     INT32,
     JOB_STATES,
     UINT32_MAX,
+    dependency,
     duration,
     input_file,
     job_states,
     key_value,
     number,
+    stop_warning,
+)
+from cli.params import (
+    mount as mount_flag,
 )
 from cli.progress import counting
 from cli.secrets import secret_app
@@ -49,6 +55,7 @@ from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
 from libs.core import simulated
 from libs.core.ids import name_in_job
+from libs.core.limits import MAX_GANG_NODES, MAX_NODE_GPUS
 from libs.core.simulated import SimulatedRun
 from libs.events import wire_time
 
@@ -91,7 +98,30 @@ def submit(
         list[str] | None,
         typer.Argument(help="The program and its arguments, after --; optional with --workflow"),
     ] = None,
-    gpus: Annotated[int, typer.Option(min=0, max=UINT32_MAX, help="GPUs on one node")] = 1,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=UINT32_MAX,
+            show_default="1",
+            help="GPUs, on one node (more: --nodes N --gpus-per-node M)",
+        ),
+    ] = None,
+    # Bounded by the protocol's limits, so that their product fits the request.
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=MAX_GANG_NODES,
+            help="Nodes the job spans, with --gpus-per-node: a part on each, started together",
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=MAX_NODE_GPUS, help="GPUs on each node (without --nodes: on one node)"
+        ),
+    ] = None,
     gpu_type: Annotated[str, typer.Option(help="e.g. H100; empty for any")] = "",
     allocation: Annotated[str, typer.Option(help="Budget leaf to charge")] = "",
     min_runtime: Annotated[
@@ -100,6 +130,57 @@ def submit(
     estimate: Annotated[
         float, duration("0", "Expected run time, e.g. 2h, for planning only; 0 = not given")
     ] = 0.0,
+    time_limit: Annotated[
+        float,
+        duration(
+            "0",
+            "Wall-time limit from its start, e.g. 2h (whole seconds, rounded up): then it is "
+            "stopped and ends TIMEOUT; also its estimate unless --estimate gives one; 0 = none",
+            "--time",
+        ),
+    ] = 0.0,
+    after: Annotated[
+        list[types_pb2.Dependency] | None,
+        typer.Option(
+            parser=dependency,
+            metavar="JOB[:ok|:any]",
+            help="Start only after JOB finished with exit code 0 (:ok, the default) or ended "
+            "however (:any); a job that can no longer start so is cancelled (repeat)",
+        ),
+    ] = None,
+    signal: Annotated[
+        types_pb2.StopWarning | None,
+        typer.Option(
+            parser=stop_warning,
+            metavar="SIG@DURATION",
+            help="Warn the job with SIG (USR1, USR2, INT, HUP, QUIT or TERM) that long "
+            "before SIGTERM when it is preempted, drained or reaches --time, e.g. USR1@2m, "
+            "so it can save a checkpoint (touch $QM_CHECKPOINT_SAVED once saved: it is "
+            "then stopped at once); at most the cluster's max_stop_warning_s",
+        ),
+    ] = None,
+    image: Annotated[
+        str,
+        typer.Option(
+            metavar="REF",
+            help="Run the command in this OCI image, its registry named (e.g. "
+            "localhost/qm-example:1), as your account, with your scratch folder and only your "
+            "GPUs; empty: as a process on the node",
+        ),
+    ] = "",
+    mount: Annotated[
+        list[types_pb2.Mount] | None,
+        typer.Option(
+            parser=mount_flag,
+            metavar="NAME:/path",
+            help="Mount a volume the cluster declares (its sandbox file's volumes:) at /path "
+            "in the job's image (repeat); nothing undeclared can be mounted",
+        ),
+    ] = None,
+    workdir: Annotated[
+        str,
+        typer.Option(metavar="DIR", help="Working directory; empty: your home or scratch folder"),
+    ] = "",
     resumable: Annotated[
         bool, typer.Option(help="Requeue instead of failing on preemption")
     ] = False,
@@ -149,7 +230,18 @@ def submit(
             help="A job per index, e.g. 0-9, 1,3,5 or 0-15:4; each sees QM_ARRAY_INDEX",
         ),
     ] = None,
-    wait: Annotated[bool, typer.Option(help="Follow the job until it ends")] = False,
+    wait: Annotated[
+        bool, typer.Option(help=f"Follow the job until it ends; exit with {exits.described()}")
+    ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="Print only the job id (an array's, one a line), for scripts: "
+            "JOB=$(qm submit -q -- ...); with --wait, no changes either",
+        ),
+    ] = False,
 ) -> None:
     """Submit a job: qm submit --gpus 2 -- python train.py, or qm submit --workflow FILE"""
     if not command and workflow is None:
@@ -160,12 +252,21 @@ def submit(
         indexes = array_indexes(array) if array is not None else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--array") from None
+    gpus, nodes = _gpus_and_nodes(gpus, nodes, gpus_per_node)
     spec = types_pb2.JobSpec(
         allocation=allocation,
         gpus=gpus,
+        nodes=nodes,
         gpu_type=gpu_type,
         min_runtime=wire_time.duration(int(min_runtime)) if min_runtime else None,
         runtime_estimate=wire_time.duration(estimate) if estimate else None,
+        # Rounded up: a limit of 0.5 s is not "none".
+        time_limit=wire_time.duration(math.ceil(time_limit)) if time_limit else None,
+        after=after or [],
+        stop_warning=signal,
+        image=image,
+        mounts=mount or [],
+        workdir=workdir,
         resumable=resumable,
         priority=priority,
         command=command or [],
@@ -188,21 +289,51 @@ def submit(
             raise typer.BadParameter(str(exc), param_hint="--workflow") from exc
     with _rpc() as conn:
         if indexes is not None:
-            _submit_array(conn, spec, indexes)
+            _submit_array(conn, spec, indexes, quiet)
             return
         reply = conn.call(conn.admission, _jobs(conn).SubmitJob, js.SubmitJobRequest(spec=spec))
-        note = " (already submitted with this request id)" if reply.duplicate else ""
-        console.print(f"submitted [bold]{reply.job_id}[/]{note}")
-        if not reply.duplicate:
-            console.print(render.protection_at_submission(spec), highlight=False)
-        if wait:
-            _follow(conn, reply.job_id)
+        if quiet:
+            console.print(reply.job_id, highlight=False)
         else:
-            console.print(f"follow it with: qm status {reply.job_id}")
+            note = " (already submitted with this request id)" if reply.duplicate else ""
+            console.print(f"submitted [bold]{reply.job_id}[/]{note}")
+            if not reply.duplicate:
+                console.print(render.protection_at_submission(spec), highlight=False)
+            if not wait:
+                console.print(f"follow it with: qm status {reply.job_id}")
+        if not wait:
+            return
+        last = _follow(conn, reply.job_id, None if quiet else Format.TABLE)
+    raise typer.Exit(exits.exit_code(last))
 
 
-def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...]) -> None:
-    """A job per index, each with its own request id (a retry makes the same jobs)."""
+def _gpus_and_nodes(
+    gpus: int | None, nodes: int | None, gpus_per_node: int | None
+) -> tuple[int, int]:
+    """The job's GPUs in all and the nodes it spans (0: one, not named), from --gpus,
+    --nodes and --gpus-per-node."""
+    if nodes is None and gpus_per_node is None:
+        return (1 if gpus is None else gpus), 0
+    if gpus_per_node is None:
+        raise typer.BadParameter(
+            "give the GPUs on each node with --gpus-per-node M", param_hint="--nodes"
+        )
+    nodes = nodes or 1
+    total = nodes * gpus_per_node
+    if gpus is not None and gpus != total:
+        raise typer.BadParameter(
+            f"{gpus} GPUs are not --nodes {nodes} × --gpus-per-node {gpus_per_node} "
+            f"({total}); give either",
+            param_hint="--gpus",
+        )
+    return total, nodes
+
+
+def _submit_array(
+    conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...], quiet: bool
+) -> None:
+    """A job per index, each with its own request id (a retry makes the same jobs);
+    ``quiet``: only their ids, one a line."""
     replies = []
     with counting(console, "jobs submitted", len(indexes)) as advance:
         for index in indexes:
@@ -213,6 +344,9 @@ def _submit_array(conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int,
             request = js.SubmitJobRequest(spec=element)
             replies.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request))
             advance(1)
+    if quiet:
+        console.print("\n".join(r.job_id for r in replies), highlight=False)
+        return
     console.print(f"submitted {len(replies)} jobs: {' '.join(r.job_id for r in replies)}")
     if not all(reply.duplicate for reply in replies):  # every element is protected alike
         console.print(render.protection_at_submission(spec), highlight=False)
@@ -288,17 +422,24 @@ def watch(job_id: str, output: OutputFlag = Format.TABLE) -> None:
         _follow(conn, job_id, output)
 
 
-def _follow(conn: Connection, job_id: str, output: Format = Format.TABLE) -> None:
-    """Follow a job's stream; it has no deadline (a job may run for days), but gRPC retries
-    its start like any call, and a broken stream ends the command with one line."""
+def _follow(
+    conn: Connection, job_id: str, output: Format | None = Format.TABLE
+) -> types_pb2.Job | None:
+    """Follow a job's stream, printing each change as ``output`` says (None: not at all);
+    it has no deadline (a job may run for days), but gRPC retries its start like any
+    call, and a broken stream ends the command with one line. Returns the job as last
+    seen (None: never seen): the stream ends when the job does."""
     started = time.monotonic()
     stream = _jobs(conn).WatchJob(js.WatchJobRequest(job_id=job_id), metadata=conn.metadata)
+    job = None
     try:
         for change in stream:
             job = change.job
-            emit_one(console, output, partial(message, job), partial(render.change, job))
+            if output is not None:
+                emit_one(console, output, partial(message, job), partial(render.change, job))
     except grpc.RpcError as exc:
         raise CallFailed(conn.admission.failure(exc, time.monotonic() - started)) from exc
+    return job
 
 
 @app.command()

@@ -19,6 +19,8 @@ from pydantic_core import PydanticCustomError
 from qm.v1 import types_pb2
 
 from libs.config.duration import parse_duration
+from libs.core.decisions import WARNING_SIGNALS
+from libs.events.wire_time import duration as wire_duration
 
 DAY_S = 86_400.0
 INT32 = (-(2**31), 2**31 - 1)
@@ -93,6 +95,39 @@ def job_states(flags: list[str]) -> list[types_pb2.JobState.ValueType]:
     return states
 
 
+# How a job waited for (``--after JOB[:ok|:any]``) must end: ok, exit code 0; any, however.
+CONDITIONS = {"ok": types_pb2.DEPENDENCY_CONDITION_OK, "any": types_pb2.DEPENDENCY_CONDITION_ANY}
+
+
+def dependency(text: str) -> types_pb2.Dependency:
+    """A ``JOB[:ok|:any]`` flag; ``:ok`` when it names no condition."""
+    job_id, colon, condition = text.partition(":")
+    condition = condition.lower() if colon else "ok"
+    if not job_id or condition not in CONDITIONS:
+        raise _error(f"{text!r} is not JOB[:ok|:any]")
+    return types_pb2.Dependency(job_id=job_id, condition=CONDITIONS[condition])
+
+
+def stop_warning(text: str) -> types_pb2.StopWarning:
+    """A ``SIG@DURATION`` flag (``USR1@20s``, ``SIGUSR1@2m``): that signal that long
+    before SIGTERM, whole seconds rounded up."""
+    name, at, when = text.partition("@")
+    name = name.upper().removeprefix("SIG")
+    if not at or name not in WARNING_SIGNALS:
+        signals = ", ".join(sorted(WARNING_SIGNALS))
+        raise _error(f"{text!r} is not SIG@DURATION with SIG one of {signals} (e.g. USR1@20s)")
+    seconds = Duration(positive=True)(when)
+    return types_pb2.StopWarning(signal=name, before=wire_duration(math.ceil(seconds)))
+
+
+def mount(text: str) -> types_pb2.Mount:
+    """A ``NAME:/path`` flag: a volume the cluster declares, where the job sees it."""
+    volume, colon, path = text.partition(":")
+    if not colon or not volume or not path.startswith("/"):
+        raise _error(f"{text!r} is not NAME:/path (a declared volume, an absolute path)")
+    return types_pb2.Mount(volume=volume, path=path)
+
+
 def key_value(text: str) -> str:
     """A ``KEY=VALUE`` flag, kept whole."""
     key, equals, _ = text.partition("=")
@@ -116,8 +151,9 @@ def knob(help: str, *, maximum: float = 1e6) -> Any:
     return number(help, least=0, most=maximum)
 
 
-def duration(shown: str, help: str, *, positive: bool = False) -> Any:
-    """A duration flag; ``shown`` is its default as people write it."""
+def duration(shown: str, help: str, *names: str, positive: bool = False) -> Any:
+    """A duration flag; ``shown`` is its default as people write it; ``names``, its own
+    (default: the parameter's)."""
     return typer.Option(
-        parser=Duration(positive), show_default=shown, metavar="DURATION", help=help
+        *names, parser=Duration(positive), show_default=shown, metavar="DURATION", help=help
     )

@@ -13,6 +13,7 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from cli.params import CONDITIONS
 from libs.config.duration import format_duration
 from libs.events import wire_time
 from libs.events.convert import preemption_from_proto
@@ -29,6 +30,7 @@ _STYLE = {
     "CANCELLED": "magenta",
     "PREEMPTED": "magenta",
     "LOST": "red",
+    "TIMEOUT": "red",
 }
 
 
@@ -184,23 +186,29 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     workflow = job.spec.HasField("workflow")
     min_runtime = wire_time.seconds(job.spec.min_runtime)
     estimate = wire_time.seconds(job.spec.runtime_estimate)
+    time_limit = round(wire_time.seconds(job.spec.time_limit))
     rows = [
         ("job", job.job_id),
         ("state", job_state(job)),
         ("allocation", job.spec.allocation),
         ("user", job.spec.user),
-        (
-            "gpus",
-            f"{job.spec.gpus}×{job.spec.gpu_type or 'any'}" + (" per task" if workflow else ""),
-        ),
+        ("gpus", _gpus(job.spec)),
         ("contract", f"min runtime {min_runtime:g} s, resumable {job.spec.resumable}"),
         ("estimate", f"{estimate:g} s" if estimate else "-"),
+        ("time limit", format_duration(time_limit) if time_limit else "-"),
         ("command", escape(shlex.join(job.spec.command)) or "-"),  # as a shell reads it
         (
             ("workflow", f"{job.spec.workflow.name}: {workflow_progress(job)}")
             if workflow
             else ("nodes" if len(job.placements) > 1 else "node", _where(job))
         ),
+        *([("after", _after(job.spec))] if job.spec.after else []),
+        *(
+            [("warning", _warning(job.spec.stop_warning))]
+            if job.spec.HasField("stop_warning")
+            else []
+        ),
+        *([("checkpointed", when(job.checkpointed_at))] if job.HasField("checkpointed_at") else []),
         ("submitted", when(job.submitted_at)),
         ("started", when(job.started_at)),
         ("finished", when(job.finished_at)),
@@ -218,6 +226,29 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
     if not workflow:
         return table
     return Group(table, workflow_tasks_table(job))
+
+
+def _gpus(spec: types_pb2.JobSpec) -> str:
+    """``16×H100 (2 nodes × 8)``: a job's GPUs, and how it spans nodes when it names them."""
+    shown = f"{spec.gpus}×{spec.gpu_type or 'any'}"
+    if spec.HasField("workflow"):
+        return f"{shown} per task"
+    return f"{shown} ({spec.nodes} nodes × {spec.gpus // spec.nodes})" if spec.nodes > 1 else shown
+
+
+def _warning(warning: types_pb2.StopWarning) -> str:
+    """``SIGUSR1 2m before SIGTERM``: what ``--signal`` asked for."""
+    before = format_duration(round(wire_time.seconds(warning.before)))
+    return f"SIG{warning.signal} {before} before SIGTERM"
+
+
+# ``--after``'s words for each condition (an unspecified one is ok).
+_CONDITION_WORDS = {condition: word for word, condition in CONDITIONS.items()}
+
+
+def _after(spec: types_pb2.JobSpec) -> str:
+    """The jobs it waits for, as ``--after`` takes them: ``j-1:ok, j-2:any``."""
+    return ", ".join(f"{d.job_id}:{_CONDITION_WORDS.get(d.condition, 'ok')}" for d in spec.after)
 
 
 def workflow_progress(job: types_pb2.Job) -> str:

@@ -67,6 +67,14 @@ private_state() {
 up() {
   private_state
   mkdir -p "$run" "$logs" "$QM_TASK_LOG_DIR"
+  # The sandbox file's dataset volume (deploy/local/sandbox.yaml), with a file to read,
+  # and the example image for --image (with podman: make example-image; docs/containers.md).
+  mkdir -p /var/tmp/qm-datasets
+  [ -e /var/tmp/qm-datasets/hello ] || echo "hello from the dataset" > /var/tmp/qm-datasets/hello
+  chmod 755 /var/tmp/qm-datasets && chmod 644 /var/tmp/qm-datasets/hello
+  if command -v podman >/dev/null && [ "$(id -u)" = 0 ]; then
+    deploy/images/example.sh "$root/.local/podman" overlay
+  fi
   "$py" deploy/local/certs.py "$tls"
   # Its TLS listener (9094) uses the same CA; the services here use the loopback one.
   QM_KAFKA_TLS_PORT="${QM_KAFKA_TLS_PORT:-9094}" QM_KAFKA_TLS_DIR="$tls" deploy/local/kafka.sh start

@@ -52,6 +52,10 @@ class PolicyFile(FileModel):
     serving_lend_s: float = Field(_D.serving_lend_s, ge=0)
     serving_linger_s: float = Field(_D.serving_linger_s, ge=0)
     node_lost_timeout_s: float = Field(_D.node_lost_timeout_s, gt=0)
+    max_stop_warning_s: float = Field(_D.max_stop_warning_s, ge=0, le=L.DAY_S)
+    rendezvous_port: int = Field(_D.rendezvous_port, ge=1024, le=65535 - L.MAX_NODE_GPUS)
+    # More than a node has GPUs (each gang's part takes one at least): a port is always free.
+    rendezvous_ports: int = Field(_D.rendezvous_ports, ge=L.MAX_NODE_GPUS, le=10_000)
 
     def to_config(self) -> PolicyConfig:
         values = self.model_dump()

@@ -18,11 +18,35 @@ when its account has no home it can use. It is kept across the job's attempts he
 removed once the job ends; a job that has not run here for ``expire_after_s`` (it was
 requeued and ran elsewhere, or the agent stopped while it ran) loses it too. Every
 account that runs tasks must be able to reach ``root`` (each folder above it searchable).
+
+``checkpoints`` (off unless set): where each job gets a checkpoint folder
+(``<root>/<job id>``, its account's, 0700; ``QM_CHECKPOINT_DIR``), the same for every
+attempt: on a file system every node mounts at ``root``, a requeued job finds there what
+it saved wherever it ran before. Removed once the job ends, or unused for
+``expire_after_s`` (longer than any job runs: an agent cannot see another node's use).
+
+``containers`` (off unless set; a root agent only): how jobs with an image
+(``qm submit --image``) run, through podman (``docs/containers.md``). ``runtime``: the
+OCI runtime podman uses (a name podman knows, or an absolute path; crun refuses hybrid
+cgroup v1 hosts). ``storage_root``: the agent's own podman storage (``storage/``,
+``run/`` and the ``containers.conf`` it writes there), never the host's; unset: the
+agent's default beside its other state (the local stack's ``.local/podman``, where
+``make example-image`` imports). ``storage_driver``: ``overlay``, or ``vfs`` where the
+storage's file system cannot hold overlay layers (every container a full copy).
+``pull``: ``never`` (only images already in the storage run) or ``missing``; with
+``registries_auth_file``, podman's credentials for pulls (a file here, never from a job).
+``required``: this node refuses jobs without an image.
+
+``volumes``: what jobs may mount in their containers (``--mount NAME:/path``), by name:
+``host_path`` on this node, read-only unless ``read_only: false``, for jobs of the
+``allocations`` listed (exact names: the agent does not know the budget tree), or of
+every allocation when none are.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, field_validator
 
@@ -53,12 +77,57 @@ class ScratchEntry(FileModel):
     expire_after_s: Annotated[float, Field(gt=0)] = 7 * 86_400.0
 
 
+class CheckpointsEntry(FileModel):
+    root: Annotated[Name, AfterValidator(_absolute)]
+    expire_after_s: Annotated[float, Field(gt=0)] = 30 * 86_400.0
+
+
+def _runtime(runtime: str) -> str:
+    if not (runtime.startswith("/") or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", runtime)):
+        raise ValueError(f"expected a runtime's name or an absolute path, got {runtime!r}")
+    return runtime
+
+
+def _bind_source(path: str) -> str:
+    """A folder podman binds as written: ``--mount`` options are comma-separated."""
+    _absolute(path)
+    parts = path.split("/")[1:]
+    if any(part in ("", ".", "..") for part in parts) and path != "/":
+        raise ValueError(f"expected a normalized path (no //, . or ..), got {path!r}")
+    if any(char in path for char in ",\n\0"):
+        raise ValueError(f"expected a path without commas or newlines, got {path!r}")
+    return path
+
+
+AbsolutePath = Annotated[Name, AfterValidator(_absolute)]
+# qm submit --mount NAME:/path: no colon in a name.
+VolumeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+
+
+class ContainersEntry(FileModel):
+    runtime: Annotated[Name, AfterValidator(_runtime)] = "runc"
+    storage_root: AbsolutePath | None = None
+    storage_driver: Literal["overlay", "vfs"] = "overlay"
+    pull: Literal["never", "missing"] = "never"
+    required: bool = False
+    registries_auth_file: AbsolutePath | None = None
+
+
+class VolumeEntry(FileModel):
+    host_path: Annotated[Name, AfterValidator(_bind_source)]
+    read_only: bool = True
+    allocations: list[Name] = Field(default_factory=list)  # empty: every allocation's jobs
+
+
 class SandboxFile(FileModel):
     users: dict[Name, Account] = Field(default_factory=dict)
     default: Account | None = "nobody"
     environment: list[EnvName] = Field(default_factory=lambda: list(DEFAULT_ENVIRONMENT))
     cgroups: CgroupsEntry | None = None
     scratch: ScratchEntry = Field(default_factory=ScratchEntry)
+    checkpoints: CheckpointsEntry | None = None
+    containers: ContainersEntry | None = None
+    volumes: dict[VolumeName, VolumeEntry] = Field(default_factory=dict)
 
     @field_validator("users", mode="after")
     @classmethod

@@ -13,6 +13,7 @@ from libs.core.config import (
 from libs.core.decisions import (
     Cancel,
     Decision,
+    GangPart,
     JobLost,
     NodeLost,
     Place,
@@ -57,7 +58,7 @@ from libs.core.inputs import (
     Tick,
     UsageSnapshot,
 )
-from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
+from libs.core.model import Dependency, JobSpec, NodeKind, NodeSpec, WorkClass
 from libs.core.scheduler import POLICY, POLICY_VERSION, Scheduler
 from libs.core.validation import Limits, Violation, validate_job, validate_node
 
@@ -68,6 +69,8 @@ __all__ = [
     "Cancel",
     "CancelRequested",
     "Decision",
+    "Dependency",
+    "GangPart",
     "Input",
     "JobArrived",
     "JobHeld",

@@ -1,9 +1,10 @@
 """Where work fits: an index of free GPUs by node class and free count.
 
 Best fit: a job goes to the matching node with the fewest free GPUs that
-still holds it, which keeps large blocks whole for large jobs. Gangs larger
-than one node take whole free nodes, all or nothing. Every answer is a value:
-the GPUs to use, or a reason a person can act on.
+still holds it, which keeps large blocks whole for large jobs. A job that names
+its nodes takes that many distinct nodes, each the fullest that holds a part;
+one larger than any node (a trace's) takes whole free nodes; all or nothing. Every
+answer is a value: the GPUs to use, or a reason a person can act on.
 """
 
 from __future__ import annotations
@@ -233,6 +234,8 @@ class Capacity:
             if not self.nodes:
                 return NoFit(f"needs {describe(spec)}; no node has registered yet")
             return NoFit(f"needs {describe(spec)}; {self._none_takes(spec)}")
+        if spec.parts > 1:
+            return self._fit_parts(spec, classes, blocked)
         if spec.gpus > largest_node:
             total = sum(self._class_total[c] for c in classes)
             if spec.gpus > total:
@@ -259,6 +262,36 @@ class Capacity:
             )
         node_id = best[1]
         return Fit(((node_id, self.free(node_id)[: spec.gpus]),))
+
+    def _fit_parts(
+        self, spec: JobSpec, classes: list[_NodeClass], blocked: Collection[NodeId]
+    ) -> Fit | NoFit:
+        """``spec.parts`` distinct nodes with ``spec.block`` free GPUs each, the fullest
+        that hold a part first (then by node id), rank 0 on the first."""
+        per, parts = spec.block, spec.parts
+        wanted = f"needs {describe(spec)} as {parts} parts of {per} on distinct nodes"
+        able = sum(
+            1
+            for node in self.nodes.values()
+            if node.gpu_count >= per and _matches(spec, node_class(node))
+        )
+        if able < parts:
+            return NoFit(f"{wanted}; only {able} such nodes have {per} GPUs")
+        holding = sorted(
+            (count, node_id)
+            for cls in classes
+            for count, nodes in self._by_class[cls].items()
+            if count >= per
+            for node_id in nodes
+            if node_id not in blocked
+        )
+        if len(holding) < parts:
+            return NoFit(
+                f"{wanted}; {len(holding)} {'has' if len(holding) == 1 else 'have'} room",
+                possible=True,
+                summary=f"{wanted}; waiting for room on {parts} nodes",
+            )
+        return Fit(tuple((node_id, self.free(node_id)[:per]) for _, node_id in holding[:parts]))
 
     def _none_takes(self, spec: JobSpec) -> str:
         """Why no registered node may take the job: none has its type (and memory), or

@@ -107,6 +107,13 @@ class PolicyConfig:
     # A node that heartbeats is declared lost once it has been silent this long (on
     # the log's clock): its tasks end LOST or requeue, its GPUs leave the pool.
     node_lost_timeout_s: float = 30.0
+    # A job spanning nodes gets a rendezvous port (MASTER_PORT) on its rank 0's node:
+    # the lowest of rendezvous_ports from rendezvous_port that no other gang there holds.
+    # The longest warning (JobSpec.warning_s) a job gets before it is stopped: a
+    # preemption's GPUs free that much later.
+    max_stop_warning_s: float = 300.0
+    rendezvous_port: int = 29500
+    rendezvous_ports: int = 100
 
     def price(self, gpu_type: str) -> float:
         return dict(self.gpu_prices).get(gpu_type, 1.0)

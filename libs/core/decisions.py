@@ -36,6 +36,15 @@ class Protection(enum.Enum):
 
 
 @dataclass(frozen=True)
+class GangPart:
+    """One part of a job that spans nodes, as every part's task is told of it."""
+
+    node_id: NodeId
+    address: str  # its node's (``NodeSpec.address``)
+    gpus: int
+
+
+@dataclass(frozen=True)
 class Place:
     """Start one task of a job on one node (a gang spanning nodes is one Place per node).
 
@@ -55,6 +64,10 @@ class Place:
     node_incarnation: str = ""
     protection: Protection | None = None
     protected_s: float = 0.0
+    # A job spanning nodes: every part in rank order, and the port rank 0 listens on
+    # for the rendezvous (reserved on its node while the job runs).
+    gang: tuple[GangPart, ...] = ()
+    master_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,11 +97,21 @@ class Wait:
     reason: str
 
 
+# The signals a job may ask to be warned with (``JobSpec.warning_signal``, without "SIG").
+WARNING_SIGNALS = frozenset({"USR1", "USR2", "INT", "HUP", "QUIT", "TERM"})
+
+
 class StopCause(enum.Enum):
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
     NODE_LOST = "node lost"  # a node of its gang was lost: the gang cannot go on
     DRAINED = "drained"  # an operator drained a node it runs on: it is requeued
+    TIME_LIMIT = "time limit"  # it ran to its time limit: it ends TIMEOUT
+    GANG_FAILED = "gang failed"  # another part of its gang exited non-zero: it ends FAILED
+
+
+# The stops a job's warning comes before: those it did not ask for and can prepare for.
+WARNED = frozenset({StopCause.PREEMPTED, StopCause.DRAINED, StopCause.TIME_LIMIT})
 
 
 def requeues(cause: StopCause | None, resumable: bool) -> bool:
@@ -139,6 +162,10 @@ class Stop:
     reason: str
     grace_s: float = 0.0
     preemption: Preemption | None = None
+    # The job's warning, when this stop gives one: ``warn_signal`` now, SIGTERM
+    # ``warn_s`` later (or once the task saves a checkpoint, or ends).
+    warn_signal: str = ""
+    warn_s: float = 0.0
 
 
 def stop_grace(asked_s: float, own_s: float) -> float:

@@ -1,12 +1,12 @@
 """Runtime estimates, for planning only (reservations, backfill), never for charging.
 
-A job's estimate is the limit its spec requests (its user's or its trace's), else one
-learned from its user's completed jobs, else none. The learned figure is the 80th
-percentile (nearest rank) of the user's last ``LEARNED_JOBS`` completed runtimes: a
-percentile is not dragged by the odd runaway or instant crash as a mean is, leaning
-high means a plan errs towards waiting rather than delaying a reservation, and a
-short window follows a user whose work changes. The runtimes are scheduler state
-(in the digest), fed from the job ends the scheduler sees.
+A job's estimate is the limit its spec requests (its user's or its trace's), else its
+time limit (it runs no longer), else one learned from its user's completed jobs, else
+none. The learned figure is the 80th percentile (nearest rank) of the user's last
+``LEARNED_JOBS`` completed runtimes: a percentile is not dragged by the odd runaway or
+instant crash as a mean is, leaning high means a plan errs towards waiting rather than
+delaying a reservation, and a short window follows a user whose work changes. The
+runtimes are scheduler state (in the digest), fed from the job ends the scheduler sees.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ def learned_s(runtimes: tuple[float, ...]) -> float | None:
 
 
 def estimate_s(spec: JobSpec, learned: Learned) -> float | None:
-    """How long the job is expected to run: its requested limit, else its user's
-    learned figure, else None (unknown)."""
+    """How long the job is expected to run: its requested limit, else its time limit,
+    else its user's learned figure, else None (unknown)."""
     if spec.runtime_estimate_s > 0:
         return spec.runtime_estimate_s
+    if spec.time_limit_s > 0:
+        return float(spec.time_limit_s)
     return learned_s(learned.get(spec.user, ()))
 
 

@@ -68,20 +68,21 @@ def soonest_nodes(
     releases: Callable[[NodeId], Iterable[tuple[float, int]]],
     now: float,
 ) -> Hold | None:
-    """The nodes that will hold ``waiting`` soonest: one node with room for it, or the
-    fewest whole nodes for a gang. ``candidate_nodes`` are (node id, GPU count, GPUs
-    free or being freed, the ``Floors`` of its other work or None); ``releases`` (when,
-    GPUs) of that work. Nodes are weighed in the order of ``earliest`` (no later than
-    ``releases`` frees what is needed; -inf for a node without floors), and no further
-    once the rest cannot free in time to be chosen. None when no such nodes are known
-    to free at all."""
+    """The nodes that will hold ``waiting`` soonest: one node with room for it, one with
+    room for a part on each of its named nodes, or the fewest whole nodes for a gang.
+    ``candidate_nodes`` are (node id, GPU count, GPUs free or being freed, the
+    ``Floors`` of its other work or None); ``releases`` (when, GPUs) of that work. Nodes
+    are weighed in the order of ``earliest`` (no later than ``releases`` frees what is
+    needed; -inf for a node without floors), and no further once the rest cannot free in
+    time to be chosen. None when no such nodes are known to free at all."""
     nodes = candidate_nodes if isinstance(candidate_nodes, list) else list(candidate_nodes)
     node_size = max((size for _, size, _, _ in nodes), default=0)
     if node_size == 0:
         return None
-    gang = waiting.gpus > node_size
-    need = node_size if gang else waiting.gpus
-    count = -(-waiting.gpus // node_size) if gang else 1
+    # A part on each of several nodes, whole nodes for a gang larger than one, or one node.
+    gang = waiting.parts == 1 and waiting.gpus > node_size
+    need = node_size if gang else waiting.block
+    count = -(-waiting.gpus // node_size) if gang else waiting.parts
     # A heap, not a sorted list: the search mostly stops after a few nodes.
     order = [
         (-math.inf if bounds is None else earliest(bounds, need - free, now), node_id, free)

@@ -22,6 +22,7 @@ MAX_RECORD_BYTES = 1_000_000
 MAX_SPEC_BYTES = 512 * KIB
 
 MAX_NAME_CHARS = 64  # ids that repeat per task: job, task and node ids, parents
+MAX_ADDRESS_CHARS = 253  # a node's address: a DNS name at most
 MAX_TEXT_CHARS = 128  # allocation, user, GPU type, cluster, request id, model, workflow name
 
 MAX_GPUS = 1024  # per job, however large the site
@@ -33,6 +34,11 @@ MAX_ENV_BYTES = 64 * KIB
 MAX_SECRETS = 64  # secret names a job may ask the node agent for
 MAX_SIMULATED_DURATION_S = 366 * DAY_S
 MAX_RUNTIME_ESTIMATE_S = 366 * DAY_S
+MAX_TIME_LIMIT_S = 366 * DAY_S
+MAX_DEPENDENCIES = 64  # jobs one job waits for (--after)
+MAX_MOUNTS = 32  # declared volumes one job mounts
+MAX_PATH_CHARS = 4096  # a path in a job's container, or its working directory
+MAX_IMAGE_CHARS = 255  # an image reference, as registries allow
 MAX_GPU_MEMORY_GIB = 4096.0
 
 MAX_WORKFLOW_TASKS = 4096

@@ -43,6 +43,17 @@ _PROCESS_ONLY = frozenset({NodeKind.PROCESS})
 
 
 @dataclass(frozen=True)
+class Dependency:
+    """A job that another waits for (``qm submit --after JOB[:ok|:any]``)."""
+
+    job_id: str
+    any_end: bool = False  # True: however it ends; False: it must finish with exit 0
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{'any' if self.any_end else 'ok'}"
+
+
+@dataclass(frozen=True)
 class JobSpec:
     allocation: str
     user: str
@@ -69,6 +80,23 @@ class JobSpec:
     # Not a scheduling fact: left out of ``fact`` (the repr), so that logs recorded before
     # the field existed replay to the same state digests.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # Wall-time limit from its start, whole seconds (0: none): then it is stopped, TIMEOUT.
+    time_limit_s: int = 0
+    # Jobs it waits for: it is not placed until each has ended as asked.
+    after: tuple[Dependency, ...] = ()
+    # Nodes it spans as equal parts of ``gpus // nodes`` GPUs (0 or 1: one node, or a
+    # trace's job larger than any node on whole nodes).
+    nodes: int = 0
+    # A signal its node agent sends ``warning_s`` before SIGTERM when it is preempted,
+    # drained or reaches its time limit ("": none), so it can save a checkpoint.
+    warning_signal: str = ""
+    warning_s: int = 0
+    # How its node agent runs it, not scheduling facts (left out of ``fact``, as
+    # ``secrets``): an OCI image ("": a process), declared volumes to mount in it as
+    # (volume, path), and its working directory ("": its home or scratch folder).
+    image: str = field(default="", repr=False)
+    mounts: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    workdir: str = field(default="", repr=False)
 
     # Cached (the fields are frozen): planning asks these of every running job.
     @cached_property
@@ -80,6 +108,17 @@ class JobSpec:
         """Every field, hashed once per spec: how the state digest counts a job's spec
         (a waiting or running job's fact is written out many times)."""
         return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
+
+    @cached_property
+    def parts(self) -> int:
+        """How many equal parts it runs as when it names its nodes (1 otherwise)."""
+        return self.nodes if self.nodes > 1 else 1
+
+    @cached_property
+    def block(self) -> int:
+        """The GPUs it needs free on one node: a part's, or all of them (a job larger
+        than any node takes whole nodes instead; ``capacity.fit``)."""
+        return self.gpus // self.parts
 
     def wants_type(self, gpu_type: str) -> bool:
         """Whether GPUs of ``gpu_type`` are of the type it asks for (any, when it names none)."""
@@ -119,6 +158,8 @@ class NodeSpec:
     gpu_indices: tuple[int, ...] = field(default=())
     gpu_memory_gib: float = 0.0
     kind: NodeKind = NodeKind.PROCESS
+    # Where other nodes reach it: a multi-node job's parts rendezvous at rank 0's.
+    address: str = ""
 
     @property
     def gpu_count(self) -> int:

@@ -77,6 +77,8 @@ def plan_preemption(
     def short(node_id: NodeId, free: int, needed: int) -> bool:
         return room_bound is not None and free + room_bound(node_id) < needed
 
+    if waiting.parts > 1:
+        return _parts(waiting, list(candidate_nodes), running_on, may_take, short, rank, now, cap)
     if waiting.gpus > node_size:
         nodes = list(candidate_nodes)
         plan = _whole_nodes(waiting, nodes, node_size, running_on, may_take, short, now)
@@ -175,6 +177,47 @@ def _whole_nodes(
     if not stopped:
         return None  # whole nodes are free already: no preemption needed
     return Plan(tuple(sorted(chosen)), tuple(stopped.values()))
+
+
+def _parts(
+    waiting: JobSpec,
+    nodes: list[tuple[NodeId, int, int]],
+    running_on: Mapping[NodeId, Iterable[RunningJob]],
+    may_take: Callable[[RunningJob], bool],
+    short: Callable[[NodeId, int, int], bool],
+    rank: dict[str, int],
+    now: float,
+    cap: float,
+) -> Plan | None:
+    """Room for a job on named nodes: a part's GPUs on each of ``waiting.parts`` distinct
+    nodes, each node's room freed as a one-node job's would be, the cheapest nodes
+    (those with room already cost nothing). None when there are not enough such nodes,
+    the plan would throw away more than ``cap``, or nothing needs stopping."""
+    per = waiting.block
+    options: list[tuple[_Cost, NodeId, tuple[RunningJob, ...]]] = []
+    for node_id, size, free in nodes:
+        if size < per or short(node_id, free, per):
+            continue
+        allowed = sorted(
+            filter(may_take, running_on.get(node_id, ())), key=lambda v: victim_order(v, rank, now)
+        )
+        chosen: list[RunningJob] = []
+        room = free
+        for victim in allowed:
+            if room >= per:
+                break
+            chosen.append(victim)
+            room += victim.gpus
+        if room >= per:
+            options.append((_cost(chosen, now), node_id, tuple(chosen)))
+    if len(options) < waiting.parts:
+        return None
+    options.sort(key=lambda option: option[:2])
+    picked = options[: waiting.parts]
+    victims = {v.job_id: v for _, _, chosen in picked for v in chosen}
+    if not victims or _cost(victims.values(), now)[0] > cap:
+        return None
+    return Plan(tuple(sorted(node_id for _, node_id, _ in picked)), tuple(victims.values()))
 
 
 def _least_cost(victims: Iterable[RunningJob], missing: int) -> _Cost:

@@ -43,7 +43,7 @@ class Queues:
     def __init__(self, state: State | None = None) -> None:
         self.jobs: Table[JobId, Waiting] = (state or State()).table("queues.jobs", Waiting.fact)
         # An index over ``jobs`` (``derived`` rebuilds it):
-        # tier -> allocation -> gpus -> sorted keys
+        # tier -> allocation -> GPUs on one node (``JobSpec.block``) -> sorted keys
         self._lists: dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]] = {
             tier: {} for tier in TIERS
         }
@@ -63,7 +63,7 @@ class Queues:
     def push(self, job: Waiting) -> None:
         self.jobs[job.job_id] = job
         sizes = self._lists[job.spec.work_class].setdefault(job.spec.allocation, {})
-        bisect.insort(sizes.setdefault(job.spec.gpus, []), job.key)
+        bisect.insort(sizes.setdefault(job.spec.block, []), job.key)
         self._moved_head(job)
 
     def derived(self) -> dict[WorkClass, dict[str, dict[int, list[tuple[int, int, JobId]]]]]:
@@ -73,7 +73,7 @@ class Queues:
         }
         for job in self.jobs.values():
             sizes = lists[job.spec.work_class].setdefault(job.spec.allocation, {})
-            sizes.setdefault(job.spec.gpus, []).append(job.key)
+            sizes.setdefault(job.spec.block, []).append(job.key)
         for allocations in lists.values():
             for sizes in allocations.values():
                 for keys in sizes.values():
@@ -91,10 +91,10 @@ class Queues:
         allocations = self._lists[job.spec.work_class]
         sizes = allocations[job.spec.allocation]
         self._moved_head(job)
-        keys = sizes[job.spec.gpus]
+        keys = sizes[job.spec.block]
         del keys[bisect.bisect_left(keys, job.key)]
         if not keys:
-            del sizes[job.spec.gpus]
+            del sizes[job.spec.block]
             if not sizes:
                 del allocations[job.spec.allocation]
         return job
@@ -117,8 +117,8 @@ class Queues:
     def candidates(
         self, tier: WorkClass, allocation: str, size_ok: Callable[[int], bool]
     ) -> Iterator[Waiting]:
-        """Jobs of one allocation whose GPU count passes ``size_ok`` (re-asked as
-        the pass goes on), in queue order."""
+        """Jobs of one allocation whose GPUs on one node (``JobSpec.block``) pass
+        ``size_ok`` (re-asked as the pass goes on), in queue order."""
         sizes = self._lists[tier].get(allocation)
         if not sizes:
             return

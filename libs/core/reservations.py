@@ -179,20 +179,10 @@ class Reservations:
         the least, and only nodes where free work may make room can have one: those are
         searched first, and when one has such a plan, no other node is weighed."""
 
-        def search(free_work: bool) -> Plan | None:
+        def search(candidates: Iterable[tuple[NodeId, int, int]]) -> Plan | None:
             return plan_preemption(
                 spec,
-                _roomy(
-                    spec,
-                    nodes,
-                    node_size,
-                    self.reserved,
-                    capacity,
-                    running,
-                    now,
-                    lossless=lossless,
-                    free_work=free_work,
-                ),
+                candidates,
                 running.preemptible_by_node(),
                 rank,
                 now,
@@ -203,11 +193,29 @@ class Reservations:
                 ordered=True,
             )
 
+        def roomy(free_work: bool) -> Iterator[tuple[NodeId, int, int]]:
+            return _roomy(
+                spec,
+                nodes,
+                node_size,
+                self.reserved,
+                capacity,
+                running,
+                now,
+                lossless=lossless,
+                free_work=free_work,
+            )
+
+        if spec.parts > 1:  # a part on each of several nodes: every node not reserved
+            free = capacity.free
+            return search(
+                (n, size, len(free(n))) for n, size in nodes.items() if n not in self.reserved
+            )
         if spec.gpus <= node_size:  # a gang's plan weighs its nodes together
-            plan = search(free_work=True)
+            plan = search(roomy(free_work=True))
             if plan is not None and costs_least(plan, now):
                 return plan
-        return search(free_work=False)
+        return search(roomy(free_work=False))
 
     def _hold(
         self,

@@ -40,6 +40,8 @@ class Running:
     estimate_s: float | None = None  # how long it was expected to run when placed
     borrowed: bool = False  # placed beyond its allocation's share (``contract.borrows``)
     stop_reason: str = ""  # why it is being stopped, for people: its end repeats it
+    failed: str = ""  # the first part to exit non-zero: "exited with code 3" (a gang: its rank)
+    master_port: int = 0  # a gang's rendezvous port, on its rank 0's node
 
     def but(self, **changes: object) -> Running:
         """A copy with ``changes``: ``dataclasses.replace`` without its cost (a few µs,
@@ -61,7 +63,7 @@ class Running:
         return (
             f"{self.seq}|{self.attempt}|{self.placed_at}|{self._tasks_text}|{self.started_at}"
             f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
-            f"|{self.borrowed}|{self.stop_reason}"
+            f"|{self.borrowed}|{self.stop_reason}|{self.failed}|{self.master_port}"
             f"|{self.spec.fact}"
         )
 
@@ -95,6 +97,21 @@ class Running:
             return PreemptionRule.BORROWED
         return PreemptionRule.CONTRACT_ENDED
 
+    def warning_s(self, config: PolicyConfig) -> float:
+        """How long before SIGTERM its warning comes, capped by the policy."""
+        return (
+            min(self.spec.warning_s, config.max_stop_warning_s) if self.spec.warning_signal else 0.0
+        )
+
+    def deadline(self, config: PolicyConfig) -> float | None:
+        """When its time limit stops it (its warning first, so that SIGTERM comes at the
+        limit): from its start; None without a limit, before it starts, or once it is
+        being stopped."""
+        limit = self.spec.time_limit_s
+        if not limit or self.started_at is None or self.stopping is not None:
+            return None
+        return self.started_at + max(limit - self.warning_s(config), 0.0)
+
     def protected_until(self, config: PolicyConfig) -> float | None:
         if not self.spec.allocated or self.started_at is None:
             return None
@@ -102,7 +119,7 @@ class Running:
 
 
 class RunningWork:
-    DERIVED = ("_on_node", "_preemptible", "_room", "free_work_gpus")
+    DERIVED = ("_on_node", "_preemptible", "_room", "free_work_gpus", "_deadlines")
 
     def __init__(self, config: PolicyConfig, state: State) -> None:
         self.config = config
@@ -121,6 +138,7 @@ class RunningWork:
         # that may have room at all, so that a plan does not bound every node's.
         self._roomy = RoomIndex()
         self.free_work_gpus = 0  # GPUs held by running free work: debug work's headroom
+        self._deadlines: dict[JobId, float] = {}  # job -> when its time limit stops it
 
     @property
     def version(self) -> int:
@@ -145,7 +163,13 @@ class RunningWork:
         }
 
     def place(
-        self, job: Waiting, tasks: Tasks, now: float, estimate_s: float | None, borrowed: bool
+        self,
+        job: Waiting,
+        tasks: Tasks,
+        now: float,
+        estimate_s: float | None,
+        borrowed: bool,
+        master_port: int = 0,
     ) -> Running:
         for node_id, _ in tasks.values():
             self._on_node.setdefault(node_id, {})[job.job_id] = None
@@ -158,6 +182,7 @@ class RunningWork:
             tasks,
             estimate_s=estimate_s,
             borrowed=borrowed,
+            master_port=master_port,
         )
         self._put(run)
         if not job.spec.allocated:
@@ -200,9 +225,26 @@ class RunningWork:
         self._on_node.get(node_id, {}).pop(job_id, None)
         if len(run.ended) == len(run.tasks):
             del self.jobs[job_id]
+            self._deadlines.pop(job_id, None)
             if not run.spec.allocated:
                 self.free_work_gpus -= run.spec.gpus
         return run
+
+    def past_deadline(self, now: float) -> list[JobId]:
+        """The running jobs whose time limit has come by ``now``, soonest first."""
+        if not self._deadlines:
+            return []
+        due = [(at, job_id) for job_id, at in self._deadlines.items() if at <= now]
+        return [job_id for _, job_id in sorted(due)]
+
+    def ports_in_use(self, node_id: NodeId) -> set[int]:
+        """The rendezvous ports of the gangs whose rank 0 runs on ``node_id``."""
+        ports = set()
+        for job_id in self._on_node.get(node_id, {}):
+            run = self.jobs[job_id]
+            if run.master_port and next(iter(run.tasks.values()))[0] == node_id:
+                ports.add(run.master_port)
+        return ports
 
     def preemptible_by_node(self) -> Mapping[NodeId, Iterable[RunningJob]]:
         """The jobs not already stopping, by node, as preemption sees them: a gang once
@@ -241,6 +283,11 @@ class RunningWork:
         """Write the job, and keep its places among the preemptible ones (a job only
         ever leaves them: by stopping, or by a task ending) and their nodes' rooms."""
         self.jobs[run.job_id] = run
+        deadline = run.deadline(self.config)
+        if deadline is None:
+            self._deadlines.pop(run.job_id, None)
+        else:
+            self._deadlines[run.job_id] = deadline
         for node_id, victim in self._as_victims(run, run.tasks).items():
             on = self._preemptible.get(node_id)
             if victim is not None:
@@ -294,11 +341,17 @@ class RunningWork:
                     preemptible.setdefault(node_id, {})[job_id] = victim
         free_work = sum(run.spec.gpus for run in self.jobs.values() if not run.spec.allocated)
         room = {node_id: room_of(jobs.values()) for node_id, jobs in preemptible.items()}
+        deadlines = {
+            job_id: deadline
+            for job_id, run in self.jobs.items()
+            if (deadline := run.deadline(self.config)) is not None
+        }
         return {
             "_on_node": on_node,
             "_preemptible": preemptible,
             "_room": room,
             "free_work_gpus": free_work,
+            "_deadlines": deadlines,
         }
 
 

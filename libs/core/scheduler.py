@@ -9,8 +9,9 @@ hash order; time comes only from the inputs.
 What it remembers is kept by parts, a module each: free GPUs (``capacity.py``),
 the queues (``queues.py``), running work (``running.py``), what allocations are
 charged (``charges.py``), preemption under way (``reservations.py``), node leases
-(``liveness.py``), each user's completed runtimes (``estimates.py``) and workflows
-(``compass``); this class folds each input through them and runs the pass.
+(``liveness.py``), each user's completed runtimes (``estimates.py``), jobs that
+wait for others (``dependencies.py``) and workflows (``compass``); this class
+folds each input through them and runs the pass.
 
 A scheduling pass, in order:
   1. rank allocations by fair share: below their entitlement first, then the rest
@@ -43,8 +44,10 @@ from libs.core.compass.scheduler import GpuKey, Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob, victim_order, victims_for
 from libs.core.decisions import (
+    WARNED,
     Cancel,
     Decision,
+    GangPart,
     JobLost,
     NodeLost,
     Place,
@@ -52,6 +55,7 @@ from libs.core.decisions import (
     Preemption,
     Protection,
     Refused,
+    Reject,
     Requeue,
     ServingHeld,
     ServingReleased,
@@ -61,9 +65,10 @@ from libs.core.decisions import (
     Wait,
     requeues,
 )
+from libs.core.dependencies import Dependencies, Outcome, waiting_reason
 from libs.core.estimates import LearnedRuntimes
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
-from libs.core.ids import JobId, NodeId, TaskId, batch_task_id
+from libs.core.ids import JobId, NodeId, TaskId, batch_task_id, gang_rank
 from libs.core.limits import MAX_GANG_NODES, MAX_WORKFLOW_TASKS
 from libs.core.liveness import Liveness
 from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
@@ -136,9 +141,15 @@ POLICY = "budget"
 # nodes that take workflows only take no batch job (``NodeKind``); each placement says
 # how the job is protected (``Protection``), and each preemption for whom and by which
 # rule (``Preemption``), which the job's requeue or end repeats.
-POLICY_VERSION = 31
-# What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, backfills).
-_Shape = tuple[str, float, frozenset[NodeKind], int, bool]
+# 32: a job may wait for others (``JobSpec.after``) and have a time limit; a gang whose
+# part exits non-zero is stopped whole (``GANG_FAILED``); a job may name its nodes
+# (``JobSpec.nodes``: equal parts on distinct nodes); a gang's placement names every
+# part and a rendezvous port (``Place.gang``, ``Place.master_port``); a stop for
+# preemption, a drain or a time limit carries the job's warning (``Stop.warn_signal``).
+POLICY_VERSION = 32
+# What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, parts,
+# backfills).
+_Shape = tuple[str, float, frozenset[NodeKind], int, int, bool]
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
 ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
 
@@ -200,6 +211,7 @@ class Scheduler:
         self._charges = Charges(self.config, state, self._capacity)
         self._reservations = Reservations(self.config, state)
         self._learned = LearnedRuntimes(state)
+        self._dependencies = Dependencies(state)
         self._liveness = Liveness(self.config, state)
         self._reasons: Table[JobId, str] = state.table("reasons")  # the last Wait each job heard
         self._seen: Table[JobId, None] = state.table("seen")  # every job id decided on
@@ -241,14 +253,17 @@ class Scheduler:
                 self._seen[event.job_id] = None
                 rejected = rejection(event.job_id, event.spec)
                 if rejected is not None:
-                    return [rejected]
+                    return [rejected, *self._over(event.job_id, Outcome(False, "was rejected"))]
                 if event.spec.workflow is not None:
                     decisions += self._serving.arrive(event.job_id, event.spec, self._now_ms)
                 else:
                     self._seq.value += 1
-                    self._queues.push(
+                    arrived = self._arrive(
                         Waiting(event.job_id, event.spec, self._seq.value, 0, event.at)
                     )
+                    if arrived and isinstance(arrived[0], Reject):
+                        return arrived
+                    decisions += arrived
             case inputs.NodeJoined():
                 if violations := validate_node(event.node):
                     return [Refused(event.node.node_id, joined(violations))]
@@ -270,7 +285,9 @@ class Scheduler:
             case inputs.TaskEnded() if self._serving.owns(event.task_id, event.node_id):
                 decisions += self._serving.ended(event.task_id, event.exit_code, self._now_ms)
             case inputs.TaskEnded():
-                decisions += self._ended(event.job_id, event.task_id, event.node_id, event.at)
+                decisions += self._ended(
+                    event.job_id, event.task_id, event.node_id, event.at, event.exit_code
+                )
             case inputs.TaskRefused():
                 refused = self._serving.refused(event, self._now_ms)
                 if refused is None:
@@ -328,6 +345,8 @@ class Scheduler:
                 return [Refused("usage snapshot", "charged GPU-seconds must be finite numbers")]
             case inputs.UsageSnapshot():
                 self._charges.snapshot(event.at, dict(event.usage), self._running.jobs.values())
+        if clock_moved:
+            decisions += self._time_out()
         decisions += self._expire_leases()
         fast = isinstance(event, inputs.JobArrived) and event.spec.work_class is WorkClass.DEBUG
         budget_changed = isinstance(event, inputs.BudgetSet)
@@ -413,7 +432,7 @@ class Scheduler:
             allocation = self._serving.allocation_of(job_id)
             waiting = job_id in self._serving.waiting
             return explain_serving(job_id, allocation, standing(allocation), serving, waiting)
-        held = self._held.get(job_id)
+        held = self._held.get(job_id) or self._dependencies.blocked.get(job_id)
         if held is not None:
             return explain_waiting(
                 held,
@@ -473,26 +492,38 @@ class Scheduler:
             self._reservations.release(job_id)
         return job
 
-    def _ended(self, job_id: JobId, task_id: TaskId, node_id: NodeId, at: float) -> list[Decision]:
-        """A task ended; a report from another node than the task's is not believed."""
+    def _ended(
+        self, job_id: JobId, task_id: TaskId, node_id: NodeId, at: float, exit_code: int = 0
+    ) -> list[Decision]:
+        """A task ended; a report from another node than the task's is not believed. A
+        part that exits non-zero while the job runs stops the rest of its gang."""
         run = self._running.end(job_id, task_id, node_id)
         if run is None:
             return []
         self._capacity.give(node_id, run.tasks[task_id][1])
+        stopped: list[Decision] = []
+        if exit_code != 0 and run.stopping is None and not run.failed:
+            rank = gang_rank(task_id)
+            part = "exited" if rank is None else f"rank {rank} exited"
+            run = run.but(failed=f"{part} with code {exit_code}")
+            self._running.update(job_id, failed=run.failed)  # a no-op once it is over
+            if len(run.ended) < len(run.tasks):
+                why = f"{run.failed}: its gang lives and dies as one"
+                stopped = self._stop(run, StopCause.GANG_FAILED, why)
         reclaim = self._reclaiming.value
         adopted: list[Decision] = []
         if reclaim is not None and job_id == reclaim.job_id:  # its GPUs are serving's
             keys = [(node_id, i) for i in run.tasks[task_id][1]]
             adopted = self._serving.adopt(keys, reclaim.allocation, self._now_ms)
         if len(run.ended) < len(run.tasks):  # the rest of its gang still runs
-            return adopted
+            return stopped + adopted
         if reclaim is not None and job_id == reclaim.job_id:
             self._reclaiming.value = None  # requeued, it may run again: no longer a victim
         return adopted + self._job_ended(run, at)
 
     def _job_ended(self, run: Running, at: float) -> list[Decision]:
         """A job's last task ended: it is no longer charged; one that was stopped is
-        requeued, or ends."""
+        requeued, or ends. The jobs waiting for one that ended hear how."""
         self._charges.count(run, -1)
         if run.stopping is None and run.started_at is not None:  # it ran to its end
             self._learned.completed(run.spec.user, at - run.started_at)
@@ -503,21 +534,83 @@ class Scheduler:
         elif run.stopping is StopCause.DRAINED:
             what = "its node was drained"
         else:
-            return []
+            return self._over(run.job_id, _outcome(run))
         if requeues(run.stopping, run.spec.resumable):
             how = "resumable" if run.spec.resumable else "it starts over: not resumable"
             self._queues.push(Waiting(run.job_id, run.spec, run.seq, run.attempt + 1, at))
             return [Requeue(run.job_id, f"{what}; requeued ({how})")]
         if run.stopping is StopCause.PREEMPTED:
-            return [Preempted(run.job_id, f"{what}; not resumable")]
-        return [JobLost(run.job_id, f"{what}; not resumable")]
+            ended: Decision = Preempted(run.job_id, f"{what}; not resumable")
+            outcome = Outcome(False, "was preempted")
+        else:
+            ended = JobLost(run.job_id, f"{what}; not resumable")
+            outcome = Outcome(False, "was lost with its node")
+        return [ended, *self._over(run.job_id, outcome)]
+
+    def _arrive(self, job: Waiting) -> list[Decision]:
+        """A batch job joins the queues, or waits for the jobs it names (``after``):
+        rejected if one is unknown, cancelled if one already ended otherwise than asked."""
+        after = job.spec.after
+        if not after:
+            self._queues.push(job)
+            return []
+        unknown = [d.job_id for d in after if d.job_id == job.job_id or d.job_id not in self._seen]
+        if unknown:
+            why = f"no job {unknown[0]} to wait for (only for jobs submitted before it)"
+            return [
+                Reject(job.job_id, "after", why),
+                *self._over(job.job_id, Outcome(False, "was rejected")),
+            ]
+        self._dependencies.block(job)
+        return self._judge(job)
+
+    def _judge(self, job: Waiting) -> list[Decision]:
+        """Judge a blocked job's dependencies again: it joins the queues, is cancelled,
+        or hears which it waits for now."""
+        verdict = self._dependencies.judge(job)
+        if verdict.waits_for is not None:
+            reason = waiting_reason(verdict.waits_for)
+            if self._reasons.get(job.job_id) == reason:
+                return []
+            self._reasons[job.job_id] = reason
+            return [Wait(job.job_id, reason)]
+        self._dependencies.unblock(job.job_id)
+        self._reasons.pop(job.job_id, None)
+        if verdict.ready:
+            self._queues.push(job)
+            return []
+        cancelled = Cancel(job.job_id, f"cancelled: {verdict.broken}")
+        return [cancelled, *self._over(job.job_id, Outcome(False, "was cancelled"))]
+
+    def _over(self, job_id: JobId, outcome: Outcome) -> list[Decision]:
+        """``job_id`` ended for good: the jobs waiting for it are judged again (a
+        cancelled one's own dependents in turn, through ``_judge``)."""
+        return [
+            decision
+            for waiting in self._dependencies.ended(job_id, outcome)
+            for decision in self._judge(waiting)
+        ]
+
+    def _time_out(self) -> list[Decision]:
+        """Stop the jobs that ran to their time limit: they end TIMEOUT."""
+        decisions: list[Decision] = []
+        for job_id in self._running.past_deadline(self.now):
+            run = self._running.jobs[job_id]
+            why = f"reached its time limit of {run.spec.time_limit_s} s"
+            decisions += self._stop(run, StopCause.TIME_LIMIT, why)
+        return decisions
 
     def _cancel(self, job_id: JobId) -> list[Decision]:
+        cancelled = Outcome(False, "was cancelled")
         if self._dequeue(job_id) is not None:
-            return [Cancel(job_id, "cancelled before it started")]
+            return [Cancel(job_id, "cancelled before it started"), *self._over(job_id, cancelled)]
         if self._held.pop(job_id, None) is not None:
             self._reasons.pop(job_id, None)
-            return [Cancel(job_id, "cancelled while held")]
+            return [Cancel(job_id, "cancelled while held"), *self._over(job_id, cancelled)]
+        if self._dependencies.unblock(job_id) is not None:
+            self._reasons.pop(job_id, None)
+            why = "cancelled while it waited for its dependencies"
+            return [Cancel(job_id, why), *self._over(job_id, cancelled)]
         run = self._running.jobs.get(job_id)
         if run is not None and run.stopping is None:
             return self._stop(run, StopCause.CANCELLED, "cancelled by user")
@@ -529,8 +622,20 @@ class Scheduler:
         self._running.update(run.job_id, stopping=cause, stop_reason=reason)
         preempted_free = cause is StopCause.PREEMPTED and not run.spec.allocated
         grace_s = self.config.free_stop_grace_s if preempted_free else 0.0
+        warn_s = run.warning_s(self.config) if cause in WARNED else 0.0
+        warn_signal = run.spec.warning_signal if warn_s else ""
         return [
-            Stop(run.job_id, task_id, node_id, cause, reason, grace_s, preemption)
+            Stop(
+                run.job_id,
+                task_id,
+                node_id,
+                cause,
+                reason,
+                grace_s,
+                preemption,
+                warn_signal,
+                warn_s,
+            )
             for task_id, (node_id, _) in sorted(run.tasks.items())
             if task_id not in run.ended
         ]
@@ -884,18 +989,19 @@ class Scheduler:
                 break
             spec = job.spec
             may_backfill = bool(held) and tier is WorkClass.ALLOCATED
-            gpu_type, memory, kinds, gpus = (
+            gpu_type, memory, kinds, gpus, parts = (
                 spec.gpu_type,
                 spec.min_gpu_memory_gib,
                 spec.node_kinds,
                 spec.gpus,
+                spec.parts,
             )
-            if (gpu_type, memory, kinds, gpus, False) in failed and (
-                not may_backfill or (gpu_type, memory, kinds, gpus, True) in failed
+            if (gpu_type, memory, kinds, gpus, parts, False) in failed and (
+                not may_backfill or (gpu_type, memory, kinds, gpus, parts, True) in failed
             ):
                 continue  # its shape failed whether it backfills or not: no need to ask
             backfills = may_backfill and self._backfills(job, rank)
-            shape = (gpu_type, memory, kinds, gpus, backfills)
+            shape = (gpu_type, memory, kinds, gpus, parts, backfills)
             if shape in failed:
                 continue
             fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
@@ -947,7 +1053,14 @@ class Scheduler:
             tasks[task_id] = (node_id, gpus)
             self._capacity.take(node_id, gpus)
         borrowed = self._charges.borrows(job.spec, tasks)
-        run = self._running.place(job, tasks, self.now, self.estimate_s(job.spec), borrowed)
+        gang: tuple[GangPart, ...] = ()
+        port = 0
+        if len(fit.tasks) > 1:
+            nodes = self._capacity.nodes
+            gang = tuple(GangPart(n, nodes[n].address, len(gpus)) for n, gpus in fit.tasks)
+            port = self._rendezvous_port(fit.tasks[0][0])
+        estimate_s = self.estimate_s(job.spec)
+        run = self._running.place(job, tasks, self.now, estimate_s, borrowed, port)
         self._charges.count(run, +1)
         protection = run.protection(self.config)
         protected_s = run.protect_s(self.config) if protection is Protection.CONTRACT else 0.0
@@ -960,9 +1073,20 @@ class Scheduler:
                 job.spec,
                 protection=protection,
                 protected_s=protected_s,
+                gang=gang,
+                master_port=port,
             )
             for task_id, (node_id, gpus) in tasks.items()
         ]
+
+    def _rendezvous_port(self, node_id: NodeId) -> int:
+        """The lowest of the policy's rendezvous ports that no gang whose rank 0 runs on
+        ``node_id`` holds (there are more than a node has GPUs: 0 never happens)."""
+        used = self._running.ports_in_use(node_id)
+        first = self.config.rendezvous_port
+        return next(
+            (p for p in range(first, first + self.config.rendezvous_ports) if p not in used), 0
+        )
 
     def _wait(self, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
         """Tell a waiting job why, when the reason changed."""
@@ -1025,6 +1149,8 @@ class Scheduler:
         size = max(nodes.values())
         blocked = self._reservations.blocked_for(job.job_id)
         per_node, wanted = spec.gpus, 1
+        if spec.parts > 1:
+            return []  # serving's GPUs yield to one-node jobs and whole-node gangs only
         if spec.gpus > size:  # a gang: whole nodes of the largest size
             needed = -(-spec.gpus // size)
             if needed > MAX_GANG_NODES:
@@ -1080,6 +1206,21 @@ class Scheduler:
         if isinstance(fit, Fit):  # always: those nodes have room for it now
             decisions += self._place(job, fit)
         return decisions
+
+
+def _outcome(run: Running) -> Outcome:
+    """How a job that ran ended, as the jobs waiting for it judge it."""
+    match run.stopping:
+        case None if run.failed:
+            return Outcome(False, f"failed ({run.failed})")
+        case None:
+            return Outcome(True, "finished")
+        case StopCause.TIME_LIMIT:
+            return Outcome(False, "timed out")
+        case StopCause.GANG_FAILED:
+            return Outcome(False, f"failed ({run.failed})")
+        case _:
+            return Outcome(False, "was cancelled")
 
 
 def _finite_times(task: inputs.PeerTask) -> bool:

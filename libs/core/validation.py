@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from libs.core import limits as L
 from libs.core import simulated
 from libs.core.compass.workflow import Task, Workflow, WorkflowError, build_workflow
-from libs.core.decisions import Reject
+from libs.core.decisions import WARNING_SIGNALS, Reject
 from libs.core.ids import JobId
 from libs.core.model import JobSpec, NodeKind, NodeSpec
 
@@ -68,6 +68,8 @@ def validate_job(
     found += _env(spec.env)
     found += _secrets(spec)
     found += _numbers(spec)
+    found += _after(spec)
+    found += _container(spec)
     if spec.workflow is not None:
         memory_mb = limits.gpu_memory_mb if limits is not None else math.inf
         found += _workflow_violations(spec.workflow, memory_mb)
@@ -96,6 +98,10 @@ def validate_node(node: NodeSpec) -> list[Violation]:
         found.append(Violation("node_id", f"must be 1 to {L.MAX_NAME_CHARS} characters"))
     if len(node.gpu_type) > L.MAX_TEXT_CHARS:
         found.append(Violation("gpu_type", f"must be at most {L.MAX_TEXT_CHARS} characters"))
+    if len(node.address) > L.MAX_ADDRESS_CHARS or any(c.isspace() for c in node.address):
+        found.append(
+            Violation("address", f"a host name or IP: at most {L.MAX_ADDRESS_CHARS} characters")
+        )
     indices = node.gpu_indices
     if not 1 <= len(indices) <= L.MAX_NODE_GPUS:
         found.append(
@@ -186,6 +192,8 @@ def _ids(spec: JobSpec, allocations: Collection[str] | None) -> list[Violation]:
 
 def _gpus(spec: JobSpec, limits: Limits | None) -> list[Violation]:
     if spec.workflow is not None:
+        if spec.nodes > 1:
+            return [Violation("nodes", "a workflow's tasks each run on one GPU of one node")]
         if spec.gpus == 1:
             return []
         rule = f"must be 1 for a workflow (each task runs on one GPU), got {spec.gpus}"
@@ -201,6 +209,50 @@ def _gpus(spec: JobSpec, limits: Limits | None) -> list[Violation]:
     most = min(limits.max_gpus, L.MAX_GPUS) if limits is not None else L.MAX_GPUS
     if spec.gpus > most:
         return [Violation("gpus", f"must be between 1 and {most}, got {spec.gpus}")]
+    if not 0 <= spec.nodes <= L.MAX_GANG_NODES:
+        return [Violation("nodes", f"must be between 1 and {L.MAX_GANG_NODES}, got {spec.nodes}")]
+    if spec.nodes > 1 and spec.gpus % spec.nodes:
+        return [
+            Violation(
+                "nodes",
+                f"{spec.gpus} GPUs do not split into {spec.nodes} equal parts: gpus is "
+                "nodes × GPUs per node",
+            )
+        ]
+    return []
+
+
+def _container(spec: JobSpec) -> list[Violation]:
+    """Where and how it runs: the image reference, volumes and working directory (the
+    node agent checks what it alone knows: the image's registry, the declared volumes)."""
+    found: list[Violation] = []
+    if len(spec.image) > L.MAX_IMAGE_CHARS or not spec.image.isprintable() or " " in spec.image:
+        found.append(Violation("image", f"a reference of at most {L.MAX_IMAGE_CHARS} characters"))
+    if spec.mounts and not spec.image:
+        found.append(Violation("mounts", "only a job in an image (--image) mounts volumes"))
+    if len(spec.mounts) > L.MAX_MOUNTS:
+        found.append(Violation("mounts", f"at most {L.MAX_MOUNTS}, got {len(spec.mounts)}"))
+    for volume, path in spec.mounts:
+        if not 0 < len(volume) <= L.MAX_NAME_CHARS or not _absolute(path):
+            found.append(Violation("mounts", "each is VOLUME:/absolute/path"))
+            break
+    if spec.workdir and not _absolute(spec.workdir):
+        found.append(Violation("workdir", "an absolute path"))
+    return found
+
+
+def _absolute(path: str) -> bool:
+    return path.startswith("/") and len(path) <= L.MAX_PATH_CHARS and "\0" not in path
+
+
+def _after(spec: JobSpec) -> list[Violation]:
+    if spec.after and spec.workflow is not None:
+        return [Violation("after", "a workflow cannot wait for other jobs (yet)")]
+    if len(spec.after) > L.MAX_DEPENDENCIES:
+        return [Violation("after", f"at most {L.MAX_DEPENDENCIES} jobs, got {len(spec.after)}")]
+    for dependency in spec.after:
+        if not 0 < len(dependency.job_id) <= L.MAX_NAME_CHARS:
+            return [Violation("after", f"a job id is 1 to {L.MAX_NAME_CHARS} characters")]
     return []
 
 
@@ -270,6 +322,17 @@ def _numbers(spec: JobSpec) -> list[Violation]:
         found.append(
             Violation("runtime_estimate", f"must be between 0 and {L.MAX_RUNTIME_ESTIMATE_S} s")
         )
+    if spec.warning_signal and spec.warning_signal not in WARNING_SIGNALS:
+        signals = ", ".join(sorted(WARNING_SIGNALS))
+        found.append(Violation("stop_warning.signal", f"one of {signals}, without SIG"))
+    if bool(spec.warning_signal) != (spec.warning_s > 0) or spec.warning_s > L.MAX_TIME_LIMIT_S:
+        found.append(
+            Violation(
+                "stop_warning.before", "a signal and a time before the stop, > 0 s, go together"
+            )
+        )
+    if not 0 <= spec.time_limit_s <= L.MAX_TIME_LIMIT_S:
+        found.append(Violation("time_limit", f"must be between 0 and {L.MAX_TIME_LIMIT_S} s"))
     if not 0.0 <= spec.simulated_utilization <= 1.0:
         found.append(Violation(f"env[{simulated.UTILIZATION}]", "must be between 0 and 1"))
     if not 0 <= spec.min_gpu_memory_gib <= L.MAX_GPU_MEMORY_GIB:

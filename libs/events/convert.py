@@ -29,6 +29,7 @@ from libs.core import (
     Cancel,
     CancelRequested,
     Decision,
+    Dependency,
     Input,
     JobArrived,
     JobHeld,
@@ -100,6 +101,8 @@ _STOP_CAUSES = {
     StopCause.PREEMPTED: types_pb2.STOP_CAUSE_PREEMPTED,
     StopCause.NODE_LOST: types_pb2.STOP_CAUSE_NODE_LOST,
     StopCause.DRAINED: types_pb2.STOP_CAUSE_DRAINED,
+    StopCause.TIME_LIMIT: types_pb2.STOP_CAUSE_TIME_LIMIT,
+    StopCause.GANG_FAILED: types_pb2.STOP_CAUSE_GANG_FAILED,
 }
 
 _PROTECTIONS = {
@@ -211,6 +214,14 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
         simulated_utilization=run.utilization,
         min_runtime_s=whole_seconds(spec.min_runtime),
         runtime_estimate_s=seconds(spec.runtime_estimate),
+        time_limit_s=whole_seconds(spec.time_limit),
+        warning_signal=spec.stop_warning.signal,
+        warning_s=whole_seconds(spec.stop_warning.before),
+        mounts=tuple((m.volume, m.path) for m in spec.mounts),
+        after=tuple(
+            Dependency(d.job_id, d.condition == types_pb2.DEPENDENCY_CONDITION_ANY)
+            for d in spec.after
+        ),
         workflow=workflow,
     )
 
@@ -250,6 +261,11 @@ _SPEC_BY_HAND = (
     "simulated_utilization",
     "min_runtime_s",
     "runtime_estimate_s",
+    "time_limit_s",
+    "after",
+    "warning_signal",
+    "warning_s",
+    "mounts",
 )
 
 
@@ -262,6 +278,22 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         env=dict(spec.env) | to_env(run),
         min_runtime=duration(spec.min_runtime_s) if spec.min_runtime_s else None,
         runtime_estimate=duration(spec.runtime_estimate_s) if spec.runtime_estimate_s else None,
+        time_limit=duration(spec.time_limit_s) if spec.time_limit_s else None,
+        stop_warning=types_pb2.StopWarning(
+            signal=spec.warning_signal, before=duration(spec.warning_s)
+        )
+        if spec.warning_signal or spec.warning_s
+        else None,
+        mounts=[types_pb2.Mount(volume=volume, path=path) for volume, path in spec.mounts],
+        after=[
+            types_pb2.Dependency(
+                job_id=d.job_id,
+                condition=types_pb2.DEPENDENCY_CONDITION_ANY
+                if d.any_end
+                else types_pb2.DEPENDENCY_CONDITION_OK,
+            )
+            for d in spec.after
+        ],
         workflow=workflow_to_proto(spec.workflow) if spec.workflow is not None else None,
     )
 
@@ -275,6 +307,7 @@ def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
         gpu_memory_gib=memory / GIB,
         kind=node_kind(inventory),
+        address=inventory.address,
     )
 
 
@@ -373,6 +406,7 @@ def decision_payload(
                 placed_spec = replace(placed_spec, workflow=None)
                 serving = serving_to_proto(decision.serving)
             protection, protected_s = values.pop("protection"), values.pop("protected_s")
+            values["gang"] = [events_pb2.GangPart(**_fields(part)) for part in decision.gang]
             values.update(
                 spec=spec_to_proto(placed_spec),
                 serving=serving,
@@ -383,8 +417,9 @@ def decision_payload(
             values["tasks"] = [_planned_task(t) for t in decision.tasks]
         case Stop():
             values["cause"] = _STOP_CAUSES[decision.cause]
-            grace_s = values.pop("grace_s")
+            grace_s, warn_s = values.pop("grace_s"), values.pop("warn_s")
             values["grace"] = duration(grace_s) if grace_s else None
+            values["warn_for"] = duration(warn_s) if warn_s else None
             preemption = decision.preemption
             values["preemption"] = (
                 None

@@ -29,6 +29,7 @@ ENDED = frozenset(
         _S.JOB_STATE_CANCELLED,
         _S.JOB_STATE_PREEMPTED,
         _S.JOB_STATE_LOST,
+        _S.JOB_STATE_TIMEOUT,
     }
 )
 ENDED_SHOWN = 50  # the most recently ended jobs listed

@@ -13,7 +13,16 @@ rank; an event about an older task changes nothing; the first event about a
 newer task starts the job's per-task fields afresh. The latest placement's tasks
 are kept in ``Job.placements`` in rank order (a gang runs one per node; its
 ``<n>.<rank>`` tasks may be seen in any order), and the job's own node and GPUs
-are its first task's.
+are its first task's. The job is derived from its placement's tasks: RUNNING
+once every one started (a gang lives and dies as one; its ``started_at`` is
+still its first start), ended once every one ended. A stop that ends the job for
+good decides how it ends, whether it arrives before or after the tasks' ends:
+for cancellation CANCELLED, for the time limit TIMEOUT (the stop says why); a
+gang stopped because a part failed ends FAILED with the first failed part's
+exit code, and the stop says why. The fold does not know which parts were
+stopped: the first to fail is the first to end by its node's clock, so nodes
+whose clocks disagree by more than placement takes to stop the rest may give a
+stopped part's exit code (never its reason).
 
 How far arrival order may vary:
 
@@ -74,10 +83,19 @@ _RANK: dict[State, int] = {
     _S.JOB_STATE_PREEMPTED: 8,
     _S.JOB_STATE_CANCELLED: 9,
     _S.JOB_STATE_LOST: 10,
+    # Above CANCELLED: placement does not stop a job being stopped again, so a job
+    # cancelled while timing out times out.
+    _S.JOB_STATE_TIMEOUT: 11,
 }
 # The job is over for good: no task of it is placed afterwards.
 _FINAL = frozenset(
-    {_S.JOB_STATE_REJECTED, _S.JOB_STATE_PREEMPTED, _S.JOB_STATE_CANCELLED, _S.JOB_STATE_LOST}
+    {
+        _S.JOB_STATE_REJECTED,
+        _S.JOB_STATE_PREEMPTED,
+        _S.JOB_STATE_CANCELLED,
+        _S.JOB_STATE_LOST,
+        _S.JOB_STATE_TIMEOUT,
+    }
 )
 # A task that ended on one of these waits for placement's word: requeued or over.
 _AWAITING = (
@@ -85,6 +103,11 @@ _AWAITING = (
     types_pb2.STOP_CAUSE_NODE_LOST,
     types_pb2.STOP_CAUSE_DRAINED,
 )
+# A stop that ends the job for good, and how the job ends once its tasks have.
+_STOP_ENDS: dict[types_pb2.StopCause.ValueType, State] = {
+    types_pb2.STOP_CAUSE_CANCELLED: _S.JOB_STATE_CANCELLED,
+    types_pb2.STOP_CAUSE_TIME_LIMIT: _S.JOB_STATE_TIMEOUT,
+}
 
 TASK_EVENTS = frozenset(
     {
@@ -98,6 +121,7 @@ TASK_EVENTS = frozenset(
     }
 )
 JOB_EVENTS = TASK_EVENTS | {
+    "task_checkpointed",  # of any attempt: kept for the job
     "job_submitted",
     "job_held",
     "job_updated",
@@ -186,11 +210,12 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
         case "task_started":
             begun = env.task_started
             _fill_node(new, begun.node_id)
-            advance(new, _S.JOB_STATE_RUNNING)
+            advance(new, _S.JOB_STATE_PLACED)
             advance_task(_part(new, begun.task_id, begun.node_id), _S.JOB_STATE_RUNNING)
             if not new.HasField("started_at") or _time(at) < _time(new.started_at):
                 new.started_at.CopyFrom(at)  # a gang's contract runs from its first start
             _protect(new)
+            _settle_parts(new)
         case "task_finished":
             finished = env.task_finished
             _fill_node(new, finished.node_id)
@@ -205,11 +230,11 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             stop = env.task_stop_requested
             _fill_node(new, stop.node_id)
             advance(new, _S.JOB_STATE_PLACED)  # only a placed task is stopped
-            new.stop_reason = stop.reason
-            new.stop_cause = stop.cause
+            note_stop(new, stop)
+            _part(new, stop.task_id, stop.node_id).stop_requested = True
             if stop.HasField("preemption"):
                 new.preemption.CopyFrom(stop.preemption)
-            _cancel_if_stopped(new)
+            _settle_parts(new)  # the stop may come after the ends: it still says how it ends
         case "task_lost":
             gone = env.task_lost
             _fill_node(new, gone.node_id)
@@ -221,14 +246,22 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
         case "task_idle":
             idle = env.task_idle
             _fill_node(new, idle.node_id)
-            advance(new, _S.JOB_STATE_RUNNING)  # only a running task is measured
-            # A report read after the task's end describes GPUs it no longer holds.
-            if new.state == _S.JOB_STATE_RUNNING:
+            advance(new, _S.JOB_STATE_PLACED)
+            part = _part(new, idle.task_id, idle.node_id)
+            advance_task(part, _S.JOB_STATE_RUNNING)  # only a running task is measured
+            _settle_parts(new)
+            # A report read after the job's end describes GPUs it no longer holds; one
+            # read before the rest of its gang started, GPUs it holds still.
+            if _RANK[new.state] <= _RANK[_S.JOB_STATE_RUNNING]:
                 new.idle = idle.idle
+        case "task_checkpointed":
+            if not new.HasField("checkpointed_at") or _time(at) > _time(new.checkpointed_at):
+                new.checkpointed_at.CopyFrom(at)
         case "job_cancelled":
             advance(new, _S.JOB_STATE_CANCELLED)
-            new.reason = env.job_cancelled.reason
-            new.finished_at.CopyFrom(at)
+            if new.state == _S.JOB_STATE_CANCELLED:
+                new.reason = env.job_cancelled.reason
+                new.finished_at.CopyFrom(at)
         case "job_requeued":
             # A requeue follows the stop it answers. Without one, it is about an
             # older task (a newer one showed up first), or a repeat that can only
@@ -366,30 +399,38 @@ def _end_part(
     if advance_task(part, state):
         part.exit_code, part.reason = exit_code, reason
         part.finished_at.CopyFrom(at)
-    advance(job, _S.JOB_STATE_RUNNING)  # a part ran
+    advance(job, _S.JOB_STATE_PLACED)
     _settle_parts(job)
 
 
 def _settle_parts(job: types_pb2.Job) -> None:
-    """End the job once every task of its placement has: FAILED if any part failed, with
-    the first failed part's exit code and reason (by rank), else FINISHED; at the last
-    end. A gang's parts end one by one, in any order of their records."""
+    """Derive the job from the tasks of its placement, once every one was seen: RUNNING
+    once every one started (a task that ended did); once every one ended, FAILED if any
+    part failed, with the exit code and reason of the first to fail (the stop's reason
+    where placement stopped the rest of a gang for it), else FINISHED; at the last end.
+    A gang's parts start and end one by one, in any order of their records."""
     ended = (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
     single = bool(job.placements) and gang_rank(job.placements[0].task_id) is None
     parts = 1 if single else job.parts
     if not parts or len(job.placements) < parts:
         return  # a part not seen placed yet
+    if all(_RANK[p.state] >= _RANK[_S.JOB_STATE_RUNNING] for p in job.placements):
+        advance(job, _S.JOB_STATE_RUNNING)
     if any(p.state not in ended for p in job.placements):
         return
     failed = [p for p in job.placements if p.state == _S.JOB_STATE_FAILED]
-    says = failed[0] if failed else job.placements[0]
+    # A part that failed on its own says why, before the parts stopped for it; of
+    # several, the first to end (min keeps rank order on ties).
+    failed = [p for p in failed if not p.stop_requested] or failed
+    says = min(failed, key=lambda p: _time(p.finished_at)) if failed else job.placements[0]
     advance(job, says.state)
     job.exit_code = says.exit_code
     # Why a preempted (or lost) job ended is that, not the signal that carried it out.
     if job.state == _S.JOB_STATE_FAILED:
-        job.reason = says.reason
+        gang_failed = job.stop_cause == types_pb2.STOP_CAUSE_GANG_FAILED
+        job.reason = job.stop_reason if gang_failed else says.reason  # it names the rank
     job.finished_at.CopyFrom(max((p.finished_at for p in job.placements), key=_time))
-    _cancel_if_stopped(job)
+    _end_if_stopped(job)
 
 
 def _protect(job: types_pb2.Job, placed: events_pb2.TaskPlaced | None = None) -> None:
@@ -415,11 +456,28 @@ def advance(job: types_pb2.Job, state: State) -> None:
     job.state = state
 
 
-def _cancel_if_stopped(job: types_pb2.Job) -> None:
-    # Checked on both the stop and the task end: whichever arrives last decides.
-    ended = job.state in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED)
-    if ended and job.stop_cause == types_pb2.STOP_CAUSE_CANCELLED:
-        job.state = _S.JOB_STATE_CANCELLED
+def note_stop(job: types_pb2.Job, stop: events_pb2.TaskStopRequested) -> None:
+    """Keep why the latest placement is stopped. Placement stops a placement for one
+    cause; were two seen, one that ends the job outranks one that does not, and of two
+    that do, the one ending it in the higher state wins, so that any order agrees."""
+    if _stop_rank(stop.cause) >= _stop_rank(job.stop_cause):
+        job.stop_reason = stop.reason
+        job.stop_cause = stop.cause
+
+
+def _stop_rank(cause: types_pb2.StopCause.ValueType) -> int:
+    return _RANK[_STOP_ENDS.get(cause, _S.JOB_STATE_UNSPECIFIED)]
+
+
+def _end_if_stopped(job: types_pb2.Job) -> None:
+    """The tasks ended: a stop that ends the job for good says how. Checked on both the
+    stop and the tasks' ends: whichever arrives last decides."""
+    state = _STOP_ENDS.get(job.stop_cause)
+    if state is None:
+        return
+    advance(job, state)
+    if job.state == _S.JOB_STATE_TIMEOUT:
+        job.reason = job.stop_reason  # the time limit, not the signal that carried it out
 
 
 def _fill_node(job: types_pb2.Job, node_id: str) -> None:
@@ -486,7 +544,8 @@ def settle_workflow(job: types_pb2.Job, names: tuple[str, ...]) -> None:
         job.exit_code = first.exit_code
         job.reason = f"task {first.name} failed" + (f": {first.reason}" if first.reason else "")
         job.finished_at.CopyFrom(first.finished_at)
-    _cancel_if_stopped(job)
+    if derived in (_S.JOB_STATE_FINISHED, _S.JOB_STATE_FAILED):
+        _end_if_stopped(job)
 
 
 def _time(ts: Timestamp) -> tuple[int, int]:

@@ -47,6 +47,7 @@ from libs.readmodels.job_state import (
     fold_event,
     is_workflow_task,
     note_placed,
+    note_stop,
     settle_workflow,
     workflow_names,
 )
@@ -404,8 +405,7 @@ class JobRecords:
                         task.finished_at.CopyFrom(at)
                 elif kind == "task_stop_requested":
                     advance_task(task, _S.JOB_STATE_PLACED)  # only a placed task is stopped
-                    head.stop_reason = report.reason
-                    head.stop_cause = report.cause
+                    note_stop(head, report)
                 else:  # task_idle
                     advance_task(task, _S.JOB_STATE_RUNNING)  # only a running task is measured
                 put(task)

@@ -8,7 +8,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import replace
 
 import grpc
@@ -21,7 +21,7 @@ from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.auth import Keys
 from libs.bus import EventProducer
-from libs.core import Limits, Violation, validate_job
+from libs.core import JobSpec, Limits, NodeKind, NodeSpec, Violation, validate_job
 from libs.core.budget_tree import BudgetTree
 from libs.core.compass.workflow import BYTES_PER_MB
 from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
@@ -42,6 +42,8 @@ log = logging.getLogger("admission")
 
 # What a refusal for the nodes' offer names: checked again against a fresh view first.
 _OFFERED_FIELDS = frozenset({"gpu_type", "min_gpu_memory_gib"})
+# What a job's size is judged by: one broken leaves the nodes' room unjudged (``_no_room``).
+_SIZE_FIELDS = _OFFERED_FIELDS | {"gpus", "nodes"}
 # The states a list may ask for: every one a job can be in.
 _LISTED_STATES = frozenset(types_pb2.JobState.values()) - {types_pb2.JOB_STATE_UNSPECIFIED}
 
@@ -212,7 +214,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         """Record the job admitted or rejected; the status and message of a rejection.
         ``claimed``: its JobSubmitted is in the log already."""
         tree = await self._budget.tree()
-        refusal = await self._refusal(spec, tree)
+        refusal = await self._refusal(spec, tree) or await self._unmet_after(job_id, spec)
         if refusal is not None:
             code, field, message = refusal
             await self._reject(job_id, spec, field, message, status=code)
@@ -235,22 +237,41 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, spec: types_pb2.JobSpec, tree: BudgetTree
     ) -> tuple[grpc.StatusCode, str, str] | None:
         """Why ``spec`` may not run (status, first field at fault, every rule broken), or
-        None: the site's limits and the budget tree, and its user's membership."""
+        None: the site's limits, its nodes' room and the budget tree, and its user's
+        membership."""
         mine = tree.allocations_of(spec.user)
         if not spec.allocation:
             return grpc.StatusCode.INVALID_ARGUMENT, "allocation", _membership(spec.user, "", mine)
         # As submitted: a workflow's DAG is checked by validate_job, naming the task.
         submitted = spec_from_proto(spec, workflow_as_given=True)
-        violations = validate_job(submitted, await self._limits_for(spec), tree.leaves())
-        if any(v.field in _OFFERED_FIELDS for v in violations):  # a node may be brand new
+        violations, on_nodes = _judged(submitted, await self._limits_for(spec), tree.leaves())
+        if on_nodes:  # a node may be brand new
             limits = await self._limits_for(spec, fresh=True)
-            violations = validate_job(submitted, limits, tree.leaves())
+            violations, _ = _judged(submitted, limits, tree.leaves())
         if violations:
             message = "; ".join(str(v) for v in violations)
             return grpc.StatusCode.INVALID_ARGUMENT, violations[0].field, message
         if spec.allocation not in mine:
             message = _membership(spec.user, spec.allocation, mine)
             return grpc.StatusCode.PERMISSION_DENIED, "allocation", message
+        return None
+
+    async def _unmet_after(
+        self, job_id: str, spec: types_pb2.JobSpec
+    ) -> tuple[grpc.StatusCode, str, str] | None:
+        """The first job ``spec`` waits for that it may not: one its user cannot see
+        (answered as one that does not exist, as ``GetJob`` does), itself, or a workflow
+        (the scheduler follows batch jobs' ends only)."""
+        for other in (dependency.job_id for dependency in spec.after):
+            if other == job_id:
+                rule = f"{other} is this job"
+            elif (job := await self._seen_by(spec.user, other)) is None:
+                rule = f"no job {other} you can see"
+            elif job.spec.HasField("workflow"):
+                rule = f"{other} is a workflow; --after follows batch jobs only"
+            else:
+                continue
+            return grpc.StatusCode.INVALID_ARGUMENT, "after", f"after: {rule}"
         return None
 
     async def decide_abandoned(self) -> int:
@@ -500,6 +521,14 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def _lookup(self, job_id: str) -> types_pb2.Job | None:
         return await self._projector.get_job(job_id) or self._recent.get(job_id)
 
+    async def _seen_by(self, user: str, job_id: str) -> types_pb2.Job | None:
+        """The job if ``user`` may see it: as ``_lookup`` finds it, else as the log's claim
+        has it (one submitted a moment ago through another instance may not be projected)."""
+        job = await self._lookup(job_id)
+        if job is None and (claim := self._requests.claim(job_id)) is not None:
+            job = types_pb2.Job(job_id=job_id, spec=claim.spec)
+        return job if job is not None and await self._may_see(user, job) else None
+
     async def _known(self, job_id: str) -> bool:
         return await self._lookup(job_id) is not None
 
@@ -638,6 +667,51 @@ async def _waiting_batch_job_or_abort(
         )
 
 
+def _judged(
+    spec: JobSpec, limits: Limits, allocations: Collection[str]
+) -> tuple[list[Violation], bool]:
+    """Every rule ``spec`` breaks (``validate_job``'s, then, if its size and GPUs pass
+    those, ``_no_room``'s), and whether one rests on the nodes' offer."""
+    found = validate_job(spec, limits, allocations)
+    offered = any(v.field in _OFFERED_FIELDS for v in found)
+    if any(v.field in _SIZE_FIELDS for v in found):
+        return found, offered
+    room = _no_room(spec, limits.nodes)
+    return found + room, offered or bool(room)
+
+
+def _no_room(spec: JobSpec, nodes: Collection[NodeSpec]) -> list[Violation]:
+    """What no set of the cluster's registered nodes could ever hold: a batch job whose
+    command must run on more GPUs than one node offers without naming its nodes (the
+    core would run it as a gang of whole nodes, which only a simulated run may be), or
+    more parts than there are nodes with room for one. Nothing without a view of the
+    nodes, nor when none offers its GPUs at all (``validate_job`` names those there are)."""
+    if spec.workflow is not None:
+        return []
+    fit = [
+        n
+        for n in nodes
+        if n.kind in spec.node_kinds
+        and spec.wants_type(n.gpu_type)
+        and n.gpu_memory_gib >= spec.min_gpu_memory_gib
+    ]
+    if not fit:
+        return []
+    gpus = f"{spec.gpu_type} GPUs" if spec.gpu_type else "GPUs"
+    if spec.parts == 1:
+        largest = max(n.gpu_count for n in fit)
+        if spec.gpus <= largest or NodeKind.SIMULATED in spec.node_kinds:
+            return []
+        rule = f"at most {largest} {gpus} on one node here; for more, --nodes N --gpus-per-node M"
+        return [Violation("gpus", rule)]
+    room = sum(n.gpu_count >= spec.block for n in fit)
+    if room >= spec.parts:
+        return []
+    have = f"only {room} here {'has' if room == 1 else 'have'}" if room else "none here has"
+    rule = f"{spec.parts} parts of {spec.block} {gpus} need {spec.parts} nodes; {have} as many"
+    return [Violation("nodes", rule)]
+
+
 def _has_output_to_follow(job: types_pb2.Job) -> bool:
     """Whether following the job's output can start: its task runs (so its agent knows
     it is still writing) or it is over."""
@@ -664,7 +738,9 @@ def _unloggable(spec: types_pb2.JobSpec) -> Violation | None:
     return None
 
 
-_SIZED = frozenset({"command", "env", "allocation", "user", "gpu_type", "client_request_id"})
+_SIZED = frozenset(
+    {"command", "env", "allocation", "user", "gpu_type", "client_request_id", "after"}
+)
 
 
 def _sizes(violation: Violation) -> bool:

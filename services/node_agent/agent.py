@@ -24,8 +24,9 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventConsumer
 from libs.core.compass import CacheModel
 from libs.events.wire_time import seconds
+from services.node_agent.checkpoints import POLL_S, saved_at, warning_of
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
-from services.node_agent.lifecycle import decision_for, idle_changed, stop_reason
+from services.node_agent.lifecycle import checkpointed, decision_for, idle_changed, stop_reason
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S, Registrations
 from services.node_agent.reports import Emit, Reporter
 from services.node_agent.running import REMEMBER_ENDED, Executors, RunningTasks
@@ -174,7 +175,12 @@ class NodeAgent:
         if run is not None:
             # A decision may shorten the grace (free work); 0 leaves the agent's own.
             self._runs.request_stop(
-                run, stop_reason(request), event_id, seconds(request.grace), request.cause
+                run,
+                stop_reason(request),
+                event_id,
+                seconds(request.grace),
+                request.cause,
+                warning_of(request),
             )
         elif not await self._serving.stop(request.task_id, stop_reason(request), event_id):
             log.info("stop for task %s, which is not running here: nothing to do", request.task_id)
@@ -200,6 +206,25 @@ class NodeAgent:
                 # One failed round (a send that failed, say) must not end idle detection.
                 log.exception("GPU utilisation round failed")
             await asyncio.sleep(self._sample_s)
+
+    async def watch_checkpoints(self) -> None:
+        """Report each checkpoint a task says it saved, looking every ``POLL_S``."""
+        while True:
+            for run in self._runs.all():
+                path = run.execution.saved
+                at = saved_at(path) if path is not None else None
+                if at is None or at <= run.checkpointed_at:
+                    continue
+                run.checkpointed_at = at
+                log.info("task %s saved a checkpoint", run.task.task_id)
+                try:
+                    with trace.use_span(run.span):
+                        await self._report(
+                            run.node, checkpointed(run.task), run.task, run.placed_event_id
+                        )
+                except Exception:
+                    log.exception("cannot report task %s's checkpoint", run.task.task_id)
+            await asyncio.sleep(POLL_S)
 
     async def sample_utilization(self) -> None:
         """Sample each node once; report the tasks whose GPUs went idle or busy again."""
@@ -247,7 +272,9 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
         if not await _until_assigned(consumer, stop):
             return
         await agent.register()
-        watcher = asyncio.gather(agent.watch_utilization(), agent.heartbeat())
+        watcher = asyncio.gather(
+            agent.watch_utilization(), agent.watch_checkpoints(), agent.heartbeat()
+        )
         async for batch in consumer.batches():
             done: dict[TopicPartition, int] = {}
             for delivery in batch:

@@ -1,6 +1,7 @@
 """Command line: which nodes to host, where their inventory comes from, then serve.
 
-Environment: ``QM_NODES`` (inventory file), ``QM_TASK_LOG_DIR`` (task logs, default
+Environment: ``QM_NODES`` (inventory file), ``QM_NODE_ADDRESS`` (where other nodes reach
+the NVML node, or the declared nodes that name none), ``QM_TASK_LOG_DIR`` (task logs, default
 ``.local/logs/tasks``: the agent's alone, 0700), ``QM_IDLE_THRESHOLD``, ``QM_BUSY_THRESHOLD``,
 ``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection),
 ``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads),
@@ -42,6 +43,7 @@ from libs.bus import (
     load_topic_config,
 )
 from libs.config.document import ConfigError
+from libs.config.inventory import node_address
 from libs.core.compass import CacheModel
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
@@ -52,6 +54,7 @@ from services.node_agent.agent import DEFAULT_SAMPLE_S, NodeAgent, serve
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.idle import IdleThresholds
 from services.node_agent.inventory import (
+    DECLARED_ADDRESS,
     DEFAULT_INVENTORY,
     load_inventory,
     nvml_inventory,
@@ -117,6 +120,14 @@ def _finite(text: str) -> float:
     return value
 
 
+def _address(text: str) -> str:
+    """An address flag's value; argparse puts the flag's name before the error."""
+    try:
+        return node_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m services.node_agent",
@@ -147,6 +158,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the NVML node is a serving node: it takes workflow tasks, never a batch job "
         "(a declared node says so in its inventory: workflows_only)",
+    )
+    parser.add_argument(
+        "--address",
+        type=_address,
+        # From the environment through the type too, so a bad one is named.
+        default=os.environ.get("QM_NODE_ADDRESS") or None,
+        help="where other nodes reach this agent's nodes (host name or IP): a multi-node job's "
+        "parts rendezvous there; a declared node's address in the file comes first "
+        f"(env QM_NODE_ADDRESS; default: {DECLARED_ADDRESS} for declared nodes, this "
+        "machine's host name with --nvml)",
     )
     parser.add_argument(
         "--name",
@@ -254,10 +275,15 @@ def _nodes(args: argparse.Namespace) -> list[types_pb2.NodeInventory]:
         node_id = args.node[0] if args.node else args.name
         return [
             nvml_inventory(
-                node_id, cluster=args.cluster, nvml=pynvml, workflows_only=args.workflows_only
+                node_id,
+                cluster=args.cluster,
+                nvml=pynvml,
+                workflows_only=args.workflows_only,
+                address=args.address,
             )
         ]
-    return select_nodes(load_inventory(args.nodes), args.node)
+    declared = load_inventory(args.nodes, address=args.address or DECLARED_ADDRESS)
+    return select_nodes(declared, args.node)
 
 
 async def _run(
@@ -279,7 +305,13 @@ async def _run(
     client = f"qm-node-agent-{args.name}"
     # Before registering: the new incarnation tells placement those tasks are gone.
     ledger.kill_leftovers()
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and sandbox.containers is not None:
+        # Rootful podman makes namespaces, mounts and devices: it needs root whole.
+        logging.getLogger(__name__).warning(
+            "root: keeps every capability: this node runs images (containers: in %s)",
+            os.environ.get("QM_SANDBOX", "the sandbox file"),
+        )
+    elif os.geteuid() == 0:
         kept = privileges.needed(cgroups=sandbox.cgroups is not None)
         privileges.keep_only(kept)
         logging.getLogger(__name__).info("root: kept only capabilities %s", sorted(kept))

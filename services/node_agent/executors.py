@@ -8,6 +8,9 @@ the books of each GPU's model cache and calls ``load_model`` before ``start`` wh
 model is not resident: the simulated executor waits the load time; a process loads its
 model itself as it starts (told by ``QM_MODEL``, ``QM_MODEL_MB`` and
 ``QM_MODEL_RESIDENT``), so its ``load_model`` returns at once.
+
+A batch task learns where its job runs (``gangs.py``): its nodes, its rank among them
+and, for a job spanning nodes, where to rendezvous and a hostfile in its job's folder.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +32,14 @@ from qm.v1 import events_pb2
 from libs.config.document import ConfigError
 from libs.core import simulated
 from libs.core.decisions import stop_grace
+from libs.core.ids import attempt_of, name_in_job
 from libs.events import wire_time
 from services.node_agent.cgroups import Confinement, spawn_prefix
+from services.node_agent.checkpoints import POLL_S, StopWarning, saved_at, saved_file
+from services.node_agent.containers import ContainerError
+from services.node_agent.gangs import Gang, GangError, check_master_port, gang_of
+from services.node_agent.images import Images, exit_code
+from services.node_agent.names import safe_name
 from services.node_agent.orphans import ProcessLedger
 from services.node_agent.sandbox import Account, Refused, Sandbox
 from services.node_agent.scratch import ScratchFolders, may_return
@@ -56,13 +66,19 @@ class Execution(Protocol):
     @property
     def pid(self) -> int: ...
 
+    @property
+    def saved(self) -> Path | None:
+        """The file the task touches when it saved a checkpoint (None: it runs nothing)."""
+        ...
+
     async def wait(self) -> int:
         """Wait for the task to end; return its exit code."""
         ...
 
-    async def stop(self, grace_s: float = 0.0) -> None:
+    async def stop(self, grace_s: float = 0.0, warning: StopWarning | None = None) -> None:
         """Ask the task to end, and make sure it does, after at most ``grace_s`` (0: the
-        executor's grace; ``stop_grace``); ``wait`` then returns its exit code."""
+        executor's grace; ``stop_grace``), after its ``warning`` if any; ``wait`` then
+        returns its exit code."""
         ...
 
     def cleanup(self, may_return: bool) -> None:
@@ -74,11 +90,12 @@ class Execution(Protocol):
 
 class Executor(Protocol):
     async def start(
-        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False, address: str = ""
     ) -> Execution:
         """Start the task, or raise LaunchError saying why it could not start.
 
-        ``model_resident``: a serving task's model is already on its GPU.
+        ``model_resident``: a serving task's model is already on its GPU. ``address``:
+        where other nodes reach the task's node (``NodeInventory.address``).
         """
         ...
 
@@ -97,6 +114,8 @@ def task_environment(
     *,
     model_resident: bool = False,
     secrets: Mapping[str, str] | None = None,
+    gang: Gang | None = None,
+    files: Mapping[str, Path] | None = None,
 ) -> dict[str, str]:
     """The sandbox's ``base`` (a few of the agent's variables), then the job's extras and
     its ``secrets`` (from the node's store), then what the agent decides.
@@ -106,6 +125,14 @@ def task_environment(
     and the utilisation sampler use, numbers them by PCI bus. A serving task also gets
     ``QM_TASK`` (its name in the workflow), ``QM_MODEL``, ``QM_MODEL_MB`` and
     ``QM_MODEL_RESIDENT`` ("1" when the agent's books say the model is cached, else "0").
+    A batch task gets ``QM_RESTART_COUNT`` (its attempt: 0 on its first run) and, from
+    its ``gang`` (``gangs.gang_of``), ``QM_NUM_NODES``, ``QM_NODE_RANK``,
+    ``QM_GPUS_PER_NODE`` and ``QM_HOSTS`` (its nodes' addresses, comma-separated, in rank
+    order); a job spanning nodes also ``MASTER_ADDR`` and ``MASTER_PORT`` (where rank 0
+    listens for the rendezvous) and ``QM_HOSTFILE`` (``ADDRESS slots=GPUS`` a line, in
+    rank order). The launcher's own (``WORLD_SIZE``, ``RANK``) are torchrun's. ``files``
+    names what the agent made for the task (``QM_HOSTFILE``, ``QM_CHECKPOINT_DIR``,
+    ``QM_CHECKPOINT_SAVED``: ``checkpoints``).
     The simulated executor's entries (``QM_SIMULATED_*``) are for it alone.
     """
     env = {
@@ -124,6 +151,11 @@ def task_environment(
             "QM_MODEL_MB": f"{task.serving.model_mb:g}",
             "QM_MODEL_RESIDENT": "1" if model_resident else "0",
         }
+    else:
+        env["QM_RESTART_COUNT"] = str(attempt_of(task.task_id))
+    if gang is not None:
+        env |= gang.environment()
+    env |= {name: str(path) for name, path in (files or {}).items()}
     return env
 
 
@@ -154,8 +186,19 @@ class ProcessExecutor:
         self._scratch = ScratchFolders(
             Path(sandbox.scratch.root), expire_after_s=sandbox.scratch.expire_after_s
         )
+        declared = sandbox.checkpoints
+        self._checkpoints = (
+            None
+            if declared is None
+            else ScratchFolders(Path(declared.root), expire_after_s=declared.expire_after_s)
+        )
         self._secrets = secrets or SecretStore(None)
         self._ledger = ledger
+        self._images = (
+            None
+            if sandbox.containers is None
+            else Images(sandbox.containers, sandbox.volumes, path=os.environ.get("PATH", ""))
+        )
 
     def prepare(self) -> None:
         """Make the folders of task logs and scratch folders, as the agent starts;
@@ -163,46 +206,91 @@ class ProcessExecutor:
         reach the scratch folders."""
         try:
             self.logs.prepare()
-            self._scratch.prepare()
+            for folders in self._folders:
+                folders.prepare()
         except OSError as exc:
             raise ConfigError(f"node agent: {exc}") from exc
-        closed = self._sandbox.closed_to(str(self._scratch.root))
-        if closed is not None:
-            raise ConfigError(
-                f"sandbox: scratch.root: account {closed.name} (uid {closed.uid}) cannot "
-                f"reach {self._scratch.root}: a folder above it is closed to it; name a "
-                "folder every account that runs tasks can reach, such as /var/tmp/qm-scratch"
-            )
+        if self._images is not None:
+            try:
+                self._images.prepare()
+            except OSError as exc:
+                raise ConfigError(f"node agent: containers: {exc}") from exc
+        for entry, folders in zip(("scratch", "checkpoints"), self._folders, strict=False):
+            closed = self._sandbox.closed_to(str(folders.root))
+            if closed is not None:
+                raise ConfigError(
+                    f"sandbox: {entry}.root: account {closed.name} (uid {closed.uid}) cannot "
+                    f"reach {folders.root}: a folder above it is closed to it; name a folder "
+                    "every account that runs tasks can reach, such as /var/tmp/qm-scratch"
+                )
+
+    @property
+    def _folders(self) -> tuple[ScratchFolders, ...]:
+        """The jobs' folders it keeps: scratch, and checkpoints where declared."""
+        return (self._scratch,) if self._checkpoints is None else (self._scratch, self._checkpoints)
 
     async def load_model(self, task: events_pb2.TaskPlaced, load_ms: float) -> None:
         """Nothing to do here: the task loads its model itself when it starts."""
 
     async def close(self) -> None:
-        await self._scratch.close()
+        for folders in self._folders:
+            await folders.close()
 
     async def start(
-        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False, address: str = ""
     ) -> ProcessExecution:
         argv = list(task.spec.command)
-        if not argv:
+        if not argv and not task.spec.image:  # an image may have a command of its own
             raise LaunchError("the job has no command to run", 127)
+        if task.spec.image and self._images is None:
+            raise LaunchError("image: this node runs no images (no containers: here)", 126)
+        if not task.spec.image and self._images is not None and self._images.required:
+            raise LaunchError("this node runs jobs in images only: qm submit --image REF", 126)
         try:
             runs_as = self._sandbox.account_for(task.spec.user)
             secrets = self._secrets.values(task.spec.user, task.spec.secrets)
-        except (Refused, MissingSecret) as exc:
+            gang = None if task.HasField("serving") else gang_of(task, address)
+            if gang is not None:
+                await check_master_port(gang, address)
+        except (Refused, MissingSecret, GangError) as exc:
             raise LaunchError(str(exc), 126) from None
+        entered: list[ScratchFolders] = []
         try:
-            scratch = await self._scratch.enter(task.job_id, runs_as)
-        except OSError as exc:
-            raise LaunchError(f"cannot make the job's scratch folder: {exc}", 126) from exc
-        try:
-            return await self._launch(task, argv, runs_as, scratch, secrets, model_resident)
+            folders = []
+            for kind, kept in zip(("scratch", "checkpoint"), self._folders, strict=False):
+                try:
+                    folders.append(await kept.enter(task.job_id, runs_as))
+                except OSError as exc:
+                    raise LaunchError(f"cannot make the job's {kind} folder: {exc}", 126) from exc
+                entered.append(kept)
+            scratch = folders[0]
+            files = {"QM_CHECKPOINT_SAVED": saved_file(folders[-1], task.task_id)}
+            if self._checkpoints is not None:
+                files["QM_CHECKPOINT_DIR"] = folders[-1]
+            hostfile = await self._hostfile(task, gang)
+            if hostfile is not None:
+                files["QM_HOSTFILE"] = hostfile
+            return await self._launch(
+                task, argv, runs_as, scratch, secrets, model_resident, gang, files, entered
+            )
         except BaseException as exc:
             # A task that cannot start ended on its own; one cut short otherwise (the
             # agent stops) was stopped for a cause the agent does not know.
             stopped = not isinstance(exc, LaunchError)
-            self._scratch.leave(task.job_id, may_return=may_return(task, stopped))
+            for kept in entered:
+                kept.leave(task.job_id, may_return=may_return(task, stopped))
             raise
+
+    async def _hostfile(self, task: events_pb2.TaskPlaced, gang: Gang | None) -> Path | None:
+        """A job spanning nodes: its hostfile, written in its job's folder for the task."""
+        if gang is None or not gang.spans_nodes:
+            return None
+        # A file per part: the parts on one agent's nodes share their job's folder.
+        name = f"hostfile-{safe_name(name_in_job(task.job_id, task.task_id))}"
+        try:
+            return await self._scratch.write(task.job_id, name, gang.hostfile())
+        except OSError as exc:
+            raise LaunchError(f"cannot write the job's hostfile: {exc}", 126) from exc
 
     async def _launch(
         self,
@@ -212,6 +300,9 @@ class ProcessExecutor:
         scratch: Path,
         secrets: dict[str, str],
         model_resident: bool,
+        gang: Gang | None,
+        files: dict[str, Path],
+        folders: list[ScratchFolders],
     ) -> ProcessExecution:
         try:
             log = self.logs.open(task, runs_as)
@@ -222,37 +313,58 @@ class ProcessExecutor:
             closing = undo.enter_context(contextlib.ExitStack())  # the log, until it is copied into
             closing.callback(log.close)
             confinement = None
-            spawned = argv
-            if runs_as is not None and self._sandbox.cgroups is not None:
-                try:
-                    confinement = self._sandbox.cgroups.confine(task.task_id, task.gpu_indices)
-                except OSError as exc:
-                    raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
-                undo.callback(confinement.release)
-                spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
-            gpus = ",".join(str(index) for index in task.gpu_indices)
-            command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
-            log.write(f"--- task {task.task_id} on GPUs [{gpus}]: {command}\n".encode())
-            home = self._sandbox.home(runs_as)
+            container = None
+            image = task.spec.image
+            home = None if image else self._sandbox.home(runs_as)  # an image has its own
             env = task_environment(
                 self._sandbox.environment(runs_as, home=home, scratch=scratch),
                 task,
                 model_resident=model_resident,
                 secrets=secrets,
+                gang=gang,
+                files=files,
             )
+            if image:
+                assert self._images is not None  # start() refused the task otherwise
+                del env["PATH"]  # the image's own
+                try:
+                    launch = self._images.launch(
+                        task,
+                        argv,
+                        uid=os.getuid() if runs_as is None else runs_as.uid,
+                        gid=os.getgid() if runs_as is None else runs_as.gid,
+                        scratch=scratch,
+                        binds={k: v for k, v in files.items() if k == "QM_CHECKPOINT_DIR"},
+                        env=env,
+                    )
+                except (ContainerError, OSError) as exc:
+                    raise LaunchError(str(exc), 126) from exc
+                container = Container(self._images, launch.name)
+                undo.callback(self._images.storage.env_file(launch.name).unlink, missing_ok=True)
+                spawned, env, identity = launch.argv, launch.env, {"cwd": "/"}
+            else:
+                spawned = argv
+                if runs_as is not None and self._sandbox.cgroups is not None:
+                    try:
+                        confinement = self._sandbox.cgroups.confine(task.task_id, task.gpu_indices)
+                    except OSError as exc:
+                        raise LaunchError(f"cannot make the task's cgroup: {exc}", 126) from exc
+                    undo.callback(confinement.release)
+                    spawned = [*spawn_prefix(runs_as.uid, runs_as.gid, confinement), *argv]
+                cwd = task.spec.workdir or home or str(scratch)
+                identity = _identity(runs_as, cwd, switch=confinement is None)
+            gpus = ",".join(str(index) for index in task.gpu_indices)
+            command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
+            where = f" in {image}" if image else ""
+            log.write(f"--- task {task.task_id} on GPUs [{gpus}]{where}: {command}\n".encode())
             try:
                 output = await OutputPipes.into(log, runs_as)
             except OSError as exc:
                 raise LaunchError(f"cannot make the task's output pipes: {exc}", 126) from exc
             closing.pop_all()  # the copying of its output closes the log once it ends
             try:
-                process = await _spawn(
-                    spawned,
-                    argv[0],
-                    (output.stdout, output.stderr),
-                    env,
-                    _identity(runs_as, home or str(scratch), switch=confinement is None),
-                )
+                pipes = (output.stdout, output.stderr)
+                process = await _spawn(spawned, argv[0] if argv else image, pipes, env, identity)
             except LaunchError as exc:
                 log.write(f"--- not started: {exc.reason}\n".encode())
                 raise
@@ -269,8 +381,10 @@ class ProcessExecutor:
             grace_s=self._grace_s,
             ledger=self._ledger,
             confinement=confinement,
-            scratch=self._scratch,
+            container=container,
+            folders=tuple(folders),
             job_id=task.job_id,
+            saved=files["QM_CHECKPOINT_SAVED"],
         )
 
 
@@ -322,6 +436,14 @@ def _identity(runs_as: Account | None, cwd: str, *, switch: bool) -> dict[str, A
 
 
 @dataclass(frozen=True)
+class Container:
+    """A task's container, by name, and what runs it."""
+
+    images: Images
+    name: str
+
+
+@dataclass(frozen=True)
 class ProcessExecution:
     """A task's process, the leader of its own process group; ``copying`` its output into
     its log; ``ledger`` (if any) has it on record until it is reaped."""
@@ -329,10 +451,12 @@ class ProcessExecution:
     process: asyncio.subprocess.Process
     copying: asyncio.Task[None]
     grace_s: float
-    scratch: ScratchFolders  # its job's folder is there
+    folders: tuple[ScratchFolders, ...]  # its job's folders are there (scratch, checkpoints)
     job_id: str
+    saved: Path  # the file it touches when it saved a checkpoint (QM_CHECKPOINT_SAVED)
     ledger: ProcessLedger | None = None
     confinement: Confinement | None = None
+    container: Container | None = None  # a task in an image: its container
 
     @property
     def pid(self) -> int:
@@ -340,6 +464,9 @@ class ProcessExecution:
 
     async def wait(self) -> int:
         code = await self.process.wait()
+        if self.container is not None:
+            code = exit_code(code)
+            await self.container.images.remove(self.container.name)
         # What it wrote before it ended is in the pipe still. A process it left behind
         # may hold the pipe open: its output after the task ended is not kept.
         try:
@@ -352,20 +479,36 @@ class ProcessExecution:
             self.ledger.forget(self.process.pid)
         return code
 
-    async def stop(self, grace_s: float = 0.0) -> None:
+    async def stop(self, grace_s: float = 0.0, warning: StopWarning | None = None) -> None:
         """SIGTERM to the task's process group; SIGKILL if it outlives the grace period
-        (``grace_s`` may shorten it, never lengthen it)."""
+        (``grace_s`` may shorten it, never lengthen it). A ``warning``'s signal goes
+        first, its time before SIGTERM (cut short once the task saves a checkpoint)."""
         if self.process.returncode is not None:
             return
+        if warning is not None:
+            # A save is a change of the file's time: the kernel's file clock is coarse,
+            # and may read earlier than this clock did just before the signal.
+            before = saved_at(self.saved)
+            self._signal(warning.signal)
+            deadline = time.monotonic() + warning.seconds
+            while (left := deadline - time.monotonic()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.process.wait()), min(left, POLL_S))
+                    return  # it ended on the warning
+                if saved_at(self.saved) != before:
+                    break  # saved: nothing left to wait for
         self._signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.process.wait(), stop_grace(grace_s, self.grace_s))
         except TimeoutError:
+            if self.container is not None:  # podman run passes no SIGKILL on
+                await self.container.images.kill(self.container.name)
             self._signal(signal.SIGKILL)
             await self.process.wait()
 
     def cleanup(self, may_return: bool) -> None:
-        self.scratch.leave(self.job_id, may_return=may_return)
+        for folders in self.folders:
+            folders.leave(self.job_id, may_return=may_return)
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
@@ -386,7 +529,7 @@ class SimulatedExecutor:
         """Nothing runs in the background."""
 
     async def start(
-        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False
+        self, task: events_pb2.TaskPlaced, *, model_resident: bool = False, address: str = ""
     ) -> SimulatedExecution:
         run, _ = simulated.split_env(task.spec.env)
         serving = task.HasField("serving")
@@ -396,6 +539,7 @@ class SimulatedExecutor:
 
 class SimulatedExecution:
     pid = 0  # no process
+    saved = None  # nor checkpoints
 
     def __init__(self, duration_s: float, *, exit_code: int) -> None:
         self._deadline = asyncio.get_running_loop().time() + max(duration_s, 0.0)
@@ -410,7 +554,7 @@ class SimulatedExecution:
             return self._exit_code
         return -signal.SIGTERM.value
 
-    async def stop(self, grace_s: float = 0.0) -> None:
+    async def stop(self, grace_s: float = 0.0, warning: StopWarning | None = None) -> None:
         self._stopped.set()
 
     def cleanup(self, may_return: bool) -> None:

@@ -1,10 +1,13 @@
 """What a node offers: read from NVML on a GPU machine, or declared in a YAML file.
 
 The declared file (``deploy/local/nodes.yaml``) is described in ``libs.config.inventory``.
+Each node also says where other nodes reach it (``NodeInventory.address``): a multi-node
+job's parts rendezvous there.
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,9 +16,12 @@ from typing import Protocol
 from qm.v1 import types_pb2
 
 from libs.config.document import ConfigError, read_document, validate
-from libs.config.inventory import DeclaredNode, InventoryFile
+from libs.config.inventory import DeclaredNode, InventoryFile, node_address
 
 DEFAULT_INVENTORY = Path(__file__).resolve().parents[2] / "deploy" / "local" / "nodes.yaml"
+# A declared node's address unless it or the agent names one: declared nodes are local or
+# simulated, their parts all on this machine.
+DECLARED_ADDRESS = "127.0.0.1"
 
 EXECUTORS = {
     "process": types_pb2.EXECUTOR_PROCESS,
@@ -34,14 +40,18 @@ class InventoryError(ConfigError):
     """The nodes cannot be known; the message says which and why."""
 
 
-def load_inventory(path: Path) -> list[types_pb2.NodeInventory]:
-    """The declared nodes of an inventory file; a ``ConfigError`` names the file and key."""
-    return parse_inventory(read_document(path), source=str(path))
+def load_inventory(path: Path, *, address: str = DECLARED_ADDRESS) -> list[types_pb2.NodeInventory]:
+    """The declared nodes of an inventory file; a ``ConfigError`` names the file and key.
+    ``address``: that of the nodes that declare none."""
+    return parse_inventory(read_document(path), source=str(path), address=address)
 
 
-def parse_inventory(raw: object, *, source: str) -> list[types_pb2.NodeInventory]:
-    """Node inventories from a parsed YAML document (``source`` names it in errors)."""
-    return [_declared(node) for node in validate(InventoryFile, raw, source).nodes]
+def parse_inventory(
+    raw: object, *, source: str, address: str = DECLARED_ADDRESS
+) -> list[types_pb2.NodeInventory]:
+    """Node inventories from a parsed YAML document (``source`` names it in errors);
+    ``address``: that of the nodes that declare none."""
+    return [_declared(node, address) for node in validate(InventoryFile, raw, source).nodes]
 
 
 def select_nodes(
@@ -57,13 +67,14 @@ def select_nodes(
     return [node for node in nodes if not wanted or node.node_id in wanted]
 
 
-def _declared(node: DeclaredNode) -> types_pb2.NodeInventory:
+def _declared(node: DeclaredNode, address: str) -> types_pb2.NodeInventory:
     return types_pb2.NodeInventory(
         node_id=node.node_id,
         cluster=node.cluster,
         executor=EXECUTORS[node.executor],
         workflows_only=node.workflows_only,
         source="declared",
+        address=node.address or address,
         gpus=[
             types_pb2.Gpu(
                 index=index,
@@ -97,10 +108,24 @@ class Nvml(Protocol):
 
 
 def nvml_inventory(
-    node_id: str, *, cluster: str, nvml: Nvml, workflows_only: bool = False
+    node_id: str,
+    *,
+    cluster: str,
+    nvml: Nvml,
+    workflows_only: bool = False,
+    address: str | None = None,
 ) -> types_pb2.NodeInventory:
     """This machine's GPUs as NVML reports them; runs tasks as processes (``workflows_only``:
-    workflow tasks only, a serving node)."""
+    workflow tasks only, a serving node); reached at ``address`` (default: this machine's
+    fully qualified host name)."""
+    if address is None:
+        address = socket.getfqdn()
+        try:
+            node_address(address)
+        except ValueError as exc:
+            raise InventoryError(
+                f"this machine's host name cannot be its address ({exc}): give --address"
+            ) from None
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -133,6 +158,7 @@ def nvml_inventory(
         executor=types_pb2.EXECUTOR_PROCESS,
         workflows_only=workflows_only,
         source="nvml",
+        address=address,
     )
 
 

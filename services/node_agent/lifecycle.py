@@ -69,6 +69,10 @@ def started(task: events_pb2.TaskPlaced, pid: int) -> events_pb2.TaskStarted:
     return events_pb2.TaskStarted(**_ref(task), pid=pid)
 
 
+def checkpointed(task: events_pb2.TaskPlaced) -> events_pb2.TaskCheckpointed:
+    return events_pb2.TaskCheckpointed(**_ref(task))
+
+
 def launch_failed(task: events_pb2.TaskPlaced, error: LaunchError) -> events_pb2.TaskFailed:
     return _failed(task, error.exit_code, error.reason)
 

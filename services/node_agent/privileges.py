@@ -9,7 +9,8 @@ as itself), KILL (signal tasks of other accounts), CHOWN and FOWNER (hand a task
 log and its job's scratch folder), DAC_READ_SEARCH (read the secret store and config
 whoever wrote them, and the tasks' logs) and, with task cgroups, SYS_ADMIN (the v1
 devices controller wants it). NVML needs none: it opens ``/dev/nvidia*``, which the
-driver leaves open to all.
+driver leaves open to all. An agent whose node runs images (``containers:`` in its
+sandbox file) keeps them all: rootful podman makes namespaces, mounts and devices.
 """
 
 from __future__ import annotations

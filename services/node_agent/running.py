@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 from qm.v1 import events_pb2, types_pb2
 
+from services.node_agent.checkpoints import StopWarning
 from services.node_agent.executors import Execution, Executor, LaunchError
 from services.node_agent.lifecycle import ended, launch_failed, started
 from services.node_agent.reports import Reporter
@@ -41,6 +42,7 @@ class Run:
     stop_event_id: str = ""
     stop_cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_UNSPECIFIED
     stopper: asyncio.Task[None] | None = None
+    checkpointed_at: float = 0.0  # the last save reported (its file's mtime)
 
 
 class RunningTasks:
@@ -113,7 +115,7 @@ class RunningTasks:
             try:
                 try:
                     execution = await self._executors[node.executor].start(
-                        task, model_resident=model_resident
+                        task, model_resident=model_resident, address=node.address
                     )
                 except LaunchError as exc:
                     log.warning("task %s could not start: %s", task.task_id, exc.reason)
@@ -156,12 +158,14 @@ class RunningTasks:
         event_id: str,
         grace_s: float = 0.0,
         cause: types_pb2.StopCause.ValueType = types_pb2.STOP_CAUSE_UNSPECIFIED,
+        warning: StopWarning | None = None,
     ) -> None:
         """``grace_s``: SIGKILL after at most this long (0: the executor's grace);
-        ``cause``: why, as placement said (whether the job may come back here)."""
+        ``cause``: why, as placement said (whether the job may come back here);
+        ``warning``: a signal first, that long before SIGTERM."""
         if run.stopper is not None:
             return  # already stopping; the first reason stands
         run.stopped_because, run.stop_event_id, run.stop_cause = reason, event_id, cause
         log.info("stopping task %s: %s", run.task.task_id, reason)
         # In the background: one task's grace period must not hold up other decisions.
-        run.stopper = asyncio.create_task(run.execution.stop(grace_s))
+        run.stopper = asyncio.create_task(run.execution.stop(grace_s, warning))

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.document import ConfigError, load
-from libs.config.sandbox import SandboxFile, ScratchEntry
+from libs.config.sandbox import (
+    CheckpointsEntry,
+    ContainersEntry,
+    SandboxFile,
+    ScratchEntry,
+    VolumeEntry,
+)
 from services.node_agent.cgroups import TaskCgroups
 from services.node_agent.reach import SEARCH, WRITE, Ids, look_up, reachable, usable_path
 
@@ -70,6 +76,9 @@ class Sandbox:
         self._env = {name: agent_env[name] for name in config.environment if name in agent_env}
         self._switch = switch
         self.scratch: ScratchEntry = config.scratch
+        self.checkpoints: CheckpointsEntry | None = config.checkpoints
+        self.containers: ContainersEntry | None = config.containers
+        self.volumes: dict[str, VolumeEntry] = config.volumes
         self._users = {user: account(spec) for user, spec in config.users.items()}
         self._default = account(config.default) if config.default is not None else None
         # Only a root agent makes cgroups (and then switches accounts inside them).

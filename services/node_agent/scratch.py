@@ -18,7 +18,8 @@ task of a job whose folder is being removed waits for that, then has a new one.
 The agent may not override file permissions (``privileges.py``), so it cannot delete
 what a task wrote: a child process running as the folder's account does (it makes its
 own files writable first, as a read-only tree such as Go's module cache needs), and the
-agent removes the emptied folder, which lies in its own.
+agent removes the emptied folder, which lies in its own. Neither can it write in the
+folder: a file it hands a task there (a gang's hostfile) is written by such a child too.
 """
 
 from __future__ import annotations
@@ -125,6 +126,13 @@ class ScratchFolders:
             self._next_sweep = time.monotonic() + SWEEP_EVERY_S
             self._sweeping = asyncio.create_task(self.sweep(), name="sweep scratch folders")
 
+    async def write(self, job_id: str, name: str, text: str) -> Path:
+        """Write ``text`` into the job's folder (entered: a task is about to start) as the
+        file ``name`` (a safe file name), its account's alone; ``OSError`` if it cannot be."""
+        path = self.root / safe_name(job_id) / name
+        await _write(path, text.encode())
+        return path
+
     async def close(self) -> None:
         """The agent stops: the sweep stops (the next agent sweeps at its first task's
         end) and removals under way finish."""
@@ -169,9 +177,7 @@ async def _remove(path: Path) -> None:
         except OSError as exc:
             log.warning("cannot remove %s: %s", path, exc.strerror)
         return
-    identity: dict[str, Any] = {}
-    if found.st_uid != os.geteuid():
-        identity = {"user": found.st_uid, "group": found.st_gid, "extra_groups": []}
+    identity = _as_owner(found)
     chmod, find = shutil.which("chmod", path=_TOOLS_PATH), shutil.which("find", path=_TOOLS_PATH)
     if chmod is None or find is None:
         log.warning("cannot remove scratch folder %s: no chmod or find in %s", path, _TOOLS_PATH)
@@ -200,3 +206,37 @@ async def _remove(path: Path) -> None:
         path.rmdir()
     except OSError as exc:
         log.warning("cannot remove scratch folder %s: %s", path, exc.strerror)
+
+
+async def _write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as the owner of its folder, readable by it alone: ``tee``
+    runs as it, with a private umask."""
+    tee = shutil.which("tee", path=_TOOLS_PATH)
+    if tee is None:
+        raise OSError(f"no tee in {_TOOLS_PATH}")
+    try:
+        child = await asyncio.create_subprocess_exec(
+            tee,
+            "--",
+            str(path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": _TOOLS_PATH, "LC_ALL": "C"},
+            cwd="/",
+            umask=0o077,
+            **_as_owner(os.lstat(path.parent)),
+        )
+        _, errors = await child.communicate(data)
+    except subprocess.SubprocessError as exc:
+        raise OSError(str(exc)) from exc
+    if child.returncode != 0:  # tee names the file
+        raise OSError(errors.decode(errors="replace").strip())
+
+
+def _as_owner(found: os.stat_result) -> dict[str, Any]:
+    """The subprocess options that run a child as the owner of what ``found`` describes
+    (none when that is the agent)."""
+    if found.st_uid == os.geteuid():
+        return {}
+    return {"user": found.st_uid, "group": found.st_gid, "extra_groups": []}

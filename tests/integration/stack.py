@@ -52,6 +52,7 @@ NODES = {
             "gpu_count": 4,
             "gpu_memory_gib": 80,
             "executor": "process",
+            "address": "127.0.0.2",  # distinct: a two-node job's parts rendezvous across them
         },
         {
             "node_id": "proc-1",
@@ -59,6 +60,7 @@ NODES = {
             "gpu_count": 4,
             "gpu_memory_gib": 80,
             "executor": "process",
+            "address": "127.0.0.3",  # distinct: a two-node job's parts rendezvous across them
         },
         {
             "node_id": "sim-0",
@@ -157,11 +159,25 @@ class Stack:
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
         # Jobs' scratch folders, where every task account reaches them (pytest's are root's).
         self.scratch = Path(tempfile.mkdtemp(prefix=f"qm-scratch-{self.run_id}-"))
+        self.checkpoints = Path(tempfile.mkdtemp(prefix=f"qm-checkpoints-{self.run_id}-"))
+        # A dataset volume, declared read-only for jobs in images (every account reads it).
+        self.datasets = Path(tempfile.mkdtemp(prefix=f"qm-datasets-{self.run_id}-"))
+        self.datasets.chmod(0o755)
+        (self.datasets / "hello").write_text("hello from the dataset\n")
+        (self.datasets / "hello").chmod(0o644)
         self.write_sandbox({})
 
     def write_sandbox(self, settings: Mapping[str, object]) -> None:
-        """The node agents' sandbox file: ``settings`` and the stack's scratch folders."""
-        sandbox = {**settings, "scratch": {"root": str(self.scratch)}}
+        """The node agents' sandbox file: ``settings`` and the stack's scratch and
+        checkpoint folders."""
+        folders = {
+            "scratch": {"root": str(self.scratch)},
+            "checkpoints": {"root": str(self.checkpoints)},
+            # Images through podman, in the storage `make example-image` builds into.
+            "containers": {},
+            "volumes": {"datasets": {"host_path": str(self.datasets), "read_only": True}},
+        }
+        sandbox = {**settings, **folders}
         (self.workdir / "sandbox.yaml").write_text(yaml.safe_dump(sandbox))
 
     @property
@@ -340,6 +356,8 @@ class Stack:
         for name in list(self.processes):
             self.stop(name)
         shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self.checkpoints, ignore_errors=True)
+        shutil.rmtree(self.datasets, ignore_errors=True)
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"

@@ -143,7 +143,8 @@ def test_cancelling_a_running_job(stack: Stack, jobs: js_grpc.JobServiceStub) ->
 def test_a_job_too_big_for_any_node_explains_why(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    job_id = submit(stack, jobs, gpus=64, command=["true"])
+    # A simulated run (a command that must run, larger than any node, is refused).
+    job_id = submit(stack, jobs, gpus=64, command=["true"], env={simulated.SECONDS: "1"})
     explanation = eventually(
         lambda: (
             (
@@ -157,8 +158,8 @@ def test_a_job_too_big_for_any_node_explains_why(
         ),
         what="a pending explanation",
     )
-    # Its command runs only where processes run: the 8 GPUs of the two process nodes.
-    assert "needs 64×GPU; the cluster has only 8 such GPUs" in explanation.reason
+    # A simulated run goes to process or simulated nodes: 8 GPUs of each.
+    assert "needs 64×GPU; the cluster has only 16 such GPUs" in explanation.reason
     # The scheduler's own reasoning: the allocation's fair-share standing.
     assert (explanation.allocation, explanation.ranks) == ("vision", 2)
     assert explanation.rank in (1, 2)

@@ -13,6 +13,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from libs.auth import issue_token
+from libs.core import simulated
 from services.grpc_server import bearer
 from tests.integration.conftest import wait_for_end
 from tests.integration.stack import ROOT, Stack
@@ -67,7 +68,8 @@ def test_following_a_waiting_job_streams_its_output_until_it_ends(
 
 
 def test_a_job_that_has_not_started_says_so(stack: Stack, jobs: js_grpc.JobServiceStub) -> None:
-    job_id = submit(stack, jobs, gpus=64, command=["true"])  # larger than any node
+    # Larger than the cluster: a simulated run (a command that must run is refused).
+    job_id = submit(stack, jobs, gpus=64, command=["true"], env={simulated.SECONDS: "1"})
     shown = qm(stack, "alice", "logs", job_id)
     assert shown.returncode == 1 and "has not started yet" in shown.stderr
     assert "qm logs -f waits for it" in shown.stderr

@@ -27,10 +27,10 @@ def output(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> str:
 def test_a_command_runs_where_processes_run_never_on_a_simulated_node(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    # Eight GPUs on one node: only the simulated A100 node has them, so best fit would
-    # put the job there (and it would "finish" without running). It spans the two
-    # process nodes instead, and each part prints.
-    job_id = submit(stack, jobs, gpus=8, command=["python3", "-c", "print(42)"])
+    # Two parts of four: the simulated A100 node has room for one, so a fit by GPUs alone
+    # could put a part there (and it would "finish" without running). The parts go to
+    # the two process nodes instead, and each prints.
+    job_id = submit(stack, jobs, gpus=8, nodes=2, command=["python3", "-c", "print(42)"])
     job = wait_for_end(stack, jobs, job_id)
     assert job.state == types_pb2.JOB_STATE_FINISHED, job
     assert sorted(p.node_id for p in job.placements) == ["proc-0", "proc-1"]
@@ -61,7 +61,9 @@ def test_a_preempted_job_is_told_who_took_its_gpus_and_by_which_rule(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     # Free work that resumes: stopping it loses nothing, so charged work takes its GPUs.
-    free = submit(stack, jobs, gpus=8, gpu_type="H100", command=["sleep", "600"], resumable=True)
+    free = submit(
+        stack, jobs, gpus=8, nodes=2, gpu_type="H100", command=["sleep", "600"], resumable=True
+    )
     assert until_running(stack, jobs, free).protection == types_pb2.PROTECTION_FREE
     paid = submit(
         stack,

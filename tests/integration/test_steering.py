@@ -96,7 +96,10 @@ def test_only_operators_cordon_and_only_the_jobs_own_user_or_manager_holds(
     with pytest.raises(grpc.RpcError) as refused:
         cluster.CordonNode(cs.CordonNodeRequest(node_id=NODE), metadata=stack.auth("alice"))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    job_id = submit(stack, jobs, user="alice", allocation="nlp", gpus=64, command=["true"])
+    # Waits for ever: a simulated run larger than the cluster (one whose command must
+    # run would be refused at submission: larger than any node).
+    never = {simulated.SECONDS: "1"}
+    job_id = submit(stack, jobs, allocation="nlp", gpus=64, command=["true"], env=never)
     with pytest.raises(grpc.RpcError) as refused:  # bob sees nlp's jobs but manages none
         jobs.HoldJob(js.HoldJobRequest(job_id=job_id), metadata=stack.auth("bob"))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -109,7 +112,11 @@ def test_an_update_gives_a_waiting_job_what_it_needs_to_start(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
     script = "print('ran')"
-    job_id = submit(stack, jobs, gpus=16, gpu_type="H100", command=["python3", "-c", script])
+    # A simulated run may ask for more than any node (a command that must run is refused).
+    job_id = submit(
+        stack, jobs, gpus=16, gpu_type="H100", command=["python3", "-c", script],
+        env={simulated.SECONDS: "0.2"},
+    )  # fmt: skip
     eventually(lambda: "only 8 such GPUs" in job(stack, jobs, job_id).reason)
     updated = qm(stack, "alice", "update", job_id, "--gpus", "1")
     assert updated.returncode == 0, updated.stderr

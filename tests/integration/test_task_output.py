@@ -82,6 +82,7 @@ def test_a_drained_then_preempted_jobs_attempts_and_a_gangs_parts_each_show_in_q
             stack,
             jobs,
             gpus=8,
+            nodes=2,
             gpu_type="H100",
             min_runtime=Duration(seconds=60),
             command=["python3", "-c", "import os; print('part', os.environ['QM_TASK_ID'])"],

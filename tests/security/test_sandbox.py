@@ -78,7 +78,8 @@ async def test_a_task_sees_none_of_the_agents_environment(tmp_path: Path) -> Non
     assert code == 0
     assert set(seen) == {
         "PATH", "LANG", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "QM_JOB_ID", "QM_TASK_ID",
-        "HOME", "TMPDIR", "PYTHONUNBUFFERED",
+        "HOME", "TMPDIR", "PYTHONUNBUFFERED", "QM_RESTART_COUNT", "QM_NUM_NODES", "QM_NODE_RANK",
+        "QM_GPUS_PER_NODE", "QM_HOSTS", "QM_CHECKPOINT_SAVED",
     }  # fmt: skip
 
 

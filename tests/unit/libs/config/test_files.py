@@ -17,7 +17,7 @@ from libs.config.budget import BudgetNodeEntry, load_budget_tree, tree_from_mapp
 from libs.config.document import ConfigError, load, read_document, validate
 from libs.config.inventory import InventoryFile
 from libs.config.policy import policy_from_mapping
-from libs.config.sandbox import SandboxFile
+from libs.config.sandbox import CheckpointsEntry, ContainersEntry, SandboxFile, VolumeEntry
 from libs.config.scenario import ScenarioFile, load_scenario
 from libs.config.topics import TopicsFile
 from libs.config.workflow import ProfilesFile, WorkflowFile
@@ -60,7 +60,13 @@ def test_the_shipped_files_give_what_they_say() -> None:
     philly = load_scenario(DEPLOY / "sim" / "philly.yaml")
     assert (philly.skip_head, philly.cluster and philly.cluster.nodes) == (1000, 48)
     assert philly.tree_path == DEPLOY / "sim" / "budget-tree.yaml"
-    assert load(SandboxFile, DEPLOY / "local" / "sandbox.yaml") == SandboxFile()
+    # The defaults, and what is off unless declared: a checkpoint folder per job, images
+    # through podman and a dataset volume.
+    assert load(SandboxFile, DEPLOY / "local" / "sandbox.yaml") == SandboxFile(
+        checkpoints=CheckpointsEntry(root="/var/tmp/qm-checkpoints"),
+        containers=ContainersEntry(),
+        volumes={"datasets": VolumeEntry(host_path="/var/tmp/qm-datasets")},
+    )
 
 
 @pytest.mark.shared_data

@@ -29,6 +29,7 @@ from libs.core import (
     BudgetSet,
     CancelRequested,
     Decision,
+    Dependency,
     Input,
     JobArrived,
     JobSpec,
@@ -85,8 +86,8 @@ class Cluster:
         self._settle()
         return decisions
 
-    def end(self, task_id: str) -> None:
-        self.world.end(task_id)
+    def end(self, task_id: str, exit_code: int = 0) -> None:
+        self.world.end(task_id, exit_code)
         self._settle()
 
     def step(self, step: tuple[object, ...], arrived: int) -> None:
@@ -163,6 +164,16 @@ steps = st.lists(
         st.tuples(st.just("idle"), st.integers(0, 50)),
         st.tuples(st.just("cancel"), st.integers(0, 50)),
         st.tuples(st.just("usage"), st.sampled_from(ALLOCATIONS), st.integers(0, 10**6)),
+        # A job on named nodes, with a time limit, after an earlier job; a part that fails.
+        st.tuples(
+            st.just("linked"),
+            st.sampled_from([1, 2, 4]),  # GPUs a part
+            st.sampled_from([0, 2]),  # nodes
+            st.sampled_from([0, 0, 600]),  # time limit
+            st.integers(0, 50),  # which earlier job it waits for
+            st.sampled_from([None, False, True]),  # no dependency, :ok, :any
+        ),
+        st.tuples(st.just("fail"), st.integers(0, 50)),
     ),
     max_size=60,
 )
@@ -182,6 +193,27 @@ def play(history: list[tuple[object, ...]], scheduler: Scheduler | None = None) 
             spec = job(gpus, allocation=allocation, min_runtime_s=minimum, resumable=resumable)  # type: ignore[arg-type]
             world.feed(JobArrived(world.now, f"j{arrived}", spec))
             arrived += 1
+        elif kind == "linked":
+            _, per, nodes, limit, pick, any_end = step
+            after = (
+                ()
+                if any_end is None or not arrived
+                else (Dependency(f"j{pick % arrived}", any_end),)
+            )  # type: ignore[operator]
+            spec = job(
+                per * max(nodes, 1),  # type: ignore[operator]
+                allocation="a",
+                nodes=nodes,
+                time_limit_s=limit,
+                after=after,
+                min_runtime_s=600 if per > 1 else 0,  # charged: it may preempt
+                resumable=per == 2,
+            )
+            world.feed(JobArrived(world.now, f"j{arrived}", spec))
+            arrived += 1
+        elif kind == "fail" and world.tasks:
+            tasks = sorted(world.tasks)
+            world.end(tasks[int(str(step[1])) % len(tasks)], exit_code=1)
         elif kind in COMMON_STEPS:
             world.step(step, arrived)
         elif kind == "usage":
@@ -208,6 +240,8 @@ def test_no_waiting_job_starves_while_capacity_frees(history: list[tuple[object,
     assert not world.tasks
     waiting = [j for j in world.scheduler._queues.jobs.values() if j.spec.gpus <= 16]
     assert waiting == [], f"{len(waiting)} jobs still wait on an empty cluster"
+    # Every dependency has ended: its dependents started (and ended) or were cancelled.
+    assert not world.scheduler._dependencies.blocked
 
 
 # -- hostile histories ---------------------------------------------------------

@@ -23,6 +23,7 @@ from libs.core.compass.busy import BusyMeter
 from libs.core.compass.load import Load
 from libs.core.compass.pool import Pool
 from libs.core.compass.scheduler import Serving
+from libs.core.dependencies import Dependencies
 from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
 from libs.core.queues import TIERS, Queues, Waiting
@@ -53,6 +54,7 @@ NOT_STATE: dict[type, set[str]] = {
         "_reservations",
         "_liveness",
         "_learned",
+        "_dependencies",
         "_serving",
     },
     # Memos: the last shape, dropped as the indexes change; the nodes plans read and the
@@ -71,6 +73,7 @@ NOT_STATE: dict[type, set[str]] = {
     Reservations: CONFIG | {"_failed", "_open", "_floors"},
     Liveness: CONFIG,
     LearnedRuntimes: set(),
+    Dependencies: set(),
     # Its parts, checked in turn, and the scheduler's capacity it borrows from.
     Serving: CONFIG | {"pool", "_backlogs", "_load", "_batch"},
     # The scheduler's capacity it borrows from; its meter, checked in turn.
@@ -92,6 +95,7 @@ def parts(scheduler: Scheduler) -> list[object]:
         scheduler._reservations,
         scheduler._liveness,
         scheduler._learned,
+        scheduler._dependencies,
         scheduler._serving,
         scheduler._serving.pool,
         scheduler._serving._backlogs,
@@ -116,6 +120,7 @@ def check(scheduler: Scheduler) -> None:
     running = scheduler._running
     derived = running.derived()
     assert derived["free_work_gpus"] == running.free_work_gpus
+    assert derived["_deadlines"] == running._deadlines
     on_node = {n: list(jobs) for n, jobs in running._on_node.items() if jobs}
     assert on_node == {n: list(jobs) for n, jobs in derived["_on_node"].items()}  # type: ignore[attr-defined]
     preemptible = {n: list(jobs.items()) for n, jobs in running._preemptible.items() if jobs}
@@ -140,6 +145,7 @@ def check(scheduler: Scheduler) -> None:
     if (open_nodes := reservations._open) is not None:  # the remembered open nodes hold
         assert open_nodes == reservations.reserved.keys() - reservations.held()
     assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
+    assert scheduler._dependencies.derived() == scheduler._dependencies._dependents
     queues = scheduler._queues
     assert queues.derived() == queues.index
     for tier, heads in queues._heads.items():  # a remembered head is the first

@@ -3,10 +3,12 @@ limits allow, submitted, placed, planned or rejected, is still one record."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from qm.v1 import events_pb2, types_pb2
 
 from libs.config.policy import policy_from_mapping
-from libs.core import Place, Planned, PlannedTask, Reject, ServingTask
+from libs.core import GangPart, Place, Planned, PlannedTask, Reject, ServingTask
 from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
@@ -95,9 +97,11 @@ def test_the_largest_job_fits_in_every_record_about_it() -> None:
         (ID, 1023),
         "r" * L.MAX_REASON_CHARS,
     )
-    placed = decision_payload(
-        Place(ID, ID, ID, tuple(range(L.MAX_NODE_GPUS)), core_spec, serving, ID), PROVENANCE
+    gang = tuple(
+        GangPart(ID, "a" * L.MAX_ADDRESS_CHARS, L.MAX_NODE_GPUS) for _ in range(L.MAX_GANG_NODES)
     )
+    place = Place(ID, ID, ID, tuple(range(L.MAX_NODE_GPUS)), core_spec, serving, ID)
+    placed = decision_payload(replace(place, gang=gang, master_port=65535), PROVENANCE)
     placed.spec.CopyFrom(spec)  # the spec as large as it may be
     sizes["task_placed"] = envelope_size(placed)
     plan = Planned(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import TypedDict
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.events import event_type
 from libs.readmodels import (
     JobFilter,
     Scope,
@@ -56,9 +58,13 @@ TERMINAL = {
     S.JOB_STATE_FAILED,
     S.JOB_STATE_PREEMPTED,
     S.JOB_STATE_CANCELLED,
+    S.JOB_STATE_TIMEOUT,
 }
 
 CANCELLED = types_pb2.STOP_CAUSE_CANCELLED
+TIME_LIMIT = types_pb2.STOP_CAUSE_TIME_LIMIT
+GANG_FAILED = types_pb2.STOP_CAUSE_GANG_FAILED
+TIMED_OUT = "reached its time limit of 5 s"
 PLACED = ("n1", [0])  # where placed("j") puts it
 
 
@@ -194,6 +200,28 @@ CASES = [
         on=PLACED,
         exit_code=143,
         stop_reason="cancelled",
+    ),
+    Case(
+        "a task end after a stop for its time limit is a timeout, told by the stop",
+        [
+            placed("j"),
+            started("j"),
+            stop("j", TIMED_OUT, cause=TIME_LIMIT),
+            failed("j", f"stop requested: {TIMED_OUT}", exit_code=143),
+        ],
+        S.JOB_STATE_TIMEOUT,
+        reason=TIMED_OUT,
+        on=PLACED,
+        exit_code=143,
+        stop_reason=TIMED_OUT,
+    ),
+    Case(
+        "a stop for its time limit seen after the task end still times out",
+        [placed("j"), started("j"), finished("j"), stop("j", TIMED_OUT, cause=TIME_LIMIT)],
+        S.JOB_STATE_TIMEOUT,
+        reason=TIMED_OUT,
+        on=PLACED,
+        stop_reason=TIMED_OUT,
     ),
     Case(
         "cancelled before it started",
@@ -367,6 +395,32 @@ def test_nothing_is_placed_after_the_end() -> None:
     assert apply_job_event(job, placed("j", "n2", task=T1)) == job
 
 
+def timed_out() -> list[events_pb2.Envelope]:
+    return [
+        placed("j"),
+        started("j"),
+        stop("j", TIMED_OUT, cause=TIME_LIMIT),
+        failed("j", "SIGTERM", exit_code=-15),
+    ]
+
+
+def test_a_timeout_is_the_end() -> None:
+    job = folded_job(timed_out())
+    assert has_ended(job) and task_is_over(job, "j/0")
+    for late in (placed("j", "n2", task=T1), requeued("j"), started("j"), idle("j")):
+        assert apply_job_event(job, late) == job
+    assert not has_ended(folded_job(timed_out()[:3]))  # asked to stop, not stopped yet
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(5))))
+def test_a_job_cancelled_while_timing_out_times_out_in_any_order(order: tuple[int, ...]) -> None:
+    # Placement does not stop a job it is stopping already: here its time limit came first.
+    events = [*timed_out(), stop("j", "cancelled by user", cause=CANCELLED)]
+    job = folded_job([events[i] for i in order])
+    assert (job.state, job.reason, job.exit_code) == (S.JOB_STATE_TIMEOUT, TIMED_OUT, -15)
+    assert (job.stop_cause, job.stop_reason) == (TIME_LIMIT, TIMED_OUT)
+
+
 def test_idle_reports_follow_the_running_task() -> None:
     running = [placed("j"), started("j")]
     assert folded_job([*running, idle("j")]).idle
@@ -403,9 +457,12 @@ OUTCOMES = {
     "stopped_for_preemption": S.JOB_STATE_FAILED,
     "preempted": S.JOB_STATE_PREEMPTED,
     "cancelled_while_running": S.JOB_STATE_CANCELLED,
+    "timed_out": S.JOB_STATE_TIMEOUT,
+    "cancelled_while_timing_out": S.JOB_STATE_TIMEOUT,
 }
 reasons = st.text(alphabet="abcdefgh ", min_size=1, max_size=8)
 PREEMPTING = ("stopped_for_preemption", "preempted")
+TIMING_OUT = ("timed_out", "cancelled_while_timing_out")
 
 
 @st.composite
@@ -450,12 +507,15 @@ def lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], types_pb2.Jo
             job_id="j-b", allocation="team-b", rule=types_pb2.PREEMPTION_RULE_CONTRACT_ENDED
         )
         events.append(stop(j, "preempted by team-b", node, at=next(clock), preemption=by))
-    if outcome == "cancelled_while_running":
+    if outcome in TIMING_OUT:
+        events.append(stop(j, TIMED_OUT, node, at=next(clock), cause=TIME_LIMIT))
+    if outcome in ("cancelled_while_running", "cancelled_while_timing_out"):
         events.append(stop(j, "cancelled by user", node, at=next(clock), cause=CANCELLED))
     code = draw(st.integers(-15, 255))
-    if outcome == "finished" or (outcome == "cancelled_while_running" and draw(st.booleans())):
+    stopped = ("cancelled_while_running", *TIMING_OUT)
+    if outcome == "finished" or (outcome in stopped and draw(st.booleans())):
         events.append(finished(j, node=node, exit_code=code, at=next(clock)))
-    elif outcome in ("failed", "cancelled_while_running", *PREEMPTING):
+    elif outcome in ("failed", *stopped, *PREEMPTING):
         events.append(failed(j, draw(reasons), node=node, exit_code=code, at=next(clock)))
     if outcome == "preempted":
         events.append(preempted(j, at=next(clock)))
@@ -477,13 +537,11 @@ def test_any_order_and_any_repeats_end_in_the_same_job(
     assert folded_job(shuffled) == in_order
 
 
-@given(lifecycles(), st.data())
-def test_a_job_never_moves_backwards(
-    lifecycle: tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType], data: st.DataObject
-) -> None:
-    events, _ = lifecycle
+def assert_never_backwards(events: list[events_pb2.Envelope]) -> None:
+    """Folded one by one, the job's state never goes back: an end stays an end, and
+    until then the state only climbs."""
     job: types_pb2.Job | None = None
-    for event in data.draw(st.permutations(events)):
+    for event in events:
         before = job.state if job is not None else S.JOB_STATE_UNSPECIFIED
         job = apply_job_event(job, event)
         assert job is not None
@@ -491,6 +549,14 @@ def test_a_job_never_moves_backwards(
             assert job.state in TERMINAL
         elif job.state not in TERMINAL:
             assert NON_TERMINAL_ORDER.index(job.state) >= NON_TERMINAL_ORDER.index(before)
+
+
+@given(lifecycles(), st.data())
+def test_a_job_never_moves_backwards(
+    lifecycle: tuple[list[events_pb2.Envelope], types_pb2.JobState.ValueType], data: st.DataObject
+) -> None:
+    events, _ = lifecycle
+    assert_never_backwards(data.draw(st.permutations(events)))
 
 
 ENDINGS = {
@@ -706,7 +772,7 @@ def test_a_gang_runs_until_its_last_part_ends(order: tuple[int, ...]) -> None:
         finished("g", node="n0", task="g/0.0", at=T0 + 5),
     ]
     job = folded_job([events[i] for i in order])
-    assert job.state == S.JOB_STATE_RUNNING  # part 1 has not ended: nothing says it did
+    assert job.state == S.JOB_STATE_PLACED  # part 1 has not started, nor ended
     assert [p.state for p in job.placements] == [S.JOB_STATE_FINISHED, S.JOB_STATE_PLACED]
     done = folded_job([*events, finished("g", node="n1", task="g/0.1", at=T0 + 9)])
     assert (done.state, done.finished_at.seconds) == (S.JOB_STATE_FINISHED, int(T0) + 9)
@@ -716,3 +782,197 @@ def test_every_node_an_attempt_ran_on_is_kept_for_its_output_in_any_order() -> N
     history = [*preempted_once(), requeued("j"), placed("j", "n2", task=T1)]
     for events in (history, history[::-1]):
         assert list(folded_job(events).placed_on) == ["n1", "n2"]
+
+
+# --- a gang lives and dies as one -------------------------------------------------
+
+
+class Part(TypedDict):
+    node: str
+    task: str
+
+
+def part(rank: int) -> Part:
+    """Where a gang's part runs: rank r of g's first placement, on node nr."""
+    return {"node": f"n{rank}", "task": f"g/0.{rank}"}
+
+
+def gang_placed(parts: int) -> list[events_pb2.Envelope]:
+    """A gang of ``parts`` parts of two GPUs each."""
+    whole = spec(gpus=2 * parts)
+    return [placed("g", gpus=[0, 1], spec=whole, **part(r)) for r in range(parts)]
+
+
+@given(
+    st.permutations([*gang_placed(3), *(started("g", at=T0 + 3 - r, **part(r)) for r in (0, 1, 2))])
+)
+def test_a_gang_runs_once_every_part_started(events: list[events_pb2.Envelope]) -> None:
+    job: types_pb2.Job | None = None
+    for seen, event in enumerate(events, 1):
+        job = apply_job_event(job, event)
+        assert job is not None
+        kinds = [event_type(e) for e in events[:seen]]
+        # Any placement tells how many parts the gang has (its GPUs over a part's).
+        whole = kinds.count("task_started") == 3 and "task_placed" in kinds
+        assert job.state == (S.JOB_STATE_RUNNING if whole else S.JOB_STATE_PLACED)
+    assert job is not None and job.started_at.seconds == int(T0) + 1  # from its first start
+
+
+def test_a_gang_part_seen_without_its_placement_waits_for_the_count() -> None:
+    assert folded_job([started("g", **part(0))]).state == S.JOB_STATE_PLACED
+    assert folded_job([placed("j"), idle("j")]).state == S.JOB_STATE_RUNNING  # one node: it runs
+
+
+def test_an_idle_report_before_the_whole_gang_started_still_counts() -> None:
+    gang = gang_placed(2)
+    report = idle("g", **part(0))
+    begun = [started("g", **part(r)) for r in (0, 1)]
+    for events in ([*gang, report, *begun], [*gang, *begun, report], [report, *begun, *gang]):
+        job = folded_job(events)
+        assert (job.state, job.idle) == (S.JOB_STATE_RUNNING, True)
+    assert folded_job([*gang, report]).state == S.JOB_STATE_PLACED
+
+
+FAILED_FIRST = "rank 2 exited with code 3: its gang lives and dies as one"
+
+
+def gang_failed() -> list[events_pb2.Envelope]:
+    """Rank 2 of three fails; placement stops ranks 0 and 1, which exit on the signal."""
+    stopped = [stop("g", FAILED_FIRST, cause=GANG_FAILED, at=T0 + 6, **part(r)) for r in (0, 1)]
+    return [
+        *gang_placed(3),
+        *(started("g", at=T0 + 1, **part(r)) for r in range(3)),
+        failed("g", "exited with code 3", exit_code=3, at=T0 + 5, **part(2)),
+        *stopped,
+        failed("g", f"stop requested: {FAILED_FIRST}", exit_code=143, at=T0 + 7, **part(0)),
+        failed("g", "killed by SIGTERM", exit_code=-15, at=T0 + 7, **part(1)),
+    ]
+
+
+@settings(deadline=None)
+@given(st.permutations(gang_failed()))
+def test_a_failed_gang_reads_the_part_that_failed_first_in_any_order(
+    events: list[events_pb2.Envelope],
+) -> None:
+    job = folded_job(events)
+    assert (job.state, job.exit_code, job.reason) == (S.JOB_STATE_FAILED, 3, FAILED_FIRST)
+    assert job.finished_at.seconds == int(T0) + 7
+    assert has_ended(job)
+
+
+def test_a_gang_ends_failed_with_its_failed_part_until_the_stop_is_seen() -> None:
+    without_stops = [e for e in gang_failed() if not e.HasField("task_stop_requested")]
+    job = folded_job(without_stops)
+    assert (job.state, job.exit_code, job.reason) == (S.JOB_STATE_FAILED, 3, "exited with code 3")
+
+
+def test_a_gang_times_out_whole() -> None:
+    running = [*gang_placed(2), *(started("g", **part(r)) for r in (0, 1))]
+    stops = [stop("g", TIMED_OUT, cause=TIME_LIMIT, **part(r)) for r in (0, 1)]
+    ends = [failed("g", "SIGTERM", exit_code=143, **part(r)) for r in (0, 1)]
+    for events in ([*running, *stops, *ends], [*ends, *running, *stops[::-1]]):
+        job = folded_job(events)
+        assert (job.state, job.reason, job.exit_code) == (S.JOB_STATE_TIMEOUT, TIMED_OUT, 143)
+    assert folded_job([*running, *stops, ends[0]]).state == S.JOB_STATE_RUNNING
+
+
+GANG_OUTCOMES = {
+    "partly_started": S.JOB_STATE_PLACED,
+    "running": S.JOB_STATE_RUNNING,
+    "finished": S.JOB_STATE_FINISHED,
+    "part_failed": S.JOB_STATE_FAILED,
+    "timed_out": S.JOB_STATE_TIMEOUT,
+}
+
+
+@dataclass
+class GangEnd:
+    state: types_pb2.JobState.ValueType
+    exit_code: int = 0
+    reason: str = ""
+
+
+@st.composite
+def gang_lifecycles(draw: st.DrawFn) -> tuple[list[events_pb2.Envelope], GangEnd]:
+    """One gang's events (one placement) in the order written, and how it ends."""
+    outcome = draw(st.sampled_from(sorted(GANG_OUTCOMES)))
+    parts = draw(st.integers(2, 3))
+    clock = iter(range(int(T0), int(T0) + 100))
+    whole = spec(gpus=2 * parts)
+    events = [submitted("g", at=next(clock), s=whole), admitted("g", at=next(clock), s=whole)]
+    events += gang_placed(parts)
+    ranks = draw(st.permutations(range(parts)))  # in the order they start, and end
+    begun = ranks[: draw(st.integers(0, parts - 1))] if outcome == "partly_started" else ranks
+    events += [started("g", at=next(clock), **part(r)) for r in begun]
+    if draw(st.booleans()) and begun:
+        reporting = draw(st.sampled_from(begun))
+        events.append(idle("g", at=next(clock), **part(reporting)))  # one report
+    end = GangEnd(GANG_OUTCOMES[outcome])
+    codes = [draw(st.sampled_from([143, -15, 0])) for _ in ranks]  # on a stop's signal
+    if outcome == "finished":
+        events += [finished("g", at=next(clock), **part(r)) for r in ranks]
+    elif outcome == "part_failed":
+        first, *rest = ranks
+        end.exit_code = draw(st.integers(1, 255))
+        end.reason = f"rank {first} exited with code {end.exit_code}: its gang lives and dies"
+        at = next(clock)
+        events.append(failed("g", "oops", exit_code=end.exit_code, at=at, **part(first)))
+        events += [
+            stop("g", end.reason, cause=GANG_FAILED, at=next(clock), **part(r)) for r in rest
+        ]
+        for r, code in zip(rest, codes[1:], strict=True):
+            # Two nodes' clocks may agree on when a stopped part ended: rank decides then.
+            when = draw(st.sampled_from([at, next(clock)])) if r > first else next(clock)
+            events.append(failed("g", "SIGTERM", exit_code=code, at=when, **part(r)))
+    elif outcome == "timed_out":
+        end.exit_code, end.reason = codes[0], TIMED_OUT  # the first to end says it
+        events += [stop("g", TIMED_OUT, cause=TIME_LIMIT, at=next(clock), **part(r)) for r in ranks]
+        for r, code in zip(ranks, codes, strict=True):
+            events.append(failed("g", "SIGTERM", exit_code=code, at=next(clock), **part(r)))
+    return events, end
+
+
+@settings(deadline=None)
+@given(gang_lifecycles(), st.data())
+def test_a_gang_ends_the_same_in_any_order_and_any_repeats(
+    lifecycle: tuple[list[events_pb2.Envelope], GangEnd], data: st.DataObject
+) -> None:
+    events, end = lifecycle
+    in_order = folded_job(events)
+    assert GangEnd(in_order.state, in_order.exit_code, in_order.reason) == end
+    starts = [e.occurred_at.seconds for e in events if e.HasField("task_started")]
+    assert in_order.started_at.seconds == min(starts, default=0)
+    reported = any(e.HasField("task_idle") for e in events)
+    assert in_order.idle == (reported and end.state in (S.JOB_STATE_PLACED, S.JOB_STATE_RUNNING))
+    repeats = data.draw(st.lists(st.sampled_from(events), max_size=4), label="redelivered")
+    shuffled = data.draw(st.permutations(events + repeats), label="arrival order")
+    assert folded_job(shuffled) == in_order
+    assert_never_backwards(shuffled)
+
+
+@settings(deadline=None)
+@given(st.permutations(gang_failed()))
+def test_a_failed_gang_reads_the_part_that_failed_on_its_own_whatever_the_clocks(
+    events: list[events_pb2.Envelope],
+) -> None:
+    """A stopped part's node may read an earlier time than the failed part's: the part
+    placement did not stop still says why."""
+    skewed = []
+    for event in events:
+        if event.HasField("task_failed") and event.task_failed.exit_code != 3:
+            event = events_pb2.Envelope.FromString(event.SerializeToString())
+            event.occurred_at.FromSeconds(int(T0) + 2)  # before rank 2 failed, by its clock
+        skewed.append(event)
+    job = folded_job(skewed)
+    assert (job.state, job.exit_code, job.reason) == (S.JOB_STATE_FAILED, 3, FAILED_FIRST)
+
+
+def test_a_jobs_last_checkpoint_is_kept_over_its_attempts_in_any_order() -> None:
+    saves = [
+        events_pb2.Envelope(task_checkpointed=events_pb2.TaskCheckpointed(job_id="j", task_id=t))
+        for t in ("j/0", "j/1", "j/0")
+    ]
+    for env, at in zip(saves, (T0 + 5, T0 + 9, T0 + 7), strict=True):
+        env.occurred_at.FromSeconds(int(at))
+    for events in ([*preempted_once(), *saves], [*saves[::-1], *preempted_once()]):
+        assert folded_job(events).checkpointed_at.seconds == int(T0) + 9

@@ -301,6 +301,7 @@ def test_running_and_recently_ended_jobs_are_listed_within_the_users_scope() -> 
         ended("bad", _S.JOB_STATE_FAILED, exit_code=3, reason="exit code 3", at=8.0),
         ended("nostart", _S.JOB_STATE_FAILED, reason="cannot run x: permission denied", at=7.0),
         ended("took", _S.JOB_STATE_PREEMPTED, stop_reason="free work yields", at=6.0),
+        ended("late", _S.JOB_STATE_TIMEOUT, exit_code=143, reason="reached its time limit"),
         ended("bobs", _S.JOB_STATE_FINISHED, user="bob", at=9.5),
     ]
     jobs[2].spec.user = "bob"
@@ -314,6 +315,7 @@ def test_running_and_recently_ended_jobs_are_listed_within_the_users_scope() -> 
         ("bad", "failed", 3, "exit code 3"),
         ("nostart", "failed", None, "cannot run x: permission denied"),
         ("took", "preempted", None, "free work yields"),
+        ("late", "timeout", None, "reached its time limit"),  # not the signal's exit code
     ]
     assert (mine["ended"][0]["started_at"], mine["ended"][0]["finished_at"]) == (2.0, 9.0)
     everyone = page([node("n1", 8)], jobs)

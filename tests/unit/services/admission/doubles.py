@@ -1,5 +1,5 @@
 """Admission's surroundings in memory: the caller, the log (on the memory bus), the budget,
-the projector."""
+the projector; and a submission through them."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-from qm.v1 import types_pb2
+from qm.v1 import events_pb2, types_pb2
+from qm.v1 import job_service_pb2 as js
 
 from libs.auth import Keys, issue_token
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.config.budget import tree_from_mapping
 from libs.core import Limits, PolicyConfig
+from libs.events import event_type
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
@@ -61,13 +63,19 @@ class Budget:
 
 
 class Projector:
-    def __init__(self, nodes: list[types_pb2.Node] | None = None, down: bool = False) -> None:
+    def __init__(
+        self,
+        nodes: list[types_pb2.Node] | None = None,
+        down: bool = False,
+        jobs: list[types_pb2.Job] | None = None,
+    ) -> None:
         self.nodes = nodes or []
         self.down = down
+        self.jobs = {job.job_id: job for job in jobs or []}
         self.asked: list[str] = []
 
-    async def get_job(self, job_id: str) -> None:
-        return None
+    async def get_job(self, job_id: str) -> types_pb2.Job | None:
+        return self.jobs.get(job_id)
 
     async def list_nodes(self, cluster: str = "") -> list[types_pb2.Node]:
         self.asked.append(cluster)
@@ -102,3 +110,51 @@ async def servicer(
     finally:
         await follower.stop()
         await producer.stop()
+
+
+GB = 1_000_000_000
+
+
+def node(
+    node_id: str, gpu_type: str, memory_gb: int, gpus: int = 2, **inventory: Any
+) -> types_pb2.Node:
+    """A node as the projector lists it; ``inventory``: more of its ``NodeInventory``."""
+    listed = types_pb2.NodeInventory(
+        node_id=node_id,
+        cluster="default",
+        gpus=[
+            types_pb2.Gpu(index=i, type=gpu_type, memory_bytes=memory_gb * GB) for i in range(gpus)
+        ],
+        **inventory,
+    )
+    return types_pb2.Node(inventory=listed)
+
+
+CLUSTER = [node("n1", "T4", 16), node("n2", "H100", 80)]
+
+
+async def submit(
+    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
+) -> tuple[js.SubmitJobResponse | Aborted, list[events_pb2.Envelope]]:
+    """Alice submits ``spec`` (to ``CLUSTER`` unless ``projector`` lists others): the
+    answer, and what went into the log."""
+    log = memory_log()
+    async with servicer(log, projector or Projector(CLUSTER), limits) as service:
+        try:
+            reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(
+                js.SubmitJobRequest(spec=spec),
+                Context(),  # type: ignore[arg-type]
+            )
+        except Aborted as exc:
+            reply = exc
+    return reply, log.envelopes(TOPIC)
+
+
+async def rejected(
+    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
+) -> tuple[Aborted, events_pb2.JobRejected]:
+    """``submit``, refused: the answer and the one record of it."""
+    reply, sent = await submit(spec, projector, limits)
+    assert isinstance(reply, Aborted)
+    assert [event_type(e) for e in sent] == ["job_rejected"]  # and nothing else
+    return reply, sent[0].job_rejected

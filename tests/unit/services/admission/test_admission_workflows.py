@@ -5,36 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
+from qm.v1 import types_pb2
 
 from libs.core import Limits
 from libs.events import event_type
 from libs.events.wire_time import duration_ms
-from tests.unit.services.admission.doubles import (
-    TOPIC,
-    Aborted,
-    Context,
-    Projector,
-    memory_log,
-    servicer,
-)
-
-GB = 1_000_000_000
-
-
-def node(node_id: str, gpu_type: str, memory_gb: int, gpus: int = 2) -> types_pb2.Node:
-    inventory = types_pb2.NodeInventory(
-        node_id=node_id,
-        cluster="default",
-        gpus=[
-            types_pb2.Gpu(index=i, type=gpu_type, memory_bytes=memory_gb * GB) for i in range(gpus)
-        ],
-    )
-    return types_pb2.Node(inventory=inventory)
-
-
-CLUSTER = [node("n1", "T4", 16), node("n2", "H100", 80)]
+from tests.unit.services.admission.doubles import CLUSTER, Projector, rejected, submit
 
 
 def task(name: str, *parents: str, model: str = "", mb: float = 0) -> types_pb2.WorkflowTask:
@@ -61,21 +38,6 @@ def translation(opt_mb: float = 5720) -> types_pb2.Workflow:
     )
 
 
-async def submit(
-    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
-) -> tuple[js.SubmitJobResponse | Aborted, list[events_pb2.Envelope]]:
-    log = memory_log()
-    async with servicer(log, projector or Projector(CLUSTER), limits) as service:
-        try:
-            reply: js.SubmitJobResponse | Aborted = await service.SubmitJob(
-                js.SubmitJobRequest(spec=spec),
-                Context(),  # type: ignore[arg-type]
-            )
-        except Aborted as exc:
-            reply = exc
-    return reply, log.envelopes(TOPIC)
-
-
 def wf_spec(workflow: types_pb2.Workflow, **kw: Any) -> types_pb2.JobSpec:
     return types_pb2.JobSpec(**{"allocation": "team-a", "gpus": 1, "workflow": workflow, **kw})
 
@@ -86,15 +48,6 @@ async def test_a_workflow_job_without_a_command_is_admitted() -> None:
     assert [event_type(e) for e in sent] == ["job_submitted", "job_admitted"]
     # Recorded as submitted; the scheduler orders the DAG when it reads the log.
     assert sent[1].job_admitted.spec.workflow == translation()
-
-
-async def rejected(
-    spec: types_pb2.JobSpec, projector: Projector | None = None, limits: Limits | None = None
-) -> tuple[Aborted, events_pb2.JobRejected]:
-    reply, sent = await submit(spec, projector, limits)
-    assert isinstance(reply, Aborted)
-    assert [event_type(e) for e in sent] == ["job_rejected"]  # and nothing else
-    return reply, sent[0].job_rejected
 
 
 async def test_a_cyclic_workflow_is_refused_naming_the_task() -> None:

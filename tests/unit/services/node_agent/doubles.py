@@ -14,7 +14,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
-from libs.config.sandbox import SandboxFile, ScratchEntry
+from libs.config.sandbox import CheckpointsEntry, SandboxFile, ScratchEntry
 from libs.events import event_type, new_envelope
 from services.node_agent.executors import ProcessExecutor, SimulatedExecutor
 from services.node_agent.running import Executors
@@ -82,10 +82,14 @@ def delivery(payload: Message, offset: int = 0) -> Delivery:
 _made: list[ProcessExecutor] = []
 
 
-def process_executor(folder: Path, **options: Any) -> ProcessExecutor:
+def process_executor(folder: Path, *, checkpoints: bool = False, **options: Any) -> ProcessExecutor:
     """Tasks run as the agent: their logs in ``folder/logs``, their jobs' scratch folders
-    in ``folder/scratch``."""
-    config = SandboxFile(scratch=ScratchEntry(root=str(folder / "scratch")))
+    in ``folder/scratch`` (and, with ``checkpoints``, checkpoint folders in
+    ``folder/checkpoints``)."""
+    config = SandboxFile(
+        scratch=ScratchEntry(root=str(folder / "scratch")),
+        checkpoints=CheckpointsEntry(root=str(folder / "checkpoints")) if checkpoints else None,
+    )
     sandbox = Sandbox(config, os.environ, switch=False)
     executor = ProcessExecutor(TaskLogs(folder / "logs"), sandbox=sandbox, **options)
     _made.append(executor)

@@ -12,6 +12,7 @@ IDLE_ENV = (
     "QM_IDLE_WINDOW_SECONDS",
     "QM_SAMPLE_SECONDS",
     "QM_HOST_TO_GPU_MB_PER_MS",
+    "QM_NODE_ADDRESS",
 )
 
 
@@ -82,3 +83,18 @@ def test_the_cache_model(
     with pytest.raises(SystemExit):
         parse_args([])
     assert "expected lookahead or fifo-cost, got 'lru'" in capsys.readouterr().err
+
+
+def test_the_nodes_address(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """None: each declared node's own, else 127.0.0.1; an NVML node's host name."""
+    assert parse_args([]).address is None
+    monkeypatch.setenv("QM_NODE_ADDRESS", "10.0.0.5")
+    assert parse_args([]).address == "10.0.0.5"
+    assert parse_args(["--address", "gpu-5.example.org"]).address == "gpu-5.example.org"
+    monkeypatch.setenv("QM_NODE_ADDRESS", "gpu 5")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    expected = "argument --address: expected no whitespace or control characters, got 'gpu 5'"
+    assert expected in capsys.readouterr().err

@@ -58,6 +58,7 @@ def test_task_environment_puts_the_agent_last() -> None:
         "CUDA_VISIBLE_DEVICES": "2,5",
         "QM_JOB_ID": "job-1",
         "QM_TASK_ID": "job-1/0",
+        "QM_RESTART_COUNT": "0",
     }
 
 

@@ -5,10 +5,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from qm.v1 import types_pb2
 
 from libs.config.document import ConfigError
+from libs.config.inventory import node_address
 from services.node_agent.inventory import (
+    DECLARED_ADDRESS,
     DEFAULT_INVENTORY,
     InventoryError,
     gpu_type_from_name,
@@ -21,8 +25,8 @@ from services.node_agent.inventory import (
 GIB = 2**30
 
 
-def parse(text: str) -> list[types_pb2.NodeInventory]:
-    return parse_inventory(yaml.safe_load(text), source="nodes.yaml")
+def parse(text: str, **options: str) -> list[types_pb2.NodeInventory]:
+    return parse_inventory(yaml.safe_load(text), source="nodes.yaml", **options)
 
 
 TWO_NODES = """
@@ -52,6 +56,16 @@ def test_declared_nodes_get_gpus_and_defaults() -> None:
     )
 
 
+def test_a_declared_nodes_address_is_its_own_else_the_agents() -> None:
+    text = TWO_NODES.replace("gpu_count: 2,", "gpu_count: 2, address: gpu-a.example.org,")
+    assert [node.address for node in parse(text)] == ["gpu-a.example.org", DECLARED_ADDRESS]
+    assert [node.address for node in parse(text, address="10.1.2.3")] == [
+        "gpu-a.example.org",
+        "10.1.2.3",
+    ]
+    assert DECLARED_ADDRESS == "127.0.0.1"
+
+
 def test_declared_gpu_uuids_are_unique_and_stable() -> None:
     uuids = [g.uuid for node in parse(TWO_NODES) for g in node.gpus]
     assert len(set(uuids)) == 3
@@ -62,6 +76,8 @@ def test_local_stack_declares_four_h100_nodes_and_two_serving_nodes() -> None:
     nodes = load_inventory(DEFAULT_INVENTORY)
     batch, serving = nodes[:4], nodes[4:]
     assert [node.node_id for node in batch] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    # Each its own loopback address: rank 0s on two of them may use the same port.
+    assert [node.address for node in batch] == ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
     for node in batch:
         assert node.executor == types_pb2.EXECUTOR_PROCESS and not node.workflows_only
         assert [g.index for g in node.gpus] == list(range(8))
@@ -69,6 +85,7 @@ def test_local_stack_declares_four_h100_nodes_and_two_serving_nodes() -> None:
     assert [node.node_id for node in serving] == ["serve-0", "serve-1"]
     for node in serving:  # simulated, so they take workflows only: nothing "runs" there
         assert node.executor == types_pb2.EXECUTOR_SIMULATED and node.workflows_only
+        assert node.address == DECLARED_ADDRESS
         assert {(g.type, g.memory_bytes) for g in node.gpus} == {("T4", 15 * GIB)}
 
 
@@ -123,12 +140,37 @@ A = "node_id: a, gpu_type: H100"
             f" {{{A}, gpu_count: 8, gpu_memory_gib: 80}}]",
             "nodes[1].node_id: 'a' is already declared at nodes[0]",
         ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, address: ''}}]",
+            "nodes[0].address: expected a host name or IP address, got an empty one",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, address: 'gpu 0'}}]",
+            "nodes[0].address: expected no whitespace or control characters, got 'gpu 0'",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, address: {'a' * 254}}}]",
+            "nodes[0].address: expected at most 253 characters, got 254: 'aaaa",
+        ),
+        (
+            f"nodes: [{{{A}, gpu_count: 8, gpu_memory_gib: 80, address: 10}}]",
+            "nodes[0].address: expected a string, got 10",
+        ),
     ],
 )
 def test_bad_inventories_name_the_node_and_field(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse(text)
     assert message in str(caught.value)
+
+
+@given(st.text(max_size=300))
+def test_an_address_is_one_word_of_at_most_253_characters(text: str) -> None:
+    fits = 0 < len(text) <= 253 and all(c.isprintable() and not c.isspace() for c in text)
+    try:
+        assert node_address(text) == text and fits
+    except ValueError:
+        assert not fits
 
 
 def test_unreadable_files_are_named(tmp_path: Path) -> None:
@@ -209,6 +251,23 @@ def test_nvml_inventory_lists_the_gpus() -> None:
     assert not node.workflows_only
     serving = nvml_inventory("host-2", cluster="west", nvml=nvml, workflows_only=True)
     assert serving.workflows_only
+
+
+def test_an_nvml_node_is_reached_at_its_host_name_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nvml = FakeNvml(["NVIDIA H100 80GB HBM3"])
+    monkeypatch.setattr("socket.getfqdn", lambda: "gpu-7.cluster.example.org")
+    assert nvml_inventory("gpu-7", cluster="west", nvml=nvml).address == (
+        "gpu-7.cluster.example.org"
+    )
+    told = nvml_inventory("gpu-7", cluster="west", nvml=nvml, address="10.0.0.7")
+    assert told.address == "10.0.0.7"
+    monkeypatch.setattr("socket.getfqdn", lambda: "")
+    with pytest.raises(
+        InventoryError, match=r"host name cannot be its address \(.*\): give --address"
+    ):
+        nvml_inventory("gpu-7", cluster="west", nvml=nvml)
 
 
 def test_nvml_absence_is_a_clear_error() -> None:

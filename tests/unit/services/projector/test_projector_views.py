@@ -19,10 +19,13 @@ from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
     admitted,
+    failed,
     finished,
     placed,
     registered,
     spec,
+    started,
+    stop,
     submitted,
 )
 from tests.unit.services.projector.conftest import KEYS
@@ -113,6 +116,23 @@ async def test_list_jobs_by_owner_and_state_within_the_scope(client: ProjectorCl
     assert [j.job_id for j in listed] == ["bo-1", "ada-2", "ada-1"]
     # ada may see only her own: asking for bo's jobs does not show them to her.
     assert await client.list_jobs(JobFilter(user="bo"), scope=Scope("ada")) == []
+
+
+async def test_list_jobs_that_timed_out(client: ProjectorClient) -> None:
+    limit = types_pb2.STOP_CAUSE_TIME_LIMIT
+    await feed_jobs(
+        submitted("slow"),
+        placed("slow"),
+        started("slow"),
+        stop("slow", "reached its time limit of 5 s", cause=limit),
+        failed("slow", "killed by SIGTERM", exit_code=-15),
+        submitted("quick", at=T0 + 1),
+        placed("quick"),
+        finished("quick"),
+    )
+    timed_out = JobFilter(states=frozenset({types_pb2.JOB_STATE_TIMEOUT}))
+    [job] = await client.list_jobs(timed_out)
+    assert (job.job_id, job.reason) == ("slow", "reached its time limit of 5 s")
 
 
 async def test_an_unknown_state_is_a_clear_error(client: ProjectorClient) -> None:
