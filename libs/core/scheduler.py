@@ -145,7 +145,9 @@ POLICY = "budget"
 # part exits non-zero is stopped whole (``GANG_FAILED``); a job may name its nodes
 # (``JobSpec.nodes``: equal parts on distinct nodes); a gang's placement names every
 # part and a rendezvous port (``Place.gang``, ``Place.master_port``); a stop for
-# preemption, a drain or a time limit carries the job's warning (``Stop.warn_signal``).
+# preemption, a drain or a time limit carries the job's warning (``Stop.warn_signal``);
+# a node's incarnation declared lost is refused when it registers again (an agent that
+# took its tasks back registers with the incarnation it had).
 POLICY_VERSION = 32
 # What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, parts,
 # backfills).
@@ -718,8 +720,16 @@ class Scheduler:
 
     def _register(self, event: inputs.NodeJoined) -> list[Decision]:
         """A node (re)registered. Another incarnation means its agent restarted and
-        killed what it ran: those tasks are lost, and its GPUs come back free."""
+        killed what it ran: those tasks are lost, and its GPUs come back free. The same
+        one means its agent restarted and took its tasks back; but an incarnation
+        declared lost stays lost (its tasks were counted lost, and may still run there
+        until its agent hears so and registers anew)."""
         node = event.node
+        known = self._liveness.incarnations.get(node.node_id)
+        lost = node.node_id not in self._capacity.nodes and event.heartbeat_s > 0
+        if event.incarnation and known == event.incarnation and lost:
+            why = f"incarnation {event.incarnation} was declared lost: register a new one"
+            return [Refused(node.node_id, why)]
         decisions: list[Decision] = []
         if self._liveness.register(node.node_id, event.incarnation, event.heartbeat_s, self.now):
             restarted = f"the node agent on {node.node_id} restarted"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka.structs import TopicPartition
@@ -25,8 +25,10 @@ from libs.bus import Delivery, EventConsumer
 from libs.core.compass import CacheModel
 from libs.events.wire_time import seconds
 from services.node_agent.checkpoints import POLL_S, saved_at, warning_of
+from services.node_agent.executors import ProcessExecution, ProcessExecutor
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
 from services.node_agent.lifecycle import checkpointed, decision_for, idle_changed, stop_reason
+from services.node_agent.orphans import TaskRecord, TaskRecords
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S, Registrations
 from services.node_agent.reports import Emit, Reporter
 from services.node_agent.running import REMEMBER_ENDED, Executors, RunningTasks
@@ -67,15 +69,30 @@ class NodeAgent:
         cache_model: CacheModel = CacheModel.LOOKAHEAD,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         log_endpoint: str = "",
+        records: TaskRecords | None = None,
+        incarnations: Mapping[str, str] | None = None,
+        keep_tasks: bool = False,
     ) -> None:
+        """``records``: where the running tasks and the nodes' incarnations are kept for
+        the next agent (``orphans.py``), which registers with ``incarnations``;
+        ``keep_tasks``: at shutdown, leave the tasks keepers run to their keepers, for the
+        next agent to take back, instead of stopping them."""
         self._report = Reporter(emit)
+        self._records = records
+        self._keep_tasks = keep_tasks
         self._executors = executors
         self._runs = RunningTasks(executors, self._report, remember_ended)
         self._serving = ServingQueues(
             self._runs, executors, self._report, host_to_gpu_mb_per_ms, cache_model
         )
         self._registrations = Registrations(
-            nodes, self._report, heartbeat_s, log_endpoint, cache_model.value
+            nodes,
+            self._report,
+            heartbeat_s,
+            log_endpoint,
+            cache_model.value,
+            incarnations,
+            None if records is None else records.keep_incarnations,
         )
         self._tracer = tracer or trace.get_tracer(__name__)
         self._samplers = dict(samplers or {})
@@ -128,13 +145,37 @@ class NodeAgent:
             await asyncio.sleep(0.1)
         await self._registrations.register_anew(node_id)
 
+    async def take_back(self, records: Iterable[TaskRecord], executor: ProcessExecutor) -> None:
+        """Follow the tasks an earlier agent left to their keepers (``orphans.adopt``):
+        each reports its end as if started here (at once, if it ended meanwhile)."""
+        for record in records:
+            task = record.task
+            node = self._registrations.nodes[task.node_id]
+            execution = await executor.adopt(record)
+            span = self._tracer.start_span(
+                "run task", attributes={"qm.job_id": task.job_id, "qm.task_id": task.task_id}
+            )
+            run = self._runs.adopt(node, task, execution, span)
+            log.info("took back task %s on %s (pid %d)", task.task_id, node.node_id, execution.pid)
+            self._in_background(self._runs.await_exit(run), name=task.task_id)
+
     async def shutdown(self) -> None:
-        """Stop every running or queued task, wait until each has reported how it ended,
-        then for what the executors do in the background."""
+        """Stop every running or queued task (``keep_tasks``: but those their keepers
+        run, left for the next agent), wait until each has reported how it ended, then
+        for what the executors do in the background."""
         self._report.closing = True
         drivers = await self._serving.close(SHUTDOWN_REASON)
+        left: set[str] = set()
         for run in self._runs.all():
+            if self._keep_tasks and isinstance(run.execution, ProcessExecution):
+                left.add(run.task.task_id)
+                continue
             self._runs.request_stop(run, SHUTDOWN_REASON, run.placed_event_id)
+        for waiter in self._waiters:
+            if waiter.get_name() in left:
+                waiter.cancel()
+        if left:
+            log.info("left %d tasks running to their keepers: %s", len(left), sorted(left))
         # Failures are logged by _waiter_done; one must not keep the others from ending.
         await asyncio.gather(*self._waiters, *drivers, return_exceptions=True)
         for executor in self._executors.values():
@@ -148,6 +189,8 @@ class NodeAgent:
             )
             return
         node = self._registrations.nodes[task.node_id]
+        if task.HasField("serving") and self._records is not None:
+            self._records.mark_serving(node.node_id)
         # One span for the whole run, child of the decision's consumer span: ended once
         # the task has.
         span = self._tracer.start_span(
@@ -262,19 +305,19 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
     set, then stop the tasks.
 
     Offsets are committed once a poll's records are all acted upon: a restarted
-    agent never misses a placement, and a crash mid-poll at worst re-runs the tasks
-    it had just started (and lost with it), which the scheduler tolerates. Serving
-    tasks still queued at a crash are lost with it, like the running ones.
+    agent never misses a placement, and one redelivered for a task it took back
+    (``take_back``) is not run twice. Serving tasks still queued at a crash are lost
+    with it (their node registers anew). Heartbeats start at once: a restarted agent's
+    nodes that kept their incarnation stay alive while it rejoins its consumer group.
     """
     await consumer.start()
+    beating = asyncio.ensure_future(agent.heartbeat())
     watcher: asyncio.Future[Any] | None = None
     try:
         if not await _until_assigned(consumer, stop):
             return
         await agent.register()
-        watcher = asyncio.gather(
-            agent.watch_utilization(), agent.watch_checkpoints(), agent.heartbeat()
-        )
+        watcher = asyncio.gather(agent.watch_utilization(), agent.watch_checkpoints())
         async for batch in consumer.batches():
             done: dict[TopicPartition, int] = {}
             for delivery in batch:
@@ -285,9 +328,10 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
             if stop.is_set():
                 return
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            await asyncio.wait({watcher})
+        for running in (beating, watcher):
+            if running is not None:
+                running.cancel()
+                await asyncio.wait({running})
         try:
             await consumer.stop()
         finally:

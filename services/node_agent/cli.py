@@ -6,8 +6,9 @@ the NVML node, or the declared nodes that name none), ``QM_TASK_LOG_DIR`` (task 
 ``QM_IDLE_WINDOW_SECONDS`` and ``QM_SAMPLE_SECONDS`` (idle detection),
 ``QM_HOST_TO_GPU_MB_PER_MS`` (how fast a workflow task's model loads),
 ``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
-``QM_NODE_STATE_DIR`` (where running task processes are recorded, for a restarted
-agent to kill; default ``.local/run/node-agent-NAME``), ``QM_SANDBOX`` (whose account
+``QM_NODE_STATE_DIR`` (where the agent named NAME records its running tasks and its
+nodes' incarnations, in ``node-agent-NAME``, for the agent after it to take back:
+``services.node_agent.orphans``; default ``.local/run``), ``QM_SANDBOX`` (whose account
 runs each user's tasks and what environment they see: ``libs.config.sandbox``),
 ``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``),
 ``QM_NODE_LOG_*`` and ``QM_TASK_LOG_MAX_BYTES`` (serving task logs to admission:
@@ -61,7 +62,7 @@ from services.node_agent.inventory import (
     select_nodes,
 )
 from services.node_agent.logserver import LogSettings, serve_logs
-from services.node_agent.orphans import ProcessLedger
+from services.node_agent.orphans import TaskRecords, adopt
 from services.node_agent.registration import DEFAULT_HEARTBEAT_S
 from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
@@ -175,6 +176,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="this agent's name; its consumer group is qm-node-agent-NAME (default: hostname)",
     )
     parser.add_argument(
+        "--stop-tasks-on-exit",
+        action="store_true",
+        help="stop the tasks as the agent stops (by default they run on under their "
+        "keepers, and the next agent on this machine takes them back; drain the node "
+        "first to move its work elsewhere)",
+    )
+    parser.add_argument(
         "--grace-seconds",
         type=_finite,
         default=10.0,
@@ -239,8 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         logs, metrics = LogSettings.from_env(), MetricsSettings.from_env()
         sandbox = Sandbox.from_env()
-        ledger = ProcessLedger(
-            Path(os.environ.get("QM_NODE_STATE_DIR") or f".local/run/node-agent-{args.name}")
+        records = TaskRecords(
+            Path(os.environ.get("QM_NODE_STATE_DIR") or ".local/run") / f"node-agent-{args.name}"
         )
         processes = ProcessExecutor(
             TaskLogs(
@@ -249,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sandbox=sandbox,
             grace_s=args.grace_seconds,
             secrets=SecretStore.from_env(),
-            ledger=ledger,
+            records=records,
         )
         if any(node.executor == types_pb2.EXECUTOR_PROCESS for node in nodes):
             processes.prepare()  # simulated nodes run no command: no folder, no account
@@ -263,7 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Initialised while the agent runs, for the utilisation sampler.
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
             asyncio.run(
-                _run(args, nodes, settings, topics, sandbox, processes, ledger, logs, keys, metrics)
+                _run(
+                    args, nodes, settings, topics, sandbox, processes, records, logs, keys, metrics
+                )
             )
     finally:
         tracing.shutdown()
@@ -293,7 +303,7 @@ async def _run(
     topics: Topics,
     sandbox: Sandbox,
     processes: ProcessExecutor,
-    ledger: ProcessLedger,
+    records: TaskRecords,
     logs: LogSettings,
     keys: Keys | None,
     metrics: MetricsSettings,
@@ -303,8 +313,10 @@ async def _run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     client = f"qm-node-agent-{args.name}"
-    # Before registering: the new incarnation tells placement those tasks are gone.
-    ledger.kill_leftovers()
+    # Before registering: what an earlier agent left running is taken back, or killed
+    # where it cannot be (a new incarnation tells placement those tasks are gone).
+    process_nodes = [n.node_id for n in nodes if n.executor == types_pb2.EXECUTOR_PROCESS]
+    adoption = adopt(records, process_nodes, [n.node_id for n in nodes])
     if os.geteuid() == 0 and sandbox.containers is not None:
         # Rootful podman makes namespaces, mounts and devices: it needs root whole.
         logging.getLogger(__name__).warning(
@@ -344,7 +356,11 @@ async def _run(
             cache_model=args.cache_model,
             heartbeat_s=args.heartbeat_seconds,
             log_endpoint=serving_logs[1] if serving_logs is not None else "",
+            records=records,
+            incarnations=adoption.incarnations,
+            keep_tasks=not args.stop_tasks_on_exit,
         )
+        await agent.take_back(adoption.records, processes)
         consumer = EventConsumer(
             bus,
             [topics.decisions.name],

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,18 +34,19 @@ from libs.core import simulated
 from libs.core.decisions import stop_grace
 from libs.core.ids import attempt_of, name_in_job
 from libs.events import wire_time
+from services.node_agent import keeper
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.checkpoints import POLL_S, StopWarning, saved_at, saved_file
 from services.node_agent.containers import ContainerError
 from services.node_agent.gangs import Gang, GangError, check_master_port, gang_of
 from services.node_agent.images import Images, exit_code
+from services.node_agent.keeper import Kept, Launch
 from services.node_agent.names import safe_name
-from services.node_agent.orphans import ProcessLedger
+from services.node_agent.orphans import TaskRecord, TaskRecords, record_of
 from services.node_agent.sandbox import Account, Refused, Sandbox
 from services.node_agent.scratch import ScratchFolders, may_return
 from services.node_agent.secrets import MissingSecret, SecretStore
-from services.node_agent.tasklogs import OutputPipes, TaskLogs
-from services.runtime import cancel_and_wait
+from services.node_agent.tasklogs import TaskLogs
 
 # How long a task's output may take to reach its log after the task ended.
 OUTPUT_DRAIN_S = 2.0
@@ -178,7 +179,7 @@ class ProcessExecutor:
         sandbox: Sandbox,
         grace_s: float = 10.0,
         secrets: SecretStore | None = None,
-        ledger: ProcessLedger | None = None,
+        records: TaskRecords | None = None,
     ) -> None:
         self.logs = logs
         self._grace_s = grace_s
@@ -193,7 +194,8 @@ class ProcessExecutor:
             else ScratchFolders(Path(declared.root), expire_after_s=declared.expire_after_s)
         )
         self._secrets = secrets or SecretStore(None)
-        self._ledger = ledger
+        # Beside the logs unless told: the state folder (QM_NODE_STATE_DIR) in the agent.
+        self._records = records or TaskRecords(logs.root.parent / "node-state")
         self._images = (
             None
             if sandbox.containers is None
@@ -310,8 +312,8 @@ class ProcessExecutor:
             path = self.logs.path(task.job_id, task.task_id)
             raise LaunchError(f"cannot open the task log {path}: {exc}", 126) from exc
         with contextlib.ExitStack() as undo:  # what a launch that fails lets go of
-            closing = undo.enter_context(contextlib.ExitStack())  # the log, until it is copied into
-            closing.callback(log.close)
+            # The log is the keeper's once it started: this copy goes either way.
+            undo.callback(log.close)
             confinement = None
             container = None
             image = task.spec.image
@@ -328,7 +330,7 @@ class ProcessExecutor:
                 assert self._images is not None  # start() refused the task otherwise
                 del env["PATH"]  # the image's own
                 try:
-                    launch = self._images.launch(
+                    podman = self._images.launch(
                         task,
                         argv,
                         uid=os.getuid() if runs_as is None else runs_as.uid,
@@ -339,9 +341,9 @@ class ProcessExecutor:
                     )
                 except (ContainerError, OSError) as exc:
                     raise LaunchError(str(exc), 126) from exc
-                container = Container(self._images, launch.name)
-                undo.callback(self._images.storage.env_file(launch.name).unlink, missing_ok=True)
-                spawned, env, identity = launch.argv, launch.env, {"cwd": "/"}
+                container = Container(self._images, podman.name)
+                undo.callback(self._images.storage.env_file(podman.name).unlink, missing_ok=True)
+                spawned, env, identity = podman.argv, podman.env, {"cwd": "/"}
             else:
                 spawned = argv
                 if runs_as is not None and self._sandbox.cgroups is not None:
@@ -357,38 +359,72 @@ class ProcessExecutor:
             command = shlex.join(argv).replace("\n", "\\n")  # one line, whatever the script
             where = f" in {image}" if image else ""
             log.write(f"--- task {task.task_id} on GPUs [{gpus}]{where}: {command}\n".encode())
+            status = self._records.status_file(task.task_id)
+            status.unlink(missing_ok=True)  # an earlier run's of the same task id
+            launch = Launch(
+                argv=spawned,
+                command=argv[0] if argv else image,
+                env=env,
+                identity=identity,
+                log_path=str(self.logs.path(task.job_id, task.task_id)),
+                log_fd=log.fileno(),
+                max_bytes=self.logs.max_bytes,
+                owner=None if runs_as is None else (runs_as.uid, runs_as.gid),
+                status=str(status),
+            )
             try:
-                output = await OutputPipes.into(log, runs_as)
-            except OSError as exc:
-                raise LaunchError(f"cannot make the task's output pipes: {exc}", 126) from exc
-            closing.pop_all()  # the copying of its output closes the log once it ends
-            try:
-                pipes = (output.stdout, output.stderr)
-                process = await _spawn(spawned, argv[0] if argv else image, pipes, env, identity)
+                kept = await keeper.start(launch)  # the keeper copies its output from now on
             except LaunchError as exc:
                 log.write(f"--- not started: {exc.reason}\n".encode())
                 raise
-            finally:
-                # The task has its copies: EOF once it (and its own) end.
-                os.close(output.stdout)
-                os.close(output.stderr)
             undo.pop_all()  # started: its cgroup goes once it ends
-        if self._ledger is not None:
-            self._ledger.record(process.pid)
+        record = record_of(
+            task,
+            keeper_pid=kept.keeper_pid,
+            keeper_started=kept.keeper_started,
+            task_pid=kept.task_pid,
+            status=status,
+            container="" if container is None else container.name,
+            cgroups=() if confinement is None else confinement.folders,
+        )
+        self._records.write(task.task_id, record)
+        return self._execution(task, kept, confinement, container, files["QM_CHECKPOINT_SAVED"])
+
+    def _execution(
+        self,
+        task: events_pb2.TaskPlaced,
+        kept: Kept,
+        confinement: Confinement | None,
+        container: Container | None,
+        saved: Path,
+    ) -> ProcessExecution:
         return ProcessExecution(
-            process,
-            copying=output.copying,
+            kept,
             grace_s=self._grace_s,
-            ledger=self._ledger,
+            records=self._records,
+            task_id=task.task_id,
             confinement=confinement,
             container=container,
-            folders=tuple(folders),
+            folders=tuple(self._folders),
             job_id=task.job_id,
-            saved=files["QM_CHECKPOINT_SAVED"],
+            saved=saved,
+        )
+
+    async def adopt(self, record: TaskRecord) -> ProcessExecution:
+        """Follow a task an earlier agent started (``orphans.adopt``): its keeper runs
+        it still, or has written how it ended."""
+        task = record.task
+        folders = [await kept.enter(task.job_id, None) for kept in self._folders]
+        kept = Kept(record.keeper_pid, record.keeper_started, record.task_pid, Path(record.status))
+        cgroups = Confinement(tuple(Path(p) for p in record.cgroups)) if record.cgroups else None
+        images = self._images
+        container = Container(images, record.container) if record.container and images else None
+        return self._execution(
+            task, kept, cgroups, container, saved_file(folders[-1], task.task_id)
         )
 
 
-async def _spawn(
+async def spawn(
     argv: list[str],
     command: str,
     output: tuple[int, int],
@@ -443,47 +479,47 @@ class Container:
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProcessExecution:
-    """A task's process, the leader of its own process group; ``copying`` its output into
-    its log; ``ledger`` (if any) has it on record until it is reaped."""
+    """A task run by its keeper (``keeper.py``), the leader of its own process group; on
+    record (``records``) until its end is reported, so that a restarted agent takes it
+    back."""
 
-    process: asyncio.subprocess.Process
-    copying: asyncio.Task[None]
+    kept: Kept
     grace_s: float
+    records: TaskRecords
+    task_id: str
     folders: tuple[ScratchFolders, ...]  # its job's folders are there (scratch, checkpoints)
     job_id: str
     saved: Path  # the file it touches when it saved a checkpoint (QM_CHECKPOINT_SAVED)
-    ledger: ProcessLedger | None = None
     confinement: Confinement | None = None
     container: Container | None = None  # a task in an image: its container
+    _ending: asyncio.Task[int] | None = field(default=None, init=False, repr=False)
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.kept.task_pid
+
+    def _ended(self) -> asyncio.Future[int]:
+        """The task's exit code once its keeper has said it (one wait, shared)."""
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self.kept.ended())
+        return asyncio.shield(self._ending)
 
     async def wait(self) -> int:
-        code = await self.process.wait()
+        code = await self._ended()
         if self.container is not None:
             code = exit_code(code)
             await self.container.images.remove(self.container.name)
-        # What it wrote before it ended is in the pipe still. A process it left behind
-        # may hold the pipe open: its output after the task ended is not kept.
-        try:
-            await asyncio.wait_for(asyncio.shield(self.copying), OUTPUT_DRAIN_S)
-        except TimeoutError:
-            await cancel_and_wait(self.copying)
         if self.confinement is not None:  # what it left behind goes with its cgroups
             self.confinement.release()
-        if self.ledger is not None:
-            self.ledger.forget(self.process.pid)
         return code
 
     async def stop(self, grace_s: float = 0.0, warning: StopWarning | None = None) -> None:
         """SIGTERM to the task's process group; SIGKILL if it outlives the grace period
         (``grace_s`` may shorten it, never lengthen it). A ``warning``'s signal goes
         first, its time before SIGTERM (cut short once the task saves a checkpoint)."""
-        if self.process.returncode is not None:
+        if self._ending is not None and self._ending.done():
             return
         if warning is not None:
             # A save is a change of the file's time: the kernel's file clock is coarse,
@@ -493,26 +529,27 @@ class ProcessExecution:
             deadline = time.monotonic() + warning.seconds
             while (left := deadline - time.monotonic()) > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self.process.wait()), min(left, POLL_S))
+                    await asyncio.wait_for(self._ended(), min(left, POLL_S))
                     return  # it ended on the warning
                 if saved_at(self.saved) != before:
                     break  # saved: nothing left to wait for
         self._signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.process.wait(), stop_grace(grace_s, self.grace_s))
+            await asyncio.wait_for(self._ended(), stop_grace(grace_s, self.grace_s))
         except TimeoutError:
             if self.container is not None:  # podman run passes no SIGKILL on
                 await self.container.images.kill(self.container.name)
             self._signal(signal.SIGKILL)
-            await self.process.wait()
+            await self._ended()
 
     def cleanup(self, may_return: bool) -> None:
+        self.records.forget(self.task_id)  # reported: no agent is to take it back
         for folders in self.folders:
             folders.leave(self.job_id, may_return=may_return)
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
-            os.killpg(self.process.pid, sig)
+            os.killpg(self.kept.task_pid, sig)
 
 
 class SimulatedExecutor:

@@ -56,7 +56,7 @@ _SIGNALLED = range(129, 129 + 64)
 
 
 @dataclass(frozen=True)
-class Launch:
+class ContainerLaunch:
     """What starts one task's container: ``argv`` (as root, in ``env``), and its name."""
 
     argv: list[str]
@@ -98,7 +98,7 @@ class Images:
         binds: Mapping[str, Path],
         env: Mapping[str, str],
         gpu_uuids: Mapping[int, str] | None = None,
-    ) -> Launch:
+    ) -> ContainerLaunch:
         """The task's ``podman run``, its environment file written; ContainerError saying
         why it cannot run here (no podman, a bad image or mount, an environment podman
         cannot carry). ``binds``: the agent's folders it sees read-write at their paths
@@ -141,7 +141,7 @@ class Images:
             pull=self._config.pull,
             authfile=self._config.registries_auth_file,
         )
-        return Launch(argv, self.storage.environment(self._path), name)
+        return ContainerLaunch(argv, self.storage.environment(self._path), name)
 
     async def kill(self, name: str) -> None:
         """SIGKILL to the container (its ``podman run`` may be gone, or stuck)."""

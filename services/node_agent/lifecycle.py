@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import uuid
 from collections.abc import Mapping
 from typing import TypedDict
 
@@ -54,11 +53,6 @@ def decision_for(env: events_pb2.Envelope, incarnations: Mapping[str, str]) -> D
     if current is None or (incarnation and incarnation != current):
         return None
     return decision
-
-
-def new_incarnation() -> str:
-    """A fresh id for an agent's registration of a node: new at every (re)start."""
-    return uuid.uuid4().hex[:16]
 
 
 def producer_name(node_id: str) -> str:

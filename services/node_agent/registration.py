@@ -1,20 +1,21 @@
 """The agent's nodes as placement knows them: each registered under an incarnation, and
 said to be alive by a heartbeat every few seconds.
 
-Each registration of a node is a new incarnation: placement then knows that the tasks
-of an earlier one are gone.
+A new incarnation tells placement that the tasks of an earlier one are gone. A
+restarted agent that took a node's tasks back (``orphans.adopt``) registers it again
+with the incarnation it had, so that placement keeps counting them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events.wire_time import duration
-from services.node_agent.lifecycle import new_incarnation
+from services.node_agent.orphans import new_incarnation
 from services.node_agent.reports import Reporter, envelope
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,19 @@ class Registrations:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         log_endpoint: str = "",
         cache_model: str = "",
+        incarnations: Mapping[str, str] | None = None,
+        keep: Callable[[Mapping[str, str]], None] | None = None,
     ) -> None:
+        """``incarnations``: those to register with (new ones for the other nodes);
+        ``keep`` is told each time they change (the next agent's ``adopt`` reads them)."""
         if heartbeat_s < 0:
             raise ValueError("heartbeat_s must be >= 0")
         self.nodes = {node.node_id: node for node in nodes}
-        self._incarnations = {node_id: new_incarnation() for node_id in self.nodes}
+        given = incarnations or {}
+        self._incarnations = {
+            node_id: given.get(node_id) or new_incarnation() for node_id in self.nodes
+        }
+        self._keep = keep
         self._report = report
         self._heartbeat_s = heartbeat_s
         self._log_endpoint = log_endpoint
@@ -57,6 +66,8 @@ class Registrations:
     async def register_anew(self, node_id: str) -> None:
         """Register the node again, as a new incarnation."""
         self._incarnations[node_id] = new_incarnation()
+        if self._keep is not None:
+            self._keep(self._incarnations)
         await self._register(self.nodes[node_id])
 
     async def _register(self, node: types_pb2.NodeInventory) -> None:

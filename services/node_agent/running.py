@@ -134,8 +134,23 @@ class RunningTasks:
                 self._launching.discard(task.task_id)
         return run
 
+    def adopt(
+        self,
+        node: types_pb2.NodeInventory,
+        task: events_pb2.TaskPlaced,
+        execution: Execution,
+        span: Span,
+    ) -> Run:
+        """Follow a task an earlier agent started (``orphans.adopt``) as if started here."""
+        self._started.add(task.task_id)
+        run = Run(node, task, "", execution, span)
+        self._runs[task.task_id] = run
+        return run
+
     async def await_exit(self, run: Run) -> None:
-        """Wait for the task to end and report how it did."""
+        """Wait for the task to end and report how it did. Cancelled (the agent stops and
+        leaves the task to its keeper), nothing is reported or let go of."""
+        left = False
         try:
             with trace.use_span(run.span, end_on_exit=True):
                 exit_code = await run.execution.wait()
@@ -146,10 +161,15 @@ class RunningTasks:
                 cause = run.stop_event_id or run.placed_event_id
                 await self._report(run.node, outcome, run.task, cause)
                 log.info("task %s ended: exit code %d", run.task.task_id, exit_code)
+        except asyncio.CancelledError:
+            left = True
+            raise
         finally:
             del self._runs[run.task.task_id]
-            self.forget_later(run.task.task_id)
-            run.execution.cleanup(may_return(run.task, bool(run.stopped_because), run.stop_cause))
+            if not left:
+                self.forget_later(run.task.task_id)
+                stopped = bool(run.stopped_because)
+                run.execution.cleanup(may_return(run.task, stopped, run.stop_cause))
 
     def request_stop(
         self,

@@ -69,6 +69,10 @@ class TaskLogs:
         self.root = root
         self._max_bytes = max_bytes
 
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
     def prepare(self) -> None:
         """Make the root folder the agent's alone (0700), as it starts."""
         _private_folder(self.root, parents=True)
@@ -161,6 +165,20 @@ class TaskLog:
             self._file = _create_private(path, owner)
         self._size = 0
         self._failed = False
+
+    @classmethod
+    def adopt(cls, fd: int, path: Path, max_bytes: int, owner: Account | None) -> TaskLog:
+        """The log ``open`` made, by the descriptor it was handed on (a task's keeper
+        writes it; ``keeper.py``)."""
+        sink = cls.__new__(cls)
+        sink._path, sink._max_bytes, sink._owner = path, max_bytes, owner
+        sink._file = os.fdopen(fd, "ab")
+        sink._size = os.fstat(fd).st_size
+        sink._failed = False
+        return sink
+
+    def fileno(self) -> int:
+        return self._file.fileno()
 
     def write(self, data: bytes) -> None:
         if not data:

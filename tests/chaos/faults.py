@@ -74,6 +74,9 @@ class Faults:
     recoveries: list[Recovery] = field(default_factory=list)
     killed_pids: set[int] = field(default_factory=set)
     drained_jobs: set[str] = field(default_factory=set)  # the drain's: each is requeued
+    # The tasks the process agent's restart found running, and how each ended in the log
+    # ("": not within the probe's timeout): its restart stops none.
+    kept_ends: dict[str, str] = field(default_factory=dict)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,7 +91,7 @@ class Faults:
             ("placement", lambda: self.kill("placement", "next decision", self._decides)),
             ("node agent a", lambda: self.kill_agent("a")),
             ("drain " + DRAINED, self.drain),
-            ("node agent p", lambda: self.kill_agent("p", "on-process-node")),
+            ("node agent p", lambda: self.kill_agent("p", "on-process-node", keeps_tasks=True)),
             # The broker before the node lost for good: its outage would stop the log's
             # clock while the node's lease runs out (placement does not count a silent
             # log against a node), and the loss would be judged against the wrong start.
@@ -142,15 +145,31 @@ class Faults:
         log.info("%s: recovered in %s s", recovery.fault, recovery.seconds)
         return recovery
 
-    async def kill_agent(self, agent: str, pin: str = "") -> None:
-        """kill -9 one node agent; ``pin``: a kind of job that runs only there, run first."""
+    async def kill_agent(self, agent: str, pin: str = "", *, keeps_tasks: bool = False) -> None:
+        """kill -9 one node agent; ``pin``: a kind of job that runs only there, run first.
+        ``keeps_tasks``: its tasks run under their keepers, and the agent its supervisor
+        starts again takes them back: each must end on its own (``kept_ends``); else
+        (simulated nodes: their runs were the agent's timers) they must end, GPUs free."""
         nodes = {n["node_id"] for n in AGENTS[agent]}
         if pin:
             await self._occupy(nodes, pin)
         running = await self._running_on(nodes)
         name = agent_process(agent)
         killed = await self.kill(name, "its nodes report again", self._seen_from(nodes))
-        self._watch_release(f"kill -9 {name}", killed.killed_at, running, nodes)
+        if keeps_tasks:
+            self._background.append(asyncio.create_task(self._watch_kept(running)))
+        else:
+            self._watch_release(f"kill -9 {name}", killed.killed_at, running, nodes)
+
+    async def _watch_kept(self, running: dict[str, list[int]]) -> None:
+        """How each task running at the kill ends (they sleep 20 s: within 60 s)."""
+        self.kept_ends = dict.fromkeys(running, "")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(self.kept_ends.values()):
+            for s in self.observer.seen:
+                if s.kind in ENDS and s.task_id in self.kept_ends:
+                    self.kept_ends[s.task_id] = s.kind
+            await asyncio.sleep(0.5)
 
     async def lose_node(self) -> None:
         """The agent of lost-0 and its supervisor die together and stay down."""

@@ -156,6 +156,7 @@ async def drive(run: Run) -> None:
         if snapshot is not None:
             _judge_load(run, workload, fuzzed, snapshot, accepted, busy, faults.drained_jobs)
         _judge_recoveries(report, faults.recoveries, settings.node_loss_timeout_s)
+        _judge_kept(report, faults.kept_ends)
         if "poison" in settings.phases:
             async with _phase(run, workload, "poison"):
                 await _poison(run, kafka, topics, clients, workload, faults)
@@ -426,6 +427,19 @@ def _judge_recoveries(report: Report, recoveries: list[Recovery], node_loss_s: f
         report.add(
             name, value, expected, ok, [f"killed at {killed}", *([r.detail] * bool(r.detail))]
         )
+
+
+def _judge_kept(report: Report, ends: dict[str, str]) -> None:
+    """The process agent's restart: the tasks it found running end on their own
+    (``task_finished``), none stopped, lost or unended."""
+    name = "node agent restarted with tasks running: tasks stopped"
+    if not ends:
+        report.add(name, "n/a: no task ran there at the kill", "0", None)
+        return
+    stopped = sorted(
+        f"{task}: {end or 'not ended'}" for task, end in ends.items() if end != "task_finished"
+    )
+    report.add(name, len(stopped), "0", not stopped, [f"{len(ends)} tasks running", *stopped])
 
 
 def _judge_crashes(run: Run, killed: set[int]) -> None:

@@ -55,11 +55,13 @@ def eventually(probe: Callable[[], T | None], timeout: float = 30, what: str = "
         time.sleep(0.2)
 
 
-def wait_for_end(stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str) -> types_pb2.Job:
+def wait_for_end(
+    stack: Stack, jobs: js_grpc.JobServiceStub, job_id: str, timeout: float = 60
+) -> types_pb2.Job:
     """Follow WatchJob until the job ends; return its last state."""
     last = None
     for change in jobs.WatchJob(
-        js.WatchJobRequest(job_id=job_id), metadata=stack.auth("alice"), timeout=60
+        js.WatchJobRequest(job_id=job_id), metadata=stack.auth("alice"), timeout=timeout
     ):
         last = change.job
     assert last is not None

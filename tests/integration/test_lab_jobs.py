@@ -208,3 +208,33 @@ def test_a_job_in_an_image_runs_as_its_account_with_its_mounts_and_only_those(
     refused = wait_for_end(stack, jobs, undeclared)
     assert state(refused) == "JOB_STATE_FAILED", refused
     assert "mount: no volume secrets here; declared: datasets" in refused.reason, refused
+
+
+# Two minutes of work that says how far it got, and which attempt it is.
+TWO_MINUTES = """
+import os, time
+print("restart", os.environ["QM_RESTART_COUNT"], flush=True)
+for second in range(120):
+    print("second", second, flush=True)
+    time.sleep(1)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)  # a two-minute job
+def test_an_agent_killed_and_restarted_while_a_job_runs_stops_nothing(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    job_id = submitted(stack, "--gpu-type", "H100", "--", "python3", "-c", TWO_MINUTES)
+    until_running(stack, jobs, job_id)
+    time.sleep(3)
+    stack.kill("node_agent")  # -9: no goodbye
+    stack.start_node_agent()
+    ended = wait_for_end(stack, jobs, job_id, timeout=240)
+    assert (state(ended), ended.exit_code, ended.attempts) == ("JOB_STATE_FINISHED", 0, 1), ended
+    shown = qm(stack, "alice", "logs", job_id).stdout.splitlines()
+    # One attempt, every second of it in its log, the agent's restart in the middle.
+    assert "restart 0" in shown and shown[-1] == "done", shown
+    assert [line for line in shown if line.startswith("second")] == [
+        f"second {s}" for s in range(120)
+    ]

@@ -14,6 +14,7 @@ from libs.core import (
     JobArrived,
     NodeJoined,
     Place,
+    Refused,
     Reject,
     Scheduler,
     Stop,
@@ -196,3 +197,24 @@ def test_a_job_on_named_nodes_preempts_free_work_for_a_part_on_each() -> None:
         "n0",
         "n1",
     ]
+
+
+def test_an_agent_that_took_its_tasks_back_registers_its_incarnation_again_and_they_run_on() -> (
+    None
+):
+    s = Scheduler()
+    s.handle(BudgetSet(0, tree(**{"team-a": 1})))
+    s.handle(NodeJoined(0, node("n0", 8), "one", heartbeat_s=1))
+    start_all(s, 1, s.handle(JobArrived(1, "long", job(4))))
+    # Restarted within the lease: the same incarnation, its task kept.
+    assert s.handle(NodeJoined(3, node("n0", 8), "one", heartbeat_s=1)) == []
+    assert s.handle(TaskEnded(4, "long", "long/0", "n0")) == []  # it ran to its end
+    start_all(s, 5, s.handle(JobArrived(5, "next", job(4))))
+    for second in range(6, 61):  # the ticker ticks; the node is silent: lost, "next" too
+        s.handle(Tick(second))
+    refused = s.handle(NodeJoined(61, node("n0", 8), "one", heartbeat_s=1))
+    assert [(r.subject, r.reason) for r in refused if isinstance(r, Refused)] == [
+        ("n0", "incarnation one was declared lost: register a new one")
+    ]
+    assert placed(s.handle(NodeJoined(62, node("n0", 8), "two", heartbeat_s=1))) == []
+    assert placed(s.handle(JobArrived(63, "after", job(4)))) == ["after"]

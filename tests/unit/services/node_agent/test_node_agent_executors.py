@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import io
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.core import simulated
 from libs.core.simulated import SimulatedRun
 from libs.events.wire_time import duration_ms
+from services.node_agent import keeper
 from services.node_agent.executors import (
     LaunchError,
     ProcessExecution,
@@ -176,11 +179,11 @@ async def test_a_child_that_dies_before_it_can_say_why_fails_the_task_not_the_ag
     assert "not started" in task_log(tmp_path).read_text()
 
 
-async def test_a_launch_whose_output_pipes_fail_closes_what_it_opened(
+async def test_a_keeper_whose_output_pipes_fail_closes_what_it_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The second pipe cannot be watched (the agent is out of descriptors, say): the task
-    fails to start, and both pipes and its log are closed."""
+    """The second pipe cannot be watched (the keeper is out of descriptors, say): the task
+    does not start, the agent hears why, and both pipes and the log are closed."""
     this, made = asyncio.current_task(), list[int]()  # the pipes this launch made
     loop, pipe = asyncio.get_running_loop(), os.pipe
     connect = loop.connect_read_pipe
@@ -198,13 +201,21 @@ async def test_a_launch_whose_output_pipes_fail_closes_what_it_opened(
 
     monkeypatch.setattr(os, "pipe", recorded)
     monkeypatch.setattr(loop, "connect_read_pipe", second_fails)
-    with pytest.raises(LaunchError, match=r"cannot make the task's output pipes: .* Too many"):
-        await process_executor(tmp_path).start(placed("true"))
+    log = tmp_path / "task.log"
+    launch = keeper.Launch(
+        argv=["true"], command="true", env={}, identity={}, log_path=str(log),
+        log_fd=os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), max_bytes=1024,
+        owner=None, status=str(tmp_path / "status"),
+    )  # fmt: skip
+    reply = io.BytesIO()
+    reply.close = lambda: None  # type: ignore[method-assign]  # read back below
+    await keeper.keep(launch, reply)
+    said = json.loads(reply.getvalue())
+    assert said["exit_code"] == 126 and "cannot make the task's output pipes" in said["error"]
     assert len(made) == 4
-    for fd in made:
+    for fd in [*made, launch.log_fd]:
         with pytest.raises(OSError, match="Bad file descriptor"):
             os.fstat(fd)
-    assert str(task_log(tmp_path)) not in open_files()
 
 
 def open_files() -> set[str]:

@@ -4,10 +4,6 @@ reports that outlast a broker outage, and task processes an earlier agent left b
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,6 @@ from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.agent import NodeAgent
-from services.node_agent.orphans import ProcessLedger
 from services.node_agent.reports import Reporter
 from tests.unit.services.node_agent.doubles import Recorder, delivery
 from tests.unit.services.node_agent.test_node_agent import make_agent, placement
@@ -128,25 +123,3 @@ async def test_a_closing_agent_tries_a_report_a_few_times_then_gives_up(
     with pytest.raises(ConnectionError):
         await reporter(types_pb2.NodeInventory(node_id="n"), events_pb2.TaskFinished(job_id="j"))
     assert tries == 3
-
-
-def test_a_restarted_agent_kills_the_task_processes_left_behind(tmp_path: Path) -> None:
-    ledger = ProcessLedger(tmp_path / "state")
-    left = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
-    )
-    try:
-        ledger.record(left.pid)
-        assert ProcessLedger(tmp_path / "state").kill_leftovers() == [left.pid]
-        assert left.wait(timeout=5) == -signal.SIGKILL
-        assert list((tmp_path / "state").iterdir()) == []
-    finally:
-        if left.poll() is None:
-            os.killpg(left.pid, signal.SIGKILL)
-
-
-def test_a_recorded_pid_now_used_by_another_process_is_spared(tmp_path: Path) -> None:
-    ledger = ProcessLedger(tmp_path)
-    (tmp_path / f"{os.getpid()}.pgid").write_text("1")  # not this process's start time
-    assert ledger.kill_leftovers() == []
-    assert list(tmp_path.iterdir()) == []
