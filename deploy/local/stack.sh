@@ -91,7 +91,9 @@ up() {
   wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/ready
   start_service placement
   start_service ticker
-  start_service node_agent --nodes deploy/local/nodes.yaml
+  # Killed, it leaves its tasks to their keepers for the agent its supervisor starts
+  # again; stopped (make down), it stops them: nothing make up started outlives it.
+  start_service node_agent --nodes deploy/local/nodes.yaml --stop-tasks-on-exit
   start_service admission
   # Their /readyz: placement and the agent are in their consumer groups.
   wait_for grpc:127.0.0.1:50051 http://127.0.0.1:9462/readyz http://127.0.0.1:9463/readyz \

@@ -37,6 +37,7 @@ class RunningJob:
     seq: int  # submission order
     protect_s: float  # its minimum runtime, within the policy's cap
     estimate_s: float | None = None  # how long it is expected to run (planning only)
+    checkpointed_at: float | None = None  # when it last said it saved; None: never
 
     def protected(self, now: float) -> bool:
         return now < self.protected_until
@@ -59,11 +60,27 @@ class RunningJob:
         return self.started_at + self.estimate_s
 
     def lost_gpu_s(self, now: float) -> float:
-        """The work stopping it would throw away: none for resumable work (it saves at
-        the stop signal, within the stop grace), all it did for the rest."""
-        if self.spec.resumable or self.started_at is None:
+        """The work stopping it would throw away: all it did for work that cannot resume;
+        for resumable work what it did since its last checkpoint once it says when it
+        saves (``checkpointed_at``), unless it is warned ahead of a stop, and none
+        otherwise (it saves at the stop signal, within the stop grace)."""
+        if self.started_at is None:
             return 0.0
+        if self.spec.resumable:
+            saved = self.lossless_until
+            return 0.0 if now <= saved else self.spec.gpus * (now - saved)
         return self.spec.gpus * max(now - self.started_at, 0.0)
+
+    @cached_property
+    def lossless_until(self) -> float:
+        """Until when stopping it throws nothing away (``lost_gpu_s`` is 0)."""
+        if self.started_at is None:
+            return math.inf
+        if not self.spec.resumable:
+            return self.started_at
+        if self.checkpointed_at is None or self.spec.warning_signal:
+            return math.inf  # it saves at the stop, or its warning
+        return self.checkpointed_at
 
 
 def borrows(spec: JobSpec, holding: float, entitled: float) -> bool:

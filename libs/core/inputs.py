@@ -64,6 +64,17 @@ class TaskEnded:
 
 
 @dataclass(frozen=True)
+class TaskCheckpointed:
+    """A task said it saved a checkpoint (its node agent saw it, at ``at``): from now on
+    stopping its job throws away what it did since its last one."""
+
+    at: float
+    job_id: JobId
+    task_id: TaskId
+    node_id: NodeId
+
+
+@dataclass(frozen=True)
 class TaskRefused:
     """A GPU refused a workflow task: it would have kept it waiting ``wait_ms``, past
     the task's ``wait_limit_ms``. The task never queued there."""
@@ -223,6 +234,7 @@ Input = (
     | NodeHeartbeat
     | TaskStarted
     | TaskEnded
+    | TaskCheckpointed
     | TaskRefused
     | TaskIdle
     | ModelLoaded

@@ -68,7 +68,7 @@ def plan_preemption(
     cap = 0.0 if lossless else loss_cap_s * waiting.gpus
 
     def may_take(victim: RunningJob) -> bool:
-        if not victim.spec.resumable and victim.started_at is not None:  # most are resumable
+        if now > victim.lossless_until:  # most lose nothing
             lost = victim.lost_gpu_s(now)
             if lost and (victim.gpus < victim.spec.gpus or lost > cap):
                 return False  # a gang's work, or more than the plan may lose in all

@@ -31,14 +31,15 @@ WINDOW_S = 300.0
 
 
 def room_of(victims: Iterable[RunningJob]) -> tuple[Room, ...]:
-    """A node's preemptible jobs as ``bound`` reads them: work that resumes, or has not
-    started, loses nothing when stopped; other work only until its start."""
+    """A node's preemptible jobs as ``bound`` reads them: each loses nothing when stopped
+    until its ``lossless_until`` (work that has not started, or resumes, for ever; work
+    that resumes from the checkpoints it reports, until its last; other work, its start)."""
     return tuple(
         sorted(
             (
                 v.protected_until,
                 v.gpus,
-                math.inf if v.spec.resumable or v.started_at is None else v.started_at,
+                v.lossless_until,
                 v.likely_end,
             )
             for v in victims

@@ -8,6 +8,7 @@ that failed is not searched for again until something it looked at changed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,6 +42,7 @@ class Running:
     borrowed: bool = False  # placed beyond its allocation's share (``contract.borrows``)
     stop_reason: str = ""  # why it is being stopped, for people: its end repeats it
     failed: str = ""  # the first part to exit non-zero: "exited with code 3" (a gang: its rank)
+    checkpointed_at: float | None = None  # when a task of it last said it saved
     master_port: int = 0  # a gang's rendezvous port, on its rank 0's node
 
     def but(self, **changes: object) -> Running:
@@ -64,6 +66,7 @@ class Running:
             f"{self.seq}|{self.attempt}|{self.placed_at}|{self._tasks_text}|{self.started_at}"
             f"|{self.idle}|{self.stopping}|{self.ended}|{self.lost}|{self.estimate_s}"
             f"|{self.borrowed}|{self.stop_reason}|{self.failed}|{self.master_port}"
+            f"|{self.checkpointed_at}"
             f"|{self.spec.fact}"
         )
 
@@ -202,6 +205,13 @@ class RunningWork:
         if run is not None and task_id in run.tasks and run.started_at is None:
             self.update(job_id, started_at=at)
 
+    def checkpointed(self, job_id: JobId, task_id: TaskId, at: float) -> None:
+        """A task of the job said it saved (a report naming a task not the job's, or
+        older than the last, is not believed)."""
+        run = self.jobs.get(job_id)
+        if run is not None and task_id in run.tasks and at > (run.checkpointed_at or -math.inf):
+            self.update(job_id, checkpointed_at=at)
+
     def idle(self, job_id: JobId, task_id: TaskId, idle: bool) -> None:
         """A task's GPUs went idle, or busy again (a report that names no task counts
         for the job; one that names a task not the job's is not believed)."""
@@ -318,6 +328,7 @@ class RunningWork:
                 run.seq,
                 run.protect_s(self.config),
                 run.estimate_s,
+                run.checkpointed_at,
             )
             if candidate
             else None

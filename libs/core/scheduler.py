@@ -331,6 +331,9 @@ class Scheduler:
             case inputs.TaskIdle():
                 self._running.idle(event.job_id, event.task_id, event.idle)
                 reported = True
+            case inputs.TaskCheckpointed():
+                self._running.checkpointed(event.job_id, event.task_id, event.at)
+                reported = True
             case inputs.CancelRequested():
                 served = self._serving.cancel(event.job_id, self._now_ms)
                 decisions += self._cancel(event.job_id) if served is None else served

@@ -12,10 +12,12 @@ Workflow tasks (``TaskPlaced.serving``) go to their GPU's serving queue
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_REASON = "node agent stopped"
 LOST_REASON = "placement declared this node lost"
 DEFAULT_SAMPLE_S = 10.0
+START_RETRY_S = 1.0  # between tries to reach the broker as the agent starts
 
 
 class NodeAgent:
@@ -310,8 +313,11 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
     with it (their node registers anew). Heartbeats start at once: a restarted agent's
     nodes that kept their incarnation stay alive while it rejoins its consumer group.
     """
-    await consumer.start()
     beating = asyncio.ensure_future(agent.heartbeat())
+    if not await _started(consumer, stop):
+        beating.cancel()
+        await agent.shutdown()  # the tasks it took back stay with their keepers
+        return
     watcher: asyncio.Future[Any] | None = None
     try:
         if not await _until_assigned(consumer, stop):
@@ -336,6 +342,21 @@ async def serve(agent: NodeAgent, consumer: EventConsumer, stop: asyncio.Event) 
             await consumer.stop()
         finally:
             await agent.shutdown()
+
+
+async def _started(consumer: EventConsumer, stop: asyncio.Event) -> bool:
+    """Start reading decisions, trying again while the broker cannot be reached (an
+    agent may start while it is down: its tasks run on meanwhile); False if told to
+    stop first."""
+    while True:
+        try:
+            await consumer.start()
+            return True
+        except KafkaConnectionError as exc:
+            log.warning("decisions not readable yet, trying again: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), START_RETRY_S)
+            return False
 
 
 async def _until_assigned(consumer: EventConsumer, stop: asyncio.Event) -> bool:

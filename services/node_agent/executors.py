@@ -20,7 +20,6 @@ import contextlib
 import os
 import shlex
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,30 +34,20 @@ from libs.core.decisions import stop_grace
 from libs.core.ids import attempt_of, name_in_job
 from libs.events import wire_time
 from services.node_agent import keeper
+from services.node_agent.accounts import Account
 from services.node_agent.cgroups import Confinement, spawn_prefix
 from services.node_agent.checkpoints import POLL_S, StopWarning, saved_at, saved_file
 from services.node_agent.containers import ContainerError
 from services.node_agent.gangs import Gang, GangError, check_master_port, gang_of
 from services.node_agent.images import Images, exit_code
 from services.node_agent.keeper import Kept, Launch
+from services.node_agent.launch import LaunchError
 from services.node_agent.names import safe_name
 from services.node_agent.orphans import TaskRecord, TaskRecords, record_of
-from services.node_agent.sandbox import Account, Refused, Sandbox
+from services.node_agent.sandbox import Refused, Sandbox
 from services.node_agent.scratch import ScratchFolders, may_return
 from services.node_agent.secrets import MissingSecret, SecretStore
 from services.node_agent.tasklogs import TaskLogs
-
-# How long a task's output may take to reach its log after the task ended.
-OUTPUT_DRAIN_S = 2.0
-
-
-class LaunchError(Exception):
-    """The task could not start; exit codes as in a shell: 127 not found, 126 not runnable."""
-
-    def __init__(self, reason: str, exit_code: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.exit_code = exit_code
 
 
 class Execution(Protocol):
@@ -422,40 +411,6 @@ class ProcessExecutor:
         return self._execution(
             task, kept, cgroups, container, saved_file(folders[-1], task.task_id)
         )
-
-
-async def spawn(
-    argv: list[str],
-    command: str,
-    output: tuple[int, int],
-    env: dict[str, str],
-    identity: dict[str, Any],
-) -> asyncio.subprocess.Process:
-    """Start ``argv`` with its stdout and stderr on the ``output`` descriptors;
-    ``LaunchError`` naming ``command`` (the task's own, whatever runs before it) when it
-    cannot start."""
-    try:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=output[0],
-            stderr=output[1],
-            env=env,
-            # Its own process group: stop() reaches the task's children too, and a
-            # Ctrl-C meant for the agent does not hit tasks before their grace period.
-            start_new_session=True,
-            **identity,
-        )
-    except FileNotFoundError:
-        raise LaunchError(f"command not found: {command}", 127) from None
-    except PermissionError:
-        raise LaunchError(f"permission denied: {command}", 126) from None
-    except OSError as exc:
-        raise LaunchError(f"cannot run {command}: {exc.strerror}", 126) from None
-    except ValueError as exc:  # a NUL in an argument or the environment
-        raise LaunchError(f"cannot run {command}: {exc}", 126) from None
-    except subprocess.SubprocessError as exc:  # the child died before it could say why
-        raise LaunchError(f"cannot run {command}: {exc}", 126) from None
 
 
 def _identity(runs_as: Account | None, cwd: str, *, switch: bool) -> dict[str, Any]:

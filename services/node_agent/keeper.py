@@ -28,7 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from services.node_agent.accounts import Account
+from services.node_agent.launch import OUTPUT_DRAIN_S, LaunchError, spawn
 from services.node_agent.orphans import start_time
+from services.node_agent.tasklogs import OutputPipes, TaskLog
 
 # How long a keeper may take to say the task started (a Python start, then the task's).
 STARTED_WITHIN_S = 60.0
@@ -82,8 +85,6 @@ class Kept:
 
 async def start(launch: Launch) -> Kept:
     """Start the task's keeper; ``LaunchError`` when the task could not start."""
-    from services.node_agent.executors import LaunchError
-
     try:
         keeper = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -152,9 +153,6 @@ async def _exited(pid: int, started: str) -> None:
 async def keep(launch: Launch, reply: BinaryIO) -> None:
     """Start the task, say how that went on ``reply``, copy its output until it ends,
     and write how it ended."""
-    from services.node_agent.executors import OUTPUT_DRAIN_S, LaunchError, spawn
-    from services.node_agent.sandbox import Account
-    from services.node_agent.tasklogs import OutputPipes, TaskLog
 
     owner = None if launch.owner is None else Account("", launch.owner[0], launch.owner[1], "")
     log = TaskLog.adopt(launch.log_fd, Path(launch.log_path), launch.max_bytes, owner)

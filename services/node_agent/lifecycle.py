@@ -11,7 +11,7 @@ from qm.v1 import events_pb2
 from libs.core.compass import Eviction, Start
 from libs.events import event_type
 from libs.events.wire_time import duration_ms
-from services.node_agent.executors import LaunchError
+from services.node_agent.launch import LaunchError
 
 Decision = events_pb2.TaskPlaced | events_pb2.TaskStopRequested | events_pb2.NodeLost
 Outcome = events_pb2.TaskFinished | events_pb2.TaskFailed

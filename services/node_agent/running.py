@@ -16,7 +16,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.checkpoints import StopWarning
-from services.node_agent.executors import Execution, Executor, LaunchError
+from services.node_agent.executors import Execution, Executor
+from services.node_agent.launch import LaunchError
 from services.node_agent.lifecycle import ended, launch_failed, started
 from services.node_agent.reports import Reporter
 from services.node_agent.scratch import may_return

@@ -19,7 +19,6 @@ import logging
 import os
 import pwd
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.document import ConfigError, load
@@ -30,20 +29,11 @@ from libs.config.sandbox import (
     ScratchEntry,
     VolumeEntry,
 )
+from services.node_agent.accounts import Account
 from services.node_agent.cgroups import TaskCgroups
 from services.node_agent.reach import SEARCH, WRITE, Ids, look_up, reachable, usable_path
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Account:
-    """A local account a task runs as."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str
 
 
 class Refused(Exception):

@@ -40,8 +40,8 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.core.decisions import requeues
 from libs.events.convert import stop_cause_from_proto
+from services.node_agent.accounts import Account
 from services.node_agent.names import safe_name
-from services.node_agent.sandbox import Account
 from services.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from libs.core import PolicyConfig
 from libs.core.compass import CacheModel, GpuWorker, Start
 from libs.core.compass.workflow import BYTES_PER_MB
 from libs.events.convert import serving_from_proto
-from services.node_agent.executors import LaunchError
+from services.node_agent.launch import LaunchError
 from services.node_agent.lifecycle import (
     launch_failed,
     model_evicted,

@@ -35,9 +35,9 @@ from typing import Any, BinaryIO
 from qm.v1 import events_pb2
 
 from libs.core.ids import name_in_job
+from services.node_agent.accounts import Account
 from services.node_agent.lines import LineJoiner
 from services.node_agent.names import safe_name
-from services.node_agent.sandbox import Account
 
 log = logging.getLogger(__name__)
 

@@ -62,6 +62,7 @@ FREED_IN_VIEW = "its tasks leave ListNodes"
 # of our runs (2 cores), over 60 s in one (its commit timer ran 47 s late). Placement's
 # own log must free the GPUs within the loss timeout (FREED_IN_LOG) whatever this is.
 VIEW_LAG_S = 120.0
+STOPPED_BY_PLACEMENT = "stopped by placement"  # a task's end that placement asked for
 
 
 @dataclass
@@ -162,13 +163,17 @@ class Faults:
             self._watch_release(f"kill -9 {name}", killed.killed_at, running, nodes)
 
     async def _watch_kept(self, running: dict[str, list[int]]) -> None:
-        """How each task running at the kill ends (they sleep 20 s: within 60 s)."""
+        """How each task running at the kill ends (they sleep 20 s: within 60 s): on its
+        own, or stopped by placement (free work preempted, say), is not the restart's."""
         self.kept_ends = dict.fromkeys(running, "")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(self.kept_ends.values()):
+            asked = {s.task_id for s in self.observer.seen if s.kind == "task_stop_requested"}
             for s in self.observer.seen:
                 if s.kind in ENDS and s.task_id in self.kept_ends:
-                    self.kept_ends[s.task_id] = s.kind
+                    self.kept_ends[s.task_id] = (
+                        STOPPED_BY_PLACEMENT if s.task_id in asked else s.kind
+                    )
             await asyncio.sleep(0.5)
 
     async def lose_node(self) -> None:

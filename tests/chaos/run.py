@@ -35,7 +35,14 @@ from libs.bus import KafkaSettings, Topics, load_topic_config
 from tests.chaos import invariants
 from tests.chaos.clients import Clients
 from tests.chaos.exits import crashes
-from tests.chaos.faults import FREED_IN_LOG, FREED_IN_VIEW, VIEW_LAG_S, Faults, Recovery
+from tests.chaos.faults import (
+    FREED_IN_LOG,
+    FREED_IN_VIEW,
+    STOPPED_BY_PLACEMENT,
+    VIEW_LAG_S,
+    Faults,
+    Recovery,
+)
 from tests.chaos.fuzz import Fuzzer, FuzzResult
 from tests.chaos.observer import Observer, read_log
 from tests.chaos.poison import groups, produce
@@ -431,15 +438,20 @@ def _judge_recoveries(report: Report, recoveries: list[Recovery], node_loss_s: f
 
 def _judge_kept(report: Report, ends: dict[str, str]) -> None:
     """The process agent's restart: the tasks it found running end on their own
-    (``task_finished``), none stopped, lost or unended."""
+    (``task_finished``) or as placement asked (free work preempted), none stopped by
+    the restart, lost or unended."""
     name = "node agent restarted with tasks running: tasks stopped"
     if not ends:
         report.add(name, "n/a: no task ran there at the kill", "0", None)
         return
     stopped = sorted(
-        f"{task}: {end or 'not ended'}" for task, end in ends.items() if end != "task_finished"
+        f"{task}: {end or 'not ended'}"
+        for task, end in ends.items()
+        if end not in ("task_finished", STOPPED_BY_PLACEMENT)
     )
-    report.add(name, len(stopped), "0", not stopped, [f"{len(ends)} tasks running", *stopped])
+    how = Counter(end or "not ended" for end in ends.values())
+    running = f"{len(ends)} tasks running: " + ", ".join(f"{n} {e}" for e, n in sorted(how.items()))
+    report.add(name, len(stopped), "0", not stopped, [running, *stopped])
 
 
 def _judge_crashes(run: Run, killed: set[int]) -> None:

@@ -275,7 +275,10 @@ class Stack:
         process.wait()
 
     def start_node_agent(self) -> None:
-        self.start("node_agent", "--nodes", str(self.workdir / "nodes.yaml"), "--name", self.run_id)
+        """Killed, it leaves its tasks to their keepers for the next one to take back;
+        stopped (``down``), it stops them: nothing of the stack outlives it."""
+        nodes = str(self.workdir / "nodes.yaml")
+        self.start("node_agent", "--nodes", nodes, "--name", self.run_id, "--stop-tasks-on-exit")
 
     def stop(self, name: str) -> int:
         process = self.processes.pop(name)

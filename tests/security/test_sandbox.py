@@ -21,7 +21,8 @@ from qm.v1 import events_pb2, types_pb2
 from libs.config.document import ConfigError, validate
 from libs.config.sandbox import SandboxFile, ScratchEntry
 from services.node_agent import privileges
-from services.node_agent.executors import LaunchError, ProcessExecutor
+from services.node_agent.executors import ProcessExecutor
+from services.node_agent.launch import LaunchError
 from services.node_agent.sandbox import Sandbox
 from services.node_agent.secrets import SecretStore
 from services.node_agent.tasklogs import TaskLogs

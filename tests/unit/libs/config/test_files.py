@@ -35,7 +35,10 @@ FILES: dict[type[BaseModel], list[Path]] = {
     ScenarioFile: [DEPLOY / "sim" / f"{name}.yaml" for name in TRACES],
     TopicsFile: [DEPLOY / "topics.yaml", DEPLOY / "k8s" / "base" / "config" / "topics.yaml"],
     InventoryFile: [DEPLOY / "local" / "nodes.yaml"],
-    SandboxFile: [DEPLOY / "local" / "sandbox.yaml"],
+    SandboxFile: [
+        DEPLOY / "local" / "sandbox.yaml",
+        DEPLOY / "k8s" / "overlays" / "production" / "sandbox.yaml",
+    ],
     WorkflowFile: [DEPLOY / "examples" / "workflow-translation.yaml"],
 }
 

@@ -12,6 +12,7 @@ from libs.core import (
     Dependency,
     GangPart,
     JobArrived,
+    JobId,
     NodeJoined,
     Place,
     Refused,
@@ -19,6 +20,7 @@ from libs.core import (
     Scheduler,
     Stop,
     StopCause,
+    TaskCheckpointed,
     TaskEnded,
     TaskStarted,
     Tick,
@@ -218,3 +220,15 @@ def test_an_agent_that_took_its_tasks_back_registers_its_incarnation_again_and_t
     ]
     assert placed(s.handle(NodeJoined(62, node("n0", 8), "two", heartbeat_s=1))) == []
     assert placed(s.handle(JobArrived(63, "after", job(4)))) == ["after"]
+
+
+def test_work_that_says_when_it_saved_loses_what_it_did_since_and_is_spared() -> None:
+    s = addressed(4, 4)
+    for name in ("saves", "quiet"):  # one on each node: saves on n0, quiet on n1
+        start_all(s, 1, s.handle(JobArrived(1, name, job(4, resumable=True))))
+    # "saves" says it saved at 10: stopping it at 100 throws 90 s of its 4 GPUs away;
+    # "quiet" saves when told to stop, and loses nothing.
+    s.handle(TaskCheckpointed(10, "saves", "saves/0", "n0"))
+    d = s.handle(JobArrived(100, "paid", job(4, min_runtime_s=600)))
+    assert [x.job_id for x in d if isinstance(x, Stop)] == ["quiet"]
+    assert s._running.jobs[JobId("saves")].checkpointed_at == 10

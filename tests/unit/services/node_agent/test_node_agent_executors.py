@@ -20,11 +20,11 @@ from libs.core.simulated import SimulatedRun
 from libs.events.wire_time import duration_ms
 from services.node_agent import keeper
 from services.node_agent.executors import (
-    LaunchError,
     ProcessExecution,
     SimulatedExecutor,
     task_environment,
 )
+from services.node_agent.launch import LaunchError
 from tests.unit.services.node_agent.doubles import process_executor, task_log
 
 

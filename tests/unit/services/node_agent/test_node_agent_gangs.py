@@ -15,9 +15,10 @@ import yaml
 from qm.v1 import events_pb2, types_pb2
 
 from services.node_agent.agent import NodeAgent
-from services.node_agent.executors import LaunchError, task_environment
+from services.node_agent.executors import task_environment
 from services.node_agent.gangs import Gang, Part, gang_of
 from services.node_agent.inventory import parse_inventory
+from services.node_agent.launch import LaunchError
 from services.node_agent.scratch import ScratchFolders
 from tests.unit.services.node_agent.doubles import (
     Recorder,

@@ -8,7 +8,7 @@ from libs.core.compass import Eviction, GpuWorker
 from libs.core.decisions import ServingTask
 from libs.events import new_envelope
 from libs.events.wire_time import duration_ms
-from services.node_agent.executors import LaunchError
+from services.node_agent.launch import LaunchError
 from services.node_agent.lifecycle import (
     decision_for,
     ended,
