@@ -191,16 +191,20 @@ down() {
   deploy/local/kafka.sh stop
 }
 
-# A node agent's ledger of its task processes (.local/run/node-agent-NAME, made per task:
-# services/node_agent/orphans.py) is empty once it has stopped its tasks, and goes; one
-# that still names a task process is kept, for the next agent to kill that process.
+# A node agent's records of its running tasks (.local/run/node-agent-NAME:
+# services/node_agent/orphans.py) are gone once it has stopped its tasks, and its folder
+# goes; one that still names a task is kept, for the next agent to take it back (or
+# kill it).
 forget_agent_state() {
-  local ledger
-  for ledger in "$run"/node-agent-*/; do
-    [ -d "$ledger" ] || continue
-    if ! rmdir "$ledger" 2>/dev/null; then
-      echo "node agent: kept ${ledger%/}: task process groups that may still run" \
-        "($(ls "$ledger" | sed 's/\.pgid$//' | paste -sd ' ' -)); the next agent kills them" >&2
+  local state left
+  for state in "$run"/node-agent-*/; do
+    [ -d "$state" ] || continue
+    left="$(find "$state" -name '*.json' -path '*/tasks/*' | wc -l)"
+    if [ "$left" -eq 0 ]; then
+      rm -rf "$state"
+    else
+      echo "node agent: kept ${state%/}: $left tasks on record that may still run;" \
+        "the next agent takes them back" >&2
     fi
   done
 }
