@@ -12,6 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from libs.bus.ports import OffsetReset
 from libs.bus.settings import KafkaSettings
 
+# How often a consumer reads the cluster metadata again (see ``KafkaBus.consumer``).
+METADATA_MAX_AGE_MS = 10_000
+
 
 @dataclass(frozen=True)
 class KafkaBus:
@@ -37,6 +40,10 @@ class KafkaBus:
             auto_offset_reset=auto_offset_reset,
             enable_auto_commit=False,
             isolation_level="read_committed",
+            # A consumer that joined its group while the broker knew none of its topics'
+            # partitions (it was starting) is assigned nothing until its metadata is
+            # read again: within seconds, not aiokafka's default five minutes.
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
             **options,
         )
 

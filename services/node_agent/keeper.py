@@ -174,7 +174,15 @@ async def keep(launch: Launch, reply: BinaryIO) -> None:
         # The task has its copies: EOF once it (and its own) end.
         os.close(output.stdout)
         os.close(output.stderr)
-    _say(reply, {"pid": process.pid})
+    try:
+        _say(reply, {"pid": process.pid})
+    except BrokenPipeError:
+        # The agent died before it heard the task started, and so before it recorded
+        # it: no agent will follow it, and the next one starts the placement again.
+        os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        output.copying.cancel()
+        return
     code = await process.wait()
     # What it wrote before it ended is in the pipe still. A process it left behind may
     # hold the pipe open: its output after the task ended is not kept.

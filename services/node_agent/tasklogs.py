@@ -5,13 +5,14 @@ Each task has a log of its own: ``<log_dir>/<job>/<task>.log``, where ``<task>``
 follows the job's id in the task's id (``1`` for attempt 2, ``1.0`` for its part 1 in a
 gang, a workflow task's name), so attempts and parts never share a file. The log is the
 task's account's, 0600, as issue 41 asks (a task's output is its user's); the agent
-writes it through the descriptor it created it with, and reads it back for ``qm logs``
+creates it and hands the descriptor to the task's keeper (``keeper.py``), which writes
+it (``TaskLog.adopt``); the agent reads it back for ``qm logs``
 with DAC_READ_SEARCH (``privileges.py``). The folders above it are the agent's (0700):
 no task reaches any log, its own included. Beside it, ``<task>.task`` says which
 task and node it is and when it started, for ``ListTaskLogs``. Names are escaped
 (``safe_name``), so no id leaves its folder, and nothing is opened through a link.
 
-The task writes into pipes, not the file, so that the agent can bound it: past
+The task writes into pipes, not the file, so that its keeper can bound it: past
 ``max_bytes`` the file moves to ``<task>.log.1`` (replacing an older one) and a new one
 starts, as container runtimes rotate logs, so a task keeps at most twice ``max_bytes``
 on the node whatever it prints, and its last words are kept. stdout and stderr have a

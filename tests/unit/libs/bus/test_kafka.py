@@ -34,6 +34,8 @@ def test_a_consumer_reads_committed_records_and_commits_only_when_told() -> None
         "auto_offset_reset": "latest",
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
+        # A group joined while the broker started sees its partitions within seconds.
+        "metadata_max_age_ms": 10_000,
         "fetch_max_bytes": 1,
     }
 

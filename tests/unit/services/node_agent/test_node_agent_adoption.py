@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from qm.v1 import events_pb2, types_pb2
 
+from services.node_agent import keeper
 from services.node_agent.orphans import TaskRecords, adopt, record_of, start_time
 from tests.unit.services.node_agent.doubles import process_executor, task_log
 
@@ -98,3 +100,24 @@ def test_a_recorded_pid_now_used_by_another_process_is_spared(tmp_path: Path) ->
     records.write("job-1/0", dataclasses.replace(record, task_started="0"))
     adopt(records, ["n0"], ["n0"])  # no incarnation on record: not taken back, dropped
     assert records.load() == [] and start_time(os.getpid()) is not None
+
+
+async def test_a_task_whose_agent_died_before_hearing_it_started_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    """No agent recorded it, and the next one starts its placement again: the keeper
+    kills it rather than keep a task nobody follows."""
+
+    class Gone(io.BytesIO):
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    log = tmp_path / "task.log"
+    launch = keeper.Launch(
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"], command="python",
+        env={}, identity={}, log_path=str(log),
+        log_fd=os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), max_bytes=1024,
+        owner=None, status=str(tmp_path / "status"),
+    )  # fmt: skip
+    await asyncio.wait_for(keeper.keep(launch, Gone()), 10)  # not the task's 60 s
+    assert not (tmp_path / "status").exists()
