@@ -37,10 +37,7 @@ def _class_order(cls: _NodeClass) -> tuple[str, float, str]:
 
 
 def _matches(spec: JobSpec, cls: _NodeClass) -> bool:
-    gpu_type, memory, kind = cls
-    return (
-        spec.wants_type(gpu_type) and memory >= spec.min_gpu_memory_gib and kind in spec.node_kinds
-    )
+    return spec.may_use(*cls)
 
 
 @dataclass(frozen=True)

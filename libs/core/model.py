@@ -124,6 +124,15 @@ class JobSpec:
         """Whether GPUs of ``gpu_type`` are of the type it asks for (any, when it names none)."""
         return not self.gpu_type or gpu_type == self.gpu_type
 
+    def may_use(self, gpu_type: str, memory_gib: float, kind: NodeKind) -> bool:
+        """Whether a node of GPUs of ``gpu_type`` and ``memory_gib`` each, running
+        ``kind``, may take it: the one rule placement and admission judge nodes by."""
+        return (
+            self.wants_type(gpu_type)
+            and memory_gib >= self.min_gpu_memory_gib
+            and kind in self.node_kinds
+        )
+
     @cached_property
     def simulated(self) -> bool:
         """It asks a simulated node for a run (``QM_SIMULATED_SECONDS`` or ``_EXIT``): no

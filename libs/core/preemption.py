@@ -101,15 +101,8 @@ def plan_preemption(
         allowed = list(filter(may_take, running_on.get(node_id, ())))
         if free + sum(v.gpus for v in allowed) < waiting.gpus:
             continue  # too little room even with every victim allowed (most nodes, mostly)
-        allowed.sort(key=lambda v: victim_order(v, rank, now))
-        chosen: list[RunningJob] = []
-        room = free
-        for victim in allowed:
-            if room >= waiting.gpus:
-                break
-            chosen.append(victim)
-            room += victim.gpus
-        if room < waiting.gpus:
+        chosen = _first_room(allowed, free, waiting.gpus, rank, now)
+        if chosen is None:
             continue
         cost = _cost(chosen, now)
         if cost[0] > cap:
@@ -179,6 +172,21 @@ def _whole_nodes(
     return Plan(tuple(sorted(chosen)), tuple(stopped.values()))
 
 
+def _first_room(
+    allowed: list[RunningJob], free: int, need: int, rank: dict[str, int], now: float
+) -> list[RunningJob] | None:
+    """The victims a node stops, first in ``victim_order``, until ``free`` GPUs and
+    theirs make ``need``; None when all of them cannot."""
+    chosen: list[RunningJob] = []
+    room = free
+    for victim in sorted(allowed, key=lambda v: victim_order(v, rank, now)):
+        if room >= need:
+            break
+        chosen.append(victim)
+        room += victim.gpus
+    return chosen if room >= need else None
+
+
 def _parts(
     waiting: JobSpec,
     nodes: list[tuple[NodeId, int, int]],
@@ -198,17 +206,9 @@ def _parts(
     for node_id, size, free in nodes:
         if size < per or short(node_id, free, per):
             continue
-        allowed = sorted(
-            filter(may_take, running_on.get(node_id, ())), key=lambda v: victim_order(v, rank, now)
-        )
-        chosen: list[RunningJob] = []
-        room = free
-        for victim in allowed:
-            if room >= per:
-                break
-            chosen.append(victim)
-            room += victim.gpus
-        if room >= per:
+        allowed = list(filter(may_take, running_on.get(node_id, ())))
+        chosen = _first_room(allowed, free, per, rank, now)
+        if chosen is not None:
             options.append((_cost(chosen, now), node_id, tuple(chosen)))
     if len(options) < waiting.parts:
         return None

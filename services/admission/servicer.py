@@ -688,13 +688,7 @@ def _no_room(spec: JobSpec, nodes: Collection[NodeSpec]) -> list[Violation]:
     nodes, nor when none offers its GPUs at all (``validate_job`` names those there are)."""
     if spec.workflow is not None:
         return []
-    fit = [
-        n
-        for n in nodes
-        if n.kind in spec.node_kinds
-        and spec.wants_type(n.gpu_type)
-        and n.gpu_memory_gib >= spec.min_gpu_memory_gib
-    ]
+    fit = [n for n in nodes if spec.may_use(n.gpu_type, n.gpu_memory_gib, n.kind)]
     if not fit:
         return []
     gpus = f"{spec.gpu_type} GPUs" if spec.gpu_type else "GPUs"
