@@ -25,7 +25,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 
 from cli import exits, render
-from cli.arrays import array_indexes, element_request_id
+from cli.arrays import array_indexes
 from cli.audit import audit_app
 from cli.budget import NodeEdit, changes, edited_node
 from cli.connection import CallFailed, Connection, NotSignedIn
@@ -54,8 +54,8 @@ from cli.tokens import login, token_app
 from libs.config.document import ConfigError, load
 from libs.config.workflow import WorkflowFile
 from libs.core import simulated
-from libs.core.ids import name_in_job
-from libs.core.limits import MAX_GANG_NODES, MAX_NODE_GPUS
+from libs.core.ids import array_of, is_array_id, name_in_job
+from libs.core.limits import MAX_ARRAY_ELEMENTS, MAX_GANG_NODES, MAX_NODE_GPUS
 from libs.core.simulated import SimulatedRun
 from libs.events import wire_time
 
@@ -227,7 +227,8 @@ def submit(
         str | None,
         typer.Option(
             metavar="INDEXES",
-            help="A job per index, e.g. 0-9, 1,3,5 or 0-15:4; each sees QM_ARRAY_INDEX",
+            help="A job array: one id, an element per index (e.g. 0-9, 1,3,5 or 0-15:4), "
+            "each told QM_ARRAY_INDEX; qm status and qm cancel take the array or one element",
         ),
     ] = None,
     wait: Annotated[
@@ -238,7 +239,7 @@ def submit(
         typer.Option(
             "--quiet",
             "-q",
-            help="Print only the job id (an array's, one a line), for scripts: "
+            help="Print only the job id (or the array's), for scripts: "
             "JOB=$(qm submit -q -- ...); with --wait, no changes either",
         ),
     ] = False,
@@ -332,24 +333,34 @@ def _gpus_and_nodes(
 def _submit_array(
     conn: Connection, spec: types_pb2.JobSpec, indexes: tuple[int, ...], quiet: bool
 ) -> None:
-    """A job per index, each with its own request id (a retry makes the same jobs);
-    ``quiet``: only their ids, one a line."""
+    """An element per index, all with the array's request id (admission names each
+    ``ARRAY_INDEX``, so a retry makes the same elements); ``quiet``: only the array's id."""
     replies = []
     with counting(console, "jobs submitted", len(indexes)) as advance:
         for index in indexes:
             element = types_pb2.JobSpec()
             element.CopyFrom(spec)
-            element.env["QM_ARRAY_INDEX"] = str(index)
-            element.client_request_id = element_request_id(spec.client_request_id, index)
+            element.array.index = index
+            element.array.count = len(indexes)
             request = js.SubmitJobRequest(spec=element)
             replies.append(conn.call(conn.admission, _jobs(conn).SubmitJob, request))
             advance(1)
+    array_id = array_of(replies[0].job_id) or replies[0].job_id
     if quiet:
-        console.print("\n".join(r.job_id for r in replies), highlight=False)
+        console.print(array_id, highlight=False)
         return
-    console.print(f"submitted {len(replies)} jobs: {' '.join(r.job_id for r in replies)}")
-    if not all(reply.duplicate for reply in replies):  # every element is protected alike
+    note = " (already submitted with this request id)" if all(r.duplicate for r in replies) else ""
+    console.print(
+        f"submitted array [bold]{array_id}[/]{note}: {len(replies)} jobs, "
+        f"{replies[0].job_id} … {replies[-1].job_id}",
+        highlight=False,
+    )
+    if not note:  # every element is protected alike
         console.print(render.protection_at_submission(spec), highlight=False)
+    console.print(
+        f"follow it with: qm status {array_id}; cancel it (or one element) with: "
+        f"qm cancel {array_id}"
+    )
 
 
 def load_workflow(path: Path, name: str = "") -> types_pb2.Workflow:
@@ -390,26 +401,46 @@ def status(
     limit: Annotated[int, typer.Option(min=1, max=UINT32_MAX, help="How many jobs")] = 50,
     output: OutputFlag = Format.TABLE,
 ) -> None:
-    """Show one job in detail, or recent jobs (yours and your allocations').
+    """Show one job in detail, a job array's elements, or recent jobs (yours and your
+    allocations').
 
-    -o json|yaml: one job is a qm.v1.Job; a list is {"jobs": [qm.v1.Job, ...]}, newest first.
+    -o json|yaml: one job is a qm.v1.Job; a list is {"jobs": [qm.v1.Job, ...]}, newest
+    first (an array's elements by index).
     """
-    if job_id and (allocation or user or state):
+    array_id = job_id if job_id and is_array_id(job_id) else ""
+    if job_id and not array_id and (allocation or user or state):
         raise typer.BadParameter("--allocation, --user and --state filter a list, not one job")
     states = job_states(state or [])
     with _rpc() as conn:
         stub = _jobs(conn)
-        if job_id:
+        if job_id and not array_id:
             job = conn.call(conn.admission, stub.GetJob, js.GetJobRequest(job_id=job_id)).job
             emit(console, output, lambda: message(job), lambda: render.job_detail(job))
-        else:
-            request = js.ListJobsRequest(
-                allocation=allocation, user=user, states=states, limit=limit
-            )
-            reply = conn.call(conn.admission, stub.ListJobs, request)
-            emit(
-                console, output, lambda: message(reply), lambda: render.jobs_table(list(reply.jobs))
-            )
+            return
+        request = js.ListJobsRequest(
+            allocation=allocation,
+            user=user,
+            states=states,
+            # An array is listed whole: every element, by index.
+            limit=MAX_ARRAY_ELEMENTS if array_id else limit,
+            array_id=array_id,
+        )
+        reply = conn.call(conn.admission, stub.ListJobs, request)
+        if not array_id:
+            table = partial(render.jobs_table, list(reply.jobs))
+            emit(console, output, lambda: message(reply), table)
+            return
+        if not reply.jobs and not states:
+            raise render.fail(f"no job array {array_id!r}", 1)
+        elements = sorted(reply.jobs, key=lambda job: job.spec.array.index)
+        del reply.jobs[:]
+        reply.jobs.extend(elements)
+        emit(
+            console,
+            output,
+            lambda: message(reply),
+            partial(render.array, array_id, elements, whole=not states),
+        )
 
 
 @app.command()
@@ -489,10 +520,19 @@ def _log_header(job_id: str, piece: js.StreamLogsResponse) -> bytes:
 
 @app.command()
 def cancel(job_id: str) -> None:
-    """Cancel a job (yours, or one in an allocation you manage)."""
+    """Cancel a job (yours, or one in an allocation you manage); a job array's id cancels
+    every element that has not ended, ARRAY_N element N alone."""
     with _rpc() as conn:
-        conn.call(conn.admission, _jobs(conn).CancelJob, js.CancelJobRequest(job_id=job_id))
-        console.print(f"cancel requested for {job_id}")
+        request = js.CancelJobRequest(job_id=job_id)
+        reply = conn.call(conn.admission, _jobs(conn).CancelJob, request)
+        if reply.cancelled:
+            console.print(
+                f"cancel requested for {len(reply.cancelled)} elements of {job_id}: "
+                + " ".join(reply.cancelled),
+                highlight=False,
+            )
+        else:
+            console.print(f"cancel requested for {job_id}")
 
 
 @app.command()

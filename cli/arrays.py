@@ -1,15 +1,16 @@
-"""Job arrays: one submission, many jobs that differ only in their index (``--array``).
+"""The indexes of a job array (``qm submit --array``), as Slurm writes them: ``0-9``,
+``1,3,5``, ``0-15:4`` (every fourth), or a mix.
 
-As Slurm writes them: ``0-9``, ``1,3,5``, ``0-15:4`` (every fourth), or a mix. Each job
-gets its index as ``QM_ARRAY_INDEX`` and a request id of its own derived from the
-array's, so that a retried ``qm submit --array`` makes the same jobs again, not more.
+An array is one id (``a-…``) with an element per index (``a-…_3``), each an ordinary
+job that is told its index (``QM_ARRAY_INDEX``); admission names the elements.
 """
 
 from __future__ import annotations
 
 import re
 
-MAX_JOBS = 1000
+from libs.core.limits import MAX_ARRAY_ELEMENTS, MAX_ARRAY_INDEX
+
 _PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
 
@@ -26,11 +27,9 @@ def array_indexes(text: str) -> tuple[int, ...]:
         low, high, every = int(first), int(last or first), int(step or 1)
         if high < low or every < 1:
             raise ValueError(f"{part.strip()!r}: the range must go up, by a step of at least 1")
-        if (high - low) // every + 1 + len(indexes) > MAX_JOBS:
-            raise ValueError(f"an array holds at most {MAX_JOBS} jobs")
+        if high > MAX_ARRAY_INDEX:
+            raise ValueError(f"{part.strip()!r}: an index is at most {MAX_ARRAY_INDEX}")
+        if (high - low) // every + 1 + len(indexes) > MAX_ARRAY_ELEMENTS:
+            raise ValueError(f"an array holds at most {MAX_ARRAY_ELEMENTS} jobs")
         indexes.update(range(low, high + 1, every))
     return tuple(sorted(indexes))
-
-
-def element_request_id(array_request_id: str, index: int) -> str:
-    return f"{array_request_id}.{index}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections import Counter
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from cli.params import CONDITIONS
 from libs.config.duration import format_duration
+from libs.core.ids import array_of
 from libs.events import wire_time
 from libs.events.convert import preemption_from_proto
 from libs.readmodels import has_ended
@@ -173,6 +175,19 @@ def jobs_table(jobs: list[types_pb2.Job]) -> Table:
     return table
 
 
+def array(array_id: str, elements: list[types_pb2.Job], *, whole: bool = True) -> RenderableType:
+    """A job array: how many of its elements are in each state, then each element.
+    ``whole``: ``elements`` are all the array has (not some states' alone), so that fewer
+    than it was submitted with says its submission was cut short."""
+    submitted = max((job.spec.array.count for job in elements), default=0)
+    states = Counter(state_name(job.state) for job in elements)
+    counts = ", ".join(f"{n} {name}" for name, n in sorted(states.items()))
+    short = whole and len(elements) < submitted
+    seen = f"{len(elements)} of {submitted}" if short else str(len(elements))
+    heading = f"array {array_id}: {seen} elements" + (f": {counts}" if counts else "")
+    return Group(heading, jobs_table(elements))
+
+
 def _where(job: types_pb2.Job) -> str:
     """Where a batch job runs: its node's GPUs, or each node of a gang."""
     if len(job.placements) > 1:
@@ -202,6 +217,7 @@ def job_detail(job: types_pb2.Job) -> RenderableType:
             if workflow
             else ("nodes" if len(job.placements) > 1 else "node", _where(job))
         ),
+        *([("array", _element(job))] if job.spec.HasField("array") else []),
         *([("after", _after(job.spec))] if job.spec.after else []),
         *(
             [("warning", _warning(job.spec.stop_warning))]
@@ -247,8 +263,25 @@ _CONDITION_WORDS = {condition: word for word, condition in CONDITIONS.items()}
 
 
 def _after(spec: types_pb2.JobSpec) -> str:
-    """The jobs it waits for, as ``--after`` takes them: ``j-1:ok, j-2:any``."""
-    return ", ".join(f"{d.job_id}:{_CONDITION_WORDS.get(d.condition, 'ok')}" for d in spec.after)
+    """The jobs it waits for, as ``--after`` takes them: ``j-1:ok, j-2:any``; the
+    elements of an array it waits for as one: ``a-1f (10 elements):ok``."""
+    words = []
+    for (array_id, condition), group in itertools.groupby(
+        spec.after, key=lambda d: (array_of(d.job_id), d.condition)
+    ):
+        word = _CONDITION_WORDS.get(condition, "ok")
+        named = [d.job_id for d in group]
+        if array_id is not None and len(named) > 1:
+            words.append(f"{array_id} ({len(named)} elements):{word}")
+        else:
+            words += [f"{job_id}:{word}" for job_id in named]
+    return ", ".join(words)
+
+
+def _element(job: types_pb2.Job) -> str:
+    """Which element of which array the job is: ``a-1f, element 3 of 10``."""
+    element = job.spec.array
+    return f"{array_of(job.job_id)}, element {element.index} of {element.count}"
 
 
 def workflow_progress(job: types_pb2.Job) -> str:

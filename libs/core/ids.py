@@ -56,3 +56,26 @@ def name_in_job(job_id: str, task_id: str) -> str:
 def is_batch_task_id(job_id: str, task_id: str) -> bool:
     """Whether the id names one of a batch job's placements (not a workflow task)."""
     return _BATCH_NAME.fullmatch(name_in_job(job_id, task_id)) is not None
+
+
+# A job array's id: ``a-`` and hex, never a job's own (a job's starts ``j-``); its
+# elements' ids are the array's, ``_`` and the index, as Slurm writes them.
+_ARRAY_ID = re.compile(r"a-[0-9a-f]+")
+_ELEMENT_ID = re.compile(r"(a-[0-9a-f]+)_(\d+)")
+
+
+def array_element_id(array_id: str, index: int) -> JobId:
+    """``a-1f2e_3``: element 3 of array ``a-1f2e``."""
+    return JobId(f"{array_id}_{index}")
+
+
+def is_array_id(text: str) -> bool:
+    """Whether ``text`` names a job array (not one of its elements, nor a job)."""
+    return _ARRAY_ID.fullmatch(text) is not None
+
+
+def array_of(job_id: str) -> str | None:
+    """The array a job id names an element of (``a-1f2e_3`` -> ``a-1f2e``); None for a
+    job that is no array's element."""
+    match = _ELEMENT_ID.fullmatch(job_id)
+    return match.group(1) if match else None

@@ -93,10 +93,13 @@ class JobSpec:
     warning_s: int = 0
     # How its node agent runs it, not scheduling facts (left out of ``fact``, as
     # ``secrets``): an OCI image ("": a process), declared volumes to mount in it as
-    # (volume, path), and its working directory ("": its home or scratch folder).
+    # (volume, path), its working directory ("": its home or scratch folder), and
+    # which element of a job array it is.
     image: str = field(default="", repr=False)
     mounts: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     workdir: str = field(default="", repr=False)
+    # (index, count): its node agent tells it (QM_ARRAY_INDEX, QM_ARRAY_COUNT).
+    array: tuple[int, int] | None = field(default=None, repr=False)
 
     # Cached (the fields are frozen): planning asks these of every running job.
     @cached_property

@@ -220,6 +220,7 @@ def spec_from_proto(spec: types_pb2.JobSpec, *, workflow_as_given: bool = False)
         warning_signal=spec.stop_warning.signal,
         warning_s=whole_seconds(spec.stop_warning.before),
         mounts=tuple((m.volume, m.path) for m in spec.mounts),
+        array=(spec.array.index, spec.array.count) if spec.HasField("array") else None,
         after=tuple(
             Dependency(d.job_id, d.condition == types_pb2.DEPENDENCY_CONDITION_ANY)
             for d in spec.after
@@ -268,6 +269,7 @@ _SPEC_BY_HAND = (
     "warning_signal",
     "warning_s",
     "mounts",
+    "array",
 )
 
 
@@ -287,6 +289,9 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
         if spec.warning_signal or spec.warning_s
         else None,
         mounts=[types_pb2.Mount(volume=volume, path=path) for volume, path in spec.mounts],
+        array=types_pb2.ArrayElement(index=spec.array[0], count=spec.array[1])
+        if spec.array is not None
+        else None,
         after=[
             types_pb2.Dependency(
                 job_id=d.job_id,

@@ -34,7 +34,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from qm.v1 import events_pb2, types_pb2
 
 from libs.core.budget_tree import BudgetTree
-from libs.core.ids import attempt_of, name_in_job
+from libs.core.ids import array_of, attempt_of, name_in_job
 from libs.events import event_type
 from libs.readmodels.job_state import (
     JOB_EVENTS,
@@ -108,12 +108,14 @@ class JobFilter:
     allocation: str = ""
     user: str = ""
     states: frozenset[types_pb2.JobState.ValueType] = frozenset()
+    array_id: str = ""  # a job array's: its elements
 
     def matches(self, job: types_pb2.Job) -> bool:
         return (
             (not self.allocation or job.spec.allocation == self.allocation)
             and (not self.user or job.spec.user == self.user)
             and (not self.states or job.state in self.states)
+            and (not self.array_id or array_of(job.job_id) == self.array_id)
         )
 
 

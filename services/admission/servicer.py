@@ -24,7 +24,16 @@ from libs.bus import EventProducer
 from libs.core import JobSpec, Limits, NodeKind, NodeSpec, Violation, validate_job
 from libs.core.budget_tree import BudgetTree
 from libs.core.compass.workflow import BYTES_PER_MB
-from libs.core.limits import MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_SPEC_BYTES, MAX_TEXT_CHARS
+from libs.core.ids import array_element_id, is_array_id
+from libs.core.limits import (
+    MAX_ARRAY_ELEMENTS,
+    MAX_ARRAY_INDEX,
+    MAX_DEPENDENCIES,
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    MAX_SPEC_BYTES,
+    MAX_TEXT_CHARS,
+)
 from libs.events import new_envelope
 from libs.events.convert import GIB, preemption_from_proto, spec_from_proto
 from libs.readmodels import DEFAULT_LIST_LIMIT, JobFilter, Scope, has_ended, scope_of
@@ -67,8 +76,25 @@ SUBMIT_WITHIN_S = 8.0
 def job_id_for(user: str, client_request_id: str) -> str:
     """Deterministic for a given request id, so retries land on the same job."""
     if client_request_id:
-        return "j-" + uuid.uuid5(_NAMESPACE, f"{user}\n{client_request_id}").hex[:16]
+        return "j-" + _request_hex(user, client_request_id)
     return "j-" + uuid.uuid4().hex[:16]
+
+
+def array_id_for(user: str, client_request_id: str) -> str:
+    """A job array's id: its elements share the request id that names it."""
+    return "a-" + _request_hex(user, client_request_id)
+
+
+def _request_hex(user: str, client_request_id: str) -> str:
+    return uuid.uuid5(_NAMESPACE, f"{user}\n{client_request_id}").hex[:16]
+
+
+def _submitted_id(user: str, spec: types_pb2.JobSpec) -> str:
+    """The id a submission names: its own, or its array's and its index."""
+    if spec.HasField("array"):
+        array_id = array_id_for(user, spec.client_request_id)
+        return array_element_id(array_id, spec.array.index)
+    return job_id_for(user, spec.client_request_id)
 
 
 class JobServicer(js_grpc.JobServiceServicer):
@@ -121,9 +147,12 @@ class JobServicer(js_grpc.JobServiceServicer):
         if not spec.allocation:  # in the claim already, so that every record of it agrees
             mine = (await self._budget.tree()).allocations_of(user)
             spec.allocation = mine[0] if len(mine) == 1 else ""
-        job_id = job_id_for(user, spec.client_request_id)
+        if broken := _array_violation(spec):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid job: {broken}")
+        job_id = _submitted_id(user, spec)
         try:
             async with asyncio.timeout(SUBMIT_WITHIN_S):
+                await self._after_arrays(user, spec)
                 return await self._submit(job_id, spec, context)
         except TimeoutError:
             raise Unavailable(
@@ -300,6 +329,8 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def CancelJob(
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> js.CancelJobResponse:
+        if is_array_id(request.job_id):
+            return await self._cancel_array(request.job_id, context)
         user, job = await self._steerable_job_or_abort(request.job_id, "cancel", context)
         if has_ended(job):
             await context.abort(
@@ -312,6 +343,33 @@ class JobServicer(js_grpc.JobServiceServicer):
             job.spec.cluster or "default",
         )
         return js.CancelJobResponse(job_id=job.job_id)
+
+    async def _cancel_array(
+        self, array_id: str, context: grpc.aio.ServicerContext
+    ) -> js.CancelJobResponse:
+        """Cancel every element of the array that the caller may steer and that has not
+        ended; each element's cancel is its own event, as if cancelled one by one."""
+        user = await caller(context, self._keys)
+        elements = await self._elements(user, array_id)
+        if not elements:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job array {array_id!r}")
+        tree = await self._budget.tree()
+        mine = [job for job in elements if _may_steer(user, job, tree)]
+        if not mine:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _steer_rule(user, "cancel"))
+        waiting = [job for job in mine if not has_ended(job)]
+        if not waiting:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"every element of job array {array_id} you may cancel has already ended",
+            )
+        by_cluster: dict[str, list[Message]] = {}
+        for job in waiting:
+            cancel = events_pb2.JobCancelRequested(job_id=job.job_id, requested_by=user)
+            by_cluster.setdefault(job.spec.cluster or "default", []).append(cancel)
+        for cluster, cancels in by_cluster.items():
+            await self.record(cancels, array_id, cluster)
+        return js.CancelJobResponse(job_id=array_id, cancelled=[job.job_id for job in waiting])
 
     async def HoldJob(
         self, request: js.HoldJobRequest, context: grpc.aio.ServicerContext
@@ -368,12 +426,8 @@ class JobServicer(js_grpc.JobServiceServicer):
         allocation they manage."""
         user = await caller(context, self._keys)
         job = await self._visible_job_or_abort(user, job_id, context)
-        tree = await self._budget.tree()
-        if job.spec.user != user and not tree.can_manage(user, job.spec.allocation):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{user} may {verb} only their own jobs or jobs of allocations they manage",
-            )
+        if not _may_steer(user, job, await self._budget.tree()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _steer_rule(user, verb))
         return user, job
 
     async def GetJob(
@@ -397,8 +451,14 @@ class JobServicer(js_grpc.JobServiceServicer):
                 f"states: {', '.join(str(s) for s in sorted(unknown))} name no job state; use "
                 + ", ".join(types_pb2.JobState.Name(s) for s in sorted(_LISTED_STATES)),
             )
+        await bounded(context, "array_id", request.array_id, MAX_NAME_CHARS)
+        if request.array_id and not is_array_id(request.array_id):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"array_id: {request.array_id!r} names no job array (a-<hex>, as submitted)",
+            )
         # The filter picks within the caller's scope: the projector applies both.
-        where = JobFilter(request.allocation, request.user, states)
+        where = JobFilter(request.allocation, request.user, states, request.array_id)
         scope = await self._scope(user)
         jobs = await self._projector.list_jobs(where, request.limit or DEFAULT_LIST_LIMIT, scope)
         return js.ListJobsResponse(jobs=jobs)
@@ -412,7 +472,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         while True:
             job = await self._lookup(request.job_id)
             if last is None and (job is None or not await self._may_see(user, job)):
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
+                await context.abort(grpc.StatusCode.NOT_FOUND, _no_job(request.job_id))
             if job is not None and job != last:
                 yield js.WatchJobResponse(job=job)
                 last = job
@@ -492,7 +552,7 @@ class JobServicer(js_grpc.JobServiceServicer):
         await bounded(context, "job_id", job_id, MAX_NAME_CHARS)
         job = await self._lookup(job_id)
         if job is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, _no_job(job_id))
         assert job is not None
         return job
 
@@ -528,6 +588,38 @@ class JobServicer(js_grpc.JobServiceServicer):
         if job is None and (claim := self._requests.claim(job_id)) is not None:
             job = types_pb2.Job(job_id=job_id, spec=claim.spec)
         return job if job is not None and await self._may_see(user, job) else None
+
+    async def _elements(self, user: str, array_id: str) -> list[types_pb2.Job]:
+        """The elements of a job array that ``user`` may see, by index: as projected, and
+        those this instance recorded that are not yet (read-your-writes)."""
+        where = JobFilter(array_id=array_id)
+        scope = await self._scope(user)
+        found = {
+            job.job_id: job
+            for job in await self._projector.list_jobs(where, MAX_ARRAY_ELEMENTS, scope)
+        }
+        for job in list(self._recent.values()):
+            if job.job_id not in found and where.matches(job) and await self._may_see(user, job):
+                found[job.job_id] = job
+        return sorted(found.values(), key=lambda job: job.spec.array.index)
+
+    async def _after_arrays(self, user: str, spec: types_pb2.JobSpec) -> None:
+        """Put a dependency on a job array as one on each of its elements that ``user``
+        may see now, in the same way; one on an array with none is left for
+        ``_unmet_after`` to refuse. Elements submitted later are not waited for."""
+        if not any(is_array_id(d.job_id) for d in spec.after) or len(spec.after) > MAX_DEPENDENCIES:
+            return
+        after: list[types_pb2.Dependency] = []
+        for dependency in spec.after:
+            elements = []
+            if is_array_id(dependency.job_id):
+                elements = await self._elements(user, dependency.job_id)
+            after += [
+                types_pb2.Dependency(job_id=job.job_id, condition=dependency.condition)
+                for job in elements
+            ] or [dependency]
+        del spec.after[:]
+        spec.after.extend(after)
 
     async def _known(self, job_id: str) -> bool:
         return await self._lookup(job_id) is not None
@@ -632,6 +724,42 @@ class ClusterServicer(cluster_service_pb2_grpc.ClusterServiceServicer):
         return cluster_service_pb2.ListNodesResponse(
             nodes=await self._projector.list_nodes(request.cluster)
         )
+
+
+def _no_job(job_id: str) -> str:
+    """What a job id that names no job the caller may see gets; an array's id says how
+    to ask for its elements instead."""
+    if is_array_id(job_id):
+        return (
+            f"{job_id} is a job array, not one job: qm status {job_id} lists its elements, "
+            f"and {job_id}_N names element N"
+        )
+    return f"no job {job_id!r}"
+
+
+def _may_steer(user: str, job: types_pb2.Job, tree: BudgetTree) -> bool:
+    """Whether ``user`` may cancel, hold, release or update ``job``: their own, or one of
+    an allocation they manage."""
+    return job.spec.user == user or tree.can_manage(user, job.spec.allocation)
+
+
+def _steer_rule(user: str, verb: str) -> str:
+    return f"{user} may {verb} only their own jobs or jobs of allocations they manage"
+
+
+def _array_violation(spec: types_pb2.JobSpec) -> Violation | None:
+    """What is wrong with a job array's element as such (``JobSpec.array``)."""
+    if not spec.HasField("array"):
+        return None
+    if not spec.client_request_id:
+        return Violation("client_request_id", "an array's elements share one: the array's")
+    if spec.HasField("workflow"):
+        return Violation("array", "an array is of batch jobs, not workflows")
+    if not 1 <= spec.array.count <= MAX_ARRAY_ELEMENTS:
+        return Violation("array.count", f"an array holds 1 to {MAX_ARRAY_ELEMENTS} jobs")
+    if spec.array.index > MAX_ARRAY_INDEX:
+        return Violation("array.index", f"at most {MAX_ARRAY_INDEX}")
+    return None
 
 
 def _membership(user: str, allocation: str, mine: list[str]) -> str:

@@ -31,7 +31,7 @@ from qm.v1 import events_pb2
 from libs.config.document import ConfigError
 from libs.core import simulated
 from libs.core.decisions import stop_grace
-from libs.core.ids import attempt_of, name_in_job
+from libs.core.ids import array_of, attempt_of, name_in_job
 from libs.events import wire_time
 from services.node_agent import keeper
 from services.node_agent.accounts import Account
@@ -115,7 +115,8 @@ def task_environment(
     and the utilisation sampler use, numbers them by PCI bus. A serving task also gets
     ``QM_TASK`` (its name in the workflow), ``QM_MODEL``, ``QM_MODEL_MB`` and
     ``QM_MODEL_RESIDENT`` ("1" when the agent's books say the model is cached, else "0").
-    A batch task gets ``QM_RESTART_COUNT`` (its attempt: 0 on its first run) and, from
+    A batch task gets ``QM_RESTART_COUNT`` (its attempt: 0 on its first run), an array's
+    element ``QM_ARRAY_ID``, ``QM_ARRAY_INDEX`` and ``QM_ARRAY_COUNT``, and, from
     its ``gang`` (``gangs.gang_of``), ``QM_NUM_NODES``, ``QM_NODE_RANK``,
     ``QM_GPUS_PER_NODE`` and ``QM_HOSTS`` (its nodes' addresses, comma-separated, in rank
     order); a job spanning nodes also ``MASTER_ADDR`` and ``MASTER_PORT`` (where rank 0
@@ -143,6 +144,12 @@ def task_environment(
         }
     else:
         env["QM_RESTART_COUNT"] = str(attempt_of(task.task_id))
+    if task.spec.HasField("array"):
+        env |= {
+            "QM_ARRAY_ID": array_of(task.job_id) or "",
+            "QM_ARRAY_INDEX": str(task.spec.array.index),
+            "QM_ARRAY_COUNT": str(task.spec.array.count),
+        }
     if gang is not None:
         env |= gang.environment()
     env |= {name: str(path) for name, path in (files or {}).items()}

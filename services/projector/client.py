@@ -57,6 +57,7 @@ class ProjectorClient:
             *([("allocation", where.allocation)] if where.allocation else []),
             *([("owner", where.user)] if where.user else []),
             *(("state", types_pb2.JobState.Name(s)) for s in sorted(where.states)),
+            *([("array", where.array_id)] if where.array_id else []),
         ]
         if scope is not None:
             params += [

@@ -1,8 +1,9 @@
 """A lab's real jobs on the real stack, through ``qm`` as a researcher types it: a job
 in an image with a declared volume, a two-node job whose parts rendezvous at rank 0
 (nodes at distinct addresses, 127.0.0.2 and 127.0.0.3), a gang that dies as one, a
-time limit, a chain of dependencies, ``--wait`` exiting with the job's own code, and a
-preempted job warned ahead that resumes from its checkpoint."""
+time limit, a chain of dependencies, a job array taken whole or one element at a time,
+``--wait`` exiting with the job's own code, and a preempted job warned ahead that
+resumes from its checkpoint."""
 
 from __future__ import annotations
 
@@ -113,6 +114,51 @@ def test_a_chain_of_dependencies_runs_in_order_and_a_failed_one_cancels_its_depe
     after_prep = ended[train].started_at.ToNanoseconds() >= ended[prep].finished_at.ToNanoseconds()
     assert after_prep, (ended[prep], ended[train])
     assert f"dependency {broken} failed" in ended[report].reason, ended[report]
+
+
+# Elements 0 and 1 end at once; 2 and 3 run until cancelled.
+ELEMENT = """
+import os, time
+index = int(os.environ["QM_ARRAY_INDEX"])
+print("element", index, "of", os.environ["QM_ARRAY_ID"], os.environ["QM_ARRAY_COUNT"], flush=True)
+time.sleep(0 if index < 2 else 600)
+"""
+
+
+def test_an_array_is_one_id_and_status_and_cancel_take_it_whole_or_one_element(
+    stack: Stack, jobs: js_grpc.JobServiceStub
+) -> None:
+    args = ("--array", "0-3", "--request-id", "sweep-1", "--", "python3", "-c", ELEMENT)
+    array_id = submitted(stack, *args)
+    assert array_id.startswith("a-") and submitted(stack, *args) == array_id  # a retry: the same
+    elements = [f"{array_id}_{i}" for i in range(4)]
+    for element in elements[2:]:
+        until_running(stack, jobs, element)
+    for index, element in enumerate(elements[:2]):
+        assert state(wait_for_end(stack, jobs, element)) == "JOB_STATE_FINISHED"
+        shown = qm(stack, "alice", "logs", element).stdout
+        assert f"element {index} of {array_id} 4" in shown, shown
+
+    one = qm(stack, "alice", "cancel", elements[3])
+    assert one.returncode == 0, one.stderr
+    assert state(wait_for_end(stack, jobs, elements[3])) == "JOB_STATE_CANCELLED"
+    listed = qm(stack, "alice", "status", array_id)
+    assert listed.returncode == 0, listed.stderr
+    heading = f"array {array_id}: 4 elements: 1 CANCELLED, 2 FINISHED, 1 RUNNING"
+    assert listed.stdout.splitlines()[0] == heading, listed.stdout
+    detail = qm(stack, "alice", "status", elements[2]).stdout
+    assert f"{array_id}, element 2 of 4" in detail and "RUNNING" in detail, detail
+
+    whole = qm(stack, "alice", "cancel", array_id)
+    assert whole.returncode == 0, whole.stderr
+    assert f"cancel requested for 1 elements of {array_id}: {elements[2]}" in whole.stdout
+    assert state(wait_for_end(stack, jobs, elements[2])) == "JOB_STATE_CANCELLED"
+    again = qm(stack, "alice", "cancel", array_id)
+    assert again.returncode != 0 and "has already ended" in again.stderr, again.stderr
+    # One job waits for the whole array: it starts once every element has ended.
+    after = submitted(stack, "--after", f"{array_id}:any", "--", "true")
+    assert f"{array_id} (4 elements):any" in qm(stack, "alice", "status", after).stdout
+    assert state(wait_for_end(stack, jobs, after)) == "JOB_STATE_FINISHED"
 
 
 # Attempt 0 keeps a checkpoint on USR1 (without saying so: its warning runs out) and says

@@ -123,20 +123,3 @@ def test_an_update_gives_a_waiting_job_what_it_needs_to_start(
     assert wait_for_end(stack, jobs, job_id).spec.gpus == 1
     again = qm(stack, "alice", "update", job_id, "--gpus", "2")
     assert again.returncode == 1 and "only a batch job that waits can be updated" in again.stderr
-
-
-def test_an_array_submits_a_job_per_index_each_told_its_own(
-    stack: Stack, jobs: js_grpc.JobServiceStub
-) -> None:
-    script = "import os; print('index', os.environ['QM_ARRAY_INDEX'])"
-    args = ["submit", "--allocation", "vision", "--array", "0-2", "--", "python3", "-c", script]
-    submitted = qm(stack, "alice", *args)
-    assert submitted.returncode == 0, submitted.stderr
-    job_ids = submitted.stdout.splitlines()[0].split(":", 1)[1].split()  # then its protection
-    assert len(job_ids) == 3
-    for index, job_id in enumerate(job_ids):
-        wait_for_end(stack, jobs, job_id)
-        assert f"index {index}" in qm(stack, "alice", "logs", job_id).stdout
-    retried = qm(stack, "alice", *args[:-4], "--request-id", "same", *args[-4:])
-    again = qm(stack, "alice", *args[:-4], "--request-id", "same", *args[-4:])
-    assert retried.stdout.splitlines()[0] == again.stdout.splitlines()[0]  # the same jobs

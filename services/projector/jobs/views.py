@@ -1,10 +1,10 @@
-"""``GET /jobs/{job_id}`` -> ``qm.v1.Job``; ``GET /jobs?allocation=&owner=&state=&limit=``
--> ListJobsResponse.
+"""``GET /jobs/{job_id}`` -> ``qm.v1.Job``;
+``GET /jobs?allocation=&owner=&state=&array=&limit=`` -> ListJobsResponse.
 
-``allocation``, ``owner`` (who submitted) and ``state`` (a ``JobState`` name, repeatable)
-pick jobs; ``user=`` (and ``allocations=a&allocations=b``) keep the list to what that user
-may see: their own jobs and those of the allocations named (admission works them out
-from the tree)."""
+``allocation``, ``owner`` (who submitted), ``state`` (a ``JobState`` name, repeatable)
+and ``array`` (a job array's id: its elements) pick jobs; ``user=`` (and
+``allocations=a&allocations=b``) keep the list to what that user may see: their own jobs
+and those of the allocations named (admission works them out from the tree)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ class JobListView(web.View):
             states = frozenset(types_pb2.JobState.Value(name) for name in query.getall("state", []))
         except ValueError as exc:
             return self.error(400, str(exc))
-        where = JobFilter(query.get("allocation", ""), query.get("owner", ""), states)
+        where = JobFilter(
+            query.get("allocation", ""), query.get("owner", ""), states, query.get("array", "")
+        )
         user = query.get("user", "")
         scope = Scope(user, frozenset(query.getall("allocations", []))) if user else None
         jobs = list_jobs(where, limit=limit, scope=scope)

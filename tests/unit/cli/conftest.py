@@ -32,6 +32,8 @@ class RecordingJobs(js_grpc.JobServiceServicer):
         time.sleep(self.delay_s)
         if len(self.requests) <= self.failures:
             context.abort(self.fail_with, "projector unreachable")
+        if request.spec.HasField("array"):  # as admission names an array's elements
+            return js.SubmitJobResponse(job_id=f"a-1_{request.spec.array.index}")
         return js.SubmitJobResponse(job_id="j-1")
 
     def ListJobs(

@@ -84,5 +84,3 @@ def test_quiet_prints_the_job_id_alone_for_scripts(admission: Admission) -> None
     ):
         result = CliRunner().invoke(app, ["submit", *flags, "--", "x"], env=admission.env)
         assert (result.stdout, result.exit_code) == ("j-1\n", expected), result.output
-    array = ["submit", "--quiet", "--array", "0-2", "--", "x"]
-    assert CliRunner().invoke(app, array, env=admission.env).stdout == "j-1\nj-1\nj-1\n"

@@ -39,3 +39,12 @@ def test_an_unreadable_simulation_entry_stays_in_the_environment_for_validation(
 def test_a_fractional_contract_counts_as_the_next_whole_second() -> None:
     proto = types_pb2.JobSpec(min_runtime=Duration(seconds=1, nanos=1))
     assert spec_from_proto(proto).min_runtime_s == 2
+
+
+def test_an_array_element_travels_to_its_node_agent_without_changing_the_state_digest() -> None:
+    plain = job(1)
+    element = job(1, array=(4, 10))
+    proto = spec_to_proto(element)
+    assert (proto.array.index, proto.array.count) == (4, 10)
+    assert spec_from_proto(proto) == element and not spec_to_proto(plain).HasField("array")
+    assert element.fact == plain.fact  # how it runs, not how it is scheduled

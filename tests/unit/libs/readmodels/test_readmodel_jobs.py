@@ -678,6 +678,12 @@ def test_a_filter_picks_by_user_and_state_within_the_scope_never_beyond() -> Non
     assert newest_jobs(jobs, where=JobFilter(allocation="y"), scope=ada) == []
 
 
+def test_an_array_lists_its_elements_alone() -> None:
+    jobs = [_job(i, "x", T0) for i in ("a-1f_0", "a-1f_7", "a-1f0_1", "a-2_0", "j-1f")]
+    chosen = newest_jobs(jobs, where=JobFilter(array_id="a-1f"))
+    assert sorted(j.job_id for j in chosen) == ["a-1f_0", "a-1f_7"]
+
+
 def test_newest_jobs_default_limit_and_ties() -> None:
     jobs = [_job(f"j{i:03}", "x", T0) for i in range(150)]
     listed = newest_jobs(jobs, limit=0)

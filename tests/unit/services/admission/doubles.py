@@ -17,6 +17,7 @@ from libs.bus.memory import MemoryBus
 from libs.config.budget import tree_from_mapping
 from libs.core import Limits, PolicyConfig
 from libs.events import event_type
+from libs.readmodels import JobFilter, Scope, newest_jobs
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
 from services.admission.requests import RequestLog
@@ -76,6 +77,11 @@ class Projector:
 
     async def get_job(self, job_id: str) -> types_pb2.Job | None:
         return self.jobs.get(job_id)
+
+    async def list_jobs(
+        self, where: JobFilter, limit: int, scope: Scope | None = None
+    ) -> list[types_pb2.Job]:
+        return newest_jobs(self.jobs.values(), where=where, limit=limit, scope=scope)
 
     async def list_nodes(self, cluster: str = "") -> list[types_pb2.Node]:
         self.asked.append(cluster)

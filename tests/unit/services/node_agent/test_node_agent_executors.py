@@ -65,6 +65,14 @@ def test_task_environment_puts_the_agent_last() -> None:
     }
 
 
+def test_an_array_element_is_told_its_array_its_index_and_their_number() -> None:
+    task = placed("true", env={"QM_ARRAY_INDEX": "99"})  # the agent's word is last
+    task.job_id, task.task_id = "a-1f_4", "a-1f_4/0"
+    task.spec.array.index, task.spec.array.count = 4, 10
+    env = task_environment({}, task)
+    assert (env["QM_ARRAY_ID"], env["QM_ARRAY_INDEX"], env["QM_ARRAY_COUNT"]) == ("a-1f", "4", "10")
+
+
 async def test_process_exit_code_is_reported(tmp_path: Path) -> None:
     execution = await process_executor(tmp_path).start(placed(*python("import sys; sys.exit(3)")))
     assert execution.pid > 0
