@@ -158,7 +158,8 @@ def test_stdout_and_stderr_arrive_in_whole_lines_and_python_as_it_prints(
 def test_the_readmes_array_example_works_as_written(
     stack: Stack, jobs: js_grpc.JobServiceStub
 ) -> None:
-    """Each job writes into its working directory (its own scratch folder) and prints."""
+    """Each element writes into its working directory (its own scratch folder) and
+    prints."""
     line = next(
         line.strip()
         for line in (ROOT / "README.md").read_text().splitlines()
@@ -167,9 +168,9 @@ def test_the_readmes_array_example_works_as_written(
     args = shlex.split(line, comments=True)[1:]
     submitted = qm(stack, "bob", *args)  # bob has one allocation: the README names none
     assert submitted.returncode == 0, submitted.stderr
-    job_ids = submitted.stdout.splitlines()[0].split(":", 1)[1].split()  # then its protection
-    assert len(job_ids) == 10
-    for index, job_id in enumerate(job_ids):
+    array_id = submitted.stdout.split()[2].rstrip(":")  # submitted array a-…: 10 jobs, …
+    assert submitted.stdout.startswith(f"submitted array {array_id}: 10 jobs, {array_id}_0 …")
+    for index, job_id in enumerate(f"{array_id}_{i}" for i in range(10)):
         request = js.GetJobRequest(job_id=job_id)
         wait_for_end(stack, jobs, job_id)
         ended = jobs.GetJob(request, metadata=stack.auth("bob")).job
