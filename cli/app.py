@@ -527,7 +527,8 @@ def cancel(job_id: str) -> None:
         reply = conn.call(conn.admission, _jobs(conn).CancelJob, request)
         if reply.cancelled:
             console.print(
-                f"cancel requested for {len(reply.cancelled)} elements of {job_id}: "
+                f"cancel requested for {len(reply.cancelled)} "
+                f"{render.elements_word(len(reply.cancelled))} of {job_id}: "
                 + " ".join(reply.cancelled),
                 highlight=False,
             )

@@ -184,8 +184,13 @@ def array(array_id: str, elements: list[types_pb2.Job], *, whole: bool = True) -
     counts = ", ".join(f"{n} {name}" for name, n in sorted(states.items()))
     short = whole and len(elements) < submitted
     seen = f"{len(elements)} of {submitted}" if short else str(len(elements))
-    heading = f"array {array_id}: {seen} elements" + (f": {counts}" if counts else "")
+    heading = f"array {array_id}: {seen} {elements_word(submitted if short else len(elements))}"
+    heading += f": {counts}" if counts else ""
     return Group(heading, jobs_table(elements))
+
+
+def elements_word(count: int) -> str:
+    return "element" if count == 1 else "elements"
 
 
 def _where(job: types_pb2.Job) -> str:
@@ -272,7 +277,7 @@ def _after(spec: types_pb2.JobSpec) -> str:
         word = _CONDITION_WORDS.get(condition, "ok")
         named = [d.job_id for d in group]
         if array_id is not None and len(named) > 1:
-            words.append(f"{array_id} ({len(named)} elements):{word}")
+            words.append(f"{array_id} ({len(named)} {elements_word(len(named))}):{word}")
         else:
             words += [f"{job_id}:{word}" for job_id in named]
     return ", ".join(words)

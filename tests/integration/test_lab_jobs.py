@@ -151,7 +151,7 @@ def test_an_array_is_one_id_and_status_and_cancel_take_it_whole_or_one_element(
 
     whole = qm(stack, "alice", "cancel", array_id)
     assert whole.returncode == 0, whole.stderr
-    assert f"cancel requested for 1 elements of {array_id}: {elements[2]}" in whole.stdout
+    assert f"cancel requested for 1 element of {array_id}: {elements[2]}" in whole.stdout
     assert state(wait_for_end(stack, jobs, elements[2])) == "JOB_STATE_CANCELLED"
     again = qm(stack, "alice", "cancel", array_id)
     assert again.returncode != 0 and "has already ended" in again.stderr, again.stderr
