@@ -712,12 +712,16 @@ def budget_usage(output: OutputFlag = Format.TABLE) -> None:
     the GPUs its charged (allocated: minimum runtime > 0) work held; free (unallocated)
     work is delivered too but owed to nobody, shown apart. DELIVERED/OWED is the share
     of owed delivered ("-": nothing was owed); the table's caption gives the target
-    (target_pct).
+    (target_pct) and the headline: the worst team among those owed at least 0.1% of the
+    cluster's GPU-hours, Σ min(delivered, owed) ÷ Σ owed over every team, and the teams
+    under that floor apart (marked "small team").
 
     -o json|yaml: a qm.v1.GetUsageResponse: {"window", "covered", "as_of", "target_pct",
     "allocations": [{"allocation", "entitlement", "owed_gpu_hours",
-    "allocated_gpu_hours", "unallocated_gpu_hours", "delivered_pct"}]}; delivered_pct is
-    absent when nothing was owed.
+    "allocated_gpu_hours", "unallocated_gpu_hours", "delivered_pct", "small"}],
+    "headline": {"owed_delivered_min_pct", "owed_delivered_weighted_pct",
+    "owed_small_teams": {"count", "owed_pct", "min_pct"}}}; a percentage is absent when
+    nothing was owed.
     """
     with _rpc() as conn:
         stub = _budget(conn)

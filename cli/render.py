@@ -370,6 +370,25 @@ def tree_table(
     return table
 
 
+def _headline_line(h: budget_service_pb2.ServiceHeadline) -> str:
+    """The worst team over the floor, the weighted figure, and the small teams apart."""
+    worst = _pct_or_dash(h.owed_delivered_min_pct if h.HasField("owed_delivered_min_pct") else None)
+    weighted = h.owed_delivered_weighted_pct if h.HasField("owed_delivered_weighted_pct") else None
+    line = f"worst team: {worst}; weighted: {_pct_or_dash(weighted)}"
+    small = h.owed_small_teams
+    if small.count:
+        least = small.min_pct if small.HasField("min_pct") else None
+        line += (
+            f"; small teams (owed under 0.1% of the cluster's GPU-hours): {small.count}, "
+            f"{small.owed_pct:.2f}% of owed, worst {_pct_or_dash(least)}"
+        )
+    return line
+
+
+def _pct_or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
 def usage_table(usage: budget_service_pb2.GetUsageResponse) -> Table:
     """``qm budget usage``: owed against delivered GPU-hours, one allocation a row."""
     window, covered = (round(wire_time.seconds(d)) for d in (usage.window, usage.covered))
@@ -380,13 +399,18 @@ def usage_table(usage: budget_service_pb2.GetUsageResponse) -> Table:
         "ALLOCATION", "ENTITLED", "OWED GPU-H", "DELIVERED GPU-H", "FREE GPU-H", "DELIVERED/OWED"
     )
     end = f", to {when(usage.as_of)} UTC" if usage.as_of.seconds else " (the log is empty)"
-    table.caption = f"over the last {span}{end}; target: {usage.target_pct:g}% of owed delivered"
+    table.caption = (
+        f"over the last {span}{end}; target: {usage.target_pct:g}% of owed delivered\n"
+        + _headline_line(usage.headline)
+    )
     for level in usage.allocations:
         owed = level.owed_gpu_hours
         pct = level.delivered_pct if level.HasField("delivered_pct") else None
         shown = "-" if pct is None else f"{pct:.1f}%"
-        if pct is not None and pct < usage.target_pct:
+        if pct is not None and pct < usage.target_pct and not level.small:
             shown = f"[yellow]{shown}[/]"
+        if level.small:
+            shown += " (small team)"
         table.add_row(
             level.allocation,
             f"{level.entitlement:.1%}",

@@ -4,6 +4,12 @@ service-level definitions the simulator's report and the live console share.
 * Owed: an allocation with ``entitled_gpus`` (its entitlement times the capacity) is owed
   ``min(entitled_gpus, demand)`` GPUs at every moment, where demand is the GPUs its charged
   work holds plus those its charged waiting work asks for; delivered is what it holds.
+* The headline over many allocations (``headline``): the worst delivered ÷ owed over
+  those owed at least ``SMALL_TEAM_OWED_FRACTION`` of the cluster's GPU-time in the
+  window; the smaller ones reported apart (how many, their share of all owed, their
+  worst), never dropped silently; and Σ min(delivered, owed) ÷ Σ owed over everyone.
+  A team owed a few seconds of work gets r ÷ (w + r) of it, whatever the policy: the
+  floor keeps such a team from being the headline (issue 19's decision).
 * Slowdown: completion time over run time, the run time at least ``SLOWDOWN_FLOOR_S`` so
   that a short job's slowdown is not inflated by seconds of waiting. A workflow's, as
   Compass measures it: its latency over its best case (``Workflow.best_case_ms``).
@@ -11,10 +17,58 @@ service-level definitions the simulator's report and the live console share.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 # Owed delivered at or above this, for every allocation owed anything: the target the
 # simulator's report judges every trace by, and the line the console draws.
 TARGET_DELIVERED_PCT = 97.0
 SLOWDOWN_FLOOR_S = 10.0
+# An allocation owed less than this share of the cluster's GPU-time over the measured
+# window (or day) is a small team: reported apart from the worst team's figure.
+SMALL_TEAM_OWED_FRACTION = 0.001
+
+
+@dataclass(frozen=True)
+class SmallTeams:
+    """The allocations under the floor: how many, their share of everything owed (in
+    percent), and the worst delivered ÷ owed among them (None: none)."""
+
+    count: int = 0
+    owed_pct: float = 0.0
+    min_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What every report leads with (``headline``)."""
+
+    min_pct: float | None  # the worst delivered ÷ owed over the teams at the floor or above
+    weighted_pct: float | None  # Σ min(delivered, owed) ÷ Σ owed, over every team
+    small_teams: SmallTeams
+
+
+def small_team(owed: float, capacity: float) -> bool:
+    """Whether an allocation owed ``owed`` is under the floor of ``capacity``, the
+    cluster's GPU-time over the same stretch (in the same unit); owed nothing, it is none."""
+    return 0 < owed < SMALL_TEAM_OWED_FRACTION * capacity
+
+
+def headline(levels: Iterable[tuple[float, float]], capacity: float) -> Headline:
+    """The headline of allocations' (owed, delivered), in the unit of ``capacity``: the
+    cluster's GPU-time over the same stretch. None where nothing was owed."""
+    owed = [(o, d) for o, d in levels if o > 0]
+    small = [(o, d) for o, d in owed if small_team(o, capacity)]
+    total = sum(o for o, _ in owed)
+    return Headline(
+        min_pct=min((100 * d / o for o, d in owed if not small_team(o, capacity)), default=None),
+        weighted_pct=100 * sum(min(o, d) for o, d in owed) / total if total else None,
+        small_teams=SmallTeams(
+            count=len(small),
+            owed_pct=100 * sum(o for o, _ in small) / total if total else 0.0,
+            min_pct=min((100 * d / o for o, d in small), default=None),
+        ),
+    )
 
 
 def owed_gpus(entitled_gpus: float, held: int, asked: int) -> float:

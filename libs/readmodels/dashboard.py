@@ -8,12 +8,18 @@ admission applies to ``ListJobs``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from qm.v1 import types_pb2
 
-from libs.core.service_level import TARGET_DELIVERED_PCT, workflow_slowdown
+from libs.core.service_level import (
+    SMALL_TEAM_OWED_FRACTION,
+    TARGET_DELIVERED_PCT,
+    small_team,
+    workflow_slowdown,
+)
 from libs.events.convert import workflow_from_proto
 from libs.readmodels.jobs import Scope
 from libs.readmodels.occupancy import WAITING, Gpus, Timeline, holdings, moment
@@ -57,6 +63,7 @@ def dashboard(
         "occupancy": _occupancy(timeline, nodes),
         "nodes": _nodes(nodes, {job.job_id: job for job in jobs}),
         "allocations": _allocations(timeline, entitlements, scope),
+        "headline": _headline(timeline, scope),
         "target_pct": TARGET_DELIVERED_PCT,
         "window_s": timeline.window_s,
         "span_s": timeline.span_s,
@@ -138,10 +145,23 @@ def _allocations(
             "delivered_gpu_s": account.delivered,
             "free_gpu_s": account.free,
             "delivered_pct": account.delivered_pct,
+            "small": small_team(account.owed, timeline.capacity_gpu_s),
         }
         for name, account in timeline.accounts().items()
         if scope is None or name in scope.allocations
     ]
+
+
+def _headline(timeline: Timeline, scope: Scope | None) -> Json:
+    """The service-level headline over the allocations shown, as metrics.json names it."""
+    names = [n for n in timeline.accounts() if scope is None or n in scope.allocations]
+    h = timeline.headline(names)
+    return {
+        "owed_delivered_min_pct": h.min_pct,
+        "owed_delivered_weighted_pct": h.weighted_pct,
+        "owed_small_teams": dataclasses.asdict(h.small_teams),
+        "small_team_owed_pct": 100 * SMALL_TEAM_OWED_FRACTION,
+    }
 
 
 def _waiting(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:

@@ -28,7 +28,7 @@ from itertools import groupby
 
 from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
-from libs.core.service_level import TARGET_DELIVERED_PCT
+from libs.core.service_level import TARGET_DELIVERED_PCT, Headline, small_team
 from libs.events import event_type, occurred_at
 from libs.events.wire_time import duration
 from libs.readmodels.jobs import Scope
@@ -328,9 +328,12 @@ def service_levels(
     )
     reply.as_of.FromNanoseconds(round(ledger.played_at * 1e9))
     accounts = timeline.accounts()
-    for name in sorted(accounts.keys() | entitlements.keys()):  # each, even before any record
-        if scope is not None and name not in scope.allocations:
-            continue
+    names = [  # each, even before any record
+        name
+        for name in sorted(accounts.keys() | entitlements.keys())
+        if scope is None or name in scope.allocations
+    ]
+    for name in names:
         account = accounts.get(name, Account())
         level = reply.allocations.add(
             allocation=name,
@@ -338,7 +341,20 @@ def service_levels(
             owed_gpu_hours=account.owed / 3600,
             allocated_gpu_hours=account.delivered / 3600,
             unallocated_gpu_hours=account.free / 3600,
+            small=small_team(account.owed, timeline.capacity_gpu_s),
         )
         if account.delivered_pct is not None:
             level.delivered_pct = account.delivered_pct
+    reply.headline.CopyFrom(_headline(timeline.headline(names)))
     return reply
+
+
+def _headline(h: Headline) -> budget_service_pb2.ServiceHeadline:
+    small = budget_service_pb2.SmallTeams(
+        count=h.small_teams.count, owed_pct=h.small_teams.owed_pct, min_pct=h.small_teams.min_pct
+    )
+    return budget_service_pb2.ServiceHeadline(
+        owed_delivered_min_pct=h.min_pct,
+        owed_delivered_weighted_pct=h.weighted_pct,
+        owed_small_teams=small,
+    )

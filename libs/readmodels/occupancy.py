@@ -22,7 +22,7 @@ from typing import NamedTuple
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
-from libs.core.service_level import owed_gpus
+from libs.core.service_level import Headline, headline, owed_gpus
 from libs.events.convert import spec_from_proto
 from libs.events.envelope import timestamp_seconds
 
@@ -218,6 +218,7 @@ class Account:
 class _Bucket:
     start: float
     accounts: dict[str, Account] = field(default_factory=dict)
+    capacity: float = 0.0  # GPU-seconds of the nodes up
 
 
 class Timeline:
@@ -261,6 +262,19 @@ class Timeline:
                 total.setdefault(name, Account()).add(account)
         return dict(sorted(total.items()))
 
+    def headline(self, names: Iterable[str]) -> Headline:
+        """The service-level headline (``libs.core.service_level.headline``) over the
+        allocations ``names``, against the cluster's GPU-seconds over the same stretch."""
+        accounts = self.accounts()
+        chosen = (accounts[name] for name in names if name in accounts)
+        return headline(((a.owed, a.delivered) for a in chosen), self.capacity_gpu_s)
+
+    @property
+    def capacity_gpu_s(self) -> float:
+        """The GPU-seconds of the nodes up over the window (as far as the timeline has
+        seen): what a small team's floor is a share of."""
+        return sum(bucket.capacity for bucket in self._buckets)
+
     @property
     def span_s(self) -> float:
         """How much of the window the accounts cover."""
@@ -274,6 +288,7 @@ class Timeline:
             bucket = self._bucket(since)
             end = min(until, bucket.start + self._bucket_s)
             dt = end - since
+            bucket.capacity += state.capacity * dt
             for name in self._entitled.keys() | state.held.keys() | state.asked.keys():
                 held, asked = state.held.get(name, 0), state.asked.get(name, 0)
                 account = bucket.accounts.setdefault(name, Account())

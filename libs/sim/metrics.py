@@ -13,8 +13,11 @@ statistics cover the jobs submitted in the window.
   ever run is not counted: no scheduler could have served it). It is *owed* min(e·C, demand) at
   every moment, and *delivered* the GPUs its charged work holds. Free
   (unallocated) work is neither owed nor delivered; it is reported apart.
-  The headline is the worst delivered ÷ owed over every allocation owed
-  anything, over the window and per day of it. An allocation has *enough
+  The headline (``libs.core.service_level.headline``) is the worst delivered ÷
+  owed over the allocations owed at least 0.1 % of the cluster's GPU-time, over
+  the window and per day of it (the floor taken per day); the smaller ones are
+  reported apart (``owed_small_teams``), and Σ min(delivered, owed) ÷ Σ owed over
+  everyone beside it (``owed_delivered_weighted_pct``). An allocation has *enough
   demand* when its demand is at least e·C for at least ``enough_demand``
   (default half) of the window; the minimum over those alone is kept too, as
   a figure that can hide a team with little demand.
@@ -37,7 +40,7 @@ import numpy as np
 
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
-from libs.core.service_level import owed_gpus, slowdown
+from libs.core.service_level import SmallTeams, headline, owed_gpus, slowdown
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
@@ -129,8 +132,10 @@ class Metrics:
     occupancy_pct: float
     # Occupancy against what could be held: min(capacity, held + asked for).
     occupancy_of_demand_pct: float
-    owed_delivered_min_pct: float | None  # over every allocation owed anything
-    owed_delivered_min_pct_by_day: tuple[float | None, ...]
+    owed_delivered_min_pct: float | None  # over the allocations at the floor or above
+    owed_delivered_min_pct_by_day: tuple[float | None, ...]  # the floor taken per day
+    owed_delivered_weighted_pct: float | None  # over every allocation
+    owed_small_teams: SmallTeams  # those under the floor
     owed_delivered_min_enough_demand_pct: float | None  # over those with enough demand
     allocations: tuple[AllocationMetrics, ...]
     waits: dict[str, Distribution]  # by work class, and "all"
@@ -254,6 +259,9 @@ class Recorder(Observer):
         span = max(self.end - self.start, 1e-9)
         allocations = tuple(self._allocation(name, a, span) for name, a in self._accounts.items())
         enough = [a.delivered_pct for a in allocations if a.enough_demand]
+        whole = headline(
+            ((a.owed_gpu_h, a.delivered_gpu_h) for a in allocations), self.capacity * span / 3600
+        )
         outcomes = [job for job in jobs if job.sim.at >= self.start]
         sized: dict[str, list[Job]] = {size: [] for size in SIZES}
         for job in outcomes:
@@ -268,11 +276,19 @@ class Recorder(Observer):
             occupancy_of_demand_pct=100 * self._busy_area / self._demand_area
             if self._demand_area
             else 100.0,
-            owed_delivered_min_pct=_least(a.delivered_pct for a in allocations),
+            owed_delivered_min_pct=whole.min_pct,
             owed_delivered_min_pct_by_day=tuple(
-                _least(day)
-                for day in zip(*(a.delivered_pct_by_day for a in allocations), strict=True)
+                headline(
+                    (
+                        (a.owed_gpu_h_by_day[day], a.delivered_gpu_h_by_day[day])
+                        for a in allocations
+                    ),
+                    self.capacity * self._day_s(day) / 3600,
+                ).min_pct
+                for day in range(self._days)
             ),
+            owed_delivered_weighted_pct=whole.weighted_pct,
+            owed_small_teams=whole.small_teams,
             owed_delivered_min_enough_demand_pct=_least(enough),
             allocations=allocations,
             waits=_by_class(outcomes, lambda j: _wait(j, self.end)),
@@ -298,6 +314,11 @@ class Recorder(Observer):
             inputs=inputs,
             series=self._series,
         )
+
+    def _day_s(self, day: int) -> float:
+        """How long day ``day`` of the window is (the last may be short)."""
+        since = self.start + day * DAY
+        return max(0.0, min(self.end, since + DAY) - since)
 
     def _new_account(self, entitled_gpus: float) -> _Account:
         return _Account(entitled_gpus, [0.0] * self._days, [0.0] * self._days, since=self._now)

@@ -12,7 +12,7 @@ from typing import Any
 
 from libs.core.config import PolicyConfig
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S
-from libs.core.service_level import TARGET_DELIVERED_PCT
+from libs.core.service_level import SMALL_TEAM_OWED_FRACTION, TARGET_DELIVERED_PCT
 from libs.sim.driver import SimSettings
 from libs.sim.metrics import CLASSES, SIZES, AllocationMetrics, Metrics
 from libs.sim.scenario import Scenario
@@ -57,6 +57,14 @@ def _worst_day(m: Metrics) -> str:
     )
 
 
+def _small_teams(m: Metrics) -> str:
+    """The teams under the headline's floor: how many, their share of owed, their worst."""
+    small = m.owed_small_teams
+    if not small.count:
+        return "none"
+    return f"{small.count} ({small.owed_pct:.2f}% of owed; worst {_percent(small.min_pct)})"
+
+
 def _sizes(m: Metrics) -> str:
     return " · ".join(f"{k}: {_percent(v, 0)}" for k, v in m.started_pct_by_size.items())
 
@@ -64,6 +72,8 @@ def _sizes(m: Metrics) -> str:
 SUMMARY: Columns[Metrics] = (
     ("policy", lambda m: m.policy),
     ("owed delivered, worst team", lambda m: _percent(m.owed_delivered_min_pct)),
+    ("weighted", lambda m: _percent(m.owed_delivered_weighted_pct)),
+    ("small teams", _small_teams),
     ("worst day", _worst_day),
     ("occupancy", lambda m: f"{m.occupancy_pct:.1f}%"),
     ("debug p90 wait", lambda m: duration(m.waits["debug"].p90)),
@@ -199,12 +209,16 @@ def summary_markdown(
         "",
         *markdown_table(*table(SUMMARY, results)),
         "",
-        f"Targets: owed delivered ≥ {TARGET_DELIVERED_PCT:.0f}% for every team owed anything, "
+        f"Targets: owed delivered ≥ {TARGET_DELIVERED_PCT:.0f}% for every team owed at "
+        f"least {SMALL_TEAM_OWED_FRACTION:.1%} of the cluster's GPU-hours (*worst team*; "
+        "the teams under that floor are *small teams*: how many, their share of all owed, "
+        "and their worst), "
         f"occupancy ≥ {TARGET_OCCUPANCY_PCT:.0f}%, debug p90 wait ≤ "
         f"{TARGET_DEBUG_P90_S:.0f} s, lost GPU-hours ≤ {TARGET_LOST_PCT:.0f}% of capacity, every "
         f"size class that fits starting ≥ {TARGET_SIZE_RATE:.0%} as often as single-GPU jobs, "
-        f"and ≤ {TARGET_SIM_CPU_S:.0f} s of simulator CPU. *Worst day*: the lowest owed "
-        "delivered of any team on any day.",
+        f"and ≤ {TARGET_SIM_CPU_S:.0f} s of simulator CPU. *Weighted*: Σ min(delivered, "
+        "owed) ÷ Σ owed over every team. *Worst day*: the lowest owed delivered of any team "
+        "on any day, the floor taken per day.",
         "",
         *[f"- {m.policy}: {_verdict(m)}" for m in results],
         *_easy_note(workload, results),
@@ -217,8 +231,12 @@ def summary_markdown(
         " holds plus GPUs its waiting charged work asks for, if the cluster could ever run it.",
         "- **Owed** = ∫ min(entitlement × GPUs, demand) dt; **delivered** = ∫ GPUs its charged"
         " work holds dt, over the window. Owed delivered % = delivered ÷ owed (above 100% when"
-        " a team used what others left idle). The summary shows the minimum over every team"
-        " owed anything, over the window and (worst day) per day of it.",
+        " a team used what others left idle). The summary shows the minimum over the teams"
+        f" owed at least {SMALL_TEAM_OWED_FRACTION:.1%} of GPUs × window"
+        " (`owed_delivered_min_pct`),"
+        " over the window and (worst day) per day of it, with the floor taken per day; the"
+        " teams under it apart (`owed_small_teams`: count, share of all owed, worst); and"
+        " Σ min(delivered, owed) ÷ Σ owed over every team (`owed_delivered_weighted_pct`).",
         f"- **Enough demand**: demand ≥ entitlement × GPUs for at least "
         f"{st.enough_demand:.0%} of the window (marked * below; the minimum over those teams"
         " alone is `owed_delivered_min_enough_demand_pct` in metrics.json).",

@@ -258,6 +258,7 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     values = legend(browser, A100_CHART)
     assert values[1:] == ["8", "0", "8"] and "--" not in values  # busy, idle, capacity
     assert {"vision", "nlp"} <= first_column(browser, "allocations-rows")
+    assert "Worst team: " in text(browser, "allocations-note")  # the headline, under its floor
     time.sleep(3)  # a few more samples on the occupancy chart, for the picture
     browser.save_screenshot(str(shots / "console-overview.png"))
     assert errors(browser) == []

@@ -75,3 +75,19 @@ def test_usage_shows_the_share_of_owed_delivered_and_the_window() -> None:
     assert cells == ["vision", "60.0%", "10.00", "8.50", "1.25", "85.0%"]
     nlp = next(line for line in shown.splitlines() if "nlp" in line)
     assert nlp.split("│")[-2].strip() == "-"
+
+
+def test_usage_leads_with_the_worst_team_over_the_floor_and_shows_small_teams_apart() -> None:
+    usage = budget_service_pb2.GetUsageResponse(window=duration(86400), target_pct=97)
+    usage.allocations.add(allocation="vision", owed_gpu_hours=10, delivered_pct=96)
+    usage.allocations.add(allocation="tiny", owed_gpu_hours=0.001, delivered_pct=0, small=True)
+    usage.headline.owed_delivered_min_pct = 96
+    usage.headline.owed_delivered_weighted_pct = 95.99
+    usage.headline.owed_small_teams.count = 1
+    usage.headline.owed_small_teams.owed_pct = 0.01
+    usage.headline.owed_small_teams.min_pct = 0
+    shown = text(render.usage_table(usage))
+    assert "worst team: 96.0%; weighted: 96.0%; small teams (owed under 0.1% of the" in shown
+    assert "1, 0.01% of owed, worst 0.0%" in shown
+    tiny = next(line for line in shown.splitlines() if "tiny" in line)
+    assert tiny.split("│")[-2].strip() == "0.0% (small team)"

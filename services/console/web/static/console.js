@@ -167,15 +167,33 @@ function drawTarget(u) {
   ctx.restore();
 }
 
+// The headline: the worst team over the floor, the weighted figure, the small teams apart.
+function headlineText(h) {
+  let text =
+    `Worst team: ${percent(h.owed_delivered_min_pct)}; ` +
+    `weighted (Σ min(delivered, owed) ÷ Σ owed): ${percent(h.owed_delivered_weighted_pct)}.`;
+  const small = h.owed_small_teams;
+  if (small.count) {
+    text +=
+      ` Small teams (owed under ${h.small_team_owed_pct}% of the cluster's GPU-hours), ` +
+      `shown apart below the line: ${small.count}, ${small.owed_pct.toFixed(2)}% of owed, ` +
+      `worst ${percent(small.min_pct)}.`;
+  }
+  return text;
+}
+
 function renderAllocations(view) {
-  const rows = view.allocations;
+  // Small teams are listed after the others and left out of the chart.
+  const small = view.allocations.filter((a) => a.small);
+  const rows = [...view.allocations.filter((a) => !a.small), ...small];
+  const charted = rows.filter((a) => !a.small);
   target = view.target_pct;
   const window = duration(view.window_s);
   $("allocations-note").textContent =
     `Over the last ${duration(view.span_s)} of the ${window} ` +
     `lookback window; owed = min(entitlement × capacity, demand). ` +
-    `Target: ${view.target_pct}% (dashed red line).`;
-  const names = rows.map((a) => a.allocation);
+    `Target: ${view.target_pct}% (dashed red line). ${headlineText(view.headline)}`;
+  const names = charted.map((a) => a.allocation);
   const xs = names.map((_, i) => i);
   chart(
     "delivered-chart",
@@ -200,12 +218,12 @@ function renderAllocations(view) {
       // Labels only: one value per bar, which the table lists (no "--" when not hovered).
       legend: { live: false },
     },
-    [xs, rows.map((a) => a.delivered_pct)],
+    [xs, charted.map((a) => a.delivered_pct)],
   );
   fill(
     "allocations-rows",
     rows.map((a) => [
-      a.allocation,
+      a.small ? `${a.allocation} (small team)` : a.allocation,
       `${(100 * a.entitlement).toFixed(1)}%`,
       hours(a.owed_gpu_s),
       hours(a.delivered_gpu_s),

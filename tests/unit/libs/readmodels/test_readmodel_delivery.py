@@ -170,6 +170,32 @@ def test_the_report_is_cut_to_the_callers_allocations_in_hours() -> None:
     assert [level.allocation for level in member.allocations] == ["b"]
 
 
+def test_a_team_owed_under_the_floor_is_reported_apart_from_the_worst_team() -> None:
+    a, c = spec("a", 4), spec("c", 1)
+    records = [
+        registered("n1", gpus=8, at=T0),  # 16,000 GPU-seconds in 2,000 s: a floor of 16
+        *submit("ja", a, 0),
+        placed("ja", a, 0),
+        *submit("jc", c, 1990),  # c waits 10 s for one GPU: owed 10, under the floor
+        tick(T0 + 2000),
+    ]
+    usage = service_levels(fold(records), {"a": 0.5, "c": 0.5}, None)
+    assert [(level.allocation, level.small) for level in usage.allocations] == [
+        ("a", False),
+        ("c", True),
+    ]
+    headline = usage.headline
+    assert headline.owed_delivered_min_pct == pytest.approx(100.0)
+    assert headline.owed_delivered_weighted_pct == pytest.approx(100 * 8000 / 8010)
+    small = headline.owed_small_teams
+    assert (small.count, small.min_pct) == (1, 0.0)
+    assert small.owed_pct == pytest.approx(100 * 10 / 8010)
+    # A member of c alone sees c's headline: nobody at the floor, one small team.
+    mine = service_levels(fold(records), {"a": 0.5, "c": 0.5}, Scope("ada", frozenset({"c"})))
+    assert not mine.headline.HasField("owed_delivered_min_pct")
+    assert mine.headline.owed_small_teams.count == 1
+
+
 def test_what_ended_before_the_window_is_forgotten() -> None:
     job = spec("a", 1)
     records = [registered("n1", gpus=4, at=T0)]

@@ -162,6 +162,15 @@ def test_a_user_sees_cluster_figures_but_only_jobs_and_allocations_in_scope() ->
     assert {w["job_id"] for w in everyone["waiting"]} == {"mine", "theirs"}
     assert [a["allocation"] for a in everyone["allocations"]] == ["nlp", "vision"]
     assert everyone["sees_all"] and not alice["sees_all"]
+    # The headline over the allocations shown: vision waits for all it is owed.
+    assert [a["small"] for a in everyone["allocations"]] == [False, False]
+    assert everyone["headline"]["owed_delivered_min_pct"] == 0.0
+    assert everyone["headline"]["owed_small_teams"] == {
+        "count": 0,
+        "owed_pct": 0.0,
+        "min_pct": None,
+    }
+    assert alice["headline"]["owed_delivered_weighted_pct"] == 0.0
 
 
 def timed(

@@ -62,7 +62,7 @@ def test_free_work_is_neither_owed_nor_delivered() -> None:
     assert m.occupancy_pct == 100.0
 
 
-def test_the_headline_counts_every_team_owed_anything_and_each_day() -> None:
+def test_the_headline_counts_every_team_owed_enough_and_each_day() -> None:
     day = 86_400.0
     rec = Recorder(capacity=10, entitlements={"a": 0.5, "b": 0.5}, start=0.0, end=2.5 * day)
     rec.held(spec(5, allocation="a"), 5)  # a has what it is owed throughout
@@ -77,6 +77,23 @@ def test_the_headline_counts_every_team_owed_anything_and_each_day() -> None:
     assert m.owed_delivered_min_pct == pytest.approx(100 * 1.0 / 2.5)
     assert b.owed_gpu_h_by_day == pytest.approx((48.0, 48.0, 24.0))
     assert m.owed_delivered_min_pct_by_day == pytest.approx((0.0, 50.0, 100.0))
+
+
+def test_a_team_owed_under_the_floor_is_reported_apart_and_counted_in_the_weighted() -> None:
+    day = 86_400.0
+    rec = Recorder(capacity=1000, entitlements={"a": 0.5, "b": 0.5}, start=0.0, end=day)
+    rec.held(spec(500, allocation="a"), 500)  # a has what it is owed throughout
+    rec.waiting(spec(1, allocation="b"), 1)  # b waits 60 s for one GPU, and never gets it
+    rec.advance(60.0)
+    rec.waiting(spec(1, allocation="b"), -1)
+    m = rec.finish([], "test", inputs=0)
+    # b is owed 60 GPU-seconds of 86.4 M: under 0.1 %, so a alone is the worst team.
+    assert m.owed_delivered_min_pct == pytest.approx(100.0)
+    assert m.owed_delivered_min_pct_by_day == pytest.approx((100.0,))
+    small = m.owed_small_teams
+    assert (small.count, small.min_pct) == (1, 0.0)
+    assert small.owed_pct == pytest.approx(100 * 60 / (500 * day + 60))
+    assert m.owed_delivered_weighted_pct == pytest.approx(100 * 500 * day / (500 * day + 60))
 
 
 def test_start_rates_and_waits_by_size_count_the_jobs_that_fit() -> None:

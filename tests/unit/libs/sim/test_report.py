@@ -50,12 +50,14 @@ def test_the_cli_writes_metrics_summary_and_plots(tmp_path: Path) -> None:
     assert all(p["jobs"]["rejected"] == 24 for p in data["policies"].values())
     summary = (out / "summary.md").read_text()
     assert "- CPU-only jobs: **24** of 120 (20%" in summary
-    assert "| policy | owed delivered, worst team | worst day |" in summary
+    assert "| policy | owed delivered, worst team | weighted | small teams | worst day |" in summary
     assert all(f"| {name} |" in summary for name in ("budget", "priority", "fifo", "easy"))
     assert "## Start rate and wait by job size" in summary
     headline = data["policies"]["easy"]
     assert list(headline["started_pct_by_size"]) == ["1", "2-8", "9-64", ">64"]
     assert {"owed_delivered_min_pct_by_day", "lost_gpu_h_pct", "sim_cpu_s"} <= set(headline)
+    assert set(headline["owed_small_teams"]) == {"count", "owed_pct", "min_pct"}
+    assert "owed_delivered_weighted_pct" in headline
     plots = sorted(p.name for p in (out / "plots").iterdir())
     assert plots == [
         "jct.png",
