@@ -14,7 +14,7 @@ from pydantic import Field, Strict, StringConstraints, model_validator
 from libs.config.document import FileModel, read_document, validate
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mapping import ContractRules
-from libs.sim.scenario import Scenario, Trace
+from libs.sim.scenario import Scenario, Targets, Trace
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 Share = Annotated[float, Field(ge=0, le=1)]
@@ -40,6 +40,20 @@ class ContractsEntry(FileModel):
     ] = Field(default_factory=lambda: list(_RULES.priority_shares))
 
 
+_TARGETS = Targets()
+Percent = Annotated[float, Field(ge=0)]
+
+
+class TargetsEntry(FileModel):
+    worst_team_pct: Percent = _TARGETS.worst_team_pct
+    weighted_pct: Percent = _TARGETS.weighted_pct
+    occupancy_pct: Percent | None = _TARGETS.occupancy_pct  # null: not judged
+    debug_p90_s: Annotated[float, Field(ge=0)] = _TARGETS.debug_p90_s
+    lost_pct: Percent = _TARGETS.lost_pct
+    size_rate: Share = _TARGETS.size_rate
+    sim_cpu_s: Annotated[float, Field(gt=0)] = _TARGETS.sim_cpu_s
+
+
 class ScenarioFile(FileModel):
     trace: Trace
     path: Text
@@ -51,6 +65,8 @@ class ScenarioFile(FileModel):
     start_s: float | None = None
     end_s: float | None = None
     warmup_s: Annotated[float, Field(ge=0)] = 0.0
+    # What its class of workload is judged by (the report's verdicts).
+    targets: TargetsEntry = TargetsEntry()
 
     @model_validator(mode="after")
     def _window(self) -> ScenarioFile:
@@ -78,4 +94,5 @@ def load_scenario(path: Path) -> Scenario:
         start_s=file.start_s,
         end_s=file.end_s,
         warmup_s=file.warmup_s,
+        targets=Targets(**file.targets.model_dump()),
     )

@@ -42,6 +42,24 @@ PARSERS: dict[Trace, Callable[[Iterable[str]], list[RawJob]]] = {
 
 
 @dataclass(frozen=True)
+class Targets:
+    """What a run of a scenario's class of workload is judged by, the same defaults for
+    every policy: the worst team (owed at or above the floor, ``service_level.headline``)
+    and the weighted figure, in percent of owed; occupancy (None: not judged, for a load
+    that cannot fill the cluster); the debug work's p90 wait; the work preemption threw
+    away, in percent of capacity; the start rate of every size class that fits, against
+    the single-GPU jobs'; and the simulator's CPU time."""
+
+    worst_team_pct: float = 95.0
+    weighted_pct: float = 98.0
+    occupancy_pct: float | None = 95.0
+    debug_p90_s: float = 10.0
+    lost_pct: float = 2.0
+    size_rate: float = 0.5
+    sim_cpu_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class Scenario:
     trace: Trace
     path: Path
@@ -54,6 +72,7 @@ class Scenario:
     start_s: float | None = None  # submissions in [start_s, end_s), trace time
     end_s: float | None = None
     warmup_s: float = 0.0  # see SimSettings
+    targets: Targets = field(default_factory=Targets)
 
 
 def build_workload(scenario: Scenario, max_min_runtime_s: float) -> Workload:

@@ -14,6 +14,7 @@ from libs.config.scenario import load_scenario
 from libs.core import PolicyConfig
 from libs.sim import build_workload
 from libs.sim.report import SUMMARY, duration
+from libs.sim.scenario import Targets
 from libs.sim.tables import table
 
 REPO = Path(__file__).resolve().parents[4]
@@ -148,6 +149,33 @@ def test_the_shipped_scenarios_are_overloaded_two_to_three_times(trace: str, job
     workload = build_workload(scenario, PolicyConfig().max_min_runtime_s)
     assert len(workload.jobs) == jobs
     assert 2.0 <= workload.offered_load() <= 3.0
+
+
+def test_each_scenario_says_what_its_class_of_workload_is_judged_by() -> None:
+    targets = {
+        name: load_scenario(REPO / "deploy" / "sim" / f"{name}.yaml").targets
+        for name in ("philly", "bluewaters", "theta", "alibaba", "gpushare100")
+    }
+    assert targets["philly"].worst_team_pct == 97
+    assert targets["bluewaters"] == targets["theta"] == Targets()
+    assert (targets["alibaba"].worst_team_pct, targets["alibaba"].debug_p90_s) == (90, 60)
+    assert targets["gpushare100"].occupancy_pct is None  # a light load is not judged on it
+
+
+def test_the_verdict_judges_by_the_scenarios_targets(tmp_path: Path) -> None:
+    scenario = tiny_scenario(tmp_path)
+    out = tmp_path / "out"
+    args = ["run", "--scenario", str(scenario), "--policy", "budget", "--no-plots", "--out"]
+    assert CliRunner().invoke(sim_app, [*args, str(out)]).exit_code == 0
+    default = (out / "summary.md").read_text()
+    assert "the worst team ≥ 95% of owed delivered" in default and "occupancy ≥ 95%" in default
+    assert "- budget: worst team " in default and ", occupancy " in default
+    with scenario.open("a") as f:
+        f.write("targets: {worst_team_pct: 90, occupancy_pct: null}\n")
+    assert CliRunner().invoke(sim_app, [*args, str(out)]).exit_code == 0
+    light = (out / "summary.md").read_text()
+    assert "the worst team ≥ 90% of owed delivered" in light and "occupancy ≥" not in light
+    assert ", occupancy met" not in light and ", occupancy missed" not in light
 
 
 def test_durations_read_and_print_like_people_write_them() -> None:
