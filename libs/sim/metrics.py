@@ -124,6 +124,21 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Unstarted:
+    """A job over 64 GPUs that the cluster could run but that never started: when it
+    asked, for what, and what it would have cost. ``entitled_gpus``: its team's share of
+    the cluster, the most the team is ever owed."""
+
+    job_id: str
+    allocation: str
+    gpus: int
+    submitted_s: float  # after the window's start
+    waited_s: float  # until the run's end
+    gpu_h: float  # its GPUs × its run time
+    entitled_gpus: float
+
+
+@dataclass(frozen=True)
 class Metrics:
     policy: str
     start: float
@@ -151,6 +166,7 @@ class Metrics:
     # starts first, is at most two GPUs), so the size figures alone can mislead.
     started_pct_by_size_and_class: dict[str, dict[str, float | None]]
     waits_by_size: dict[str, Distribution]  # the same jobs
+    large_never_started: tuple[Unstarted, ...]  # of those over 64 GPUs, by submission
     inputs: int  # fed to the policy
     series: Series
     sim_wall_s: float = 0.0  # set by whoever timed the run
@@ -311,8 +327,23 @@ class Recorder(Observer):
                 size: Distribution.of([w for j in js if (w := _wait(j, self.end)) is not None])
                 for size, js in sized.items()
             },
+            large_never_started=tuple(
+                self._unstarted(job) for job in sized[">64"] if job.first_start is None
+            ),
             inputs=inputs,
             series=self._series,
+        )
+
+    def _unstarted(self, job: Job) -> Unstarted:
+        spec = job.sim.spec
+        return Unstarted(
+            job_id=job.sim.job_id,
+            allocation=spec.allocation,
+            gpus=spec.gpus,
+            submitted_s=job.sim.at - self.start,
+            waited_s=self.end - job.sim.at,
+            gpu_h=spec.gpus * job.sim.runtime_s / 3600,
+            entitled_gpus=self.entitlements.get(spec.allocation, 0.0) * self.capacity,
         )
 
     def _day_s(self, day: int) -> float:

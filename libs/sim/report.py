@@ -14,7 +14,7 @@ from libs.core.config import PolicyConfig
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S
 from libs.core.service_level import SMALL_TEAM_OWED_FRACTION
 from libs.sim.driver import SimSettings
-from libs.sim.metrics import CLASSES, SIZES, AllocationMetrics, Metrics
+from libs.sim.metrics import CLASSES, SIZES, AllocationMetrics, Metrics, Unstarted
 from libs.sim.scenario import Scenario, Targets
 from libs.sim.tables import Columns, markdown_table, table
 from libs.sim.workload import Workload
@@ -239,6 +239,7 @@ def summary_markdown(
         *_allocations_section(results),
         *_waits_section(results),
         *_sizes_section(results),
+        *_unstarted_section(results),
         *_outcomes_section(results),
     ]
     if plots:
@@ -373,6 +374,56 @@ def _sizes_section(results: Sequence[Metrics]) -> list[str]:
         *markdown_table(*table(_SIZE, by_size)),
         "",
     ]
+
+
+# The large jobs that never started, listed per policy (metrics.json has them all).
+UNSTARTED_SHOWN = 10
+_UNSTARTED: Columns[Unstarted] = (
+    ("job", lambda u: u.job_id),
+    ("team", lambda u: u.allocation),
+    ("GPUs", lambda u: str(u.gpus)),
+    ("team's share (GPUs)", lambda u: f"{u.entitled_gpus:.0f}"),
+    ("asked at", lambda u: duration(u.submitted_s)),
+    ("waited", lambda u: duration(u.waited_s)),
+    ("would have cost (GPU-h)", lambda u: f"{u.gpu_h:,.0f}"),
+)
+
+
+def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
+    """Per policy, the jobs over 64 GPUs that never started: when they asked, and what
+    they would have cost."""
+    lines = []
+    for m in results:
+        if not m.large_never_started:
+            continue
+        unstarted = m.large_never_started
+        total = sum(u.gpu_h for u in unstarted)
+        beyond = sum(u.gpus > u.entitled_gpus for u in unstarted)
+        teams = Counter(u.allocation for u in unstarted)
+        lines += [
+            f"### {m.policy}: {len(unstarted)} job{'s' if len(unstarted) != 1 else ''} "
+            "over 64 GPUs never started "
+            f"({total:,.0f} GPU-hours of work)",
+            "",
+            f"By team: {', '.join(f'{t} {n}' for t, n in sorted(teams.items()))}; {beyond} "
+            "asked for more than their team's share of the cluster.",
+            "",
+            *markdown_table(*table(_UNSTARTED, list(unstarted[:UNSTARTED_SHOWN]))),
+            "",
+            *(
+                [f"…and {len(unstarted) - UNSTARTED_SHOWN} more (`large_never_started`).", ""]
+                if len(unstarted) > UNSTARTED_SHOWN
+                else []
+            ),
+        ]
+    if not lines:
+        return []
+    intro = (
+        "Jobs that the cluster could run, submitted in the window, that never started: "
+        "*asked at* is after the window's start; *team's share* is the most its team is ever "
+        "owed."
+    )
+    return ["## Large jobs that never started", "", intro, "", *lines]
 
 
 def _easy_note(workload: Workload, results: Sequence[Metrics]) -> list[str]:

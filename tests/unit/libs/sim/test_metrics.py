@@ -123,6 +123,20 @@ def started(s: JobSpec, at: float, first_start: float | None) -> Job:
     return Job(SimJob(at, "j", s, 10.0), first_start=first_start)
 
 
+def test_a_large_job_that_never_started_is_reported_with_its_cost() -> None:
+    rec = Recorder(capacity=128, entitlements={"a": 0.25}, start=100.0, end=1000.0)
+    jobs = [
+        Job(SimJob(400.0, "wide", spec(100, allocation="a"), 7200.0)),  # never started
+        Job(SimJob(300.0, "ran", spec(100, allocation="a"), 60.0), first_start=350.0),
+        Job(SimJob(500.0, "huge", spec(256, allocation="a"), 60.0)),  # larger than the cluster
+    ]
+    m = rec.finish(jobs, "test", inputs=0)
+    [wide] = m.large_never_started
+    assert (wide.job_id, wide.allocation, wide.gpus) == ("wide", "a", 100)
+    assert (wide.submitted_s, wide.waited_s) == (300.0, 600.0)
+    assert (wide.gpu_h, wide.entitled_gpus) == (200.0, 32.0)
+
+
 def test_samples_hold_the_state_at_each_step() -> None:
     rec = Recorder(capacity=4, entitlements={"a": 1.0}, start=0.0, end=30.0, sample_s=10.0)
     job = spec(2, min_runtime_s=3600)

@@ -178,6 +178,30 @@ def test_the_verdict_judges_by_the_scenarios_targets(tmp_path: Path) -> None:
     assert ", occupancy met" not in light and ", occupancy missed" not in light
 
 
+def test_the_large_jobs_that_never_started_are_listed_with_what_they_would_have_cost(
+    tmp_path: Path,
+) -> None:
+    # A 1-GPU job runs two hours from the start; the whole cluster's worth, asked for a
+    # second later, waits for it past the last submission: it never starts.
+    rows = ["0,1,1,0,1,0,7200,0,Pass", "1,2,72,0,1,1,3600,0,Pass", "2,3,1,0,1,10,60,0,Pass"]
+    (tmp_path / "trace.csv").write_text(HEADER + "\r\n".join(rows) + "\r\n", newline="")
+    scenario = tmp_path / "wide.yaml"
+    scenario.write_text(
+        "trace: philly\npath: trace.csv\n"
+        f"tree: {REPO / 'deploy' / 'sim' / 'budget-tree.yaml'}\n"
+        "cluster: {nodes: 9, gpus_per_node: 8, gpu_type: V100}\n"
+    )
+    out = tmp_path / "out"
+    args = ["run", "--scenario", str(scenario), "--policy", "fifo", "--no-plots", "--out"]
+    result = CliRunner().invoke(sim_app, [*args, str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "metrics.json").read_text())
+    [wide] = data["policies"]["fifo"]["large_never_started"]
+    assert (wide["gpus"], wide["gpu_h"], wide["submitted_s"]) == (72, 72.0, 1.0)
+    summary = (out / "summary.md").read_text()
+    assert "### fifo: 1 job over 64 GPUs never started (72 GPU-hours of work)" in summary
+
+
 def test_durations_read_and_print_like_people_write_them() -> None:
     assert Duration()("7d") == 7 * 86400
     assert Duration()("90") == Duration()("1.5m") == 90
