@@ -40,7 +40,7 @@ import numpy as np
 
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
-from libs.core.service_level import SmallTeams, headline, owed_gpus, slowdown
+from libs.core.service_level import SmallTeams, headline, owed_gpus, slowdown, small_team
 from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
 
 CLASSES = tuple(c.value for c in WorkClass)
@@ -95,6 +95,7 @@ class AllocationMetrics:
     enough_demand: bool
     owed_gpu_h_by_day: tuple[float, ...]  # per day of the window, the last one maybe short
     delivered_gpu_h_by_day: tuple[float, ...]
+    small_team: bool  # owed something, under the headline's floor (``service_level``)
 
     @property
     def delivered_pct(self) -> float | None:
@@ -401,6 +402,7 @@ class Recorder(Observer):
             enough_demand=fraction >= self.enough_demand,
             owed_gpu_h_by_day=tuple(s / 3600 for s in account.owed_days),
             delivered_gpu_h_by_day=tuple(s / 3600 for s in account.delivered_days),
+            small_team=small_team(account.owed, self.capacity * span),
         )
 
     def _sample(self) -> None:

@@ -305,7 +305,10 @@ def _mapping_section(info: RunInfo, workload: Workload, profile: dict[str, Any])
 
 
 _ALLOCATION: Columns[AllocationMetrics] = (
-    ("team", lambda a: a.name + (" *" if a.enough_demand else "")),
+    (
+        "team",
+        lambda a: a.name + (" *" if a.enough_demand else "") + (" (small)" if a.small_team else ""),
+    ),
     ("entitlement", lambda a: f"{a.entitlement:.1%}"),
     ("time with enough demand", lambda a: f"{a.demand_fraction:.0%}"),
     ("owed", lambda a: f"{a.owed_gpu_h:,.0f}"),
@@ -319,7 +322,9 @@ def _allocations_section(results: Sequence[Metrics]) -> list[str]:
     lines = [
         "## Owed vs delivered per allocation",
         "",
-        "GPU-hours over the window; * marks teams with enough demand.",
+        "GPU-hours over the window; * marks teams with enough demand, *(small)* those owed"
+        f" under {SMALL_TEAM_OWED_FRACTION:.1%} of the cluster's GPU-hours (the headline's"
+        " small teams).",
         "",
     ]
     for m in results:
@@ -458,7 +463,7 @@ def _outcomes_section(results: Sequence[Metrics]) -> list[str]:
 
 def _targets_line(t: Targets) -> list[str]:
     """The scenario's targets, in words, and what the summary's columns mean."""
-    occupancy = f"occupancy ≥ {t.occupancy_pct:g}%, " if t.occupancy_pct is not None else ""
+    occupancy = f"occupancy ≥ {t.occupancy_pct:g}%; " if t.occupancy_pct is not None else ""
     return [
         f"Targets for this class of workload: the worst team ≥ {t.worst_team_pct:g}% of owed "
         f"delivered, over the teams owed at least {SMALL_TEAM_OWED_FRACTION:.1%} of the "

@@ -94,6 +94,7 @@ def test_a_team_owed_under_the_floor_is_reported_apart_and_counted_in_the_weight
     assert (small.count, small.min_pct) == (1, 0.0)
     assert small.owed_pct == pytest.approx(100 * 60 / (500 * day + 60))
     assert m.owed_delivered_weighted_pct == pytest.approx(100 * 500 * day / (500 * day + 60))
+    assert [(a.name, a.small_team) for a in m.allocations] == [("a", False), ("b", True)]
 
 
 def test_start_rates_and_waits_by_size_count_the_jobs_that_fit() -> None:
