@@ -6,7 +6,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -526,21 +526,19 @@ def cancel(job_id: str) -> None:
         request = js.CancelJobRequest(job_id=job_id)
         reply = conn.call(conn.admission, _jobs(conn).CancelJob, request)
         if reply.cancelled:
-            console.print(
-                f"cancel requested for {len(reply.cancelled)} "
-                f"{render.elements_word(len(reply.cancelled))} of {job_id}: "
-                + " ".join(reply.cancelled),
-                highlight=False,
-            )
+            _array_steered("cancel requested for", job_id, reply.cancelled)
         else:
             console.print(f"cancel requested for {job_id}")
 
 
 @app.command()
 def hold(job_id: str) -> None:
-    """Hold a waiting job back: it does not start until released."""
+    """Hold a waiting job back: it does not start until released; a job array's id holds
+    every element that waits."""
     with _rpc() as conn:
-        conn.call(conn.admission, _jobs(conn).HoldJob, js.HoldJobRequest(job_id=job_id))
+        reply = conn.call(conn.admission, _jobs(conn).HoldJob, js.HoldJobRequest(job_id=job_id))
+        if reply.held:
+            _array_steered("held", job_id, reply.held)
         console.print(f"{job_id} held: it starts once released (qm release {job_id})")
 
 
@@ -587,10 +585,22 @@ def update(
 
 @app.command()
 def release(job_id: str) -> None:
-    """Release a held job into its old place in line."""
+    """Release a held job into its old place in line; a job array's id releases every
+    element that is held."""
     with _rpc() as conn:
-        conn.call(conn.admission, _jobs(conn).ReleaseJob, js.ReleaseJobRequest(job_id=job_id))
+        request = js.ReleaseJobRequest(job_id=job_id)
+        reply = conn.call(conn.admission, _jobs(conn).ReleaseJob, request)
+        if reply.released:
+            _array_steered("released", job_id, reply.released)
+            return
         console.print(f"{job_id} released")
+
+
+def _array_steered(done: str, array_id: str, elements: Sequence[str]) -> None:
+    """Which of an array's elements a cancel, hold or release was recorded for."""
+    word = render.elements_word(len(elements))
+    line = f"{done} {len(elements)} {word} of {array_id}: {' '.join(elements)}"
+    console.print(line, highlight=False)
 
 
 @app.command()

@@ -8,7 +8,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import replace
 
 import grpc
@@ -330,7 +330,17 @@ class JobServicer(js_grpc.JobServiceServicer):
         self, request: js.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> js.CancelJobResponse:
         if is_array_id(request.job_id):
-            return await self._cancel_array(request.job_id, context)
+            cancelled = await self._steer_array(
+                request.job_id,
+                "cancel",
+                context,
+                takes=lambda job: not has_ended(job),
+                event=lambda job, user: events_pb2.JobCancelRequested(
+                    job_id=job.job_id, requested_by=user
+                ),
+                none_left="is still to end: all have ended",
+            )
+            return js.CancelJobResponse(job_id=request.job_id, cancelled=cancelled)
         user, job = await self._steerable_job_or_abort(request.job_id, "cancel", context)
         if has_ended(job):
             await context.abort(
@@ -344,11 +354,20 @@ class JobServicer(js_grpc.JobServiceServicer):
         )
         return js.CancelJobResponse(job_id=job.job_id)
 
-    async def _cancel_array(
-        self, array_id: str, context: grpc.aio.ServicerContext
-    ) -> js.CancelJobResponse:
-        """Cancel every element of the array that the caller may steer and that has not
-        ended; each element's cancel is its own event, as if cancelled one by one."""
+    async def _steer_array(
+        self,
+        array_id: str,
+        verb: str,
+        context: grpc.aio.ServicerContext,
+        *,
+        takes: Callable[[types_pb2.Job], bool],
+        event: Callable[[types_pb2.Job, str], Message],
+        none_left: str,
+    ) -> list[str]:
+        """Act on every element of the array that the caller may steer and that
+        ``takes`` (an ``event`` each, as if one by one); the elements acted on. Refused
+        (nothing recorded) when the caller sees none, may steer none, or none takes it
+        (``none_left`` says why)."""
         user = await caller(context, self._keys)
         elements = await self._elements(user, array_id)
         if not elements:
@@ -356,24 +375,35 @@ class JobServicer(js_grpc.JobServiceServicer):
         tree = await self._budget.tree()
         mine = [job for job in elements if _may_steer(user, job, tree)]
         if not mine:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _steer_rule(user, "cancel"))
-        waiting = [job for job in mine if not has_ended(job)]
-        if not waiting:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _steer_rule(user, verb))
+        chosen = [job for job in mine if takes(job)]
+        if not chosen:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"every element of job array {array_id} you may cancel has already ended",
+                f"no element of job array {array_id} that you may {verb} {none_left}",
             )
         by_cluster: dict[str, list[Message]] = {}
-        for job in waiting:
-            cancel = events_pb2.JobCancelRequested(job_id=job.job_id, requested_by=user)
-            by_cluster.setdefault(job.spec.cluster or "default", []).append(cancel)
-        for cluster, cancels in by_cluster.items():
-            await self.record(cancels, array_id, cluster)
-        return js.CancelJobResponse(job_id=array_id, cancelled=[job.job_id for job in waiting])
+        for job in chosen:
+            by_cluster.setdefault(job.spec.cluster or "default", []).append(event(job, user))
+        for cluster, events in by_cluster.items():
+            await self.record(events, array_id, cluster)
+        return [job.job_id for job in chosen]
 
     async def HoldJob(
         self, request: js.HoldJobRequest, context: grpc.aio.ServicerContext
     ) -> js.HoldJobResponse:
+        if is_array_id(request.job_id):
+            held = await self._steer_array(
+                request.job_id,
+                "hold",
+                context,
+                takes=lambda job: _waits(job) and not job.held,
+                event=lambda job, user: events_pb2.JobHeld(
+                    job_id=job.job_id, held=True, requested_by=user
+                ),
+                none_left="is waiting and not held",
+            )
+            return js.HoldJobResponse(job_id=request.job_id, held=held)
         user, job = await self._steerable_job_or_abort(request.job_id, "hold", context)
         await _waiting_batch_job_or_abort(job, "held", context)
         await self._record_hold(job, user, held=True)
@@ -382,6 +412,18 @@ class JobServicer(js_grpc.JobServiceServicer):
     async def ReleaseJob(
         self, request: js.ReleaseJobRequest, context: grpc.aio.ServicerContext
     ) -> js.ReleaseJobResponse:
+        if is_array_id(request.job_id):
+            released = await self._steer_array(
+                request.job_id,
+                "release",
+                context,
+                takes=lambda job: job.held and not has_ended(job),
+                event=lambda job, user: events_pb2.JobHeld(
+                    job_id=job.job_id, held=False, requested_by=user
+                ),
+                none_left="is held",
+            )
+            return js.ReleaseJobResponse(job_id=request.job_id, released=released)
         user, job = await self._steerable_job_or_abort(request.job_id, "release", context)
         if not job.held:
             await context.abort(
@@ -782,12 +824,17 @@ UPDATABLE = frozenset(
 )  # fmt: skip
 
 
+def _waits(job: types_pb2.Job) -> bool:
+    """Whether the job is a batch job that waits: what may be held or updated."""
+    waiting = job.state in (types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING)
+    return waiting and not job.spec.HasField("workflow")
+
+
 async def _waiting_batch_job_or_abort(
     job: types_pb2.Job, done: str, context: grpc.aio.ServicerContext
 ) -> None:
     """FAILED_PRECONDITION unless the job is a batch job that waits (what can be ``done``)."""
-    waiting = job.state in (types_pb2.JOB_STATE_SUBMITTED, types_pb2.JOB_STATE_PENDING)
-    if not waiting or job.spec.HasField("workflow"):
+    if not _waits(job):
         state = types_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,

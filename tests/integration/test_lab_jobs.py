@@ -149,12 +149,21 @@ def test_an_array_is_one_id_and_status_and_cancel_take_it_whole_or_one_element(
     detail = qm(stack, "alice", "status", elements[2]).stdout
     assert f"{array_id}, element 2 of 4" in detail and "RUNNING" in detail, detail
 
+    # A second array waits for element 2: held and released whole, cancelled with it.
+    waiting = submitted(stack, "--array", "0-1", "--after", elements[2], "--", "true")
+    held = qm(stack, "alice", "hold", waiting)
+    assert f"held 2 elements of {waiting}: {waiting}_0 {waiting}_1" in held.stdout, held
+    released = qm(stack, "alice", "release", waiting)
+    assert f"released 2 elements of {waiting}" in released.stdout, released
+
     whole = qm(stack, "alice", "cancel", array_id)
     assert whole.returncode == 0, whole.stderr
     assert f"cancel requested for 1 element of {array_id}: {elements[2]}" in whole.stdout
     assert state(wait_for_end(stack, jobs, elements[2])) == "JOB_STATE_CANCELLED"
+    for element in (f"{waiting}_0", f"{waiting}_1"):
+        assert state(wait_for_end(stack, jobs, element)) == "JOB_STATE_CANCELLED"
     again = qm(stack, "alice", "cancel", array_id)
-    assert again.returncode != 0 and "has already ended" in again.stderr, again.stderr
+    assert again.returncode != 0 and "all have ended" in again.stderr, again.stderr
     # One job waits for the whole array: it starts once every element has ended.
     after = submitted(stack, "--after", f"{array_id}:any", "--", "true")
     assert f"{array_id} (4 elements):any" in qm(stack, "alice", "status", after).stdout

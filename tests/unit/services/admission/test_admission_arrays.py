@@ -119,7 +119,7 @@ async def test_one_element_is_cancelled_alone() -> None:
         ("a-1f", "carol", grpc.StatusCode.NOT_FOUND, "no job array 'a-1f'"),  # sees none
         ("a-99", "alice", grpc.StatusCode.NOT_FOUND, "no job array 'a-99'"),
         ("a-2e", "alice", grpc.StatusCode.PERMISSION_DENIED, "alice may cancel only their own"),
-        ("a-3d", "alice", grpc.StatusCode.FAILED_PRECONDITION, "has already ended"),
+        ("a-3d", "alice", grpc.StatusCode.FAILED_PRECONDITION, "all have ended"),
     ],
 )
 async def test_an_array_not_to_cancel_is_refused_and_nothing_recorded(
@@ -127,6 +127,36 @@ async def test_an_array_not_to_cancel_is_refused_and_nothing_recorded(
 ) -> None:
     reply, sent = await cancel(array_id, user)
     assert isinstance(reply, Aborted) and reply.code == code and says in reply.details
+    assert sent == []
+
+
+async def steer(verb: str, job_id: str, jobs: list[types_pb2.Job]) -> tuple[Any, list[Any]]:
+    """Alice holds or releases ``job_id``: the answer, and what went into the log."""
+    log = memory_log()
+    async with servicer(log, Projector(jobs=jobs)) as service:
+        try:
+            if verb == "hold":
+                reply: Any = await service.HoldJob(js.HoldJobRequest(job_id=job_id), Context())  # type: ignore[arg-type]
+            else:
+                reply = await service.ReleaseJob(js.ReleaseJobRequest(job_id=job_id), Context())  # type: ignore[arg-type]
+        except Aborted as exc:
+            reply = exc
+    return reply, log.envelopes(TOPIC)
+
+
+async def test_holding_an_array_holds_each_element_that_waits_and_release_lets_them_go() -> None:
+    held = listed("a-1f_3", S.JOB_STATE_PENDING, index=3)
+    held.held = True
+    jobs = [*ARRAY, held]  # 0 runs, 1 finished, 2 waits, 3 waits held
+    reply, sent = await steer("hold", "a-1f", jobs)
+    assert list(reply.held) == ["a-1f_2"]
+    assert [(e.job_held.job_id, e.job_held.held) for e in sent] == [("a-1f_2", True)]
+    reply, sent = await steer("release", "a-1f", jobs)
+    assert list(reply.released) == ["a-1f_3"]
+    assert [(e.job_held.job_id, e.job_held.held) for e in sent] == [("a-1f_3", False)]
+    refused, sent = await steer("release", "a-3d", jobs)  # its one element failed
+    assert isinstance(refused, Aborted) and refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no element of job array a-3d that you may release is held" in refused.details
     assert sent == []
 
 
