@@ -197,15 +197,25 @@ def replay_holdings(log: Log) -> tuple[list[Finding], dict[Gpu, list[_Holder]]]:
     held: dict[Gpu, list[_Holder]] = defaultdict(list)
     gpus_of: dict[str, list[Gpu]] = {}
     found = []
+
+    def free(task_id: str) -> None:
+        for gpu in gpus_of.pop(task_id, []):
+            held[gpu] = [h for h in held[gpu] if h.task_id != task_id]
+
     for record, kind, lost in _events(log):
         ended = [getattr(record.envelope, kind).task_id] if kind in ENDS else []
         # A loss is decided before the pass that may place on the GPUs it frees.
         ended += [gone.task_id for gone in lost]
+        if kind == "task_refused":  # off that GPU's queue, if it is still queued there
+            refused = record.envelope.task_refused
+            if (refused.node_id, refused.gpu_index) in gpus_of.get(refused.task_id, []):
+                ended.append(refused.task_id)
         for task_id in ended:
-            for gpu in gpus_of.pop(task_id, []):
-                held[gpu] = [h for h in held[gpu] if h.task_id != task_id]
+            free(task_id)
         for placed in placements.get((record.partition, record.offset), []):
             new = _Holder(placed.task_id, placed.HasField("serving"))
+            if new.serving:  # a workflow task sent again (refused, or moved) leaves its GPU
+                free(placed.task_id)
             gpus = [(placed.node_id, index) for index in placed.gpu_indices]
             for gpu in gpus:
                 conflict = _conflict(gpu, held[gpu], new)

@@ -106,6 +106,18 @@ def test_workflow_tasks_queue_on_a_gpu_but_not_beside_a_batch_task() -> None:
     assert len(replay_holdings(b.log)[0]) == 1
 
 
+def test_a_workflow_task_refused_by_its_gpu_holds_it_no_more_once_sent_elsewhere() -> None:
+    b = Builder().admit("w").place("w/agg", [0], serving=True)
+    refused = events_pb2.TaskRefused(job_id="w", task_id="w/agg", node_id="n", gpu_index=0)
+    b.event(refused).place("w/agg", [1], serving=True).start("w/agg").finish("w/agg")
+    assert replay_holdings(b.log) == ([], {})
+    assert held_at_end(b.log) == []
+    # Moved before the refusal came: the refusal names a GPU it no longer holds.
+    moved = Builder().admit("w").place("w/agg", [0], serving=True).tick()
+    moved.place("w/agg", [1], serving=True).event(refused).start("w/agg")
+    assert [str(f) for f in held_at_end(moved.log)] == ["n GPU 1: held by w/agg"]
+
+
 def test_a_decision_applies_after_the_input_it_answers() -> None:
     """The finish and the next placement come from one input: no conflict."""
     b = Builder().admit("j1").place("j1/0", [0]).start("j1/0").finish("j1/0")
