@@ -406,7 +406,7 @@ def usage_table(usage: budget_service_pb2.GetUsageResponse) -> Table:
     for level in usage.allocations:
         owed = level.owed_gpu_hours
         pct = level.delivered_pct if level.HasField("delivered_pct") else None
-        shown = "-" if pct is None else f"{pct:.1f}%"
+        shown = _pct_or_dash(pct)
         if pct is not None and pct < usage.target_pct and not level.small:
             shown = f"[yellow]{shown}[/]"
         if level.small:

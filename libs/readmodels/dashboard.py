@@ -62,8 +62,7 @@ def dashboard(
         "now": now,
         "occupancy": _occupancy(timeline, nodes),
         "nodes": _nodes(nodes, {job.job_id: job for job in jobs}),
-        "allocations": _allocations(timeline, entitlements, scope),
-        "headline": _headline(timeline, scope),
+        **_allocations(timeline, entitlements, scope),
         "target_pct": TARGET_DELIVERED_PCT,
         "window_s": timeline.window_s,
         "span_s": timeline.span_s,
@@ -136,31 +135,35 @@ def _nodes(nodes: Iterable[types_pb2.Node], jobs: Mapping[str, types_pb2.Job]) -
 
 def _allocations(
     timeline: Timeline, entitlements: Mapping[str, float], scope: Scope | None
-) -> list[Json]:
-    return [
-        {
-            "allocation": name,
-            "entitlement": entitlements.get(name, 0.0),
-            "owed_gpu_s": account.owed,
-            "delivered_gpu_s": account.delivered,
-            "free_gpu_s": account.free,
-            "delivered_pct": account.delivered_pct,
-            "small": small_team(account.owed, timeline.capacity_gpu_s),
-        }
+) -> Json:
+    """The allocations in ``scope`` (``allocations``), and the service-level headline over
+    them (``headline``), as metrics.json names it."""
+    shown = {
+        name: account
         for name, account in timeline.accounts().items()
         if scope is None or name in scope.allocations
-    ]
-
-
-def _headline(timeline: Timeline, scope: Scope | None) -> Json:
-    """The service-level headline over the allocations shown, as metrics.json names it."""
-    names = [n for n in timeline.accounts() if scope is None or n in scope.allocations]
-    h = timeline.headline(names)
+    }
+    capacity = timeline.capacity_gpu_s
+    h = timeline.headline(shown.values())
     return {
-        "owed_delivered_min_pct": h.min_pct,
-        "owed_delivered_weighted_pct": h.weighted_pct,
-        "owed_small_teams": dataclasses.asdict(h.small_teams),
-        "small_team_owed_pct": 100 * SMALL_TEAM_OWED_FRACTION,
+        "allocations": [
+            {
+                "allocation": name,
+                "entitlement": entitlements.get(name, 0.0),
+                "owed_gpu_s": account.owed,
+                "delivered_gpu_s": account.delivered,
+                "free_gpu_s": account.free,
+                "delivered_pct": account.delivered_pct,
+                "small": small_team(account.owed, capacity),
+            }
+            for name, account in shown.items()
+        ],
+        "headline": {
+            "owed_delivered_min_pct": h.min_pct,
+            "owed_delivered_weighted_pct": h.weighted_pct,
+            "owed_small_teams": dataclasses.asdict(h.small_teams),
+            "small_team_owed_pct": 100 * SMALL_TEAM_OWED_FRACTION,
+        },
     }
 
 

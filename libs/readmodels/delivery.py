@@ -333,19 +333,20 @@ def service_levels(
         for name in sorted(accounts.keys() | entitlements.keys())
         if scope is None or name in scope.allocations
     ]
-    for name in names:
-        account = accounts.get(name, Account())
+    capacity = timeline.capacity_gpu_s
+    listed = [accounts.get(name, Account()) for name in names]
+    for name, account in zip(names, listed, strict=True):
         level = reply.allocations.add(
             allocation=name,
             entitlement=entitlements.get(name, 0.0),
             owed_gpu_hours=account.owed / 3600,
             allocated_gpu_hours=account.delivered / 3600,
             unallocated_gpu_hours=account.free / 3600,
-            small=small_team(account.owed, timeline.capacity_gpu_s),
+            small=small_team(account.owed, capacity),
         )
         if account.delivered_pct is not None:
             level.delivered_pct = account.delivered_pct
-    reply.headline.CopyFrom(_headline(timeline.headline(names)))
+    reply.headline.CopyFrom(_headline(timeline.headline(listed)))
     return reply
 
 

@@ -262,12 +262,10 @@ class Timeline:
                 total.setdefault(name, Account()).add(account)
         return dict(sorted(total.items()))
 
-    def headline(self, names: Iterable[str]) -> Headline:
-        """The service-level headline (``libs.core.service_level.headline``) over the
-        allocations ``names``, against the cluster's GPU-seconds over the same stretch."""
-        accounts = self.accounts()
-        chosen = (accounts[name] for name in names if name in accounts)
-        return headline(((a.owed, a.delivered) for a in chosen), self.capacity_gpu_s)
+    def headline(self, accounts: Iterable[Account]) -> Headline:
+        """The service-level headline (``libs.core.service_level.headline``) over these
+        of ``accounts()``, against the cluster's GPU-seconds over the same stretch."""
+        return headline(((a.owed, a.delivered) for a in accounts), self.capacity_gpu_s)
 
     @property
     def capacity_gpu_s(self) -> float:

@@ -641,7 +641,8 @@ class JobServicer(js_grpc.JobServiceServicer):
             for job in await self._projector.list_jobs(where, MAX_ARRAY_ELEMENTS, scope)
         }
         for job in list(self._recent.values()):
-            if job.job_id not in found and where.matches(job) and await self._may_see(user, job):
+            seen = scope is None or scope.admits(job)
+            if job.job_id not in found and where.matches(job) and seen:
                 found[job.job_id] = job
         return sorted(found.values(), key=lambda job: job.spec.array.index)
 
