@@ -115,27 +115,31 @@ class Queues:
         return list(self._lists[tier])
 
     def candidates(
-        self, tier: WorkClass, allocation: str, size_ok: Callable[[int], bool]
+        self,
+        tier: WorkClass,
+        allocation: str,
+        size_ok: Callable[[int], bool],
+        after: tuple[int, int, JobId] | None = None,
     ) -> Iterator[Waiting]:
         """Jobs of one allocation whose GPUs on one node (``JobSpec.block``) pass
-        ``size_ok`` (re-asked as the pass goes on), in queue order."""
+        ``size_ok``, in queue order, after the job whose key is ``after``. Each size is
+        asked once, as the walk starts, and the queue must not change during it: a
+        caller that places a job (so that other sizes may fit, or no longer) walks
+        again after it. A walk costs the log of the sizes per job, not the sizes."""
         sizes = self._lists[tier].get(allocation)
         if not sizes:
             return
-        # A merge of the sorted per-size lists by position after the last job yielded,
-        # not by index: the caller removes jobs (those it places) as it goes.
-        last: tuple[int, int, JobId] | None = None
-        while True:
-            first: tuple[int, int, JobId] | None = None
-            for gpus, keys in sizes.items():
-                if size_ok(gpus):
-                    at = 0 if last is None else bisect.bisect_right(keys, last)
-                    if at < len(keys) and (first is None or keys[at] < first):
-                        first = keys[at]
-            if first is None:
-                return
-            last = first
-            yield self.jobs[first[2]]
+        # Each size's keys from the first after ``after`` (a lazy view, not a copy).
+        runs = [
+            map(
+                keys.__getitem__, range(bisect.bisect_right(keys, after) if after else 0, len(keys))
+            )
+            for gpus, keys in sizes.items()
+            if size_ok(gpus)
+        ]
+        jobs = self.jobs
+        for key in runs[0] if len(runs) == 1 else heapq.merge(*runs):
+            yield jobs[key[2]]
 
     def in_order(self, tier: WorkClass, allocation: str, limit: int) -> list[Waiting]:
         """The first ``limit`` jobs of one allocation, in queue order."""

@@ -292,12 +292,15 @@ class RunningWork:
     def _put(self, run: Running) -> None:
         """Write the job, and keep its places among the preemptible ones (a job only
         ever leaves them: by stopping, or by a task ending) and their nodes' rooms."""
+        before = self.jobs.get(run.job_id)
         self.jobs[run.job_id] = run
         deadline = run.deadline(self.config)
         if deadline is None:
             self._deadlines.pop(run.job_id, None)
         else:
             self._deadlines[run.job_id] = deadline
+        if before is not None and not _may_be_victim(before):
+            return  # it left them already: a gang's parts end one by one, each a write
         for node_id, victim in self._as_victims(run, run.tasks).items():
             on = self._preemptible.get(node_id)
             if victim is not None:
@@ -316,7 +319,7 @@ class RunningWork:
     def _as_victims(self, run: Running, tasks: Tasks) -> dict[NodeId, RunningJob | None]:
         """The job as preemption sees it on each node of ``tasks``; None where it is not
         a candidate: already going, or partly over (a gang lives and dies whole)."""
-        candidate = run.stopping is None and not run.ended
+        candidate = _may_be_victim(run)
         return {
             node_id: RunningJob(
                 run.job_id,
@@ -364,6 +367,11 @@ class RunningWork:
             "free_work_gpus": free_work,
             "_deadlines": deadlines,
         }
+
+
+def _may_be_victim(run: Running) -> bool:
+    """Whether preemption may choose the job: not already going, nor partly over."""
+    return run.stopping is None and not run.ended
 
 
 class _ByNode(Mapping[NodeId, Iterable[RunningJob]]):

@@ -993,39 +993,45 @@ class Scheduler:
             # A gang spans whole free nodes; anything else needs one free block.
             return gpus <= largest or node_size < gpus <= whole
 
-        for job in self._queues.candidates(tier, allocation, could_fit):
-            if (
-                headroom
-                and tier is WorkClass.ALLOCATED
-                and not self._leaves_headroom(job.spec.gpus)
-            ):
-                break
-            spec = job.spec
-            may_backfill = bool(held) and tier is WorkClass.ALLOCATED
-            gpu_type, memory, kinds, gpus, parts = (
-                spec.gpu_type,
-                spec.min_gpu_memory_gib,
-                spec.node_kinds,
-                spec.gpus,
-                spec.parts,
-            )
-            if (gpu_type, memory, kinds, gpus, parts, False) in failed and (
-                not may_backfill or (gpu_type, memory, kinds, gpus, parts, True) in failed
-            ):
-                continue  # its shape failed whether it backfills or not: no need to ask
-            backfills = may_backfill and self._backfills(job, rank)
-            shape = (gpu_type, memory, kinds, gpus, parts, backfills)
-            if shape in failed:
-                continue
-            fit = capacity.fit(job.spec, open_nodes if backfills else reserved)
-            if isinstance(fit, Fit):
+        may_backfill = bool(held) and tier is WorkClass.ALLOCATED
+        last: tuple[int, int, JobId] | None = None  # the last job walked past
+        walking = True
+        while walking:
+            walking = False  # unless a placement changes what fits: then walk on after it
+            for job in self._queues.candidates(tier, allocation, could_fit, last):
+                last = job.key
+                spec = job.spec
+                if (
+                    headroom
+                    and tier is WorkClass.ALLOCATED
+                    and not self._leaves_headroom(spec.gpus)
+                ):
+                    return decisions
+                need = (
+                    spec.gpu_type,
+                    spec.min_gpu_memory_gib,
+                    spec.node_kinds,
+                    spec.gpus,
+                    spec.parts,
+                )
+                if (*need, False) in failed and (not may_backfill or (*need, True) in failed):
+                    continue  # its shape failed whether it backfills or not: no need to ask
+                backfills = may_backfill and self._backfills(job, rank)
+                shape: _Shape = (*need, backfills)
+                if shape in failed:
+                    continue
+                fit = capacity.fit(spec, open_nodes if backfills else reserved)
+                if isinstance(fit, NoFit):
+                    failed.add(shape)
+                    decisions += self._wait(job, fit)
+                    continue
                 decisions += self._place(job, fit)
                 if capacity.total_free == 0:
-                    break
+                    return decisions
                 largest, node_size, whole = capacity.shape(open_nodes)
-            else:
-                failed.add(shape)
-                decisions += self._wait(job, fit)
+                may_backfill = bool(held) and tier is WorkClass.ALLOCATED
+                walking = True
+                break
         return decisions
 
     def _backfills(self, job: Waiting, rank: dict[str, int]) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import operator
+from functools import partial
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,17 +67,38 @@ def test_candidates_skip_sizes_that_cannot_fit() -> None:
     assert fits == ["small", "mid"]
 
 
-def test_candidates_re_ask_the_size_test_as_the_pass_goes_on() -> None:
-    q = queues(waiting("a", 1, gpus=2), waiting("b", 2, gpus=4), waiting("c", 3, gpus=2))
-    largest = [4]
-    seen = []
-    for j in q.candidates(ALLOCATED, "team-a", lambda gpus: gpus <= largest[0]):
-        seen.append(j.job_id)
-        q.remove(j.job_id)  # placed: the caller removes it while iterating
-        largest[0] -= j.spec.gpus
-    # a took 2 of 4: b (4 GPUs) no longer fits; c (2) does.
-    assert seen == ["a", "c"]
-    assert list(q.jobs) == ["b"]
+def test_a_walk_after_a_placement_asks_the_sizes_again_from_the_job_after_it() -> None:
+    q = queues(
+        waiting("a", 1, gpus=2),
+        waiting("b", 2, gpus=4),
+        waiting("c", 3, gpus=2),
+        waiting("d", 4, gpus=1),
+    )
+    largest = 4
+    seen: list[str] = []
+    after = None
+    walking = True
+    while walking:
+        walking = False
+        for j in q.candidates(ALLOCATED, "team-a", partial(operator.ge, largest), after):
+            seen.append(j.job_id)
+            after = j.key
+            if j.job_id != "c":  # c is passed over (say, its type does not fit)
+                q.remove(j.job_id)  # placed: the walk starts again after it
+                largest -= j.spec.gpus
+                walking = True
+                break
+    # a took 2 of 4: b (4 GPUs) no longer fits; c is passed over; d (1) fits.
+    assert seen == ["a", "c", "d"]
+    assert list(q.jobs) == ["b", "c"]
+
+
+def test_a_walk_after_a_job_starts_past_it_in_every_size() -> None:
+    q = queues(*(waiting(f"j{i}", i, gpus=1 + i % 3) for i in range(9)))
+    first = list(q.candidates(ALLOCATED, "team-a", lambda _: True))
+    after = first[3].key
+    rest = list(q.candidates(ALLOCATED, "team-a", lambda _: True, after))
+    assert rest == first[4:]
 
 
 def test_jobs_are_queued_by_tier_and_allocation() -> None:
