@@ -41,7 +41,17 @@ import numpy as np
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
 from libs.core.service_level import SmallTeams, headline, owed_gpus, slowdown, small_team
-from libs.sim.batch import PLACING, RUNNING, STOPPED, STOPPING, WAITING, Job, Observer
+from libs.sim.batch import (
+    CANCELLED,
+    PLACING,
+    REJECTED,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    WAITING,
+    Job,
+    Observer,
+)
 
 CLASSES = tuple(c.value for c in WorkClass)
 _SHOWN = {PLACING: RUNNING, STOPPING: STOPPED}  # a job's state as its outcome
@@ -128,7 +138,11 @@ class Series:
 class Unstarted:
     """A job over 64 GPUs that the cluster could run but that never started: when it
     asked, for what, and what it would have cost. ``entitled_gpus``: its team's share of
-    the cluster, the most the team is ever owed."""
+    the cluster, the most the team is ever owed. ``ahead_gpu_h``: the work its team had
+    queued before it in the team's own order (same class, priority at least its own,
+    submitted earlier) that had not started when it asked and that the cluster could
+    run, GPUs × run time; beside ``entitled_gpus`` × ``waited_s`` it says whether the
+    team's share could have reached the job at all before the run ended."""
 
     job_id: str
     allocation: str
@@ -137,6 +151,7 @@ class Unstarted:
     waited_s: float  # until the run's end
     gpu_h: float  # its GPUs × its run time
     entitled_gpus: float
+    ahead_gpu_h: float
 
 
 @dataclass(frozen=True)
@@ -279,6 +294,7 @@ class Recorder(Observer):
         whole = headline(
             ((a.owed_gpu_h, a.delivered_gpu_h) for a in allocations), self.capacity * span / 3600
         )
+        jobs = list(jobs)  # in submission order
         outcomes = [job for job in jobs if job.sim.at >= self.start]
         sized: dict[str, list[Job]] = {size: [] for size in SIZES}
         for job in outcomes:
@@ -328,24 +344,49 @@ class Recorder(Observer):
                 size: Distribution.of([w for j in js if (w := _wait(j, self.end)) is not None])
                 for size, js in sized.items()
             },
-            large_never_started=tuple(
-                self._unstarted(job) for job in sized[">64"] if job.first_start is None
+            large_never_started=self._unstarted(
+                [job for job in sized[">64"] if job.first_start is None], jobs
             ),
             inputs=inputs,
             series=self._series,
         )
 
-    def _unstarted(self, job: Job) -> Unstarted:
-        spec = job.sim.spec
-        return Unstarted(
-            job_id=job.sim.job_id,
-            allocation=spec.allocation,
-            gpus=spec.gpus,
-            submitted_s=job.sim.at - self.start,
-            waited_s=self.end - job.sim.at,
-            gpu_h=spec.gpus * job.sim.runtime_s / 3600,
-            entitled_gpus=self.entitlements.get(spec.allocation, 0.0) * self.capacity,
-        )
+    def _unstarted(self, large: list[Job], jobs: list[Job]) -> tuple[Unstarted, ...]:
+        """The large jobs that never started, each with the work queued before it."""
+        if not large:
+            return ()
+        # Per team and class, its queue as columns: (position, priority, first start, GPU-h).
+        rows: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
+        for i, job in enumerate(jobs):
+            spec = job.sim.spec
+            if self._fits(spec) and job.state not in (CANCELLED, REJECTED):
+                started = math.inf if job.first_start is None else job.first_start
+                rows.setdefault((spec.allocation, spec.work_class.value), []).append(
+                    (i, spec.priority, started, spec.gpus * job.sim.runtime_s / 3600)
+                )
+        queues = {team: np.array(queue).T for team, queue in rows.items()}
+        position = {id(job): i for i, job in enumerate(jobs)}
+        unstarted = []
+        for job in large:
+            spec, asked = job.sim.spec, job.sim.at
+            # (A cancelled job is not queued: its team may have no queue of its class.)
+            seq, priority, started, work = queues.get(
+                (spec.allocation, spec.work_class.value), np.empty((4, 0))
+            )
+            ahead = (seq < position[id(job)]) & (priority >= spec.priority) & (started > asked)
+            unstarted.append(
+                Unstarted(
+                    job_id=job.sim.job_id,
+                    allocation=spec.allocation,
+                    gpus=spec.gpus,
+                    submitted_s=asked - self.start,
+                    waited_s=self.end - asked,
+                    gpu_h=spec.gpus * job.sim.runtime_s / 3600,
+                    entitled_gpus=self.entitlements.get(spec.allocation, 0.0) * self.capacity,
+                    ahead_gpu_h=float(work[ahead].sum()),
+                )
+            )
+        return tuple(unstarted)
 
     def _day_s(self, day: int) -> float:
         """How long day ``day`` of the window is (the last may be short)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -391,7 +392,16 @@ _UNSTARTED: Columns[Unstarted] = (
     ("asked at", lambda u: duration(u.submitted_s)),
     ("waited", lambda u: duration(u.waited_s)),
     ("would have cost (GPU-h)", lambda u: f"{u.gpu_h:,.0f}"),
+    ("team's work ahead (GPU-h)", lambda u: f"{u.ahead_gpu_h:,.0f}"),
+    ("÷ team's share till the end", lambda u: f"{_behind(u):.1f}×"),
 )
+
+
+def _behind(u: Unstarted) -> float:
+    """The team's work ahead of the job over what the team's share could run from when
+    the job asked to the run's end: over 1, its turn could not come while fair."""
+    share = u.entitled_gpus * u.waited_s / 3600
+    return u.ahead_gpu_h / share if share else math.inf
 
 
 def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
@@ -404,6 +414,7 @@ def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
         unstarted = m.large_never_started
         total = sum(u.gpu_h for u in unstarted)
         beyond = sum(u.gpus > u.entitled_gpus for u in unstarted)
+        behind = sum(_behind(u) > 1 for u in unstarted)
         teams = Counter(u.allocation for u in unstarted)
         lines += [
             f"### {m.policy}: {len(unstarted)} job{'s' if len(unstarted) != 1 else ''} "
@@ -411,7 +422,10 @@ def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
             f"({total:,.0f} GPU-hours of work)",
             "",
             f"By team: {', '.join(f'{t} {n}' for t, n in sorted(teams.items()))}; {beyond} "
-            "asked for more than their team's share of the cluster.",
+            "asked for more than their team's share of the cluster; "
+            f"{behind} had more of their team's work queued before them, when they asked, "
+            "than the team's share could run by the end (their turn could not come "
+            "without giving the team more than its share, or reordering its queue).",
             "",
             *markdown_table(*table(_UNSTARTED, list(unstarted[:UNSTARTED_SHOWN]))),
             "",
@@ -426,7 +440,11 @@ def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
     intro = (
         "Jobs that the cluster could run, submitted in the window, that never started: "
         "*asked at* is after the window's start; *team's share* is the most its team is ever "
-        "owed."
+        "owed; *team's work ahead* is the GPU-hours of its team's work of its class queued "
+        "before it in the team's own order (priority, then submission) and not yet started "
+        "when it asked (a lower bound: work requeued later is not counted); *÷ team's share "
+        "till the end* divides that by the team's share × the time from its asking to the "
+        "run's end (over 1×, the team's share could not reach it)."
     )
     return ["## Large jobs that never started", "", intro, "", *lines]
 

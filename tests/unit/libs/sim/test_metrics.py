@@ -136,6 +136,27 @@ def test_a_large_job_that_never_started_is_reported_with_its_cost() -> None:
     assert (wide.job_id, wide.allocation, wide.gpus) == ("wide", "a", 100)
     assert (wide.submitted_s, wide.waited_s) == (300.0, 600.0)
     assert (wide.gpu_h, wide.entitled_gpus) == (200.0, 32.0)
+    assert wide.ahead_gpu_h == 0.0  # "ran" had started when it asked
+
+
+def test_a_large_job_that_never_started_counts_its_teams_work_queued_before_it() -> None:
+    rec = Recorder(capacity=128, entitlements={"a": 0.25, "b": 0.75}, start=0.0, end=3600.0)
+    cancelled = Job(SimJob(3.0, "gone", spec(8, allocation="a"), 3600.0), state="cancelled")
+    jobs = [
+        Job(SimJob(0.0, "ahead", spec(4, allocation="a"), 1800.0)),  # waits: 2 GPU-h
+        Job(SimJob(1.0, "first", spec(8, allocation="a", priority=1), 3600.0), first_start=60.0),
+        Job(SimJob(2.0, "low", spec(8, allocation="a", priority=-1), 3600.0)),  # after it
+        Job(SimJob(3.0, "other", spec(8, allocation="b"), 3600.0)),  # another team
+        cancelled,  # cancelled: it asks for nothing
+        Job(SimJob(4.0, "free", spec(8, allocation="a", min_runtime_s=0), 3600.0)),  # a class
+        Job(SimJob(5.0, "started", spec(8, allocation="a"), 3600.0), first_start=5.0),
+        Job(SimJob(10.0, "wide", spec(100, allocation="a"), 60.0)),
+        Job(SimJob(20.0, "later", spec(8, allocation="a", priority=2), 3600.0)),  # later
+    ]
+    m = rec.finish(jobs, "test", inputs=0)
+    [wide] = m.large_never_started
+    # "first" started after "wide" asked, so it was still ahead of it: 8 GPU-h.
+    assert wide.ahead_gpu_h == pytest.approx(2.0 + 8.0)
 
 
 def test_samples_hold_the_state_at_each_step() -> None:
@@ -154,3 +175,10 @@ def test_percentiles_interpolate_between_ranks() -> None:
     d = Distribution.of([float(v) for v in range(101)])
     assert (d.p50, d.p90, d.p99, d.count) == (50.0, 90.0, 99.0, 101)
     assert Distribution.of([]).count == 0
+
+
+def test_a_cancelled_large_job_alone_in_its_class_has_nothing_ahead() -> None:
+    rec = Recorder(capacity=128, entitlements={"a": 1.0}, start=0.0, end=3600.0)
+    wide = Job(SimJob(10.0, "wide", spec(100, allocation="a"), 60.0), state="cancelled")
+    [reported] = rec.finish([wide], "test", inputs=0).large_never_started
+    assert reported.ahead_gpu_h == 0.0

@@ -200,6 +200,9 @@ def test_the_large_jobs_that_never_started_are_listed_with_what_they_would_have_
     assert (wide["gpus"], wide["gpu_h"], wide["submitted_s"]) == (72, 72.0, 1.0)
     summary = (out / "summary.md").read_text()
     assert "### fifo: 1 job over 64 GPUs never started (72 GPU-hours of work)" in summary
+    # The 1-GPU job before it had started when it asked: nothing of its team was ahead.
+    assert wide["ahead_gpu_h"] == 0.0
+    assert "; 0 had more of their team's work queued before them" in summary
 
 
 def test_durations_read_and_print_like_people_write_them() -> None:
