@@ -399,7 +399,7 @@ _UNSTARTED: Columns[Unstarted] = (
 
 def _behind(u: Unstarted) -> float:
     """The team's work ahead of the job over what the team's share could run from when
-    the job asked to the run's end: over 1, its turn could not come while fair."""
+    the job asked to the run's end: over 1, the share could not run that work in time."""
     share = u.entitled_gpus * u.waited_s / 3600
     return u.ahead_gpu_h / share if share else math.inf
 
@@ -424,8 +424,7 @@ def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
             f"By team: {', '.join(f'{t} {n}' for t, n in sorted(teams.items()))}; {beyond} "
             "asked for more than their team's share of the cluster; "
             f"{behind} had more of their team's work queued before them, when they asked, "
-            "than the team's share could run by the end (their turn could not come "
-            "without giving the team more than its share, or reordering its queue).",
+            "than the team's share could run by the end.",
             "",
             *markdown_table(*table(_UNSTARTED, list(unstarted[:UNSTARTED_SHOWN]))),
             "",
@@ -444,7 +443,7 @@ def _unstarted_section(results: Sequence[Metrics]) -> list[str]:
         "before it in the team's own order (priority, then submission) and not yet started "
         "when it asked (a lower bound: work requeued later is not counted); *÷ team's share "
         "till the end* divides that by the team's share × the time from its asking to the "
-        "run's end (over 1×, the team's share could not reach it)."
+        "run's end (over 1×, that share could not run the work queued before it in time)."
     )
     return ["## Large jobs that never started", "", intro, "", *lines]
 
