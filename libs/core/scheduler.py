@@ -1029,6 +1029,7 @@ class Scheduler:
                 if capacity.total_free == 0:
                     return decisions
                 largest, node_size, whole = capacity.shape(open_nodes)
+                # ``held`` is the live set: placing a holder on its nodes releases them.
                 may_backfill = bool(held) and tier is WorkClass.ALLOCATED
                 walking = True
                 break

@@ -141,8 +141,10 @@ class Unstarted:
     the cluster, the most the team is ever owed. ``ahead_gpu_h``: the work its team had
     queued before it in the team's own order (same class, priority at least its own,
     submitted earlier) that had not started when it asked and that the cluster could
-    run, GPUs × run time; beside ``entitled_gpus`` × ``waited_s`` it says whether the
-    team's share could have reached the job at all before the run ended."""
+    run, GPUs × run time (a lower bound: work requeued later is not counted); beside
+    ``entitled_gpus`` × ``waited_s`` it says whether the team's share could run that work
+    before the run ended. "Before it" is ``queues.Waiting.key``'s order, of the jobs
+    there when it asked."""
 
     job_id: str
     allocation: str

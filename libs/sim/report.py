@@ -400,6 +400,8 @@ _UNSTARTED: Columns[Unstarted] = (
 def _behind(u: Unstarted) -> float:
     """The team's work ahead of the job over what the team's share could run from when
     the job asked to the run's end: over 1, the share could not run that work in time."""
+    if not u.ahead_gpu_h:
+        return 0.0  # nothing ahead: behind nothing, even for a team with no share
     share = u.entitled_gpus * u.waited_s / 3600
     return u.ahead_gpu_h / share if share else math.inf
 

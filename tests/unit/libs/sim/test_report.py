@@ -13,7 +13,8 @@ from cli.sim import sim_app
 from libs.config.scenario import load_scenario
 from libs.core import PolicyConfig
 from libs.sim import build_workload
-from libs.sim.report import SUMMARY, duration
+from libs.sim.metrics import Unstarted
+from libs.sim.report import SUMMARY, _behind, duration
 from libs.sim.scenario import Targets
 from libs.sim.tables import table
 
@@ -203,6 +204,15 @@ def test_the_large_jobs_that_never_started_are_listed_with_what_they_would_have_
     # The 1-GPU job before it had started when it asked: nothing of its team was ahead.
     assert wide["ahead_gpu_h"] == 0.0
     assert "; 0 had more of their team's work queued before them" in summary
+
+
+def test_a_large_job_is_behind_its_teams_share_only_with_work_ahead_of_it() -> None:
+    def behind(ahead_gpu_h: float, entitled_gpus: float) -> float:
+        return _behind(Unstarted("j", "a", 100, 0.0, 3600.0, 1.0, entitled_gpus, ahead_gpu_h))
+
+    assert behind(0.0, 0.0) == 0.0  # no share, but nothing ahead either
+    assert behind(50.0, 100.0) == 0.5
+    assert behind(200.0, 100.0) == 2.0
 
 
 def test_durations_read_and_print_like_people_write_them() -> None:
