@@ -15,7 +15,7 @@ from typing import NamedTuple
 from libs.core.budget_tree import BudgetTree
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
-from libs.core.contract import borrows
+from libs.core.contract import Reclaims, borrows
 from libs.core.decisions import ServingHeld, ServingReleased
 from libs.core.fairshare import Standing, leaf_order, standings
 from libs.core.ids import JobId, NodeId
@@ -143,6 +143,21 @@ class Charges:
         the cluster (``contract.borrows``), in priced GPUs."""
         holding = self._holding(spec.allocation) + self._priced(tasks)
         return borrows(spec, holding, self._entitled(spec.allocation))
+
+    def reclaims(self, spec: JobSpec) -> Reclaims:
+        """Whose borrowed GPUs the job may take back: anyone's if, placed on the cheapest
+        GPUs it may use, it would stay within its allocation's share; else only those of
+        allocations further beyond theirs than it would be (so no two jobs take the same
+        GPUs from each other in turn)."""
+        price = self.config.price(spec.gpu_type)
+        if self.config.gpu_prices and not spec.gpu_type:
+            price = min(self.config.price(n.gpu_type) for n in self._capacity.nodes.values())
+        holding = self._holding(spec.allocation) + spec.gpus * price
+        entitled = self._entitled(spec.allocation)
+        if not borrows(spec, holding, entitled):
+            return None
+        beyond = holding - entitled
+        return frozenset(a for a in self._tally if self.beyond_share(a) > beyond * (1 + 1e-9))
 
     def beyond_share(self, allocation: str) -> float:
         """What the allocation holds beyond its share of the cluster now (running work

@@ -9,6 +9,10 @@ An allocation's entitlement is its guarantee; beyond it, charged work runs on
 does not protect it there (unless ``PolicyConfig.protect_borrowed``): a team below
 its share takes them back at once, as borrowed quota is reclaimed, instead of
 waiting up to the contract cap behind work that others' idle share let start.
+A job that would borrow itself takes them back only from teams further beyond their
+share than it would be (``Reclaims``), or once they have run ``RECLAIM_TURN_S``: two
+teams' jobs wider than either share would otherwise take the same GPUs from each
+other, each borrowing in turn, every preemption round, for ever.
 """
 
 from __future__ import annotations
@@ -20,6 +24,15 @@ from functools import cached_property
 
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
+
+# Borrowed work is safe from a job that would borrow itself (but for one of a team
+# further beyond its share) this long at most: two jobs wider than their teams'
+# shares take turns of this length, not of a preemption round each.
+RECLAIM_TURN_S = 1800.0
+
+# The allocations whose borrowed GPUs a waiting job may take back within their turn
+# (those further beyond their share than it would be); None: any.
+Reclaims = frozenset[str] | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,10 @@ class RunningJob:
     protect_s: float  # its minimum runtime, within the policy's cap
     estimate_s: float | None = None  # how long it is expected to run (planning only)
     checkpointed_at: float | None = None  # when it last said it saved; None: never
+    # On borrowed GPUs, the end of its turn (the runtime its contract would protect
+    # elsewhere, at most ``RECLAIM_TURN_S``): till then a job that would borrow itself
+    # takes them back only from a team further beyond its share (``Reclaims``).
+    borrowed_until: float = -math.inf
 
     def protected(self, now: float) -> bool:
         return now < self.protected_until
@@ -101,20 +118,29 @@ def may_preempt(waiting: JobSpec, victim: RunningJob, rank: dict[str, int], now:
     return victims_of(waiting, rank, now)(victim)
 
 
-def victims_of(waiting: JobSpec, rank: dict[str, int], now: float) -> Callable[[RunningJob], bool]:
+def victims_of(
+    waiting: JobSpec, rank: dict[str, int], now: float, *, reclaims: Reclaims = None
+) -> Callable[[RunningJob], bool]:
     """``may_preempt`` for one waiting job, its side decided once: planning asks it of
-    every running job."""
+    every running job (``reclaims``: whose borrowed GPUs it may take back)."""
     if not waiting.allocated:
         return lambda victim: False
-    return victims_for(waiting.allocation, rank, now, debug=waiting.work_class is WorkClass.DEBUG)
+    debug = waiting.work_class is WorkClass.DEBUG
+    return victims_for(waiting.allocation, rank, now, debug=debug, reclaims=reclaims)
 
 
 def victims_for(
-    allocation: str, rank: dict[str, int], now: float, *, debug: bool = False
+    allocation: str,
+    rank: dict[str, int],
+    now: float,
+    *,
+    debug: bool = False,
+    reclaims: Reclaims = None,
 ) -> Callable[[RunningJob], bool]:
     """``may_preempt`` for charged work of ``allocation`` (``debug``: debug work): free
     work, and charged work past its contract of allocations ranked below it (any
-    non-debug work, for debug work)."""
+    non-debug work, for debug work); work on borrowed GPUs within its turn only of the
+    allocations it ``reclaims`` from."""
     unknown = len(rank)
     own = rank.get(allocation, unknown)
 
@@ -124,6 +150,9 @@ def victims_for(
         spec = victim.spec
         if not spec.allocated:
             return True
+        borrowed = now < victim.borrowed_until
+        if borrowed and reclaims is not None and spec.allocation not in reclaims:
+            return False
         if debug:
             return spec.work_class is not WorkClass.DEBUG
         return rank.get(spec.allocation, unknown) > own

@@ -50,15 +50,15 @@ def release_time(
     now: float,
 ) -> float:
     """When the holder likely gets ``victim``'s GPUs without throwing work away: now if
-    it may take them and the victim resumes, at the end of its contract if it may take
-    them then, else at its likely end: infinite when unknown, or once it has outrun its
-    estimate (it may run on for any time)."""
+    it may take them and the victim resumes, at the end of its contract (or of its turn
+    on borrowed GPUs) if it may take them then, else at its likely end: infinite when
+    unknown, or once it has outrun its estimate (it may run on for any time)."""
     resumes = victim.lost_gpu_s(now) == 0
     if resumes and may_take_now(victim):
         return now
     end = victim.likely_end if victim.likely_end > now else math.inf
     if resumes and may_take_later(victim):
-        return min(max(victim.protected_until, now), end)
+        return min(max(victim.protected_until, victim.borrowed_until, now), end)
     return end
 
 

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from libs.core.contract import RunningJob, victim_order, victims_of
+from libs.core.contract import Reclaims, RunningJob, victim_order, victims_of
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec
 
@@ -47,6 +47,7 @@ def plan_preemption(
     room_bound: Callable[[NodeId], int] | None = None,
     node_size: int | None = None,
     ordered: bool = False,
+    reclaims: Reclaims = None,
 ) -> Plan | None:
     """``candidate_nodes`` are (node id, GPU count, free GPUs) of nodes the job could use.
     A lossy plan (not ``lossless``) may also stop single-node work that cannot resume,
@@ -57,13 +58,14 @@ def plan_preemption(
     of any node the job could use, and ``candidate_nodes`` may then leave out the nodes a
     plan skips: the plan is the same. ``ordered``: they come by free GPUs (most first),
     then by id, and only as far as the plan reads them (a job that fits one node stops
-    at the first node where no plan can cost less than the best so far)."""
+    at the first node where no plan can cost less than the best so far). ``reclaims``:
+    whose borrowed GPUs it may take back (``contract.Reclaims``)."""
     if node_size is None:
         candidate_nodes = list(candidate_nodes)
         node_size = max((size for _, size, _ in candidate_nodes), default=0)
     if node_size == 0:
         return None
-    by_contract = victims_of(waiting, rank, now)
+    by_contract = victims_of(waiting, rank, now, reclaims=reclaims)
 
     cap = 0.0 if lossless else loss_cap_s * waiting.gpus
 

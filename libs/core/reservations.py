@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
-from libs.core.contract import RunningJob, victims_of
+from libs.core.contract import Reclaims, RunningJob, victims_of
 from libs.core.holds import Floors, Hold, floors, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
@@ -72,6 +72,7 @@ class _Failed:
     candidates: Candidates
     victims: list[tuple[RunningJob, ...]]
     rank: dict[str, int]
+    reclaims: Reclaims
     until: float
 
 
@@ -112,9 +113,12 @@ class Reservations:
         running: RunningWork,
         rank: dict[str, int],
         now: float,
+        *,
+        reclaims: Reclaims,
     ) -> tuple[RunningJob, ...]:
         """Plan to free room for a blocked job: reserve the nodes and return the victims
-        to stop; or, when none can give it room now, hold the nodes that free soonest."""
+        to stop; or, when none can give it room now, hold the nodes that free soonest.
+        ``reclaims``: whose borrowed GPUs it may take back (``contract.Reclaims``)."""
         if not job.spec.allocated:
             return ()
         spec, free, reserved = job.spec, capacity.free, self.reserved  # bound: a hot loop
@@ -124,7 +128,7 @@ class Reservations:
             # Between refreshes a hold only checks whether its own nodes can be freed.
             candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in held]
             room = running.room_bound(now, lossless=True)
-            plan = self._lossless(job, candidates, running_on, room, rank, now)
+            plan = self._lossless(job, candidates, running_on, room, rank, now, reclaims)
             return self._stop_for(job.job_id, plan, now)
         attempt = (job.job_id, running.version)
         no_plan = self._no_plan.value
@@ -135,12 +139,14 @@ class Reservations:
         node_size = _largest(nodes, reserved)
         # Room without throwing work away; else the soonest such room, held; else, when
         # that is too far off, room at the cost of work that cannot resume.
-        plan = self._plan(spec, nodes, node_size, capacity, running, rank, now, lossless=True)
+        plan = self._plan(
+            spec, nodes, node_size, capacity, running, rank, now, reclaims, lossless=True
+        )
         if plan is not None:
             return self._stop_for(job.job_id, plan, now)
         hold = None
         if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
-            hold = self._hold(spec, nodes, running, rank, now)
+            hold = self._hold(spec, nodes, running, rank, now, reclaims)
         if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
             # A job throws away, in all, at most what it is sure to do itself (its
             # minimum runtime) or what it has waited, whichever is more, on its GPUs
@@ -150,7 +156,15 @@ class Reservations:
                 max(spec.min_runtime_s, now - job.since), self.config.max_min_runtime_s
             )
             plan = self._plan(
-                spec, nodes, node_size, capacity, running, rank, now, loss_cap_s=loss_cap_s
+                spec,
+                nodes,
+                node_size,
+                capacity,
+                running,
+                rank,
+                now,
+                reclaims,
+                loss_cap_s=loss_cap_s,
             )
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)
@@ -170,6 +184,7 @@ class Reservations:
         running: RunningWork,
         rank: dict[str, int],
         now: float,
+        reclaims: Reclaims,
         *,
         lossless: bool = False,
         loss_cap_s: float = math.inf,
@@ -191,6 +206,7 @@ class Reservations:
                 room_bound=running.room_bound(now, lossless=lossless),
                 node_size=node_size,
                 ordered=True,
+                reclaims=reclaims,
             )
 
         def roomy(free_work: bool) -> Iterator[tuple[NodeId, int, int]]:
@@ -224,11 +240,13 @@ class Reservations:
         running: RunningWork,
         rank: dict[str, int],
         now: float,
+        reclaims: Reclaims,
     ) -> Hold | None:
         """The nodes not reserved to hold for ``spec``, as ``holds.soonest_nodes`` picks
         them: GPUs not held by running work (free, or being freed) count as free now."""
-        may_take_now = victims_of(spec, rank, now)  # losslessly: ``release_time`` checks
-        may_take_later = victims_of(spec, rank, math.inf)
+        # Losslessly: ``release_time`` checks.
+        may_take_now = victims_of(spec, rank, now, reclaims=reclaims)
+        may_take_later = victims_of(spec, rank, math.inf, reclaims=reclaims)
         running_on = running.preemptible_by_node()
         reserved, memo, rooms_of = self.reserved, self._floors, running.rooms
         candidates: list[tuple[NodeId, int, int, Floors]] = []
@@ -257,6 +275,7 @@ class Reservations:
         room: Callable[[NodeId], int],
         rank: dict[str, int],
         now: float,
+        reclaims: Reclaims,
     ) -> Plan | None:
         """``plan_preemption`` losing nothing, skipped while it is sure to fail again."""
         victims = [tuple(running_on.get(node_id, ())) for node_id, _, _ in candidates]
@@ -268,18 +287,34 @@ class Reservations:
             and failed.candidates == candidates
             and failed.victims == victims  # the same objects: compared by identity first
             and failed.rank == rank
+            and failed.reclaims == reclaims
         ):
             return None
         plan = plan_preemption(
-            job.spec, candidates, running_on, rank, now, lossless=True, room_bound=room
+            job.spec,
+            candidates,
+            running_on,
+            rank,
+            now,
+            lossless=True,
+            room_bound=room,
+            reclaims=reclaims,
         )
         self._failed.pop(job.job_id, None)
         if plan is None:
-            until = min(
-                (v.protected_until for on in victims for v in on if v.protected_until > now),
+            until = min(  # the first contract (or turn on borrowed GPUs) to end
+                (
+                    t
+                    for on in victims
+                    for v in on
+                    for t in (v.protected_until, v.borrowed_until)
+                    if t > now
+                ),
                 default=math.inf,
             )
-            self._failed[job.job_id] = _Failed(job.spec, candidates, victims, dict(rank), until)
+            self._failed[job.job_id] = _Failed(
+                job.spec, candidates, victims, dict(rank), reclaims, until
+            )
             if len(self._failed) > FAILED_MEMO:
                 del self._failed[next(iter(self._failed))]
         return plan

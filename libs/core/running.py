@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from libs.core.config import PolicyConfig
-from libs.core.contract import RunningJob
+from libs.core.contract import RECLAIM_TURN_S, RunningJob
 from libs.core.decisions import PreemptionRule, Protection, StopCause
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
@@ -82,6 +82,14 @@ class Running:
         """How long its contract protects it from its start; none on borrowed GPUs unless
         the policy protects those too."""
         return 0.0 if self.unprotected_borrower(config) else self.contract_s(config)
+
+    def borrowed_until(self, config: PolicyConfig) -> float:
+        """Unprotected on borrowed GPUs, the end of its turn there: the runtime its
+        contract would protect elsewhere, at most ``RECLAIM_TURN_S``
+        (``contract.RunningJob.borrowed_until``)."""
+        if self.started_at is None or not self.unprotected_borrower(config):
+            return -math.inf
+        return self.started_at + min(self.contract_s(config), RECLAIM_TURN_S)
 
     def protection(self, config: PolicyConfig) -> Protection:
         """What protects it from preemption, as it is placed."""
@@ -332,6 +340,7 @@ class RunningWork:
                 run.protect_s(self.config),
                 run.estimate_s,
                 run.checkpointed_at,
+                run.borrowed_until(self.config),
             )
             if candidate
             else None

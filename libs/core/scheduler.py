@@ -148,7 +148,12 @@ POLICY = "budget"
 # preemption, a drain or a time limit carries the job's warning (``Stop.warn_signal``);
 # a node's incarnation declared lost is refused when it registers again (an agent that
 # took its tasks back registers with the incarnation it had).
-POLICY_VERSION = 32
+# 33: a job that would borrow itself takes borrowed GPUs back only from allocations
+# further beyond their share than it would be (``contract.Reclaims``), or once they have
+# run ``RECLAIM_TURN_S`` (30 min): two jobs wider than their teams' shares take turns of
+# that length, not a stop every preemption round, for ever. A hold counts a turn's end
+# as when those GPUs free.
+POLICY_VERSION = 33
 # What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, parts,
 # backfills).
 _Shape = tuple[str, float, frozenset[NodeKind], int, int, bool]
@@ -1144,7 +1149,14 @@ class Scheduler:
         yielded = self._yield_serving(job, rank)
         if yielded:
             return yielded
-        victims = self._reservations.plan_for(job, self._capacity, self._running, rank, self.now)
+        victims = self._reservations.plan_for(
+            job,
+            self._capacity,
+            self._running,
+            rank,
+            self.now,
+            reclaims=self._charges.reclaims(job.spec),
+        )
         decisions: list[Decision] = []
         for victim in victims:
             decisions += self._preempt(victim.job_id, job.job_id, job.spec.allocation)

@@ -40,7 +40,7 @@ def verify(tmp_path: Path, policy: str) -> tuple[int, str]:
 def test_the_knobs_placement_ran_with_reproduce_every_decision(tmp_path: Path) -> None:
     code, output = verify(tmp_path, "")
     assert code == 0, output
-    assert "345 decisions, 345 reproduced" in output
+    assert "347 decisions, 347 reproduced" in output
 
 
 def test_other_knobs_are_named_before_any_divergence(tmp_path: Path) -> None:
@@ -77,5 +77,5 @@ def test_a_reproduced_log_as_yaml(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args, env={"QM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     assert result.exit_code == 0, result.output
     report = yaml.safe_load(result.stdout)
-    assert report["ok"] is True and report["checked"] == report["reproduced"] == 345
+    assert report["ok"] is True and report["checked"] == report["reproduced"] == 347
     assert report["divergence"] is None

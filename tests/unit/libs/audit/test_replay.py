@@ -94,9 +94,12 @@ def test_a_replay_in_step_holds_nothing_back() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.randoms(use_true_random=False))
-def test_any_interleaving_of_partitions_and_sides_reproduces(rng: random.Random) -> None:
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_any_interleaving_of_partitions_and_sides_reproduces(seed: int) -> None:
     """Kafka hands out partitions and topics in any mix; only each one's own order holds."""
+    # A seed, not ``st.randoms``: each of the thousands of choices would be drawn from
+    # hypothesis's buffer, which outgrows its health check as the logs grow.
+    rng = random.Random(seed)
     queues: list[list[tuple[int, int, events_pb2.Envelope]] | list[events_pb2.Envelope]] = [
         list(reversed(_inputs(_steps(0), 0))),
         list(reversed(_inputs(_steps(1), 1))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -10,6 +11,7 @@ from libs.core import (
     BudgetSet,
     CancelRequested,
     Decision,
+    Input,
     JobArrived,
     JobSpec,
     NodeJoined,
@@ -30,6 +32,7 @@ from libs.core import (
     Wait,
 )
 from libs.core.config import PolicyConfig
+from libs.core.contract import RECLAIM_TURN_S
 from libs.core.decisions import stop_grace
 from libs.core.fairshare import leaf_order
 from libs.core.reservations import PREEMPTION_ROUND_S
@@ -186,6 +189,41 @@ def test_work_placed_beyond_its_share_is_taken_back_inside_its_minimum_runtime()
     d = s.handle(JobArrived(10, "a-job", job(1, allocation="a", min_runtime_s=HOUR)))
     assert stopped(d) == ["b-borrowed"]  # not b-mine: within b's share, it is protected
     assert placed(s.handle(TaskEnded(20, "b-borrowed", "b-borrowed/0", "n0"))) == ["a-job"]
+
+
+def test_a_job_that_would_borrow_itself_takes_borrowed_gpus_back_after_a_turn() -> None:
+    s = cluster(2, a=1, b=1)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-wide", job(2, allocation="b", min_runtime_s=HOUR, resumable=True))
+    d = s.handle(JobArrived(10, "a-wide", job(2, allocation="a", min_runtime_s=HOUR)))
+    assert stopped(d) == []  # a's 2 GPUs would be beyond its share of 1, as b's are
+    assert stopped(s.handle(Tick(RECLAIM_TURN_S - 1))) == []
+    assert stopped(s.handle(Tick(RECLAIM_TURN_S + PREEMPTION_ROUND_S))) == ["b-wide"]  # its turn
+    s = cluster(2, a=1, b=1)
+    charged(s, a=0.0, b=1e9)
+    run_job(s, 0, "b-wide", job(2, allocation="b", min_runtime_s=HOUR, resumable=True))
+    d = s.handle(JobArrived(10, "a-one", job(1, allocation="a", min_runtime_s=HOUR)))
+    assert stopped(d) == ["b-wide"]  # within a's share: it takes back what b borrowed
+
+
+def test_two_jobs_wider_than_their_teams_shares_take_turns_not_a_stop_each_round() -> None:
+    # Each runs beyond its team's share. Taking the node back whenever the other ranked
+    # below would stop one of them every preemption round, for ever.
+    s = cluster(2, a=1, b=1)
+    run_job(s, 0, "b-wide", job(2, allocation="b", min_runtime_s=HOUR, resumable=True))
+    wide = job(2, allocation="a", min_runtime_s=HOUR, resumable=True)
+    inputs: list[Input] = [JobArrived(10, "a-wide", wide)]
+    stops: list[float] = []
+    at = 10.0
+    while at < 3 * HOUR:
+        for d in s.handle(inputs.pop(0) if inputs else Tick(at := at + 15)):
+            if isinstance(d, Stop):
+                stops.append(at)
+                inputs.append(TaskEnded(at + 1, d.job_id, d.task_id, d.node_id))
+            elif isinstance(d, Place):
+                inputs.append(TaskStarted(at + 1, d.job_id, d.task_id, d.node_id))
+    assert len(stops) >= 3  # they do share the node
+    assert all(later - earlier >= RECLAIM_TURN_S for earlier, later in pairwise(stops))
 
 
 def test_the_policy_may_protect_borrowed_work_too() -> None:
