@@ -197,8 +197,8 @@ def _show_divergence(result: AuditResult, found: Divergence) -> None:
     console.print(table)
     if any(f.endswith(("provenance.policy", "provenance.policy_version")) for f in found.fields):
         console.print(
-            "[yellow]the log was decided by another policy version: "
-            "audit it with the release that recorded it[/]"
+            "[yellow]the log was decided by another policy version: audit it with a release "
+            "of the version it names (docs/policy-versions.md says what each changed)[/]"
         )
     elif not result.config and any(f.endswith("provenance.config_digest") for f in found.fields):
         console.print(

@@ -79,80 +79,8 @@ from libs.core.state import Cell, State, Table
 from libs.core.validation import joined, rejection, validate_node
 
 POLICY = "budget"
-# 9: every decision's provenance carries the digest of the knobs it was decided
-# under (``config_digest``), so the same input yields other bytes than under 8.
-# 10: the digest covers every declared table (libs/core/state.py): reasons, seen jobs,
-# the no-plan cache, the preemption round and more; the decisions are unchanged.
-# 11: a job's spec carries its runtime estimate, and the digest covers each user's
-# learned runtimes (libs/core/estimates.py); the decisions are unchanged.
-# 12: gangs get their turn (holds, ``holds.py``); running gangs may be preempted as a
-# whole; victims are chosen to lose the least work.
-# 13: charged work placed beyond its allocation's share runs on borrowed GPUs, which its
-# minimum runtime does not protect (``contract.borrows``); a report of a task's start
-# or idleness at an unmoved clock decides nothing outside a preemption round; debug work
-# throws away at most its own minimum runtime's worth of work per victim.
-# 14: every job (charged work too) throws away at most its own minimum runtime × its
-# GPUs of work that cannot resume, in all (a gang's plan over all its nodes).
-# 15: free work stopped for other work gets ``free_stop_grace_s`` (5 s) before SIGKILL
-# (``Stop.grace_s``); the decisions are otherwise unchanged.
-# 16: a job may throw away as much work as it has waited, if that is more than its
-# minimum runtime (a short wide job is not stuck for good).
-# 17: compass plans held workflows earliest due first (arrival + hold_threshold × best
-# case), not oldest first; the knob ``serving_cache_model`` (lookahead, as before, or
-# fifo-cost).
-# 18: the held workflows' due time has its own knob, ``due_slack`` (30; it was
-# hold_threshold); ``hold_threshold`` 3 -> 0.75; ``PeerPlaced``: another planner's
-# serving task counts in its GPU's queue; a node whose agent states other caches than
-# serving_cache_model is refused.
-# 19: serving keeps a warm reserve (``serving_reserve`` × its busy GPUs, at least
-# ``serving_reserve_min``) and lends the other idle GPUs back after ``serving_lend_s``;
-# a backed-up pool with no free GPU stops one job as its allocation could (free work,
-# or charged work it outranks past its contract, losing nothing) and takes its GPUs.
-# 20: a GPU serving holds is charged to an allocation while held, busy or idle
-# (``ServingHeld``, ``ServingReleased``), its workflow tasks no longer on their own; under
-# budget pressure a waiting charged job takes, before any batch victim, the idle serving
-# GPUs held beyond their share for allocations ranked below it (all but the
-# ``serving_reserve_min`` warm ones), on a node where they make room for it.
-# 21: budget pressure on serving makes room for gangs too: the idle serving GPUs on the
-# nodes a gang lacks, each allocation's share counted over all of them.
-# 22: under overload compass keeps the workflows with the most work waiting, till
-# their due time at the most (``admit_load``, ``arrival_window_s``, ``admit_window_s``).
-# 23: among several planners each counts the others' arrivals (``PeerArrived``) and
-# admits its share of the work, not the others' sends; a named planner
-# (``serving_planner``) takes GPUs that tie in an order of its own.
-# 24: the serving pool holds its load (the mean of its busy GPUs over
-# ``serving_load_window_s``, 30 s) plus ``serving_reserve`` (2) × the load's square
-# root, not a reserve per GPU busy now; ``serving_lend_s`` 3 -> 0 (at once).
-# 25: a backed-up pool stops charged work only if it resumes (work that cannot resume
-# and had just started lost nothing, but ended).
-# 26: of the jobs a backed-up pool may stop that lose the least, the one that frees the
-# most of the GPUs it is short goes first (not the fewest GPUs, as batch preemption does).
-# 27: among several planners each reads the others' plans (``PeerPlanned``): their tasks
-# not yet sent hold their GPUs' queues; a plan weighs every free GPU the others keep busy.
-# 28: the serving pool's warm reserve counts only the free GPUs batch work left free at
-# its last pass, not GPUs a batch job freed since (waiting batch work takes those).
-# 29: a load's staffing is rounded to 9 decimals before it is rounded up to GPUs, so a
-# mean a few float roundings over a whole square (9.000000000000002) staffs no GPU more.
-# 30: compass sends each task with a wait limit (the wait it expects there plus
-# ``refuse_margin`` × its run time); a GPU that would keep it waiting longer refuses it
-# (``TaskRefused``) and it goes where it starts first, elsewhere. A planner's share of
-# admissions is of the GPUs' whole time, not ``admit_load`` of it.
-# 31: a batch job whose command must really run is placed on process nodes only, and
-# nodes that take workflows only take no batch job (``NodeKind``); each placement says
-# how the job is protected (``Protection``), and each preemption for whom and by which
-# rule (``Preemption``), which the job's requeue or end repeats.
-# 32: a job may wait for others (``JobSpec.after``) and have a time limit; a gang whose
-# part exits non-zero is stopped whole (``GANG_FAILED``); a job may name its nodes
-# (``JobSpec.nodes``: equal parts on distinct nodes); a gang's placement names every
-# part and a rendezvous port (``Place.gang``, ``Place.master_port``); a stop for
-# preemption, a drain or a time limit carries the job's warning (``Stop.warn_signal``);
-# a node's incarnation declared lost is refused when it registers again (an agent that
-# took its tasks back registers with the incarnation it had).
-# 33: a job that would borrow itself takes borrowed GPUs back only from allocations
-# further beyond their share than it would be (``contract.Reclaims``), or once they have
-# run ``RECLAIM_TURN_S`` (30 min): two jobs wider than their teams' shares take turns of
-# that length, not a stop every preemption round, for ever. A hold counts a turn's end
-# as when those GPUs free.
+# What each version changed: docs/policy-versions.md. A change that alters any
+# decision for the same input bumps it and adds its line there.
 POLICY_VERSION = 33
 # What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, parts,
 # backfills).

@@ -37,8 +37,9 @@ def test_golden_logs(sidecar: Path) -> None:
         assert found is None, (
             f"{sidecar.stem} no longer reproduces at input offset {found.input_offset}, "
             f"decision #{found.index}: {found.difference.value} {list(found.fields)}. "
-            f"If the policy changed on purpose, bump POLICY_VERSION in libs/core/scheduler.py "
-            f"and {REGENERATE}; otherwise the scheduler lost its determinism."
+            f"If the policy changed on purpose, bump POLICY_VERSION in libs/core/scheduler.py, "
+            f"say what changed in docs/policy-versions.md and {REGENERATE}; otherwise the "
+            f"scheduler lost its determinism."
         )
         assert result.checked == result.reproduced == golden["decision_count"] > 0
     else:
