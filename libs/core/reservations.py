@@ -15,7 +15,8 @@ hold's nodes are chosen afresh every ``HOLD_REFRESH_S`` (as work ends, the soone
 nodes move), and a round that plans for other jobs releases it. Holds are kept
 until then, not timed out like nodes being freed. In between, a round checks
 whether a hold's nodes can be freed without loss, unless nothing that check read
-has changed since it last failed and no contract there has ended.
+has changed since it last failed and no contract (or turn on borrowed GPUs) there has
+ended.
 
 A round plans for up to a dozen jobs, each over every node, so a plan reads only the
 nodes it may not skip at once (``_roomy``): those with a few free GPUs, and those the
