@@ -23,7 +23,7 @@ from cli.output import Document, Format, OutputFlag, message, stdout_console, wr
 from cli.params import input_file
 from cli.progress import tallies
 from cli.render import errors, fail
-from libs.audit import AuditResult, Divergence, audit_parallel
+from libs.audit import AuditResult, Divergence, OtherRelease, audit_parallel, policy_commits
 from libs.bus import KafkaSettings, load_topic_config
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
@@ -76,11 +76,17 @@ def verify(
 ) -> None:
     """Replay every input through the scheduler; compare with the recorded decisions.
 
+    Decisions another policy version made are not replayed: the audit names the
+    release that made them (version and commit), which is the one to audit them with.
+
     Exits 0 when every decision reproduced (and every snapshot checked matched), 1
-    otherwise. -o json|yaml: {"ok", "inputs", "checked", "reproduced", "events_per_s",
-    "policy", "policy_version", "config": [{"knob", "log", "replay"}], "snapshots":
-    [{"partition", "offset", "ok", "differing"}], "started_from": [{"partition",
-    "offset"}], "divergence": null or {"partition", "input_offset", "index",
+    when one did not, 3 when all it checked reproduced but some were another policy
+    version's. -o json|yaml: {"ok", "complete", "inputs", "checked", "reproduced",
+    "events_per_s", "policy", "policy_version", "config": [{"knob", "log",
+    "replay"}], "snapshots": [{"partition", "offset", "ok", "differing"}],
+    "started_from": [{"partition", "offset"}], "other_releases": [{"partition",
+    "policy", "policy_version", "release", "commits", "first_offset", "last_offset",
+    "decisions"}], "divergence": null or {"partition", "input_offset", "index",
     "difference", "fields", "replayed", "recorded"} (envelopes as qm.v1.Envelope, or
     null)}.
     """
@@ -118,8 +124,7 @@ def verify(
     )
     if output is not Format.TABLE:
         write(output, report(result, rate))
-        if not result.ok:
-            raise typer.Exit(1)
+        _exit(result)
         return
     for check in result.snapshots:
         console.print(
@@ -129,8 +134,12 @@ def verify(
             else f"[red]snapshot of partition {check.partition} at offset {check.offset}: "
             f"its state is not the replay's for {', '.join(check.differing)}[/]"
         )
+    for other in result.others:
+        _show_other(other)
     if result.ok:
-        console.print(f"[green]{result.checked} decisions, {result.reproduced} reproduced[/]")
+        mine = f" of {POLICY} v{POLICY_VERSION}" if result.others else ""
+        console.print(f"[green]{result.checked} decisions{mine}, {result.reproduced} reproduced[/]")
+        _exit(result)
         return
     if result.config:
         # Said first: under other knobs, every divergence that follows is expected.
@@ -143,7 +152,38 @@ def verify(
         )
     if result.divergence is not None:
         _show_divergence(result, result.divergence)
-    raise typer.Exit(1)
+    _exit(result)
+
+
+def _exit(result: AuditResult) -> None:
+    if not result.ok:
+        raise typer.Exit(1)
+    if not result.complete:
+        raise typer.Exit(3)
+
+
+def _show_other(other: OtherRelease) -> None:
+    by = f"{other.policy} v{other.policy_version}"
+    console.print(
+        f"[yellow]{other.decisions} decisions of partition {other.partition} (inputs "
+        f"{other.first_offset} to {other.last_offset}) were made by {escape(by)}, not "
+        f"this release's {POLICY} v{POLICY_VERSION}: not checked; "
+        + (
+            f"audit them with release {escape(other.release)}"
+            if other.release
+            else "they name no release (they predate that): " + _commits_text(other.policy_version)
+        )
+        + "[/]",
+        highlight=False,
+    )
+
+
+def _commits_text(version: int) -> str:
+    commits = policy_commits(version)
+    if commits is None:
+        return f"docs/policy-versions.md lists the commits of v{version}"
+    first, last = commits
+    return f"audit them with a checkout of commit {last} (v{version}: {first} to {last})"
 
 
 def report(result: AuditResult, events_per_s: float) -> Document:
@@ -151,6 +191,7 @@ def report(result: AuditResult, events_per_s: float) -> Document:
     found = result.divergence
     return {
         "ok": result.ok,
+        "complete": result.complete,
         "inputs": result.inputs,
         "checked": result.checked,
         "reproduced": result.reproduced,
@@ -168,6 +209,21 @@ def report(result: AuditResult, events_per_s: float) -> Document:
         "policy": POLICY,
         "policy_version": POLICY_VERSION,
         "config": [{"knob": d.name, "log": d.theirs, "replay": d.mine} for d in result.config],
+        "other_releases": [
+            {
+                "partition": o.partition,
+                "policy": o.policy,
+                "policy_version": o.policy_version,
+                "release": o.release or None,
+                "commits": None
+                if o.release or (commits := policy_commits(o.policy_version)) is None
+                else list(commits),
+                "first_offset": o.first_offset,
+                "last_offset": o.last_offset,
+                "decisions": o.decisions,
+            }
+            for o in result.others
+        ],
         "divergence": None
         if found is None
         else {
@@ -195,12 +251,7 @@ def _show_divergence(result: AuditResult, found: Divergence) -> None:
     table.add_column("recorded", ratio=1)
     table.add_row(_text(found.expected), _text(found.recorded))
     console.print(table)
-    if any(f.endswith(("provenance.policy", "provenance.policy_version")) for f in found.fields):
-        console.print(
-            "[yellow]the log was decided by another policy version: audit it with a release "
-            "of the version it names (docs/policy-versions.md says what each changed)[/]"
-        )
-    elif not result.config and any(f.endswith("provenance.config_digest") for f in found.fields):
+    if not result.config and any(f.endswith("provenance.config_digest") for f in found.fields):
         console.print(
             "[yellow]the log was decided under other knobs, and names them nowhere the audit "
             "read: audit it with the policy file placement ran with[/]"

@@ -6,9 +6,11 @@ import enum
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
-from qm.v1 import events_pb2
+from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
+
+_RELEASE = types_pb2.Provenance.DESCRIPTOR.fields_by_name["release"]
 
 
 class Difference(enum.Enum):
@@ -53,7 +55,7 @@ def _differing_fields(mine: Message, theirs: Message, prefix: str) -> list[str]:
     found = []
     for field in mine.DESCRIPTOR.fields:
         a, b = getattr(mine, field.name), getattr(theirs, field.name)
-        if a == b:
+        if a == b or field is _RELEASE:  # the release is not replayed
             continue
         path = prefix + field.name
         if field.message_type is not None and not field.is_repeated:

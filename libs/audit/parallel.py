@@ -85,6 +85,7 @@ def merge(results: Sequence[AuditResult]) -> AuditResult:
             sorted((s for r in results for s in r.snapshots), key=lambda s: s.partition)
         ),
         started_from=tuple(sorted(p for r in results for p in r.started_from)),
+        others=tuple(sorted((o for r in results for o in r.others), key=lambda o: o.partition)),
     )
 
 

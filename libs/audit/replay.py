@@ -15,10 +15,18 @@ interleaving, and may use :meth:`Replay.expected_waiting` and
 Placement's ``PolicyConfigured`` records are not decisions: they are not paired,
 but compared with the replay's own knobs, so that a replay under other knobs says
 which ones differ (:attr:`AuditResult.config`) besides where decisions diverge.
+
+The release a decision names (``provenance.release``) is not replayed: any release
+of one policy version decides alike, so it is left out of the comparison. Decisions
+of another policy or version (named by their provenance, and from the
+``PolicyConfigured`` that announced them) are not compared at all: they are counted
+by the release that made them (:attr:`AuditResult.others`), which is the one to
+replay them with, and the replay's own decisions for those inputs are set aside.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
@@ -28,12 +36,20 @@ from dataclasses import dataclass, field
 from qm.v1 import events_pb2
 
 from libs.audit.divergence import Difference, Divergence, compare
-from libs.core import KnobDifference, PolicyConfig, config_digest, knob_differences
+from libs.core import (
+    POLICY,
+    POLICY_VERSION,
+    KnobDifference,
+    PolicyConfig,
+    config_digest,
+    knob_differences,
+)
 from libs.events import encode, event_type
 from libs.events.driver import PartitionSchedulers
 
-# (input offset, index among that input's decisions, decision)
-_Entry = tuple[int, int, events_pb2.Envelope]
+# (input offset, index among that input's decisions, decision, the bytes compared)
+_Entry = tuple[int, int, events_pb2.Envelope, bytes]
+_OURS = (POLICY, POLICY_VERSION)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,20 @@ class SnapshotCheck:
 
 
 @dataclass(frozen=True)
+class OtherRelease:
+    """Decisions of one input partition that another policy version made, not checked:
+    ``release`` reproduces them (empty for a log from before decisions named it)."""
+
+    partition: int
+    policy: str
+    policy_version: int
+    release: str
+    first_offset: int  # input offsets of the first and last of them
+    last_offset: int
+    decisions: int
+
+
+@dataclass(frozen=True)
 class AuditResult:
     inputs: int  # input records replayed
     checked: int  # recorded decisions compared, the diverging one included
@@ -61,10 +91,18 @@ class AuditResult:
     # Snapshots the replay passed, checked; and where a replay from snapshots began.
     snapshots: tuple[SnapshotCheck, ...] = ()
     started_from: tuple[tuple[int, int], ...] = ()  # (partition, offset)
+    others: tuple[OtherRelease, ...] = ()  # decided by another policy version: unchecked
 
     @property
     def ok(self) -> bool:
+        """Every decision checked reproduced, and every snapshot; decisions of another
+        policy version are not checked and do not make a log wrong (see ``complete``)."""
         return self.divergence is None and not self.config and all(s.ok for s in self.snapshots)
+
+    @property
+    def complete(self) -> bool:
+        """Every decision was this release's to check."""
+        return not self.others
 
 
 @dataclass
@@ -73,6 +111,26 @@ class _Stream:
     expected: deque[_Entry] = field(default_factory=deque)
     recorded: deque[_Entry] = field(default_factory=deque)
     last_recorded: tuple[int, int] = (-1, -1)  # (input offset, index) of the latest recorded
+    # Where the log's deciding version changes: (input offset, ours?) in log order, a
+    # mark whenever a PolicyConfigured or a decision says another than the latest.
+    marks: list[tuple[int, bool]] = field(default_factory=list)
+    mixed: bool = False  # some mark is another version's
+    read_to: int = -1  # the input offset the log has named the decider of so far
+
+    def mark(self, offset: int, ours: bool) -> None:
+        self.read_to = max(self.read_to, offset)
+        if not self.marks or self.marks[-1][1] != ours:
+            self.marks.append((offset, ours))
+            self.mixed |= not ours
+
+    def ours(self, offset: int) -> bool:
+        """Whether this release decided the input at ``offset``, as far as the log has
+        said: the latest mark at or before it, else the first (inputs before a log's
+        first decision decided nothing there, whichever version read them)."""
+        if not self.marks:
+            return True
+        at = bisect.bisect_right(self.marks, (offset, True)) - 1
+        return self.marks[max(at, 0)][1]
 
 
 class Replay:
@@ -109,6 +167,7 @@ class Replay:
         self.reproduced = 0
         self.divergence: Divergence | None = None
         self.config: tuple[KnobDifference, ...] = ()
+        self._others: dict[tuple[int, str, int, str], list[int]] = {}  # -> [first, last, n]
 
     def feed_input(self, partition: int, offset: int, env: events_pb2.Envelope) -> None:
         """One decoded input record; a partition's records must come in offset order."""
@@ -122,7 +181,7 @@ class Replay:
         self.inputs += 1
         self._fed[partition] = offset
         for index, out in enumerate(outputs):
-            self._stream(partition, out.cluster).expected.append((offset, index, out))
+            self._stream(partition, out.cluster).expected.append((offset, index, out, encode(out)))
         self._expected_waiting[partition] = self.expected_waiting(partition) + len(outputs)
         for stream in self._streams.values():
             if stream.partition == partition:
@@ -132,7 +191,7 @@ class Replay:
         """One decoded record of the decisions topic, in its partition's order."""
         kind = event_type(env)
         if kind == "policy_configured":
-            return self._configured(env.policy_configured)
+            return self._configured(env.policy_configured, env.cluster)
         payload = getattr(env, kind)
         # Only decisions carry provenance; anything else on the topic is not placement's.
         if self.divergence or "provenance" not in payload.DESCRIPTOR.fields_by_name:
@@ -142,22 +201,44 @@ class Replay:
         if not self._replayed(partition, offset):
             return
         stream = self._stream(partition, env.cluster)
+        version = (provenance.policy, provenance.policy_version)
+        stream.mark(offset, version == _OURS)
+        if version != _OURS:
+            return self._other(partition, version, provenance.release, offset)
+        release = provenance.release
+        if release:  # not replayed (the replay decides with none): compared without it
+            provenance.ClearField("release")
+            compared = encode(env)
+            provenance.release = release  # the caller's envelope as it came
+        else:
+            compared = encode(env)
         last_offset, last_index = stream.last_recorded
         index = last_index + 1 if offset == last_offset else 0
         stream.last_recorded = (offset, index)
-        stream.recorded.append((offset, index, env))
+        stream.recorded.append((offset, index, env, compared))
         self.recorded_waiting += 1
         self._pair(stream)
 
-    def _configured(self, recorded: events_pb2.PolicyConfigured) -> None:
+    def _other(self, partition: int, version: tuple[str, int], release: str, offset: int) -> None:
+        tally = self._others.setdefault((partition, *version, release), [offset, offset, 0])
+        tally[1] = offset
+        tally[2] += 1
+
+    def _configured(self, recorded: events_pb2.PolicyConfigured, cluster: str) -> None:
         """Placement's knobs from this input on: the first that differ from ours are kept."""
-        if self.config or not self._audited(recorded.input_partition, recorded.from_offset):
+        partition, offset = recorded.input_partition, recorded.from_offset
+        if not self._audited(partition, offset):
             return
-        ours = config_digest(self._config)
-        if recorded.config_digest != ours:
+        ours = (recorded.policy, recorded.policy_version) == _OURS
+        self._stream(partition, cluster).mark(offset, ours)
+        # Another version's knobs are its own: they differ from ours by design.
+        if self.config or not ours:
+            return
+        digest = config_digest(self._config)
+        if recorded.config_digest != digest:
             # Equal knobs under unequal digests: a writer that encodes them otherwise.
             self.config = knob_differences(recorded.knobs, self._config) or (
-                KnobDifference("config_digest", recorded.config_digest.hex(), ours.hex()),
+                KnobDifference("config_digest", recorded.config_digest.hex(), digest.hex()),
             )
 
     def start_from(self, partition: int, offset: int, schedulers: PartitionSchedulers) -> None:
@@ -212,6 +293,10 @@ class Replay:
             self.config,
             tuple(self.snapshot_checks),
             tuple(sorted(self._from.items())),
+            tuple(
+                OtherRelease(partition, policy, version, release, *tally)
+                for (partition, policy, version, release), tally in sorted(self._others.items())
+            ),
         )
 
     def _audited(self, partition: int, offset: int) -> bool:
@@ -235,14 +320,28 @@ class Replay:
         for key in sorted(self._streams):
             self._pair(self._streams[key])
 
+    def _set_aside(self, stream: _Stream) -> None:
+        """Drop the replay's decisions for inputs another version decided on the log,
+        once the log has named who decided them (it has read that far, or ended)."""
+        while stream.expected:
+            offset = stream.expected[0][0]
+            if (offset > stream.read_to and not self._recorded_ended) or stream.ours(offset):
+                return
+            stream.expected.popleft()
+            self._expected_waiting[stream.partition] -= 1
+
     def _pair(self, stream: _Stream) -> None:
-        while stream.expected and stream.recorded and not self.divergence:
+        while not self.divergence:
+            if stream.mixed:
+                self._set_aside(stream)
+            if not (stream.expected and stream.recorded):
+                break
             mine, theirs = stream.expected[0], stream.recorded[0]
             if mine[:2] < theirs[:2]:  # the log went past it
                 return self._diverge(stream, mine, Difference.MISSING, expected=mine[2])
             if theirs[:2] < mine[:2]:  # replay went past it
                 return self._diverge(stream, theirs, Difference.EXTRA, recorded=theirs[2])
-            if encode(mine[2]) != encode(theirs[2]):
+            if mine[3] != theirs[3]:
                 # Judged once the input's recorded decisions are all in: with the
                 # rest in sight, a gap or an insertion is told from a change.
                 if self._recorded_ended or stream.recorded[-1][0] > mine[0]:
@@ -266,8 +365,8 @@ class Replay:
         """The heads differ; the remaining decisions of the same input say how."""
         mine = [e for e in itertools.takewhile(lambda e: e[0] == offset, stream.expected)]
         theirs = [e for e in itertools.takewhile(lambda e: e[0] == offset, stream.recorded)]
-        mine_bytes = [encode(e[2]) for e in mine]
-        theirs_bytes = [encode(e[2]) for e in theirs]
+        mine_bytes = [e[3] for e in mine]
+        theirs_bytes = [e[3] for e in theirs]
         if theirs_bytes[0] in mine_bytes[1:]:
             self._diverge(stream, mine[0], Difference.MISSING, expected=mine[0][2])
         elif mine_bytes[0] in theirs_bytes[1:]:

@@ -81,7 +81,7 @@ from libs.core.validation import joined, rejection, validate_node
 POLICY = "budget"
 # What each version changed: docs/policy-versions.md. A change that alters any
 # decision for the same input bumps it and adds its line there.
-POLICY_VERSION = 33
+POLICY_VERSION = 34
 # What a pass asks of capacity for a job: (GPU type, memory, node kinds, GPUs, parts,
 # backfills).
 _Shape = tuple[str, float, frozenset[NodeKind], int, int, bool]

@@ -12,9 +12,12 @@ answered with a refusal, so one record can never stop a partition. Every output 
 checked against the bus's record limit; one that would still not fit (the limits
 make that impossible for anything the core writes today) becomes a rejection.
 
-Each decision's provenance carries the digest of the knobs it was decided under;
-placement's :class:`PartitionSchedulers` also announce the knobs themselves
+Each decision's provenance carries the digest of the knobs it was decided under
+and the release that decided (:mod:`libs.events.release`); placement's
+:class:`PartitionSchedulers` also announce the knobs themselves
 (``PolicyConfigured``) before a cluster's first decision, so the log names them.
+The release is the one thing in an output that is not derived from the input: a
+replay decides with none and compares the recorded decisions without theirs.
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ def step(scheduler: Scheduler, env: events_pb2.Envelope) -> list[Decision]:
 
 
 def decide(
-    scheduler: Scheduler, env: events_pb2.Envelope, *, partition: int, offset: int
+    scheduler: Scheduler,
+    env: events_pb2.Envelope,
+    *,
+    partition: int,
+    offset: int,
+    release: str = "",
 ) -> list[events_pb2.Envelope]:
     decisions = step(scheduler, env)
     if not decisions:
@@ -73,6 +81,7 @@ def decide(
         policy=POLICY,
         policy_version=POLICY_VERSION,
         config_digest=config_digest(scheduler.config),
+        release=release,
     )
     # The input's time to the microsecond (a datetime's), as the outputs have always had it.
     occurred = Timestamp()
@@ -93,7 +102,12 @@ def decide(
 
 
 def policy_configured(
-    config: PolicyConfig, env: events_pb2.Envelope, *, partition: int, offset: int
+    config: PolicyConfig,
+    env: events_pb2.Envelope,
+    *,
+    partition: int,
+    offset: int,
+    release: str = "",
 ) -> events_pb2.Envelope:
     """The record naming the knobs that decide ``env`` (at ``offset``) and what follows it."""
     announced = events_pb2.PolicyConfigured(
@@ -103,6 +117,7 @@ def policy_configured(
         policy_version=POLICY_VERSION,
         config_digest=config_digest(config),
         knobs=knobs(config),
+        release=release,
     )
     return new_envelope(
         announced,
@@ -148,22 +163,23 @@ class PartitionSchedulers:
     Clusters are keyed onto partitions by hash, so two may share one; each still
     gets a scheduler of its own and never sees the other's nodes.
 
-    With ``announce`` (placement), a cluster's first decisions from these schedulers
-    are preceded by :func:`policy_configured`: they are made once per start (or
-    assignment), so the knobs are on the log before anything decided under them,
-    on the decisions partition those decisions go to.
+    With a ``release`` (placement's), the decisions name it, and a cluster's first
+    decisions from these schedulers are preceded by :func:`policy_configured`: they
+    are made once per start (or assignment), so the knobs are on the log before
+    anything decided under them, on the decisions partition those decisions go to.
+    Without (a replay, a standby's fold), nothing is announced and no release named.
     """
 
     def __init__(
         self,
         config: PolicyConfig,
         *,
-        announce: bool = False,
+        release: str | None = None,
         by_cluster: dict[str, Scheduler] | None = None,
     ) -> None:
         self._config = config
         self._by_cluster: dict[str, Scheduler] = by_cluster if by_cluster is not None else {}
-        self._announce = announce
+        self._release = release
         self._announced: set[str] = set()  # clusters whose knobs are on the log
 
     def of(self, cluster: str) -> Scheduler:
@@ -184,17 +200,23 @@ class PartitionSchedulers:
         """Each cluster's scheduler (what a snapshot keeps)."""
         return self._by_cluster
 
-    def announcing(self) -> PartitionSchedulers:
-        """The same schedulers, announcing their knobs again before the next decisions
-        (placement takes over a partition from a standby's fold or a snapshot)."""
-        return PartitionSchedulers(self._config, announce=True, by_cluster=self._by_cluster)
+    def announcing(self, release: str) -> PartitionSchedulers:
+        """The same schedulers, deciding as ``release`` and announcing their knobs again
+        before the next decisions (placement takes over a partition from a standby's
+        fold or a snapshot)."""
+        return PartitionSchedulers(self._config, release=release, by_cluster=self._by_cluster)
 
     def decide(
         self, env: events_pb2.Envelope, *, partition: int, offset: int
     ) -> list[events_pb2.Envelope]:
-        outputs = decide(self.of(env.cluster), env, partition=partition, offset=offset)
-        if not outputs or not self._announce or env.cluster in self._announced:
+        release = self._release
+        outputs = decide(
+            self.of(env.cluster), env, partition=partition, offset=offset, release=release or ""
+        )
+        if not outputs or release is None or env.cluster in self._announced:
             return outputs
         self._announced.add(env.cluster)
-        config = policy_configured(self._config, env, partition=partition, offset=offset)
+        config = policy_configured(
+            self._config, env, partition=partition, offset=offset, release=release
+        )
         return [config, *outputs]

@@ -44,7 +44,7 @@ from qm.v1 import events_pb2
 
 from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
-from libs.events import event_type
+from libs.events import event_type, release
 from libs.events.driver import PartitionSchedulers
 from libs.events.snapshot import take
 from libs.telemetry.metrics import (
@@ -281,7 +281,7 @@ class PlacementService:
                 self._standby.give(tp.partition, Warm(owned.schedulers, owned.offset))
             warm = await self.warm(tp.partition, committed)
             owned = Owned(
-                warm.schedulers.announcing(),
+                warm.schedulers.announcing(release.current()),
                 producer,
                 offset=committed,
                 committed=committed,
@@ -294,7 +294,12 @@ class PlacementService:
             raise Rebalanced  # its producer retires with the raise (``_take_over``)
         if committed != resume:
             consumer.client.seek(tp, committed)
-        log.info("partition %d: deciding from offset %d", tp.partition, committed)
+        log.info(
+            "partition %d: deciding from offset %d as release %s",
+            tp.partition,
+            committed,
+            release.current(),
+        )
         self.owned[tp.partition] = owned
         self._count_partitions()
         return owned if committed == resume else None

@@ -65,6 +65,9 @@ HEARTBEAT_S = 10.0
 USAGE_EVERY_S = 3600.0
 GIB = 1 << 30
 STOPPED = -15  # the exit code of a task stopped by SIGTERM
+# What the recorded decisions name as their release: fixed, so the logs do not change
+# with every commit (an audit leaves it out of the comparison).
+RELEASE = "0.1.0+golden"
 
 ALLOCATIONS = {"vision": ("alice", "dana"), "nlp": ("bob",), "speech": ("erin",)}
 NODES = (("h100-0", "H100", 8, 80), ("h100-1", "H100", 8, 80), ("a100-0", "A100", 4, 40))
@@ -235,7 +238,13 @@ class Scenario:
                     occurred=T0 + timedelta(seconds=at),
                     event_id=f"{self._cluster}-{self._partition}-{offset:07d}",
                 )
-                decisions = decide(self._scheduler, env, partition=self._partition, offset=offset)
+                decisions = decide(
+                    self._scheduler,
+                    env,
+                    partition=self._partition,
+                    offset=offset,
+                    release=RELEASE,
+                )
                 for decision in decisions:
                     self._react(at, decision)
                 yield Step(offset, env, decisions)
@@ -506,7 +515,9 @@ def record(
     decisions = [d for step in steps for d in step.decisions]
     # Placement names its knobs before its first decision; the audit checks them.
     first = next(step for step in steps if step.decisions)
-    configured = policy_configured(PolicyConfig(), first.input, partition=0, offset=first.offset)
+    configured = policy_configured(
+        PolicyConfig(), first.input, partition=0, offset=first.offset, release=RELEASE
+    )
     _write(name, name, [configured, *decisions], expect=None)
     return steps
 

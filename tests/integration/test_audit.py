@@ -26,7 +26,7 @@ from cli.app import app
 from libs.audit import Difference, audit_parallel, audit_topics
 from libs.bus import KafkaSettings, Topics, load_topic_config
 from libs.core import knobs, simulated
-from libs.events import decode, encode, event_type
+from libs.events import decode, encode, event_type, release
 from libs.events.logfile import read_log
 from tests.golden.record import HERE, Scenario
 from tests.integration.conftest import assert_audit_reproduces, read_topic, wait_for_end
@@ -66,6 +66,13 @@ def test_every_decision_of_a_random_workload_reproduces(
     decided = [decode(r.value) for r in records]
     announced = [d.policy_configured for d in decided if event_type(d) == "policy_configured"]
     assert announced and all(dict(a.knobs) == knobs(stack.policy) for a in announced)
+    # Each decision names the release that made it: this checkout's (the audit left it aside).
+    named = {a.release for a in announced} | {
+        getattr(d, event_type(d)).provenance.release
+        for d in decided
+        if event_type(d) != "policy_configured"
+    }
+    assert named == {release.current()}
     firsts = {r.partition: d for r, d in reversed(list(zip(records, decided, strict=True)))}
     assert {event_type(d) for d in firsts.values()} == {"policy_configured"}
 

@@ -81,7 +81,7 @@ def test_other_knobs_are_told_by_the_provenance() -> None:
 
 def test_placement_names_its_knobs_before_each_clusters_first_decision() -> None:
     config = PolicyConfig(node_lost_timeout_s=60)
-    announcing = PartitionSchedulers(config, announce=True)
+    announcing = PartitionSchedulers(config, release="0.1.0+gtest")
     west = [_copy(env, cluster="west") for env in _log()]
     decided = [
         [event_type(out) for out in announcing.decide(env, partition=3, offset=offset)]
@@ -94,7 +94,7 @@ def test_placement_names_its_knobs_before_each_clusters_first_decision() -> None
         [],
         ["policy_configured", "task_placed"],
     ]
-    [configured, pending] = PartitionSchedulers(config, announce=True).decide(
+    [configured, pending] = PartitionSchedulers(config, release="0.1.0+gtest").decide(
         west[1], partition=3, offset=9
     )
     announced = configured.policy_configured
@@ -103,6 +103,18 @@ def test_placement_names_its_knobs_before_each_clusters_first_decision() -> None
     assert dict(announced.knobs) == knobs(config)
     assert announced.config_digest == config_digest(config)
     assert event_type(pending) == "job_pending"
+    assert announced.release == pending.job_pending.provenance.release == "0.1.0+gtest"
+
+
+def test_a_replays_decisions_name_no_release_and_announce_nothing() -> None:
+    replaying = PartitionSchedulers(PolicyConfig())
+    outputs = [
+        out
+        for o, env in enumerate(_log()[:3])
+        for out in replaying.decide(env, partition=0, offset=o)
+    ]
+    assert [event_type(out) for out in outputs] == ["task_placed", "task_placed"]
+    assert {out.task_placed.provenance.release for out in outputs} == {""}
 
 
 def _copy(env: events_pb2.Envelope, *, cluster: str) -> events_pb2.Envelope:
