@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -163,11 +164,22 @@ class JobSpec:
         return WorkClass.ALLOCATED
 
 
+GIB = 1 << 30
+
+
+def node_gpu_memory_gib(gpu_memory_bytes: Iterable[int]) -> float:
+    """A node's GPU memory, from each of its GPUs': the smallest, since a job asking for
+    ``min_gpu_memory_gib`` may be given any of them (0 without GPUs)."""
+    return min(gpu_memory_bytes, default=0) / GIB
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     node_id: NodeId
     gpu_type: str
     gpu_indices: tuple[int, ...] = field(default=())
+    # What each of its GPUs holds at least (``node_gpu_memory_gib``): the one figure
+    # admission, placement and compass judge a job's fit by.
     gpu_memory_gib: float = 0.0
     kind: NodeKind = NodeKind.PROCESS
     # Where other nodes reach it: a multi-node job's parts rendezvous at rank 0's.

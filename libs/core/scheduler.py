@@ -31,7 +31,9 @@ A scheduling pass, in order:
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import replace
 from typing import NamedTuple
@@ -75,6 +77,7 @@ from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork, Tasks
+from libs.core.service_level import Occupancy, could_place
 from libs.core.state import Cell, State, Table
 from libs.core.validation import joined, rejection, validate_node
 
@@ -348,6 +351,33 @@ class Scheduler:
         capacity = self._capacity
         kept = sum(len(capacity.free(node_id)) for node_id in self._reservations.reserved)
         return kept, capacity.total_free - kept
+
+    def nodes(self) -> Mapping[NodeId, NodeSpec]:
+        """The nodes work may be placed on (registered, not lost), as it judges them."""
+        return dict(self._capacity.nodes)
+
+    def occupancy(self) -> Occupancy:
+        """The cluster as the service levels count it (``service_level``), from this
+        state: the console and the projector's metrics count the same from the views."""
+        room: Counter[str] = Counter()
+        for node in self._capacity.nodes.values():
+            room[node.gpu_type] += node.gpu_count
+        capacity = sum(room.values())
+        waiting: Counter[str] = Counter()
+        asked: Counter[str] = Counter()
+        batch = (self._queues.jobs, self._held, self._dependencies.blocked)
+        specs = (job.spec for job in itertools.chain.from_iterable(t.values() for t in batch))
+        for spec in itertools.chain(specs, self._serving.waiting.values()):
+            waiting[spec.allocation] += 1
+            if spec.allocated and could_place(spec.gpus, spec.gpu_type, room, capacity):
+                asked[spec.allocation] += spec.gpus
+        held: Counter[str] = Counter(self._serving.pool.held.values())
+        for run in self._running.jobs.values():
+            if run.spec.allocated:
+                tasks = (t for t in run.tasks.items() if t[0] not in run.ended)
+                held[run.spec.allocation] += sum(len(gpus) for _, (_, gpus) in tasks)
+        busy = capacity - self._capacity.total_free
+        return Occupancy(capacity, busy, dict(waiting), dict(+held), dict(asked))
 
     def estimate_s(self, spec: JobSpec) -> float | None:
         """How long a job is expected to run, for planning (never for charging): its

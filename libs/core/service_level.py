@@ -1,5 +1,13 @@
-"""What an allocation is owed, and how much longer than its best a job took: the two
-service-level definitions the simulator's report and the live console share.
+"""What an allocation is owed, and how much longer than its best a job took: the
+service-level definitions the simulator's report, the live console, the projector's
+metrics and the core's own view (``Occupancy``) share.
+
+* Waiting: a job is waiting from its submission until it is placed (held or not, and
+  waiting for other jobs or not).
+* Demand: the GPUs an allocation's charged work holds (a GPU workflow serving holds
+  counts for the allocation it is charged to, busy or idle) plus those its charged
+  waiting work asks for; a job no placement on the cluster could ever serve
+  (``could_place``) asks for nothing.
 
 * Owed: an allocation with ``entitled_gpus`` (its entitlement times the capacity) is owed
   ``min(entitled_gpus, demand)`` GPUs at every moment, where demand is the GPUs its charged
@@ -17,8 +25,8 @@ service-level definitions the simulator's report and the live console share.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 # Owed delivered at or above this, for every allocation owed anything: the target the
 # simulator's report judges every trace by, and the line the console draws.
@@ -69,6 +77,29 @@ def headline(levels: Iterable[tuple[float, float]], capacity: float) -> Headline
             min_pct=min((100 * d / o for o, d in small), default=None),
         ),
     )
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The cluster at one moment as the service levels count it, whoever read it (the
+    core from its state, the console and the metrics from the projector's views)."""
+
+    capacity: int  # GPUs on nodes not lost
+    busy: int  # of those, held by tasks or workflow serving
+    waiting: Mapping[str, int] = field(default_factory=dict)  # jobs, by allocation
+    held: Mapping[str, int] = field(default_factory=dict)  # charged GPUs held
+    asked: Mapping[str, int] = field(default_factory=dict)  # charged GPUs waiting
+
+    def demand(self, allocation: str) -> int:
+        """What the allocation is owed up to: ``min(entitled, demand)`` (``owed_gpus``)."""
+        return self.held.get(allocation, 0) + self.asked.get(allocation, 0)
+
+
+def could_place(gpus: int, gpu_type: str, room: Mapping[str, int], capacity: int) -> bool:
+    """Whether some placement on the nodes not lost (``room``: their GPUs by type,
+    ``capacity``: all of them) could give a job ``gpus`` GPUs of ``gpu_type`` (any type
+    when empty): a job that no scheduler could serve is no demand."""
+    return 1 <= gpus <= (room.get(gpu_type, 0) if gpu_type else capacity)
 
 
 def owed_gpus(entitled_gpus: float, held: int, asked: int) -> float:

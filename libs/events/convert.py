@@ -79,6 +79,7 @@ from libs.core.compass.workflow import (
 )
 from libs.core.ids import JobId, NodeId
 from libs.core.limits import MAX_REASON_CHARS, MAX_SPEC_BYTES
+from libs.core.model import node_gpu_memory_gib
 from libs.core.simulated import SimulatedRun, split_env, to_env
 from libs.events.envelope import DEFAULT_CLUSTER, event_type, occurred_at
 from libs.events.wire_time import (
@@ -93,7 +94,6 @@ from libs.events.wire_time import (
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-GIB = 1 << 30
 
 D = TypeVar("D", bound="DataclassInstance")
 
@@ -307,12 +307,11 @@ def spec_to_proto(spec: JobSpec) -> types_pb2.JobSpec:
 
 def node_from_proto(inventory: types_pb2.NodeInventory) -> NodeSpec:
     types = sorted({gpu.type for gpu in inventory.gpus})
-    memory = min((gpu.memory_bytes for gpu in inventory.gpus), default=0)
     return NodeSpec(
         node_id=NodeId(inventory.node_id),
         gpu_type="/".join(types),
         gpu_indices=tuple(sorted(gpu.index for gpu in inventory.gpus)),
-        gpu_memory_gib=memory / GIB,
+        gpu_memory_gib=node_gpu_memory_gib(gpu.memory_bytes for gpu in inventory.gpus),
         kind=node_kind(inventory),
         address=inventory.address,
     )

@@ -21,8 +21,9 @@ from libs.core.service_level import (
     workflow_slowdown,
 )
 from libs.events.convert import workflow_from_proto
+from libs.readmodels.job_state import WAITING
 from libs.readmodels.jobs import Scope
-from libs.readmodels.occupancy import WAITING, Gpus, Timeline, holdings, moment
+from libs.readmodels.occupancy import Gpus, Timeline, holdings, moment
 
 _S = types_pb2.JobState
 Json = dict[str, Any]

@@ -1,7 +1,7 @@
 """Each allocation's owed and delivered GPU-seconds over the lookback window, folded from
 the log, for ``qm budget usage``: by the console's definitions (``libs.readmodels.
-occupancy``'s ``Sample``, ``Timeline`` and ``could_place``), on the log's own facts. The
-console's live samples agree; the window a console rebuilds when it starts
+occupancy``'s ``Sample`` and ``Timeline``, ``service_level.could_place``), on the log's own
+facts. The console's live samples agree; the window a console rebuilds when it starts
 (``occupancy.history``) is coarser (today's nodes, each job's latest attempt) and may not.
 
 The console samples the projector's views as time passes. The budget service has the log
@@ -28,11 +28,11 @@ from itertools import groupby
 
 from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
-from libs.core.service_level import TARGET_DELIVERED_PCT, Headline, small_team
+from libs.core.service_level import TARGET_DELIVERED_PCT, Headline, could_place, small_team
 from libs.events import event_type, occurred_at
 from libs.events.wire_time import duration
 from libs.readmodels.jobs import Scope
-from libs.readmodels.occupancy import Account, Gpus, Sample, Timeline, could_place, is_charged
+from libs.readmodels.occupancy import Account, Gpus, Sample, Timeline, is_charged
 
 # Facts folded between two prunes of those the window has left.
 PRUNE_EVERY = 4096

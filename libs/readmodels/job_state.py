@@ -69,6 +69,9 @@ from libs.events.convert import workflow_from_proto
 State: TypeAlias = types_pb2.JobState.ValueType
 
 _S = types_pb2.JobState
+# Waiting: submitted, not yet placed (held or not). What the queue shows, what the
+# projector's metrics count as waiting jobs and the console as asked-for demand.
+WAITING: frozenset[State] = frozenset({_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING})
 _RANK: dict[State, int] = {
     _S.JOB_STATE_UNSPECIFIED: 0,
     _S.JOB_STATE_SUBMITTED: 1,
@@ -200,7 +203,7 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
             advance(new, _S.JOB_STATE_PENDING)
             if new.state == _S.JOB_STATE_PENDING:
                 new.reason = env.job_pending.reason
-        case "job_held" if new.state in (_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING):
+        case "job_held" if new.state in WAITING:
             new.held = env.job_held.held  # placement refuses to hold a job that has started
         case "task_placed":
             advance(new, _S.JOB_STATE_PLACED)

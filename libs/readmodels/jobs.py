@@ -39,6 +39,7 @@ from libs.events import event_type
 from libs.readmodels.job_state import (
     JOB_EVENTS,
     TASK_EVENTS,
+    WAITING,
     advance,
     advance_task,
     earliest,
@@ -286,7 +287,7 @@ class JobRecords:
             spec = env.job_submitted.spec
         elif kind == "job_updated":
             # Placement takes an update only while the job waits (else it refuses it).
-            if head.state not in (_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING):
+            if head.state not in WAITING:
                 return
             spec = env.job_updated.spec
         elif kind in ("job_admitted", "job_rejected", "task_placed"):
@@ -390,6 +391,9 @@ class JobRecords:
                     task.planned_node_id = placed.serving.planned_node_id
                     task.planned_gpu_index = placed.serving.planned_gpu_index
                 put(task)
+                # The head alone says the workflow waits no more (``job`` derives the rest
+                # from its tasks): what counts waiting jobs reads heads only.
+                advance(head, _S.JOB_STATE_PLACED)
             case _:  # a report on one task: started, ended, asked to stop, idle or busy
                 report = getattr(env, kind)
                 task = self._task(job_id, head, shape, name_in_job(job_id, report.task_id))

@@ -10,25 +10,27 @@ counted apart. The integrals slide over the lookback window in buckets of 1/``BU
 it. A timeline starts from the jobs' history (``history``: when each job the job view
 holds waited and ran, on today's nodes), so that it covers the window from its first
 sample on.
+
+The projector's metrics count the same samples, one per cluster (``by_cluster``): GPUs
+by state (``Gpus.states``), and each allocation's waiting jobs and demand, so that
+Prometheus and the console cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import NamedTuple
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
-from libs.core.service_level import Headline, headline, owed_gpus
+from libs.core.service_level import Headline, Occupancy, could_place, headline, owed_gpus
 from libs.events.convert import spec_from_proto
-from libs.events.envelope import timestamp_seconds
+from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
+from libs.readmodels.job_state import WAITING
 
-_S = types_pb2.JobState
-# Waiting for a placement: what the queue shows and what counts as asked-for demand.
-WAITING = frozenset({_S.JOB_STATE_SUBMITTED, _S.JOB_STATE_PENDING})
 BUCKETS = 200
 POINTS = 1800  # occupancy points kept for the chart
 
@@ -46,15 +48,27 @@ class Gpus:
     busy: int = 0  # of those, held by tasks or workflow serving
     idle: int = 0  # of the busy ones, those whose job last reported them idle, or serving's
     # with no task running
+    warm: int = 0  # of the idle ones, serving's with no task running
     lost: int = 0  # on lost nodes
+    lost_held: int = 0  # of those, still held by tasks or serving (leaked)
 
     def __add__(self, other: Gpus) -> Gpus:
-        return Gpus(
-            self.capacity + other.capacity,
-            self.busy + other.busy,
-            self.idle + other.idle,
-            self.lost + other.lost,
-        )
+        return Gpus(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.busy
+
+    def states(self) -> dict[str, int]:
+        """Every GPU in one state (the metric ``qm_gpus``): a task's (``busy`` or
+        ``idle``), serving's with no task running (``serving``), ``free`` or ``lost``."""
+        return {
+            "busy": self.busy - self.idle,
+            "idle": self.idle - self.warm,
+            "serving": self.warm,
+            "free": self.free,
+            "lost": self.lost,
+        }
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,12 @@ class Sample:
     held: Mapping[str, int] = field(default_factory=dict)  # charged GPUs held, by allocation
     asked: Mapping[str, int] = field(default_factory=dict)  # charged GPUs waiting
     held_free: Mapping[str, int] = field(default_factory=dict)  # unallocated GPUs held
+    waiting: Mapping[str, int] = field(default_factory=dict)  # jobs waiting, any kind
+
+    def occupancy(self) -> Occupancy:
+        """The sample as the service levels count it (what the core's ``occupancy`` says too)."""
+        total = self.total
+        return Occupancy(total.capacity, total.busy, self.waiting, self.held, self.asked)
 
     @property
     def total(self) -> Gpus:
@@ -84,6 +104,7 @@ class Holding(NamedTuple):
     gpus: int
     idle: int  # of those: the job last reported them idle, or serving runs nothing there
     gpu_type: str
+    serving: bool = False  # a GPU workflow serving holds
 
 
 def holdings(node: types_pb2.Node, jobs: Mapping[str, types_pb2.Job]) -> Iterator[Holding]:
@@ -103,7 +124,7 @@ def holdings(node: types_pb2.Node, jobs: Mapping[str, types_pb2.Job]) -> Iterato
                 idle = count if job.idle else 0
                 yield Holding(job.spec.allocation, is_charged(job.spec), count, idle, gpu_type)
     for index, allocation in serving.items():
-        yield Holding(allocation, True, 1, int(index not in running), types.get(index, ""))
+        yield Holding(allocation, True, 1, int(index not in running), types.get(index, ""), True)
 
 
 def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.Job]) -> Sample:
@@ -119,29 +140,45 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
         for gpu in node.inventory.gpus:
             counted = Gpus(lost=1) if node.lost else Gpus(capacity=1)
             by_type[gpu.type] = by_type.get(gpu.type, Gpus()) + counted
-        if node.lost:
-            continue
         for holding in holdings(node, by_id):
-            counted = Gpus(busy=holding.gpus, idle=holding.idle)
+            if node.lost:
+                counted = Gpus(lost_held=holding.gpus)
+            else:
+                warm = holding.idle if holding.serving else 0
+                counted = Gpus(busy=holding.gpus, idle=holding.idle, warm=warm)
             by_type[holding.gpu_type] = by_type.get(holding.gpu_type, Gpus()) + counted
-            if holding.allocation is not None:
+            if holding.allocation is not None and not node.lost:
                 into = held if holding.charged else held_free
                 into[holding.allocation] = into.get(holding.allocation, 0) + holding.gpus
     room = {gpu_type: gpus.capacity for gpu_type, gpus in by_type.items()}
     capacity = sum(room.values())
     asked: dict[str, int] = {}
+    waiting: dict[str, int] = {}
     for job in by_id.values():
         spec = job.spec
-        fits = could_place(spec.gpus, spec.gpu_type, room, capacity)
-        if job.state in WAITING and is_charged(spec) and fits:
+        if job.state not in WAITING:
+            continue
+        waiting[spec.allocation] = waiting.get(spec.allocation, 0) + 1
+        if is_charged(spec) and could_place(spec.gpus, spec.gpu_type, room, capacity):
             asked[spec.allocation] = asked.get(spec.allocation, 0) + spec.gpus
-    return Sample(at, by_type, held, asked, held_free)
+    return Sample(at, by_type, held, asked, held_free, waiting)
 
 
-def could_place(gpus: int, gpu_type: str, room: Mapping[str, int], capacity: int) -> bool:
-    """Whether some placement on the nodes not lost (``room``: their GPUs by type) could
-    give a job ``gpus`` GPUs of ``gpu_type`` (any type when empty)."""
-    return 1 <= gpus <= (room.get(gpu_type, 0) if gpu_type else capacity)
+def by_cluster(
+    at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.Job]
+) -> dict[str, Sample]:
+    """One ``sample`` per cluster, of its nodes and the jobs that name it (or none, the
+    default cluster): what the projector's metrics report."""
+    nodes_of: dict[str, list[types_pb2.Node]] = {}
+    jobs_of: dict[str, list[types_pb2.Job]] = {}
+    for node in nodes:
+        nodes_of.setdefault(node.inventory.cluster or DEFAULT_CLUSTER, []).append(node)
+    for job in jobs:
+        jobs_of.setdefault(job.spec.cluster or DEFAULT_CLUSTER, []).append(job)
+    return {
+        cluster: sample(at, nodes_of.get(cluster, ()), jobs_of.get(cluster, ()))
+        for cluster in sorted(nodes_of.keys() | jobs_of.keys())
+    }
 
 
 def history(

@@ -40,7 +40,14 @@ import numpy as np
 
 from libs.core.config import DAY
 from libs.core.model import JobSpec, NodeSpec, WorkClass
-from libs.core.service_level import SmallTeams, headline, owed_gpus, slowdown, small_team
+from libs.core.service_level import (
+    SmallTeams,
+    could_place,
+    headline,
+    owed_gpus,
+    slowdown,
+    small_team,
+)
 from libs.sim.batch import (
     CANCELLED,
     PLACING,
@@ -430,8 +437,7 @@ class Recorder(Observer):
 
     def _fits(self, spec: JobSpec) -> bool:
         """Whether the cluster could ever run a job of ``spec``."""
-        room = self.gpus_of_type.get(spec.gpu_type, 0) if spec.gpu_type else self.capacity
-        return 1 <= spec.gpus <= room
+        return could_place(spec.gpus, spec.gpu_type, self.gpus_of_type, self.capacity)
 
     def _allocation(self, name: str, account: _Account, span: float) -> AllocationMetrics:
         fraction = account.demand_s / span

@@ -1,22 +1,17 @@
-"""Quartermaster's Prometheus metrics: every instrument, named once, and the pure
-functions that turn what a service already holds into their values.
+"""Quartermaster's Prometheus metrics: every instrument, named once.
 
 Services update these from state they have (a poll's positions, a batch's decisions,
-the projector's views); ``services.metrics_http`` serves them. Names follow
+the projector's views, counted by ``libs.readmodels.occupancy`` as the console counts
+them); ``services.metrics_http`` serves them. Names follow
 Prometheus' conventions: a ``qm_`` prefix, base units in the name, ``_total`` on counters.
 """
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from aiokafka.structs import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
-from qm.v1 import types_pb2
-
-from libs.readmodels.job_state import ended_tasks
 
 # No ``*_created`` series beside each counter and histogram: Prometheus has no use for them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -68,18 +63,21 @@ GRPC_REQUESTS = Counter(
     "qm_grpc_requests", "gRPC calls this service answered, by method and status", ["method", "code"]
 )
 WAITING_JOBS = Gauge(
-    "qm_waiting_jobs", "Admitted jobs waiting to be placed", ["cluster", "allocation"]
+    "qm_waiting_jobs",
+    "Jobs submitted and not yet placed (libs/readmodels/job_state.py's WAITING)",
+    ["cluster", "allocation"],
 )
 GPUS = Gauge(
     "qm_gpus",
-    "GPUs by state: busy (a task holds it), idle (a task holds it and its agent reports it "
-    "idle), free, lost (on a node placement declared lost)",
+    "GPUs by state: busy (a task or workflow serving holds it), idle (a task holds it and "
+    "its agent reports it idle), serving (workflow serving holds it, no task runs there), "
+    "free, lost (on a node placement declared lost)",
     ["cluster", "state"],
 )
 GPUS_HELD_ON_LOST_NODES = Gauge(
     "qm_gpus_held_on_lost_nodes",
-    "GPUs that tasks still hold on nodes placement declared lost (placement ends such "
-    "tasks at once: anything that stays here has leaked)",
+    "GPUs that tasks or workflow serving still hold on nodes placement declared lost "
+    "(placement ends such tasks at once: anything that stays here has leaked)",
     ["cluster"],
 )
 ALLOCATION_ENTITLED_GPUS = Gauge(
@@ -89,7 +87,8 @@ ALLOCATION_ENTITLED_GPUS = Gauge(
 )
 ALLOCATION_DEMAND_GPUS = Gauge(
     "qm_allocation_demand_gpus",
-    "GPUs an allocation's jobs hold or wait for (owed now: min(entitled, demand))",
+    "GPUs an allocation's charged work holds and its charged waiting work asks for (a job "
+    "larger than the cluster is no demand); owed now: min(entitled, demand)",
     ["cluster", "allocation"],
 )
 ALLOCATION_DELIVERED_GPU_HOURS = Gauge(
@@ -98,80 +97,9 @@ ALLOCATION_DELIVERED_GPU_HOURS = Gauge(
     ["cluster", "allocation"],
 )
 
-_WAITING = frozenset({types_pb2.JOB_STATE_PENDING})
-
-
-@dataclass(frozen=True)
-class GpuCount:
-    busy: int = 0
-    idle: int = 0
-    serving: int = 0  # held by workflow serving, no task running: its warm GPUs
-    free: int = 0
-    lost: int = 0
-    held_on_lost: int = 0
-
 
 def consumer_lag(
     ends: Mapping[TopicPartition, int], positions: Mapping[TopicPartition, int]
 ) -> dict[TopicPartition, int]:
     """Records behind per partition; a position past a stale end offset is 0 behind."""
     return {tp: max(0, end - positions[tp]) for tp, end in ends.items() if tp in positions}
-
-
-def gpu_states(
-    nodes: Iterable[types_pb2.Node], job_of: Callable[[str], types_pb2.Job | None]
-) -> dict[str, GpuCount]:
-    """GPUs by state per cluster, from the node view; ``job_of`` looks up a task's job.
-
-    A task whose job says it is over holds nothing (see ``libs.readmodels.nodes``);
-    one of an unknown job still holds its GPUs, as the node view keeps it."""
-    tallies: dict[str, Tally[str]] = {}
-    for node in nodes:
-        tally = tallies.setdefault(node.inventory.cluster, Tally())
-        total = len(node.inventory.gpus)
-        held = idle = 0
-        running: set[int] = set()
-        for task in node.running:
-            job = job_of(task.job_id)
-            if job is not None and ended_tasks(job)(task.task_id):
-                continue
-            held += len(task.gpu_indices)
-            running.update(task.gpu_indices)
-            if job is not None and job.idle:
-                idle += len(task.gpu_indices)
-        serving = sum(1 for gpu in node.serving if gpu.gpu_index not in running)
-        if node.lost:
-            tally["lost"] += total
-            tally["held_on_lost"] += held
-        else:
-            tally["busy"] += held - idle
-            tally["idle"] += idle
-            tally["serving"] += serving
-            tally["free"] += max(0, total - held - serving)
-    return {cluster: GpuCount(**tally) for cluster, tally in tallies.items()}
-
-
-@dataclass(frozen=True)
-class AllocationLoad:
-    waiting_jobs: int = 0
-    demand_gpus: int = 0
-
-
-def allocation_loads(jobs: Iterable[types_pb2.Job]) -> dict[tuple[str, str], AllocationLoad]:
-    """Per (cluster, allocation): jobs waiting to be placed, and the GPUs its waiting and
-    placed jobs want."""
-    waiting: Tally[tuple[str, str]] = Tally()
-    demand: Tally[tuple[str, str]] = Tally()
-    for job in jobs:
-        key = (job.spec.cluster or "default", job.spec.allocation)
-        if job.state in _WAITING:
-            waiting[key] += 1
-            demand[key] += job.spec.gpus
-        elif job.state in (types_pb2.JOB_STATE_PLACED, types_pb2.JOB_STATE_RUNNING):
-            demand[key] += job.spec.gpus
-    return {key: AllocationLoad(waiting[key], demand[key]) for key in waiting.keys() | demand}
-
-
-def live_gpus(states: Mapping[str, GpuCount]) -> dict[str, int]:
-    """GPUs on nodes not lost, per cluster: what entitlements are shares of."""
-    return {cluster: c.busy + c.idle + c.serving + c.free for cluster, c in states.items()}

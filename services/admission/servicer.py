@@ -34,8 +34,9 @@ from libs.core.limits import (
     MAX_SPEC_BYTES,
     MAX_TEXT_CHARS,
 )
+from libs.core.model import GIB
 from libs.events import new_envelope
-from libs.events.convert import GIB, preemption_from_proto, spec_from_proto
+from libs.events.convert import preemption_from_proto, spec_from_proto
 from libs.readmodels import DEFAULT_LIST_LIMIT, JobFilter, Scope, has_ended, scope_of
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer

@@ -9,10 +9,13 @@ is set from them (``/ready`` says when).
 
 from __future__ import annotations
 
+import time
 from functools import cache
 
 from faust import web
 
+from libs.readmodels.nodes import without_ended_tasks
+from libs.readmodels.occupancy import by_cluster
 from libs.telemetry.metrics import (
     ALLOCATION_DELIVERED_GPU_HOURS,
     ALLOCATION_DEMAND_GPUS,
@@ -20,9 +23,6 @@ from libs.telemetry.metrics import (
     GPUS,
     GPUS_HELD_ON_LOST_NODES,
     WAITING_JOBS,
-    allocation_loads,
-    gpu_states,
-    live_gpus,
 )
 from services.metrics_http import METRICS, metrics_response
 from services.projector.app import app
@@ -47,22 +47,24 @@ class MetricsView(web.View):
 
 
 def refresh() -> None:
-    """Set the cluster gauges from the views as they are now."""
-    states = gpu_states(all_nodes(), cache(get_job))
+    """Set the cluster gauges from the views as they are now, counted as the console
+    counts them (``libs.readmodels.occupancy``)."""
+    job_of = cache(get_job)
+    nodes = [without_ended_tasks(node, job_of) for node in all_nodes()]
+    samples = by_cluster(time.time(), nodes, records.heads_with_specs())
     for gauge in (*_BY_ALLOCATION, GPUS, GPUS_HELD_ON_LOST_NODES):
         gauge.clear()  # an allocation or cluster gone from the views is gone from here
-    for cluster, count in states.items():
-        for state in ("busy", "idle", "serving", "free", "lost"):
-            GPUS.labels(cluster, state).set(getattr(count, state))
-        GPUS_HELD_ON_LOST_NODES.labels(cluster).set(count.held_on_lost)
-    for (cluster, allocation), load in allocation_loads(records.heads_with_specs()).items():
-        WAITING_JOBS.labels(cluster, allocation).set(load.waiting_jobs)
-        ALLOCATION_DEMAND_GPUS.labels(cluster, allocation).set(load.demand_gpus)
-    gpus = live_gpus(states)
+    for cluster, sample in samples.items():
+        for state, count in sample.total.states().items():
+            GPUS.labels(cluster, state).set(count)
+        GPUS_HELD_ON_LOST_NODES.labels(cluster).set(sample.total.lost_held)
+        load = sample.occupancy()
+        for allocation in sorted(load.waiting.keys() | load.held.keys() | load.asked.keys()):
+            WAITING_JOBS.labels(cluster, allocation).set(load.waiting.get(allocation, 0))
+            ALLOCATION_DEMAND_GPUS.labels(cluster, allocation).set(load.demand(allocation))
     for ledger in usage.ledger.clusters():
+        live = samples[ledger.cluster].capacity if ledger.cluster in samples else 0
         for balance in ledger.balances().balances:
             labels = (ledger.cluster, balance.allocation)
-            ALLOCATION_ENTITLED_GPUS.labels(*labels).set(
-                balance.entitlement * gpus.get(ledger.cluster, 0)
-            )
+            ALLOCATION_ENTITLED_GPUS.labels(*labels).set(balance.entitlement * live)
             ALLOCATION_DELIVERED_GPU_HOURS.labels(*labels).set(balance.gpu_seconds / 3600)

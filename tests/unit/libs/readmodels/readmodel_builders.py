@@ -14,8 +14,12 @@ from libs.events import new_envelope
 T0 = 1_760_000_000.0
 
 
-def spec(allocation: str = "team-a", gpus: int = 1) -> types_pb2.JobSpec:
-    return types_pb2.JobSpec(allocation=allocation, user="ada", gpus=gpus, command=["train"])
+def spec(allocation: str = "team-a", gpus: int = 1, min_runtime_s: int = 0) -> types_pb2.JobSpec:
+    """A job's spec; charged work (an allocation's, not free) with ``min_runtime_s``."""
+    made = types_pb2.JobSpec(allocation=allocation, user="ada", gpus=gpus, command=["train"])
+    if min_runtime_s:
+        made.min_runtime.seconds = min_runtime_s
+    return made
 
 
 def env(payload: Message, at: float = T0, cluster: str = "default") -> events_pb2.Envelope:

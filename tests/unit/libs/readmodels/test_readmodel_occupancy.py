@@ -80,7 +80,7 @@ def test_a_sample_counts_gpus_by_node_state_and_demand_by_allocation() -> None:
         node("n1", 4, lost=True, running=(("gone", 4),)),
     ]
     got = sample(100.0, nodes, jobs)
-    assert got.total == Gpus(capacity=8, busy=6, idle=4, lost=4)
+    assert got.total == Gpus(capacity=8, busy=6, idle=4, lost=4, lost_held=4)
     assert got.held == {"vision": 4}
     assert got.held_free == {"nlp": 2}
     assert got.asked == {"vision": 2}
@@ -227,7 +227,7 @@ def test_gpus_serving_holds_are_held_for_their_allocation_busy_or_idle() -> None
     n0.serving.add(gpu_index=0, allocation="serving")
     n0.serving.add(gpu_index=1, allocation="serving")  # the warm one
     got = sample(100.0, [n0], [workflow])
-    assert got.total == Gpus(capacity=4, busy=2, idle=1)
+    assert got.total == Gpus(capacity=4, busy=2, idle=1, warm=1)
     assert got.held == {"serving": 2}  # GPU 0 counted once, not again for its task
 
 

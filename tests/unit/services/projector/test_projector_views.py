@@ -198,8 +198,8 @@ async def test_metrics_say_what_the_views_say(client: ProjectorClient) -> None:
     await feed_jobs(
         submitted("busy", s=spec("team-a", gpus=2)),
         placed("busy", "n1", [0, 1]),
-        submitted("waits", s=spec("team-b", gpus=3)),
-        admitted("waits", s=spec("team-b", gpus=3)),
+        submitted("waits", s=spec("team-b", gpus=3, min_runtime_s=600)),
+        admitted("waits", s=spec("team-b", gpus=3, min_runtime_s=600)),
     )
     usage.rebuilt.set()
     url = f"{client.base_url}/metrics"
@@ -221,4 +221,4 @@ async def test_metrics_say_what_the_views_say(client: ProjectorClient) -> None:
     assert gpus == {"busy": 2, "idle": 0, "free": 2, "lost": 0}
     waiting = (("allocation", "team-b"), ("cluster", "default"))
     assert samples[("qm_waiting_jobs", waiting)] == 1
-    assert samples[("qm_allocation_demand_gpus", waiting)] == 3
+    assert samples[("qm_allocation_demand_gpus", waiting)] == 3  # charged, and it fits
