@@ -20,16 +20,16 @@ from cli.progress import counting, fractions
 from cli.render import errors, fail
 from libs.config.document import ConfigError
 from libs.config.policy import load_policy
-from libs.config.scenario import load_scenario
 from libs.core.compass import CacheModel
 from libs.core.config import PolicyConfig
 from libs.core.limits import MAX_SERVING_RESERVE, MAX_SERVING_RESERVE_MIN
 from libs.sim import POLICIES, SimSettings, build_workload
 from libs.sim.cluster import ClusterSpec
 from libs.sim.compare import run_policies
-from libs.sim.metrics import Metrics
+from libs.sim.recorder import Metrics
 from libs.sim.report import SUMMARY, RunInfo, left_out_note, left_out_records, write_report
 from libs.sim.scenario import Trace
+from libs.sim.scenario_file import load_scenario
 from libs.sim.tables import table
 from libs.sim.traces import TraceError
 from libs.sim.workflows import PROFILES

@@ -1,7 +1,7 @@
 """The audit replayer: decide the input log again and pair the result with the recorded log.
 
 Fresh schedulers per input partition (one per cluster) fold that partition's
-records through :func:`~libs.events.driver.decide`, exactly as placement does,
+records through :func:`~libs.events.log_step.decide`, exactly as placement does,
 and each recomputed decision must equal its recorded one byte for byte.
 
 Recorded decisions are paired by their provenance. Outputs of one cluster go
@@ -45,7 +45,7 @@ from libs.core import (
     knob_differences,
 )
 from libs.events import encode, event_type
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 
 # (input offset, index among that input's decisions, decision, the bytes compared)
 _Entry = tuple[int, int, events_pb2.Envelope, bytes]

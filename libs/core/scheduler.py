@@ -42,7 +42,7 @@ from libs.core import inputs
 from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.charges import Charges
 from libs.core.compass.pool import Want
-from libs.core.compass.scheduler import GpuKey, Serving
+from libs.core.compass.serving import GpuKey, Serving
 from libs.core.config import PolicyConfig
 from libs.core.contract import RunningJob, victim_order, victims_for
 from libs.core.decisions import (

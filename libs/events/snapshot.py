@@ -25,7 +25,7 @@ from datetime import datetime
 from qm.v1 import snapshot_pb2
 
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler, config_digest
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 
 # The layout of ``state``: bump it when the pickled shape changes incompatibly.
 # 2: the core's memos and indexes changed shape (queue heads per tier, the queues whose

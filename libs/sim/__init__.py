@@ -8,8 +8,8 @@ simulator (``driver``, ``batch``), the workflow sweep (``workflows``) and the mi
 from libs.sim.cluster import ClusterSpec
 from libs.sim.driver import SimSettings, SimulationError, simulate
 from libs.sim.mapping import ContractRules
-from libs.sim.metrics import Metrics
 from libs.sim.policy import POLICIES, Policy, make_policy
+from libs.sim.recorder import Metrics
 from libs.sim.scenario import Scenario, build_workload
 from libs.sim.workload import SimJob, Workload
 from libs.sim.world import World

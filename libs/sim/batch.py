@@ -20,7 +20,7 @@ act on them, and keeps each job's lifecycle:
 The tasks themselves run in the simulated cluster (``libs.sim.world``): it
 claims and frees their GPUs, reports their starts and ends, and hands the
 agents' events back at their times. An ``Observer`` counts
-(``libs.sim.metrics.Recorder`` is one).
+(``libs.sim.recorder.Recorder`` is one).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ AgentEvent = Completion | StopEnd | EndTask
 
 
 class Observer:
-    """What the agents count (``libs.sim.metrics.Recorder``); it ignores what it is not told."""
+    """What the agents count (``libs.sim.recorder.Recorder``); it ignores what it is not told."""
 
     def waiting(self, spec: JobSpec, delta: int) -> None:
         """``delta`` jobs of ``spec`` (negative: no longer) wait."""

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 from libs.core.config import PolicyConfig
 from libs.sim.driver import SimSettings, simulate
-from libs.sim.metrics import Metrics
 from libs.sim.policy import make_policy
+from libs.sim.recorder import Metrics
 from libs.sim.workload import Workload
 
 

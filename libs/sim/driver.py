@@ -28,8 +28,8 @@ from libs.core.inputs import (
 )
 from libs.core.usage import WindowedUsage
 from libs.sim.batch import BatchAgents, Completion, StopEnd
-from libs.sim.metrics import Metrics, Recorder, gpus_of_type
 from libs.sim.policy import Policy
+from libs.sim.recorder import Metrics, Recorder, gpus_of_type
 from libs.sim.workload import SimJob, Workload
 from libs.sim.world import SimulationError, World, usage_snapshot
 
@@ -61,7 +61,7 @@ class SimSettings:
     # fill, and that ramp says nothing about the policy. Jobs submitted before are not measured.
     warmup_s: float = 0.0
     sample_s: float = 600.0  # time-series resolution for plots
-    enough_demand: float = 0.5  # see libs.sim.metrics
+    enough_demand: float = 0.5  # see libs.sim.recorder
     checkpoint_s: float = 0.0  # how often resumable work checkpoints; see libs.sim.batch
 
 

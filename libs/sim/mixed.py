@@ -22,7 +22,7 @@ and its serving core) the way the live stack does, over the workload of
 
 After the window closes no more work arrives; the run goes on until every
 job and workflow has finished (waits are measured up to the window's end, as
-``libs.sim.metrics`` does). The world checks on the way that no GPU ever runs
+``libs.sim.recorder`` does). The world checks on the way that no GPU ever runs
 batch and serving work at once. Deterministic: seeded generators, and events
 at equal times in the order they were made. ``libs.sim.mixed_report`` shows a run.
 """
@@ -57,7 +57,6 @@ from libs.core.scheduler import Scheduler
 from libs.core.service_level import workflow_slowdown
 from libs.core.usage import Usage, WindowedUsage
 from libs.sim.batch import OVER, BatchAgents, Completion, EndTask, Job, Observer, StopEnd
-from libs.sim.metrics import CLASSES, Distribution
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
@@ -65,6 +64,7 @@ from libs.sim.mixed_workload import (
     budget_tree,
     workflow_arrivals,
 )
+from libs.sim.recorder import CLASSES, Distribution
 from libs.sim.workflows import Profiles, ServingCluster, hit_rate, hits, keyed, serving_policy
 from libs.sim.workload import SimJob
 from libs.sim.world import SimulationError, usage_snapshot

@@ -12,8 +12,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from libs.core.service_level import TARGET_DELIVERED_PCT
-from libs.sim.metrics import CLASSES, Distribution, Metrics
 from libs.sim.mixed import MixedRun
+from libs.sim.recorder import CLASSES, Distribution, Metrics
 from libs.sim.workflows import SweepRun
 
 _CLASS_COLOURS = {"debug": "tab:green", "allocated": "tab:blue", "unallocated": "tab:gray"}

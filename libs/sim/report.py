@@ -15,7 +15,7 @@ from libs.core.config import PolicyConfig
 from libs.core.model import DEBUG_MAX_GPUS, DEBUG_MAX_MIN_RUNTIME_S
 from libs.core.service_level import SMALL_TEAM_OWED_FRACTION
 from libs.sim.driver import SimSettings
-from libs.sim.metrics import CLASSES, SIZES, AllocationMetrics, Metrics, Unstarted
+from libs.sim.recorder import CLASSES, SIZES, AllocationMetrics, Metrics, Unstarted
 from libs.sim.scenario import Scenario, Targets
 from libs.sim.tables import Columns, markdown_table, table
 from libs.sim.workload import Workload

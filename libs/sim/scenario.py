@@ -1,7 +1,7 @@
 """Scenarios: which trace, which part of it, on which cluster, under which budget.
 
 A scenario file (``deploy/sim/*.yaml``) names a trace and its defaults; it is read by
-``libs.config.scenario``. Command-line knobs replace single fields.
+``libs.sim.scenario_file``. Command-line knobs replace single fields.
 """
 
 from __future__ import annotations

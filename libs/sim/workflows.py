@@ -1,7 +1,7 @@
 """Workflow serving simulation: the four Compass workflows through the scheduling core.
 
 The sweep drives the same code as the live stack: a ``Scheduler`` (its
-serving core, libs.core.compass.scheduler, plans each workflow on arrival and
+serving core, libs.core.compass.serving, plans each workflow on arrival and
 sends each task to its GPU when its inputs are ready, adjusting on the way)
 and the simulated cluster (``libs.sim.world``: one ``GpuWorker`` per GPU, its
 queue and model cache, reporting loads, evictions, starts and ends as the node
@@ -42,7 +42,7 @@ from libs.core.compass import (
     WorkflowError,
     build_workflow,
 )
-from libs.core.compass.scheduler import MB_PER_GIB
+from libs.core.compass.serving import MB_PER_GIB
 from libs.core.config import PolicyConfig
 from libs.core.decisions import Decision, Place, Planned, ServingHeld, ServingReleased, Wait
 from libs.core.ids import JobId, NodeId, workflow_task_id

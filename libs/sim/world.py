@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from libs.core.compass import CacheModel, GpuWorker
-from libs.core.compass.scheduler import MB_PER_GIB
+from libs.core.compass.serving import MB_PER_GIB
 from libs.core.compass.worker import Start
 from libs.core.decisions import Place, ServingHeld, ServingReleased, stop_grace
 from libs.core.ids import JobId, NodeId, TaskId

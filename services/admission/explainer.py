@@ -12,7 +12,7 @@ from qm.v1 import events_pb2
 
 from libs.core import JobId, PolicyConfig
 from libs.core.explain import Explanation
-from libs.events.driver import PartitionSchedulers, step
+from libs.events.log_step import PartitionSchedulers, step
 
 
 class Explainer:

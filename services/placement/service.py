@@ -45,7 +45,7 @@ from qm.v1 import events_pb2
 from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
 from libs.core import PolicyConfig
 from libs.events import event_type, release
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 from libs.events.snapshot import take
 from libs.telemetry.metrics import (
     DECISION_DELAY_SECONDS,

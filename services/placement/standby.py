@@ -26,7 +26,7 @@ from libs.bus import Bus, TopicSpec
 from libs.bus.ports import Consumer, Record
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
-from libs.events.driver import PartitionSchedulers, step
+from libs.events.log_step import PartitionSchedulers, step
 from libs.events.snapshot import SnapshotError, restore
 from libs.telemetry import replaying
 from libs.telemetry.metrics import STANDBY_BEHIND

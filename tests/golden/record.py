@@ -53,7 +53,7 @@ from libs.core.compass import Eviction
 from libs.core.simulated import SimulatedRun
 from libs.events import event_type, new_envelope, wire_time
 from libs.events.convert import node_from_proto, serving_from_proto, spec_from_proto
-from libs.events.driver import decide, policy_configured
+from libs.events.log_step import decide, policy_configured
 from libs.events.logfile import write_log
 from libs.sim.world import World
 from services.node_agent.lifecycle import model_evicted, model_loaded, refused

@@ -20,7 +20,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import Delivery
 from libs.events import event_type, new_envelope
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 from services.placement.environment import from_env
 from services.placement.service import PlacementService
 from services.placement.standby import Warm

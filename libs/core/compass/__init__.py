@@ -5,7 +5,7 @@ planned HEFT-style on arrival, with model loads, cache hits and transfers in
 the estimate, and adjusted as it runs. ``workflow`` checks the DAG;
 ``planner`` plans (Compass and its baselines), playing each GPU's backlog
 forward (``timeline``) and choosing each task's GPU (``choice``, ties in the
-planner's ``order``); ``scheduler`` runs plans inside the core, over the GPUs
+planner's ``order``); ``serving`` (``Serving``) runs plans inside the core, over the GPUs
 its ``pool`` holds from batch work (sized by the load ``busy`` measures;
 ``gpu``, ``flow`` and ``backlog`` are what it keeps of GPUs, workflows and
 queues; ``load`` the work lately arrived and admitted, which under overload

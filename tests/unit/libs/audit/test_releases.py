@@ -8,7 +8,7 @@ from qm.v1 import events_pb2
 from libs.audit import AuditResult, Difference, OtherRelease, Replay, audit_logs, policy_commits
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 from libs.events import event_type
-from libs.events.driver import policy_configured
+from libs.events.log_step import policy_configured
 from tests.golden.record import RELEASE
 from tests.unit.libs.audit.test_replay import _copy, _inputs, _provenance, _recorded, _steps
 

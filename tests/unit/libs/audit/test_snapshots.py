@@ -10,7 +10,7 @@ from qm.v1 import events_pb2
 from libs.audit import Replay
 from libs.core import PolicyConfig
 from libs.events import event_type
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 from libs.events.logfile import read_log
 from libs.events.snapshot import restore, take
 from tests.golden.record import HERE

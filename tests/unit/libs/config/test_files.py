@@ -18,10 +18,10 @@ from libs.config.document import ConfigError, load, read_document, validate
 from libs.config.inventory import InventoryFile
 from libs.config.policy import policy_from_mapping
 from libs.config.sandbox import CheckpointsEntry, ContainersEntry, SandboxFile, VolumeEntry
-from libs.config.scenario import ScenarioFile, load_scenario
 from libs.config.topics import TopicsFile
 from libs.config.workflow import ProfilesFile, WorkflowFile
 from libs.sim.scenario import TRACES
+from libs.sim.scenario_file import ScenarioFile, load_scenario
 from libs.sim.workflows import PROFILES
 
 REPO = Path(__file__).resolve().parents[4]

@@ -22,7 +22,7 @@ from libs.core.compass.backlog import Backlogs
 from libs.core.compass.busy import BusyMeter
 from libs.core.compass.load import Load
 from libs.core.compass.pool import Pool
-from libs.core.compass.scheduler import Serving
+from libs.core.compass.serving import Serving
 from libs.core.dependencies import Dependencies
 from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
@@ -208,7 +208,7 @@ def test_every_attribute_is_declared_state_config_or_a_derived_cache() -> None:
     }
     # Every derived cache is rebuilt (and so compared by ``check``); serving's kept
     # timelines (``Backlogs.DERIVED``) are held to rebuilt ones by
-    # compass/test_scheduler.py instead.
+    # compass/test_serving.py instead.
     assert set(scheduler._running.derived()) == set(RunningWork.DERIVED)
     assert set(scheduler._charges.derived()) == set(Charges.DERIVED)
     assert set(scheduler._serving.derived()) == set(Serving.DERIVED)

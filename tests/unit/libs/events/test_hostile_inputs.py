@@ -20,7 +20,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.core import Refused, Reject, Scheduler
 from libs.events import DecodeError, decode, encode, new_envelope
 from libs.events.convert import to_input
-from libs.events.driver import step
+from libs.events.log_step import step
 from tests.builders import proto_workflow
 
 # Names the cluster below knows (a node, a job, its task, and the empty name an unset

@@ -12,7 +12,7 @@ from libs.core import GangPart, Place, Planned, PlannedTask, Reject, ServingTask
 from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
-from libs.events.driver import policy_configured
+from libs.events.log_step import policy_configured
 from libs.events.wire_time import duration_ms
 
 # Kafka's default record limit (message.max.bytes) and aiokafka's max_request_size.

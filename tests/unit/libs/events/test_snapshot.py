@@ -15,7 +15,7 @@ from qm.v1 import events_pb2, snapshot_pb2
 from libs.core import PolicyConfig
 from libs.events import encode
 from libs.events import snapshot as snapshots
-from libs.events.driver import PartitionSchedulers
+from libs.events.log_step import PartitionSchedulers
 from libs.events.logfile import read_log
 from libs.events.snapshot import SnapshotError, restore, take
 

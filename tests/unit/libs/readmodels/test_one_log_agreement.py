@@ -21,7 +21,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.core import PolicyConfig, Scheduler
 from libs.events import event_type
 from libs.events.convert import node_from_proto
-from libs.events.driver import decide
+from libs.events.log_step import decide
 from libs.events.logfile import read_log
 from libs.readmodels.jobs import JobRecords
 from libs.readmodels.nodes import apply_node_event, node_key, without_ended_tasks

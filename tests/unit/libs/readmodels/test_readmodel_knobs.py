@@ -6,7 +6,7 @@ from qm.v1 import events_pb2
 
 from libs.core import KnobDifference, PolicyConfig
 from libs.events import new_envelope
-from libs.events.driver import policy_configured
+from libs.events.log_step import policy_configured
 from libs.readmodels import PlacementKnobs
 
 INPUT = new_envelope(events_pb2.ClockTick(), producer="ticker", event_id="e")

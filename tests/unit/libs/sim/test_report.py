@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 
 from cli.params import Duration
 from cli.sim import sim_app
-from libs.config.scenario import load_scenario
 from libs.core import PolicyConfig
 from libs.sim import build_workload
-from libs.sim.metrics import Unstarted
+from libs.sim.recorder import Unstarted
 from libs.sim.report import SUMMARY, _behind, duration
 from libs.sim.scenario import Targets
+from libs.sim.scenario_file import load_scenario
 from libs.sim.tables import table
 
 REPO = Path(__file__).resolve().parents[4]

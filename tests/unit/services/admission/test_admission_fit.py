@@ -9,7 +9,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.core import PolicyConfig, Scheduler, simulated
 from libs.events import event_type, new_envelope
-from libs.events.driver import decide
+from libs.events.log_step import decide
 from tests.unit.services.admission.doubles import Projector, submit
 
 GIB = 1 << 30

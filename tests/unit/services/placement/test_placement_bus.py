@@ -23,7 +23,7 @@ from libs.bus.ports import Record
 from libs.bus.producer import TYPE_HEADER
 from libs.core import PolicyConfig
 from libs.events import new_envelope
-from libs.events.driver import PartitionSchedulers, step
+from libs.events.log_step import PartitionSchedulers, step
 from services.placement.service import PlacementService
 from services.placement.standby import Standby, Warm
 from tests.placement_gate import GatedPlacement

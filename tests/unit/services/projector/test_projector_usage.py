@@ -23,7 +23,7 @@ from libs.bus.memory import MemoryBus
 from libs.bus.producer import TYPE_HEADER
 from libs.core import PolicyConfig, config_digest
 from libs.events import decode, new_envelope
-from libs.events.driver import policy_configured
+from libs.events.log_step import policy_configured
 from libs.events.snapshot import SnapshotError
 from libs.readmodels import UsageLedger
 from services.projector.client import ProjectorClient, ProjectorError

@@ -9,7 +9,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.core import PolicyConfig, Scheduler, config_digest, knobs
 from libs.events import encode, event_type, new_envelope
-from libs.events.driver import PartitionSchedulers, decide
+from libs.events.log_step import PartitionSchedulers, decide
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -167,7 +167,7 @@ def test_a_decision_too_large_for_a_record_becomes_a_rejection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log = _log()
-    monkeypatch.setattr("libs.events.driver.MAX_RECORD_BYTES", 150)  # a placement is larger
+    monkeypatch.setattr("libs.events.log_step.MAX_RECORD_BYTES", 150)  # a placement is larger
     scheduler = Scheduler()
     decide(scheduler, log[0], partition=0, offset=0)
     [out] = decide(scheduler, log[1], partition=0, offset=1)

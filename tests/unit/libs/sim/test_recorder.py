@@ -6,7 +6,7 @@ import pytest
 
 from libs.core.model import JobSpec
 from libs.sim.batch import Job
-from libs.sim.metrics import Distribution, Recorder, size_class
+from libs.sim.recorder import Distribution, Recorder, size_class
 from libs.sim.workload import SimJob
 from tests.unit.libs.sim.sim_builders import spec
 
