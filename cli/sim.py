@@ -434,16 +434,15 @@ def workflows(
     from libs.core.compass import PlanMode
     from libs.sim.workflows import (
         ARRIVALS,
-        SPREAD_HEADER,
         SweepRun,
         claims,
         load_profiles,
         markdown,
         over_seeds,
         run_label,
-        spreads,
         sweep,
     )
+    from libs.sim.workflows import tables as report_tables
 
     say = notes(console, errors, output)
     sizes = _items("--gpus", gpus, int, lambda g: 1 <= g <= 100_000, "GPU counts from 1 to 100000")
@@ -495,67 +494,7 @@ def workflows(
             on_progress=progress,
         )
     total = time.perf_counter() - began
-    flows = [f.name for f in loaded.workflows]
-    tables: list[Shown] = []
-    for name in processes:
-        mine = [r for r in runs if r.arrivals == name]
-        label = "Poisson" if not processes[name] else f"gamma (shape {processes[name]:g})"
-        header = [
-            "GPUs", "mode", "seed", "median", "p99", "latency ms", "hits", "used", "held",
-            "queue", "load", "xfer", "run", "s",
-        ]  # fmt: skip
-        rows = []
-        per_flow = []
-        for done in mine:
-            r, b = done.run, done.run.breakdown_ms
-            rows.append(
-                [
-                    str(r.gpus),
-                    r.mode.value,
-                    str(done.seed),
-                    f"{r.median_slowdown:.3f}",
-                    f"{r.p99_slowdown:.2f}",
-                    f"{r.median_latency_ms:.0f}",
-                    f"{r.cache_hit_rate:.0%}",
-                    str(r.gpus_used),
-                    f"{r.held_ms:.0f}",
-                    f"{b['queue']:.0f}",
-                    f"{b['load']:.1f}",
-                    f"{b['transfer']:.2f}",
-                    f"{b['run']:.0f}",
-                    f"{done.wall_s:.1f}",
-                ]
-            )
-            per_flow.append(
-                [
-                    str(r.gpus),
-                    r.mode.value,
-                    str(done.seed),
-                    *(f"{r.per_workflow[f][0]:.2f} / {r.per_workflow[f][1]:.0%}" for f in flows),
-                ]
-            )
-        setting = f"{cache_model.value} caches, reports {staleness * 1000:g} ms late" + (
-            f", {planners} planners" if planners > 1 else ""
-        )
-        title = (
-            f"{label} arrivals, {setting}: slowdown; held per workflow, the rest per task (mean ms)"
-        )
-        tables.append((title, header, rows))
-        tables.append(
-            (
-                f"{label}, {setting}: median slowdown / cache hits per workflow",
-                ["GPUs", "mode", "seed", *flows],
-                per_flow,
-            )
-        )
-        if len(several) > 1:
-            tables.append(
-                (
-                    f"{label}, {setting}: slowdown over the seeds " + ", ".join(map(str, several)),
-                    SPREAD_HEADER,
-                    [spread.cells() for spread in spreads(mine)],
-                )
-            )
+    tables = report_tables(runs, per_task=False)  # sweep.md (--out) has the tasks' too
     found = claims(over_seeds(runs))  # one seed: its own runs
     _show(
         output,

@@ -17,7 +17,6 @@ from libs.core.decisions import Place, Planned, ServingHeld, ServingReleased
 from libs.core.inputs import Input, JobArrived, PeerArrived, PeerPlanned
 from libs.core.model import JobSpec
 from libs.core.scheduler import Scheduler
-from libs.sim import workflows
 from libs.sim.workflows import (
     ARRIVALS,
     PROFILES,
@@ -26,7 +25,6 @@ from libs.sim.workflows import (
     ServingCluster,
     SweepRun,
     WorkflowRun,
-    arrivals,
     claims,
     hits,
     keyed,
@@ -34,9 +32,13 @@ from libs.sim.workflows import (
     markdown,
     over_seeds,
     policy,
+    serving_cluster,
     simulate,
     sweep,
+    sweep_runner,
+    tables,
 )
+from libs.sim.workflows.serving_cluster import arrivals
 
 pytestmark = pytest.mark.shared_data
 
@@ -136,7 +138,16 @@ def test_the_sweep_reports_its_tables_and_claims(profiles: Profiles) -> None:
         ("poisson", 32, PlanMode.HASH),
     ]
     text = markdown(runs, 1.0)
-    assert "## poisson arrivals" in text and "per workflow" in text and "per task" in text
+    assert "## Poisson arrivals, lookahead caches, reports 0 ms late: slowdown" in text
+    assert "per workflow" in text and "per task" in text
+    # What qm sim workflows prints is the same tables, the tasks' aside.
+    printed = tables(runs, per_task=False)
+    assert [title for title, _, _ in printed] == [
+        title for title, _, _ in tables(runs) if not title.endswith("per task, mean ms")
+    ]
+    for title, header, rows in printed:
+        assert f"## {title}" in text and "| " + " | ".join(header) + " |" in text
+        assert all("| " + " | ".join(row) + " |" in text for row in rows)
     assert "Sweep runtime: 1.0 s for 4 runs." in text
     (claim,) = claims(runs)
     assert claim.text.startswith("poisson: hash reaches median")
@@ -154,7 +165,7 @@ def test_a_sweep_over_processes_gives_the_serial_runs(profiles: Profiles) -> Non
 def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
     profiles: Profiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workflows, "PROGRESS_EVERY", 100)
+    monkeypatch.setattr(serving_cluster, "PROGRESS_EVERY", 100)
     heard: list[tuple[str, float]] = []
     sweep(
         profiles,
@@ -170,8 +181,8 @@ def test_each_run_tells_its_progress_in_this_process_or_from_a_worker(
     assert shares == sorted(shares) and shares[0] >= 0 and 0.5 <= shares[-1] <= 1
     # A worker process sends the same to its parent.
     sent: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
-    monkeypatch.setattr(workflows, "_updates", sent)
-    workflows._sweep_run(profiles, Case("poisson", 0.0, 16, PlanMode.HASH, 7), {"jobs": 60})
+    monkeypatch.setattr(sweep_runner, "_updates", sent)
+    sweep_runner._sweep_run(profiles, Case("poisson", 0.0, 16, PlanMode.HASH, 7), {"jobs": 60})
     relayed = [sent.get() for _ in range(sent.qsize())]
     assert relayed == heard
 
@@ -316,7 +327,7 @@ def test_a_sweep_over_seeds_reports_each_seed_and_each_settings_spread(
     ]  # fmt: skip
     assert runs[0].run != runs[1].run  # another seed, another workload
     text = markdown(runs, 1.0)
-    assert "## Over the seeds 3, 4" in text and "## Claims (medians over the seeds)" in text
+    assert "slowdown over the seeds 3, 4" in text and "## Claims (medians over the seeds)" in text
     [compass, _] = over_seeds(runs)
     assert compass.run.median_slowdown == statistics.median(r.run.median_slowdown for r in runs[:2])
 

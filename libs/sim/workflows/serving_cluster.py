@@ -1,46 +1,23 @@
-"""Workflow serving simulation: the four Compass workflows through the scheduling core.
-
-The sweep drives the same code as the live stack: a ``Scheduler`` (its
-serving core, libs.core.compass.serving, plans each workflow on arrival and
-sends each task to its GPU when its inputs are ready, adjusting on the way)
-and the simulated cluster (``libs.sim.world``: one ``GpuWorker`` per GPU, its
-queue and model cache, reporting loads, evictions, starts and ends as the node
-agent does), in milliseconds. The cluster is the Compass setup: one node per
-GPU, every GPU empty at the start. Jobs (one workflow each, drawn in equal
-shares) arrive by a Poisson or a bursty gamma process.
-
-Models are cached per workflow by default, as the source simulator keys them
-(OPT in translation and OPT in question_answer are separate entries);
-``share_models`` caches them by name. Deterministic: a seeded generator, and
-events at equal times in the order they were made.
+"""The serving cluster: the planners (``Scheduler``s, their serving core) over the
+simulated cluster (``libs.sim.world``), and one run of workflows through it
+(``simulate``): arrivals, the planners' decisions, each task's queue, load, transfer
+and run, and the figures a run yields (``WorkflowRun``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
-import multiprocessing
-import queue
 import random
 import statistics
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from libs.config.document import ConfigError, load
-from libs.config.workflow import ProfilesFile
 from libs.core.compass import (
     CacheModel,
     Costs,
     PlanMode,
-    Task,
     Workflow,
-    WorkflowError,
-    build_workflow,
 )
 from libs.core.compass.serving import MB_PER_GIB
 from libs.core.config import PolicyConfig
@@ -58,44 +35,19 @@ from libs.core.inputs import (
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.scheduler import Scheduler
 from libs.core.service_level import workflow_slowdown
+from libs.sim.workflows.profiles import Profiles, keyed
 from libs.sim.world import Served, SimulationError, World
 
-# The published profiles, where a checkout keeps them (../shared, next to the repo).
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "compass" / "workflows.json"
 PARTS = ("queue", "load", "transfer", "run")
+
+
 GPU_TYPE = "T4"
+
+
 ALLOCATION = "serving"
+
+
 PROGRESS_EVERY = 1_000  # agenda entries between two progress reports of a run
-
-
-@dataclass(frozen=True)
-class Profiles:
-    """The published workflow profiles: DAGs, their best cases and the cluster's costs."""
-
-    workflows: tuple[Workflow, ...]
-    best_case_ms: dict[str, float]
-    costs: Costs
-
-
-def load_profiles(path: Path) -> Profiles:
-    """Read ``workflows.json`` (``libs.config.workflow``); a ``ConfigError`` names the file
-    and key when it cannot be read or breaks a rule."""
-    file = load(ProfilesFile, path)
-    costs = file.cluster.costs()
-    flows = []
-    for name, flow in file.workflows.items():
-        tasks = [
-            Task(
-                t.id, t.model or "", file.model_mb(t), t.run_ms, t.in_kb, t.out_kb, tuple(t.parents)
-            )
-            for t in flow.tasks
-        ]
-        try:
-            flows.append(build_workflow(name, tasks, costs.gpu_memory_mb))
-        except WorkflowError as exc:
-            raise ConfigError(f"{path}: workflows.{name}: {exc}") from None
-    best = {name: flow.best_case_ms for name, flow in file.workflows.items()}
-    return Profiles(tuple(flows), best, costs)
 
 
 @dataclass(frozen=True)
@@ -122,17 +74,6 @@ class WorkflowRun:
     cache_model: CacheModel = CacheModel.LOOKAHEAD  # the workers', as the planner knew it
     staleness_ms: float = 0.0  # how late the workers' reports reached the scheduler
     planners: int = 1  # how many planners split the arrivals
-
-
-def keyed(workflow: Workflow) -> Workflow:
-    """The workflow with each model named per workflow, as the source caches them."""
-    return dataclasses.replace(
-        workflow,
-        tasks=tuple(
-            dataclasses.replace(t, model=f"{workflow.name}/{t.model}") if t.model else t
-            for t in workflow.tasks
-        ),
-    )
 
 
 def arrivals(jobs: int, rate_per_s: float, burst_shape: float, rng: random.Random) -> list[float]:
@@ -474,308 +415,3 @@ def simulate(
 
 def _p99(ordered: Sequence[float]) -> float:
     return ordered[int(0.99 * (len(ordered) - 1))]
-
-
-# -- the sweep -------------------------------------------------------------------------
-
-ARRIVALS = {"poisson": 0.0, "gamma": 0.25}  # name -> gamma shape (0: Poisson)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One run of a sweep: an arrival process, a cluster size, a mode and a seed."""
-
-    arrivals: str  # poisson or gamma
-    shape: float  # the gamma shape of the inter-arrivals (0: Poisson)
-    gpus: int
-    mode: PlanMode
-    seed: int
-
-    @property
-    def label(self) -> str:
-        """How progress names the run."""
-        return run_label(self.arrivals, self.gpus, self.mode, self.seed)
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    arrivals: str  # poisson or gamma
-    run: WorkflowRun
-    wall_s: float
-    seed: int = 7
-
-
-def sweep(
-    profiles: Profiles,
-    sizes: Sequence[int],
-    modes: Sequence[PlanMode],
-    arrivals: Mapping[str, float],
-    *,
-    seeds: Sequence[int] = (7,),
-    workers: int = 1,
-    on_run: Callable[[SweepRun], None] | None = None,
-    on_progress: Callable[[str, float], None] | None = None,
-    **knobs: Any,  # for every run: simulate's jobs, rate_per_s, hold_threshold, ...
-) -> list[SweepRun]:
-    """Every mode at every size under every arrival process, with every seed;
-    deterministic, in that order whatever ``workers`` (processes running runs side by
-    side). ``on_run`` hears of each run as it ends; ``on_progress(label, share)`` of
-    each run's progress, named by ``Case.label``."""
-    cases = [
-        Case(name, shape, gpus, mode, seed)
-        for (name, shape), gpus, mode, seed in itertools.product(
-            arrivals.items(), sizes, modes, seeds
-        )
-    ]
-    told = on_run or (lambda _: None)
-    if workers <= 1 or len(cases) < 2:
-        runs = []
-        for case in cases:
-            heard = on_progress and functools.partial(on_progress, case.label)
-            runs.append(_sweep_run(profiles, case, knobs, heard))
-            told(runs[-1])
-        return runs
-    context = multiprocessing.get_context("spawn")  # a fork would copy the caller's threads
-    updates: multiprocessing.Queue[tuple[str, float]] = context.Queue()
-    with ProcessPoolExecutor(
-        min(workers, len(cases)), mp_context=context, initializer=_reporting, initargs=(updates,)
-    ) as pool:
-        futures = [pool.submit(_sweep_run, profiles, case, knobs) for case in cases]
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            while True:
-                try:
-                    update = updates.get_nowait()
-                except queue.Empty:
-                    break
-                if on_progress is not None:
-                    on_progress(*update)
-            for future in sorted(finished, key=futures.index):
-                told(future.result())
-        return [f.result() for f in futures]
-
-
-def run_label(arrivals: str, gpus: int, mode: PlanMode, seed: int) -> str:
-    """How progress names a run of the sweep."""
-    return f"{arrivals} {gpus} GPUs {mode.value} seed {seed}"
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One setting (arrival process, size, mode) over several seeds."""
-
-    arrivals: str
-    gpus: int
-    mode: PlanMode
-    medians: tuple[float, ...]  # each seed's median slowdown
-    p99s: tuple[float, ...]
-
-    def cells(self) -> list[str]:
-        """GPUs, mode, then the median over the seeds (their range) of each figure."""
-        return [str(self.gpus), self.mode.value, _spread(self.medians), _spread(self.p99s)]
-
-
-SPREAD_HEADER = ["GPUs", "mode", "median (seeds' range)", "p99 (seeds' range)"]
-
-
-def spreads(runs: Sequence[SweepRun]) -> list[Spread]:
-    """Each setting's figures over the seeds, in the order first seen."""
-    return [
-        Spread(
-            *key,
-            tuple(r.run.median_slowdown for r in group),
-            tuple(r.run.p99_slowdown for r in group),
-        )
-        for key, group in _settings(runs).items()
-    ]
-
-
-def over_seeds(runs: Sequence[SweepRun]) -> list[SweepRun]:
-    """One run per setting: the first seed's, with each slowdown figure the median over
-    the seeds (what a claim about a sweep of several seeds is about)."""
-    return [
-        dataclasses.replace(
-            group[0],
-            run=dataclasses.replace(
-                group[0].run,
-                median_slowdown=statistics.median(r.run.median_slowdown for r in group),
-                p99_slowdown=statistics.median(r.run.p99_slowdown for r in group),
-            ),
-        )
-        for group in _settings(runs).values()
-    ]
-
-
-def _settings(runs: Sequence[SweepRun]) -> dict[tuple[str, int, PlanMode], list[SweepRun]]:
-    groups: dict[tuple[str, int, PlanMode], list[SweepRun]] = {}
-    for r in runs:
-        groups.setdefault((r.arrivals, r.run.gpus, r.run.mode), []).append(r)
-    return groups
-
-
-def _spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
-_updates: multiprocessing.Queue[tuple[str, float]] | None = None  # in a sweep's worker
-
-
-def _reporting(updates: multiprocessing.Queue[tuple[str, float]]) -> None:
-    global _updates
-    _updates = updates
-
-
-def _relay(updates: multiprocessing.Queue[tuple[str, float]], run: str, share: float) -> None:
-    updates.put((run, share))
-
-
-def _sweep_run(
-    profiles: Profiles,
-    case: Case,
-    knobs: Mapping[str, Any],
-    on_progress: Callable[[float], None] | None = None,
-) -> SweepRun:
-    if on_progress is None and _updates is not None:  # in a worker: tell the parent
-        on_progress = functools.partial(_relay, _updates, case.label)
-    began = time.perf_counter()
-    run = simulate(
-        profiles,
-        mode=case.mode,
-        gpus=case.gpus,
-        burst_shape=case.shape,
-        seed=case.seed,
-        on_progress=on_progress,
-        **knobs,
-    )
-    return SweepRun(case.arrivals, run, time.perf_counter() - began, case.seed)
-
-
-@dataclass(frozen=True)
-class Claim:
-    text: str
-    holds: bool
-
-
-def claims(runs: Sequence[SweepRun]) -> list[Claim]:
-    """What the sweep shows of the Compass claims, per arrival process.
-
-    1. compass reaches the median slowdown ``hash`` has on its largest cluster
-       with at most half as many GPUs;
-    2. compass has a lower median slowdown than ``heft`` and ``jit`` at every size.
-    """
-    out: list[Claim] = []
-    for name in dict.fromkeys(r.arrivals for r in runs):
-        mine = [r.run for r in runs if r.arrivals == name]
-        by = {(r.mode, r.gpus): r for r in mine}
-        sizes = sorted({r.gpus for r in mine})
-        hashed = [by[(PlanMode.HASH, g)] for g in sizes if (PlanMode.HASH, g) in by]
-        compass = [by[(PlanMode.COMPASS, g)] for g in sizes if (PlanMode.COMPASS, g) in by]
-        if hashed and compass:
-            target = hashed[-1]
-            enough = [r for r in compass if r.median_slowdown <= target.median_slowdown]
-            fewest = min((r.gpus for r in enough), default=None)
-            out.append(
-                Claim(
-                    f"{name}: hash reaches median {target.median_slowdown:.2f} with "
-                    f"{target.gpus} GPUs; compass "
-                    + (
-                        f"with {fewest} ({fewest / target.gpus:.0%})"
-                        if fewest is not None
-                        else "never does"
-                    ),
-                    fewest is not None and fewest * 2 <= target.gpus,
-                )
-            )
-        for rival in (PlanMode.HEFT, PlanMode.JIT):
-            pairs = [
-                (by[(PlanMode.COMPASS, g)], by[(rival, g)])
-                for g in sizes
-                if (PlanMode.COMPASS, g) in by and (rival, g) in by
-            ]
-            if not pairs:
-                continue
-            lost = [c.gpus for c, o in pairs if c.median_slowdown >= o.median_slowdown]
-            out.append(
-                Claim(
-                    f"{name}: compass's median below {rival.value}'s at "
-                    + ("every size" if not lost else f"all but {', '.join(map(str, lost))} GPUs"),
-                    not lost,
-                )
-            )
-    return out
-
-
-def markdown(runs: Sequence[SweepRun], total_s: float) -> str:
-    """The sweep, per-workflow and per-task tables and the claims, as Markdown."""
-    flows = list(dict.fromkeys(f for r in runs for f in r.run.per_workflow))  # as first seen
-    models = ", ".join(dict.fromkeys(r.run.cache_model.value for r in runs))
-    stale = ", ".join(dict.fromkeys(f"{r.run.staleness_ms:g} ms" for r in runs))
-    planners = ", ".join(dict.fromkeys(str(r.run.planners) for r in runs))
-    lines = [
-        "# Workflow serving sweep",
-        "",
-        f"Cache model: {models}; reports {stale} late; planners: {planners}.",
-        "",
-    ]
-    for name in dict.fromkeys(r.arrivals for r in runs):
-        mine = [r for r in runs if r.arrivals == name]
-        lines += [
-            f"## {name} arrivals",
-            "",
-            "| GPUs | mode | seed | median slowdown | p99 slowdown | median latency ms | "
-            "p99 latency ms | cache hits | GPUs used | held ms | queue ms | load ms | "
-            "transfer ms | run ms | adjusted | refused | s |",
-            "|" + " --- |" * 17,
-        ]
-        for s in mine:
-            r = s.run
-            b = r.breakdown_ms
-            lines.append(
-                f"| {r.gpus} | {r.mode.value} | {s.seed} | {r.median_slowdown:.3f} "
-                f"| {r.p99_slowdown:.2f} "
-                f"| {r.median_latency_ms:.0f} | {r.p99_latency_ms:.0f} | {r.cache_hit_rate:.1%} "
-                f"| {r.gpus_used} | {r.held_ms:.1f} | {b['queue']:.1f} | {b['load']:.1f} "
-                f"| {b['transfer']:.2f} "
-                f"| {b['run']:.1f} | {r.adjusted} | {r.refused} | {s.wall_s:.1f} |"
-            )
-        lines += [
-            "",
-            f"### {name}: per workflow (median slowdown / cache hit rate)",
-            "",
-            "| GPUs | mode | seed | " + " | ".join(flows) + " |",
-            "|" + " --- |" * (len(flows) + 3),
-        ]
-        for s in mine:
-            r = s.run
-            cells = [f"{r.per_workflow[f][0]:.3f} / {r.per_workflow[f][1]:.0%}" for f in flows]
-            lines.append(f"| {r.gpus} | {r.mode.value} | {s.seed} | " + " | ".join(cells) + " |")
-        lines += [
-            "",
-            f"### {name}: per task (mean queue / load / transfer / run, ms)",
-            "",
-            "| GPUs | mode | seed | task | queue | load | transfer | run |",
-            "|" + " --- |" * 8,
-        ]
-        for s in mine:
-            for (flow, task), parts in s.run.task_breakdown_ms.items():
-                lines.append(
-                    f"| {s.run.gpus} | {s.run.mode.value} | {s.seed} | {flow}/{task} "
-                    f"| {parts['queue']:.1f} "
-                    f"| {parts['load']:.1f} | {parts['transfer']:.2f} | {parts['run']:.1f} |"
-                )
-        lines.append("")
-    several = len({r.seed for r in runs}) > 1
-    if several:
-        lines += [
-            "## Over the seeds " + ", ".join(str(s) for s in dict.fromkeys(r.seed for r in runs)),
-            "",
-            "| arrivals | " + " | ".join(SPREAD_HEADER) + " |",
-            "|" + " --- |" * (len(SPREAD_HEADER) + 1),
-        ]
-        lines += [f"| {s.arrivals} | " + " | ".join(s.cells()) + " |" for s in spreads(runs)]
-        lines.append("")
-    lines += ["## Claims" + (" (medians over the seeds)" if several else ""), ""]
-    lines += [f"- [{'x' if c.holds else ' '}] {c.text}" for c in claims(over_seeds(runs))]
-    lines += ["", f"Sweep runtime: {total_s:.1f} s for {len(runs)} runs.", ""]
-    return "\n".join(lines)
