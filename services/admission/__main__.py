@@ -111,10 +111,12 @@ async def _serve(
         logs=logs,
         operators=own.operators,
     )
-    cluster = ClusterServicer(projector=projector, keys=keys, jobs=jobs)
+    cluster = ClusterServicer(
+        projector=projector, keys=keys, access=jobs.access, journal=jobs.journal
+    )
     await producer.start()
     await follower.start()
-    sweeping = asyncio.create_task(jobs.sweep())
+    sweeping = asyncio.create_task(jobs.submissions.sweep())
     try:
         await serve_until_cancelled(
             own.address,

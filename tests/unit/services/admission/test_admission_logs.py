@@ -49,6 +49,6 @@ async def test_no_output_to_stream_is_explained(
     job: types_pb2.Job, nodes: list[types_pb2.Node], says: str
 ) -> None:
     async with servicer(memory_log(), projector=Projector(nodes)) as service:  # type: ignore[arg-type]
-        service._remember(job)
+        service.journal.remember(job)
         refused = await stream(service)
     assert refused.code == grpc.StatusCode.FAILED_PRECONDITION and says in refused.details

@@ -89,7 +89,7 @@ async def test_a_permission_refusal_is_repeated_as_one() -> None:
 async def test_a_fresh_claim_not_decided_yet_makes_a_duplicate_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
+    monkeypatch.setattr("services.admission.claims.DECIDE_WITHIN_S", 0.05)
     log = memory_log()
     async with servicer(log) as service:
         claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", "r-1"), spec=spec())
@@ -104,8 +104,8 @@ async def test_a_fresh_claim_not_decided_yet_makes_a_duplicate_wait(
 async def test_a_claim_nobody_decided_is_decided_by_the_next_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.05)
-    monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
+    monkeypatch.setattr("services.admission.claims.DECIDE_WITHIN_S", 0.05)
+    monkeypatch.setattr("services.admission.claims.TAKE_OVER_AFTER_S", 0.0)
     log = memory_log()
     async with servicer(log) as service:
         job_id = job_id_for("alice", "r-1")
@@ -135,17 +135,17 @@ async def test_a_claim_nobody_decided_and_nobody_retries_is_decided_by_the_sweep
             claim = events_pb2.JobSubmitted(job_id=job_id_for("alice", request_id), spec=claimed)
             await append(log, new_envelope(claim, producer="admission"))
         async with asyncio.timeout(5):  # the follower reads both
-            while service._requests.claim(job_id_for("alice", "r-fresh")) is None:
+            while service.submissions._requests.claim(job_id_for("alice", "r-fresh")) is None:
                 await asyncio.sleep(0.01)
-        assert await service.decide_abandoned() == 0  # both claimers may still decide
-        monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
-        assert await service.decide_abandoned() == 2
+        assert await service.submissions.decide_abandoned() == 0  # both claimers may still decide
+        monkeypatch.setattr("services.admission.claims.TAKE_OVER_AFTER_S", 0.0)
+        assert await service.submissions.decide_abandoned() == 2
         admitted = [
             e.job_admitted.job_id for e in log.envelopes(TOPIC) if e.HasField("job_admitted")
         ]
         assert sorted(admitted) == sorted(job_id_for("alice", r) for r in ("r-dead", "r-fresh"))
         async with asyncio.timeout(5):  # decided once: the log says so, and nothing is left
-            while await service.decide_abandoned():
+            while await service.submissions.decide_abandoned():
                 await asyncio.sleep(0.01)
         admitted = [
             e.job_admitted.job_id for e in log.envelopes(TOPIC) if e.HasField("job_admitted")
@@ -156,8 +156,8 @@ async def test_a_claim_nobody_decided_and_nobody_retries_is_decided_by_the_sweep
 async def test_a_retry_and_the_sweep_racing_for_an_abandoned_claim_decide_it_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("services.admission.servicer.DECIDE_WITHIN_S", 0.0)  # at once
-    monkeypatch.setattr("services.admission.servicer.TAKE_OVER_AFTER_S", 0.0)
+    monkeypatch.setattr("services.admission.claims.DECIDE_WITHIN_S", 0.0)  # at once
+    monkeypatch.setattr("services.admission.claims.TAKE_OVER_AFTER_S", 0.0)
     log = memory_log()
     async with servicer(log) as service:
         job_id = job_id_for("alice", "r-1")
@@ -168,10 +168,10 @@ async def test_a_retry_and_the_sweep_racing_for_an_abandoned_claim_decide_it_onc
         )
         await append(log, dead)
         async with asyncio.timeout(5):  # the follower reads it
-            while service._requests.claim(job_id) is None:
+            while service.submissions._requests.claim(job_id) is None:
                 await asyncio.sleep(0.01)
         retried, swept = await asyncio.gather(
-            submit(service, spec()), service.decide_abandoned(), return_exceptions=True
+            submit(service, spec()), service.submissions.decide_abandoned(), return_exceptions=True
         )
         # Whichever took it decided it; the other was told to ask again, or saw the answer.
         assert swept == 1 or isinstance(retried, js.SubmitJobResponse)
@@ -183,7 +183,7 @@ async def test_a_retry_and_the_sweep_racing_for_an_abandoned_claim_decide_it_onc
 async def test_a_broker_that_does_not_answer_makes_the_call_unavailable_fast(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("services.admission.servicer.LOG_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("services.admission.journal.LOG_TIMEOUT_S", 0.05)
     log = memory_log()
     log.down = True
     async with servicer(log) as service:
