@@ -1,15 +1,17 @@
 """A bus in memory, for tests: topics of partitions, keyed partitioning, consumer
 groups with positions and committed offsets, transactions; no broker, no clock.
 
-It keeps the Kafka semantics the services rely on: a key always lands on the
+It keeps the Kafka semantics the services rely on (``tests/integration/test_bus_contract.py``
+runs the same cases against it and the real broker): a key always lands on the
 partition Kafka's default partitioner picks; consumers read committed records
 only (a transaction's records stay invisible until it commits, and aborted ones
 are skipped); starting a producer with a transactional id fences the one that had it
 (its open transaction is aborted, and it can commit nothing more); a group's
 partitions are shared among its members, revoked from all and assigned again
 (listeners awaited) whenever one joins or leaves; a group resumes from its committed
-offsets, else from ``auto_offset_reset``. It is deterministic: no randomness, no wall
-clock (a keyless record goes round-robin).
+offsets, else from ``auto_offset_reset``; a record over the producer's
+``max_request_size`` is refused when sent, as aiokafka refuses it. It is deterministic:
+no randomness, no wall clock (a keyless record goes round-robin).
 
 With ``lagging_offsets`` it keeps one more broker behaviour: a transaction's commit is
 answered before the group's offsets take it in, so an offset fetch right after it reads
@@ -31,15 +33,19 @@ from aiokafka.errors import (
     IllegalOperation,
     IllegalStateError,
     KafkaTimeoutError,
+    MessageSizeTooLargeError,
     ProducerFenced,
 )
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata, TopicPartition
 from qm.v1 import events_pb2
 
 from libs.bus.ports import Bus, OffsetReset, RebalanceListener
 from libs.bus.topics import Topics
 from libs.events import DecodeError, decode
+
+MAX_REQUEST_SIZE = 1_048_576  # aiokafka's producer default
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,16 @@ class MemoryBus:
     ) -> MemoryConsumer:
         return MemoryConsumer(self, group_id=group_id, auto_offset_reset=auto_offset_reset)
 
-    def producer(self, *, transactional_id: str | None = None, **ignored: Any) -> MemoryProducer:
-        return MemoryProducer(self, transactional_id=transactional_id)
+    def producer(
+        self,
+        *,
+        transactional_id: str | None = None,
+        max_request_size: int = MAX_REQUEST_SIZE,
+        **ignored: Any,
+    ) -> MemoryProducer:
+        return MemoryProducer(
+            self, transactional_id=transactional_id, max_request_size=max_request_size
+        )
 
     # What tests look at.
 
@@ -395,9 +409,12 @@ class _Transaction:
 class MemoryProducer:
     """A ``libs.bus.ports.Producer`` of a ``MemoryBus``."""
 
-    def __init__(self, bus: MemoryBus, *, transactional_id: str | None) -> None:
+    def __init__(
+        self, bus: MemoryBus, *, transactional_id: str | None, max_request_size: int
+    ) -> None:
         self._bus = bus
         self._transactional_id = transactional_id
+        self._max_request_size = max_request_size
         self._transaction: _Transaction | None = None
 
     async def start(self) -> None:
@@ -434,6 +451,12 @@ class MemoryProducer:
         if self._bus.refusals:
             self._bus.refusals -= 1
             raise KafkaTimeoutError()
+        # Measured as aiokafka measures it, and refused as it refuses, before it is queued.
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers or ()))
+        if size > self._max_request_size:
+            raise MessageSizeTooLargeError(
+                f"the record is {size} bytes, over max_request_size {self._max_request_size}"
+            )
         written: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         if self._bus.down:
             return written

@@ -1,12 +1,14 @@
-"""The in-memory bus keeps the Kafka semantics the services rely on."""
+"""What the in-memory bus adds for tests: keyless round-robin, the listener's exact calls,
+a subscriber without a group, a bus that is down. What it shares with Kafka (ordering per
+key, transactions, fencing, committed offsets) is the bus contract,
+``tests/integration/test_bus_contract.py``, run against both."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from aiokafka.errors import IllegalOperation, IllegalStateError, ProducerFenced
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.errors import IllegalOperation, IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from libs.bus.memory import MemoryBus, MemoryRecord
@@ -30,17 +32,6 @@ async def send(bus: MemoryBus, key: bytes | None, value: bytes, topic: str = "t"
     return int((await (await producer.send(topic, value, key, headers=[("h", b"1")]))).offset)
 
 
-async def test_a_key_lands_where_kafkas_default_partitioner_puts_it() -> None:
-    bus = MemoryBus({"t": 4})
-    for key in (b"east", b"west", b"default"):
-        await send(bus, key, b"v")
-    expected = [DefaultPartitioner()(k, [0, 1, 2, 3], [0, 1, 2, 3]) for k in (b"east", b"west")]
-    assert [r.partition for r in bus.records("t") if r.key in (b"east", b"west")] == sorted(
-        expected
-    )
-    assert {r.key: r.partition for r in bus.records("t")}[b"east"] == expected[0]
-
-
 async def test_offsets_count_per_partition_and_records_keep_their_headers() -> None:
     bus = MemoryBus({"t": 2})
     offsets = [await send(bus, b"k", str(i).encode()) for i in range(3)]
@@ -50,70 +41,6 @@ async def test_offsets_count_per_partition_and_records_keep_their_headers() -> N
     await send(bus, None, b"a")
     await send(bus, None, b"b")
     assert [r.partition for r in bus.records("t") if r.key is None] == [0, 1]  # round-robin
-
-
-async def test_a_group_resumes_from_its_committed_offsets_else_from_the_reset() -> None:
-    bus = MemoryBus()
-    for i in range(3):
-        await send(bus, b"k", str(i).encode())
-    consumer = bus.consumer(group_id="g")
-    await consumer.start()
-    consumer.subscribe(["t"])
-    polled = await consumer.getmany(timeout_ms=10)
-    assert [r.value for r in polled[T0]] == [b"0", b"1", b"2"]
-    assert await consumer.position(T0) == 3
-    await consumer.commit({T0: 2})
-    await consumer.stop()
-    again = bus.consumer(group_id="g")
-    await again.start()
-    again.subscribe(["t"])
-    assert [r.value for r in (await again.getmany(timeout_ms=10))[T0]] == [b"2"]
-    latest = bus.consumer(group_id="other", auto_offset_reset="latest")
-    await latest.start()
-    latest.subscribe(["t"])
-    assert await latest.getmany(timeout_ms=10) == {} and await latest.position(T0) == 3
-    assert bus.committed("g") == {T0: 2}
-
-
-async def test_records_of_a_transaction_are_read_once_it_commits_and_never_if_it_aborts() -> None:
-    bus = MemoryBus()
-    producer = bus.producer(transactional_id="p")
-    reader = bus.consumer()
-    reader.assign([T0])
-    async with producer.transaction():
-        await producer.send("t", b"committed", b"k")
-        await producer.send_offsets_to_transaction({TopicPartition("in", 0): 7}, "g")
-        assert await reader.getmany(timeout_ms=0) == {}  # not committed yet
-        assert await reader.end_offsets([T0]) == {T0: 0}
-    with pytest.raises(RuntimeError):
-        async with producer.transaction():
-            await producer.send("t", b"aborted", b"k")
-            raise RuntimeError
-    await send(bus, b"k", b"after")
-    assert [r.value for r in (await reader.getmany(timeout_ms=0))[T0]] == [b"committed", b"after"]
-    assert await reader.position(T0) == 3  # past the aborted record
-    assert bus.committed("g") == {TopicPartition("in", 0): 7}
-    with pytest.raises(IllegalOperation):
-        async with bus.producer().transaction():
-            pass
-
-
-async def test_a_producer_started_with_a_transactional_id_fences_the_one_that_had_it() -> None:
-    bus = MemoryBus()
-    zombie, heir = bus.producer(transactional_id="p"), bus.producer(transactional_id="p")
-    reader = bus.consumer(group_id="g")
-    reader.assign([T0])
-    await zombie.start()
-    with pytest.raises(ProducerFenced):
-        async with zombie.transaction():
-            await zombie.send("t", b"zombie's", b"k")
-            await zombie.send_offsets_to_transaction({TopicPartition("in", 0): 9}, "g")
-            await heir.start()  # aborts the open transaction: the broker ends it at once
-            assert await reader.end_offsets([T0]) == {T0: 1}
-    async with heir.transaction():
-        await heir.send("t", b"heir's", b"k")
-    assert [r.value for r in (await reader.getmany(timeout_ms=0))[T0]] == [b"heir's"]
-    assert await reader.committed(TopicPartition("in", 0)) is None
 
 
 async def test_a_group_shares_partitions_and_tells_its_members_when_they_move() -> None:
