@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from libs.sim.mixed import PHASES, Charge, Held, MixedRun, SeedRuns
+from libs.sim.mixed_results import PHASES, Charge, Held, MixedRun, SeedRuns
 from libs.sim.mixed_workload import SERVING_TEAM, MixedSettings
 from libs.sim.recorder import Distribution
 from libs.sim.tables import Columns, Table, markdown_table, table

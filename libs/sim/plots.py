@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from libs.core.service_level import TARGET_DELIVERED_PCT
-from libs.sim.mixed import MixedRun
+from libs.sim.mixed_results import MixedRun
 from libs.sim.recorder import CLASSES, Distribution, Metrics
 from libs.sim.workflows import SweepRun
 

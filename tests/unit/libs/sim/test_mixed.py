@@ -15,7 +15,6 @@ from libs.sim.batch import FINISHED, LOST
 from libs.sim.cluster import ClusterSpec
 from libs.sim.mixed import (
     MixedCluster,
-    MixedRun,
     Run,
     _Steps,
     mixed_policy,
@@ -32,6 +31,7 @@ from libs.sim.mixed_report import (
     seeds_table,
     tables,
 )
+from libs.sim.mixed_results import MixedRun
 from libs.sim.mixed_workload import (
     SERVING_TEAM,
     MixedSettings,
