@@ -11,20 +11,31 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 RELEASE_ENV = "QM_RELEASE"
 PACKAGE = "quartermaster"
+# Every decision carries it: short, and of the characters a version string uses.
+MAX_RELEASE_CHARS = 128
+_RELEASE = re.compile(rf"[0-9A-Za-z.+_-]{{1,{MAX_RELEASE_CHARS}}}")
 _SOURCE = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def current() -> str:
-    """This process's release (read once: it cannot change under a running process)."""
+    """This process's release (read once: it cannot change under a running process).
+    Raises ValueError for a ``QM_RELEASE`` that is not a version string."""
     named = os.environ.get(RELEASE_ENV, "").strip()
     if named:
+        if not _RELEASE.fullmatch(named):
+            raise ValueError(
+                f"{RELEASE_ENV}={named[:40]!r}{'...' if len(named) > 40 else ''}: give a "
+                f"version and commit of at most {MAX_RELEASE_CHARS} letters, digits and "
+                ".+_- (e.g. 0.1.0+g87063b0e223f), or leave it unset"
+            )
         return named
     version = metadata.version(PACKAGE)
     commit = _checkout_commit()

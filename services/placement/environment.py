@@ -12,6 +12,7 @@ import socket
 from typing import TypeVar
 
 from libs.bus import KafkaBus, KafkaSettings, load_topic_config
+from libs.events import release
 from services.placement.service import PlacementService
 from services.policy_file import policy_from_env
 
@@ -21,6 +22,10 @@ Service = TypeVar("Service", bound=PlacementService)
 def from_env(kind: type[Service], default_group: str = "qm-placement") -> Service:
     """A placement service of class ``kind`` on the environment's settings; in group
     ``default_group`` unless ``QM_PLACEMENT_GROUP`` names one."""
+    try:
+        release.current()  # named by every decision: a bad one stops the start, not them
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     return kind(
         KafkaBus(KafkaSettings.from_env()),
         load_topic_config(),

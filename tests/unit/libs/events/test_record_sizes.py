@@ -13,6 +13,7 @@ from libs.core import limits as L
 from libs.events import encode, new_envelope
 from libs.events.convert import decision_payload, spec_from_proto
 from libs.events.log_step import policy_configured
+from libs.events.release import MAX_RELEASE_CHARS
 from libs.events.wire_time import duration_ms
 
 # Kafka's default record limit (message.max.bytes) and aiokafka's max_request_size.
@@ -27,6 +28,7 @@ PROVENANCE = types_pb2.Provenance(
     policy=TEXT,
     policy_version=2**31 - 1,
     config_digest=b"c" * 16,
+    release="r" * MAX_RELEASE_CHARS,
 )
 
 

@@ -33,3 +33,12 @@ def test_without_either_the_version_alone(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv(release.RELEASE_ENV, raising=False)
     monkeypatch.setattr(release, "_checkout_commit", lambda: None)
     assert re.fullmatch(r"\d+\.\d+\.\d+", release.current())
+
+
+@pytest.mark.parametrize("named", ["0.1.0 +g1", "x" * 129, "0.1.0+g1;x", "rm -rf /"])
+def test_a_release_that_is_not_a_version_string_is_refused_with_the_rule(
+    monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    monkeypatch.setenv(release.RELEASE_ENV, named)
+    with pytest.raises(ValueError, match=re.escape("letters, digits and .+_-")):
+        release.current()
