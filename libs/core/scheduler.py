@@ -14,6 +14,10 @@ wait for others (``dependencies.py``) and workflows (``compass``); this class
 folds each input through them and runs the pass.
 
 A scheduling pass, in order:
+  0. serving first (``compass/serving.py``, ``compass/pool.py``): idle serving GPUs
+     past their time go back to batch work, the pool grows onto freed GPUs, a
+     backed-up pool takes GPUs back from batch work it may stop (``_reclaim``), and
+     workflows no GPU could take are planned again;
   1. rank allocations by fair share: below their entitlement first, then the rest
      level by level (usage ÷ weight);
   2. walk the tiers: debug work (the fast path), allocated work, free work;
