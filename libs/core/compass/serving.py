@@ -38,27 +38,26 @@ scheduler's ``State`` (prefixed ``serving.``), so its digest covers them.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 from libs.core.compass.backlog import Backlogs
 from libs.core.compass.flow import Flow
 from libs.core.compass.gpu import Gpu, GpuKey, node_of
 from libs.core.compass.load import Load, Work
 from libs.core.compass.order import GpuOrder
-from libs.core.compass.planner import Assignment, Input, PlanMode, Planner
+from libs.core.compass.peers import Peers
+from libs.core.compass.planner import Assignment, PlanMode, Planner
 from libs.core.compass.pool import BatchGpus, Pool, PoolChange, Want
-from libs.core.compass.timeline import GpuState, Pending, Timeline
-from libs.core.compass.worker import Ahead, queue_wait
+from libs.core.compass.routing import Router
+from libs.core.compass.timeline import Pending
+from libs.core.compass.touch import GpuTouch
 from libs.core.compass.workflow import BYTES_PER_MB, CacheModel, Costs, Task, Workflow
 from libs.core.config import PolicyConfig
 from libs.core.decisions import (
     Cancel,
     Decision,
     JobLost,
-    Place,
     Planned,
     PlannedTask,
-    ServingTask,
     Stop,
     StopCause,
     TaskLost,
@@ -72,15 +71,6 @@ from libs.core.state import State, Table
 __all__ = ["MB_PER_GIB", "BatchGpus", "GpuKey", "Serving"]
 
 MB_PER_GIB = (1 << 30) / BYTES_PER_MB  # node memory is in GiB
-# A task refused this often is sent without a wait limit: it goes somewhere at last.
-MAX_REFUSALS = 3
-
-
-class Peer(NamedTuple):
-    """Another planner's task in this one's GPU queues: where, and whose."""
-
-    gpu: GpuKey
-    job_id: JobId
 
 
 class _NotPlanned(enum.Enum):
@@ -114,6 +104,7 @@ class Serving:
         self.pool = Pool(config, state, gpus, self._gpus)  # the GPUs held from batch work
         self._flows: Table[JobId, Flow] = state.table("serving.flows", Flow.fact)
         self._backlogs = Backlogs(self._planner, state)
+        self._touch = GpuTouch(self.pool, self._backlogs, self._gpus)
         # Workflows no GPU could take, in order.
         self.waiting: Table[JobId, JobSpec] = state.table("serving.waiting")
         # compass plans waiting workflows earliest due first: arrival + due_slack × best
@@ -124,9 +115,20 @@ class Serving:
         self._load = Load(state, config.arrival_window_s * 1000, config.admit_window_s * 1000)
         # Other planners' tasks in this one's GPU queues, planned (``PeerPlanned``) or
         # sent (``PeerPlaced``), till they end.
-        self._peers: Table[TaskId, Peer] = state.table("serving.peers")
+        self.peers = Peers(state, self._gpus, self._backlogs, self._touch)
         # This planner's tasks that GPUs refused, and how often, till they end.
         self._refusals: Table[TaskId, int] = state.table("serving.refusals")
+        self._router = Router(
+            config,
+            self.mode,
+            self._costs,
+            self._planner,
+            self._gpus,
+            self.pool,
+            self._backlogs,
+            self._refusals,
+            self._touch,
+        )
         # Derived (see ``derived``): task id -> (job id, task), in flight.
         self._tasks: dict[TaskId, tuple[JobId, Task]] = {}
 
@@ -154,68 +156,19 @@ class Serving:
     def owns(self, task_id: TaskId, node_id: NodeId) -> bool:
         """Whether the task is a workflow task sent to (or planned on) ``node_id``, by
         this planner or a peer; a report from any other node is not believed."""
-        peer = self._peers.get(task_id)
+        peer = self.peers.tasks.get(task_id)
         if peer is not None:
             return node_of(peer.gpu) == node_id
         known = self._tasks.get(task_id)
         return known is not None and self._flows[known[0]].gpu[known[1].task_id][0] == node_id
 
     def peer_placed(self, event: PeerPlaced, now_ms: float) -> None:
-        """Another planner sent a task to a GPU: it is in that GPU's queue, here too,
-        and no longer where the peer's plan had it. One it knows as sent already, or
-        has no GPU for, changes nothing (the scheduler refuses one of its own jobs')."""
-        task = event.task
-        task_id = TaskId(task.task_id)
-        gpu = self._gpus.get((task.node_id, task.gpu_index))
-        if gpu is None or task_id in self._tasks:
-            return
-        if task_id in self._peers and not self._unplan_peer(task_id, now_ms):
-            return  # sent already
-        self._peers[task_id] = Peer(gpu.key, JobId(event.job_id))
-        self._backlogs.items[task_id] = Pending(
-            task.model, task.model_mb, task.run_ms, task.ready_ms, sent=True
-        )
-        gpu.send(task_id, task.ready_ms)
-        self._touch(gpu)
+        """Another planner sent a task (``Peers.placed``)."""
+        self.peers.placed(event, now_ms, own=self._tasks.__contains__)
 
     def peer_planned(self, event: PeerPlanned) -> None:
-        """Another planner planned a workflow: its tasks not yet sent hold their places
-        in their GPUs' queues here, as this planner's own planned tasks do, so that
-        its plans do not count on GPUs a peer has already promised. A task it knows,
-        or has no GPU for, is left out (a second word of the plan changes nothing)."""
-        job_id = JobId(event.job_id)
-        for task in event.tasks:
-            task_id = TaskId(task.task_id)
-            gpu = self._gpus.get((task.node_id, task.gpu_index))
-            if gpu is None or task_id in self._peers or task_id in self._tasks:
-                continue
-            self._peers[task_id] = Peer(gpu.key, job_id)
-            self._backlogs.items[task_id] = Pending(
-                task.model, task.model_mb, task.run_ms, task.ready_ms, sent=False
-            )
-            gpu.plan(task_id, task.model, task.ready_ms)
-            self._touch(gpu)
-
-    def _unplan_peer(self, task_id: TaskId, now_ms: float) -> bool:
-        """A peer's task leaves the GPU its plan had it on (it was sent, or dropped);
-        False if it was not planned there (it was sent already)."""
-        gpu = self._gpus[self._peers[task_id].gpu]
-        if task_id not in gpu.planned:
-            return False
-        gpu.unplan(task_id, self._backlogs.items[task_id].model)
-        self._touch(gpu, now_ms)
-        return True
-
-    def _drop_peer_plan(self, job_id: JobId, now_ms: float) -> None:
-        """The peer gave up on its workflow: the tasks it planned and never sent go
-        (a scan of the peers' tasks, on a failure, a loss or a cancel only)."""
-        unsent = [
-            task_id
-            for task_id, peer in self._peers.items()
-            if peer.job_id == job_id and task_id in self._gpus[peer.gpu].planned
-        ]
-        for task_id in unsent:
-            self._drop_peer(task_id, now_ms)
+        """Another planner planned a workflow (``Peers.planned``)."""
+        self.peers.planned(event, own=self._tasks.__contains__)
 
     def peer_arrived(self, event: PeerArrived, now_ms: float) -> None:
         """A workflow arrived at another planner: its work counts in the load."""
@@ -235,7 +188,7 @@ class Serving:
 
     def _gpu_of(self, task_id: TaskId) -> Gpu | None:
         """The GPU a known task (a peer's or this planner's) is planned on or sent to."""
-        peer = self._peers.get(task_id)
+        peer = self.peers.tasks.get(task_id)
         if peer is not None:
             return self._gpus[peer.gpu]
         known = self._tasks.get(task_id)
@@ -259,11 +212,11 @@ class Serving:
     def ended(self, task_id: TaskId, exit_code: int, now_ms: float) -> list[Decision]:
         """A task ended: send the successors it unblocked, or give up on a failed flow
         (a peer's task only leaves its GPU's queue: its successors are the peer's)."""
-        peer = self._peers.get(task_id)
+        peer = self.peers.tasks.get(task_id)
         if peer is not None:
-            self._drop_peer(task_id, now_ms)
+            self.peers.drop(task_id, now_ms)
             if exit_code != 0:  # its planner abandons the workflow
-                self._drop_peer_plan(peer.job_id, now_ms)
+                self.peers.drop_plan(peer.job_id, now_ms)
             return []
         job_id, task = self._tasks.pop(task_id)
         self._backlogs.items.pop(task_id)
@@ -281,7 +234,7 @@ class Serving:
             for child in flow.workflow.children(task.task_id):
                 flow.parents_left[child] -= 1
                 if flow.parents_left[child] == 0:
-                    decisions += self._send(flow, flow.workflow.task(child), now_ms)
+                    decisions += self._router.send(flow, flow.workflow.task(child), now_ms)
         self._touch_flow(flow)
         if flow.done:
             self._forget(flow)
@@ -302,10 +255,10 @@ class Serving:
             or task_id in gpu.started
         ):
             return None
-        if task_id in self._peers:  # its planner knows whether it had a limit
-            self._drop_peer(task_id, now_ms)
+        if task_id in self.peers.tasks:  # its planner knows whether it had a limit
+            self.peers.drop(task_id, now_ms)
             return []
-        if not self._limited(task_id):
+        if not self._router.limited(task_id):
             return None
         job_id, task = self._tasks[task_id]
         flow = self._flows[job_id]
@@ -316,7 +269,7 @@ class Serving:
         self._touch(gpu, now_ms)
         self._touch_flow(flow)
         self._refusals[task_id] = self._refusals.get(task_id, 0) + 1
-        return self._send(flow, task, now_ms, refused=event)
+        return self._router.send(flow, task, now_ms, refused=event)
 
     # -- decisions -----------------------------------------------------------
 
@@ -424,13 +377,13 @@ class Serving:
         for key in keys:
             gpu = self._gpus[key]
             for task_id in (*gpu.dispatched, *gpu.planned):
-                if (peer := self._peers.get(task_id)) is not None:
-                    self._drop_peer(task_id, now_ms)
+                if (peer := self.peers.tasks.get(task_id)) is not None:
+                    self.peers.drop(task_id, now_ms)
                     peers[peer.job_id] = None
                 else:
                     hit[self._tasks[task_id][0]] = None
         for job_id in peers:
-            self._drop_peer_plan(job_id, now_ms)
+            self.peers.drop_plan(job_id, now_ms)
         decisions: list[Decision] = []
         for job_id in hit:
             decisions += self._lose_flow(self._flows[job_id], node_id, why, now_ms)
@@ -468,7 +421,7 @@ class Serving:
         """Withdraw a workflow; None when the job is not a workflow this knows (a
         peer's: what its planner had planned and not sent goes from the queues here)."""
         job = job_id
-        self._drop_peer_plan(job, now_ms)
+        self.peers.drop_plan(job, now_ms)
         if self.waiting.pop(job) is not None:
             self._due.pop(job)
             return [Cancel(job, "cancelled before it started")]
@@ -513,7 +466,7 @@ class Serving:
         workflow = spec.workflow
         assert workflow is not None
         need_mb = workflow.largest_model_mb
-        views = self._views(spec, workflow, need_mb, now_ms)
+        views = self._router.views(spec, workflow, need_mb, now_ms)
         if not views:
             self.pool.want(_want(spec))  # none it may use serves or is free: grow
             return _NotPlanned.NO_GPU
@@ -540,7 +493,7 @@ class Serving:
             )
             gpu = self._gpus[flow.gpu[task.task_id]]
             gpu.plan(task_id, task.model, assignment.ready_ms)
-            taken += self._acquire(gpu, spec.allocation)
+            taken += self._router.acquire(gpu, spec.allocation)
         decisions: list[Decision] = [
             *taken,
             Planned(
@@ -554,7 +507,7 @@ class Serving:
         ]
         for task in workflow.tasks:
             if not task.parents:
-                decisions += self._send(flow, task, now_ms)
+                decisions += self._router.send(flow, task, now_ms)
         self._touch_flow(flow)
         return decisions
 
@@ -572,162 +525,7 @@ class Serving:
         """The workflow's best case: its critical path, transfers included."""
         return max(self._planner.upward_ranks(workflow).values())
 
-    def _views(
-        self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
-    ) -> dict[GpuKey, GpuState]:
-        """The GPUs a plan may use (``Pool.candidates``), as the planner sees them."""
-        return {
-            key: self._backlogs.view(self._gpus[key], now_ms)
-            for key in self._candidates(spec, workflow, need_mb, now_ms)
-        }
-
-    def _candidates(
-        self, spec: JobSpec, workflow: Workflow, need_mb: float, now_ms: float
-    ) -> list[GpuKey]:
-        return self.pool.candidates(spec, workflow, need_mb, now_ms, spread=self.mode.hashed)
-
-    def _send(
-        self, flow: Flow, task: Task, now_ms: float, refused: TaskRefused | None = None
-    ) -> list[Decision]:
-        """Send a ready task to its GPU, adjusting first when the plan went stale (or
-        elsewhere, when that GPU ``refused`` it), with the wait it may take there."""
-        task_id = workflow_task_id(flow.job_id, task.task_id)
-        planned = self._gpus[flow.gpu[task.task_id]]
-        planned.unplan(task_id, task.model)
-        if refused is None:
-            target, reason = self._adjust(flow, task, planned, now_ms)
-        else:
-            target, reason = self._leave(flow, task, planned, refused, now_ms)
-        limit = self._wait_limit(task_id, task, target, flow, now_ms)
-        kept = self._backlogs.kept(now_ms, planned.key, target.key)
-        self._touch(planned, now_ms)
-        decisions: list[Decision] = []
-        if target is not planned:
-            flow.move(task.task_id, target.key)
-            decisions += self._acquire(target, flow.spec.allocation)
-        target.send(task_id, self._backlogs.ready(task_id))
-        self._touch(target)
-        target.restated.add(task_id)  # its arrival, set below, shows from the next touch
-        flow.dispatch(task.task_id)
-        arrival = self._arrival(flow, task, target, now_ms)
-        item = Pending(task.model, task.model_mb, task.run_ms, arrival, sent=True)
-        self._backlogs.sent(task_id, item, kept, target.key)
-        serving = ServingTask(
-            task.task_id,
-            task.model,
-            task.model_mb,
-            task.run_ms,
-            max(0.0, arrival - now_ms),
-            self._backlogs.upcoming(target),
-            planned.key if target is not planned else None,
-            reason,
-            limit,
-        )
-        decisions.append(
-            Place(flow.job_id, task_id, target.key[0], (target.key[1],), flow.spec, serving)
-        )
-        return decisions
-
-    def _wait_limit(
-        self, task_id: TaskId, task: Task, target: Gpu, flow: Flow, now_ms: float
-    ) -> float | None:
-        """compass: the wait this planner expects at the GPU for the task sent now, as
-        its node agent will count it (``queue_wait``, over what was sent there before
-        it), plus ``refuse_margin`` × its run time; None (no limit) in the other
-        modes, with no margin, and for a task refused ``MAX_REFUSALS`` times."""
-        if not self._limited(task_id):
-            return None
-        sent = self._backlogs.view(target, now_ms, sent_only=True)
-        ahead = [Ahead(p.ready_ms, p.model, p.model_mb, p.run_ms) for p in sent.backlog]
-        ready = max(now_ms, self._arrival(flow, task, target, now_ms))
-        mb_per_ms = self._costs.host_to_gpu_mb_per_ms
-        wait = queue_wait(sent.free_at_ms, sent.resident, ahead, ready, mb_per_ms)
-        return wait + self.config.refuse_margin * task.run_ms
-
-    def _arrival(self, flow: Flow, task: Task, target: Gpu, now_ms: float) -> float:
-        """When the task's inputs reach ``target``: the last parent's end and transfer."""
-        return max(
-            (
-                flow.finished[p]
-                + self._costs.transfer_ms(task.in_kb, flow.gpu[p][0] == target.key[0])
-                for p in task.parents
-            ),
-            default=now_ms,
-        )
-
-    def _limited(self, task_id: TaskId) -> bool:
-        """Whether the task is sent with a wait limit (so it may be refused)."""
-        return (
-            self.mode is PlanMode.COMPASS
-            and bool(self.config.refuse_margin)
-            and self._refusals.get(task_id, 0) < MAX_REFUSALS
-        )
-
-    def _leave(
-        self, flow: Flow, task: Task, refusing: Gpu, refused: TaskRefused, now_ms: float
-    ) -> tuple[Gpu, str]:
-        """The GPU where the refused task would start first, other than the one that
-        refused it (that one only if no other may take it)."""
-        own = self._backlogs.line(refusing, now_ms).timeline
-        target = self._elsewhere(flow, task, own, now_ms, 0.0, leave=True)
-        if target is None:
-            return refusing, ""
-        return target, f"refused by {refusing.label}: {refused.wait_ms:.0f} ms of work queued there"
-
-    def _elsewhere(
-        self,
-        flow: Flow,
-        task: Task,
-        own: Timeline,
-        now_ms: float,
-        threshold: float,
-        *,
-        leave: bool = False,
-    ) -> Gpu | None:
-        """The GPU ``Planner.adjust`` moves the task to from ``own`` (its GPU's timeline),
-        among the plan's candidates; None when it stays."""
-        lines = {
-            self._backlogs.line(self._gpus[key], now_ms).timeline: key
-            for key in self._candidates(flow.spec, flow.workflow, task.model_mb, now_ms)
-        }
-        chosen = self._planner.adjust(
-            task, own, list(lines), now_ms, threshold, inputs=_inputs(flow, task), leave=leave
-        )
-        return None if chosen is own else self._gpus[lines[chosen]]
-
-    def _adjust(self, flow: Flow, task: Task, planned: Gpu, now_ms: float) -> tuple[Gpu, str]:
-        if self.mode is PlanMode.COMPASS:
-            threshold = self.config.adjust_threshold
-            if len(task.parents) > 1 and not self.config.adjust_joins:
-                return planned, ""
-        elif self.mode is PlanMode.JIT:
-            threshold = 0.0
-        else:
-            return planned, ""
-        # A task ready now waits only for what was sent before it (see Backlogs.wait).
-        wait = self._backlogs.wait(planned, now_ms)
-        if threshold and wait <= threshold * task.run_ms:
-            return planned, ""  # the common case: no need to look at other GPUs
-        own = self._backlogs.line(planned, now_ms)
-        task_id = workflow_task_id(flow.job_id, task.task_id)
-        self._backlogs.leave_behind(own, task_id, task, now_ms, _inputs(flow, task))
-        target = self._elsewhere(flow, task, own.timeline, now_ms, threshold)
-        if target is None:
-            return planned, ""
-        if self.mode is PlanMode.JIT:
-            return target, "re-routed at run time (jit)"
-        return target, (
-            f"{wait:.0f} ms wait on {planned.label} exceeds {threshold:g}× its "
-            f"{task.run_ms:g} ms run"
-        )
-
     # -- bookkeeping ---------------------------------------------------------
-
-    def _acquire(self, gpu: Gpu, allocation: str) -> list[Decision]:
-        """A plan uses the GPU: serving holds it, charged to the plan's allocation."""
-        taken = self.pool.take(gpu.key, allocation)
-        self._touch(gpu)
-        return list(taken)
 
     def _abandon(self, flow: Flow, now_ms: float) -> None:
         """Stop sending a failed or cancelled flow's tasks; planned ones are dropped.
@@ -753,16 +551,6 @@ class Serving:
             abandoned[gpu.key] = None
         flow.abandoned = tuple(abandoned)
 
-    def _drop_peer(self, task_id: TaskId, now_ms: float) -> None:
-        """A peer's task ended, or will never be sent: it leaves its GPU's queue."""
-        self._unplan_peer(task_id, now_ms)
-        gpu = self._gpus[self._peers[task_id].gpu]
-        del self._peers[task_id]
-        self._backlogs.items.pop(task_id)
-        gpu.dispatched.pop(task_id, None)
-        gpu.started.pop(task_id, None)
-        self._touch(gpu, now_ms)
-
     def _forget(self, flow: Flow) -> None:
         del self._flows[flow.job_id]
         for task in flow.workflow.tasks:
@@ -771,23 +559,8 @@ class Serving:
             self._backlogs.items.pop(task_id)
             self._refusals.pop(task_id)
 
-    def _touch(self, gpu: Gpu, now_ms: float | None = None) -> None:
-        """Fold a GPU's change into the digest; a drained pool GPU starts lingering.
-
-        Every change to what its fact reads is followed by a touch, so the fact,
-        written when the digest is read, is what it would have been here.
-        """
-        self.pool.linger(gpu.key, gpu.busy, now_ms)
-        self._backlogs.touched(gpu)
-        self._gpus.touch(gpu.key)
-
     def _touch_flow(self, flow: Flow) -> None:
         self._flows.touch(flow.job_id)
-
-
-def _inputs(flow: Flow, task: Task) -> list[Input]:
-    """Where the task's inputs come from, and when: each parent's node and end."""
-    return [Input(node_of(flow.gpu[p]), flow.finished[p]) for p in task.parents]
 
 
 def _work(spec: JobSpec, now_ms: float) -> Work:

@@ -21,8 +21,11 @@ from libs.core.charges import Charges
 from libs.core.compass.backlog import Backlogs
 from libs.core.compass.busy import BusyMeter
 from libs.core.compass.load import Load
+from libs.core.compass.peers import Peers
 from libs.core.compass.pool import Pool
+from libs.core.compass.routing import Router
 from libs.core.compass.serving import Serving
+from libs.core.compass.touch import GpuTouch
 from libs.core.dependencies import Dependencies
 from libs.core.estimates import LearnedRuntimes
 from libs.core.liveness import Liveness
@@ -75,7 +78,11 @@ NOT_STATE: dict[type, set[str]] = {
     LearnedRuntimes: set(),
     Dependencies: set(),
     # Its parts, checked in turn, and the scheduler's capacity it borrows from.
-    Serving: CONFIG | {"pool", "_backlogs", "_load", "_batch"},
+    Serving: CONFIG | {"pool", "_backlogs", "_load", "_batch", "peers", "_router", "_touch"},
+    # Serving's parts they read and change, and its digest's touch.
+    Peers: {"_backlogs", "_touch"},
+    Router: CONFIG | {"_pool", "_backlogs", "_touch"},
+    GpuTouch: {"_pool", "_backlogs"},
     # The scheduler's capacity it borrows from; its meter, checked in turn.
     Pool: {"config", "_batch", "_meter"},
     Backlogs: {"_planner"},
@@ -100,6 +107,9 @@ def parts(scheduler: Scheduler) -> list[object]:
         scheduler._serving.pool,
         scheduler._serving._backlogs,
         scheduler._serving._load,
+        scheduler._serving.peers,
+        scheduler._serving._router,
+        scheduler._serving._touch,
         scheduler._serving.pool._meter,
     ]
 
