@@ -65,7 +65,9 @@ async def test_the_warning_signal_comes_its_time_before_sigterm(tmp_path: Path) 
     await execution.stop(warning=StopWarning(signal.SIGUSR1, 1.0))
     assert await execution.wait() == 0  # its TERM handler exits 0
     times = said(tmp_path)
-    assert times["term"] - times["usr1"] >= 1.0
+    # Its time, less what the two clocks allow: asyncio may fire a timer up to its clock's
+    # resolution early, and a loaded machine may run the USR1 handler late (CI saw 0.9988 s).
+    assert times["term"] - times["usr1"] >= 0.95
 
 
 async def test_a_task_that_saves_after_its_warning_is_stopped_at_once(tmp_path: Path) -> None:
