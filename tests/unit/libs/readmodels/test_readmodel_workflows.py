@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events.wire_time import duration_ms
-from libs.readmodels import has_ended, job_key, task_is_over
+from libs.readmodels import JobRecords, has_ended, job_key, task_is_over
+from libs.readmodels.job_state import WAITING
 from tests.unit.libs.readmodels.folds import folded_job
 from tests.unit.libs.readmodels.readmodel_builders import (
     T0,
@@ -125,6 +126,16 @@ def test_placed_then_running_once_any_task_starts() -> None:
         "n1",
         0,
     )
+
+
+def test_a_workflows_head_alone_says_it_waits_no_more_once_a_task_is_placed() -> None:
+    """What counts waiting jobs (the projector's metrics) reads heads, not tasks."""
+    for cut, waits in ((3, True), (4, False), (len(ALL_RUN), False)):
+        records = JobRecords({}, {}, {})
+        for envelope in ALL_RUN[:cut]:
+            records.apply(envelope)
+        [head] = records.heads_with_specs()
+        assert (head.state in WAITING) is waits, cut
 
 
 def test_still_running_while_any_task_is_left() -> None:
