@@ -3,6 +3,10 @@ version's decisions are set aside and named by the release that made them."""
 
 from __future__ import annotations
 
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from qm.v1 import events_pb2
 
 from libs.audit import AuditResult, Difference, OtherRelease, Replay, audit_logs, policy_commits
@@ -103,6 +107,29 @@ def test_after_an_upgrade_the_new_versions_decisions_are_checked() -> None:
     for ordered in (_in_step(log), _decisions_first(log)):
         assert ordered.ok and ordered.checked == ordered.reproduced == len(new) > 0
         assert [(o.release, o.decisions) for o in ordered.others] == [(OLD_RELEASE, old)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_after_an_upgrade_any_interleaving_of_the_two_logs_gives_the_same_verdict(
+    seed: int,
+) -> None:
+    """The log names who decided an input only as it is read: the replay must not set
+    aside (or compare) its own decisions before it has read that far."""
+    upgrade = _steps(0)[len(_steps(0)) // 2].offset
+    rng = random.Random(seed)
+    inputs = list(reversed(_inputs(_steps(0), 0)))
+    recorded = list(reversed(_upgraded_at(upgrade)))
+    audit = Replay()
+    while inputs or recorded:
+        if inputs and (not recorded or rng.random() < 0.5):
+            audit.feed_input(*inputs.pop())
+        else:
+            audit.feed_recorded(recorded.pop())
+    result = audit.finish()
+    new = [d for d in _recorded(_steps(0)) if _offset(d) >= upgrade]
+    assert result.ok and result.checked == result.reproduced == len(new)
+    assert [o.decisions for o in result.others] == [len(_recorded(_steps(0))) - len(new)]
 
 
 def test_after_an_upgrade_a_tampered_decision_of_the_new_version_is_caught() -> None:
