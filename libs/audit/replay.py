@@ -205,13 +205,10 @@ class Replay:
         stream.mark(offset, version == _OURS)
         if version != _OURS:
             return self._other(partition, version, provenance.release, offset)
-        release = provenance.release
-        if release:  # not replayed (the replay decides with none): compared without it
-            provenance.ClearField("release")
-            compared = encode(env)
-            provenance.release = release  # the caller's envelope as it came
-        else:
-            compared = encode(env)
+        release = provenance.release  # not replayed (the replay decides with none):
+        provenance.ClearField("release")  # compared without it, and the caller's
+        compared = encode(env)  # envelope left as it came
+        provenance.release = release
         last_offset, last_index = stream.last_recorded
         index = last_index + 1 if offset == last_offset else 0
         stream.last_recorded = (offset, index)

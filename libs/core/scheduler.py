@@ -81,7 +81,7 @@ from libs.core.model import JobSpec, NodeKind, NodeSpec, WorkClass
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import Running, RunningWork, Tasks
-from libs.core.service_level import Occupancy, could_place
+from libs.core.service_level import Asking, Occupancy, waiting_and_asked
 from libs.core.state import Cell, State, Table
 from libs.core.validation import joined, rejection, validate_node
 
@@ -366,22 +366,23 @@ class Scheduler:
         room: Counter[str] = Counter()
         for node in self._capacity.nodes.values():
             room[node.gpu_type] += node.gpu_count
-        capacity = sum(room.values())
-        waiting: Counter[str] = Counter()
-        asked: Counter[str] = Counter()
         batch = (self._queues.jobs, self._held, self._dependencies.blocked)
         specs = (job.spec for job in itertools.chain.from_iterable(t.values() for t in batch))
-        for spec in itertools.chain(specs, self._serving.waiting.values()):
-            waiting[spec.allocation] += 1
-            if spec.allocated and could_place(spec.gpus, spec.gpu_type, room, capacity):
-                asked[spec.allocation] += spec.gpus
+        waiting, asked = waiting_and_asked(
+            (
+                Asking(spec.allocation, spec.allocated, spec.gpus, spec.gpu_type)
+                for spec in itertools.chain(specs, self._serving.waiting.values())
+            ),
+            room,
+        )
         held: Counter[str] = Counter(self._serving.pool.held.values())
         for run in self._running.jobs.values():
             if run.spec.allocated:
                 tasks = (t for t in run.tasks.items() if t[0] not in run.ended)
                 held[run.spec.allocation] += sum(len(gpus) for _, (_, gpus) in tasks)
+        capacity = sum(room.values())
         busy = capacity - self._capacity.total_free
-        return Occupancy(capacity, busy, dict(waiting), dict(+held), dict(asked))
+        return Occupancy(capacity, busy, waiting, dict(+held), asked)
 
     def estimate_s(self, spec: JobSpec) -> float | None:
         """How long a job is expected to run, for planning (never for charging): its

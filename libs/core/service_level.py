@@ -25,8 +25,10 @@ metrics and the core's own view (``Occupancy``) share.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Owed delivered at or above this, for every allocation owed anything: the target the
 # simulator's report judges every trace by, and the line the console draws.
@@ -93,6 +95,44 @@ class Occupancy:
     def demand(self, allocation: str) -> int:
         """What the allocation is owed up to: ``min(entitled, demand)`` (``owed_gpus``)."""
         return self.held.get(allocation, 0) + self.asked.get(allocation, 0)
+
+
+class Asking(NamedTuple):
+    """A waiting job, as demand counts it."""
+
+    allocation: str
+    charged: bool
+    gpus: int
+    gpu_type: str
+
+
+def waiting_and_asked(
+    jobs: Iterable[Asking], room: Mapping[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per allocation, its waiting ``jobs`` and the GPUs its charged ones ask for (those
+    some placement on ``room``, the live GPUs by type, could serve)."""
+    capacity = sum(room.values())
+    waiting: Counter[str] = Counter()
+    asked: Counter[str] = Counter()
+    for job in jobs:
+        waiting[job.allocation] += 1
+        if job.charged and could_place(job.gpus, job.gpu_type, room, capacity):
+            asked[job.allocation] += job.gpus
+    return dict(waiting), dict(asked)
+
+
+def gpu_states(capacity: int, busy: int, idle: int, warm: int, lost: int) -> dict[str, int]:
+    """Every GPU in one state (the metric ``qm_gpus``), from GPUs on live nodes
+    (``capacity``), those held (``busy``), of those the idle ones (``idle``), of those
+    the ones serving holds with no task running (``warm``), and those on lost nodes: a
+    task's (``busy`` or ``idle``), serving's idle ones (``serving``), ``free``, ``lost``."""
+    return {
+        "busy": busy - idle,
+        "idle": idle - warm,
+        "serving": warm,
+        "free": capacity - busy,
+        "lost": lost,
+    }
 
 
 def could_place(gpus: int, gpu_type: str, room: Mapping[str, int], capacity: int) -> bool:

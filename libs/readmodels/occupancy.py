@@ -26,7 +26,16 @@ from typing import NamedTuple
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import types_pb2
 
-from libs.core.service_level import Headline, Occupancy, could_place, headline, owed_gpus
+from libs.core.service_level import (
+    Asking,
+    Headline,
+    Occupancy,
+    could_place,
+    gpu_states,
+    headline,
+    owed_gpus,
+    waiting_and_asked,
+)
 from libs.events.convert import spec_from_proto
 from libs.events.envelope import DEFAULT_CLUSTER, timestamp_seconds
 from libs.readmodels.job_state import WAITING
@@ -55,20 +64,9 @@ class Gpus:
     def __add__(self, other: Gpus) -> Gpus:
         return Gpus(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
-    @property
-    def free(self) -> int:
-        return self.capacity - self.busy
-
     def states(self) -> dict[str, int]:
-        """Every GPU in one state (the metric ``qm_gpus``): a task's (``busy`` or
-        ``idle``), serving's with no task running (``serving``), ``free`` or ``lost``."""
-        return {
-            "busy": self.busy - self.idle,
-            "idle": self.idle - self.warm,
-            "serving": self.warm,
-            "free": self.free,
-            "lost": self.lost,
-        }
+        """Every GPU in one state (``service_level.gpu_states``)."""
+        return gpu_states(self.capacity, self.busy, self.idle, self.warm, self.lost)
 
 
 @dataclass(frozen=True)
@@ -151,16 +149,14 @@ def sample(at: float, nodes: Iterable[types_pb2.Node], jobs: Iterable[types_pb2.
                 into = held if holding.charged else held_free
                 into[holding.allocation] = into.get(holding.allocation, 0) + holding.gpus
     room = {gpu_type: gpus.capacity for gpu_type, gpus in by_type.items()}
-    capacity = sum(room.values())
-    asked: dict[str, int] = {}
-    waiting: dict[str, int] = {}
-    for job in by_id.values():
-        spec = job.spec
-        if job.state not in WAITING:
-            continue
-        waiting[spec.allocation] = waiting.get(spec.allocation, 0) + 1
-        if is_charged(spec) and could_place(spec.gpus, spec.gpu_type, room, capacity):
-            asked[spec.allocation] = asked.get(spec.allocation, 0) + spec.gpus
+    waiting, asked = waiting_and_asked(
+        (
+            Asking(job.spec.allocation, is_charged(job.spec), job.spec.gpus, job.spec.gpu_type)
+            for job in by_id.values()
+            if job.state in WAITING
+        ),
+        room,
+    )
     return Sample(at, by_type, held, asked, held_free, waiting)
 
 
