@@ -231,4 +231,4 @@ def test_work_that_says_when_it_saved_loses_what_it_did_since_and_is_spared() ->
     s.handle(TaskCheckpointed(10, "saves", "saves/0", "n0"))
     d = s.handle(JobArrived(100, "paid", job(4, min_runtime_s=600)))
     assert [x.job_id for x in d if isinstance(x, Stop)] == ["quiet"]
-    assert s._running.jobs[JobId("saves")].checkpointed_at == 10
+    assert s._facts.running.jobs[JobId("saves")].checkpointed_at == 10

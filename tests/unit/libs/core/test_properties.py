@@ -131,7 +131,7 @@ class Cluster:
                 began = self.started.get(d.job_id)
                 # Work placed beyond its allocation's share is not protected (the rule
                 # itself: test_contract.py and test_budget_policy.py).
-                borrowed = self.scheduler._running.jobs[d.job_id].borrowed
+                borrowed = self.scheduler._facts.running.jobs[d.job_id].borrowed
                 protected = (
                     spec.allocated
                     and not borrowed
@@ -238,10 +238,10 @@ def test_no_waiting_job_starves_while_capacity_frees(history: list[tuple[object,
             break
         world.end(sorted(world.tasks)[0])
     assert not world.tasks
-    waiting = [j for j in world.scheduler._queues.jobs.values() if j.spec.gpus <= 16]
+    waiting = [j for j in world.scheduler._facts.queues.jobs.values() if j.spec.gpus <= 16]
     assert waiting == [], f"{len(waiting)} jobs still wait on an empty cluster"
     # Every dependency has ended: its dependents started (and ended) or were cancelled.
-    assert not world.scheduler._dependencies.blocked
+    assert not world.scheduler._facts.dependencies.blocked
 
 
 # -- hostile histories ---------------------------------------------------------

@@ -28,6 +28,7 @@ from libs.core.compass.serving import Serving
 from libs.core.compass.touch import GpuTouch
 from libs.core.dependencies import Dependencies
 from libs.core.estimates import LearnedRuntimes
+from libs.core.facts import Facts
 from libs.core.liveness import Liveness
 from libs.core.queues import TIERS, Queues, Waiting
 from libs.core.reservations import Reservations
@@ -46,19 +47,20 @@ CONFIG = {"config", "mode", "_costs", "_planner"}  # the policy's settings, and 
 NOT_STATE: dict[type, set[str]] = {
     # The input clock (the largest time in the log: every replay shares it), the
     # State itself, and the parts that are checked in turn.
-    Scheduler: CONFIG
+    Scheduler: CONFIG | {"_facts"},
+    Facts: CONFIG
     | {
         "now",
-        "_state",
-        "_capacity",
-        "_queues",
-        "_running",
-        "_charges",
-        "_reservations",
-        "_liveness",
-        "_learned",
-        "_dependencies",
-        "_serving",
+        "state",
+        "capacity",
+        "queues",
+        "running",
+        "charges",
+        "reservations",
+        "liveness",
+        "learned",
+        "dependencies",
+        "serving",
     },
     # Memos: the last shape, dropped as the indexes change; the nodes plans read and the
     # node classes fits read, dropped as nodes change; and the count of those changes,
@@ -93,24 +95,26 @@ NOT_STATE: dict[type, set[str]] = {
 
 def parts(scheduler: Scheduler) -> list[object]:
     """The scheduler and the parts that declare its state."""
+    facts = scheduler._facts
     return [
         scheduler,
-        scheduler._capacity,
-        scheduler._queues,
-        scheduler._running,
-        scheduler._charges,
-        scheduler._reservations,
-        scheduler._liveness,
-        scheduler._learned,
-        scheduler._dependencies,
-        scheduler._serving,
-        scheduler._serving.pool,
-        scheduler._serving._backlogs,
-        scheduler._serving._load,
-        scheduler._serving.peers,
-        scheduler._serving._router,
-        scheduler._serving._touch,
-        scheduler._serving.pool._meter,
+        facts,
+        facts.capacity,
+        facts.queues,
+        facts.running,
+        facts.charges,
+        facts.reservations,
+        facts.liveness,
+        facts.learned,
+        facts.dependencies,
+        facts.serving,
+        facts.serving.pool,
+        facts.serving._backlogs,
+        facts.serving._load,
+        facts.serving.peers,
+        facts.serving._router,
+        facts.serving._touch,
+        facts.serving.pool._meter,
     ]
 
 
@@ -127,7 +131,8 @@ def undeclared(part: object) -> list[str]:
 
 def check(scheduler: Scheduler) -> None:
     assert scheduler.digest() == scheduler.recomputed_digest()
-    running = scheduler._running
+    facts = scheduler._facts
+    running = facts.running
     derived = running.derived()
     assert derived["free_work_gpus"] == running.free_work_gpus
     assert derived["_deadlines"] == running._deadlines
@@ -144,19 +149,19 @@ def check(scheduler: Scheduler) -> None:
         assert [{k: set(v) for k, v in by.items()} for by in roomy.nodes] == [
             {k: set(v) for k, v in by.items()} for by in rebuilt.nodes
         ]
-    generation, prices = scheduler._charges._prices
-    if generation == scheduler._capacity.generation:  # remembered prices hold
+    generation, prices = facts.charges._prices
+    if generation == facts.capacity.generation:  # remembered prices hold
         for job_id, (tasks, priced) in prices.items():  # of running jobs only
-            assert scheduler._charges._priced(tasks) == priced
-            assert job_id in scheduler._running.jobs
-    assert scheduler._charges.derived() == {"_entitlements": scheduler._charges._entitlements}
-    reservations = scheduler._reservations
+            assert facts.charges._priced(tasks) == priced
+            assert job_id in facts.running.jobs
+    assert facts.charges.derived() == {"_entitlements": facts.charges._entitlements}
+    reservations = facts.reservations
     assert reservations.derived() == {"_held": reservations.held()}
     if (open_nodes := reservations._open) is not None:  # the remembered open nodes hold
         assert open_nodes == reservations.reserved.keys() - reservations.held()
-    assert scheduler._serving.derived() == {"_tasks": scheduler._serving._tasks}
-    assert scheduler._dependencies.derived() == scheduler._dependencies._dependents
-    queues = scheduler._queues
+    assert facts.serving.derived() == {"_tasks": facts.serving._tasks}
+    assert facts.dependencies.derived() == facts.dependencies._dependents
+    queues = facts.queues
     assert queues.derived() == queues.index
     for tier, heads in queues._heads.items():  # a remembered head is the first
         for allocation, key in heads.items():
@@ -164,11 +169,11 @@ def check(scheduler: Scheduler) -> None:
     for tier in TIERS:  # a queue not marked moved has a head that heard why it waits
         for allocation in set(queues.index[tier]) - queues.moved(tier):
             head = queues.head(tier, allocation)
-            assert head is None or head.job_id in scheduler._reasons
-    kept, rebuilt = scheduler._capacity.indexes(), scheduler._capacity.derived()
-    if (memo := scheduler._capacity._shape) is not None:  # the remembered shape holds
-        scheduler._capacity._shape = None
-        assert scheduler._capacity.shape(memo[0]) == memo[1]
+            assert head is None or head.job_id in facts.reasons
+    kept, rebuilt = facts.capacity.indexes(), facts.capacity.derived()
+    if (memo := facts.capacity._shape) is not None:  # the remembered shape holds
+        facts.capacity._shape = None
+        assert facts.capacity.shape(memo[0]) == memo[1]
     assert _in_order(kept[0]) == _in_order(rebuilt[0])  # type: ignore[arg-type]
     assert kept[1:] == rebuilt[1:]
 
@@ -219,17 +224,17 @@ def test_every_attribute_is_declared_state_config_or_a_derived_cache() -> None:
     # Every derived cache is rebuilt (and so compared by ``check``); serving's kept
     # timelines (``Backlogs.DERIVED``) are held to rebuilt ones by
     # compass/test_serving.py instead.
-    assert set(scheduler._running.derived()) == set(RunningWork.DERIVED)
-    assert set(scheduler._charges.derived()) == set(Charges.DERIVED)
-    assert set(scheduler._serving.derived()) == set(Serving.DERIVED)
+    assert set(scheduler._facts.running.derived()) == set(RunningWork.DERIVED)
+    assert set(scheduler._facts.charges.derived()) == set(Charges.DERIVED)
+    assert set(scheduler._facts.serving.derived()) == set(Serving.DERIVED)
 
 
 def test_a_field_added_without_a_table_is_caught() -> None:
     scheduler = Scheduler()
     scheduler._shortcut = {}  # type: ignore[attr-defined]
-    scheduler._serving._memo = None  # type: ignore[attr-defined]
+    scheduler._facts.serving._memo = None  # type: ignore[attr-defined]
     assert undeclared(scheduler) == ["_shortcut"]
-    assert undeclared(scheduler._serving) == ["_memo"]
+    assert undeclared(scheduler._facts.serving) == ["_memo"]
 
 
 def test_every_table_and_cell_is_in_the_digest() -> None:
@@ -240,7 +245,7 @@ def test_every_table_and_cell_is_in_the_digest() -> None:
         for value in vars(part).values()
         if isinstance(value, Table | Cell)
     }
-    assert found == set(scheduler._state.names)
+    assert found == set(scheduler._facts.state.names)
 
 
 # -- the tables themselves ---------------------------------------------------------

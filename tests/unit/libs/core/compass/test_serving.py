@@ -365,7 +365,7 @@ def test_under_overload_the_workflows_with_the_most_work_wait_and_short_ones_go_
     assert planned(out) == ["s3"]
     # The load falls with time: the long one goes once the arrivals weigh less.
     out = drain(s, places(out), at=1.5)
-    assert planned(out) == [] and "l2" in s._serving.waiting
+    assert planned(out) == [] and "l2" in s._facts.serving.waiting
     out = run(s, [TaskStarted(2.2, "l0", "l0/only", "n1"), TaskEnded(2.6, "l0", "l0/only", "n1")])
     assert planned(out) == ["l2"]
 
