@@ -17,6 +17,7 @@ from libs.core.ids import NodeId
 from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import JobSpec, NodeKind, NodeSpec
 from libs.core.state import State, Table
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 _NodeClass = tuple[str, float, NodeKind]  # (GPU type, GPU memory in GiB, what it runs)
 
@@ -47,13 +48,14 @@ class Fit:
 
 @dataclass(frozen=True)
 class NoFit:
-    reason: str  # with the current numbers, for `qm why`
+    why: WaitReason  # stable while the job waits for room: its ``Wait``
     possible: bool = False  # would fit an empty cluster: it only waits for room
-    summary: str = ""  # stable while the job waits for room, for JobPending events
+    figures: str = ""  # the words with the current numbers, for `qm why`
 
     @property
-    def stable(self) -> str:
-        return self.summary or self.reason
+    def reason(self) -> str:
+        """For `qm why`: with the current numbers where they move."""
+        return self.figures or self.why.words()
 
 
 def describe(spec: JobSpec) -> str:
@@ -229,14 +231,16 @@ class Capacity:
         largest_node = max((self._class_size[c] for c in classes), default=0)
         if largest_node == 0:
             if not self.nodes:
-                return NoFit(f"needs {describe(spec)}; no node has registered yet")
-            return NoFit(f"needs {describe(spec)}; {self._none_takes(spec)}")
+                return NoFit(WaitReason.of(WaitCode.NO_NODES, needs=describe(spec)))
+            return NoFit(self._none_takes(spec))
         if spec.parts > 1:
             return self._fit_parts(spec, classes, blocked)
         if spec.gpus > largest_node:
             total = sum(self._class_total[c] for c in classes)
             if spec.gpus > total:
-                return NoFit(f"needs {describe(spec)}; the cluster has only {total} such GPUs")
+                return NoFit(
+                    WaitReason.of(WaitCode.TOO_FEW_GPUS, needs=describe(spec), total=total)
+                )
             return self._fit_gang(spec, classes, largest_node, blocked)
         best: tuple[int, NodeId] | None = None
         largest_free = 0
@@ -251,11 +255,11 @@ class Capacity:
                     if best is None or choice < best:
                         best = choice
         if best is None:
-            wanted = f"needs {describe(spec)} on one node"
+            needs = describe(spec)
             return NoFit(
-                f"{wanted}; the largest free block is {largest_free}",
+                WaitReason.of(WaitCode.NO_BLOCK, needs=needs),
                 possible=True,
-                summary=f"{wanted}; waiting for a block that large to free up",
+                figures=f"needs {needs} on one node; the largest free block is {largest_free}",
             )
         node_id = best[1]
         return Fit(((node_id, self.free(node_id)[: spec.gpus]),))
@@ -265,15 +269,17 @@ class Capacity:
     ) -> Fit | NoFit:
         """``spec.parts`` distinct nodes with ``spec.block`` free GPUs each, the fullest
         that hold a part first (then by node id), rank 0 on the first."""
-        per, parts = spec.block, spec.parts
-        wanted = f"needs {describe(spec)} as {parts} parts of {per} on distinct nodes"
+        per, parts, needs = spec.block, spec.parts, describe(spec)
         able = sum(
             1
             for node in self.nodes.values()
             if node.gpu_count >= per and _matches(spec, node_class(node))
         )
         if able < parts:
-            return NoFit(f"{wanted}; only {able} such nodes have {per} GPUs")
+            why = WaitReason.of(
+                WaitCode.TOO_FEW_NODES, needs=needs, parts=parts, per=per, able=able
+            )
+            return NoFit(why)
         holding = sorted(
             (count, node_id)
             for cls in classes
@@ -283,14 +289,15 @@ class Capacity:
             if node_id not in blocked
         )
         if len(holding) < parts:
+            have = f"{len(holding)} {'has' if len(holding) == 1 else 'have'} room"
             return NoFit(
-                f"{wanted}; {len(holding)} {'has' if len(holding) == 1 else 'have'} room",
+                WaitReason.of(WaitCode.NO_ROOM_FOR_PARTS, needs=needs, parts=parts, per=per),
                 possible=True,
-                summary=f"{wanted}; waiting for room on {parts} nodes",
+                figures=f"needs {needs} as {parts} parts of {per} on distinct nodes; {have}",
             )
         return Fit(tuple((node_id, self.free(node_id)[:per]) for _, node_id in holding[:parts]))
 
-    def _none_takes(self, spec: JobSpec) -> str:
+    def _none_takes(self, spec: JobSpec) -> WaitReason:
         """Why no registered node may take the job: none has its type (and memory), or
         those that do run other work than it needs."""
         kinds = {
@@ -298,15 +305,13 @@ class Capacity:
             for gpu_type, memory, kind in self._class_size
             if spec.wants_type(gpu_type) and memory >= spec.min_gpu_memory_gib
         }
+        needs = describe(spec)
         if not kinds or kinds & spec.node_kinds:
-            return "no registered node has that type"
+            return WaitReason.of(WaitCode.NO_SUCH_NODE, needs=needs)
         nodes = f"the {spec.gpu_type} nodes" if spec.gpu_type else "the nodes"
         if kinds == {NodeKind.SERVING}:
-            return f"{nodes} take workflows only"
-        return (
-            f"{nodes} run no command (simulated; QM_SIMULATED_SECONDS in its env asks "
-            "for a simulated run)"
-        )
+            return WaitReason.of(WaitCode.WORKFLOW_NODES_ONLY, needs=needs, nodes=nodes)
+        return WaitReason.of(WaitCode.NO_COMMAND_NODES, needs=needs, nodes=nodes)
 
     def shape(self, blocked: Set[NodeId] = frozenset()) -> tuple[int, int, int]:
         """(largest free block, largest node, GPUs on wholly free largest nodes),
@@ -356,17 +361,17 @@ class Capacity:
             if n not in blocked and self.nodes[n].gpu_count == node_size
         )
         needed = -(-spec.gpus // node_size)
+        needs = describe(spec)
         if needed > MAX_GANG_NODES:
             return NoFit(
-                f"needs {describe(spec)} on {needed} whole nodes; "
-                f"a job may span at most {MAX_GANG_NODES}"
+                WaitReason.of(WaitCode.TOO_WIDE, needs=needs, nodes=needed, most=MAX_GANG_NODES)
             )
         if len(whole) < needed:
-            wanted = f"needs {describe(spec)} on {needed} whole nodes"
+            free = f"{len(whole)} {'is' if len(whole) == 1 else 'are'} free"
             return NoFit(
-                f"{wanted}; {len(whole)} {'is' if len(whole) == 1 else 'are'} free",
+                WaitReason.of(WaitCode.NO_WHOLE_NODES, needs=needs, nodes=needed),
                 possible=True,
-                summary=f"{wanted}; waiting for them to free up",
+                figures=f"needs {needs} on {needed} whole nodes; {free}",
             )
         tasks = []
         remaining = spec.gpus

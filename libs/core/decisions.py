@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec
+from libs.core.wait_reasons import WaitReason
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,15 @@ class Planned:
 
 @dataclass(frozen=True)
 class Wait:
-    """The job cannot start now; ``reason`` is for the person who asks why."""
+    """The job cannot start now, and why (a code with fields); ``reason`` renders it
+    in words, for the person who asks why."""
 
     job_id: JobId
-    reason: str
+    why: WaitReason
+
+    @property
+    def reason(self) -> str:
+        return self.why.words()
 
 
 # The signals a job may ask to be warned with (``JobSpec.warning_signal``, without "SIG").

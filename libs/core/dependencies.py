@@ -17,6 +17,7 @@ from libs.core.ids import JobId
 from libs.core.model import Dependency
 from libs.core.queues import Waiting
 from libs.core.state import State, Table
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ def judge(after: tuple[Dependency, ...], outcomes: Table[JobId, Outcome]) -> Ver
     return Verdict(waits_for=pending) if pending is not None else Verdict(ready=True)
 
 
-def waiting_reason(dependency: Dependency) -> str:
-    """What ``qm why`` says of a job that waits for ``dependency``."""
+def waiting_reason(dependency: Dependency) -> WaitReason:
+    """Why a job that waits for ``dependency`` waits."""
     how = "to end" if dependency.any_end else "to finish with exit code 0"
-    return f"waits for {dependency.job_id} {how} (after {dependency})"
+    return WaitReason.of(WaitCode.DEPENDENCY, job=dependency.job_id, how=how, after=dependency)
 
 
 class Dependencies:

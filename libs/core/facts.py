@@ -29,6 +29,7 @@ from libs.core.queues import Queues, Waiting
 from libs.core.reservations import Reservations
 from libs.core.running import RunningWork
 from libs.core.state import Cell, State, Table
+from libs.core.wait_reasons import WaitReason
 
 
 class Reclaim(NamedTuple):
@@ -89,7 +90,8 @@ class Facts:
         self.learned = LearnedRuntimes(state)
         self.dependencies = Dependencies(state)
         self.liveness = Liveness(config, state)
-        self.reasons: Table[JobId, str] = state.table("reasons")  # the last Wait each job heard
+        # The last reason each job heard that it waits (declared as its words).
+        self.reasons: Table[JobId, WaitReason] = state.table("reasons", WaitReason.fact)
         self.seen: Table[JobId, None] = state.table("seen")  # every job id decided on
         self.seq = state.cell("seq", 0)  # submission order
         self.impossible: Table[JobId, None] = state.table("impossible")  # no node can ever hold

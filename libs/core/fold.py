@@ -36,6 +36,7 @@ from libs.core.limits import MAX_WORKFLOW_TASKS
 from libs.core.model import WorkClass
 from libs.core.queues import Waiting
 from libs.core.validation import joined, rejection, validate_node
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 
 class Trigger(NamedTuple):
@@ -256,7 +257,7 @@ def _hold(facts: Facts, event: inputs.JobHeld) -> list[Decision]:
             return [Refused(job_id, "only a batch job that waits can be held")]
         facts.held[job_id] = job
         who = event.requested_by or "its user"
-        reason = facts.reasons[job_id] = f"held by {who}: starts once released (qm release)"
+        reason = facts.reasons[job_id] = WaitReason.of(WaitCode.HELD_BY_USER, who=who)
         return [Wait(job_id, reason)]
     released = facts.held.pop(job_id, None)
     if released is None:

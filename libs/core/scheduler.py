@@ -31,7 +31,7 @@ from libs.core.service_level import Asking, Occupancy, waiting_and_asked
 POLICY = "budget"
 # What each version changed: docs/policy-versions.md. A change that alters any
 # decision for the same input bumps it and adds its line there.
-POLICY_VERSION = 34
+POLICY_VERSION = 35
 
 
 class Scheduler:
@@ -126,7 +126,7 @@ class Scheduler:
             return explain_waiting(
                 held,
                 standing(held.spec.allocation),
-                reason=facts.reasons.get(job_id, "held"),
+                reason=reason.words() if (reason := facts.reasons.get(job_id)) else "held",
                 ahead=0,
                 reserved=None,
                 starts_at=None,

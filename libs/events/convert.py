@@ -436,6 +436,14 @@ def decision_payload(
                     rule=_PREEMPTION_RULES[preemption.rule],
                 )
             )
+        case Wait():
+            # The edge renders the core's code into words; both are recorded.
+            why = values.pop("why")
+            values.update(
+                reason=_cut(why.words()),
+                code=why.code.value,
+                fields=[events_pb2.ReasonField(name=n, value=_cut(v)) for n, v in why.fields],
+            )
         case Reject() if spec is not None and spec.ByteSize() <= MAX_SPEC_BYTES:
             values["spec"] = spec
     return _EVENTS[type(decision)](**values, provenance=provenance)

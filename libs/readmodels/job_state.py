@@ -202,7 +202,7 @@ def fold_event(new: types_pb2.Job, kind: str, env: events_pb2.Envelope) -> None:
         case "job_pending":
             advance(new, _S.JOB_STATE_PENDING)
             if new.state == _S.JOB_STATE_PENDING:
-                new.reason = env.job_pending.reason
+                new.reason, new.wait_code = env.job_pending.reason, env.job_pending.code
         case "job_held" if new.state in WAITING:
             new.held = env.job_held.held  # placement refuses to hold a job that has started
         case "task_placed":
@@ -453,7 +453,7 @@ def advance(job: types_pb2.Job, state: State) -> None:
     if _RANK[state] <= _RANK[job.state]:
         return
     if _RANK[job.state] <= _RANK[_S.JOB_STATE_PENDING]:
-        job.reason = ""  # a reason to wait lapses once the job leaves the queue
+        job.reason = job.wait_code = ""  # a reason to wait lapses once it leaves the queue
     if _RANK[state] > _RANK[_S.JOB_STATE_RUNNING]:
         job.idle = False  # only a running task holds GPUs that can sit idle
     job.state = state

@@ -26,6 +26,7 @@ from libs.core.inputs import (
 )
 from libs.core.model import JobSpec
 from libs.core.validation import rejection
+from libs.core.wait_reasons import WaitReason
 
 
 @dataclass
@@ -90,7 +91,7 @@ class BaselinePolicy(ABC):
         """Whether the job is queued."""
 
     @abstractmethod
-    def _reason(self, job_id: JobId) -> str:
+    def _reason(self, job_id: JobId) -> WaitReason:
         """Why a queued job waits, for the person who asks."""
 
     @abstractmethod

@@ -15,6 +15,7 @@ from libs.core.baselines._baseline import BaselinePolicy
 from libs.core.decisions import Decision
 from libs.core.ids import JobId
 from libs.core.model import JobSpec
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 POLICY = "fifo"
 
@@ -35,13 +36,13 @@ class FifoPolicy(BaselinePolicy):
     def _is_waiting(self, job_id: JobId) -> bool:
         return job_id in self._waiting
 
-    def _reason(self, job_id: JobId) -> str:
+    def _reason(self, job_id: JobId) -> WaitReason:
         spec = self._waiting[job_id]
         if not self.inventory.could_ever_fit(spec.gpus, spec.gpu_type):
-            return f"needs {spec.gpus} GPUs; the registered nodes do not have that many"
+            return WaitReason.of(WaitCode.NEVER_FITS, gpus=spec.gpus)
         if self._head() == job_id:
-            return f"first in line; needs {spec.gpus} GPUs, not free yet"
-        return f"in arrival order behind {len(self._queue) - 1} earlier jobs"
+            return WaitReason.of(WaitCode.FIRST_IN_LINE, gpus=spec.gpus)
+        return WaitReason.of(WaitCode.IN_LINE, ahead=len(self._queue) - 1)
 
     def _schedule(self) -> list[Decision]:
         decisions: list[Decision] = []

@@ -23,6 +23,7 @@ from libs.core.budget_tree import BudgetTree
 from libs.core.decisions import Decision, StopCause
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 POLICY = "priority"
 
@@ -75,10 +76,10 @@ class PriorityPolicy(BaselinePolicy):
     def _is_waiting(self, job_id: JobId) -> bool:
         return job_id in self._waiting
 
-    def _reason(self, job_id: JobId) -> str:
+    def _reason(self, job_id: JobId) -> WaitReason:
         spec = self._waiting[job_id].spec
         level = Level(self._levels[job_id]).name
-        return f"{level}: needs {spec.gpus} GPUs; waits for them behind higher or earlier work"
+        return WaitReason.of(WaitCode.BEHIND_PRIORITY, level=level, gpus=spec.gpus)
 
     def _budget(self, tree: BudgetTree) -> None:
         self._shares = tree.entitlements()

@@ -38,6 +38,7 @@ from libs.core.decisions import ServingHeld, ServingReleased
 from libs.core.ids import NodeId
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import Cell, State, Table
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 
 class Want(NamedTuple):
@@ -322,27 +323,18 @@ class Pool:
             self._hungry.value = None
         return taken
 
-    def why_waiting(self, spec: JobSpec) -> str:
-        """Why a workflow waits for a GPU, for ``qm why``."""
+    def why_waiting(self, spec: JobSpec) -> WaitReason:
+        """Why a workflow waits for a GPU."""
         assert spec.workflow is not None
         need_mb = spec.workflow.largest_model_mb
-        kind = spec.gpu_type or "any type"
         if not any(self.fits(key, spec.gpu_type, need_mb) for key in self._gpus):
-            return (
-                f"needs a GPU ({kind}) with room for a {need_mb:g} MB model; "
-                "no registered GPU has that much memory"
-            )
+            kind = spec.gpu_type or "any type"
+            return WaitReason.of(WaitCode.NO_GPU_MEMORY, kind=kind, model_mb=f"{need_mb:g}")
         if any(self.fits(key, spec.gpu_type, need_mb) for key in self.held):
             # Only a hold keeps a workflow waiting while GPUs that can take it serve.
-            return (
-                "held while the serving GPUs work through their queues: a plan now would "
-                f"start it more than {self.config.hold_threshold:g}× its best-case time late; "
-                "held workflows go earliest due first (arrival + that many best-case times)"
-            )
+            threshold = f"{self.config.hold_threshold:g}"
+            return WaitReason.of(WaitCode.WORKFLOW_HELD, threshold=threshold)
         cap = self.cap
         if len(self.held) >= cap:
-            return f"waiting for a serving GPU: serving holds its limit of {cap} GPUs"
-        return (
-            f"waiting for a GPU free of batch work (serving holds {len(self.held)} "
-            f"of at most {cap})"
-        )
+            return WaitReason.of(WaitCode.SERVING_AT_LIMIT, cap=cap)
+        return WaitReason.of(WaitCode.NO_SERVING_GPU, held=len(self.held), cap=cap)

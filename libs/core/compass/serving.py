@@ -67,6 +67,7 @@ from libs.core.ids import JobId, NodeId, TaskId, workflow_task_id
 from libs.core.inputs import PeerArrived, PeerPlaced, PeerPlanned, TaskRefused
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.state import State, Table
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 __all__ = ["MB_PER_GIB", "BatchGpus", "GpuKey", "Serving"]
 
@@ -329,13 +330,9 @@ class Serving:
         gpus = min(self.pool.cap, sum(self._batch.schedulable(spec).values()))
         return self._load.sheds(job_id, _work(spec, now_ms), gpus, self.config.admit_load)
 
-    def _why_waiting(self, job_id: JobId, spec: JobSpec, now_ms: float) -> str:
+    def _why_waiting(self, job_id: JobId, spec: JobSpec, now_ms: float) -> WaitReason:
         if self._sheds(job_id, spec, now_ms):
-            return (
-                "held while workflows bring more work than the serving GPUs run "
-                f"({self.config.admit_load:g}× their time): those with the most work "
-                "wait, each till its due time at the latest"
-            )
+            return WaitReason.of(WaitCode.WORKFLOWS_SHED, admit_load=f"{self.config.admit_load:g}")
         return self.pool.why_waiting(spec)
 
     def _in_turn(self) -> list[JobId]:
@@ -455,7 +452,7 @@ class Serving:
         spec = self.waiting.get(job_id)
         if spec is not None:
             ahead = self._in_turn().index(job_id)
-            why = self._why_waiting(job_id, spec, now_ms)
+            why = self._why_waiting(job_id, spec, now_ms).words()
             return f"{why}; {ahead} workflow(s) ahead of it"
         flow = self._flows.get(job_id)
         return None if flow is None else flow.describe(self.mode.value)

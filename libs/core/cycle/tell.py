@@ -16,6 +16,7 @@ from libs.core.decisions import Decision, Place, ServingHeld, ServingReleased, W
 from libs.core.facts import Facts
 from libs.core.model import WorkClass
 from libs.core.queues import TIERS, Waiting
+from libs.core.wait_reasons import WaitCode, WaitReason
 
 
 def wait(facts: Facts, job: Waiting, fit: Fit | NoFit | None = None) -> list[Decision]:
@@ -23,16 +24,14 @@ def wait(facts: Facts, job: Waiting, fit: Fit | NoFit | None = None) -> list[Dec
     reservations = facts.reservations
     nominated = reservations.nominated.get(job.job_id)
     if nominated is not None:
-        nodes = ", ".join(nominated)
-        if job.job_id in reservations.holds:
-            reason = f"needs {describe(job.spec)}; {nodes} are held for it as they free up"
-        else:
-            reason = f"needs {describe(job.spec)}; GPUs are being freed for it on {nodes}"
+        held = job.job_id in reservations.holds
+        code = WaitCode.NODES_HELD if held else WaitCode.BEING_FREED
+        reason = WaitReason.of(code, needs=describe(job.spec), nodes=", ".join(nominated))
     else:
         fit = fit or facts.capacity.fit(job.spec, reservations.blocked_for(job.job_id))
         if isinstance(fit, Fit):
             return []
-        reason = fit.stable
+        reason = fit.why
         if fit.possible:
             facts.impossible.pop(job.job_id)
         else:

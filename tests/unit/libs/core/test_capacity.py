@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 from libs.core.capacity import Capacity, Fit, NoFit, describe
 from libs.core.limits import MAX_GANG_NODES
 from libs.core.model import NodeKind, NodeSpec
+from libs.core.wait_reasons import WaitCode, WaitReason
 from tests.builders import job, node
+
+
+def no_fit(fit: Fit | NoFit) -> NoFit:
+    assert isinstance(fit, NoFit), fit
+    return fit
 
 
 def sized(node_id: str, gpus: int, gpu_type: str = "H100", memory: float = 80.0) -> NodeSpec:
@@ -53,7 +59,9 @@ def test_the_gpu_type_is_a_constraint() -> None:
     c = capacity(node("a", 8, "A100"), node("h", 8, "H100"))
     assert c.fit(job(2, gpu_type="H100")) == Fit((("h", (0, 1)),))
     assert c.fit(job(2, gpu_type="")) == Fit((("a", (0, 1)),))  # any type
-    assert c.fit(job(2, gpu_type="T4")) == NoFit("needs 2×T4; no registered node has that type")
+    refused = no_fit(c.fit(job(2, gpu_type="T4")))
+    assert refused.why == WaitReason.of(WaitCode.NO_SUCH_NODE, needs="2×T4")
+    assert refused.reason == "needs 2×T4; no registered node has that type"
 
 
 def kinded(node_id: str, kind: NodeKind, gpu_type: str = "H100") -> NodeSpec:
@@ -78,17 +86,20 @@ def test_a_simulated_run_may_go_to_simulated_nodes_never_to_serving_ones() -> No
     assert not reporting.simulated and reporting.node_kinds == {NodeKind.PROCESS}
     c = capacity(kinded("serve", NodeKind.SERVING), kinded("sim", NodeKind.SIMULATED))
     assert c.fit(simulated) == Fit((("sim", (0, 1)),))
-    assert c.fit(job(2, simulated_duration_s=5.0, gpu_type="T4")) == NoFit(
+    assert no_fit(c.fit(job(2, simulated_duration_s=5.0, gpu_type="T4"))).reason == (
         "needs 2×T4; no registered node has that type"
     )
 
 
 def test_a_job_no_node_may_take_is_told_what_the_nodes_of_its_type_run() -> None:
     c = capacity(kinded("serve", NodeKind.SERVING, "T4"), kinded("sim", NodeKind.SIMULATED, "A100"))
-    assert c.fit(job(1, gpu_type="T4")) == NoFit("needs 1×T4; the T4 nodes take workflows only")
+    serving_only = no_fit(c.fit(job(1, gpu_type="T4")))
+    assert serving_only.why.code is WaitCode.WORKFLOW_NODES_ONLY
+    assert serving_only.reason == "needs 1×T4; the T4 nodes take workflows only"
     assert c.fit(job(1, gpu_type="A100", simulated_duration_s=1.0)) == Fit((("sim", (0,)),))
     refused = c.fit(job(1, gpu_type="A100"))
     assert isinstance(refused, NoFit) and "the A100 nodes run no command" in refused.reason
+    assert refused.why.code is WaitCode.NO_COMMAND_NODES
     assert not refused.possible
     assert c.schedulable(job(1, gpu_type="A100")) == {}
     assert c.schedulable(job(1, gpu_type="A100", simulated_duration_s=1.0)) == {"sim": 4}
@@ -98,7 +109,7 @@ def test_the_gpu_memory_is_a_lower_bound() -> None:
     c = capacity(sized("m40", 8, memory=40.0), sized("m80", 8, memory=80.0))
     assert c.fit(job(1, min_gpu_memory_gib=40)) == Fit((("m40", (0,)),))
     assert c.fit(job(1, min_gpu_memory_gib=41)) == Fit((("m80", (0,)),))
-    assert c.fit(job(1, min_gpu_memory_gib=96)) == NoFit(
+    assert no_fit(c.fit(job(1, min_gpu_memory_gib=96))).reason == (
         "needs 1×GPU with ≥96 GiB; no registered node has that type"
     )
 
@@ -110,22 +121,20 @@ def test_describe_names_gpus_type_and_memory() -> None:
 
 def test_an_empty_cluster_says_no_node_has_registered() -> None:
     fit = Capacity().fit(job(1))
-    assert fit == NoFit("needs 1×GPU; no node has registered yet")
-    assert isinstance(fit, NoFit) and not fit.possible
+    assert no_fit(fit).reason == "needs 1×GPU; no node has registered yet"
+    assert no_fit(fit).why.code is WaitCode.NO_NODES and not no_fit(fit).possible
 
 
-def test_no_room_now_is_possible_later_and_has_a_stable_summary() -> None:
+def test_no_room_now_is_possible_later_and_has_a_stable_reason() -> None:
     c = capacity(node("n0", 8), node("n1", 4))
     c.take("n0", (0, 1, 2, 3, 4))
     c.take("n1", (0,))
-    fit = c.fit(job(4))
-    assert fit == NoFit(
-        "needs 4×GPU on one node; the largest free block is 3",
-        possible=True,
-        summary="needs 4×GPU on one node; waiting for a block that large to free up",
-    )
-    assert isinstance(fit, NoFit)
-    assert fit.stable == fit.summary  # the numbers change; the Wait reason does not
+    fit = no_fit(c.fit(job(4)))
+    assert fit.possible
+    assert fit.reason == "needs 4×GPU on one node; the largest free block is 3"
+    # The numbers change; the Wait reason does not.
+    assert fit.why == WaitReason.of(WaitCode.NO_BLOCK, needs="4×GPU")
+    assert fit.why.words() == "needs 4×GPU on one node; waiting for a block that large to free up"
 
 
 def test_blocked_nodes_are_left_out() -> None:
@@ -185,24 +194,22 @@ def test_a_gang_larger_than_a_node_takes_whole_free_nodes_by_id() -> None:
 def test_a_gang_waits_for_enough_whole_nodes() -> None:
     c = capacity(node("n0", 8), node("n1", 8))
     c.take("n1", (7,))
-    assert c.fit(job(16)) == NoFit(
-        "needs 16×GPU on 2 whole nodes; 1 is free",
-        possible=True,
-        summary="needs 16×GPU on 2 whole nodes; waiting for them to free up",
-    )
+    fit = no_fit(c.fit(job(16)))
+    assert fit.possible and fit.reason == "needs 16×GPU on 2 whole nodes; 1 is free"
+    assert fit.why.words() == "needs 16×GPU on 2 whole nodes; waiting for them to free up"
 
 
 def test_a_gang_larger_than_the_cluster_can_never_fit() -> None:
     c = capacity(node("n0", 8), node("n1", 8), node("n2", 8, "A100"))
     fit = c.fit(job(17, gpu_type="H100"))
-    assert fit == NoFit("needs 17×H100; the cluster has only 16 such GPUs")
-    assert isinstance(fit, NoFit) and not fit.possible
+    assert no_fit(fit).reason == "needs 17×H100; the cluster has only 16 such GPUs"
+    assert no_fit(fit).why.code is WaitCode.TOO_FEW_GPUS and not no_fit(fit).possible
 
 
 def test_a_gang_spans_at_most_the_protocol_limit_of_nodes() -> None:
     c = capacity(*(node(f"n{i:03}", 1) for i in range(MAX_GANG_NODES + 1)))
     fit = c.fit(job(MAX_GANG_NODES + 1))
-    assert fit == NoFit(
+    assert no_fit(fit).reason == (
         f"needs {MAX_GANG_NODES + 1}×GPU on {MAX_GANG_NODES + 1} whole nodes; "
         f"a job may span at most {MAX_GANG_NODES}"
     )

@@ -15,6 +15,7 @@ import pytest
 
 from libs.core import BudgetSet, Input, JobArrived, NodeJoined, Place, Scheduler, Wait
 from libs.core import charges as charges_module
+from libs.core.wait_reasons import WaitCode, WaitReason
 from tests.builders import job, node, tree
 from tests.unit.libs.core.determinism import (
     MISSING,
@@ -91,11 +92,13 @@ def test_the_checker_reports_a_tie_broken_by_hash_order_only_across_processes(
 
 def test_a_line_holds_every_decision_field_and_the_digest_exactly() -> None:
     spec = job(1, simulated_duration_s=0.1 + 0.2)
-    encoded = line([Place("j", "j/0", "n0", (0,), spec), Wait("k", "why")], b"\x01\xff")
+    why = WaitReason.of(WaitCode.IN_LINE, ahead=1)
+    encoded = line([Place("j", "j/0", "n0", (0,), spec), Wait("k", why)], b"\x01\xff")
     assert b'"digest":"01ff"' in encoded
     assert b'{"float":"0.30000000000000004"}' in encoded  # not rounded
-    assert b'["reason","why"]' in encoded
-    assert line([Wait("k", "why")], b"") != line([Wait("k", "why ")], b"")
+    assert b'["code","in_line"],["fields",[["ahead","1"]]]' in encoded
+    ahead = WaitReason.of(WaitCode.IN_LINE, ahead=2)
+    assert line([Wait("k", why)], b"") != line([Wait("k", ahead)], b"")
     assert b'{"float":"nan"}' in line(
         [Place("j", "j/0", "n", (0,), job(1, min_gpu_memory_gib=math.nan))], b""
     )
@@ -103,7 +106,7 @@ def test_a_line_holds_every_decision_field_and_the_digest_exactly() -> None:
 
 def test_a_set_in_a_decision_is_refused_rather_than_written_in_hash_order() -> None:
     with pytest.raises(TypeError, match="set"):
-        line([Wait("k", {"a", "b"})], b"")  # type: ignore[arg-type]
+        line([Wait("k", WaitReason(WaitCode.IN_LINE, {"a", "b"}))], b"")  # type: ignore[arg-type]
 
 
 def test_the_earliest_divergence_of_any_stream_is_reported() -> None:

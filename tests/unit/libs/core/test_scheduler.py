@@ -19,6 +19,7 @@ from libs.core import (
     Tick,
     Wait,
 )
+from libs.core.wait_reasons import WaitCode, WaitReason
 from tests.builders import decided, job, node
 
 
@@ -113,7 +114,7 @@ def test_a_wait_reason_is_emitted_only_when_it_changes() -> None:
     scheduler.handle(NodeJoined(0, node("n1")))
     scheduler.handle(JobArrived(1, "big", job(8)))
     assert scheduler.handle(JobArrived(2, "j2", job(8))) == [
-        Wait("j2", "needs 8×GPU on one node; waiting for a block that large to free up")
+        Wait("j2", WaitReason.of(WaitCode.NO_BLOCK, needs="8×GPU"))
     ]
     assert scheduler.handle(Tick(3)) == []
 

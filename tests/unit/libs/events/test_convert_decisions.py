@@ -1,4 +1,5 @@
-"""A batch decision's record says how a job is protected, and who it was preempted for."""
+"""A batch decision's record says how a job is protected, who it was preempted for, and
+why a job waits, in words and as a code with fields."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core import Place, Preemption, PreemptionRule, Protection, Stop, StopCause
+from libs.core import Place, Preemption, PreemptionRule, Protection, Stop, StopCause, Wait
+from libs.core.limits import MAX_REASON_CHARS
+from libs.core.wait_reasons import WaitCode, WaitReason
 from libs.events.convert import decision_payload, preemption_from_proto, stop_cause_from_proto
 from tests.builders import job
 
@@ -66,3 +69,21 @@ def test_an_unsaid_stop_cause_is_none() -> None:
 def test_a_preemption_for_workflow_serving_names_the_allocation() -> None:
     serving = Preemption("", "vision", PreemptionRule.FREE_WORK)
     assert str(serving).startswith("preempted for workflow serving of vision")
+
+
+def test_a_wait_records_its_code_its_fields_and_their_words() -> None:
+    why = WaitReason.of(WaitCode.NODES_HELD, needs="16×H100", nodes="n1, n2")
+    record = decision_payload(Wait("j", why), PROVENANCE)
+    assert isinstance(record, events_pb2.JobPending)
+    assert record.reason == "needs 16×H100; n1, n2 are held for it as they free up"
+    assert record.code == "nodes_held"
+    assert [(f.name, f.value) for f in record.fields] == [("needs", "16×H100"), ("nodes", "n1, n2")]
+
+
+def test_a_waits_figures_are_cut_as_its_words_are() -> None:
+    nodes = ", ".join(f"node-{i:04}" for i in range(1000))  # far past the limit
+    why = WaitReason.of(WaitCode.BEING_FREED, needs="1000×GPU", nodes=nodes)
+    record = decision_payload(Wait("j", why), PROVENANCE)
+    assert isinstance(record, events_pb2.JobPending)
+    assert len(record.reason) == MAX_REASON_CHARS and record.reason.endswith("…")
+    assert len(record.fields[1].value) == MAX_REASON_CHARS

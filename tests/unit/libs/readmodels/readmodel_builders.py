@@ -46,8 +46,8 @@ def rejected(job: str, field: str, reason: str, at: float = T0) -> events_pb2.En
     return env(events_pb2.JobRejected(job_id=job, spec=spec(), field=field, reason=reason), at)
 
 
-def pending(job: str, reason: str, at: float = T0) -> events_pb2.Envelope:
-    return env(events_pb2.JobPending(job_id=job, reason=reason), at)
+def pending(job: str, reason: str, at: float = T0, code: str = "") -> events_pb2.Envelope:
+    return env(events_pb2.JobPending(job_id=job, reason=reason, code=code), at)
 
 
 def placed(

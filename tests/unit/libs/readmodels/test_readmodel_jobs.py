@@ -327,6 +327,15 @@ def preempted_once() -> list[events_pb2.Envelope]:
     ]
 
 
+def test_a_waiting_job_keeps_its_reasons_code_until_it_leaves_the_queue() -> None:
+    words = "needs 8×GPU on one node; waiting for a block that large to free up"
+    waiting = [submitted("j"), admitted("j"), pending("j", words, code="no_block")]
+    job = folded_job(waiting)
+    assert (job.state, job.reason, job.wait_code) == (S.JOB_STATE_PENDING, words, "no_block")
+    job = folded_job([*waiting, placed("j", "n1", [0])])
+    assert (job.state, job.reason, job.wait_code) == (S.JOB_STATE_PLACED, "", "")
+
+
 def test_requeue_after_preemption_waits_again_and_keeps_attempts() -> None:
     job = folded_job([*preempted_once(), requeued("j", "preempted by team-b; waits")])
     assert job.state == S.JOB_STATE_PENDING
