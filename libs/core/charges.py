@@ -29,7 +29,7 @@ class Snapshot(NamedTuple):
     usage: dict[str, float]  # charged GPU-seconds per allocation; never changed in place
 
 
-class Hold(NamedTuple):
+class ServingCharge(NamedTuple):
     """A serving GPU's charge: to whom, since when, at what price per GPU-second."""
 
     allocation: str
@@ -50,7 +50,9 @@ class Charges:
         # on the order of the terms, so they are state, not a cache.
         self._tally: Table[str, tuple[float, float]] = state.table("tally")
         # The serving GPUs held (``ServingHeld``): each charged as a running GPU is.
-        self._holds: Table[tuple[NodeId, int], Hold] = state.table("serving.charged")
+        self._serving_charges: Table[tuple[NodeId, int], ServingCharge] = state.table(
+            "serving.charged"
+        )
         self._entitlements: dict[str, float] = {}  # of the tree (``derived`` rebuilds it)
         # The last rank, with all it was computed from (every pass ranks; several
         # inputs often share a clock and a tally).
@@ -71,8 +73,8 @@ class Charges:
             if run.spec.allocated:
                 start = max(run.placed_at, snapshot.at)
                 weighted_start[run.spec.allocation] += self._priced_run(run) * start
-        for hold in self._holds.values():
-            weighted_start[hold.allocation] += hold.price * max(hold.since, snapshot.at)
+        for charge in self._serving_charges.values():
+            weighted_start[charge.allocation] += charge.price * max(charge.since, snapshot.at)
         for allocation, weighted in weighted_start.items():
             self._tally[allocation] = (self._tally[allocation][0], weighted)
 
@@ -89,12 +91,12 @@ class Charges:
         """Serving took a GPU, moved its charge, or gave it back: charge it from now to
         the allocation it is held for, as the ledger does."""
         key = (change.node_id, change.gpu_index)
-        old = self._holds.pop(key)
+        old = self._serving_charges.pop(key)
         if old is not None:
             self._add(old.allocation, -old.price, old.since)
         if isinstance(change, ServingHeld):
             price = self.price_of(change.node_id)
-            self._holds[key] = Hold(change.allocation, now, price)
+            self._serving_charges[key] = ServingCharge(change.allocation, now, price)
             self._add(change.allocation, price, now)
 
     def _add(self, allocation: str, gpus: float, since: float) -> None:

@@ -19,7 +19,7 @@ class Explanation:
     jobs_ahead: int
     text: str
     # When it will likely start (seconds since the epoch), where the core knows: a job
-    # holding the nodes that free soonest for it; None otherwise.
+    # with the nodes that free soonest earmarked for it; None otherwise.
     starts_at: float | None = None
 
 
@@ -33,7 +33,7 @@ def explain_waiting(
     starts_at: float | None = None,
     now: float = 0.0,
 ) -> Explanation:
-    """``starts_at`` is set while ``reserved`` nodes are held for the job (not yet
+    """``starts_at`` is set while ``reserved`` nodes are earmarked for the job (not yet
     being freed): when they will likely have room for it."""
     spec = job.spec
     parts = [reason]
@@ -43,7 +43,7 @@ def explain_waiting(
             parts.append(f"{', '.join(reserved)} {verb} reserved for it while preempted work stops")
         else:
             parts.append(
-                f"{', '.join(reserved)} {verb} held for it: only work that cannot delay it "
+                f"{', '.join(reserved)} {verb} earmarked for it: only work that cannot delay it "
                 f"runs there meanwhile; estimated start in {max(starts_at - now, 0):.0f} s"
             )
     parts.append(_standing_text(spec.allocation, standing))

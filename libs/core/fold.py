@@ -42,7 +42,7 @@ from libs.core.wait_reasons import WaitCode, WaitReason
 class Trigger(NamedTuple):
     """What an input asks of the cycle that follows it."""
 
-    clock_moved: bool  # time passed: contracts, leases and holds may have changed
+    clock_moved: bool  # time passed: contracts, leases and earmarks may have changed
     reported: bool  # it only reported on running batch work
     fast: bool  # a debug job arrived: the fast path may preempt at once
     budget_changed: bool  # the tree changed: every rank may have

@@ -11,7 +11,7 @@ A *lossless* plan stops only work that loses nothing: work that resumes (it save
 at the stop signal). Work that cannot resume loses all it did, and likely runs on
 as long again as it has run (run times are heavy-tailed), so stopping it would
 throw away about what the waiting job wins by not waiting. The scheduler tries a
-lossless plan first, waits a while for one (a hold) and only then throws work
+lossless plan first, waits a while for one (an earmark) and only then throws work
 away: single-node work, never a whole gang's, and in all at most ``loss_cap_s`` × the
 waiting job's GPUs (its minimum runtime or the time it has waited, whichever is more).
 """

@@ -8,13 +8,13 @@ stops its victims and reserves the nodes it frees for its job until the job is
 placed there; a plan that failed is not searched for again until the running
 work changes or a while passes.
 
-When no plan frees room now, a charged (non-debug) job gets a *hold* instead
-(``holds.py``): the nodes that will have room for it soonest, with its estimated
-start. Several blocked jobs may hold nodes, one per allocation in rank order; a
-hold's nodes are chosen afresh every ``HOLD_REFRESH_S`` (as work ends, the soonest
-nodes move), and a round that plans for other jobs releases it. Holds are kept
-until then, not timed out like nodes being freed. In between, a round checks
-whether a hold's nodes can be freed without loss, unless nothing that check read
+When no plan frees room now, a charged (non-debug) job gets an *earmark* instead
+(``earmarks.py``): the nodes that will have room for it soonest, with its estimated
+start. Several blocked jobs may have nodes earmarked, one per allocation in rank
+order; an earmark's nodes are chosen afresh every ``EARMARK_REFRESH_S`` (as work ends,
+the soonest nodes move), and a round that plans for other jobs releases it. Earmarks
+are kept until then, not timed out like nodes being freed. In between, a round checks
+whether an earmark's nodes can be freed without loss, unless nothing that check read
 has changed since it last failed and no contract (or turn on borrowed GPUs) there has
 ended.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from libs.core.capacity import Capacity
 from libs.core.config import PolicyConfig
 from libs.core.contract import Reclaims, RunningJob, victims_of
-from libs.core.holds import Floors, Hold, floors, release_time, soonest_nodes
+from libs.core.earmarks import Earmark, Floors, floors, release_time, soonest_nodes
 from libs.core.ids import JobId, NodeId
 from libs.core.model import JobSpec, WorkClass
 from libs.core.preemption import Plan, costs_least, plan_preemption
@@ -49,14 +49,14 @@ NO_PLAN_RETRY_S = 60
 # Victims normally end within their stop grace; a node that never reports back
 # must not stay reserved forever.
 RESERVATION_TIMEOUT_S = 600
-# A hold's nodes are chosen afresh this often (the soonest nodes move as work ends);
+# An earmark's nodes are chosen afresh this often (the soonest nodes move as work ends);
 # in between, a round only checks whether they can be freed, a much cheaper question.
-HOLD_REFRESH_S = 900
-# How long a job waits for room that costs no work (a hold) before work that cannot
+EARMARK_REFRESH_S = 900
+# How long a job waits for room that costs no work (an earmark) before work that cannot
 # resume is thrown away for it.
-HOLD_PATIENCE_S = 3600
-# Holds' checks that failed, remembered (the oldest forgotten first) to skip the search
-# while nothing it read changed: every round checks every hold again.
+EARMARK_PATIENCE_S = 3600
+# Earmarks' checks that failed, remembered (the oldest forgotten first) to skip the
+# search while nothing it read changed: every round checks every earmark again.
 FAILED_MEMO = 64
 
 Candidates = list[tuple[NodeId, int, int]]  # (node id, GPU count, free GPUs)
@@ -78,7 +78,7 @@ class _Failed:
 
 
 class Reservations:
-    DERIVED = ("_held",)
+    DERIVED = ("_earmarked",)
 
     def __init__(self, config: PolicyConfig, state: State) -> None:
         self.config = config
@@ -87,16 +87,16 @@ class Reservations:
         self.nominated: Table[JobId, tuple[NodeId, ...]] = state.table("nominated")
         # The last plan that failed: ((job id, running work's version), when).
         self._no_plan: Cell[tuple[tuple[JobId, int], float] | None] = state.cell("no_plan", None)
-        # Jobs whose nodes are held (not yet being freed) -> their estimated start.
-        self.holds: Table[JobId, float] = state.table("holds")
-        self._held: set[NodeId] = set()  # the nodes of holds (``derived`` rebuilds it)
+        # Jobs whose nodes are earmarked (not yet being freed) -> their estimated start.
+        self.earmarks: Table[JobId, float] = state.table("earmarks")
+        self._earmarked: set[NodeId] = set()  # their nodes (``derived`` rebuilds it)
         self._next_round_at = state.cell("next_preemption_at", 0.0)
         self._failed: dict[JobId, _Failed] = {}  # a memo keyed by all it read, not state
-        # A memo, not state: each node's ``holds.Floors``, with the entries they were
-        # read from (a new tuple as the node's work changes; a hold reads every node).
+        # A memo, not state: each node's ``earmarks.Floors``, with the entries they were
+        # read from (a new tuple as the node's work changes; an earmark reads every node).
         self._floors: dict[NodeId, tuple[tuple[Room, ...], Floors]] = {}
-        # A memo, not state: the reserved nodes not held, dropped as reservations change
-        # (every pass asks, once per allocation, and a gang's hold spans many nodes).
+        # A memo, not state: the reserved nodes not earmarked, dropped as reservations change
+        # (every pass asks, once per allocation, and a gang's earmark spans many nodes).
         self._open: frozenset[NodeId] | None = None
 
     def round_due(self, now: float, *, fast: bool, budget_changed: bool) -> bool:
@@ -118,16 +118,16 @@ class Reservations:
         reclaims: Reclaims,
     ) -> tuple[RunningJob, ...]:
         """Plan to free room for a blocked job: reserve the nodes and return the victims
-        to stop; or, when none can give it room now, hold the nodes that free soonest.
+        to stop; or, when none can give it room now, earmark the nodes that free soonest.
         ``reclaims``: whose borrowed GPUs it may take back (``contract.Reclaims``)."""
         if not job.spec.allocated:
             return ()
         spec, free, reserved = job.spec, capacity.free, self.reserved  # bound: a hot loop
         running_on = running.preemptible_by_node()
-        held = self.nominated.get(job.job_id) if job.job_id in self.holds else None
-        if held and now < reserved[held[0]][1] + HOLD_REFRESH_S:
-            # Between refreshes a hold only checks whether its own nodes can be freed.
-            candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in held]
+        marked = self.nominated.get(job.job_id) if job.job_id in self.earmarks else None
+        if marked and now < reserved[marked[0]][1] + EARMARK_REFRESH_S:
+            # Between refreshes an earmark only checks whether its own nodes can be freed.
+            candidates = [(n, capacity.nodes[n].gpu_count, len(free(n))) for n in marked]
             room = running.room_bound(now, lossless=True)
             plan = self._lossless(job, candidates, running_on, room, rank, now, reclaims)
             return self._stop_for(job.job_id, plan, now)
@@ -135,20 +135,20 @@ class Reservations:
         no_plan = self._no_plan.value
         if no_plan is not None and no_plan[0] == attempt and now < no_plan[1] + NO_PLAN_RETRY_S:
             return ()
-        self.release(job.job_id)  # a hold is planned afresh
+        self.release(job.job_id)  # an earmark is planned afresh
         nodes = capacity.schedulable(spec)
         node_size = _largest(nodes, reserved)
-        # Room without throwing work away; else the soonest such room, held; else, when
+        # Room without throwing work away; else the soonest such room, earmarked; else, when
         # that is too far off, room at the cost of work that cannot resume.
         plan = self._plan(
             spec, nodes, node_size, capacity, running, rank, now, reclaims, lossless=True
         )
         if plan is not None:
             return self._stop_for(job.job_id, plan, now)
-        hold = None
+        earmark = None
         if spec.work_class is WorkClass.ALLOCATED:  # debug work is meant to start in seconds
-            hold = self._hold(spec, nodes, running, rank, now, reclaims)
-        if hold is None or hold.starts_at > now + HOLD_PATIENCE_S:
+            earmark = self._earmark(spec, nodes, running, rank, now, reclaims)
+        if earmark is None or earmark.starts_at > now + EARMARK_PATIENCE_S:
             # A job throws away, in all, at most what it is sure to do itself (its
             # minimum runtime) or what it has waited, whichever is more, on its GPUs
             # (never past the contract cap): a short wide job is not stuck for good
@@ -170,10 +170,10 @@ class Reservations:
             if plan is not None:
                 return self._stop_for(job.job_id, plan, now)
         self._no_plan.value = (attempt, now)
-        if hold is not None:
-            self.holds[job.job_id] = max(hold.starts_at, now)
-            self._held.update(hold.node_ids)
-            self._reserve(job.job_id, hold.node_ids, now)
+        if earmark is not None:
+            self.earmarks[job.job_id] = max(earmark.starts_at, now)
+            self._earmarked.update(earmark.node_ids)
+            self._reserve(job.job_id, earmark.node_ids, now)
         return ()
 
     def _plan(
@@ -234,7 +234,7 @@ class Reservations:
                 return plan
         return search(roomy(free_work=False))
 
-    def _hold(
+    def _earmark(
         self,
         spec: JobSpec,
         nodes: Mapping[NodeId, int],
@@ -242,8 +242,8 @@ class Reservations:
         rank: dict[str, int],
         now: float,
         reclaims: Reclaims,
-    ) -> Hold | None:
-        """The nodes not reserved to hold for ``spec``, as ``holds.soonest_nodes`` picks
+    ) -> Earmark | None:
+        """The nodes not reserved to earmark for ``spec``, as ``earmarks.soonest_nodes`` picks
         them: GPUs not held by running work (free, or being freed) count as free now."""
         # Losslessly: ``release_time`` checks.
         may_take_now = victims_of(spec, rank, now, reclaims=reclaims)
@@ -328,10 +328,10 @@ class Reservations:
         self._reserve(job_id, plan.node_ids, now)
         return plan.victims
 
-    def keep_holds(self, planned: set[JobId]) -> None:
-        """A round planned for ``planned``: holds for any other job are released (it
+    def keep_earmarks(self, planned: set[JobId]) -> None:
+        """A round planned for ``planned``: earmarks for any other job are released (it
         was placed elsewhere, or others now rank before it)."""
-        for job_id in sorted(self.holds):
+        for job_id in sorted(self.earmarks):
             if job_id not in planned:
                 self.release(job_id)
 
@@ -341,22 +341,22 @@ class Reservations:
         self.nominated[job_id] = node_ids
         self._open = None
 
-    def held(self) -> set[NodeId]:
-        """The nodes held for a job, not being freed: work that cannot delay it may run
+    def earmarked(self) -> set[NodeId]:
+        """The nodes earmarked for a job, not being freed: work that cannot delay it may run
         there meanwhile (read it before reservations change)."""
-        return self._held
+        return self._earmarked
 
     def open_nodes(self) -> frozenset[NodeId]:
-        """The reserved nodes not held: those being freed for a job, where nothing else
+        """The reserved nodes not earmarked: those being freed for a job, where nothing else
         may start; a snapshot, which a change to reservations replaces."""
         if self._open is None:
-            self._open = frozenset(self.reserved.keys() - self._held)
+            self._open = frozenset(self.reserved.keys() - self._earmarked)
         return self._open
 
     def derived(self) -> dict[str, object]:
         """The index (``DERIVED``) rebuilt from the tables alone."""
-        held = {node for node, (holder, _) in self.reserved.items() if holder in self.holds}
-        return {"_held": held}
+        marked = {node for node, (job, _) in self.reserved.items() if job in self.earmarks}
+        return {"_earmarked": marked}
 
     def blocked_for(self, job_id: JobId) -> set[NodeId]:
         """The nodes reserved for other jobs."""
@@ -364,17 +364,17 @@ class Reservations:
 
     def release(self, job_id: JobId) -> None:
         """The job no longer waits for its nodes (placed, cancelled, or given up on)."""
-        held = self.holds.pop(job_id) is not None
+        marked = self.earmarks.pop(job_id) is not None
         for node in self.nominated.pop(job_id) or ():
             del self.reserved[node]
             self._open = None
-            if held:
-                self._held.discard(node)
+            if marked:
+                self._earmarked.discard(node)
 
     def release_node(self, node_id: NodeId) -> None:
         """The node is gone: the job it was reserved for plans again."""
-        for held, (job_id, _) in sorted(self.reserved.items()):
-            if held == node_id:
+        for reserved, (job_id, _) in sorted(self.reserved.items()):
+            if reserved == node_id:
                 self.release(job_id)
 
     def expire(self, now: float) -> None:
@@ -382,7 +382,7 @@ class Reservations:
         expired = [
             (node, job_id)
             for node, (job_id, since) in self.reserved.items()
-            if since < limit and job_id not in self.holds
+            if since < limit and job_id not in self.earmarks
         ]  # sorted only when any is: every pass asks, and gangs reserve many nodes
         for _node, job_id in sorted(expired):
             self.release(job_id)

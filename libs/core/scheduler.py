@@ -65,7 +65,7 @@ class Scheduler:
 
     def free_gpus(self) -> tuple[int, int]:
         """Free GPUs now: those on nodes kept for a waiting job (being freed for it, or
-        held until it starts), and the others."""
+        earmarked until it starts), and the others."""
         capacity = self._facts.capacity
         kept = sum(len(capacity.free(node_id)) for node_id in self._facts.reservations.reserved)
         return kept, capacity.total_free - kept
@@ -141,7 +141,7 @@ class Scheduler:
                 reason=fit.reason if not isinstance(fit, Fit) else "fits now: next in line",
                 ahead=facts.queues.ahead_of(job, facts.charges.rank(facts.now)),
                 reserved=facts.reservations.nominated.get(job_id),
-                starts_at=facts.reservations.holds.get(job_id),
+                starts_at=facts.reservations.earmarks.get(job_id),
                 now=self.now,
             )
         run = facts.running.jobs.get(job_id)

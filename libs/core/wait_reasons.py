@@ -26,7 +26,7 @@ class WaitCode(StrEnum):
     NO_WHOLE_NODES = "no_whole_nodes"
     NO_ROOM_FOR_PARTS = "no_room_for_parts"
     BEING_FREED = "being_freed"
-    NODES_HELD = "nodes_held"
+    NODES_EARMARKED = "nodes_earmarked"
     # It waits for others: jobs it names, or the user who holds it.
     DEPENDENCY = "dependency"
     HELD_BY_USER = "held_by_user"
@@ -65,7 +65,7 @@ WORDS: dict[WaitCode, str] = {
         "{parts} nodes"
     ),
     WaitCode.BEING_FREED: "needs {needs}; GPUs are being freed for it on {nodes}",
-    WaitCode.NODES_HELD: "needs {needs}; {nodes} are held for it as they free up",
+    WaitCode.NODES_EARMARKED: "needs {needs}; {nodes} are earmarked for it as they free up",
     WaitCode.DEPENDENCY: "waits for {job} {how} (after {after})",
     WaitCode.HELD_BY_USER: "held by {who}: starts once released (qm release)",
     WaitCode.WORKFLOWS_SHED: (

@@ -179,7 +179,7 @@ def _waiting(jobs: Iterable[types_pb2.Job], now: float) -> list[Json]:
             "reason": job.reason,
             "waited_s": now - submitted if (submitted := moment(job.submitted_at)) else None,
             # Filled in per user from admission's explainer (services/console/starts.py):
-            # placement estimates a start only for a job holding the nodes that free soonest.
+            # placement estimates a start only for a job with the nodes that free soonest earmarked.
             "estimated_start": None,
         }
         for job in waiting

@@ -68,7 +68,7 @@ class MixedRun:
     at_cap_pct: float  # of the window with serving at its cap
     serving_busy: dict[str, float]  # mean GPUs running workflow tasks, by phase
     batch_held: dict[str, Held]
-    # Free GPUs by phase: on nodes kept for a waiting job (being freed or held for it),
+    # Free GPUs by phase: on nodes kept for a waiting job (being freed or earmarked for it),
     # and the others (free because no job waiting fits them).
     free_kept: dict[str, Held]
     free_other: dict[str, Held]

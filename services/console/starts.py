@@ -1,6 +1,6 @@
 """Estimated starts for the waiting queue, from admission: placement's core knows when a
-blocked job holding the nodes that free soonest will likely start (``qm why``); it knows
-no start for the other waiting jobs, which the page shows as "—".
+blocked job with the nodes that free soonest earmarked for it will likely start
+(``qm why``); it knows no start for the other waiting jobs, which the page shows as "—".
 
 Asked with the signed-in user's own token, so admission applies that user's access
 rules; an answer is kept for a few seconds, as the page refreshes every few.

@@ -10,7 +10,7 @@
      work), each allocation in rank order, placing every job that fits.
   3. ``preempt``: the first job of a tier that does not fit may take idle serving GPUs
      beyond their share, or stop free work and past-contract work ranked below it,
-     losing the least; or it holds the nodes that free soonest. Only so many plans a
+     losing the least; or the nodes that free soonest are earmarked for it. Only so many plans a
      pass (``DEBUG_PLANS``, ``ALLOCATED_PLANS``): planning reads all running work.
   4. ``tell``: jobs that still wait hear why when their reason changes; the
      decisions go out charged and addressed.
@@ -81,13 +81,13 @@ def _batch_pass(facts: Facts, preempt: bool) -> list[Decision]:
     rank = facts.charges.rank(facts.now)
     nominated = tell.nominated_heads(facts)
     # Jobs that preempted for room go first, on the nodes freed for them.
-    decisions = place_reserved(facts, held=False)
+    decisions = place_reserved(facts, earmarked=False)
     # Shapes that did not fit: capacity only shrinks during a pass, so jobs of the
     # same shape need not be tried again.
     failed: set[Shape] = set()
     for tier in TIERS:
-        if tier is WorkClass.ALLOCATED:  # after the fast path, a hold's turn
-            decisions += place_reserved(facts, held=True)
+        if tier is WorkClass.ALLOCATED:  # after the fast path, an earmark's turn
+            decisions += place_reserved(facts, earmarked=True)
         # Planning scans the running work, so a pass plans for few jobs: the
         # heads of the best-ranked allocations with blocked work, and a handful of
         # debug jobs (small, short, and meant to start within seconds).
@@ -110,14 +110,14 @@ def _batch_pass(facts: Facts, preempt: bool) -> list[Decision]:
             )
             for job in blocked:
                 freeing = job.job_id in reservations.nominated
-                if tries and (not freeing or job.job_id in reservations.holds):
+                if tries and (not freeing or job.job_id in reservations.earmarks):
                     tries -= 1
                     planned.add(job.job_id)
                     decisions += preempt_for(facts, job, rank)
                     nominated = tell.nominated_heads(facts)
             decisions += tell.tell_head(facts, tier, allocation, nominated)
         if preempt and tier is WorkClass.ALLOCATED:
-            reservations.keep_holds(planned)
+            reservations.keep_earmarks(planned)
     if facts.capacity.total_free and not queues.allocations(WorkClass.UNALLOCATED):
         # The debug headroom is kept free for free work to fill; with none
         # waiting, idle GPUs would help nobody, so allocated work may take them.

@@ -2,7 +2,7 @@
 free work), and in each the allocations in rank order and their jobs in queue order,
 placing every job that fits (best fit, gangs all or nothing: ``capacity.py``).
 
-Nodes held for a blocked job (``holds.py``) take only work that cannot delay it:
+Nodes earmarked for a blocked job (``earmarks.py``) take only work that cannot delay it:
 free work, debug work, and charged work that will be gone in time (``backfills``).
 Allocated work leaves the debug headroom free (``PolicyConfig.debug_headroom``).
 """
@@ -27,9 +27,10 @@ from libs.core.running import Tasks
 Shape = tuple[str, float, frozenset[NodeKind], int, int, bool]
 
 
-def place_reserved(facts: Facts, *, held: bool) -> list[Decision]:
+def place_reserved(facts: Facts, *, earmarked: bool) -> list[Decision]:
     """Place the jobs with nodes reserved for them that fit now (``reserved_fits``)."""
-    return [d for job, fit in reserved_fits(facts, held=held) for d in place(facts, job, fit)]
+    fits = reserved_fits(facts, earmarked=earmarked)
+    return [d for job, fit in fits for d in place(facts, job, fit)]
 
 
 def place_allocation(
@@ -48,12 +49,12 @@ def place_allocation(
     capacity, reservations = facts.capacity, facts.reservations
     if not may_place(facts, tier, headroom=headroom):
         return decisions
-    # Nominated jobs were placed before this. Held nodes take only work that cannot
-    # delay their holder: free work (always preemptible), debug work (small and
+    # Nominated jobs were placed before this. Earmarked nodes take only work that
+    # cannot delay their job: free work (always preemptible), debug work (small and
     # short), and charged work that will be gone in time (``backfills``).
     all_reserved = reservations.reserved.keys()
-    held = reservations.held()
-    open_nodes = reservations.open_nodes() if held else all_reserved
+    earmarked = reservations.earmarked()
+    open_nodes = reservations.open_nodes() if earmarked else all_reserved
     reserved: Collection[NodeId] = all_reserved
     if tier is not WorkClass.ALLOCATED:
         reserved = open_nodes
@@ -63,7 +64,7 @@ def place_allocation(
         # A gang spans whole free nodes; anything else needs one free block.
         return gpus <= largest or node_size < gpus <= whole
 
-    may_backfill = bool(held) and tier is WorkClass.ALLOCATED
+    may_backfill = bool(earmarked) and tier is WorkClass.ALLOCATED
     last: tuple[int, int, JobId] | None = None  # the last job walked past
     walking = True
     while walking:
@@ -89,8 +90,8 @@ def place_allocation(
             if capacity.total_free == 0:
                 return decisions
             largest, node_size, whole = capacity.shape(open_nodes)
-            # ``held`` is the live set: placing a holder on its nodes releases them.
-            may_backfill = bool(held) and tier is WorkClass.ALLOCATED
+            # ``earmarked`` is the live set: placing their job there releases them.
+            may_backfill = bool(earmarked) and tier is WorkClass.ALLOCATED
             walking = True
             break
     return decisions
@@ -112,19 +113,19 @@ def _leaves_headroom(facts: Facts, gpus: int) -> bool:
 
 
 def _backfills(facts: Facts, job: Waiting, rank: dict[str, int]) -> bool:
-    """Whether charged work may run on held nodes: it will be gone when the holder
-    likely starts, by its runtime estimate, or because its contract ends by then
-    and the holder ranks above it (and so may preempt it)."""
+    """Whether charged work may run on earmarked nodes: it will be gone when their
+    job likely starts, by its runtime estimate, or because its contract ends by then
+    and that job ranks above it (and so may preempt it)."""
     unknown = len(rank)
     mine = rank.get(job.spec.allocation, unknown)
     now = facts.now
     estimate = facts.learned.estimate_s(job.spec)
     protect = min(job.spec.min_runtime_s, facts.config.max_min_runtime_s)
-    for holder, start in facts.reservations.holds.items():
+    for marked, start in facts.reservations.earmarks.items():
         if estimate is not None and now + estimate <= start:
             continue
-        holder_rank = rank.get(facts.queues.jobs[holder].spec.allocation, unknown)
-        if not (mine > holder_rank and now + protect <= start):
+        marked_rank = rank.get(facts.queues.jobs[marked].spec.allocation, unknown)
+        if not (mine > marked_rank and now + protect <= start):
             return False
     return True
 

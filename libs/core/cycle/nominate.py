@@ -21,15 +21,15 @@ def ranked(facts: Facts, tier: WorkClass, rank: dict[str, int]) -> list[str]:
     return sorted(facts.queues.allocations(tier), key=lambda a: (rank.get(a, unknown), a))
 
 
-def reserved_fits(facts: Facts, *, held: bool) -> Iterator[tuple[Waiting, Fit]]:
+def reserved_fits(facts: Facts, *, earmarked: bool) -> Iterator[tuple[Waiting, Fit]]:
     """The jobs with nodes reserved for them that fit now, and where: those whose
-    nodes are held (``held``), or those whose nodes are being freed. Lazy: each is
+    nodes are earmarked (``earmarked``), or those whose nodes are being freed. Lazy: each is
     asked once the one before it is placed."""
     capacity, reservations = facts.capacity, facts.reservations
     if not capacity.total_free:
         return
     for job_id in sorted(reservations.nominated):
-        if (job_id in reservations.holds) != held:
+        if (job_id in reservations.earmarks) != earmarked:
             continue
         job = facts.queues.jobs[job_id]
         if job.spec.gpus > capacity.total_free:

@@ -6,8 +6,8 @@ free work, and past-contract work of allocations ranked below its own
 (``contract.py``), planned over a read-only view of the running work and capacity
 (``preemption.py``, ``rooms.py``): nothing is taken while plans are tried, and only
 the chosen plan's victims are stopped. The nodes they free are reserved for the job
-(a gang's all in one step). When no room comes without throwing work away, the job
-holds the nodes that free soonest (``holds.py``, ``reservations.py``).
+(a gang's all in one step). When no room comes without throwing work away, the nodes
+that free soonest are earmarked for the job (``earmarks.py``, ``reservations.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from libs.core.queues import Waiting
 
 
 def preempt_for(facts: Facts, job: Waiting, rank: dict[str, int]) -> list[Decision]:
-    """Make room for a blocked job, or hold nodes for it."""
+    """Make room for a blocked job, or earmark nodes for it."""
     yielded = yield_serving(facts, job, rank)
     if yielded:
         return yielded

@@ -24,8 +24,8 @@ def wait(facts: Facts, job: Waiting, fit: Fit | NoFit | None = None) -> list[Dec
     reservations = facts.reservations
     nominated = reservations.nominated.get(job.job_id)
     if nominated is not None:
-        held = job.job_id in reservations.holds
-        code = WaitCode.NODES_HELD if held else WaitCode.BEING_FREED
+        marked = job.job_id in reservations.earmarks
+        code = WaitCode.NODES_EARMARKED if marked else WaitCode.BEING_FREED
         reason = WaitReason.of(code, needs=describe(job.spec), nodes=", ".join(nominated))
     else:
         fit = fit or facts.capacity.fit(job.spec, reservations.blocked_for(job.job_id))

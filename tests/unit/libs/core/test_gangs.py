@@ -1,4 +1,4 @@
-"""Gangs get their turn (holds), running gangs are preempted whole, and preemption
+"""Gangs get their turn (earmarks), running gangs are preempted whole, and preemption
 throws away as little work as it can: the scheduler, scenario by scenario."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def gang_behind_small_jobs() -> Scheduler:
     d = s.handle(JobArrived(HOUR + 20, "gang", job(8, allocation="a", min_runtime_s=60)))
     assert placed(d) == []
     assert [w.reason for w in d if isinstance(w, Wait)] == [
-        "needs 8×GPU; n0, n1 are held for it as they free up"
+        "needs 8×GPU; n0, n1 are earmarked for it as they free up"
     ]
     return s
 
@@ -48,7 +48,8 @@ def test_why_shows_the_hold_and_an_estimated_start() -> None:
     s = gang_behind_small_jobs()
     why = s.explain("gang")
     assert why is not None
-    assert "n0, n1 are held for it: only work that cannot delay it runs there meanwhile" in why.text
+    said = "n0, n1 are earmarked for it: only work that cannot delay it runs there meanwhile"
+    assert said in why.text
     # small-2 likely ends at 4 h: the later of the two nodes.
     assert f"estimated start in {4 * HOUR - (HOUR + 20):.0f} s" in why.text
 
@@ -131,7 +132,7 @@ def test_charged_work_throws_work_away_only_when_no_room_comes_soon_and_not_much
 def test_a_job_may_throw_away_work_that_started_while_it_waited() -> None:
     s = cluster(4, a=1, b=1)
     charged(s, a=1e9, b=0.0)
-    # u cannot resume and nobody knows when it ends: b's job gets no hold, and u's hour
+    # u cannot resume and nobody knows when it ends: b's job gets no earmark, and u's hour
     # of 2 GPUs is more than b's job is sure to do (10 minutes of 4 GPUs).
     run_job(s, 0, "u", job(2, allocation="a", min_runtime_s=60))
     b_job = job(4, allocation="b", min_runtime_s=600)
@@ -159,17 +160,17 @@ def test_a_start_report_decides_nothing_until_a_round_which_counts_the_contract_
 
 
 def test_a_hold_frees_its_node_in_the_first_round_after_the_contract_there_ends() -> None:
-    # Rounds between a hold's refreshes skip a search that failed while nothing it read
-    # changed; a contract ending on a held node is such a change.
+    # Rounds between an earmark's refreshes skip a search that failed while nothing it read
+    # changed; a contract ending on an earmarked node is such a change.
     s = cluster(4, 4, a=1, b=1)
     charged(s, a=0.0, b=1e9)  # b ranks below a
     b_job = job(4, allocation="b", min_runtime_s=int(2 * HOUR), resumable=True)
     run_job(s, 0, "b-job", b_job)  # on n0, protected until 2 h
     run_job(s, 0, "a-job", job(4, allocation="a", min_runtime_s=60))  # on n1: a's own
-    at = 1.6 * HOUR  # the hold is chosen afresh at 1.85 h and 2.1 h: neither is 2 h
+    at = 1.6 * HOUR  # the earmark is chosen afresh at 1.85 h and 2.1 h: neither is 2 h
     d = s.handle(JobArrived(at, "waiter", job(4, allocation="a", min_runtime_s=60)))
     assert [w.reason for w in d if isinstance(w, Wait)] == [
-        "needs 4×GPU; n0 are held for it as they free up"
+        "needs 4×GPU; n0 are earmarked for it as they free up"
     ]
     while at < 2 * HOUR:
         at += 60

@@ -156,9 +156,9 @@ def check(scheduler: Scheduler) -> None:
             assert job_id in facts.running.jobs
     assert facts.charges.derived() == {"_entitlements": facts.charges._entitlements}
     reservations = facts.reservations
-    assert reservations.derived() == {"_held": reservations.held()}
+    assert reservations.derived() == {"_earmarked": reservations.earmarked()}
     if (open_nodes := reservations._open) is not None:  # the remembered open nodes hold
-        assert open_nodes == reservations.reserved.keys() - reservations.held()
+        assert open_nodes == reservations.reserved.keys() - reservations.earmarked()
     assert facts.serving.derived() == {"_tasks": facts.serving._tasks}
     assert facts.dependencies.derived() == facts.dependencies._dependents
     queues = facts.queues

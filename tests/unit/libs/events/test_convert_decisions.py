@@ -72,11 +72,11 @@ def test_a_preemption_for_workflow_serving_names_the_allocation() -> None:
 
 
 def test_a_wait_records_its_code_its_fields_and_their_words() -> None:
-    why = WaitReason.of(WaitCode.NODES_HELD, needs="16×H100", nodes="n1, n2")
+    why = WaitReason.of(WaitCode.NODES_EARMARKED, needs="16×H100", nodes="n1, n2")
     record = decision_payload(Wait("j", why), PROVENANCE)
     assert isinstance(record, events_pb2.JobPending)
-    assert record.reason == "needs 16×H100; n1, n2 are held for it as they free up"
-    assert record.code == "nodes_held"
+    assert record.reason == "needs 16×H100; n1, n2 are earmarked for it as they free up"
+    assert record.code == "nodes_earmarked"
     assert [(f.name, f.value) for f in record.fields] == [("needs", "16×H100"), ("nodes", "n1, n2")]
 
 

@@ -1,4 +1,4 @@
-"""Holds (``libs/core/holds.py``): when a blocked job likely gets room, and where."""
+"""Earmarks (``libs/core/earmarks.py``): when a blocked job likely gets room, and where."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 
 from libs.core.contract import RunningJob, victims_of
-from libs.core.holds import Hold, earliest, floors, release_time, soonest_nodes
+from libs.core.earmarks import Earmark, earliest, floors, release_time, soonest_nodes
 from libs.core.rooms import room_of
 from tests.builders import job
 
@@ -71,7 +71,7 @@ def test_work_that_cannot_resume_lets_go_only_at_its_likely_end() -> None:
 def test_a_gang_gets_the_fewest_whole_nodes_that_free_soonest() -> None:
     candidates = [("n0", 8, 0, None), ("n1", 8, 0, None), ("n2", 8, 8, None), ("n3", 4, 4, None)]
     releases = {"n0": [(NOW + 3 * HOUR, 8)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(WAITING, candidates, of(releases), NOW) == Hold(
+    assert soonest_nodes(WAITING, candidates, of(releases), NOW) == Earmark(
         ("n1", "n2"), NOW + 2 * HOUR
     )
 
@@ -80,10 +80,10 @@ def test_a_single_node_job_gets_the_node_with_room_soonest() -> None:
     small = job(6, allocation="first", min_runtime_s=60)
     candidates = [("n0", 8, 2, None), ("n1", 8, 0, None)]
     releases = {"n0": [(NOW + 3 * HOUR, 4)], "n1": [(NOW + HOUR, 4), (NOW + 2 * HOUR, 4)]}
-    assert soonest_nodes(small, candidates, of(releases), NOW) == Hold(("n1",), NOW + 2 * HOUR)
+    assert soonest_nodes(small, candidates, of(releases), NOW) == Earmark(("n1",), NOW + 2 * HOUR)
 
 
-def test_no_hold_where_nobody_knows_when_room_comes() -> None:
+def test_no_earmark_where_nobody_knows_when_room_comes() -> None:
     candidates = [("n0", 8, 0, None), ("n1", 8, 0, None)]
     releases = {"n0": [(NOW, 8)], "n1": [(math.inf, 8)]}
     assert soonest_nodes(WAITING, candidates, of(releases), NOW) is None

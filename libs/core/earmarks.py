@@ -1,19 +1,19 @@
-"""Holds: a blocked job's turn when no preemption can give it room now.
+"""Earmarks: a blocked job's turn when no preemption can give it room now.
 
 A gang needs whole nodes, and a cluster full of small jobs rarely frees one: as
 GPUs free, smaller jobs of other teams would take them and the gang would wait
 forever. So when a blocked job near the head of the fair-share order cannot be
-given room without throwing work away, it *holds* the nodes that will have room
-for it soonest, and only work that cannot delay it runs there meanwhile
-(``Scheduler`` decides which).
+given room without throwing work away, the nodes that will have room for it soonest
+are *earmarked* for it, and only work that cannot delay it runs there meanwhile
+(``cycle/admit.py`` decides which).
 
-When a node's work lets go, as the holder sees it (``release_time``): now for work
+When a node's work lets go, as the earmark's job sees it (``release_time``): now for work
 being stopped or that it may preempt; at the end of a contract for protected work
 it may preempt afterwards; otherwise at the work's likely end (its runtime estimate
 when placed, ``estimates.py``), or never that anyone knows. Pure: values in, a
 value out.
 
-Finding the soonest nodes weighs each node's work, and a hold looks at every node. So
+Finding the soonest nodes weighs each node's work, and an earmark looks at every node. So
 nodes are weighed in the order of a bound that needs no weighing (``earliest``: no
 work lets go before its contract ends or its likely end, whichever is first), and the
 search stops once the rest could not free in time to be chosen.
@@ -38,7 +38,7 @@ Floors = tuple[float, tuple[float, ...]]
 
 
 @dataclass(frozen=True)
-class Hold:
+class Earmark:
     node_ids: tuple[NodeId, ...]
     starts_at: float  # when the last of them likely has room
 
@@ -49,7 +49,7 @@ def release_time(
     may_take_later: Callable[[RunningJob], bool],
     now: float,
 ) -> float:
-    """When the holder likely gets ``victim``'s GPUs without throwing work away: now if
+    """When the waiting job likely gets ``victim``'s GPUs without throwing work away: now if
     it may take them and the victim resumes, at the end of its contract (or of its turn
     on borrowed GPUs) if it may take them then, else at its likely end: infinite when
     unknown, or once it has outrun its estimate (it may run on for any time)."""
@@ -67,7 +67,7 @@ def soonest_nodes(
     candidate_nodes: Iterable[tuple[NodeId, int, int, Floors | None]],
     releases: Callable[[NodeId], Iterable[tuple[float, int]]],
     now: float,
-) -> Hold | None:
+) -> Earmark | None:
     """The nodes that will hold ``waiting`` soonest: one node with room for it, one with
     room for a part on each of its named nodes, or the fewest whole nodes for a gang.
     ``candidate_nodes`` are (node id, GPU count, GPUs free or being freed, the
@@ -105,7 +105,7 @@ def soonest_nodes(
     if len(options) < count:
         return None
     chosen = options[:count]
-    return Hold(tuple(sorted(node for _, node in chosen)), chosen[-1][0])
+    return Earmark(tuple(sorted(node for _, node in chosen)), chosen[-1][0])
 
 
 def floors(rooms: Iterable[Room]) -> Floors:
@@ -123,7 +123,7 @@ def floors(rooms: Iterable[Room]) -> Floors:
 
 def earliest(node: Floors, gpus: int, now: float) -> float:
     """No later than when ``release_time`` lets ``gpus`` of the node's GPUs go, for any
-    holder: work that resumes at the end of its contract or its likely end, whichever
+    waiting job: work that resumes at the end of its contract or its likely end, whichever
     comes first; work that cannot resume at its likely end, once it started before
     ``now`` (until then it may go at once). -inf when ``gpus`` are free already."""
     latest_start, times = node
