@@ -90,7 +90,7 @@ class Facts:
         self.learned = LearnedRuntimes(state)
         self.dependencies = Dependencies(state)
         self.liveness = Liveness(config, state)
-        # The last reason each job heard that it waits (declared as its words).
+        # The last reason each job heard that it waits.
         self.reasons: Table[JobId, WaitReason] = state.table("reasons", WaitReason.fact)
         self.seen: Table[JobId, None] = state.table("seen")  # every job id decided on
         self.seq = state.cell("seq", 0)  # submission order

@@ -58,9 +58,11 @@ class Applied(NamedTuple):
 
 def apply(facts: Facts, event: inputs.Input) -> Applied:
     """Fold one input, and the time it brings, into ``facts``."""
-    facts.liveness.excuse_silence(event.at - facts.now)
-    clock_moved = event.at > facts.now
-    facts.now = max(facts.now, event.at)
+    at = event.at
+    facts.liveness.excuse_silence(at - facts.now)
+    clock_moved = at > facts.now
+    if clock_moved:
+        facts.now = at
     reported = isinstance(event, inputs.TaskIdle | inputs.TaskCheckpointed) or (
         isinstance(event, inputs.TaskStarted)
         and not facts.serving.owns(event.task_id, event.node_id)

@@ -110,5 +110,6 @@ class WaitReason:
         return WORDS[self.code].format_map(dict(self.fields))
 
     def fact(self) -> str:
-        """As declared state: its words, which name its code and every field."""
-        return repr(self.words())
+        """As declared state: its code and fields (its words follow from them; the
+        digest need not render them)."""
+        return f"{self.code.value}{self.fields!r}"

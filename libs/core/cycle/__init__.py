@@ -42,10 +42,11 @@ ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold
 
 def run(facts: Facts, applied: Applied) -> list[Decision]:
     """The pass an input needs, after what it decided at once."""
-    decisions = applied.decisions
-    if applied.trigger is not None:
-        decisions += _cycle(facts, applied.trigger)
-    decisions = tell.settled(facts, decisions)
+    decisions, trigger = applied
+    if trigger is not None:
+        decisions += _cycle(facts, trigger)
+    if decisions:
+        decisions = tell.settled(facts, decisions)
     arbitrate.measure(facts)
     return decisions
 

@@ -25,7 +25,8 @@ def test_the_words_quote_the_fields_in_order() -> None:
     why = WaitReason.of(WaitCode.TOO_FEW_GPUS, needs="17×H100", total=16)
     assert why.fields == (("needs", "17×H100"), ("total", "16"))
     assert why.words() == "needs 17×H100; the cluster has only 16 such GPUs"
-    assert why.fact() == repr(why.words())  # the digest covers what was said
+    # The digest covers the code and the fields, from which the words follow.
+    assert why.fact() == "too_few_gpus(('needs', '17×H100'), ('total', '16'))"
 
 
 @pytest.mark.parametrize("log", sorted(GOLDEN.glob("*.decisions.bin")), ids=lambda p: p.stem)
