@@ -62,17 +62,18 @@ def apply(facts: Facts, event: inputs.Input) -> Applied:
     facts.liveness.excuse_silence(at - facts.now)
     clock_moved = at > facts.now
     if clock_moved:
-        facts.now = at
-    reported = isinstance(event, inputs.TaskIdle | inputs.TaskCheckpointed) or (
-        isinstance(event, inputs.TaskStarted)
-        and not facts.serving.owns(event.task_id, event.node_id)
-    )
+        facts.now, facts.now_ms = at, at * 1000
     decisions = _input(facts, event)
     if isinstance(decisions, Applied):
         return decisions
     if clock_moved:
         decisions += _time_out(facts)
     decisions += _expire_leases(facts)
+    # A workflow task's report is serving's (its ownership outlives its start).
+    reported = isinstance(event, inputs.TaskIdle | inputs.TaskCheckpointed) or (
+        isinstance(event, inputs.TaskStarted)
+        and not facts.serving.owns(event.task_id, event.node_id)
+    )
     told = event.job_id if isinstance(event, _TOLD) else None
     fast = isinstance(event, inputs.JobArrived) and event.spec.work_class is WorkClass.DEBUG
     budget_changed = isinstance(event, inputs.BudgetSet)
@@ -84,7 +85,10 @@ _TOLD = (inputs.JobArrived, inputs.JobHeld, inputs.JobUpdated)
 
 def _answered(*decisions: Decision) -> Applied:
     """An input answered on its own: no time is folded and no pass runs for it."""
-    return Applied(list(decisions), None)
+    return Applied(list(decisions), None) if decisions else _NOTHING
+
+
+_NOTHING = Applied([], None)  # never added to: ``cycle.run`` returns a list of its own
 
 
 def _input(facts: Facts, event: inputs.Input) -> list[Decision] | Applied:

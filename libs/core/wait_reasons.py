@@ -103,7 +103,7 @@ class WaitReason:
 
     @classmethod
     def of(cls, code: WaitCode, **fields: object) -> WaitReason:
-        return cls(code, tuple((name, str(value)) for name, value in fields.items()))
+        return cls(code, tuple([(name, str(value)) for name, value in fields.items()]))
 
     def words(self) -> str:
         """The reason for the person who asks why."""

@@ -44,11 +44,9 @@ def run(facts: Facts, applied: Applied) -> list[Decision]:
     """The pass an input needs, after what it decided at once."""
     decisions, trigger = applied
     if trigger is not None:
-        decisions += _cycle(facts, trigger)
-    if decisions:
-        decisions = tell.settled(facts, decisions)
+        decisions = decisions + _cycle(facts, trigger)
     arbitrate.measure(facts)
-    return decisions
+    return tell.settled(facts, decisions) if decisions else []
 
 
 def _cycle(facts: Facts, trigger: Trigger) -> list[Decision]:

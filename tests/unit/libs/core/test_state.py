@@ -51,6 +51,7 @@ NOT_STATE: dict[type, set[str]] = {
     Facts: CONFIG
     | {
         "now",
+        "now_ms",
         "state",
         "capacity",
         "queues",
