@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from libs.core.fold import Applied, Trigger
 
 DEBUG_PLANS = 8  # debug jobs a pass may preempt for
-ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or hold for
+ALLOCATED_PLANS = 3  # allocations whose blocked head a pass may preempt or earmark for
 
 
 def run(facts: Facts, applied: Applied) -> list[Decision]:
