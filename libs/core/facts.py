@@ -81,7 +81,6 @@ class Facts:
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
         self.now = 0.0  # the input clock: the largest ``at`` of the log so far
-        self.now_ms = 0.0  # the same in milliseconds, serving's unit
         state = self.state = State()
         self.capacity = Capacity(state)
         self.queues = Queues(state)
@@ -108,6 +107,11 @@ class Facts:
         # until either changes.
         self.reclaiming: Cell[Reclaim | None] = state.cell("serving.reclaiming", None)
         self.no_victim: Cell[tuple[Want, int] | None] = state.cell("serving.no_victim", None)
+
+    @property
+    def now_ms(self) -> float:
+        """The input clock in milliseconds, serving's unit."""
+        return self.now * 1000
 
     def dequeue(self, job_id: JobId) -> Waiting | None:
         """Take a job out of the queues, with what was kept for it while it waited."""

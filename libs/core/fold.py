@@ -62,7 +62,7 @@ def apply(facts: Facts, event: inputs.Input) -> Applied:
     facts.liveness.excuse_silence(at - facts.now)
     clock_moved = at > facts.now
     if clock_moved:
-        facts.now, facts.now_ms = at, at * 1000
+        facts.now = at
     decisions = _input(facts, event)
     if isinstance(decisions, Applied):
         return decisions

@@ -51,7 +51,6 @@ NOT_STATE: dict[type, set[str]] = {
     Facts: CONFIG
     | {
         "now",
-        "now_ms",
         "state",
         "capacity",
         "queues",

@@ -78,7 +78,7 @@ class _Simulator:
 
     def act(self, scheduler: Scheduler, env: events_pb2.Envelope, decided: list[Decision]) -> None:
         event = to_input(env)
-        self._join(scheduler)
+        self._join(scheduler)  # the nodes placement took with this input
         match event:
             case JobArrived(spec=spec) if spec.workflow is None:
                 runtime_s = spec.simulated_duration_s or 0.0
@@ -87,7 +87,6 @@ class _Simulator:
                 self.agents.handle(EndTask(event.task_id))
         for decision in decided:
             self.agents.decide(decision)
-        self._join(scheduler)
 
     def _runs(self, task_id: str, node_id: str) -> bool:
         """A report of a task's end is believed from the task's own node only."""
