@@ -675,6 +675,77 @@ def node_uncordon(node_id: str) -> None:
         console.print(f"{node_id} uncordoned")
 
 
+@node_app.command("pending")
+def node_pending(
+    cluster: Annotated[str, typer.Option(help="Only this cluster")] = "",
+    output: OutputFlag = Format.TABLE,
+) -> None:
+    """List the nodes whose agents offered a key no operator has approved: their events
+    are refused until one is (qm node approve). Compare FINGERPRINT with what
+    `python -m services.node_agent --show-keys` prints on the node; "replaces an approved
+    key" marks a node that had a key approved before (a reinstalled node, a revoked one,
+    or a forgery).
+
+    -o json|yaml: {"nodes": [qm.v1.PendingNode, ...]} (node_id, cluster, fingerprint,
+    offered_at, replaces_key), by cluster, then node id.
+    """
+    with _rpc() as conn:
+        request = cluster_service_pb2.ListPendingNodesRequest(cluster=cluster)
+        reply = conn.call(conn.admission, _cluster(conn).ListPendingNodes, request)
+        emit(
+            console,
+            output,
+            lambda: message(reply),
+            lambda: render.pending_nodes_table(list(reply.nodes), time.time()),
+        )
+
+
+@node_app.command("approve")
+def node_approve(
+    node_id: str,
+    fingerprint: Annotated[
+        str,
+        typer.Option(
+            help="The key's fingerprint as the node prints it (python -m "
+            "services.node_agent --show-keys): refused if the node offers another"
+        ),
+    ] = "",
+    cluster: Annotated[
+        str, typer.Option(help="The node's cluster (needed where it is pending in several)")
+    ] = "",
+) -> None:
+    """Trust the key a pending node offered (qm node pending): its events are refused
+    until then."""
+    with _rpc() as conn:
+        request = cluster_service_pb2.ApproveNodeRequest(
+            node_id=node_id, fingerprint=fingerprint, cluster=cluster
+        )
+        node = conn.call(conn.admission, _cluster(conn).ApproveNode, request).node
+        console.print(
+            f"approved node {node.node_id} (key {node.fingerprint}): "
+            "its events are trusted from now on",
+            highlight=False,
+        )
+
+
+@node_app.command("revoke")
+def node_revoke(
+    node_id: str,
+    cluster: Annotated[
+        str, typer.Option(help="The node's cluster (needed where it is approved in several)")
+    ] = "",
+) -> None:
+    """Stop trusting a node's key: its events are refused and it is lost (what ran there
+    is requeued). It shows in qm node pending again once its agent offers a key anew."""
+    with _rpc() as conn:
+        request = cluster_service_pb2.RevokeNodeRequest(node_id=node_id, cluster=cluster)
+        reply = conn.call(conn.admission, _cluster(conn).RevokeNode, request)
+        console.print(
+            f"revoked node {reply.node_id}: its events are refused from now on, and it is lost",
+            highlight=False,
+        )
+
+
 @app.command()
 def nodes(
     cluster: Annotated[str, typer.Option(help="Only this cluster")] = "",

@@ -29,6 +29,7 @@ from libs.config.document import ConfigError
 from libs.config.policy import load_policy
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig
 from libs.events.snapshot import SnapshotError
+from libs.trust import load_trust
 
 audit_app = group("Replay the log and check the decisions.")
 console = stdout_console()
@@ -41,6 +42,14 @@ def verify(
         input_file(
             "Policy settings (YAML) placement runs with; defaults if omitted",
             envvar="QM_POLICY_FILE",
+        ),
+    ] = None,
+    trust: Annotated[
+        Path | None,
+        input_file(
+            "The trust file placement checks each input's signer with: the audit refuses "
+            "what it refused",
+            envvar="QM_TRUST_FILE",
         ),
     ] = None,
     cluster: Annotated[
@@ -94,6 +103,8 @@ def verify(
         config = load_policy(policy) if policy else PolicyConfig()
         topics = load_topic_config()
         kafka = KafkaSettings.from_env()
+        if trust is not None:
+            load_trust(trust)  # a bad one is said here, once, not by each worker
     except ConfigError as exc:
         raise fail(exc) from exc
     started = time.monotonic()
@@ -110,6 +121,7 @@ def verify(
                 progress=progress,
                 from_snapshots=from_snapshot,
                 workers=workers,
+                trust=trust,
             )
     except SnapshotError as exc:
         raise fail(
@@ -122,6 +134,12 @@ def verify(
         f"{result.inputs} events replayed and {result.checked} decisions checked in "
         f"{elapsed:.1f} s ({rate:,.0f} events/s)" + (f"; {starts} (snapshots)" if starts else "")
     )
+    if trust is None:
+        errors.print(
+            "[yellow]no trust file (--trust, QM_TRUST_FILE): the inputs were replayed "
+            "without checking who signed them, so the audit diverges where placement "
+            "refused one for its signer[/]"
+        )
     if output is not Format.TABLE:
         write(output, report(result, rate))
         _exit(result)

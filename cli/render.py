@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import typer
 from google.protobuf.timestamp_pb2 import Timestamp
-from qm.v1 import budget_service_pb2, job_service_pb2, types_pb2
+from qm.v1 import budget_service_pb2, cluster_service_pb2, job_service_pb2, types_pb2
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
@@ -342,6 +342,25 @@ def nodes_table(nodes: list[types_pb2.Node]) -> Table:
             ", ".join(task.job_id for task in node.running) or "-",
         )
     return table
+
+
+def pending_nodes_table(nodes: list[cluster_service_pb2.PendingNode], now: float) -> Table:
+    """``qm node pending``: nodes whose offered key no operator has approved yet."""
+    table = _table("NODE", "CLUSTER", "FINGERPRINT", "OFFERED", "NOTE")
+    for node in nodes:
+        note = "[yellow]replaces an approved key[/]" if node.replaces_key else ""
+        table.add_row(node.node_id, node.cluster, node.fingerprint, ago(node.offered_at, now), note)
+    return table
+
+
+def ago(ts: Timestamp, now: float) -> str:
+    """How long before ``now`` ``ts`` was, to the second under an hour, to the minute
+    under a day, else to the hour: ``5m3s ago``, ``2d4h ago``."""
+    if not ts.seconds:
+        return "-"
+    seconds = max(0, int(now) - ts.seconds)
+    step = 3600 if seconds >= 86400 else 60 if seconds >= 3600 else 1
+    return f"{format_duration(seconds - seconds % step)} ago"
 
 
 def tree_table(

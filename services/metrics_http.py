@@ -2,18 +2,18 @@
 
 ``/healthz`` (200 while the process's event loop answers) and ``/readyz`` (200 once the
 service says it is ready, else 503) are open, for probes. ``/metrics`` is Prometheus'
-text format and wants ``Authorization: Bearer`` with a token signed with the
-installation's keys that names a client in ``QM_METRICS_CLIENTS`` (default
-``svc-prometheus``): metrics name allocations and nodes. The projector serves
+text format and wants ``Authorization: Bearer`` with a token signed with a key of the
+installation's (``QM_AUTH_PUBLIC_KEYS_FILE``) that names a client in ``QM_METRICS_CLIENTS``
+(default ``svc-prometheus``): metrics name allocations and nodes. The projector serves
 ``/metrics`` on its own web server (``services.projector.metrics``).
 
 Settings: ``QM_METRICS_HOST`` (default 127.0.0.1), ``QM_METRICS_PORT`` (each service
 has its own default, ``DEFAULT_PORTS``; 0 picks a free one), ``QM_METRICS_CLIENTS``.
-Placement, the ticker and node agents check no other tokens: without a signing secret
-(``metrics_keys``) their ``/metrics`` answers 503 and their probes still work, so that a
-node need not hold the installation's key to run tasks. No request is logged: probes and
-scrapes come every few seconds, and aiohttp's own access log would write each request's
-query and ``Referer`` (``services.access_log`` says what a server of ours may log).
+Placement, the ticker and node agents check no other tokens: without the public keys
+(``metrics_keys``) their ``/metrics`` answers 503 and their probes still work. No request
+is logged: probes and scrapes come every few seconds, and aiohttp's own access log would
+write each request's query and ``Referer`` (``services.access_log`` says what a server of
+ours may log).
 """
 
 from __future__ import annotations
@@ -74,11 +74,10 @@ def metrics_response() -> web.Response:
 
 def metrics_keys() -> Keys | None:
     """The installation's keys for a service that needs them only for ``/metrics``: None
-    when no secret is set (a set but weak or unreadable one is still a ``ConfigError``)."""
-    settings = AuthSettings.from_env()
-    if settings.secret or settings.secret_file or settings.oidc_jwks_url:
+    when no public keys file is set (a set but unreadable one is still a ``ConfigError``)."""
+    if AuthSettings.from_env().public_keys_file is not None:
         return load_keys()
-    log.warning("no signing secret (QM_AUTH_SECRET_FILE): /metrics answers 503 until one is set")
+    log.warning("no QM_AUTH_PUBLIC_KEYS_FILE: /metrics answers 503 until one is set")
     return None
 
 
@@ -93,7 +92,7 @@ def metrics_app(
 
     async def metrics(request: web.Request) -> web.Response:
         if keys is None:
-            return web.Response(status=503, text="no signing secret to check tokens with")
+            return web.Response(status=503, text="no public keys to check tokens with")
         refused = denial(request.headers.get("Authorization", ""), keys, clients, METRICS_READERS)
         return refused or metrics_response()
 

@@ -7,7 +7,7 @@
 # supervisor's pid, <service>.child.pid the service's while it runs.
 # Logs: .local/logs/<service>.log (restarts included). Task output: .local/logs/tasks/.
 # .local is this account's alone (0700, and nothing the stack writes there is readable by
-# others: umask 077): it holds the signing key, the broker's passwords, tokens and every
+# others: umask 077): it holds the token keys, the broker's passwords, tokens and every
 # service's log, and tasks run as other accounts (deploy/local/sandbox.yaml). What tasks
 # must reach lies outside it: their scratch folders (the sandbox file's scratch.root).
 set -euo pipefail
@@ -25,7 +25,17 @@ export QM_KAFKA_BOOTSTRAP="${QM_KAFKA_BOOTSTRAP:-127.0.0.1:${QM_KAFKA_PORT:-9092
 # principal, with a password file only this user reads (.local/kafka/users/).
 export QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT QM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512
 users="${QM_KAFKA_DIR:-$root/.local/kafka}/users"
-export QM_AUTH_SECRET_FILE="${QM_AUTH_SECRET_FILE:-$root/.local/auth-secret}"
+# Token keys (python -m libs.auth keygen, kept in .local/auth): every service checks
+# tokens with the public ones; admission and the console sign their own with keys that
+# sign only their identities; qm token and qm login sign users' with issuer.key.
+auth="$root/.local/auth"
+export QM_AUTH_PUBLIC_KEYS_FILE="$auth/public-keys.yaml"
+unset QM_AUTH_SIGNING_KEY_FILE
+# Every writer of the event log signs what it writes with its own key; placement and the
+# auditor check each record against the trust file (python -m libs.trust init, kept in
+# .local/trust). Each node agent makes its nodes' keys on first start (.local/run/keys).
+trust="$root/.local/trust"
+export QM_TRUST_FILE="$trust/trust.yaml"
 export QM_TASK_LOG_DIR="${QM_TASK_LOG_DIR:-$logs/tasks}"
 export QM_SANDBOX="${QM_SANDBOX:-$root/deploy/local/sandbox.yaml}"
 # The node agents' secret store (qm secret set USER NAME; qm submit --secret NAME).
@@ -41,8 +51,9 @@ start_service() {
   if [ -f "$run/$name.pid" ] && kill -0 "$(cat "$run/$name.pid")" 2>/dev/null; then
     echo "$name: already running"; return
   fi
-  local principal="${name//_/-}"
-  QM_KAFKA_SASL_USERNAME="$principal" QM_KAFKA_SASL_PASSWORD_FILE="$users/$principal" \
+  local principal="${name//_/-}" signing=()
+  [ -f "$trust/$name.key" ] && signing=("QM_EVENTS_KEY_FILE=$trust/$name.key")
+  env "${signing[@]}" QM_KAFKA_SASL_USERNAME="$principal" QM_KAFKA_SASL_PASSWORD_FILE="$users/$principal" \
     nohup "$py" deploy/local/supervise.py --name "$name" --child-pidfile "$run/$name.child.pid" \
     -- "$py" -m "services.$name" "$@" </dev/null >>"$logs/$name.log" 2>&1 &
   echo $! > "$run/$name.pid"
@@ -82,10 +93,8 @@ up() {
   QM_KAFKA_SASL_USERNAME=admin QM_KAFKA_SASL_PASSWORD_FILE="$users/admin" \
     QM_KAFKA_USERS_DIR="$users" "$py" -m libs.bus
   auditor_env
-  if [ ! -s "$QM_AUTH_SECRET_FILE" ]; then
-    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$QM_AUTH_SECRET_FILE"
-    chmod 600 "$QM_AUTH_SECRET_FILE"
-  fi
+  "$py" -m libs.auth keygen "$auth"
+  "$py" -m libs.trust init "$trust" >/dev/null
   start_service budget
   start_service projector
   wait_for grpc:127.0.0.1:50052 http://127.0.0.1:6066/ready
@@ -94,12 +103,13 @@ up() {
   # Killed, it leaves its tasks to their keepers for the agent its supervisor starts
   # again; stopped (make down), it stops them: nothing make up started outlives it.
   start_service node_agent --nodes deploy/local/nodes.yaml --stop-tasks-on-exit
-  start_service admission
+  QM_AUTH_SIGNING_KEY_FILE="$auth/admission.key" start_service admission
   # Their /readyz: placement and the agent are in their consumer groups.
   wait_for grpc:127.0.0.1:50051 http://127.0.0.1:9462/readyz http://127.0.0.1:9463/readyz \
     http://127.0.0.1:9464/readyz
+  approve_nodes
   # The web console reads the projector, the budget service and admission (services/console).
-  start_service console
+  QM_AUTH_SIGNING_KEY_FILE="$auth/console.key" start_service console
   wait_for http://127.0.0.1:8080/readyz
   sign_in
   start_prometheus
@@ -157,7 +167,25 @@ auditor_env() {
 export QM_KAFKA_BOOTSTRAP=$QM_KAFKA_BOOTSTRAP QM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT
 export QM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512 QM_KAFKA_SASL_USERNAME=auditor
 export QM_KAFKA_SASL_PASSWORD_FILE=$users/auditor
+export QM_TRUST_FILE=$QM_TRUST_FILE
 ENV
+}
+
+# Placement refuses what a node says until an operator approves its key. make up approves
+# the nodes its own agent runs, as carol (the budget root's manager) would; on a real
+# cluster an operator compares `qm node pending` with each node's
+# `python -m services.node_agent --show-keys` and runs `qm node approve NODE`.
+approve_nodes() {
+  local token nodes node
+  token="$("$py" -m cli token issue carol --ttl 10m)"
+  for _ in 1 2 3; do
+    sleep 1
+    nodes="$(QM_TOKEN="$token" "$py" -m cli node pending -o json |
+      "$py" -c 'import json, sys; print(" ".join(n["node_id"] for n in json.load(sys.stdin)["nodes"]))')"
+    for node in $nodes; do
+      QM_TOKEN="$token" "$py" -m cli node approve "$node"
+    done
+  done
 }
 
 # The local user is alice (deploy/local/budget.yaml); qm reads ~/.config/qm/token.

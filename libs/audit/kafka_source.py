@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
@@ -32,6 +33,7 @@ from libs.bus.compacted import CompactedTopic
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
 from libs.events.snapshot import key, restore
+from libs.trust import Gate, load_trust
 
 # Decisions recomputed (or recorded) ahead of the other side before that side's
 # reading pauses: bounds memory when one topic arrives faster than the other.
@@ -58,6 +60,7 @@ async def audit_topics(
     progress: ProgressSink | None = None,
     from_snapshots: bool = False,
     partitions: Collection[int] | None = None,
+    trust: Path | None = None,
 ) -> AuditResult:
     """Replay the events topic against the decisions topic; stop at the first divergence.
 
@@ -66,8 +69,11 @@ async def audit_topics(
     clusters (each partition is replayed whole: its scheduler folds them all).
     ``from_snapshots``: each partition from its latest snapshot, where it has one
     (``SnapshotError`` if one does not load). ``partitions``: only these input
-    partitions (of those ``clusters`` leaves), each an independent stream.
+    partitions (of those ``clusters`` leaves), each an independent stream. ``trust``:
+    the trust file placement checks each input's signer with (``libs/trust``), so the
+    replay refuses what it refused; without one, every input is folded.
     """
+    gate = Gate(load_trust(trust)) if trust is not None else None
     bus = KafkaBus(settings)
     admin = bus.admin()
     consumer = bus.consumer(max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
@@ -84,12 +90,12 @@ async def audit_topics(
         # After the bounds: every decision of an input below them is on the log by now.
         ends.update(await consumer.end_offsets(outputs))
         starts = await consumer.beginning_offsets([*inputs, *outputs])
-        replay = Replay(config, bounds={tp.partition: ends[tp] for tp in inputs})
+        replay = Replay(config, bounds={tp.partition: ends[tp] for tp in inputs}, gate=gate)
         for tp, snapshot in (await _snapshots(bus, topics, inputs)).items():
             if snapshot.next_offset > ends[tp]:
                 continue  # past what this audit reads (placement's group is behind it)
             if from_snapshots:
-                schedulers = restore(snapshot, config or PolicyConfig())
+                schedulers = restore(snapshot, config or PolicyConfig(), gate)
                 replay.start_from(tp.partition, snapshot.next_offset, schedulers)
                 starts[tp] = max(starts[tp], snapshot.next_offset)
             else:
@@ -214,7 +220,7 @@ class _Reading:
                 env = decode(value)
             except DecodeError:
                 continue  # placement dead-letters it and decides nothing
-            self.replay.feed_input(partition, offset, env)
+            self.replay.feed_input(partition, offset, env, value or b"")
 
     def _feed_recorded(self, values: list[bytes | None]) -> None:
         for value in values:

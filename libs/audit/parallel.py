@@ -19,6 +19,7 @@ import os
 import queue
 from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 from libs.audit.kafka_source import ProgressSink, audit_topics, input_partitions
@@ -46,6 +47,7 @@ def audit_parallel(
     progress: ProgressSink | None = None,
     from_snapshots: bool = False,
     workers: int | None = None,
+    trust: Path | None = None,
 ) -> AuditResult:
     """``audit_topics`` with the input partitions split among ``workers`` processes
     (``default_workers`` when None; one: in this process)."""
@@ -55,6 +57,7 @@ def audit_parallel(
         "group": group,
         "clusters": clusters,
         "from_snapshots": from_snapshots,
+        "trust": trust,  # a path: each worker reads the keys and checks its own inputs
     }
     if count == 1:
         return asyncio.run(audit_topics(settings, topics, config, progress=progress, **options))

@@ -46,6 +46,7 @@ from libs.core import (
 )
 from libs.events import encode, event_type
 from libs.events.log_step import PartitionSchedulers
+from libs.trust import Gate
 
 # (input offset, index among that input's decisions, decision, the bytes compared)
 _Entry = tuple[int, int, events_pb2.Envelope, bytes]
@@ -148,9 +149,14 @@ class Replay:
     """
 
     def __init__(
-        self, config: PolicyConfig | None = None, *, bounds: Mapping[int, int] | None = None
+        self,
+        config: PolicyConfig | None = None,
+        *,
+        bounds: Mapping[int, int] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._config = config or PolicyConfig()
+        self._gate = gate  # placement's check of each input's signer: the same refusals
         self._bounds = dict(bounds) if bounds is not None else None
         self._schedulers: dict[int, PartitionSchedulers] = {}
         self._from: dict[int, int] = {}  # partition -> the snapshot offset it starts at
@@ -169,15 +175,20 @@ class Replay:
         self.config: tuple[KnobDifference, ...] = ()
         self._others: dict[tuple[int, str, int, str], list[int]] = {}  # -> [first, last, n]
 
-    def feed_input(self, partition: int, offset: int, env: events_pb2.Envelope) -> None:
-        """One decoded input record; a partition's records must come in offset order."""
+    def feed_input(
+        self, partition: int, offset: int, env: events_pb2.Envelope, record: bytes = b""
+    ) -> None:
+        """One input record (``env``, decoded from ``record``); a partition's records must
+        come in offset order."""
         if self.divergence or not self._replayed(partition, offset):
             return
         self._reached(partition, offset)
         schedulers = self._schedulers.get(partition)
         if schedulers is None:
-            schedulers = self._schedulers[partition] = PartitionSchedulers(self._config)
-        outputs = schedulers.decide(env, partition=partition, offset=offset)
+            schedulers = self._schedulers[partition] = PartitionSchedulers(
+                self._config, gate=self._gate
+            )
+        outputs = schedulers.decide(env, partition=partition, offset=offset, record=record)
         self.inputs += 1
         self._fed[partition] = offset
         for index, out in enumerate(outputs):
@@ -255,7 +266,9 @@ class Replay:
             return
         del self._snapshots[partition]
         at, digests = due
-        schedulers = self._schedulers.get(partition) or PartitionSchedulers(self._config)
+        schedulers = self._schedulers.get(partition) or PartitionSchedulers(
+            self._config, gate=self._gate
+        )
         replayed = {c: s.digest() for c, s in schedulers.by_cluster.items()}
         differing = sorted(
             c for c in replayed.keys() | digests.keys() if replayed.get(c) != digests.get(c)

@@ -32,6 +32,13 @@ class Delivery:
     partition: int
     offset: int
     context: Context
+    # The record as it came (its bytes are what a signature covers).
+    record: Record | None = None
+
+    @property
+    def value(self) -> bytes:
+        """The record's bytes as they came (empty for a delivery made in a test)."""
+        return (self.record.value or b"") if self.record is not None else b""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -123,6 +130,7 @@ class EventConsumer:
             partition=record.partition,
             offset=record.offset,
             context=processing_context(record),
+            record=record,
         )
 
 

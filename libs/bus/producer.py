@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from aiokafka.structs import RecordMetadata
 from qm.v1 import events_pb2
@@ -16,8 +17,15 @@ from libs.telemetry import sending
 TYPE_HEADER = "qm-type"
 
 
+class Sealer(Protocol):
+    """Signs what a writer sends (``libs/trust/keys.py``): the record's bytes."""
+
+    def seal(self, env: events_pb2.Envelope) -> bytes: ...
+
+
 class EventProducer:
-    """Wraps one producer of a bus; transactional when given a ``transactional_id``."""
+    """Wraps one producer of a bus; transactional when given a ``transactional_id``;
+    each envelope signed by ``sealer`` when given one (a writer of the event log)."""
 
     def __init__(
         self,
@@ -26,10 +34,12 @@ class EventProducer:
         client_id: str,
         transactional_id: str | None = None,
         linger_ms: int = 2,
+        sealer: Sealer | None = None,
     ) -> None:
         self._producer = bus.producer(
             client_id=client_id, transactional_id=transactional_id, linger_ms=linger_ms
         )
+        self._sealer = sealer
 
     async def start(self) -> None:
         await self._producer.start()
@@ -63,7 +73,7 @@ class EventProducer:
         with sending(kind):
             return await self._producer.send(
                 topic,
-                value=encode(env),
+                value=self._sealer.seal(env) if self._sealer is not None else encode(env),
                 key=(key if key is not None else env.cluster).encode(),
                 # A list: the instrumentation appends the trace context to it.
                 headers=[(TYPE_HEADER, kind.encode())],

@@ -1,7 +1,9 @@
 """Read a whole topic from the start, then follow it: how services rebuild state.
 
 No consumer group: every reader sees every partition. Undecodable records are
-skipped here; the group consumers of the same topic dead-letter them.
+skipped here; the group consumers of the same topic dead-letter them. A reader that
+checks who signed each record (``libs.trust``) takes the record's bytes with its
+envelope: ``catch_up_records`` and ``follow_records``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from libs.events import DecodeError, decode
 from libs.telemetry import replaying
 
 Apply = Callable[[events_pb2.Envelope], None]
+# An envelope and the record it was decoded from, exactly as written.
+ApplyRecord = Callable[[events_pb2.Envelope, bytes], None]
 
 
 class TopicMissing(RuntimeError):
@@ -63,6 +67,10 @@ class LogReader:
 
     async def catch_up(self, apply: Apply) -> int:
         """Apply every record up to the current end of the topic; return how many."""
+        return await self.catch_up_records(_envelope_only(apply))
+
+    async def catch_up_records(self, apply: ApplyRecord) -> int:
+        """``catch_up``, applying each envelope with its record's bytes."""
         ends = await self._consumer.end_offsets(self._partitions)
         count = 0
         while await self._behind(ends):
@@ -76,6 +84,10 @@ class LogReader:
         return False
 
     async def follow(self, apply: Apply) -> None:
+        await self.follow_records(_envelope_only(apply))
+
+    async def follow_records(self, apply: ApplyRecord) -> None:
+        """``follow``, applying each envelope with its record's bytes."""
         while True:
             await self._poll(apply)
 
@@ -86,7 +98,7 @@ class LogReader:
             progress = self._progress
             await progress.wait()
 
-    async def _poll(self, apply: Apply) -> int:
+    async def _poll(self, apply: ApplyRecord) -> int:
         with replaying():
             polled = await self._consumer.getmany(timeout_ms=500, max_records=10_000)
         count = 0
@@ -96,7 +108,7 @@ class LogReader:
                     env = decode(record.value)
                 except DecodeError:
                     continue
-                apply(env)
+                apply(env, record.value or b"")  # decoded: never empty
                 count += 1
             if records:
                 self._applied[tp] = records[-1].offset + 1
@@ -105,3 +117,7 @@ class LogReader:
         if self._lag is not None:
             await self._lag.polled()
         return count
+
+
+def _envelope_only(apply: Apply) -> ApplyRecord:
+    return lambda env, record: apply(env)

@@ -232,7 +232,8 @@ class Refused(_AboutNoJob):
 
 @dataclass(frozen=True)
 class NodeLost(_AboutNoJob):
-    """A node stopped heartbeating: its GPUs leave the pool until it registers again."""
+    """A node was lost (silent too long, or its key revoked): its GPUs leave the pool
+    until it registers again."""
 
     node_id: NodeId
     incarnation: str

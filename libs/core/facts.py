@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
+from libs.core.approvals import ApprovedKey
 from libs.core.capacity import Capacity
 from libs.core.charges import Charges
 from libs.core.compass.pool import Want
@@ -92,6 +93,8 @@ class Facts:
         self.liveness = Liveness(config, state)
         # The last reason each job heard that it waits.
         self.reasons: Table[JobId, WaitReason] = state.table("reasons", WaitReason.fact)
+        # Each node's key as operators approved it (the gate checks its records with it).
+        self.node_keys: Table[NodeId, ApprovedKey] = state.table("node_keys", ApprovedKey.fact)
         self.seen: Table[JobId, None] = state.table("seen")  # every job id decided on
         self.seq = state.cell("seq", 0)  # submission order
         self.impossible: Table[JobId, None] = state.table("impossible")  # no node can ever hold

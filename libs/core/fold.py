@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from libs.core import inputs
+from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
 from libs.core.cycle.tell import recheck_impossible
 from libs.core.decisions import (
     Cancel,
@@ -144,6 +145,15 @@ def _input(facts: Facts, event: inputs.Input) -> list[Decision] | Applied:
             return _update(facts, event)
         case inputs.NodeCordoned():
             return _cordon(facts, event)
+        case inputs.NodeApproved() if len(event.public_key) != ED25519_KEY_BYTES:
+            why = f"its key is {len(event.public_key)} bytes, not an Ed25519 key's 32"
+            return _answered(Refused(event.node_id, why))
+        case inputs.NodeApproved():
+            facts.node_keys[event.node_id] = ApprovedKey(event.public_key)
+        case inputs.NodeRevoked() if event.node_id not in facts.node_keys:
+            return _answered(Refused(event.node_id, "no key of that node is approved"))
+        case inputs.NodeRevoked():
+            return _revoke(facts, event)
         case inputs.BudgetSet():
             facts.charges.set_tree(event.tree)
             facts.running.changed()  # ranks changed
@@ -353,13 +363,31 @@ def _expire_leases(facts: Facts) -> list[Decision]:
     """Declare lost the nodes silent for longer than the timeout, oldest first."""
     decisions: list[Decision] = []
     for node_id, silent in facts.liveness.expire(facts.now):
-        incarnation = facts.liveness.incarnations.get(node_id, "")
-        decisions.append(NodeLost(node_id, incarnation, silent))
-        why = f"node {node_id} lost: {silent}"
-        decisions += _lose_tasks(facts, node_id, why)
-        decisions += facts.serving.lose(node_id, why, facts.now_ms)
-        facts.capacity.remove(node_id)
-        facts.reservations.release_node(node_id)
+        decisions += _lose_node(facts, node_id, silent)
+    return decisions
+
+
+def _revoke(facts: Facts, event: inputs.NodeRevoked) -> list[Decision]:
+    """A node's key is revoked: nothing it says is trusted from now on, so it is lost
+    now rather than when its silence would tell."""
+    facts.node_keys[event.node_id] = replace(facts.node_keys[event.node_id], revoked=True)
+    if event.node_id not in facts.capacity.nodes:
+        return []
+    facts.liveness.forget(event.node_id)
+    return _lose_node(
+        facts, event.node_id, f"its key was revoked by {event.revoked_by or 'an operator'}"
+    )
+
+
+def _lose_node(facts: Facts, node_id: NodeId, cause: str) -> list[Decision]:
+    """The node is lost: its work ends with it, and its GPUs leave the pool."""
+    incarnation = facts.liveness.incarnations.get(node_id, "")
+    why = f"node {node_id} lost: {cause}"
+    decisions: list[Decision] = [NodeLost(node_id, incarnation, cause)]
+    decisions += _lose_tasks(facts, node_id, why)
+    decisions += facts.serving.lose(node_id, why, facts.now_ms)
+    facts.capacity.remove(node_id)
+    facts.reservations.release_node(node_id)
     return decisions
 
 

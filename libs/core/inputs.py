@@ -188,6 +188,25 @@ class NodeCordoned:
 
 
 @dataclass(frozen=True)
+class NodeApproved:
+    """An operator approved a node's key: records it signs about itself are trusted."""
+
+    at: float
+    node_id: NodeId
+    public_key: bytes
+    approved_by: str = ""
+
+
+@dataclass(frozen=True)
+class NodeRevoked:
+    """An operator revoked a node's key: its records are refused, and the node is lost."""
+
+    at: float
+    node_id: NodeId
+    revoked_by: str = ""
+
+
+@dataclass(frozen=True)
 class JobHeld:
     """A waiting job is held (it is not started until released) or released."""
 
@@ -244,6 +263,8 @@ Input = (
     | PeerArrived
     | CancelRequested
     | NodeCordoned
+    | NodeApproved
+    | NodeRevoked
     | JobHeld
     | JobUpdated
     | BudgetSet

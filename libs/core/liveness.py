@@ -58,6 +58,10 @@ class Liveness:
             expired.append((node_id, silent))
         return expired
 
+    def forget(self, node_id: NodeId) -> None:
+        """Drop the node's lease: it is lost otherwise than by silence."""
+        self._leases.pop(node_id)
+
     def _lease(self, node_id: NodeId, held: bool, now: float) -> None:
         """Renew (``held``) or drop a node's lease; renewing moves it to the back."""
         self._leases.pop(node_id)

@@ -17,13 +17,14 @@ from collections import Counter
 from collections.abc import Mapping
 
 from libs.core import cycle, fold, inputs
+from libs.core.approvals import ApprovedKey
 from libs.core.capacity import Fit
 from libs.core.config import PolicyConfig
 from libs.core.cycle import arbitrate
 from libs.core.decisions import Decision
 from libs.core.explain import Explanation, explain_running, explain_serving, explain_waiting
 from libs.core.facts import Facts
-from libs.core.ids import JobId, NodeId
+from libs.core.ids import JobId, NodeId, TaskId
 from libs.core.model import JobSpec, NodeSpec
 from libs.core.running import Running
 from libs.core.service_level import Asking, Occupancy, waiting_and_asked
@@ -31,7 +32,7 @@ from libs.core.service_level import Asking, Occupancy, waiting_and_asked
 POLICY = "budget"
 # What each version changed: docs/policy-versions.md. A change that alters any
 # decision for the same input bumps it and adds its line there.
-POLICY_VERSION = 35
+POLICY_VERSION = 36
 
 
 class Scheduler:
@@ -98,6 +99,16 @@ class Scheduler:
         capacity = sum(room.values())
         busy = capacity - facts.capacity.total_free
         return Occupancy(capacity, busy, waiting, dict(+held), asked)
+
+    def node_key(self, node_id: str) -> ApprovedKey | None:
+        """The node's key as operators approved (or revoked) it; None: never approved."""
+        return self._facts.node_keys.get(NodeId(node_id))
+
+    def task_node(self, job_id: str, task_id: str) -> str | None:
+        """The node a running batch task was placed on; None when none runs so."""
+        run = self._facts.running.jobs.get(JobId(job_id))
+        task = run.tasks.get(TaskId(task_id)) if run is not None else None
+        return task[0] if task is not None else None
 
     def estimate_s(self, spec: JobSpec) -> float | None:
         """How long a job is expected to run, for planning (never for charging): its

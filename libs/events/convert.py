@@ -38,11 +38,13 @@ from libs.core import (
     JobUpdated,
     ModelEvicted,
     ModelLoaded,
+    NodeApproved,
     NodeCordoned,
     NodeHeartbeat,
     NodeJoined,
     NodeKind,
     NodeLost,
+    NodeRevoked,
     NodeSpec,
     Place,
     Planned,
@@ -134,6 +136,8 @@ _PLAIN_INPUTS: dict[str, type[Input]] = {
     "job_cancel_requested": CancelRequested,
     "job_held": JobHeld,
     "node_cordoned": NodeCordoned,
+    "node_approved": NodeApproved,
+    "node_revoked": NodeRevoked,
     "clock_tick": Tick,
 }
 

@@ -72,8 +72,25 @@ def timestamp_seconds(ts: Timestamp) -> float:
 
 
 def encode(env: events_pb2.Envelope) -> bytes:
-    # Deterministic so that replaying a decision yields the same bytes.
-    return env.SerializeToString(deterministic=True)
+    """The record of ``env``: deterministic, so that replaying a decision yields the same
+    bytes. A signed envelope's signature goes last, after the body it signs
+    (``libs/trust/keys.py``), so a sealed record decoded and encoded again is the same."""
+    signature = env.signature
+    if not signature:
+        return env.SerializeToString(deterministic=True)
+    env.ClearField("signature")
+    body = env.SerializeToString(deterministic=True)
+    env.signature = signature
+    return body + signature_field(signature)
+
+
+# The envelope's ``signature`` field (8, length-delimited) as a record ends with it.
+SIGNATURE_TAG = 8 << 3 | 2
+
+
+def signature_field(signature: bytes) -> bytes:
+    """The ``signature`` field's bytes, as appended after a record's body."""
+    return bytes([SIGNATURE_TAG, len(signature)]) + signature
 
 
 def decode(data: bytes | None) -> events_pb2.Envelope:

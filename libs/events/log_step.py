@@ -23,6 +23,8 @@ replay decides with none and compares the recorded decisions without theirs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Protocol
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -39,6 +41,7 @@ from libs.core import (
     config_digest,
     knobs,
 )
+from libs.core.approvals import ApprovedKey
 from libs.core.limits import MAX_RECORD_BYTES
 from libs.events.convert import decision_payload, to_input
 from libs.events.envelope import encode, event_type, new_envelope
@@ -46,6 +49,29 @@ from libs.events.envelope import encode, event_type, new_envelope
 log = logging.getLogger(__name__)
 
 PRODUCER = "placement"
+
+
+class Rejection(Protocol):
+    """Why an input is not folded: ``code`` for programs, ``reason`` for people."""
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class InputGate(Protocol):
+    """Checks who signed an input before it is folded (``libs/trust/gate.py``), given
+    the state the log built: a node's approved key, the node a task runs on."""
+
+    def check(
+        self,
+        env: events_pb2.Envelope,
+        record: bytes,
+        node_key: Callable[[str], ApprovedKey | None],
+        task_node: Callable[[str, str], str | None],
+    ) -> Rejection | None: ...
 
 
 def step(scheduler: Scheduler, env: events_pb2.Envelope) -> list[Decision]:
@@ -70,8 +96,14 @@ def decide(
     partition: int,
     offset: int,
     release: str = "",
+    refused: Rejection | None = None,
 ) -> list[events_pb2.Envelope]:
-    decisions = step(scheduler, env)
+    """The decision envelopes of one input; with ``refused`` (the gate's), the input is
+    not folded and its one decision is the refusal."""
+    if refused is not None:
+        decisions: list[Decision] = [Refused(env.key_id or "unsigned", refused.reason)]
+    else:
+        decisions = step(scheduler, env)
     if not decisions:
         return []
     provenance = types_pb2.Provenance(
@@ -88,8 +120,11 @@ def decide(
     occurred.FromDatetime(env.occurred_at.ToDatetime())
     outputs = []
     for index, decision in enumerate(decisions):
+        payload = _payload(decision, provenance, env)
+        if refused is not None and isinstance(payload, events_pb2.InputRefused):
+            payload.trust = refused.code
         out = new_envelope(
-            _payload(decision, provenance, env),
+            payload,
             producer=PRODUCER,
             cluster=env.cluster,
             correlation_id=decision.job_id,
@@ -176,11 +211,13 @@ class PartitionSchedulers:
         *,
         release: str | None = None,
         by_cluster: dict[str, Scheduler] | None = None,
+        gate: InputGate | None = None,
     ) -> None:
         self._config = config
         self._by_cluster: dict[str, Scheduler] = by_cluster if by_cluster is not None else {}
         self._release = release
         self._announced: set[str] = set()  # clusters whose knobs are on the log
+        self._gate = gate
 
     def of(self, cluster: str) -> Scheduler:
         scheduler = self._by_cluster.get(cluster)
@@ -204,14 +241,38 @@ class PartitionSchedulers:
         """The same schedulers, deciding as ``release`` and announcing their knobs again
         before the next decisions (placement takes over a partition from a standby's
         fold or a snapshot)."""
-        return PartitionSchedulers(self._config, release=release, by_cluster=self._by_cluster)
+        return PartitionSchedulers(
+            self._config, release=release, by_cluster=self._by_cluster, gate=self._gate
+        )
+
+    def fold(self, env: events_pb2.Envelope, record: bytes = b"") -> None:
+        """Fold the input ``env`` (from ``record``), as :meth:`decide` would, and write
+        nothing: a standby's catching up."""
+        scheduler = self.of(env.cluster)
+        if self._gate is None or self._refusal(scheduler, env, record) is None:
+            step(scheduler, env)
+
+    def _refusal(
+        self, scheduler: Scheduler, env: events_pb2.Envelope, record: bytes
+    ) -> Rejection | None:
+        assert self._gate is not None
+        return self._gate.check(env, record, scheduler.node_key, scheduler.task_node)
 
     def decide(
-        self, env: events_pb2.Envelope, *, partition: int, offset: int
+        self, env: events_pb2.Envelope, *, partition: int, offset: int, record: bytes = b""
     ) -> list[events_pb2.Envelope]:
+        """The decisions of the input ``env``, decoded from ``record`` (which the gate,
+        when there is one, checks before anything is folded)."""
         release = self._release
+        scheduler = self.of(env.cluster)
+        refused = self._refusal(scheduler, env, record) if self._gate is not None else None
         outputs = decide(
-            self.of(env.cluster), env, partition=partition, offset=offset, release=release or ""
+            scheduler,
+            env,
+            partition=partition,
+            offset=offset,
+            release=release or "",
+            refused=refused,
         )
         if not outputs or release is None or env.cluster in self._announced:
             return outputs

@@ -25,7 +25,7 @@ from datetime import datetime
 from qm.v1 import snapshot_pb2
 
 from libs.core import POLICY, POLICY_VERSION, PolicyConfig, Scheduler, config_digest
-from libs.events.log_step import PartitionSchedulers
+from libs.events.log_step import InputGate, PartitionSchedulers
 
 # The layout of ``state``: bump it when the pickled shape changes incompatibly.
 # 2: the core's memos and indexes changed shape (queue heads per tier, the queues whose
@@ -78,8 +78,11 @@ def key(partition: int) -> bytes:
     return str(partition).encode()
 
 
-def restore(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig) -> PartitionSchedulers:
-    """The schedulers ``snapshot`` holds, checked; raises :class:`SnapshotError`."""
+def restore(
+    snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig, gate: InputGate | None = None
+) -> PartitionSchedulers:
+    """The schedulers ``snapshot`` holds, checked, to go on behind ``gate``; raises
+    :class:`SnapshotError`."""
     if reason := incompatibility(snapshot, config):
         raise SnapshotError(reason)
     by_cluster = unpack(snapshot.state, CORE)
@@ -93,7 +96,7 @@ def restore(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig) -> P
         recorded = snapshot.state_digests[cluster]
         if scheduler.digest() != recorded or scheduler.recomputed_digest() != recorded:
             raise SnapshotError(f"cluster {cluster!r}: its state does not hash to its digest")
-    return PartitionSchedulers(config, by_cluster=by_cluster)
+    return PartitionSchedulers(config, by_cluster=by_cluster, gate=gate)
 
 
 def incompatibility(snapshot: snapshot_pb2.PlacementSnapshot, config: PolicyConfig) -> str:

@@ -16,7 +16,14 @@ from libs.readmodels.jobs import (
     scope_of,
 )
 from libs.readmodels.knobs import PlacementKnobs
-from libs.readmodels.nodes import apply_node_event, node_key, nodes_in_cluster, without_ended_tasks
+from libs.readmodels.nodes import (
+    apply_node_event,
+    approved_key,
+    listed,
+    node_key,
+    nodes_in_cluster,
+    without_ended_tasks,
+)
 from libs.readmodels.usage import ClusterUsage, UsageLedger
 
 __all__ = [
@@ -30,8 +37,10 @@ __all__ = [
     "UsageLedger",
     "apply_job_event",
     "apply_node_event",
+    "approved_key",
     "has_ended",
     "job_key",
+    "listed",
     "newest_jobs",
     "node_key",
     "nodes_in_cluster",

@@ -200,6 +200,22 @@ class JobRecords:
             listed.append(head)
         return listed
 
+    def task_node(self, job_id: str, task_id: str) -> str | None:
+        """The node a task of the job's latest placement, or a workflow task, runs on:
+        where placement placed it (or, its placement not read yet, where its node first
+        reported it from); None when unknown. What a reader checks a node's report on a
+        task against (``libs.trust.gate``)."""
+        head = self._head(job_id)
+        if head is None:
+            return None
+        for part in head.placements:
+            if part.task_id == task_id:
+                return part.node_id or None
+        name = name_in_job(job_id, task_id)
+        data = self.tasks.get(task_key(job_id, name))
+        tasks = [types_pb2.JobTask.FromString(data)] if data is not None else head.tasks
+        return next((task.node_id for task in tasks if task.name == name and task.node_id), None)
+
     # -- folding ---------------------------------------------------------------
 
     def apply(self, env: events_pb2.Envelope) -> None:

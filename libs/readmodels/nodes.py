@@ -15,6 +15,13 @@ seen before its placement; so a late placement leaves a task that is no
 longer running. ``without_ended_tasks`` settles that against the job read
 model, which tolerates any order, when a node is read. A task stopped by
 preemption ends like any other; a requeued job's next task is another task id.
+
+A node's key, as an operator approved it (admission's ``node_approved``) or revoked it
+(``node_revoked``), is kept on its record (``approved_key``, ``key_revoked``), as
+placement keeps it (``libs.core.fold``): the readers of the log check the node's
+records against it (``libs.trust.gate``; ``approved_key`` below). An approval may come
+before the node's first registration: the record it makes holds the key alone, and is
+not listed (``listed``) until the node registers.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
 from libs.events import event_type
 from libs.readmodels.job_state import ended_tasks
 
@@ -51,6 +59,10 @@ def node_key(env: events_pb2.Envelope) -> str | None:
             node_id = env.serving_held.node_id
         case "serving_released":
             node_id = env.serving_released.node_id
+        case "node_approved":
+            node_id = env.node_approved.node_id
+        case "node_revoked":
+            node_id = env.node_revoked.node_id
         case _:
             return None
     return node_id or None
@@ -64,7 +76,10 @@ def apply_node_event(
     A registration creates or replaces the inventory and keeps the running tasks
     (an agent that restarts re-registers while its tasks still hold GPUs). A
     placement on a node not registered yet creates it with an empty inventory,
-    so the task is not lost; a task end on an unknown node changes nothing.
+    so the task is not lost; a task end on an unknown node changes nothing. An
+    approval creates a record holding the key alone (the node may register after it);
+    one of a key that is no Ed25519 key, and a revocation of a node with no approved
+    key, change nothing (placement refuses them).
     """
     node_id = node_key(env)
     if node_id is None:
@@ -82,8 +97,13 @@ def apply_node_event(
         "node_lost",
         "node_cordoned",
         "serving_released",
+        "node_revoked",
     ):
         return None
+    if kind == "node_approved" and len(env.node_approved.public_key) != ED25519_KEY_BYTES:
+        return node
+    if kind == "node_revoked" and (node is None or not node.approved_key):
+        return node
     new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
     if node is not None:
         new.CopyFrom(node)
@@ -120,12 +140,34 @@ def apply_node_event(
             _set_serving(new, [*_not_gpu(new.serving, held.gpu_index), gpu])
         case "serving_released":
             _set_serving(new, _not_gpu(new.serving, env.serving_released.gpu_index))
+        case "node_approved":  # a new approval replaces the key, revoked or not
+            new.approved_key, new.key_revoked = env.node_approved.public_key, False
+        case "node_revoked":
+            new.key_revoked = True
     return new
 
 
+def approved_key(node: types_pb2.Node | None) -> ApprovedKey | None:
+    """The node's key as operators approved (or revoked) it; None: never approved."""
+    if node is None or not node.approved_key:
+        return None
+    return ApprovedKey(node.approved_key, node.key_revoked)
+
+
+def listed(node: types_pb2.Node) -> bool:
+    """Whether a node is one to show: its agent registered it, or placement put work
+    there (its registration not read yet). A record an approval alone made is not: a
+    node that never registered offers nothing."""
+    return node.HasField("registered_at") or bool(node.running) or bool(node.serving)
+
+
 def nodes_in_cluster(nodes: Iterable[types_pb2.Node], *, cluster: str = "") -> list[types_pb2.Node]:
-    """Nodes of one cluster (all when empty), sorted by node id."""
-    chosen = [node for node in nodes if not cluster or node.inventory.cluster == cluster]
+    """The listed nodes (``listed``) of one cluster (all when empty), sorted by node id."""
+    chosen = [
+        node
+        for node in nodes
+        if listed(node) and (not cluster or node.inventory.cluster == cluster)
+    ]
     return sorted(chosen, key=lambda node: node.inventory.node_id)
 
 

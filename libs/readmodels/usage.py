@@ -8,6 +8,14 @@ the budget service and the simulator charge: an allocated task (minimum runtime
 their own: their GPUs are). Time is the log's own: a cluster's clock
 is the latest ``occurred_at`` folded, and a snapshot is taken as of that clock,
 so every snapshot is a function of the log prefix alone, whenever it is taken.
+
+Only records the gate let through are folded (``libs.trust.gate``, called by whoever
+feeds the ledger); the ledger keeps what the gate asks about nodes itself, folded in
+log order from the records it let through: each node's approved key (``node_key``:
+admission's ``node_approved`` and ``node_revoked``), and the node each running task
+started on (``task_node``: its node's trusted ``task_started``). So the verdicts too are
+a function of the log prefix, and a key revoked later does not unmake the charges of
+the reports its node signed before.
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
+from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
 from libs.core.budget_tree import InvalidTree
 from libs.core.ids import TaskId
 from libs.core.usage import Usage, WindowedUsage
@@ -67,6 +76,10 @@ class ClusterUsage(_Priced):
         self.window_s = window_s
         self._price = price
         self._node_types: dict[str, str] = {}  # what each node's GPU-seconds cost
+        # What the gate in front of the fold asks: each node's approved key, and the
+        # node each running task started on (see the module's notes).
+        self._node_keys: dict[str, ApprovedKey] = {}
+        self._task_nodes: dict[TaskId, str] = {}
         self._usage = WindowedUsage(window_s)
         self._jobs: dict[str, _Contract] = {}
         self._entitlements: dict[str, float] = {}
@@ -84,8 +97,25 @@ class ClusterUsage(_Priced):
         """The cluster's clock: the latest event time folded, in seconds."""
         return timestamp_seconds(self._clock)
 
+    def node_key(self, node_id: str) -> ApprovedKey | None:
+        """The node's key as operators approved (or revoked) it, as folded so far; None:
+        never approved."""
+        return self._node_keys.get(node_id)
+
+    def task_node(self, job_id: str, task_id: str) -> str | None:
+        """The node a task started on, as folded so far, until that node reports its end;
+        None when unknown.
+
+        Its start's, not its placement's (placement's decisions are another topic, not
+        ordered with this one): a node that reports a task start first, before the
+        node it was placed on, is taken for the task's until it ends. Placement checks
+        against the placement itself, and refuses such a start.
+        """
+        return self._task_nodes.get(TaskId(task_id))
+
     def apply(self, env: events_pb2.Envelope) -> None:
-        """Fold one of this cluster's envelopes, in log order."""
+        """Fold one of this cluster's envelopes, in log order (only once the gate
+        let it through)."""
         kind = event_type(env)
         if kind == "usage_snapshot":
             # What this process sent is newer than anything it reads back late.
@@ -107,6 +137,7 @@ class ClusterUsage(_Priced):
                 )
             case "task_started":
                 started = env.task_started
+                self._task_nodes.setdefault(TaskId(started.task_id), started.node_id)
                 # A task of a job never admitted here has nobody to charge.
                 contract = self._jobs.get(started.job_id)
                 if contract is not None and not contract.serving:
@@ -122,9 +153,18 @@ class ClusterUsage(_Priced):
                 node = node_from_proto(env.node_registered.inventory)
                 self._node_types[node.node_id] = node.gpu_type
             case "task_finished":
+                self._task_nodes.pop(TaskId(env.task_finished.task_id), None)
                 self._usage.end(TaskId(env.task_finished.task_id), at)
             case "task_failed":
+                self._task_nodes.pop(TaskId(env.task_failed.task_id), None)
                 self._usage.end(TaskId(env.task_failed.task_id), at)
+            case "node_approved" if len(env.node_approved.public_key) == ED25519_KEY_BYTES:
+                # As placement folds it: a new approval replaces the key, revoked or not.
+                approved = env.node_approved
+                self._node_keys[approved.node_id] = ApprovedKey(approved.public_key)
+            case "node_revoked" if env.node_revoked.node_id in self._node_keys:
+                node_id = env.node_revoked.node_id
+                self._node_keys[node_id] = replace(self._node_keys[node_id], revoked=True)
             case "budget_changed":
                 # The budget service validates; a bad tree here keeps the last good one.
                 with contextlib.suppress(InvalidTree):
@@ -233,6 +273,16 @@ class UsageLedger(_Priced):
         if cluster is None:
             cluster = self._clusters[name] = ClusterUsage(name, self.window_s, self._price)
         cluster.apply(env)
+
+    def node_key(self, cluster: str, node_id: str) -> ApprovedKey | None:
+        """A node's approved key in ``cluster`` (see ``ClusterUsage.node_key``)."""
+        usage = self.cluster(cluster)
+        return usage.node_key(node_id) if usage is not None else None
+
+    def task_node(self, cluster: str, job_id: str, task_id: str) -> str | None:
+        """The node a task of ``cluster`` runs on (see ``ClusterUsage.task_node``)."""
+        usage = self.cluster(cluster)
+        return usage.task_node(job_id, task_id) if usage is not None else None
 
     def decided(self, env: events_pb2.Envelope) -> None:
         """Fold one of placement's decisions: a lost task, and serving's GPUs held and

@@ -9,7 +9,8 @@ largest GPU a workflow's model may need; unset: the largest GPU of the registere
 nodes, as the projector lists them), ``QM_OPERATORS`` (comma-separated users who see
 every job), ``QM_NODE_LOG_TLS_NAME`` (the name node agents' certificates carry, when
 admission reaches them at addresses those do not name, as pod IPs), the metrics settings
-of ``services.metrics_http``, plus Kafka and auth.
+of ``services.metrics_http``, plus Kafka and auth: ``QM_AUTH_SIGNING_KEY_FILE`` is
+admission's own key, which may sign only its identities (``libs.auth.tokens``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ from qm.v1 import (
     job_service_pb2_grpc,
 )
 
-from libs.auth import Keys, ServiceToken, load_keys
+from libs.auth import Keys, ServiceToken, load_keys, load_service_signer
+from libs.auth.tokens import SERVICE_SUBJECTS
 from libs.bus import EventProducer, KafkaBus, KafkaSettings, Topics, load_topic_config
 from libs.config.env import Address, EnvSettings
 from libs.core import Limits
 from libs.core.limits import MAX_GPUS
+from libs.trust import Gate, SigningKey
 from services.admission.budget_view import BudgetView
 from services.admission.explainer import Explainer
 from services.admission.follower import Follower
+from services.admission.node_keys import NodeApprovals
 from services.admission.requests import RequestLog
 from services.admission.servicer import ClusterServicer, JobServicer
 from services.admission.tasklogs import READER, TaskLogReader
@@ -42,6 +46,7 @@ from services.policy_file import policy_from_env
 from services.projector.client import ProjectorClient
 from services.runtime import cancel_and_wait, run_service
 from services.tls import TlsSettings
+from services.trust import gate_from_env, signing_key_from_env
 
 
 def _types(value: object) -> object:
@@ -76,9 +81,11 @@ class AdmissionSettings(EnvSettings):
 async def serve() -> None:
     settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
     own, metrics = AdmissionSettings.from_env(), MetricsSettings.from_env()
+    # It signs what it writes, and checks what it folds as placement does.
+    sealer, gate = signing_key_from_env("admission"), gate_from_env()
     serving = asyncio.Event()
     async with metrics_server("admission", keys, serving.is_set, metrics):
-        await _serve(settings, topics, keys, own, serving)
+        await _serve(settings, topics, keys, own, sealer, gate, serving)
 
 
 async def _serve(
@@ -86,18 +93,22 @@ async def _serve(
     topics: Topics,
     keys: Keys,
     own: AdmissionSettings,
+    sealer: SigningKey,
+    gate: Gate,
     serving: asyncio.Event,
 ) -> None:
     bus = KafkaBus(settings)
-    producer = EventProducer(bus, client_id="admission")
-    token = ServiceToken("svc-admission", keys)
+    producer = EventProducer(bus, client_id="admission", sealer=sealer)
+    signer = load_service_signer(keys, SERVICE_SUBJECTS["admission"])
+    token = ServiceToken("svc-admission", signer)
     projector = ProjectorClient(own.projector_url, token=token)
     tls = TlsSettings.from_env()
     budget = BudgetView(own.budget_target, token, tls)
-    logs = TaskLogReader(ServiceToken(READER, keys), tls, own.node_log_tls_name)
-    explainer = Explainer(policy_from_env())
-    requests = RequestLog()
-    follower = Follower(bus, topics.events.name, [explainer.apply, requests.apply])
+    logs = TaskLogReader(ServiceToken(READER, signer), tls, own.node_log_tls_name)
+    explainer = Explainer(policy_from_env(), gate)
+    requests, approvals = RequestLog(gate=gate), NodeApprovals(gate=gate)
+    views = [explainer.apply, requests.apply, approvals.apply]
+    follower = Follower(bus, topics.events.name, views)
     jobs = JobServicer(
         producer=producer,
         topic=topics.events.name,
@@ -112,7 +123,12 @@ async def _serve(
         operators=own.operators,
     )
     cluster = ClusterServicer(
-        projector=projector, keys=keys, access=jobs.access, journal=jobs.journal
+        projector=projector,
+        keys=keys,
+        access=jobs.access,
+        journal=jobs.journal,
+        approvals=approvals,
+        follower=follower,
     )
     await producer.start()
     await follower.start()

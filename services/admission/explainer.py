@@ -1,8 +1,8 @@
 """Answers "why does my job wait?" from a replica of the scheduler.
 
-The replica folds the same input log through the same core as placement
-(decisions discarded; admission's follower feeds it), so its explanation is the
-scheduler's own reasoning, a moment behind at most. No second copy of the policy
+The replica folds the same input log through the same core as placement, behind the
+same gate (decisions discarded; admission's follower feeds it), so its explanation is
+the scheduler's own reasoning, a moment behind at most. No second copy of the policy
 exists anywhere.
 """
 
@@ -12,15 +12,15 @@ from qm.v1 import events_pb2
 
 from libs.core import JobId, PolicyConfig
 from libs.core.explain import Explanation
-from libs.events.log_step import PartitionSchedulers, step
+from libs.events.log_step import InputGate, PartitionSchedulers
 
 
 class Explainer:
-    def __init__(self, policy: PolicyConfig) -> None:
-        self._schedulers = PartitionSchedulers(policy)
+    def __init__(self, policy: PolicyConfig, gate: InputGate | None = None) -> None:
+        self._schedulers = PartitionSchedulers(policy, gate=gate)
 
-    def apply(self, env: events_pb2.Envelope) -> None:
-        step(self._schedulers.of(env.cluster), env)
+    def apply(self, env: events_pb2.Envelope, record: bytes) -> None:
+        self._schedulers.fold(env, record)
 
     def explain(self, job_id: str, cluster: str) -> Explanation | None:
         scheduler = self._schedulers.get(cluster)

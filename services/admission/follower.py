@@ -12,7 +12,8 @@ from qm.v1 import events_pb2
 from libs.bus import Bus, LogReader
 from services.runtime import cancel_and_wait
 
-View = Callable[[events_pb2.Envelope], None]
+# A view folds each record: decoded, and its bytes (what a signature covers).
+View = Callable[[events_pb2.Envelope, bytes], None]
 
 
 class Follower:
@@ -24,8 +25,8 @@ class Follower:
     async def start(self) -> None:
         """Read the whole topic, then follow it in the background."""
         await self._reader.start()
-        await self._reader.catch_up(self._apply)
-        self._follow = asyncio.create_task(self._reader.follow(self._apply))
+        await self._reader.catch_up_records(self._apply)
+        self._follow = asyncio.create_task(self._reader.follow_records(self._apply))
 
     async def stop(self) -> None:
         if self._follow is not None:
@@ -36,6 +37,6 @@ class Follower:
         """Return once every view has folded the record at ``offset`` of ``tp``."""
         await self._reader.reached(tp, offset)
 
-    def _apply(self, env: events_pb2.Envelope) -> None:
+    def _apply(self, env: events_pb2.Envelope, record: bytes) -> None:
         for view in self._views:
-            view(env)
+            view(env, record)

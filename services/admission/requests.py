@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from qm.v1 import events_pb2, types_pb2
 
 from libs.events import event_type
+from libs.trust import Gate
 
 REMEMBER = 500_000  # request ids are for retries, which come within minutes
 
@@ -46,16 +47,26 @@ class Claim:
     outcome: Outcome | None = None
 
 
+_FOLDED = frozenset({"job_submitted", "job_admitted", "job_rejected"})
+
+
 class RequestLog:
-    def __init__(self, remember: int = REMEMBER) -> None:
+    """``gate``: claims and decisions are believed only when admission signed them (a
+    node agent's account may write the topic too); None believes every one (tests)."""
+
+    def __init__(self, remember: int = REMEMBER, gate: Gate | None = None) -> None:
         self._remember = remember
+        self._gate = gate
         self._jobs: OrderedDict[str, Claim] = OrderedDict()
         self._undecided: dict[str, None] = {}  # job ids of claims without a decision, as read
         self._decided = asyncio.Event()
 
-    def apply(self, env: events_pb2.Envelope) -> None:
+    def apply(self, env: events_pb2.Envelope, record: bytes) -> None:
         """Fold one record of the events topic."""
-        match event_type(env):
+        kind = event_type(env)
+        if kind not in _FOLDED or (self._gate and not self._gate.from_service(env, record)):
+            return
+        match kind:
             case "job_submitted":
                 submitted = env.job_submitted
                 if submitted.job_id not in self._jobs:

@@ -28,12 +28,14 @@ from libs.bus import (
 )
 from libs.config.budget import load_budget_tree
 from libs.config.env import Address, EnvSettings, Names
+from libs.trust import SigningKey
 from services.budget.book import BudgetBook
 from services.budget.server import BudgetServicer, publish_tree
 from services.grpc_server import serve_until_cancelled
 from services.metrics_http import MetricsSettings, metrics_server
 from services.policy_file import policy_from_env
 from services.runtime import cancel_and_wait, run_service
+from services.trust import signing_key_from_env
 
 log = logging.getLogger("budget")
 _DEFAULT_TREE = Path(__file__).resolve().parents[2] / "deploy" / "local" / "budget.yaml"
@@ -50,9 +52,10 @@ class BudgetSettings(EnvSettings):
 async def serve() -> None:
     own, metrics = BudgetSettings.from_env(), MetricsSettings.from_env()
     settings, topics, keys = KafkaSettings.from_env(), load_topic_config(), load_keys()
+    signer = signing_key_from_env("budget")
     serving = asyncio.Event()
     async with metrics_server("budget", keys, serving.is_set, metrics):
-        await _serve(own, settings, topics, keys, serving)
+        await _serve(own, settings, topics, keys, signer, serving)
 
 
 async def _serve(
@@ -60,6 +63,7 @@ async def _serve(
     settings: KafkaSettings,
     topics: Topics,
     keys: Keys,
+    signer: SigningKey,
     serving: asyncio.Event,
 ) -> None:
     clusters = list(own.clusters)
@@ -69,7 +73,7 @@ async def _serve(
     # Placement's TaskLost ends a charge no agent will end, and its ServingHeld and
     # ServingReleased charge serving's GPUs: the ledger folds those decisions too.
     decisions = LogReader(bus, topics.decisions.name, name="budget-decisions")
-    producer = EventProducer(bus, client_id="budget")
+    producer = EventProducer(bus, client_id="budget", sealer=signer)
     await reader.start()
     await decisions.start()
     await producer.start()

@@ -8,6 +8,8 @@ the projector's ``QM_PROJECTOR_CLIENTS``) and the budget tree at ``QM_BUDGET_TAR
 5000) caps the newest jobs read, the lookback window is ``QM_LOOKBACK_WINDOW_S`` or the
 policy file's. ``QM_CONSOLE_TLS_CERT`` and ``QM_CONSOLE_TLS_KEY`` serve HTTPS;
 ``QM_CONSOLE_SECURE_COOKIE=true`` marks the cookie Secure behind a TLS-terminating proxy.
+Tokens: ``QM_AUTH_PUBLIC_KEYS_FILE`` checks users', ``QM_AUTH_SIGNING_KEY_FILE`` is the
+console's own key, which may sign only for ``svc-console`` (``libs.auth.tokens``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Self
 from aiohttp import web
 from pydantic import Field, model_validator
 
-from libs.auth import ServiceToken, load_keys
+from libs.auth import ServiceToken, load_keys, load_service_signer
+from libs.auth.tokens import SERVICE_SUBJECTS
 from libs.config.env import Address, EnvSettings, Port
 from services.admission.budget_view import BudgetView
 from services.console.feed import Feed
@@ -70,7 +73,7 @@ class ConsoleSettings(EnvSettings):
 
 async def serve() -> None:
     own, keys = ConsoleSettings.from_env(), load_keys()
-    token = ServiceToken("svc-console", keys)
+    token = ServiceToken("svc-console", load_service_signer(keys, SERVICE_SUBJECTS["console"]))
     projector = ProjectorClient(own.projector_url, token=token)
     tls = TlsSettings.from_env()
     budget = BudgetView(own.budget_target, token, tls)

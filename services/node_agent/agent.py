@@ -26,6 +26,7 @@ from qm.v1 import events_pb2, types_pb2
 from libs.bus import Delivery, EventConsumer
 from libs.core.compass import CacheModel
 from libs.events.wire_time import seconds
+from libs.trust.keys import parse_node_key_id
 from services.node_agent.checkpoints import POLL_S, saved_at, warning_of
 from services.node_agent.executors import ProcessExecution, ProcessExecutor
 from services.node_agent.idle import IdleDetector, IdleThresholds, task_utilization
@@ -43,6 +44,8 @@ SHUTDOWN_REASON = "node agent stopped"
 LOST_REASON = "placement declared this node lost"
 DEFAULT_SAMPLE_S = 10.0
 START_RETRY_S = 1.0  # between tries to reach the broker as the agent starts
+# Refusals that mean placement does not trust the node's key (yet, or any more).
+UNTRUSTED = frozenset({"unapproved_node", "revoked_key"})
 
 
 class NodeAgent:
@@ -123,7 +126,13 @@ class NodeAgent:
         to start is reported) or, a serving task, is queued on its GPU; a stop has been
         sent (or a queued serving task dropped and reported failed).
         """
-        decision = decision_for(delivery.envelope, self._registrations.incarnations)
+        env = delivery.envelope
+        if env.input_refused.trust in UNTRUSTED:
+            node = parse_node_key_id(env.input_refused.subject)
+            if node is not None and node[0] in self._registrations.nodes:
+                self._registrations.untrusted(node[0], env.input_refused.reason)
+                return True
+        decision = decision_for(env, self._registrations.incarnations)
         if isinstance(decision, events_pb2.TaskPlaced):
             await self._start(decision, delivery)
         elif isinstance(decision, events_pb2.TaskStopRequested):

@@ -8,7 +8,9 @@ the NVML node, or the declared nodes that name none), ``QM_TASK_LOG_DIR`` (task 
 ``QM_HEARTBEAT_SECONDS`` (how often each node says it is alive; 0: never),
 ``QM_NODE_STATE_DIR`` (where the agent named NAME records its running tasks and its
 nodes' incarnations, in ``node-agent-NAME``, for the agent after it to take back:
-``services.node_agent.orphans``; default ``.local/run``), ``QM_SANDBOX`` (whose account
+``services.node_agent.orphans``; default ``.local/run``), ``QM_NODE_KEY_DIR`` (each
+node's private key, ``NODE.key``, made on its first start; default ``keys`` in the
+state folder), ``QM_SANDBOX`` (whose account
 runs each user's tasks and what environment they see: ``libs.config.sandbox``),
 ``QM_SECRETS_DIR`` (the node's secret store: ``services.node_agent.secrets``),
 ``QM_NODE_LOG_*`` and ``QM_TASK_LOG_MAX_BYTES`` (serving task logs to admission:
@@ -48,6 +50,8 @@ from libs.config.inventory import node_address
 from libs.core.compass import CacheModel
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
+from libs.trust import NodeKeys
+from libs.trust.keys import fingerprint
 from services.grpc_server import STOP_GRACE_S
 from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.node_agent import privileges
@@ -176,6 +180,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="this agent's name; its consumer group is qm-node-agent-NAME (default: hostname)",
     )
     parser.add_argument(
+        "--show-keys",
+        action="store_true",
+        help="print each node's key fingerprint (made on first use) and exit: compare it "
+        "with `qm node pending` before `qm node approve`",
+    )
+    parser.add_argument(
         "--stop-tasks-on-exit",
         action="store_true",
         help="stop the tasks as the agent stops (by default they run on under their "
@@ -247,9 +257,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, topics = KafkaSettings.from_env(), load_topic_config()
         logs, metrics = LogSettings.from_env(), MetricsSettings.from_env()
         sandbox = Sandbox.from_env()
-        records = TaskRecords(
-            Path(os.environ.get("QM_NODE_STATE_DIR") or ".local/run") / f"node-agent-{args.name}"
+        state_dir = Path(os.environ.get("QM_NODE_STATE_DIR") or ".local/run")
+        records = TaskRecords(state_dir / f"node-agent-{args.name}")
+        # Each node's own key, made on its first start; the private half never leaves here.
+        node_keys = NodeKeys(
+            Path(os.environ.get("QM_NODE_KEY_DIR") or state_dir / "keys"),
+            [node.node_id for node in nodes],
         )
+        if args.show_keys:
+            for node in nodes:
+                print(f"{node.node_id}\t{fingerprint(node_keys[node.node_id].public)}")
+            return 0
         processes = ProcessExecutor(
             TaskLogs(
                 Path(os.environ.get("QM_TASK_LOG_DIR", DEFAULT_LOG_DIR)), max_bytes=logs.max_bytes
@@ -272,7 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with nvml_session(pynvml) if args.nvml else contextlib.nullcontext():
             asyncio.run(
                 _run(
-                    args, nodes, settings, topics, sandbox, processes, records, logs, keys, metrics
+                    args,
+                    nodes,
+                    settings,
+                    topics,
+                    sandbox,
+                    processes,
+                    records,
+                    logs,
+                    keys,
+                    metrics,
+                    node_keys,
                 )
             )
     finally:
@@ -307,6 +335,7 @@ async def _run(
     logs: LogSettings,
     keys: Keys | None,
     metrics: MetricsSettings,
+    node_keys: NodeKeys,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -334,7 +363,7 @@ async def _run(
     bus = KafkaBus(settings)
     async with (
         contextlib.AsyncExitStack() as cleanup,
-        EventProducer(bus, client_id=client) as producer,
+        EventProducer(bus, client_id=client, sealer=node_keys) as producer,
     ):
         if serving_logs is not None:
             cleanup.push_async_callback(serving_logs[0].stop, STOP_GRACE_S)

@@ -49,7 +49,7 @@ async def serve_logs(
     if settings.address is None:
         return None
     if keys is None:
-        log.warning("no signing secret (QM_AUTH_SECRET_FILE): task logs are not served")
+        log.warning("no QM_AUTH_PUBLIC_KEYS_FILE: task logs are not served")
         return None
     servicer = NodeLogServicer(logs, active, keys=keys, clients=frozenset(settings.clients))
     name = logs_pb2.DESCRIPTOR.services_by_name["NodeLogService"].full_name

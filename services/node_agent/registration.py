@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 # Placement declares a node lost after node_lost_timeout_s (30 s by default) of silence.
 DEFAULT_HEARTBEAT_S = 5.0
+# How often a node placement does not trust yet offers its registration again, when it
+# has no heartbeat to take the place of.
+UNTRUSTED_RETRY_S = 5.0
 
 
 class Registrations:
@@ -53,6 +56,9 @@ class Registrations:
         self._heartbeat_s = heartbeat_s
         self._log_endpoint = log_endpoint
         self._cache_model = cache_model
+        # Nodes whose records placement refused for their key (not approved yet, or
+        # revoked): each registers again at its next beat, until one is not refused.
+        self._untrusted: set[str] = set()
 
     @property
     def incarnations(self) -> Mapping[str, str]:
@@ -82,18 +88,28 @@ class Registrations:
         await self._report(node, registered)
         log.info("registered node %s (%s): %d GPUs", node.node_id, incarnation, len(node.gpus))
 
+    def untrusted(self, node_id: str, reason: str) -> None:
+        """Placement refused a record of the node for its key: until an operator approves
+        it, what it registered was never heard, so it registers again at its next beat."""
+        if node_id in self.nodes and node_id not in self._untrusted:
+            self._untrusted.add(node_id)
+            log.warning("node %s: placement refuses its records: %s", node_id, reason)
+
     async def heartbeat(self) -> None:
-        """Say every ``heartbeat_s`` that each node is alive, until cancelled. A beat
-        that cannot be sent is skipped: the next one says the same."""
-        if not self._heartbeat_s:
-            return
+        """Say every ``heartbeat_s`` that each node is alive, until cancelled; a node
+        placement does not trust registers again instead. A beat that cannot be sent is
+        skipped: the next one says the same."""
         while True:
-            await asyncio.sleep(self._heartbeat_s)
+            await asyncio.sleep(self._heartbeat_s or UNTRUSTED_RETRY_S)
             for node_id, node in self.nodes.items():
-                beat = events_pb2.NodeHeartbeat(
-                    node_id=node_id, incarnation=self._incarnations[node_id]
-                )
                 try:
-                    await self._report.emit(envelope(node, beat))
+                    if node_id in self._untrusted:
+                        self._untrusted.discard(node_id)
+                        await self._register(node)
+                    elif self._heartbeat_s:
+                        beat = events_pb2.NodeHeartbeat(
+                            node_id=node_id, incarnation=self._incarnations[node_id]
+                        )
+                        await self._report.emit(envelope(node, beat))
                 except Exception as exc:
                     log.warning("heartbeat of %s not sent: %s", node_id, exc)

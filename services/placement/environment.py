@@ -2,8 +2,9 @@
 ``QM_PLACEMENT_GROUP`` (the consumer group, and the prefix of the transactional ids),
 ``QM_POLICY_FILE`` (the policy's knobs; auditors replay with the same file),
 ``QM_PLACEMENT_INSTANCE`` (this instance's name to the bus, e.g. its pod's; default the
-host name) and ``QM_PLACEMENT_SNAPSHOT_EVERY`` (inputs between two snapshots of a
-partition, default 50,000)."""
+host name), ``QM_PLACEMENT_SNAPSHOT_EVERY`` (inputs between two snapshots of a
+partition, default 50,000) and ``QM_TRUST_FILE`` (the service keys whose records it
+folds, ``libs/trust/trustfile.py``; required)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from libs.bus import KafkaBus, KafkaSettings, load_topic_config
 from libs.events import release
 from services.placement.service import PlacementService
 from services.policy_file import policy_from_env
+from services.trust import gate_from_env
 
 Service = TypeVar("Service", bound=PlacementService)
 
@@ -33,6 +35,7 @@ def from_env(kind: type[Service], default_group: str = "qm-placement") -> Servic
         policy=policy_from_env(),
         instance=f"placement-{os.environ.get('QM_PLACEMENT_INSTANCE') or socket.gethostname()}",
         snapshot_every=_count("QM_PLACEMENT_SNAPSHOT_EVERY", 50_000),
+        gate=gate_from_env(),
     )
 
 

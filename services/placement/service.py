@@ -43,6 +43,7 @@ from opentelemetry import trace
 from qm.v1 import events_pb2
 
 from libs.bus import Bus, Delivery, EventConsumer, EventProducer, Topics
+from libs.bus.deadletter import dead_letter
 from libs.core import PolicyConfig
 from libs.events import event_type, release
 from libs.events.log_step import PartitionSchedulers
@@ -54,6 +55,7 @@ from libs.telemetry.metrics import (
     PLACEMENT_PARTITIONS,
     SNAPSHOTS,
 )
+from libs.trust import Gate
 from services.placement.snapshots import SnapshotStore
 from services.placement.standby import Standby, Warm
 
@@ -93,6 +95,9 @@ class PlacementService:
     instance: str = "placement"
     # Inputs decided between two snapshots of a partition.
     snapshot_every: int = 50_000
+    # Checks each input's signer before it is folded (``libs/trust/gate.py``); None
+    # folds every input as it comes (tests of the loop alone).
+    gate: Gate | None = None
     owned: dict[int, Owned] = field(default_factory=dict)
     # Bumped by every rebalance: a batch decided across one is not committed.
     generation: int = 0
@@ -104,9 +109,10 @@ class PlacementService:
     _retiring: list[EventProducer] = field(default_factory=list)
     _standby: Standby | None = None
     _snapshots: SnapshotStore | None = None
+    _deadletters: EventProducer = field(init=False)
 
     async def run(self) -> None:
-        deadletters = EventProducer(self.bus, client_id=f"{self.instance}-dlq")
+        deadletters = self._deadletters = EventProducer(self.bus, client_id=f"{self.instance}-dlq")
         consumer = EventConsumer(
             self.bus,
             [self.topics.events.name],
@@ -127,6 +133,7 @@ class PlacementService:
             group_id=self.group_id,
             policy=self.policy,
             store=self._snapshots,
+            gate=self.gate,
             client_id=f"{self.instance}-standby",
         )
         standby = asyncio.create_task(self._standby.run(), name="placement-standby")
@@ -354,6 +361,16 @@ class PlacementService:
             started = time.perf_counter()
             outputs = self.outputs(delivery)
             DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
+            if outputs and outputs[-1].input_refused.trust and delivery.record is not None:
+                # Refused for its signer: parked with the reason, as an undecodable one is.
+                await dead_letter(
+                    self._deadletters,
+                    self.topics.deadletter.name,
+                    delivery.record,
+                    reason=f"untrusted ({outputs[-1].input_refused.trust}): "
+                    f"{outputs[-1].input_refused.reason}",
+                    consumer="placement",
+                )
             return outputs, await self._enqueue(producer, outputs)
 
     async def _enqueue(
@@ -373,7 +390,10 @@ class PlacementService:
         if owned is None:  # revoked since the batch began
             raise Rebalanced
         return owned.schedulers.decide(
-            delivery.envelope, partition=delivery.partition, offset=delivery.offset
+            delivery.envelope,
+            partition=delivery.partition,
+            offset=delivery.offset,
+            record=delivery.value,
         )
 
     def revoked(self, partitions: set[int]) -> None:

@@ -26,10 +26,11 @@ from libs.bus import Bus, TopicSpec
 from libs.bus.ports import Consumer, Record
 from libs.core import PolicyConfig
 from libs.events import DecodeError, decode
-from libs.events.log_step import PartitionSchedulers, step
+from libs.events.log_step import PartitionSchedulers
 from libs.events.snapshot import SnapshotError, restore
 from libs.telemetry import replaying
 from libs.telemetry.metrics import STANDBY_BEHIND
+from libs.trust import Gate
 from services.placement.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,13 @@ class Standby:
         group_id: str,
         policy: PolicyConfig,
         store: SnapshotStore,
+        gate: Gate | None = None,
         client_id: str = "placement-standby",
     ) -> None:
         self._events = events
         self._policy = policy
         self._store = store
+        self._gate = gate
         # With the group's id but assigned, not subscribed: it reads the group's
         # committed offsets and never joins it.
         self._consumer: Consumer = bus.consumer(client_id=client_id, group_id=group_id)
@@ -129,7 +132,7 @@ class Standby:
         snapshot = await self._store.latest(partition, upto)
         if snapshot is not None:
             try:
-                schedulers = restore(snapshot, self._policy)
+                schedulers = restore(snapshot, self._policy, self._gate)
             except SnapshotError as exc:
                 log.warning(
                     "partition %d: the snapshot at offset %d is not loaded (%s); folding "
@@ -145,7 +148,7 @@ class Standby:
                     snapshot.next_offset,
                 )
                 return Warm(schedulers, snapshot.next_offset, snapshot.next_offset)
-        return Warm(PartitionSchedulers(self._policy), 0)
+        return Warm(PartitionSchedulers(self._policy, gate=self._gate), 0)
 
     async def _fold(
         self, partition: int, warm: Warm, upto: int, *, limit: int | None = None
@@ -180,7 +183,7 @@ def absorb(warm: Warm, records: Sequence[Record], upto: int) -> int:
         except DecodeError:
             pass  # dead-lettered by the partition's owner
         else:
-            step(warm.schedulers.of(env.cluster), env)
+            warm.schedulers.fold(env, record.value or b"")
         warm.offset = record.offset + 1
         count += 1
     return count

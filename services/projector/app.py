@@ -7,7 +7,10 @@ data folder (default: in the temp dir), the usage ledger's ``QM_LOOKBACK_WINDOW_
 ``QM_SNAPSHOT_SECONDS``, ``QM_PROJECTOR_CLIENTS`` (the services whose tokens may read
 the views; ``services.projector.access``), the Kafka settings of ``libs.bus``, the topic config of
 ``QM_TOPICS`` and the policy file of ``QM_POLICY_FILE``; all read when this module is
-imported, so that a bad one stops the worker before it starts.
+imported, so that a bad one stops the worker before it starts. The trust file of
+``QM_TRUST_FILE``, which every record of the events topic is checked with before it is
+folded (``services.projector.trust``), and the projector's own key, ``QM_EVENTS_KEY_FILE``,
+are read as the worker starts.
 
 Co-partitioning: the events and decisions topics are both keyed by cluster and
 have the same partition count as the table changelogs, so everything about one

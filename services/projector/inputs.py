@@ -1,4 +1,5 @@
-"""The topics the projector reads, and decoding with dead-lettering in between."""
+"""The topics the projector reads, and decoding and the trust gate, with
+dead-lettering, in between."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import faust
 from qm.v1 import events_pb2
 
 from libs.bus import deadletter
-from libs.events import DecodeError, decode
+from libs.events import DecodeError, decode, event_type
+from services.projector import trust
 from services.projector.app import APP_ID, TOPICS, app
 
 log = logging.getLogger(__name__)
@@ -27,18 +29,39 @@ deadletters = app.topic(TOPICS.deadletter.name, key_type=bytes, value_type=bytes
 
 
 async def envelopes(
-    stream: faust.StreamT[bytes], *, consumer: str
+    stream: faust.StreamT[bytes], *, consumer: str, parks_untrusted: bool = False
 ) -> AsyncIterator[events_pb2.Envelope]:
-    """Decoded envelopes of ``stream``; undecodable records are parked and skipped.
+    """Decoded envelopes of ``stream`` that the gate lets through (``trust``);
+    undecodable records are parked and skipped, refused ones skipped.
 
-    Each agent dead-letters on its own account (``consumer`` names it), as every
-    consumer of the log does.
+    Each agent dead-letters an undecodable record on its own account (``consumer``
+    names it), as every consumer of the log does. A refused record is parked once, by
+    the agent that ``parks_untrusted`` (the nodes agent, which keeps the nodes' keys the
+    gate judges by): every agent checks every record, so the others only skip it.
     """
+    consumer = f"{APP_ID}.{consumer}"
+    trust.gate()  # a missing or bad trust file stops the worker now, not at a record
     async for event in stream.events():
         try:
-            yield decode(event.value)
+            env = decode(event.value)
         except DecodeError as exc:
-            await _dead_letter(event, reason=str(exc), consumer=f"{APP_ID}.{consumer}")
+            await _dead_letter(event, reason=str(exc), consumer=consumer)
+            continue
+        if trust.is_signed(event.message.topic):
+            refused = trust.refusal(env, event.value)
+            if refused is not None:
+                if parks_untrusted:
+                    await _dead_letter(event, reason=trust.untrusted(refused), consumer=consumer)
+                else:
+                    log.info(
+                        "%s skipped %s %s: %s",
+                        consumer,
+                        event_type(env),
+                        env.event_id,
+                        trust.untrusted(refused),
+                    )
+                continue
+        yield env
 
 
 async def _dead_letter(event: faust.EventT[bytes], *, reason: str, consumer: str) -> None:

@@ -14,7 +14,7 @@ from functools import cache
 
 from faust import web
 
-from libs.readmodels.nodes import without_ended_tasks
+from libs.readmodels.nodes import listed, without_ended_tasks
 from libs.readmodels.occupancy import by_cluster
 from libs.telemetry.metrics import (
     ALLOCATION_DELIVERED_GPU_HOURS,
@@ -50,7 +50,7 @@ def refresh() -> None:
     """Set the cluster gauges from the views as they are now, counted as the console
     counts them (``libs.readmodels.occupancy``)."""
     job_of = cache(get_job)
-    nodes = [without_ended_tasks(node, job_of) for node in all_nodes()]
+    nodes = [without_ended_tasks(node, job_of) for node in all_nodes() if listed(node)]
     samples = by_cluster(time.time(), nodes, records.heads_with_specs())
     for gauge in (*_BY_ALLOCATION, GPUS, GPUS_HELD_ON_LOST_NODES):
         gauge.clear()  # an allocation or cluster gone from the views is gone from here

@@ -18,6 +18,7 @@ from libs.config.env import EnvSettings, Names
 from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.runtime import configure_logging, run_until_signalled
 from services.ticker.service import PRODUCER, run
+from services.trust import signing_key_from_env
 
 log = logging.getLogger("ticker")
 
@@ -34,7 +35,9 @@ async def serve(
     keys: Keys | None,
     metrics: MetricsSettings,
 ) -> None:
-    producer = EventProducer(KafkaBus(kafka), client_id=PRODUCER)
+    producer = EventProducer(
+        KafkaBus(kafka), client_id=PRODUCER, sealer=signing_key_from_env("ticker")
+    )
     started = asyncio.Event()
     async with metrics_server("ticker", keys, started.is_set, metrics):
         await producer.start()

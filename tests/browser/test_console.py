@@ -237,7 +237,7 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
     hold_a100(stack, "bob", "nlp", 2)
 
     # Alice signs in with the form and sees the API's numbers, her waiting job among them.
-    sign_in_with_form(browser, stack, issue_token("alice", stack.keys))
+    sign_in_with_form(browser, stack, issue_token("alice", stack.signer))
     loaded(browser)
     until(lambda: shows_what_the_api_says(browser, stack, "alice"), "alice's page to match")
     assert alices in first_column(browser, "waiting-rows")
@@ -265,13 +265,13 @@ def test_the_console_shows_each_user_their_part_of_the_cluster_live(
 
     # A token in the address signs no one in: bob is asked to paste it.
     browser.delete_all_cookies()
-    browser.get(f"{stack.console_url}/?token={issue_token('bob', stack.keys)}")
+    browser.get(f"{stack.console_url}/?token={issue_token('bob', stack.signer)}")
     until(lambda: "signs no one in" in text(browser, "error"), "the refusal")
     browser.get(f"{stack.console_url}/api/view")
     assert "not signed in" in browser.page_source
     browser.get_log("browser")  # the refusals' 400 and 401 are the point
     # Bob (nlp only) signs in with the form; he does not see alice's vision jobs.
-    sign_in_with_form(browser, stack, issue_token("bob", stack.keys))
+    sign_in_with_form(browser, stack, issue_token("bob", stack.signer))
     loaded(browser)
     until(lambda: shows_what_the_api_says(browser, stack, "bob"), "bob's page to match")
     assert alices not in first_column(browser, "waiting-rows")

@@ -37,7 +37,7 @@ from qm.v1 import cluster_service_pb2 as cs
 from qm.v1 import job_service_pb2 as js
 from qm.v1 import types_pb2
 
-from libs.auth import Keys, issue_token
+from libs.auth import SigningKey, issue_token
 from libs.core import simulated
 from libs.events.wire_time import duration_ms
 from services.grpc_server import bearer
@@ -330,21 +330,21 @@ HEAVY = frozenset(
 
 
 # Another installation's key: its tokens are well formed and must still be refused.
-OTHER = Keys((b"another-installation-" * 2,))
+OTHER = SigningKey.generate()
 
 
 class Fuzzer:
     def __init__(
         self,
         clients: Clients,
-        keys: Keys,
+        signer: SigningKey,
         *,
         seed: int,
         run_id: str,
         known_jobs: Callable[[], list[tuple[str, str]]],
     ) -> None:
         self._clients = clients
-        self._keys = keys
+        self._signer = signer
         self._rng = random.Random(seed)
         self._run_id = run_id
         self._known_jobs = known_jobs
@@ -353,7 +353,7 @@ class Fuzzer:
     # --- cases ------------------------------------------------------------------------
 
     def _token(self, user: str) -> tuple[tuple[str, str], ...]:
-        return bearer(issue_token(user, self._keys))
+        return bearer(issue_token(user, self._signer))
 
     def _bad_token(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         rng = self._rng
@@ -364,9 +364,9 @@ class Fuzzer:
             ("basic auth", (("authorization", "Basic YWxpY2U6cGFzcw=="),)),
             ("token of another installation", bearer(issue_token("alice", OTHER))),
             ("junk token of 8 kB", bearer("z" * 8192)),
-            ("expired token", bearer(issue_token("alice", self._keys, ttl_s=60, now=0))),
+            ("expired token", bearer(issue_token("alice", self._signer, ttl_s=60, now=0))),
             ("token for another audience", bearer(issue_token("alice", replace(
-                self._keys, audience="elsewhere"
+                self._signer, audience="elsewhere"
             )))),
             ("unsigned token (alg none)", bearer(jwt.encode(
                 {"sub": "alice", "aud": "quartermaster", "iss": "quartermaster",

@@ -11,6 +11,11 @@ Three groups, the most destructive last, each followed by a canary job:
 3. absurd jobs and budgets: admissions of 0 GPUs, 2^32-1 GPUs, NaN durations, a
    100,000-task workflow; a budget tree with NaN weights and an empty one.
 
+Records of the event log are sealed by the key of the role that writes them, as an
+insider holding every key would (``tests/signed_log.py``), so that they pass the gate
+and the core itself must answer them; those about nodes no agent hosts are signed by
+keys no operator approved, and refused at the gate.
+
 Forged placement decisions are left out: the audit is there to flag any decision
 placement did not make. The one decision-shaped record names an input outside the
 log (partition 99), which the audit ignores, and a node no agent hosts.
@@ -18,6 +23,7 @@ log (partition 99), which the audit ignores, and a node no agent hosts.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import uuid
@@ -62,9 +68,16 @@ def _env(payload: Message, cluster: str = "default") -> events_pb2.Envelope:
     return new_envelope(payload, producer=PRODUCER, cluster=cluster)
 
 
-def _event(topic: str, label: str, payload: Message, cluster: str = "default") -> Poison:
-    """A well-formed envelope around ``payload``, keyed by its cluster as producers key it."""
-    return Poison(topic, label, encode(_env(payload, cluster)), cluster.encode())
+Seal = Callable[[events_pb2.Envelope], bytes]
+
+
+def _event(
+    topic: str, label: str, payload: Message, cluster: str = "default", seal: Seal = encode
+) -> Poison:
+    """A well-formed envelope around ``payload``, keyed by its cluster as producers key it,
+    and sealed by ``seal`` (decisions are not: placement's topic has one writer)."""
+    env = _env(payload, cluster)
+    return Poison(topic, label, seal(env) if topic == "events" else encode(env), cluster.encode())
 
 
 def _ghost() -> str:
@@ -90,40 +103,43 @@ def undecodable(topic: str) -> list[Poison]:
     ]
 
 
-def ghosts(nodes: list[str]) -> list[Poison]:
+def ghosts(nodes: list[str], seal: Seal) -> list[Poison]:
     """Events about tasks, jobs and nodes that never existed; ``nodes`` are real ones."""
+    event = functools.partial(_event, seal=seal)
     job, node = _ghost(), nodes[0]
     task = f"{job}/0"
     spec = types_pb2.JobSpec(gpus=1, allocation="nlp", user="bob", command=["x"])
     never_placed = types_pb2.Provenance(input_partition=99, input_offset=0)
     e = events_pb2
     return [
-        _event("events", "TaskStarted of a task never placed, on a real node",
+        event("events", "TaskStarted of a task never placed, on a real node",
                e.TaskStarted(job_id=job, task_id=task, node_id=node, pid=1)),
-        _event("events", "TaskFinished of an unknown job on an unknown node",
+        event("events", "TaskFinished of an unknown job on an unknown node",
                e.TaskFinished(job_id=_ghost(), task_id="x/0", node_id="no-such-node")),
-        _event("events", "TaskFailed with a 500 kB reason",
+        event("events", "TaskFailed with a 500 kB reason",
                e.TaskFailed(job_id=job, task_id=task, node_id=node, exit_code=-9,
                             reason="r" * 500_000)),
-        _event("events", "TaskIdle with NaN utilisation",
+        event("events", "TaskIdle with NaN utilisation",
                e.TaskIdle(job_id=job, task_id=task, node_id=node, idle=True,
                           utilization=math.nan)),
-        _event("events", "ModelLoaded of NaN MB on GPU 2^32-1 of an unknown node",
+        event("events", "ModelLoaded of NaN MB on GPU 2^32-1 of an unknown node",
                e.ModelLoaded(node_id="no-such-node", gpu_index=2**32 - 1, model="m",
                              size_mb=math.nan, load_duration=LONGEST)),
-        _event("events", "ModelEvicted of an unknown model on a real node",
+        event("events", "ModelEvicted of an unknown model on a real node",
                e.ModelEvicted(node_id=nodes[-1], gpu_index=0, model="never-loaded")),
-        _event("events", "JobCancelRequested of an unknown job",
+        event("events", "JobCancelRequested of an unknown job",
                e.JobCancelRequested(job_id=_ghost(), requested_by="x")),
-        _event("events", "JobSubmitted never admitted", e.JobSubmitted(job_id=_ghost(), spec=spec)),
-        _event("decisions", "TaskPlaced for an unknown job on a node no agent hosts",
+        event("events", "JobSubmitted never admitted", e.JobSubmitted(job_id=_ghost(), spec=spec)),
+        event("decisions", "TaskPlaced for an unknown job on a node no agent hosts",
                e.TaskPlaced(job_id=job, task_id=task, node_id="no-such-node", gpu_indices=[0],
                             provenance=never_placed)),
-        _event("decisions", "a ClockTick on the decisions topic", e.ClockTick(), POISON_CLUSTER),
+        event("decisions", "a ClockTick on the decisions topic", e.ClockTick(), POISON_CLUSTER),
     ]  # fmt: skip
 
 
-def absurd_facts() -> list[Poison]:
+def absurd_facts(seal: Seal) -> list[Poison]:
+    event = functools.partial(_event, seal=seal)
+
     def node(node_id: str, gpus: list[types_pb2.Gpu]) -> events_pb2.NodeRegistered:
         return events_pb2.NodeRegistered(
             inventory=types_pb2.NodeInventory(
@@ -155,17 +171,19 @@ def absurd_facts() -> list[Poison]:
     )
     key = POISON_CLUSTER.encode()
     return [
-        _event("events", "NodeRegistered with no GPUs", node("poison-empty", []), POISON_CLUSTER),
-        _event("events", "NodeRegistered with 1,000 GPUs on 7 indices of 2^64-1 bytes",
+        event("events", "NodeRegistered with no GPUs", node("poison-empty", []), POISON_CLUSTER),
+        event("events", "NodeRegistered with 1,000 GPUs on 7 indices of 2^64-1 bytes",
                node("poison-huge", thousand), POISON_CLUSTER),
-        Poison("events", "ClockTick in the year 9999", encode(future), key),
-        Poison("events", "ClockTick at the epoch", encode(epoch), key),
-        Poison("events", "JobAdmitted after the year 9999", encode(beyond), key),
-        _event("events", "UsageSnapshot of NaN and infinite usage (default cluster)", usage),
+        Poison("events", "ClockTick in the year 9999", seal(future), key),
+        Poison("events", "ClockTick at the epoch", seal(epoch), key),
+        Poison("events", "JobAdmitted after the year 9999", seal(beyond), key),
+        event("events", "UsageSnapshot of NaN and infinite usage (default cluster)", usage),
     ]  # fmt: skip
 
 
-def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
+def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree, seal: Seal) -> list[Poison]:
+    event = functools.partial(_event, seal=seal)
+
     def admitted(label: str, change: Callable[[types_pb2.JobSpec], None]) -> Poison:
         spec = types_pb2.JobSpec(
             allocation="nlp",
@@ -177,7 +195,7 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
             client_request_id=_ghost(),
         )
         change(spec)
-        return _event("events", label, events_pb2.JobAdmitted(job_id=_ghost(), spec=spec))
+        return event("events", label, events_pb2.JobAdmitted(job_id=_ghost(), spec=spec))
 
     def zero(spec: types_pb2.JobSpec) -> None:
         spec.gpus = 0
@@ -212,21 +230,24 @@ def absurd_jobs_and_budgets(tree: types_pb2.BudgetTree) -> list[Poison]:
         admitted("JobAdmitted of NaN duration and GPU memory", nan),
         admitted("JobAdmitted of an unknown allocation and user", stranger),
         admitted("JobAdmitted of a 100,000-task workflow", wide),
-        _event("events", "BudgetChanged with NaN weights",
+        event("events", "BudgetChanged with NaN weights",
                events_pb2.BudgetChanged(tree=nan_tree, changed_by="x"), POISON_CLUSTER),
-        _event("events", "BudgetChanged to an empty tree",
+        event("events", "BudgetChanged to an empty tree",
                events_pb2.BudgetChanged(tree=empty, changed_by="x"), POISON_CLUSTER),
     ]  # fmt: skip
 
 
-def groups(nodes: list[str], tree: types_pb2.BudgetTree) -> list[tuple[str, list[Poison]]]:
-    """The three groups, in the order they are produced."""
+def groups(
+    nodes: list[str], tree: types_pb2.BudgetTree, seal: Seal
+) -> list[tuple[str, list[Poison]]]:
+    """The three groups, in the order they are produced; the event log's records sealed
+    by ``seal``."""
     topics = ("events", "decisions", "deadletter", "jobs_view", "nodes_view")
     every_topic = [poison for topic in topics for poison in undecodable(topic)]
     return [
-        ("undecodable records and ghosts, every topic", [*every_topic, *ghosts(nodes)]),
-        ("absurd nodes, clocks and usage", absurd_facts()),
-        ("absurd jobs and budget trees", absurd_jobs_and_budgets(tree)),
+        ("undecodable records and ghosts, every topic", [*every_topic, *ghosts(nodes, seal)]),
+        ("absurd nodes, clocks and usage", absurd_facts(seal)),
+        ("absurd jobs and budget trees", absurd_jobs_and_budgets(tree, seal)),
     ]
 
 

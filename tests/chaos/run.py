@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from qm.v1 import budget_service_pb2 as bs
@@ -52,6 +53,7 @@ from tests.chaos.workload import RETRYABLE, Submission, Workload, write_specs
 from tests.integration.stack import ROOT
 from tests.perf.options import option
 from tests.perf.stats import summary
+from tests.signed_log import Signers
 
 log = logging.getLogger("chaos")
 
@@ -135,7 +137,7 @@ async def drive(run: Run) -> None:
             if "fuzz" in settings.phases:
                 fuzzer = Fuzzer(
                     clients,
-                    stack.keys,
+                    stack.signer,
                     seed=settings.seed,
                     run_id=stack.run_id,
                     known_jobs=lambda: [
@@ -519,7 +521,9 @@ async def _poison(
     nodes = [n["node_id"] for n in AGENTS["a"]]
     written: Counter[str] = Counter()
     evidence: list[str] = []
-    for index, (label, poisons) in enumerate(groups(nodes, tree), start=1):
+    # An insider's keys: the services' and the nodes' (the gate lets their records in).
+    insider = Signers(stack.trust_file.parent, Path(stack.env["QM_NODE_KEY_DIR"]))
+    for index, (label, poisons) in enumerate(groups(nodes, tree, insider.seal), start=1):
         produced = await produce(kafka, topics, poisons)
         written.update(p.outcome for p in produced)
         evidence += [

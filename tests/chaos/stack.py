@@ -1,7 +1,7 @@
 """The chaos run's own stack: a fresh broker, every service under the supervisor.
 
 The integration :class:`~tests.integration.stack.Stack` gives fresh topic names,
-groups and secret; this one adds a broker of its own (its data folder under the
+groups and keys; this one adds a broker of its own (its data folder under the
 run's folder, ports from ``port_base``), several node agents, and runs each
 process under ``deploy/local/supervise.py`` in a session of its own. Every
 process carries ``QM_CHAOS_RUN`` in its environment, and so do the tasks the
@@ -192,6 +192,10 @@ class ChaosStack(Stack):
             self.start_agent(agent)
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}", timeout=180)
+        self.approve_nodes(self.declared_nodes(), timeout=180)
+
+    def declared_nodes(self) -> set[str]:
+        return {str(node["node_id"]) for nodes in AGENTS.values() for node in nodes}
 
     def stop(self, name: str, timeout: float = 25) -> int:
         """SIGTERM to the supervisor (it stops its service); SIGKILL to the group if stuck."""

@@ -87,6 +87,7 @@ def assert_audit_reproduces(stack: Stack, at_least: int) -> None:
             load_topic_config(Path(stack.topics_file)),
             stack.policy,
             group=stack.env["QM_PLACEMENT_GROUP"],
+            trust=stack.trust_file,
         )
     )
     assert result.ok, (result.config, result.divergence)

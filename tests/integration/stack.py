@@ -1,6 +1,6 @@
 """The real services as processes against the real broker, isolated per test session.
 
-Each session gets its own topic names, consumer groups, ports and secret, so
+Each session gets its own topic names, consumer groups, ports and keys, so
 runs never see each other's events even on a reused broker.
 """
 
@@ -24,11 +24,15 @@ import grpc
 import yaml
 from qm.v1 import cluster_service_pb2, cluster_service_pb2_grpc
 
-from libs.auth import Keys, issue_token
+from libs.auth import SigningKey, issue_token
+from libs.auth.keygen import ISSUER, PUBLIC_KEYS, keygen
+from libs.auth.tokens import SERVICE_SUBJECTS, read_private_key
 from libs.bus import KafkaSettings
 from libs.bus.access import ADMIN
+from libs.bus.writers import SERVICE_ROLES
 from libs.config.policy import load_policy
 from libs.core import PolicyConfig
+from libs.trust.install import init as init_trust
 from services.grpc_server import bearer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +76,9 @@ NODES = {
     ]
 }
 
+
+# Approves the stack's nodes (QM_OPERATORS).
+OPERATOR = "qm-operator"
 
 # Serving may hold one GPU of the 16 (so a workflow's models must share it and
 # evict), and gives it back a second after its queue drains.
@@ -120,7 +127,6 @@ class Stack:
         default_factory=lambda: os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     )
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    secret: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
     # Partitions of every topic (deploy/topics.yaml's count unless given).
     partitions: int | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -141,6 +147,10 @@ class Stack:
         self.logs = self.workdir / "logs"
         self.task_logs = self.logs / "tasks"
         self.task_logs.mkdir(parents=True, exist_ok=True)
+        # The token keys, as `make up` makes them: qm signs users' tokens with the issuer's,
+        # admission and the console sign their own with theirs (service_env).
+        self.auth_dir = self.workdir / "auth"
+        keygen(self.auth_dir)
         prefix = f"t{self.run_id}"
         # Groups start as the bus's grants expect (libs/bus/access.py).
         self.app_id = f"qm-projector-{prefix}"
@@ -157,6 +167,8 @@ class Stack:
         (self.workdir / "budget.yaml").write_text(yaml.safe_dump(BUDGET_TREE))
         (self.workdir / "nodes.yaml").write_text(yaml.safe_dump(NODES))
         (self.workdir / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+        # The services' keys, and the trust file that lists them (as `make up` makes them).
+        self.trust_file = init_trust(self.workdir / "trust")
         # Jobs' scratch folders, where every task account reaches them (pytest's are root's).
         self.scratch = Path(tempfile.mkdtemp(prefix=f"qm-scratch-{self.run_id}-"))
         self.checkpoints = Path(tempfile.mkdtemp(prefix=f"qm-checkpoints-{self.run_id}-"))
@@ -193,7 +205,9 @@ class Stack:
             "QM_KAFKA_SASL_PASSWORD_FILE": str(self.users_dir / ADMIN),
             "QM_KAFKA_USERS_DIR": str(self.users_dir),
             "QM_TOPICS": str(self.topics_file),
-            "QM_AUTH_SECRET": self.secret.decode(),
+            "QM_AUTH_PUBLIC_KEYS_FILE": str(self.auth_dir / PUBLIC_KEYS),
+            # The operator's key (qm token): services hold their own or none (service_env).
+            "QM_AUTH_SIGNING_KEY_FILE": str(self.auth_dir / f"{ISSUER}.key"),
             "QM_ADMISSION_ADDR": f"127.0.0.1:{self.admission_port}",
             "QM_ADMISSION_TARGET": f"127.0.0.1:{self.admission_port}",
             "QM_BUDGET_ADDR": f"127.0.0.1:{self.budget_port}",
@@ -208,6 +222,9 @@ class Stack:
             "QM_TASK_LOG_DIR": str(self.task_logs),
             "QM_SANDBOX": str(self.workdir / "sandbox.yaml"),
             "QM_NODE_STATE_DIR": str(self.workdir / "node-state"),
+            "QM_NODE_KEY_DIR": str(self.workdir / "node-keys"),
+            "QM_TRUST_FILE": str(self.trust_file),
+            "QM_OPERATORS": OPERATOR,
             "QM_HEARTBEAT_SECONDS": HEARTBEAT_S,
             "QM_PLACEMENT_GROUP": f"qm-placement-t{self.run_id}",
             "QM_POLICY_FILE": str(self.workdir / "policy.yaml"),
@@ -218,14 +235,29 @@ class Stack:
         }
 
     @property
-    def keys(self) -> Keys:
-        """The stack's signing key (``QM_AUTH_SECRET``)."""
-        return Keys((self.secret,))
+    def signer(self) -> SigningKey:
+        """The stack's user-token issuer key (the operator's ``QM_AUTH_SIGNING_KEY_FILE``)."""
+        return SigningKey(read_private_key(self.auth_dir / f"{ISSUER}.key"))
+
+    @property
+    def private_keys(self) -> list[bytes]:
+        """The key material of the stack's token keys (each PEM's base64), which no log or
+        task may see."""
+        return [
+            b"".join(line for line in path.read_bytes().splitlines() if b"-----" not in line)
+            for path in sorted(self.auth_dir.glob("*.key"))
+        ]
 
     def service_env(self, module: str) -> dict[str, str]:
         """The environment of ``services.<module>``: logged in to the bus as its principal."""
         env = {**self.env, **self.principal_env(module.replace("_", "-"))}
         del env["QM_KAFKA_USERS_DIR"]
+        # Only admission and the console sign tokens, each with its own key.
+        del env["QM_AUTH_SIGNING_KEY_FILE"]
+        if module in SERVICE_SUBJECTS:
+            env["QM_AUTH_SIGNING_KEY_FILE"] = str(self.auth_dir / f"{module}.key")
+        if module in SERVICE_ROLES:  # a writer of the event log signs with its own key
+            env["QM_EVENTS_KEY_FILE"] = str(self.trust_file.parent / f"{module}.key")
         return env
 
     def principal_env(self, principal: str) -> dict[str, str]:
@@ -243,10 +275,10 @@ class Stack:
         ``metrics_ports[name]``."""
         self._spawn(name, name, args, {})
 
-    def start_instance(self, key: str, name: str, env: Mapping[str, str]) -> None:
-        """Another instance of ``services.<name>``, known (and logging) as ``key``, with
-        ``env`` over its own settings."""
-        self._spawn(key, name, (), env)
+    def start_instance(self, key: str, name: str, env: Mapping[str, str], *args: str) -> None:
+        """Another instance of ``services.<name>`` (with ``args``), known (and logging) as
+        ``key``, with ``env`` over its own settings."""
+        self._spawn(key, name, args, env)
 
     def _spawn(self, key: str, name: str, args: tuple[str, ...], env: Mapping[str, str]) -> None:
         # As deploy/local/stack.sh runs a service: its log, and all it writes, are the
@@ -277,7 +309,7 @@ class Stack:
     def start_node_agent(self) -> None:
         """Killed, it leaves its tasks to their keepers for the next one to take back;
         stopped (``down``), it stops them: nothing of the stack outlives it."""
-        nodes = str(self.workdir / "nodes.yaml")
+        nodes = str(self.nodes_file)
         self.start("node_agent", "--nodes", nodes, "--name", self.run_id, "--stop-tasks-on-exit")
 
     def stop(self, name: str) -> int:
@@ -327,6 +359,44 @@ class Stack:
         self.start_node_agent()
         self.start("admission")
         self.wait_ready(f"grpc:127.0.0.1:{self.admission_port}")
+        self.approve_nodes(self.declared_nodes())
+
+    def declared_nodes(self) -> set[str]:
+        """The nodes the stack's agents run."""
+        return {
+            str(node["node_id"]) for node in yaml.safe_load(self.nodes_file.read_text())["nodes"]
+        }
+
+    @property
+    def nodes_file(self) -> Path:
+        return self.workdir / "nodes.yaml"
+
+    def approve_nodes(self, nodes: set[str], timeout: float = 60) -> None:
+        """Approve each of ``nodes`` as an operator does (``qm node approve``), once its
+        agent has offered its key: until then placement refuses what it says."""
+        stub = cluster_service_pb2_grpc.ClusterServiceStub(self.channel())
+        waiting, deadline = set(nodes), time.monotonic() + timeout
+        while waiting:
+            pending = stub.ListPendingNodes(
+                cluster_service_pb2.ListPendingNodesRequest(),
+                metadata=self.auth(OPERATOR),
+                timeout=10,
+            )
+            for node in pending.nodes:
+                if node.node_id in waiting:
+                    stub.ApproveNode(
+                        cluster_service_pb2.ApproveNodeRequest(
+                            node_id=node.node_id, fingerprint=node.fingerprint, cluster=node.cluster
+                        ),
+                        metadata=self.auth(OPERATOR),
+                        timeout=10,
+                    )
+                    waiting.discard(node.node_id)
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"nodes not pending approval in {timeout:g} s: {sorted(waiting)}"
+                )
+            time.sleep(0.2)
 
     def wait_registered(self, timeout: float = 60) -> None:
         """Until every declared node is in admission's view of the cluster: a job is
@@ -382,4 +452,4 @@ class Stack:
         return grpc.insecure_channel(f"127.0.0.1:{self.budget_port}")
 
     def auth(self, user: str) -> tuple[tuple[str, str], ...]:
-        return bearer(issue_token(user, self.keys))
+        return bearer(issue_token(user, self.signer))

@@ -43,7 +43,7 @@ def qm(stack: Stack, user: str, *args: str) -> str:
     env = {
         **stack.env,
         "QM_ADDR": f"127.0.0.1:{stack.admission_port}",
-        "QM_TOKEN": issue_token(user, stack.keys),
+        "QM_TOKEN": issue_token(user, stack.signer),
         "QM_TLS_CA": "",
     }
     result = CliRunner().invoke(app, list(args), env=env)

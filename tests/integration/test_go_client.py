@@ -101,7 +101,7 @@ def test_the_go_client_submits_reads_back_and_lists_a_job(
     tls_admission: tuple[str, Path],
 ) -> None:
     address, ca = tls_admission
-    token = issue_token("alice", stack.keys)
+    token = issue_token("alice", stack.signer)
     # A100 nodes are the stack's simulated ones: "train" runs there for the 0.5 s asked.
     args = ("-allocation", "vision", "-gpus", "2", "-gpu-type", "A100")
     args += ("-min-runtime", "60s", "-sim-seconds", "0.5")

@@ -25,7 +25,7 @@ def qm_env(stack: Stack, user: str) -> dict[str, str]:
     return {
         **os.environ,
         "QM_ADDR": f"127.0.0.1:{stack.admission_port}",
-        "QM_TOKEN": issue_token(user, stack.keys),
+        "QM_TOKEN": issue_token(user, stack.signer),
         "QM_TLS_CA": "",
     }
 
@@ -91,5 +91,5 @@ def test_an_agent_serves_its_logs_to_admissions_reader_only(stack: Stack, caller
     agent = logs_pb2_grpc.NodeLogServiceStub(grpc.insecure_channel(endpoint))
     request = logs_pb2.ReadTaskLogRequest(job_id="anything")
     with pytest.raises(grpc.RpcError) as refused:
-        list(agent.ReadTaskLog(request, metadata=bearer(issue_token(caller, stack.keys))))
+        list(agent.ReadTaskLog(request, metadata=bearer(issue_token(caller, stack.signer))))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED

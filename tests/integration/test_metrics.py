@@ -44,7 +44,7 @@ def test_placement_counts_its_decisions_and_shows_its_lag(
     # The stack waits for admission only: placement may still be joining its group.
     stack.wait_ready(f"http://127.0.0.1:{port}/readyz")
     assert status(f"http://127.0.0.1:{port}/metrics") == 401
-    token = issue_token("svc-prometheus", stack.keys)
+    token = issue_token("svc-prometheus", stack.signer)
 
     def placed(samples: Samples) -> float:
         return samples.get(("qm_decisions_total", frozenset({("kind", "task_placed")})), 0.0)
@@ -72,6 +72,6 @@ def test_every_service_answers_its_probes_and_the_projector_its_metrics(stack: S
         if name != "projector":  # its probe is /ready, on its web port
             stack.wait_ready(f"http://127.0.0.1:{port}/readyz")
             assert status(f"http://127.0.0.1:{port}/healthz") == 200, name
-    samples = scrape(stack.projector_port, issue_token("svc-prometheus", stack.keys))
+    samples = scrape(stack.projector_port, issue_token("svc-prometheus", stack.signer))
     free = samples[("qm_gpus", frozenset({("cluster", "default"), ("state", "free")}))]
     assert free > 0

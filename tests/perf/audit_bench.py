@@ -9,11 +9,17 @@ jobs each, written to fresh topics as placement would have: inputs at their offs
 decisions keyed by cluster. The logs are made once and kept in .local/bench (the
 simulator takes a minute); the topics are fresh per run.
 
+Every input is signed by its writer, each node approved before its first report
+(``tests/signed_log.py``), and the decisions are those placement makes behind the gate.
+
 ``audit.events_per_s`` counts what the audit reads and checks: input records replayed
 plus recorded decisions compared, over the wall time of ``audit_topics`` (the command's
 own work, without its start), with ``workers`` processes (``qm audit verify``'s default:
-one per core, at most one per partition). The baseline, same run: reading and decoding
-the same records without replaying them (``audit.read_events_per_s``).
+one per core, at most one per partition), each checking its inputs' signatures with the
+trust file as placement does. The baselines, same run: the same replay without checking
+them (``audit.unchecked_events_per_s``: what checking costs is ``audit.vs_unchecked``),
+and reading and decoding the same records without replaying them
+(``audit.read_events_per_s``).
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from tests.perf.live_bench import broker
 from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
+from tests.signed_log import Signers, decide, sign
 
 CACHE = ROOT / ".local" / "bench"
+TRUST = CACHE / "trust"
 ARRIVAL_S = 150.0
 
 
@@ -53,8 +61,8 @@ class AuditParams:
 
 
 def _record(partition: int, jobs: int) -> Path:
-    """One partition's log, made by the golden recorder (cached)."""
-    path = CACHE / f"audit-p{partition}-j{jobs}-a{ARRIVAL_S:.0f}"
+    """One partition's log, made by the golden recorder and signed (cached)."""
+    path = CACHE / f"audit-p{partition}-j{jobs}-a{ARRIVAL_S:.0f}-signed"
     inputs, decisions = path.with_suffix(".input.bin"), path.with_suffix(".decisions.bin")
     if not inputs.exists():
         steps = list(
@@ -66,13 +74,16 @@ def _record(partition: int, jobs: int) -> Path:
                 arrival_s=ARRIVAL_S,
             ).steps()
         )
-        CACHE.mkdir(parents=True, exist_ok=True)
-        write_log(decisions, [d for step in steps for d in step.decisions])
-        write_log(inputs, [step.input for step in steps])
+        signers = Signers(TRUST)
+        sealed = sign((step.input for step in steps), signers)
+        write_log(decisions, decide(sealed, signers.trust_file, partition))
+        write_log(inputs, sealed)
     return path
 
 
 def _logs(params: AuditParams) -> list[Path]:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    Signers(TRUST)  # the services' keys, made once before the partitions are signed
     with ProcessPoolExecutor() as pool:
         return list(pool.map(_record, range(params.partitions), [params.jobs] * params.partitions))
 
@@ -135,6 +146,7 @@ class AuditResult:
     records: int
     events: int
     seconds: float
+    unchecked_seconds: float
     read_seconds: float
     read_records: int
     ok: bool
@@ -150,10 +162,21 @@ def scenario(workdir: Path, params: AuditParams) -> AuditResult:
     read = asyncio.run(_read_only(settings, topics))
     read_seconds = time.monotonic() - started
     started = time.monotonic()
-    result = audit_parallel(settings, topics, workers=params.workers or None)
+    unchecked = audit_parallel(settings, topics, workers=params.workers or None)
+    unchecked_seconds = time.monotonic() - started
+    started = time.monotonic()
+    result = audit_parallel(
+        settings, topics, workers=params.workers or None, trust=Signers(TRUST).trust_file
+    )
     seconds = time.monotonic() - started
     return AuditResult(
-        records, result.inputs + result.checked, seconds, read_seconds, read, result.ok
+        records,
+        result.inputs + result.checked,
+        seconds,
+        unchecked_seconds,
+        read_seconds,
+        read,
+        result.ok and unchecked.ok,
     )
 
 
@@ -161,6 +184,7 @@ def run_audit(params: AuditParams) -> list[Figure]:
     with broker(params.bootstrap), tempfile.TemporaryDirectory() as workdir:
         result = scenario(Path(workdir), params)
     rate = result.events / result.seconds
+    unchecked_rate = result.events / result.unchecked_seconds
     read_rate = result.read_records / result.read_seconds
     table(
         f"audit: {params.partitions} partitions × {params.jobs:,} jobs "
@@ -168,6 +192,12 @@ def run_audit(params: AuditParams) -> list[Figure]:
         ["pass", "records", "s", "events/s"],
         [
             ["qm audit verify's replay", f"{result.events:,}", fmt(result.seconds), fmt(rate)],
+            [
+                "the same, signatures unchecked (baseline)",
+                f"{result.events:,}",
+                fmt(result.unchecked_seconds),
+                fmt(unchecked_rate),
+            ],
             [
                 "read + decode only (baseline)",
                 f"{result.read_records:,}",
@@ -180,6 +210,8 @@ def run_audit(params: AuditParams) -> list[Figure]:
         console.print("audit: the log did not reproduce")
     return [
         Figure("audit.events_per_s", rate, "/s"),
+        Figure("audit.unchecked_events_per_s", unchecked_rate, "/s"),
+        Figure("audit.vs_unchecked", rate / unchecked_rate, "×"),
         Figure("audit.read_events_per_s", read_rate, "/s"),
         Figure("audit.vs_read", rate / read_rate, "×"),
         Figure("audit.ok", 1.0 if result.ok else 0.0, ""),

@@ -58,6 +58,7 @@ from libs.core import (
 )
 from libs.core.budget_tree import BudgetNode, BudgetTree
 from libs.sim.world import World
+from tests.perf.gate_bench import gate_us
 from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, fmt_us, percentile, ratio, summary, table
@@ -265,12 +266,14 @@ class CoreResult:
     measure_s: float
     cpu_share: float
     scaling: list[CoreResult] = field(default_factory=list)
+    gate_us: list[float] = field(default_factory=list)  # checking a record's signer
 
 
 def run_core(params: CoreParams) -> CoreResult:
     """The main run at ``params``, then the scaling sweep (``SCALING``): a point of the
     main run's size and queue is the main run itself."""
     main = measure_core(params)
+    main.gate_us = gate_us()
     for nodes, inputs, setup_s, measure_s in SCALING:
         waiting = nodes * WAITING_PER_NODE
         if nodes == params.nodes and waiting == params.waiting:
@@ -422,11 +425,19 @@ def report_core(result: CoreResult) -> list[Figure]:
         f"this process got {result.cpu_share:.0%} of a core while measuring (load "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
+    every_input = percentile(_us(calls), 50)
+    gate = percentile(result.gate_us, 50)
+    console.print(
+        f"checking a record's signer first (libs/trust/gate.py, Ed25519): p50 "
+        f"{fmt_us(gate)} a record, {ratio(gate, every_input)} the core's p50 per input"
+    )
     figures = [
         Figure("core.median_us", median, "µs"),
         Figure("core.p99_us", p99, "µs"),
         Figure("core.placing_vs_noop", median / noop_p50 if noop_p50 else math.nan, "×"),
-        Figure("core.every_input_p50_us", percentile(_us(calls), 50), "µs"),
+        Figure("core.every_input_p50_us", every_input, "µs"),
+        Figure("core.gate_check_us", gate, "µs"),
+        Figure("core.gate_vs_every_input", gate / every_input, "×"),
         Figure("core.digest_p50_us", percentile(result.digest_us, 50), "µs"),
     ]
     return figures + report_scaling(result.scaling)

@@ -37,6 +37,7 @@ from tests.perf.live_bench import broker
 from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
+from tests.signed_log import Signers, sign
 
 PARTITIONS = 4
 INSTANCES = ("a", "b")
@@ -125,7 +126,10 @@ async def _scenario(stack: Stack, params: FailoverParams) -> FailoverResult:
     sent: dict[str, tuple[float, int]] = {}  # job id -> (written at, partition)
     watcher = Watcher(stack)
     watching = asyncio.create_task(watcher.run(topics.decisions.name))
-    async with EventProducer(bus, client_id="failover-bench") as producer:
+    # Signed as their writers sign them, each node approved first (placement refuses
+    # anything else).
+    signers = Signers(stack.trust_file.parent)
+    async with EventProducer(bus, client_id="failover-bench", sealer=signers) as producer:
         for cluster in names:
             for n in range(params.nodes_per_cluster):
                 inventory = types_pb2.NodeInventory(
@@ -140,7 +144,8 @@ async def _scenario(stack: Stack, params: FailoverParams) -> FailoverResult:
                     producer="bench",
                     cluster=cluster,
                 )
-                await producer.send(topics.events.name, env)
+                for sealed in sign([env], signers):
+                    await producer.send(topics.events.name, sealed)
         for instance in INSTANCES:
             stack.start_instance(
                 f"placement-{instance}", "placement", {"QM_PLACEMENT_INSTANCE": instance}

@@ -30,6 +30,7 @@ from tests.perf.live_bench import broker
 from tests.perf.options import option
 from tests.perf.ranges import Figure
 from tests.perf.stats import console, fmt, table
+from tests.signed_log import Signers, sign
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NODES, GPUS = 100, 8
@@ -83,9 +84,11 @@ def _job(job_id: str, gpus: int, at: datetime) -> events_pb2.Envelope:
 
 
 async def _write(stack: Stack, envs: list[events_pb2.Envelope]) -> None:
+    """The log, as its writers sign it (placement refuses what they did not)."""
     topics = load_topic_config(stack.topics_file)
+    sealed = sign(envs, Signers(stack.trust_file.parent))
     async with EventProducer(KafkaBus(stack.kafka_settings()), client_id="restart") as producer:
-        pending = [await producer.enqueue(topics.events.name, env) for env in envs]
+        pending = [await producer.enqueue(topics.events.name, env) for env in sealed]
         await asyncio.gather(*pending)
 
 

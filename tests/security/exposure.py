@@ -4,7 +4,7 @@ the task's account, names them), and what a stack's logs hold (``logged``).
 
 A secret is a token (a JWT: its header and payload are base64url JSON, each "eyJ..."), a
 private key (PEM), or the content of a password file: the broker's SCRAM passwords and the
-signing secret. ("eyJ" alone is no token: "KeyJsonConverter" has it, in Kafka's jars.)
+token keys' private halves. ("eyJ" alone is no token: "KeyJsonConverter" has it, in Kafka's jars.)
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ class Secrets:
         stacks = list(stacks)
         users = {file for stack in stacks for file in stack.users_dir.iterdir()}
         users |= {file for state in states for file in password_files(state)}
-        return cls.of(sorted(users), (stack.secret for stack in stacks))
+        return cls.of(sorted(users), (key for stack in stacks for key in stack.private_keys))
 
 
 def password_files(state: Path) -> Iterator[Path]:
     """The password files of a state folder like ``.local``: each broker's accounts'
-    (``kafka*/users/``) and the signing secret (``auth-secret``)."""
+    (``kafka*/users/``) and the token keys' private halves (``auth/*.key``)."""
     yield from state.glob("kafka*/users/*")
-    yield from state.glob("auth-secret")
+    yield from state.glob("auth/*.key")
 
 
 def found(content: bytes, secrets: Secrets) -> list[str]:

@@ -28,7 +28,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import logs_pb2, logs_pb2_grpc
 
-from libs.auth import Keys, issue_token
+from libs.auth import SigningKey, issue_token
 from services.grpc_server import bearer
 from tests.integration.conftest import wait_for_end
 from tests.integration.stack import ROOT, Stack
@@ -66,14 +66,15 @@ def test_the_check_catches_a_secret_another_account_can_read(shared: Path) -> No
     """A copy of a state folder, readable where it should not be: the log holding a token
     and the world-readable key are caught; the same files kept as ``make up`` keeps
     them (the folder 0700) are out of reach."""
-    token = issue_token("carol", Keys((b"an-exposure-test-secret-of-32-bytes",)))
+    token = issue_token("carol", SigningKey.generate())
     state = shared / "local"
     (state / "logs").mkdir(parents=True)
     (state / "tls").mkdir(mode=0o700)
+    (state / "auth").mkdir(mode=0o700)
     files = {
         state / "logs" / "console.log": (f'"GET /?token={token} HTTP/1.1" 303\n', 0o644),
         state / "logs" / "budget.log": ("serving on 50052\n", 0o644),
-        state / "auth-secret": ("the-signing-secret\n", 0o600),
+        state / "auth" / "issuer.key": ("the-signing-key\n", 0o600),
         state / "tls" / "server.key": ("-----BEGIN PRIVATE KEY-----\n", 0o644),
         state / "kafka-users-admin": ("broker-password\n", 0o644),
     }
@@ -81,7 +82,7 @@ def test_the_check_catches_a_secret_another_account_can_read(shared: Path) -> No
         path.write_text(content)
         path.chmod(mode)
     state.chmod(0o755)
-    secrets = Secrets.of([state / "kafka-users-admin"], [b"the-signing-secret"])
+    secrets = Secrets.of([state / "kafka-users-admin"], [b"the-signing-key"])
     paths = list(files_under(state))
     assert exposed(read_as_nobody(paths, shared), secrets) == {
         state / "logs" / "console.log": ["a token (eyJ...)"],
@@ -96,10 +97,10 @@ def test_the_log_check_names_each_secret_a_log_holds(tmp_path: Path) -> None:
     users.mkdir(parents=True)
     (users / "placement").write_text("placement-password\n")
     stack = Stack(tmp_path / "stack", users_dir=users)
-    token = issue_token("alice", stack.keys)
+    token = issue_token("alice", stack.signer)
     (stack.logs / "console.log").write_text(f"GET /api/view 200\nAuthorization: Bearer {token}\n")
     (stack.logs / "placement.log").write_text("login with placement-password\n")
-    (stack.task_logs / "j-1.log").write_text(f"my key: {stack.secret.decode()}\n")
+    (stack.task_logs / "j-1.log").write_text(f"my key: {stack.private_keys[0].decode()}\n")
     (stack.logs / "budget.log").write_text("serving on 50052\n")
     (tmp_path / "kafka" / "logs").mkdir()
     (tmp_path / "kafka" / "logs" / "server.log").write_text("-----BEGIN PRIVATE KEY-----\n")
@@ -140,7 +141,7 @@ def get(url: str, token: str) -> int:
 @pytest.mark.kafka
 def test_no_server_logs_a_token_sent_in_the_address_or_a_header(stack: Stack) -> None:
     """Valid tokens (an operator's, the services' own), each sent to every server."""
-    sent = {user: issue_token(user, stack.keys) for user in ("carol", "svc-console")}
+    sent = {user: issue_token(user, stack.signer) for user in ("carol", "svc-console")}
     servers = [
         f"{stack.console_url}{path}" for path in ("/", "/api/view", "/login", "/events")
     ] + [

@@ -70,7 +70,7 @@ async def run(runner: ProcessExecutor, logs: Path, job: events_pb2.TaskPlaced) -
 
 async def test_a_task_sees_none_of_the_agents_environment(tmp_path: Path) -> None:
     agent_env = {
-        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "QM_AUTH_SECRET": "signing-key",
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "QM_AUTH_SIGNING_KEY_FILE": "/etc/qm/key",
         "QM_KAFKA_SASL_PASSWORD": "bus-password", "AWS_SECRET_ACCESS_KEY": "cloud",
     }  # fmt: skip
     runner = runs_in(tmp_path, SandboxFile(), agent_env, switch=False)

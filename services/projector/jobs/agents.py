@@ -1,4 +1,5 @@
-"""Keeps the job tables: decode, fold with ``libs.readmodels``, store."""
+"""Keeps the job tables: decode, check (``services.projector.trust``: refused records
+are skipped, the nodes agent parks them), fold with ``libs.readmodels``, store."""
 
 from __future__ import annotations
 

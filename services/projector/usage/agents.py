@@ -6,11 +6,20 @@ app's consumer group resumes from committed offsets and is shared with the
 jobs and nodes agents, which must not be rewound. Every ``SNAPSHOT_EVERY`` records
 folded, the ledger is snapshotted (``snapshots.py``), so a restart after a million
 events folds only those since.
+
+Every record of the events topic passes the gate first (``services.projector.trust``);
+one it refuses is skipped (the nodes agent parks it). The ledger is judged on its own
+state, not the nodes and jobs tables: the nodes' keys and the tasks' nodes it folded
+itself, in log order (``libs.readmodels.usage``). The tables are the log as it is now,
+so a rebuild from offset 0 would judge a node's old reports against a revocation made
+since, and unmake charges placement made from them; judged on its own fold, the
+ledger says the same of a log prefix whenever it is folded, as placement does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import UTC, datetime
 
@@ -19,10 +28,12 @@ from qm.v1 import events_pb2, snapshot_pb2
 
 from libs.bus import Bus, KafkaBus, LogReader
 from libs.bus.producer import TYPE_HEADER
-from libs.events import encode
 from libs.events.snapshot import SnapshotError
+from libs.trust import SigningKey
+from services.projector import trust
 from services.projector.app import KAFKA, TOPICS, app
 from services.projector.usage import snapshots, state
+from services.trust import signing_key_from_env
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,12 @@ SNAPSHOT_CHECK_S = 30.0
 events_out = app.topic(TOPICS.events.name, key_type=bytes, value_type=bytes)
 
 
+@functools.cache
+def signer() -> SigningKey:
+    """The projector's key, which signs the snapshots it writes (``QM_EVENTS_KEY_FILE``)."""
+    return signing_key_from_env("projector")
+
+
 async def fold_events() -> None:
     """Fold the whole log, mark the ledger rebuilt, then keep folding as the log grows.
 
@@ -44,6 +61,8 @@ async def fold_events() -> None:
     lost with its node, whose end no agent reports; and for the knobs placement
     announces, which must be the ledger's.
     """
+    signer()  # a missing or bad key stops the worker now, not at its first snapshot
+    trust.gate()
     store = snapshots.LedgerSnapshots(BUS, TOPICS.usage_snapshots)
     start = await _restore(store)
     reader = LogReader(BUS, TOPICS.events.name, name="projector-usage-events")
@@ -51,14 +70,14 @@ async def fold_events() -> None:
     await reader.start(start.events_offsets if start else None)
     await decisions.start(start.decisions_offsets if start else None)
     try:
-        folded = await reader.catch_up(state.ledger.apply)
+        folded = await reader.catch_up_records(_fold_event)
         await decisions.catch_up(_fold_decision)
         log.info("usage ledger rebuilt from %d events", folded)
         if mismatch := state.placement.mismatch(PRODUCER):
             log.error("%s", mismatch)
         state.rebuilt.set()
         await asyncio.gather(
-            reader.follow(state.ledger.apply),
+            reader.follow_records(_fold_event),
             decisions.follow(_fold_decision),
             _snapshot_every(store, reader, decisions, _folded(start)),
         )
@@ -115,6 +134,22 @@ async def _snapshot_every(
         await asyncio.sleep(SNAPSHOT_CHECK_S)
 
 
+def _fold_event(env: events_pb2.Envelope, record: bytes) -> None:
+    """Fold one record of the events topic, if the gate lets it through."""
+    refused = trust.gate().check(
+        env,
+        record,
+        functools.partial(state.ledger.node_key, env.cluster),
+        functools.partial(state.ledger.task_node, env.cluster),
+    )
+    if refused is not None:
+        log.info(
+            "usage ledger skipped %s %s: %s", env.event_id, env.key_id, trust.untrusted(refused)
+        )
+        return
+    state.ledger.apply(env)
+
+
 def _fold_decision(env: events_pb2.Envelope) -> None:
     state.ledger.decided(env)
     # While catching up, announcements placement has since replaced go by unsaid.
@@ -135,7 +170,7 @@ async def publish_snapshots() -> int:
         try:
             delivery = await events_out.send(
                 key=env.cluster.encode(),
-                value=encode(env),
+                value=signer().seal(env),
                 headers=[(TYPE_HEADER, b"usage_snapshot")],
             )
             await delivery

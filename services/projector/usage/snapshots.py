@@ -25,7 +25,9 @@ from libs.readmodels import PlacementKnobs, UsageLedger
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+# 2: the ledger keeps the nodes' keys and tasks' nodes its gate judges by, and folded
+# only the records the gate let through; a format 1 snapshot is refolded from the log.
+FORMAT = 2
 KEY = b"usage-ledger"
 # What a ledger's state may name: its classes, the core's usage, and protobuf messages.
 PACKAGES = ("libs.readmodels", "libs.core", "qm.v1", "google.protobuf.timestamp_pb2")

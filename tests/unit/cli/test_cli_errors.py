@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from cli import connection
 from cli.app import app
 from cli.params import Duration, Number, key_value
+from libs.auth.keygen import keygen
 
 Path_ = tuple[str, ...]
 
@@ -43,7 +44,7 @@ COMMANDS = dict(commands())
 # Commands that need no service: their flags and files are checked below, and their
 # own environment in test_offline_commands_name_what_is_missing.
 OFFLINE = {("sim", "run"), ("sim", "workflows"), ("sim", "mixed"), ("token", "issue"), ("login",)}
-OFFLINE |= {("secret", "set")}  # writes a local folder
+OFFLINE |= {("secret", "set"), ("token", "keygen")}  # write a local folder
 OFFLINE |= {("audit", "verify"), ("export",)}  # read Kafka directly
 # Flags naming data rather than a config file: only the path must be in the error.
 DATA_FILES = {"--trace-path"}
@@ -182,8 +183,8 @@ def run(case: Case) -> None:
         "QM_BUDGET_ADDR": DEAD,
         "QM_TOKEN": "qm1.dGVzdA.00",
         "QM_KAFKA_BOOTSTRAP": DEAD,
-        "QM_AUTH_SECRET": "",
-        "QM_AUTH_SECRET_FILE": "",
+        "QM_AUTH_SIGNING_KEY_FILE": "",
+        "QM_AUTH_PUBLIC_KEYS_FILE": "",
         "QM_TLS_CA": "",
         "QM_POLICY_FILE": "",
         "COLUMNS": "1000",  # typer's error box: one line per message
@@ -245,16 +246,19 @@ def test_service_commands_fail_clearly_without_token_or_service(case: Case) -> N
     run(case)
 
 
-def test_offline_commands_name_what_is_missing() -> None:
-    run(Case(("token", "issue"), ("alice",), ("QM_AUTH_SECRET",)))
-    key = (("QM_AUTH_SECRET", "k" * 32),)
+def test_offline_commands_name_what_is_missing(tmp_path: Path) -> None:
+    run(Case(("token", "issue"), ("alice",), ("QM_AUTH_SIGNING_KEY_FILE", "keygen")))
+    keygen(tmp_path / "keys")
+    key = (("QM_AUTH_SIGNING_KEY_FILE", str(tmp_path / "keys" / "issuer.key")),)
     run(Case(("token", "issue"), ("a b",), ("invalid user name",), key))
     run(Case(("token", "issue"), ("alice", "--ttl", "0"), ("--ttl", "> 0"), key))
-    run(
-        Case(
-            ("token", "issue"), ("alice",), ("fewer than 32", "openssl"), (("QM_AUTH_SECRET", "s"),)
-        )
-    )
+    (tmp_path / "not-a-key").write_text("k" * 32 + "\n")
+    (tmp_path / "not-a-key").chmod(0o600)
+    not_a_key = (("QM_AUTH_SIGNING_KEY_FILE", str(tmp_path / "not-a-key")),)
+    run(Case(("token", "issue"), ("alice",), ("not-a-key", "not an unencrypted PEM"), not_a_key))
+    (tmp_path / "keys" / "issuer.key").chmod(0o644)
+    run(Case(("token", "issue"), ("alice",), ("issuer.key", "chmod 600"), key))
+    run(Case(("token", "keygen"), (str(tmp_path / "not-a-key" / "keys"),), ("not-a-key",)))
     run(Case(("login",), (), ("name a USER",), key))
     run(Case(("login",), ("--token", "junk"), ("not a token",), key))
     run(Case(("audit", "verify"), (), (DEAD,)))

@@ -18,7 +18,8 @@ MAY_IMPORT = {
     "telemetry": {"core", "events", "config"},
     "readmodels": {"core", "events", "config"},
     "bus": {"core", "events", "config", "auth", "telemetry"},
-    "audit": {"core", "events", "config", "auth", "telemetry", "bus"},
+    "trust": {"core", "events", "config", "bus"},
+    "audit": {"core", "events", "config", "auth", "telemetry", "bus", "trust"},
     "sim": {"core", "events", "config", "readmodels"},
 }
 

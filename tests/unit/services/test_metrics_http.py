@@ -4,23 +4,27 @@ served for real on a free port."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from libs.auth import Keys, issue_token
+from libs.auth import SigningKey, issue_token
+from libs.auth.keygen import PUBLIC_KEYS, keygen
+from libs.auth.tokens import Keys
 from libs.config.document import ConfigError
 from libs.telemetry.metrics import DECISIONS
 from services.metrics_http import DEFAULT_PORTS, MetricsSettings, metrics_keys, metrics_server
 
-KEYS = Keys((b"metrics-test-key-" * 2,))
-OTHER = Keys((b"another-installation-" * 2,))
+SIGNER = SigningKey.generate()
+KEYS = Keys.trusting(SIGNER)
+OTHER = SigningKey.generate()  # another installation's
 SETTINGS = MetricsSettings.from_env({"QM_METRICS_PORT": "0"})
 
 
-def bearer(user: str, keys: Keys = KEYS) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue_token(user, keys)}"}
+def bearer(user: str, signer: SigningKey = SIGNER) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(user, signer)}"}
 
 
 async def test_probes_are_open_and_ready_follows_the_service() -> None:
@@ -81,12 +85,12 @@ def test_each_service_has_its_own_default_port() -> None:
     assert MetricsSettings.from_env({}).port is None
 
 
-async def test_without_a_signing_secret_metrics_are_closed_and_probes_open(
+async def test_without_public_keys_metrics_are_closed_and_probes_open(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Placement, the ticker and node agents need the key for /metrics only: a node may
-    run without it, and nobody reads its metrics."""
-    for name in ("QM_AUTH_SECRET", "QM_AUTH_SECRET_FILE", "QM_OIDC_JWKS_URL"):
+    """Placement, the ticker and node agents need the public keys for /metrics only: a
+    node may run without them, and nobody reads its metrics."""
+    for name in ("QM_AUTH_PUBLIC_KEYS_FILE", "QM_OIDC_JWKS_URL"):
         monkeypatch.delenv(name, raising=False)
     keys = metrics_keys()
     assert keys is None
@@ -100,11 +104,16 @@ async def test_without_a_signing_secret_metrics_are_closed_and_probes_open(
             assert response.status == 200
 
 
-def test_a_weak_signing_secret_still_stops_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("QM_AUTH_INSECURE_DEV", raising=False)
-    monkeypatch.setenv("QM_AUTH_SECRET", "short")
-    with pytest.raises(ConfigError, match="fewer than 32"):
+def test_a_bad_public_keys_file_still_stops_the_service(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("QM_AUTH_PUBLIC_KEYS_FILE", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match=r"QM_AUTH_PUBLIC_KEYS_FILE .*missing.yaml: cannot read"):
         metrics_keys()
+    keygen(tmp_path / "keys")
+    monkeypatch.setenv("QM_AUTH_PUBLIC_KEYS_FILE", str(tmp_path / "keys" / PUBLIC_KEYS))
+    keys = metrics_keys()
+    assert keys is not None and len(keys.public) == 3
 
 
 async def test_no_request_leaves_a_token_in_the_log(caplog: pytest.LogCaptureFixture) -> None:

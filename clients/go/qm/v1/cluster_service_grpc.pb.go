@@ -19,9 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ClusterService_ListNodes_FullMethodName    = "/qm.v1.ClusterService/ListNodes"
-	ClusterService_CordonNode_FullMethodName   = "/qm.v1.ClusterService/CordonNode"
-	ClusterService_UncordonNode_FullMethodName = "/qm.v1.ClusterService/UncordonNode"
+	ClusterService_ListNodes_FullMethodName        = "/qm.v1.ClusterService/ListNodes"
+	ClusterService_CordonNode_FullMethodName       = "/qm.v1.ClusterService/CordonNode"
+	ClusterService_UncordonNode_FullMethodName     = "/qm.v1.ClusterService/UncordonNode"
+	ClusterService_ListPendingNodes_FullMethodName = "/qm.v1.ClusterService/ListPendingNodes"
+	ClusterService_ApproveNode_FullMethodName      = "/qm.v1.ClusterService/ApproveNode"
+	ClusterService_RevokeNode_FullMethodName       = "/qm.v1.ClusterService/RevokeNode"
 )
 
 // ClusterServiceClient is the client API for ClusterService service.
@@ -38,6 +41,12 @@ type ClusterServiceClient interface {
 	CordonNode(ctx context.Context, in *CordonNodeRequest, opts ...grpc.CallOption) (*CordonNodeResponse, error)
 	// Operators only: give a cordoned node back to scheduling.
 	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
+	// Operators only: the nodes whose agents offered a key no operator has approved.
+	ListPendingNodes(ctx context.Context, in *ListPendingNodesRequest, opts ...grpc.CallOption) (*ListPendingNodesResponse, error)
+	// Operators only: trust a pending node's key (its events are refused until then).
+	ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error)
+	// Operators only: stop trusting a node's key; its events are refused from now on.
+	RevokeNode(ctx context.Context, in *RevokeNodeRequest, opts ...grpc.CallOption) (*RevokeNodeResponse, error)
 }
 
 type clusterServiceClient struct {
@@ -78,6 +87,36 @@ func (c *clusterServiceClient) UncordonNode(ctx context.Context, in *UncordonNod
 	return out, nil
 }
 
+func (c *clusterServiceClient) ListPendingNodes(ctx context.Context, in *ListPendingNodesRequest, opts ...grpc.CallOption) (*ListPendingNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPendingNodesResponse)
+	err := c.cc.Invoke(ctx, ClusterService_ListPendingNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) ApproveNode(ctx context.Context, in *ApproveNodeRequest, opts ...grpc.CallOption) (*ApproveNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApproveNodeResponse)
+	err := c.cc.Invoke(ctx, ClusterService_ApproveNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) RevokeNode(ctx context.Context, in *RevokeNodeRequest, opts ...grpc.CallOption) (*RevokeNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeNodeResponse)
+	err := c.cc.Invoke(ctx, ClusterService_RevokeNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServiceServer is the server API for ClusterService service.
 // All implementations must embed UnimplementedClusterServiceServer
 // for forward compatibility.
@@ -92,6 +131,12 @@ type ClusterServiceServer interface {
 	CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error)
 	// Operators only: give a cordoned node back to scheduling.
 	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)
+	// Operators only: the nodes whose agents offered a key no operator has approved.
+	ListPendingNodes(context.Context, *ListPendingNodesRequest) (*ListPendingNodesResponse, error)
+	// Operators only: trust a pending node's key (its events are refused until then).
+	ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error)
+	// Operators only: stop trusting a node's key; its events are refused from now on.
+	RevokeNode(context.Context, *RevokeNodeRequest) (*RevokeNodeResponse, error)
 	mustEmbedUnimplementedClusterServiceServer()
 }
 
@@ -110,6 +155,15 @@ func (UnimplementedClusterServiceServer) CordonNode(context.Context, *CordonNode
 }
 func (UnimplementedClusterServiceServer) UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method UncordonNode not implemented")
+}
+func (UnimplementedClusterServiceServer) ListPendingNodes(context.Context, *ListPendingNodesRequest) (*ListPendingNodesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListPendingNodes not implemented")
+}
+func (UnimplementedClusterServiceServer) ApproveNode(context.Context, *ApproveNodeRequest) (*ApproveNodeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ApproveNode not implemented")
+}
+func (UnimplementedClusterServiceServer) RevokeNode(context.Context, *RevokeNodeRequest) (*RevokeNodeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RevokeNode not implemented")
 }
 func (UnimplementedClusterServiceServer) mustEmbedUnimplementedClusterServiceServer() {}
 func (UnimplementedClusterServiceServer) testEmbeddedByValue()                        {}
@@ -186,6 +240,60 @@ func _ClusterService_UncordonNode_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterService_ListPendingNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPendingNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).ListPendingNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_ListPendingNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).ListPendingNodes(ctx, req.(*ListPendingNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_ApproveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApproveNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).ApproveNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_ApproveNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).ApproveNode(ctx, req.(*ApproveNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_RevokeNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).RevokeNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_RevokeNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).RevokeNode(ctx, req.(*RevokeNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ClusterService_ServiceDesc is the grpc.ServiceDesc for ClusterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -204,6 +312,18 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UncordonNode",
 			Handler:    _ClusterService_UncordonNode_Handler,
+		},
+		{
+			MethodName: "ListPendingNodes",
+			Handler:    _ClusterService_ListPendingNodes_Handler,
+		},
+		{
+			MethodName: "ApproveNode",
+			Handler:    _ClusterService_ApproveNode_Handler,
+		},
+		{
+			MethodName: "RevokeNode",
+			Handler:    _ClusterService_RevokeNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -8,17 +8,20 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from libs.auth import AuthError, Keys, verify_token
+from libs.auth import AuthError, Keys, SigningKey, issue_token, verify_token
+from libs.auth.keygen import PUBLIC_KEYS, keygen
 from libs.auth.tokens import Oidc, load_keys
 
 PROVIDER = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 IMPOSTOR = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 ISSUER = "https://login.example.org"
+INSTALLATION = SigningKey.generate()
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +56,13 @@ def provider_token(key: rsa.RSAPrivateKey = PROVIDER, **changes: object) -> str:
 
 
 def keys(jwks_url: str) -> Keys:
-    return Keys((b"k" * 32,), oidc=Oidc(jwks_url, ISSUER, "qm-cli"))
+    return Keys((INSTALLATION.public(),), oidc=Oidc(jwks_url, ISSUER, "qm-cli"))
 
 
 def test_a_providers_token_names_its_user(jwks_url: str) -> None:
     assert verify_token(provider_token(), keys(jwks_url)) == "alice"
+    # The installation's own tokens are accepted beside them.
+    assert verify_token(issue_token("bob", INSTALLATION), keys(jwks_url)) == "bob"
 
 
 @pytest.mark.parametrize(
@@ -77,13 +82,14 @@ def test_a_bad_providers_token_is_refused(jwks_url: str, token: object, message:
 
 def test_without_a_provider_its_tokens_are_refused() -> None:
     with pytest.raises(AuthError, match="'RS256', which this installation does not accept"):
-        verify_token(provider_token(), Keys((b"k" * 32,)))
+        verify_token(provider_token(), Keys.trusting(INSTALLATION))
 
 
-def test_the_provider_is_configured_from_the_environment(jwks_url: str) -> None:
+def test_the_provider_is_configured_from_the_environment(jwks_url: str, tmp_path: Path) -> None:
+    keygen(tmp_path)
     configured = load_keys(
         {
-            "QM_AUTH_SECRET": "k" * 32,
+            "QM_AUTH_PUBLIC_KEYS_FILE": str(tmp_path / PUBLIC_KEYS),
             "QM_OIDC_JWKS_URL": jwks_url,
             "QM_OIDC_ISSUER": ISSUER,
             "QM_OIDC_AUDIENCE": "qm-cli",

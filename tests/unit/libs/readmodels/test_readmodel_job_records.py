@@ -221,3 +221,23 @@ def test_jobs_lists_the_newest_first_with_their_tasks() -> None:
     either = JobFilter(states=frozenset({S.JOB_STATE_FINISHED, S.JOB_STATE_PLACED}))
     assert [j.job_id for j in book.jobs(where=either, limit=1)] == ["j-new"]
     assert book.job("j-none") is None
+
+
+def test_the_node_a_task_runs_on_is_its_placements() -> None:
+    """What the gate checks a node's report on a task against."""
+    book, *_ = records()
+    for event in [
+        submitted("gang"),
+        placed("gang", "n2", [0], task="gang/0.1"),
+        placed("gang", "n1", [0, 1], task="gang/0.0"),
+        finished("early", node="n3"),  # its placement not read yet: its node's word
+        *lifecycle(wide(4))[:4],  # j-big's first task placed on n1
+    ]:
+        book.apply(event)
+    assert book.task_node("gang", "gang/0.0") == "n1"
+    assert book.task_node("gang", "gang/0.1") == "n2"
+    assert book.task_node("early", "early/0") == "n3"
+    assert book.task_node(J, f"{J}/root") == "n1"
+    assert book.task_node(J, f"{J}/join") is None  # planned, not placed
+    assert book.task_node("gang", "gang/1.0") is None
+    assert book.task_node("unknown", "unknown/0") is None

@@ -9,9 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.approvals import ApprovedKey
 from libs.readmodels import (
     apply_job_event,
     apply_node_event,
+    approved_key,
+    listed,
     node_key,
     nodes_in_cluster,
     without_ended_tasks,
@@ -266,3 +269,42 @@ def test_the_gpus_serving_holds_are_kept_by_index_until_released() -> None:
     )
     assert [(g.gpu_index, g.allocation) for g in node.serving] == [(0, "lang")]
     assert node_key(released) == "n1"
+
+
+KEY, OTHER = b"k" * 32, b"o" * 32
+
+
+def approval(node: str, key: bytes = KEY, cluster: str = "default") -> events_pb2.Envelope:
+    return env(events_pb2.NodeApproved(node_id=node, public_key=key, approved_by="op"), T0, cluster)
+
+
+def revocation(node: str) -> events_pb2.Envelope:
+    return env(events_pb2.NodeRevoked(node_id=node, revoked_by="op"))
+
+
+def test_an_approval_before_the_registration_keeps_the_key_alone_unlisted() -> None:
+    alone = folded_node([approval("n1", cluster="east")])
+    assert (alone.inventory.node_id, alone.inventory.cluster) == ("n1", "east")
+    assert approved_key(alone) == ApprovedKey(KEY)
+    assert not listed(alone)
+    assert nodes_in_cluster([alone]) == [] and nodes_in_cluster([alone], cluster="east") == []
+    registered_after = apply_node_event(alone, registered("n1", cluster="east"))
+    assert registered_after is not None and listed(registered_after)
+    assert approved_key(registered_after) == ApprovedKey(KEY)
+    assert nodes_in_cluster([registered_after], cluster="east") == [registered_after]
+
+
+def test_a_revocation_marks_the_key_and_a_new_approval_replaces_it() -> None:
+    events = [registered("n1"), approval("n1"), revocation("n1")]
+    assert approved_key(folded_node(events)) == ApprovedKey(KEY, revoked=True)
+    assert approved_key(folded_node([*events, approval("n1", OTHER)])) == ApprovedKey(OTHER)
+    assert approved_key(folded_node([registered("n1")])) is None
+    assert approved_key(None) is None
+
+
+def test_what_placement_refuses_of_approvals_changes_nothing() -> None:
+    node = folded_node([registered("n1")])
+    assert apply_node_event(node, approval("n1", b"short")) is node
+    assert apply_node_event(node, revocation("n1")) is node  # nothing approved to revoke
+    assert apply_node_event(None, revocation("n1")) is None
+    assert node_key(approval("n1")) == node_key(revocation("n1")) == "n1"

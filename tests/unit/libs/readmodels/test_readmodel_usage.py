@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.core.approvals import ApprovedKey
 from libs.events import new_envelope
 from libs.events.wire_time import duration_ms
 from libs.readmodels import ClusterUsage, UsageLedger
@@ -157,7 +158,8 @@ def test_a_snapshot_is_as_of_the_latest_event() -> None:
     assert due.event_id == "default-usage-3-w604800"
     assert due.usage_snapshot.window == Duration(seconds=int(WEEK))
     [line] = due.usage_snapshot.usage
-    assert (line.allocation, line.allocated_gpu_s) == ("team-a", pytest.approx(10.123456789))
+    assert line.allocation == "team-a"
+    assert line.allocated_gpu_s == pytest.approx(10.123456789)
 
 
 def test_an_unchanged_snapshot_is_not_due_again() -> None:
@@ -328,3 +330,40 @@ def test_a_workflow_is_charged_by_the_gpus_serving_holds_not_task_by_task() -> N
     assert usage is not None
     # Held 10 s, busy 1 s of it: every second held is charged, the task not again.
     assert charged(usage) == {"team-s": (4.0, 0.0), "team-t": (6.0, 0.0)}
+
+
+def test_the_ledger_keeps_what_its_gate_judges_by_in_log_order() -> None:
+    """Nodes' keys as admission approved and revoked them, and the node each running
+    task started on (until that node reports its end), per cluster."""
+    key, other = b"k" * 32, b"o" * 32
+
+    def approval(node: str, public_key: bytes, cluster: str = "default") -> events_pb2.Envelope:
+        return env(events_pb2.NodeApproved(node_id=node, public_key=public_key), T0, cluster)
+
+    revoke = env(events_pb2.NodeRevoked(node_id="n1"))
+    ledger = UsageLedger(WEEK)
+    for event in [
+        approval("n1", key),
+        approval("n2", b"not a key"),
+        approval("n3", key, cluster="east"),
+        env(events_pb2.NodeRevoked(node_id="n2")),  # nothing approved to revoke
+        admitted("j", s=contract()),
+        started("j", node="n1", at=T0),
+        started("k", node="n1", at=T0),
+    ]:
+        ledger.apply(event)
+    assert ledger.node_key("default", "n1") == ApprovedKey(key)
+    assert ledger.node_key("default", "n2") is None
+    assert ledger.node_key("default", "n3") is None
+    assert ledger.node_key("east", "n3") == ApprovedKey(key)
+    assert ledger.node_key("north", "n1") is None
+    assert ledger.task_node("default", "j", "j/0") == "n1"
+    assert ledger.task_node("east", "j", "j/0") is None
+    ledger.apply(started("j", node="n2", at=T0 + 1))  # a second start: the first's node
+    ledger.apply(finished("k", node="n1", at=T0 + 1))
+    ledger.apply(revoke)
+    assert ledger.task_node("default", "j", "j/0") == "n1"
+    assert ledger.task_node("default", "k", "k/0") is None
+    assert ledger.node_key("default", "n1") == ApprovedKey(key, revoked=True)
+    ledger.apply(approval("n1", other))
+    assert ledger.node_key("default", "n1") == ApprovedKey(other)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from libs.auth import Keys, issue_token
+from libs.auth import SigningKey, issue_token
 from libs.telemetry.logs import LogFormat, configure_logs
 
 
@@ -49,7 +49,7 @@ def test_text_lines_read_as_one_line_per_record(capsys: pytest.CaptureFixture[st
 def test_a_token_a_library_logs_is_written_as_token(
     capsys: pytest.CaptureFixture[str], form: LogFormat
 ) -> None:
-    token = issue_token("carol", Keys((b"a-logging-test-secret-of-32-bytes!",)))
+    token = issue_token("carol", SigningKey.generate())
     configure_logs("console", "INFO", form)
     logging.getLogger("aiohttp.access").info('"GET /?token=%s HTTP/1.1" 303', token)
     try:

@@ -11,7 +11,7 @@ import grpc
 from qm.v1 import events_pb2, types_pb2
 from qm.v1 import job_service_pb2 as js
 
-from libs.auth import Keys, issue_token
+from libs.auth import Keys, SigningKey, issue_token
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.config.budget import tree_from_mapping
@@ -26,7 +26,8 @@ from services.admission.tasklogs import TaskLogReader
 from services.projector.client import ProjectorUnavailable
 from services.tls import TlsSettings
 
-KEYS = Keys((b"test-secret-" * 3,))
+SIGNER = SigningKey.generate()
+KEYS = Keys.trusting(SIGNER)
 TOPIC = "qm.events"
 TREE = tree_from_mapping(
     {
@@ -47,7 +48,7 @@ class Context:
         self.user = user
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {issue_token(self.user, KEYS)}")]
+        return [("authorization", f"Bearer {issue_token(self.user, SIGNER)}")]
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)

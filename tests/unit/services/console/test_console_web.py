@@ -18,7 +18,7 @@ from qm.v1 import job_service_pb2 as js
 from qm.v1 import job_service_pb2_grpc as js_grpc
 from qm.v1 import types_pb2
 
-from libs.auth import Keys, issue_token
+from libs.auth import Keys, SigningKey, issue_token
 from libs.auth.tokens import _LEEWAY_S as LEEWAY_S
 from libs.config.budget import tree_from_mapping
 from libs.core.budget_tree import BudgetTree
@@ -30,7 +30,8 @@ from services.console.web_app import RUNNER_OPTIONS, make_app
 from services.projector.client import ProjectorUnavailable
 from services.tls import TlsSettings
 
-KEYS = Keys((b"a-console-test-secret-of-32-bytes!!",))
+SIGNER = SigningKey.generate()
+KEYS = Keys.trusting(SIGNER)
 TREE = tree_from_mapping(
     {
         "name": "lab",
@@ -132,7 +133,7 @@ async def console(
 
 
 def token(user: str, *, expired: bool = False) -> str:
-    return issue_token(user, KEYS, ttl_s=60, now=time.time() - (3600 if expired else 0))
+    return issue_token(user, SIGNER, ttl_s=60, now=time.time() - (3600 if expired else 0))
 
 
 async def view(server: TestServer, user_token: str) -> tuple[int, dict[str, object]]:
@@ -282,7 +283,7 @@ async def test_a_stream_ends_when_its_token_expires(console) -> None:  # type: i
     server, feed, _ = console
     await feed.refresh()
     # Valid for about two more seconds, the verifier's leeway for clock skew included.
-    lapsing = issue_token("bob", KEYS, ttl_s=60, now=time.time() - 60 - LEEWAY_S + 2)
+    lapsing = issue_token("bob", SIGNER, ttl_s=60, now=time.time() - 60 - LEEWAY_S + 2)
     async with (
         ClientSession(cookies={COOKIE: lapsing}) as http,
         http.get(server.make_url("/events")) as stream,

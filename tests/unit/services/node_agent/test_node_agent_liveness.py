@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 from qm.v1 import events_pb2, types_pb2
 
+from services.node_agent import registration
 from services.node_agent.agent import NodeAgent
 from services.node_agent.reports import Reporter
 from tests.unit.services.node_agent.doubles import Recorder, delivery
@@ -53,11 +54,36 @@ async def test_heartbeats_name_the_node_and_its_incarnation(
 
 
 async def test_without_a_heartbeat_period_it_never_beats(
-    tmp_path: Path, emitted: Recorder, tracer: Tracer
+    tmp_path: Path, emitted: Recorder, tracer: Tracer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(registration, "UNTRUSTED_RETRY_S", 0.01)
     agent = make_agent(tmp_path, emitted, tracer, heartbeat_s=0)
-    await asyncio.wait_for(agent.heartbeat(), 1)  # returns at once
+    beating = asyncio.create_task(agent.heartbeat())
+    await asyncio.sleep(0.1)  # ten rounds
+    beating.cancel()
     assert emitted.events == []
+
+
+async def test_a_node_placement_does_not_trust_registers_again_until_it_does(
+    tmp_path: Path, emitted: Recorder, tracer: Tracer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registration, "UNTRUSTED_RETRY_S", 0.01)
+    agent = make_agent(tmp_path, emitted, tracer, heartbeat_s=0)
+    node_id = next(iter(agent._registrations.nodes))
+    refused = events_pb2.InputRefused(
+        kind="node_registered",
+        subject=f"node:{node_id}:00ff",
+        reason="no operator has approved it",
+        trust="unapproved_node",
+    )
+    assert await agent.handle(delivery(refused))
+    beating = asyncio.create_task(agent.heartbeat())
+    await emitted.until(1, "node_registered")
+    await asyncio.sleep(0.1)  # no refusal came back: it registered once, and beats (never)
+    beating.cancel()
+    assert emitted.types() == ["node_registered"]
+    other = events_pb2.InputRefused(subject="node:elsewhere:00ff", trust="unapproved_node")
+    assert not await agent.handle(delivery(other))
 
 
 async def test_a_placement_for_an_earlier_incarnation_is_ignored(

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -24,9 +25,11 @@ from libs.bus.producer import TYPE_HEADER
 from libs.core import PolicyConfig
 from libs.events import new_envelope
 from libs.events.log_step import PartitionSchedulers, step
+from libs.trust import Gate, load_trust
 from services.placement.service import PlacementService
-from services.placement.standby import Standby, Warm
+from services.placement.standby import Standby, Warm, absorb
 from tests.placement_gate import GatedPlacement
+from tests.signed_log import Signers
 
 TOPICS = load_topic_config()
 EVENTS, DECISIONS = TOPICS.events.name, TOPICS.decisions.name
@@ -143,6 +146,48 @@ async def test_an_undecodable_record_is_dead_lettered_and_skipped() -> None:
         b"placement",
     )
     assert headers[REASON].startswith(b"not a qm.v1.Envelope")
+
+
+async def test_a_record_its_signer_may_not_write_is_refused_parked_and_never_folded(
+    tmp_path: Path,
+) -> None:
+    signers = Signers(tmp_path)
+    gate = Gate(load_trust(signers.trust_file))
+    admission, n0 = signers.service("admission"), signers.node("n0")
+    approval = events_pb2.NodeApproved(node_id="n0", public_key=n0.public)
+    registered = node()
+    registered.node_registered.public_key = n0.public
+    forged = job(1)  # a node's key on admission's event
+    bus = MemoryBus.for_topics(TOPICS)
+    async with EventProducer(bus, client_id="admission", sealer=admission) as producer:
+        await producer.send(EVENTS, new_envelope(approval, producer="test"))
+    async with EventProducer(bus, client_id="node", sealer=n0) as producer:
+        await producer.send(EVENTS, registered)
+        await producer.send(EVENTS, forged)
+    await write(bus, job(2))  # unsigned
+    async with EventProducer(bus, client_id="admission", sealer=admission) as producer:
+        await producer.send(EVENTS, job(0))
+    async with running(PlacementService(bus, TOPICS, group_id=GROUP, gate=gate)):
+        await bus.until(caught_up(bus))
+    assert placed(bus) == {"j-0": 1}
+    refused = [
+        (env.input_refused.event_id, env.input_refused.trust)
+        for env in bus.envelopes(DECISIONS)
+        if env.input_refused.trust
+    ]
+    unsigned = bus.envelopes(EVENTS)[3]
+    assert refused == [(forged.event_id, "out_of_role"), (unsigned.event_id, "unsigned")]
+    parked = bus.records(TOPICS.deadletter.name)
+    assert [dict(r.headers)[REASON].split(b":")[0] for r in parked] == [
+        b"untrusted (out_of_role)",
+        b"untrusted (unsigned)",
+    ]
+    assert [r.value for r in parked] == [bus.records(EVENTS)[i].value for i in (2, 3)]
+    # A standby behind the same gate folds the same state.
+    warm = Warm(PartitionSchedulers(PolicyConfig(), gate=gate), 0)
+    absorb(warm, bus.records(EVENTS), len(bus.records(EVENTS)))
+    recorded = [e for e in bus.envelopes(DECISIONS) if e.HasField("task_placed")][-1]
+    assert warm.schedulers.of("default").digest() == recorded.task_placed.provenance.state_digest
 
 
 async def test_a_restarted_placement_rebuilds_its_state_and_decides_only_new_input() -> None:

@@ -26,11 +26,13 @@ from libs.events import decode, new_envelope
 from libs.events.log_step import policy_configured
 from libs.events.snapshot import SnapshotError
 from libs.readmodels import UsageLedger
+from services.projector.app import TOPICS
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import CONFIG
 from services.projector.usage import agents, snapshots
 from services.projector.usage import state as usage
 from tests.unit.libs.readmodels.readmodel_builders import T0, admitted, finished, started, tick
+from tests.unit.services.projector.signed import WRITERS_SEAL, approved
 
 Apply = Callable[[events_pb2.Envelope], None]
 
@@ -51,21 +53,26 @@ LOST = new_envelope(
 def bus() -> Iterator[MemoryBus]:
     """The log the ledger is read from: ``LOG`` and ``LOST_JOB`` as events, ``LOST`` as
     placement's decision."""
-    memory = MemoryBus.for_topics(agents.TOPICS)
+    memory = MemoryBus.for_topics(TOPICS)
     with mock.patch.object(agents, "BUS", memory):
         yield memory
 
 
+def writers(bus: MemoryBus) -> EventProducer:
+    """A producer that seals each record as its writer would (placement's, not)."""
+    return EventProducer(bus, client_id="test", sealer=WRITERS_SEAL)
+
+
 async def write_log(producer: EventProducer) -> None:
-    for env in [*LOG, *LOST_JOB]:
-        await producer.send(agents.TOPICS.events.name, env)
-    await producer.send(agents.TOPICS.decisions.name, LOST)
+    for env in [approved("n1"), *LOG, *LOST_JOB]:
+        await producer.send(TOPICS.events.name, env)
+    await producer.send(TOPICS.decisions.name, LOST)
 
 
 async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
     projector: faust.App, bus: MemoryBus
 ) -> None:
-    async with EventProducer(bus, client_id="test") as producer:
+    async with writers(bus) as producer:
         await write_log(producer)
         task = asyncio.create_task(agents.fold_events())
         await asyncio.wait_for(usage.rebuilt.wait(), 5)
@@ -73,7 +80,7 @@ async def test_the_ledger_is_rebuilt_from_the_log_then_follows_it(
         assert cluster is not None
         # j ran 10 s, k 15 s until its node was lost: 2 GPUs each.
         assert cluster.usage()["team-a"].allocated_gpu_s == 50.0
-        await producer.send(agents.TOPICS.events.name, tick(T0 + 20))
+        await producer.send(TOPICS.events.name, tick(T0 + 20))
         await bus.until(lambda: cluster.now == T0 + 20)  # followed
         assert cluster.usage()["team-a"].allocated_gpu_s == 50.0
     task.cancel()
@@ -156,14 +163,14 @@ async def test_placement_under_another_window_is_said_loudly(
     placement = PolicyConfig(lookback_window_s=3600)
     server = TestServer(cast(AiohttpWeb, projector.web).web_app)
     await server.start_server()
-    async with aiohttp.ClientSession() as http, EventProducer(bus, client_id="t") as producer:
+    async with aiohttp.ClientSession() as http, writers(bus) as producer:
         async with http.get(server.make_url(CONFIG)) as agrees:
             assert agrees.status == 200
         await write_log(producer)
         task = asyncio.create_task(agents.fold_events())
         await asyncio.wait_for(usage.rebuilt.wait(), 5)
         configured = policy_configured(placement, LOG[0], partition=0, offset=0)
-        await producer.send(agents.TOPICS.decisions.name, configured)  # followed
+        await producer.send(TOPICS.decisions.name, configured)  # followed
         await bus.until(lambda: any(r.levelname == "ERROR" for r in caplog.records))
         async with http.get(server.make_url(CONFIG)) as differs:
             said, status = await differs.text(), differs.status
@@ -181,12 +188,12 @@ async def test_a_restart_loads_the_ledgers_snapshot_and_folds_only_what_follows(
     projector: faust.App, bus: MemoryBus, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger=agents.__name__)
-    snapshots_topic = agents.TOPICS.usage_snapshots.name
+    snapshots_topic = TOPICS.usage_snapshots.name
     with (
         mock.patch.object(agents, "SNAPSHOT_EVERY", 3),
         mock.patch.object(agents, "SNAPSHOT_CHECK_S", 0.01),
     ):
-        async with EventProducer(bus, client_id="test") as producer:
+        async with writers(bus) as producer:
             await write_log(producer)
             first = asyncio.create_task(agents.fold_events())
             await bus.until(lambda: bool(bus.records(snapshots_topic)))
@@ -198,7 +205,7 @@ async def test_a_restart_loads_the_ledgers_snapshot_and_folds_only_what_follows(
             # Restarted: nothing in memory, and one event after the snapshot.
             usage.ledger = UsageLedger(usage.WINDOW_S)
             usage.rebuilt.clear()
-            await producer.send(agents.TOPICS.events.name, tick(T0 + 20))
+            await producer.send(TOPICS.events.name, tick(T0 + 20))
             caplog.clear()
             second = asyncio.create_task(agents.fold_events())
             await asyncio.wait_for(usage.rebuilt.wait(), 5)

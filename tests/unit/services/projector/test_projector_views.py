@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import aiohttp
-import faust
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from qm.v1 import events_pb2, job_service_pb2, types_pb2
 
 from libs.auth import issue_token
-from libs.events import encode
 from libs.readmodels import JobFilter, Scope
 from services.projector.client import ProjectorClient, ProjectorError
 from services.projector.contract import PROTOBUF
@@ -28,13 +26,8 @@ from tests.unit.libs.readmodels.readmodel_builders import (
     stop,
     submitted,
 )
-from tests.unit.services.projector.conftest import KEYS
-
-
-async def feed(agent: faust.types.AgentT[bytes], *envs: events_pb2.Envelope) -> None:
-    async with agent.test_context() as test_agent:
-        for env in envs:
-            await test_agent.put(encode(env))
+from tests.unit.services.projector.conftest import SIGNER
+from tests.unit.services.projector.signed import feed
 
 
 async def feed_jobs(*envs: events_pb2.Envelope) -> None:
@@ -73,12 +66,14 @@ async def test_list_nodes_sorted_by_cluster_without_ended_tasks(client: Projecto
         registered("n2", cluster="east"),
         registered("n1", cluster="west"),
         registered("n3", cluster="east"),
-        finished("late", node="n2"),  # seen before its placement
+        finished("late", node="n2", cluster="east"),  # seen before its placement
         placed("late", "n2", [0]),
         placed("busy", "n2", [1]),
     )
     await feed_jobs(
-        finished("late", node="n2"), placed("late", "n2", [0]), placed("busy", "n2", [1])
+        finished("late", node="n2", cluster="east"),
+        placed("late", "n2", [0]),
+        placed("busy", "n2", [1]),
     )
     assert [n.inventory.node_id for n in await client.list_nodes()] == ["n1", "n2", "n3"]
     east = await client.list_nodes("east")
@@ -166,7 +161,7 @@ async def test_not_ready_before_tables_are_recovered(client: ProjectorClient) ->
 
 
 def auth(user: str = "svc-admission") -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue_token(user, KEYS)}"}
+    return {"Authorization": f"Bearer {issue_token(user, SIGNER)}"}
 
 
 @pytest.mark.parametrize(
