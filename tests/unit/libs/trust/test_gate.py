@@ -183,3 +183,14 @@ def test_a_sealed_record_encodes_again_to_itself() -> None:
     record = _sealed(_admitted(), ADMISSION)
     assert encode(decode(record)) == record
     assert _check(encode(decode(record))) is None
+
+
+def test_a_reader_without_node_state_trusts_only_services_records() -> None:
+    gate = Gate(TRUST)
+    for record, trusted in (
+        (_sealed(_admitted(), ADMISSION), True),
+        (_sealed(_admitted(), BUDGET), False),  # out of its role
+        (_sealed(_finished("a"), A), False),  # a node's: it needs the node's key
+        (encode(new_envelope(_admitted(), producer="test", occurred=AT)), False),
+    ):
+        assert gate.from_service(decode(record), record) is trusted

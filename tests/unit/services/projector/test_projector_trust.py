@@ -16,6 +16,7 @@ from qm.v1 import events_pb2, types_pb2
 
 from libs.bus import EventProducer, deadletter
 from libs.bus.memory import MemoryBus
+from libs.config.document import ConfigError
 from libs.core.approvals import ApprovedKey
 from libs.events import encode
 from libs.trust import SigningKey, seal
@@ -210,10 +211,10 @@ async def test_decisions_are_not_checked_and_events_posing_as_them_are(
 def test_the_trust_file_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("QM_TRUST_FILE")
     trust.gate.cache_clear()
-    with pytest.raises(SystemExit, match="QM_TRUST_FILE is not set"):
+    with pytest.raises(ConfigError, match="QM_TRUST_FILE is not set"):
         trust.gate()
     monkeypatch.setenv("QM_TRUST_FILE", "/nowhere/trust.yaml")
-    with pytest.raises(SystemExit, match=r"/nowhere/trust\.yaml"):
+    with pytest.raises(ConfigError, match=r"/nowhere/trust\.yaml"):
         trust.gate()
 
 
