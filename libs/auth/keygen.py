@@ -21,12 +21,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.auth.keyfiles import make_private_key
 from libs.auth.tokens import (
     ANY,
+    KEYGEN_HINT,
     SERVICE_SUBJECTS,
     PublicKey,
     SigningKey,
-    read_private_key,
     read_public_keys,
 )
 
@@ -62,11 +63,7 @@ def keygen(folder: Path) -> Made:
     for name, subjects in signers().items():
         path = folder / f"{name}.key"
         new = not path.exists()
-        if new:
-            signer = SigningKey.generate()
-            _write(path, signer.pem(), 0o600, exclusive=True)
-        else:
-            signer = SigningKey(read_private_key(path, where="key"))
+        signer = SigningKey(make_private_key(path, "key", KEYGEN_HINT))
         listed.append(signer.public(subjects, name))
         made[path] = new
     public_keys = folder / PUBLIC_KEYS
@@ -106,14 +103,12 @@ def public_keys_text(keys: list[PublicKey]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, data: bytes, mode: int, *, exclusive: bool = False) -> None:
-    """Write ``data`` to ``path`` with ``mode`` whatever the umask (``exclusive``: only if
-    it is not there yet); a public keys file is replaced whole, never half written."""
-    target = path if exclusive else path.with_name(f".{path.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(target, flags, mode)
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` with ``mode`` whatever the umask, replaced whole, never
+    half written."""
+    target = path.with_name(f".{path.name}.tmp")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as file:
         os.fchmod(file.fileno(), mode)
         file.write(data)
-    if target != path:
-        target.replace(path)
+    target.replace(path)

@@ -42,8 +42,6 @@ Tokens are carried as gRPC metadata ``authorization: Bearer <token>``.
 
 from __future__ import annotations
 
-import hashlib
-import stat
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -55,6 +53,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import Field, field_validator
 
+from libs.auth import keyfiles
+from libs.auth.keyfiles import fingerprint, raw_public
 from libs.config.document import ConfigError, FileModel, load
 from libs.config.env import EnvSettings
 
@@ -69,7 +69,7 @@ SERVICE_SUBJECTS: dict[str, tuple[str, ...]] = {
 }
 _LEEWAY_S = 30  # clocks of the issuer and the service may differ a little
 _REQUIRED = ["exp", "iat", "sub", "aud", "iss"]
-_KEYGEN = "`python -m libs.auth keygen DIR` makes the installation's keys"
+KEYGEN_HINT = "`python -m libs.auth keygen DIR` makes the installation's keys"
 
 
 class AuthError(Exception):
@@ -88,9 +88,8 @@ class AuthSettings(EnvSettings):
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
-    """A key's fingerprint (a prefix of the SHA-256 of its 32 bytes): the ``kid``."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:32]
+    """A key's fingerprint (``keyfiles.fingerprint``): the ``kid``."""
+    return fingerprint(raw_public(public_key))
 
 
 @dataclass(frozen=True)
@@ -139,11 +138,7 @@ class SigningKey:
         return PublicKey(self.private_key.public_key(), allowed, name)
 
     def pem(self) -> bytes:
-        return self.private_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        return keyfiles.private_pem(self.private_key)
 
     def __repr__(self) -> str:  # never the key itself
         return f"SigningKey(kid={self.kid!r}, issuer={self.issuer!r})"
@@ -237,7 +232,7 @@ def read_public_keys(path: Path) -> tuple[PublicKey, ...]:
     try:
         document = load(PublicKeysFile, path)
     except ConfigError as exc:
-        raise ConfigError(f"QM_AUTH_PUBLIC_KEYS_FILE {exc} ({_KEYGEN})") from None
+        raise ConfigError(f"QM_AUTH_PUBLIC_KEYS_FILE {exc} ({KEYGEN_HINT})") from None
     keys: list[PublicKey] = []
     for position, entry in enumerate(document.keys):
         try:
@@ -250,7 +245,7 @@ def read_public_keys(path: Path) -> tuple[PublicKey, ...]:
         if not isinstance(key, Ed25519PublicKey):
             raise ConfigError(
                 f"{where}: keys[{position}].public_key: a {type(key).__name__}, not an "
-                f"Ed25519 key ({_KEYGEN})"
+                f"Ed25519 key ({KEYGEN_HINT})"
             )
         subjects = None if entry.subjects is None else frozenset(entry.subjects)
         public = PublicKey(key, subjects, entry.name)
@@ -262,28 +257,8 @@ def read_public_keys(path: Path) -> tuple[PublicKey, ...]:
 
 
 def read_private_key(path: Path, where: str = "QM_AUTH_SIGNING_KEY_FILE") -> Ed25519PrivateKey:
-    """The Ed25519 private key in ``path`` (PEM, unencrypted PKCS#8), which no account but
-    its owner (and its group) may read."""
-    try:
-        mode = path.stat().st_mode
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where} {path}: cannot read: {exc.strerror} ({_KEYGEN})") from None
-    if mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise ConfigError(
-            f"{where} {path}: every account may read this private key (mode "
-            f"{stat.S_IMODE(mode):04o}): chmod 600 it, and make a new one if others had it"
-        )
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        raise ConfigError(
-            f"{where} {path}: not an unencrypted PEM private key (-----BEGIN PRIVATE "
-            f"KEY-----; {_KEYGEN})"
-        ) from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError(f"{where} {path}: a {type(key).__name__}, not an Ed25519 key")
-    return key
+    """A token signing key (``keyfiles.read_private_key``)."""
+    return keyfiles.read_private_key(path, where, KEYGEN_HINT)
 
 
 def _oidc(settings: AuthSettings) -> Oidc | None:
@@ -304,7 +279,7 @@ def load_keys(environ: dict[str, str] | None = None) -> Keys:
     if settings.public_keys_file is None:
         raise ConfigError(
             "environment: no keys to check tokens with: set QM_AUTH_PUBLIC_KEYS_FILE to the "
-            f"installation's public keys file ({_KEYGEN}, with DIR/public-keys.yaml)"
+            f"installation's public keys file ({KEYGEN_HINT}, with DIR/public-keys.yaml)"
         )
     public = read_public_keys(settings.public_keys_file)
     return Keys(public, settings.issuer, settings.audience, _oidc(settings))
@@ -316,7 +291,7 @@ def load_signer(environ: dict[str, str] | None = None) -> SigningKey:
     if settings.signing_key_file is None:
         raise ConfigError(
             "environment: no key to sign tokens with: set QM_AUTH_SIGNING_KEY_FILE to a "
-            f"private key ({_KEYGEN})"
+            f"private key ({KEYGEN_HINT})"
         )
     private = read_private_key(settings.signing_key_file)
     return SigningKey(private, settings.issuer, settings.audience)
@@ -336,13 +311,13 @@ def load_service_signer(
     if listed is None:
         raise ConfigError(
             f"{where}: its public key ({signer.kid}) is not in QM_AUTH_PUBLIC_KEYS_FILE, "
-            f"so no service accepts its tokens ({_KEYGEN} and lists them)"
+            f"so no service accepts its tokens ({KEYGEN_HINT} and lists them)"
         )
     if listed.subjects is None or not listed.subjects <= own:
         others = "anyone" if listed.subjects is None else ", ".join(sorted(listed.subjects - own))
         raise ConfigError(
             f"{where}: {listed} may sign tokens for {others}; this service may hold a key "
-            f"for {', '.join(sorted(own))} only: give it a key of its own ({_KEYGEN})"
+            f"for {', '.join(sorted(own))} only: give it a key of its own ({KEYGEN_HINT})"
         )
     if missing := own - listed.subjects:
         raise ConfigError(

@@ -16,10 +16,11 @@ from typing import Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from qm.v1 import events_pb2
 
+from libs.auth.keyfiles import fingerprint
 from libs.bus.writers import WRITERS, about_node
 from libs.core.approvals import ApprovedKey
 from libs.events.envelope import event_type, occurred_at
-from libs.trust.keys import fingerprint, parse_node_key_id, public_key, signed_body, verifies
+from libs.trust.keys import parse_node_key_id, public_key, signed_body, verifies
 from libs.trust.trustfile import TrustFile
 
 Code = Literal[

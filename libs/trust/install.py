@@ -7,9 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from libs.auth.keyfiles import make_private_key, raw_public
 from libs.bus.writers import SERVICE_ROLES
 from libs.config.document import load
-from libs.trust.keys import load_or_make_private, raw_public
+from libs.trust.keys import INIT_HINT
 from libs.trust.trustfile import TrustDocument
 
 TRUST_FILE = "trust.yaml"
@@ -28,7 +29,7 @@ def init(folder: Path) -> Path:
     )
     listed = {entry["public_key"] for entry in entries}
     for role in SERVICE_ROLES:
-        private = load_or_make_private(folder / f"{role}.key")
+        private = make_private_key(folder / f"{role}.key", "key", INIT_HINT)
         public = base64.b64encode(raw_public(private.public_key())).decode()
         if public not in listed:
             entries.append({"role": role, "public_key": public})

@@ -12,29 +12,21 @@ check it against.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from qm.v1 import events_pb2
 
+from libs.auth.keyfiles import fingerprint, make_private_key, raw_public, read_private_key
 from libs.bus.writers import about_node
-from libs.config.document import ConfigError
 from libs.events.envelope import SIGNATURE_TAG, encode, signature_field
 
 SIGNATURE_BYTES = 64
 SIGNATURE_PREFIX = bytes([SIGNATURE_TAG, SIGNATURE_BYTES])  # how a signed record's tail starts
 _TRAILER = len(SIGNATURE_PREFIX) + SIGNATURE_BYTES
 NODE_PREFIX = "node:"
-
-
-def fingerprint(public_key: bytes) -> str:
-    """A key's name for people: the first 16 bytes of its SHA-256, in hex."""
-    return hashlib.sha256(public_key).hexdigest()[:32]
 
 
 def service_key_id(role: str, public_key: bytes) -> str:
@@ -51,10 +43,6 @@ def parse_node_key_id(key_id: str) -> tuple[str, str] | None:
         return None
     node_id, _, print_ = key_id[len(NODE_PREFIX) :].rpartition(":")
     return (node_id, print_) if node_id and print_ else None
-
-
-def raw_public(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def public_key(raw: bytes) -> Ed25519PublicKey:
@@ -136,35 +124,15 @@ class NodeKeys:
         return seal(env, key)
 
 
+# How to make the keys a trust error points to.
+INIT_HINT = "`python -m libs.trust init DIR` makes the services' keys"
+
+
 def load_private(path: Path) -> Ed25519PrivateKey:
-    """An Ed25519 private key from a PEM file; a ``ConfigError`` that says what is wrong."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"signing key {path}: cannot read: {exc.strerror}") from None
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except ValueError:
-        raise ConfigError(f"signing key {path}: not a PEM private key") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError(f"signing key {path}: not an Ed25519 key")
-    return key
+    """A service's key to sign records with (``QM_EVENTS_KEY_FILE``)."""
+    return read_private_key(path, "QM_EVENTS_KEY_FILE", INIT_HINT)
 
 
 def load_or_make_private(path: Path) -> Ed25519PrivateKey:
-    """The key at ``path``; made there (0600, in a 0700 folder) when there is none."""
-    if not path.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        pem = Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        # O_EXCL: two agents starting at once never overwrite each other's key.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return load_private(path)
-        with os.fdopen(fd, "wb") as file:
-            file.write(pem)
-    return load_private(path)
+    """A node's key, made (0600, in a 0700 folder) when there is none."""
+    return make_private_key(path, "node key", "made by its agent on first start")

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import cluster_service_pb2, events_pb2
 
+from libs.auth.keyfiles import fingerprint
 from libs.core.approvals import ED25519_KEY_BYTES
 from libs.core.limits import MAX_NAME_CHARS, MAX_TEXT_CHARS
 from libs.events import event_type
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.trust import Gate
-from libs.trust.keys import fingerprint, node_key_id
+from libs.trust.keys import node_key_id
 
 REMEMBER = 100_000
 

@@ -37,6 +37,7 @@ import pynvml
 from qm.v1 import events_pb2, types_pb2
 
 from libs.auth import Keys
+from libs.auth.keyfiles import fingerprint
 from libs.bus import (
     EventConsumer,
     EventProducer,
@@ -51,7 +52,6 @@ from libs.core.compass import CacheModel
 from libs.events.envelope import DEFAULT_CLUSTER
 from libs.telemetry import setup_tracing
 from libs.trust import NodeKeys
-from libs.trust.keys import fingerprint
 from services.grpc_server import STOP_GRACE_S
 from services.metrics_http import MetricsSettings, metrics_keys, metrics_server
 from services.node_agent import privileges

@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "telemetry": {"core", "events", "config"},
     "readmodels": {"core", "events", "config"},
     "bus": {"core", "events", "config", "auth", "telemetry"},
-    "trust": {"core", "events", "config", "bus"},
+    "trust": {"core", "events", "config", "auth", "bus"},
     "audit": {"core", "events", "config", "auth", "telemetry", "bus", "trust"},
     "sim": {"core", "events", "config", "readmodels"},
 }

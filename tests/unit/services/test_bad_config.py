@@ -125,5 +125,9 @@ def test_a_writer_of_the_log_without_its_key_is_one_line(service: str, tmp_path:
     assert "QM_EVENTS_KEY_FILE is not set" in line
     garbage = tmp_path / "events.key"
     garbage.write_text("not a key\n")
+    garbage.chmod(0o644)
     line = one_line(start(service, tmp_path, QM_EVENTS_KEY_FILE=str(garbage)))
-    assert line.endswith(f"signing key {garbage}: not a PEM private key")
+    assert f"QM_EVENTS_KEY_FILE {garbage}: every account may read this private key" in line
+    garbage.chmod(0o600)
+    line = one_line(start(service, tmp_path, QM_EVENTS_KEY_FILE=str(garbage)))
+    assert f"QM_EVENTS_KEY_FILE {garbage}: not an unencrypted PEM private key" in line

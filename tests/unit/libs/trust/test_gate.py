@@ -13,10 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from qm.v1 import events_pb2, types_pb2
 
+from libs.auth.keyfiles import raw_public
 from libs.core.approvals import ApprovedKey
 from libs.events import decode, encode, new_envelope
 from libs.trust import Gate, SigningKey, TrustFile, load_trust, seal
-from libs.trust.keys import node_key_id, raw_public, service_key_id
+from libs.trust.keys import node_key_id, service_key_id
 from libs.trust.trustfile import TrustDocument
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)

@@ -11,11 +11,12 @@ from google.protobuf.message import Message
 from qm.v1 import events_pb2, types_pb2
 
 from libs.audit.replay import Replay
+from libs.auth.keyfiles import raw_public
 from libs.core import PolicyConfig
 from libs.events import decode, encode, event_type, new_envelope
 from libs.events.log_step import PartitionSchedulers
 from libs.trust import Gate, SigningKey, TrustFile
-from libs.trust.keys import node_key_id, raw_public, service_key_id
+from libs.trust.keys import node_key_id, service_key_id
 from libs.trust.trustfile import TrustDocument
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -15,11 +15,12 @@ import pytest
 from qm.v1 import cluster_service_pb2 as cs
 from qm.v1 import events_pb2, types_pb2
 
+from libs.auth.keyfiles import fingerprint
 from libs.bus import EventProducer
 from libs.bus.memory import MemoryBus
 from libs.core.limits import MAX_NAME_CHARS
 from libs.events import event_type, new_envelope
-from libs.trust.keys import fingerprint, node_key_id
+from libs.trust.keys import node_key_id
 from services.admission.follower import Follower
 from services.admission.journal import Journal
 from services.admission.node_keys import NodeApprovals

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from qm.v1 import events_pb2, types_pb2
 
+from libs.auth.keyfiles import fingerprint
 from libs.core.limits import MAX_NAME_CHARS
 from libs.events import encode, new_envelope
 from libs.trust import Gate, load_trust
-from libs.trust.keys import fingerprint, node_key_id
+from libs.trust.keys import node_key_id
 from services.admission.node_keys import NodeApprovals
 from tests.signed_log import Signers
 

@@ -19,15 +19,15 @@ from unittest import mock
 
 import faust
 import yaml
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from qm.v1 import events_pb2
 
+from libs.auth.keyfiles import private_pem, raw_public
 from libs.bus.writers import SERVICE_ROLES, WRITERS, about_node
 from libs.events import encode, event_type, new_envelope
 from libs.readmodels import approved_key
 from libs.trust import SigningKey, seal
-from libs.trust.keys import node_key_id, raw_public, service_key_id
+from libs.trust.keys import node_key_id, service_key_id
 from services.projector.app import TOPICS
 from services.projector.nodes.agents import project_nodes
 from services.projector.nodes.tables import get_node
@@ -64,13 +64,9 @@ def write_trust(folder: Path) -> tuple[Path, Path]:
     ]
     trust = folder / "trust.yaml"
     trust.write_text(yaml.safe_dump({"keys": keys}))
-    pem = _private("service projector").private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
     key = folder / "projector.key"
-    key.write_bytes(pem)
+    key.write_bytes(private_pem(_private("service projector")))
+    key.chmod(0o600)  # a private key others may read is refused
     return trust, key
 
 
