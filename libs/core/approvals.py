@@ -7,7 +7,7 @@ the fold (``libs/trust/gate.py``) checks each node's records against them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ED25519_KEY_BYTES = 32
 
@@ -21,3 +21,14 @@ class ApprovedKey:
 
     def fact(self) -> str:
         return self.public_key.hex() + (" revoked" if self.revoked else "")
+
+
+def approved(public_key: bytes) -> ApprovedKey | None:
+    """The key an approval makes a node's, replacing any (revoked or not); None for one
+    that is no Ed25519 key, which changes nothing. Every reader folds approvals so."""
+    return ApprovedKey(public_key) if len(public_key) == ED25519_KEY_BYTES else None
+
+
+def revoked(current: ApprovedKey | None) -> ApprovedKey | None:
+    """The node's key once revoked; None when it has none, which changes nothing."""
+    return replace(current, revoked=True) if current is not None else None

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from libs.core import inputs
-from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
+from libs.core.approvals import approved, revoked
 from libs.core.cycle.tell import recheck_impossible
 from libs.core.decisions import (
     Cancel,
@@ -145,13 +145,8 @@ def _input(facts: Facts, event: inputs.Input) -> list[Decision] | Applied:
             return _update(facts, event)
         case inputs.NodeCordoned():
             return _cordon(facts, event)
-        case inputs.NodeApproved() if len(event.public_key) != ED25519_KEY_BYTES:
-            why = f"its key is {len(event.public_key)} bytes, not an Ed25519 key's 32"
-            return _answered(Refused(event.node_id, why))
         case inputs.NodeApproved():
-            facts.node_keys[event.node_id] = ApprovedKey(event.public_key)
-        case inputs.NodeRevoked() if event.node_id not in facts.node_keys:
-            return _answered(Refused(event.node_id, "no key of that node is approved"))
+            return _approve(facts, event)
         case inputs.NodeRevoked():
             return _revoke(facts, event)
         case inputs.BudgetSet():
@@ -367,10 +362,23 @@ def _expire_leases(facts: Facts) -> list[Decision]:
     return decisions
 
 
-def _revoke(facts: Facts, event: inputs.NodeRevoked) -> list[Decision]:
+def _approve(facts: Facts, event: inputs.NodeApproved) -> list[Decision] | Applied:
+    """An operator approved a node's key: its records are trusted from now on."""
+    key = approved(event.public_key)
+    if key is None:
+        why = f"its key is {len(event.public_key)} bytes, not an Ed25519 key's 32"
+        return _answered(Refused(event.node_id, why))
+    facts.node_keys[event.node_id] = key
+    return []
+
+
+def _revoke(facts: Facts, event: inputs.NodeRevoked) -> list[Decision] | Applied:
     """A node's key is revoked: nothing it says is trusted from now on, so it is lost
     now rather than when its silence would tell."""
-    facts.node_keys[event.node_id] = replace(facts.node_keys[event.node_id], revoked=True)
+    key = revoked(facts.node_keys.get(event.node_id))
+    if key is None:
+        return _answered(Refused(event.node_id, "no key of that node is approved"))
+    facts.node_keys[event.node_id] = key
     if event.node_id not in facts.capacity.nodes:
         return []
     facts.liveness.forget(event.node_id)

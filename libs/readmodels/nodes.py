@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 from qm.v1 import events_pb2, types_pb2
 
-from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
+from libs.core.approvals import ApprovedKey, approved, revoked
 from libs.events import event_type
 from libs.readmodels.job_state import ended_tasks
 
@@ -100,9 +100,9 @@ def apply_node_event(
         "node_revoked",
     ):
         return None
-    if kind == "node_approved" and len(env.node_approved.public_key) != ED25519_KEY_BYTES:
+    if kind == "node_approved" and approved(env.node_approved.public_key) is None:
         return node
-    if kind == "node_revoked" and (node is None or not node.approved_key):
+    if kind == "node_revoked" and revoked(approved_key(node)) is None:
         return node
     new = types_pb2.Node(inventory=types_pb2.NodeInventory(node_id=node_id, cluster=env.cluster))
     if node is not None:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import budget_service_pb2, events_pb2, types_pb2
 
-from libs.core.approvals import ED25519_KEY_BYTES, ApprovedKey
+from libs.core.approvals import ApprovedKey, approved, revoked
 from libs.core.budget_tree import InvalidTree
 from libs.core.ids import TaskId
 from libs.core.usage import Usage, WindowedUsage
@@ -158,13 +158,10 @@ class ClusterUsage(_Priced):
             case "task_failed":
                 self._task_nodes.pop(TaskId(env.task_failed.task_id), None)
                 self._usage.end(TaskId(env.task_failed.task_id), at)
-            case "node_approved" if len(env.node_approved.public_key) == ED25519_KEY_BYTES:
-                # As placement folds it: a new approval replaces the key, revoked or not.
-                approved = env.node_approved
-                self._node_keys[approved.node_id] = ApprovedKey(approved.public_key)
-            case "node_revoked" if env.node_revoked.node_id in self._node_keys:
-                node_id = env.node_revoked.node_id
-                self._node_keys[node_id] = replace(self._node_keys[node_id], revoked=True)
+            case "node_approved" if key := approved(env.node_approved.public_key):
+                self._node_keys[env.node_approved.node_id] = key
+            case "node_revoked" if key := revoked(self._node_keys.get(env.node_revoked.node_id)):
+                self._node_keys[env.node_revoked.node_id] = key
             case "budget_changed":
                 # The budget service validates; a bad tree here keeps the last good one.
                 with contextlib.suppress(InvalidTree):

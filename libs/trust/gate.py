@@ -9,6 +9,7 @@ it, in the log's order, so a replay refuses exactly what placement refused.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -35,16 +36,31 @@ class Rejection:
     code: Code
     reason: str
 
+    def parked(self) -> str:
+        """What a refused record is dead-lettered with, by every reader that parks one."""
+        return parked_reason(self.code, self.reason)
+
+
+def parked_reason(code: str, reason: str) -> str:
+    """The dead-letter reason of a record refused for ``code`` (as its refusal says it)."""
+    return f"untrusted ({code}): {reason}"
+
 
 # The state a check reads: a node's approved key, and the node a task was placed on.
 NodeKeyOf = Callable[[str], ApprovedKey | None]
 TaskNodeOf = Callable[[str, str], str | None]
 
 
+# Signatures checked lately, and their verdicts: several readers in one process (the
+# projector's agents and its ledger) check each record, and one check is what costs.
+REMEMBERED = 4096
+
+
 class Gate:
     def __init__(self, trust: TrustFile) -> None:
         self._trust = trust
         self._nodes: dict[bytes, Ed25519PublicKey] = {}  # approved keys, parsed once
+        self._checked: OrderedDict[tuple[str, bytes, bytes], bool] = OrderedDict()
 
     def check(
         self,
@@ -83,6 +99,17 @@ class Gate:
         expected = (env.node_registered.inventory.node_id, fingerprint(offered))
         return node == expected and _verifies(offered, sealed[1], sealed[0])
 
+    def _verifies(self, key_id: str, key: Ed25519PublicKey, signature: bytes, body: bytes) -> bool:
+        """Whether ``signature`` is ``key``'s over ``body``; a record checked lately (the
+        same key, signature and bytes) is not checked again."""
+        seen = (key_id, signature, body)
+        verdict = self._checked.get(seen)
+        if verdict is None:
+            verdict = self._checked[seen] = verifies(key, signature, body)
+            if len(self._checked) > REMEMBERED:
+                self._checked.popitem(last=False)
+        return verdict
+
     def _service(
         self, env: events_pb2.Envelope, kind: str, body: bytes, signature: bytes
     ) -> Rejection | None:
@@ -91,7 +118,7 @@ class Gate:
             return Rejection(
                 "unknown_key", f"{kind} is signed by {env.key_id}, not in the trust file"
             )
-        if not verifies(key.public, signature, body):
+        if not self._verifies(env.key_id, key.public, signature, body):
             return _bad_signature(kind, env.key_id)
         if key.revoked:
             return Rejection("revoked_key", f"{kind} is signed by {env.key_id}, which is revoked")
@@ -137,7 +164,7 @@ class Gate:
         key = self._nodes.get(approved.public_key)
         if key is None:
             key = self._nodes[approved.public_key] = public_key(approved.public_key)
-        if not verifies(key, signature, body):
+        if not self._verifies(env.key_id, key, signature, body):
             return _bad_signature(kind, env.key_id)
         if approved.revoked:
             return Rejection(

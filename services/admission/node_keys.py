@@ -29,7 +29,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from qm.v1 import cluster_service_pb2, events_pb2
 
 from libs.auth.keyfiles import fingerprint
-from libs.core.approvals import ED25519_KEY_BYTES
+from libs.core.approvals import ED25519_KEY_BYTES, approved
 from libs.core.limits import MAX_NAME_CHARS, MAX_TEXT_CHARS
 from libs.events import event_type
 from libs.events.envelope import DEFAULT_CLUSTER
@@ -110,12 +110,10 @@ class NodeApprovals:
             ):
                 return
             case "node_approved":
-                key = env.node_approved.public_key
-                node = self._node(
-                    env, env.node_approved.node_id, create=len(key) == ED25519_KEY_BYTES
-                )
-                if node is not None and len(key) == ED25519_KEY_BYTES:
-                    node.approved, node.revoked = key, False
+                key = approved(env.node_approved.public_key)
+                node = self._node(env, env.node_approved.node_id, create=key is not None)
+                if node is not None and key is not None:
+                    node.approved, node.revoked = key.public_key, False
             case "node_revoked":
                 node = self._node(env, env.node_revoked.node_id, create=False)
                 if node is not None and node.approved and not node.revoked:

@@ -56,6 +56,7 @@ from libs.telemetry.metrics import (
     SNAPSHOTS,
 )
 from libs.trust import Gate
+from libs.trust.gate import parked_reason
 from services.placement.snapshots import SnapshotStore
 from services.placement.standby import Standby, Warm
 
@@ -361,14 +362,14 @@ class PlacementService:
             started = time.perf_counter()
             outputs = self.outputs(delivery)
             DECISION_SECONDS.labels(event_type(env)).observe(time.perf_counter() - started)
-            if outputs and outputs[-1].input_refused.trust and delivery.record is not None:
+            refused = outputs[-1].input_refused if outputs else None
+            if refused is not None and refused.trust and delivery.record is not None:
                 # Refused for its signer: parked with the reason, as an undecodable one is.
                 await dead_letter(
                     self._deadletters,
                     self.topics.deadletter.name,
                     delivery.record,
-                    reason=f"untrusted ({outputs[-1].input_refused.trust}): "
-                    f"{outputs[-1].input_refused.reason}",
+                    reason=parked_reason(refused.trust, refused.reason),
                     consumer="placement",
                 )
             return outputs, await self._enqueue(producer, outputs)

@@ -51,14 +51,14 @@ async def envelopes(
             refused = trust.refusal(env, event.value)
             if refused is not None:
                 if parks_untrusted:
-                    await _dead_letter(event, reason=trust.untrusted(refused), consumer=consumer)
+                    await _dead_letter(event, reason=refused.parked(), consumer=consumer)
                 else:
                     log.info(
                         "%s skipped %s %s: %s",
                         consumer,
                         event_type(env),
                         env.event_id,
-                        trust.untrusted(refused),
+                        refused.parked(),
                     )
                 continue
         yield env

@@ -45,11 +45,6 @@ def is_signed(topic: str) -> bool:
     return topic != TOPICS.decisions.name
 
 
-def untrusted(refused: Rejection) -> str:
-    """What a refused record is dead-lettered with, as placement says it."""
-    return f"untrusted ({refused.code}): {refused.reason}"
-
-
 def refusal(env: events_pb2.Envelope, record: bytes) -> Rejection | None:
     """Why the events topic's ``record`` (decoded: ``env``) must not be folded into the
     job and node views; None when it may be."""

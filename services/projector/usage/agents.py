@@ -143,9 +143,7 @@ def _fold_event(env: events_pb2.Envelope, record: bytes) -> None:
         functools.partial(state.ledger.task_node, env.cluster),
     )
     if refused is not None:
-        log.info(
-            "usage ledger skipped %s %s: %s", env.event_id, env.key_id, trust.untrusted(refused)
-        )
+        log.info("usage ledger skipped %s %s: %s", env.event_id, env.key_id, refused.parked())
         return
     state.ledger.apply(env)
 

@@ -195,3 +195,13 @@ def test_a_reader_without_node_state_trusts_only_services_records() -> None:
         (encode(new_envelope(_admitted(), producer="test", occurred=AT)), False),
     ):
         assert gate.from_service(decode(record), record) is trusted
+
+
+def test_a_signature_checked_once_vouches_for_its_own_bytes_only() -> None:
+    gate = Gate(TRUST)
+    record = _sealed(_admitted("alice"), ADMISSION)
+    forged = record.replace(b"alice", b"mallo")  # the same signature, other bytes
+    for _ in range(2):  # the second time from what the gate remembers
+        assert gate.check(decode(record), record, APPROVED.get, lambda j, t: None) is None
+        verdict = gate.check(decode(forged), forged, APPROVED.get, lambda j, t: None)
+        assert verdict is not None and verdict.code == "bad_signature"
